@@ -1,0 +1,774 @@
+//! The control plane: etcd, kube-apiserver and kube-controller-manager as child
+//! processes on free loopback ports, plus the pod simulator.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde::{Deserialize, Serialize};
+
+use crate::assets::Assets;
+use crate::audit::{AuditLog, POLICY};
+use crate::identity::Identity;
+use crate::metrics::Metrics;
+use crate::pki::Pki;
+use crate::podsim::PodSimulator;
+use crate::process::{self, GRACE, Guard, Supervised};
+use crate::{Error, wait};
+
+/// Names the state folder of a running control plane to attach to (see
+/// [`ControlPlane::for_tests`]).
+pub const STATE_DIR_ENV: &str = "DEVCLUSTER_DIR";
+const INFO_FILE: &str = "cluster.json";
+const FIELD_MANAGER: &str = "devcluster";
+/// Users that are not [`Identity`]s but get their own token, so the audit log tells
+/// their writes apart from everyone else's.
+const KCM_USER: &str = "system:kube-controller-manager";
+const PODSIM_USER: &str = "devcluster:pod-simulator";
+
+/// How to start a control plane.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where keys, kubeconfigs, logs, etcd data and the audit log go. `None`: a fresh
+    /// temporary folder, removed on drop (kept when a panic is unwinding, for its logs).
+    /// A given folder is emptied at start, after stale processes recorded there are ended.
+    pub state_dir: Option<PathBuf>,
+    /// CRD manifests (YAML, one or more documents each), installed and Established
+    /// before kube-controller-manager starts, so its garbage collector knows them.
+    pub crds: Vec<PathBuf>,
+    /// How many `replica-N` users to create.
+    pub replicas: u8,
+    /// Run the pod simulator (in this process, on its own thread).
+    pub pod_simulator: bool,
+    /// Upper bound for the whole start-up.
+    pub startup_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            state_dir: None,
+            crds: Vec::new(),
+            replicas: 3,
+            pod_simulator: true,
+            startup_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// What another process needs to use a running control plane; written to
+/// `<state>/cluster.json` once it is ready.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterInfo {
+    pub state_dir: PathBuf,
+    /// `https://127.0.0.1:<port>`
+    pub server: String,
+    pub ca_file: PathBuf,
+    pub audit_log: PathBuf,
+    pub replicas: u8,
+    /// Process ids of etcd, kube-apiserver, kube-controller-manager and the guard.
+    pub pids: BTreeMap<String, u32>,
+    /// Seconds from start to ready.
+    pub startup_seconds: f64,
+}
+
+impl ClusterInfo {
+    pub fn kubeconfig(&self, who: Identity) -> PathBuf {
+        kubeconfig_path(&self.state_dir, &who.file_stem())
+    }
+}
+
+fn kubeconfig_path(state_dir: &Path, stem: &str) -> PathBuf {
+    state_dir
+        .join("kubeconfig")
+        .join(format!("{stem}.kubeconfig"))
+}
+
+/// A running control plane, owned (started by this process, stopped on drop) or
+/// attached (started by another process; dropping it changes nothing).
+#[derive(Debug)]
+pub struct ControlPlane {
+    info: ClusterInfo,
+    owned: Option<Owned>,
+}
+
+#[derive(Debug)]
+struct Owned {
+    // Field order is drop order: simulator first, guard last.
+    podsim: Option<PodSimulator>,
+    kcm: Option<Supervised>,
+    apiserver: Supervised,
+    apiserver_args: Vec<OsString>,
+    assets: Assets,
+    etcd: Supervised,
+    guard: Guard,
+    remove_state_dir: bool,
+}
+
+impl ControlPlane {
+    /// The control plane for a test: the one named by `DEVCLUSTER_DIR` when set (one per
+    /// test run, see `scripts/test.sh`), which must already have `crds` installed;
+    /// otherwise a private one for this process with `crds` installed.
+    pub async fn for_tests(crds: &[&Path]) -> Result<ControlPlane, Error> {
+        crate::install_crypto_provider();
+        match std::env::var_os(STATE_DIR_ENV) {
+            Some(dir) => {
+                let mut cluster = ControlPlane::attach(Path::new(&dir))?;
+                cluster.wait_ready(Duration::from_secs(10)).await?;
+                let api: Api<CustomResourceDefinition> =
+                    Api::all(cluster.client(Identity::Admin).await?);
+                for path in crds {
+                    for crd in load_crds(path)? {
+                        let name = crd.metadata.name.unwrap_or_default();
+                        if api
+                            .get_opt(&name)
+                            .await
+                            .map_err(Error::kube(format!("reading CRD {name}")))?
+                            .is_none()
+                        {
+                            return Err(Error::invalid(
+                                format!("control plane {}", dir.to_string_lossy()),
+                                format!(
+                                    "CRD {name} from {} is not installed; start it with --crd {}",
+                                    path.display(),
+                                    path.display()
+                                ),
+                            ));
+                        }
+                    }
+                }
+                Ok(cluster)
+            }
+            None => {
+                ControlPlane::start(Options {
+                    crds: crds.iter().map(|p| p.to_path_buf()).collect(),
+                    ..Options::default()
+                })
+                .await
+            }
+        }
+    }
+
+    /// Attaches to a control plane started by another process from its state folder.
+    pub fn attach(state_dir: &Path) -> Result<ControlPlane, Error> {
+        let path = state_dir.join(INFO_FILE);
+        let text = std::fs::read_to_string(&path).map_err(Error::io(format!(
+            "reading {} (is a control plane running there? start one with `devcluster up --state-dir {}`)",
+            path.display(),
+            state_dir.display()
+        )))?;
+        let info: ClusterInfo = serde_json::from_str(&text)
+            .map_err(|e| Error::invalid(format!("parsing {}", path.display()), e))?;
+        Ok(ControlPlane { info, owned: None })
+    }
+
+    /// Starts a control plane and returns once it is ready: `/readyz` answers, the CRDs
+    /// are Established, and the `default` service account has its token.
+    pub async fn start(opts: Options) -> Result<ControlPlane, Error> {
+        crate::install_crypto_provider();
+        let started = Instant::now();
+        let (state_dir, remove_state_dir) = match &opts.state_dir {
+            Some(d) => (absolute(d)?, false),
+            None => (temp_state_dir()?, true),
+        };
+        if state_dir.to_str().is_none() {
+            return Err(Error::invalid(
+                "state folder",
+                format!("{} is not UTF-8", state_dir.display()),
+            ));
+        }
+        for ended in process::end_stale(&state_dir) {
+            tracing::warn!(
+                "ended stale process {ended} left by an earlier run in {}",
+                state_dir.display()
+            );
+        }
+        if state_dir.exists() {
+            std::fs::remove_dir_all(&state_dir)
+                .map_err(Error::io(format!("emptying {}", state_dir.display())))?;
+        }
+        for sub in ["", "kubeconfig", "logs", "etcd"] {
+            let d = state_dir.join(sub);
+            std::fs::create_dir_all(&d).map_err(Error::io(format!("creating {}", d.display())))?;
+        }
+
+        let assets = Assets::locate()?;
+        let pki = Pki::ensure(&state_dir.join("pki"))?;
+        let [etcd_port, etcd_peer_port, apiserver_port] = free_ports()?;
+        let server = format!("https://127.0.0.1:{apiserver_port}");
+
+        // Tokens, one per identity plus the controller manager and the pod simulator.
+        let mut users: Vec<(String, String, Vec<&str>)> = Identity::all(opts.replicas)
+            .into_iter()
+            .map(|id| (id.file_stem(), id.username(), id.groups()))
+            .collect();
+        users.push((
+            "kube-controller-manager".into(),
+            KCM_USER.into(),
+            vec!["system:masters"],
+        ));
+        users.push((
+            "pod-simulator".into(),
+            PODSIM_USER.into(),
+            vec!["system:masters"],
+        ));
+        let mut token_csv = String::new();
+        for (i, (stem, user, groups)) in users.iter().enumerate() {
+            let token = random_hex(16)?;
+            token_csv.push_str(&format!(
+                "{token},{user},uid-{i},\"{}\"\n",
+                groups.join(",")
+            ));
+            write(
+                &kubeconfig_path(&state_dir, stem),
+                &kubeconfig_yaml(&server, &pki.ca_cert, stem, &token),
+            )?;
+        }
+        let token_file = state_dir.join("tokens.csv");
+        write(&token_file, &token_csv)?;
+        let audit_policy = state_dir.join("audit-policy.yaml");
+        write(&audit_policy, POLICY)?;
+        let audit_log = state_dir.join("audit.log");
+
+        let guard = Guard::spawn()?;
+        let mut etcd_cmd = Command::new(assets.etcd());
+        etcd_cmd.args([
+            "--name=devcluster".to_owned(),
+            format!("--data-dir={}", state_dir.join("etcd").display()),
+            format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
+            format!("--initial-cluster=devcluster=http://127.0.0.1:{etcd_peer_port}"),
+            // Tests never need durability across a power cut; fsync dominates write
+            // latency on shared disks.
+            "--unsafe-no-fsync".to_owned(),
+            "--log-level=warn".to_owned(),
+        ]);
+        let mut etcd = Supervised::spawn("etcd", etcd_cmd, &state_dir, &guard)?;
+        let deadline = started + opts.startup_timeout;
+        wait_tcp(&mut etcd, etcd_port, deadline)?;
+
+        let apiserver_args: Vec<OsString> = [
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--secure-port={apiserver_port}"),
+            "--insecure-port=0".to_owned(),
+            format!("--cert-dir={}", state_dir.join("pki").display()),
+            format!("--tls-cert-file={}", pki.serving_cert.display()),
+            format!("--tls-private-key-file={}", pki.serving_key.display()),
+            "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
+            format!("--service-account-key-file={}", pki.sa_pub.display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                pki.sa_key.display()
+            ),
+            format!("--token-auth-file={}", token_file.display()),
+            "--authorization-mode=RBAC".to_owned(),
+            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            // No kubernetes Service endpoints to keep: nothing here routes to them, and
+            // their periodic writes would be noise in the audit log.
+            "--endpoint-reconciler-type=none".to_owned(),
+            format!("--audit-policy-file={}", audit_policy.display()),
+            format!("--audit-log-path={}", audit_log.display()),
+            "--audit-log-mode=blocking".to_owned(),
+            "--audit-log-format=json".to_owned(),
+            "--profiling=false".to_owned(),
+        ]
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+        let apiserver = spawn_apiserver(&assets, &apiserver_args, &state_dir, &guard)?;
+
+        let owned = Owned {
+            podsim: None,
+            kcm: None,
+            apiserver,
+            apiserver_args,
+            assets,
+            etcd,
+            guard,
+            remove_state_dir,
+        };
+        let info = ClusterInfo {
+            state_dir: state_dir.clone(),
+            server,
+            ca_file: pki.ca_cert.clone(),
+            audit_log,
+            replicas: opts.replicas,
+            pids: BTreeMap::new(),
+            startup_seconds: 0.0,
+        };
+        // From here on a failure drops `cluster`, which stops what has started.
+        let mut cluster = ControlPlane {
+            info,
+            owned: Some(owned),
+        };
+        cluster.wait_ready(remaining(deadline)).await?;
+        cluster
+            .install_crds(&opts.crds, remaining(deadline))
+            .await?;
+
+        let kcm_cmd = {
+            let mut c = Command::new(cluster.owned()?.assets.kube_controller_manager());
+            c.args([
+                format!(
+                    "--kubeconfig={}",
+                    kubeconfig_path(&state_dir, "kube-controller-manager").display()
+                ),
+                "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token"
+                    .to_owned(),
+                "--leader-elect=false".to_owned(),
+                "--port=0".to_owned(),
+                "--secure-port=0".to_owned(),
+                format!(
+                    "--service-account-private-key-file={}",
+                    pki.sa_key.display()
+                ),
+                format!("--root-ca-file={}", pki.ca_cert.display()),
+                "--use-service-account-credentials=false".to_owned(),
+            ]);
+            c
+        };
+        {
+            let owned = cluster.owned_mut()?;
+            owned.kcm = Some(Supervised::spawn(
+                "kube-controller-manager",
+                kcm_cmd,
+                &state_dir,
+                &owned.guard,
+            )?);
+        }
+        cluster
+            .wait_default_service_account(remaining(deadline))
+            .await?;
+
+        if opts.pod_simulator {
+            let config = cluster
+                .config_for(
+                    &kubeconfig_path(&state_dir, "pod-simulator"),
+                    "devcluster-pod-simulator",
+                )
+                .await?;
+            cluster.owned_mut()?.podsim = Some(PodSimulator::start(config)?);
+        }
+        let pids = {
+            let o = cluster.owned()?;
+            let mut pids = BTreeMap::new();
+            for s in [Some(&o.etcd), Some(&o.apiserver), o.kcm.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                pids.insert(s.name().to_owned(), s.pid());
+            }
+            if let Some(pid) = o.guard.pid() {
+                pids.insert("guard".to_owned(), pid);
+            }
+            pids
+        };
+        cluster.info.pids = pids;
+        cluster.info.startup_seconds = started.elapsed().as_secs_f64();
+        let json = serde_json::to_string_pretty(&cluster.info)
+            .map_err(|e| Error::invalid("writing cluster.json", e))?;
+        write_atomic(&state_dir.join(INFO_FILE), &json)?;
+        tracing::info!(
+            "control plane ready at {} in {:.1}s (state in {})",
+            cluster.info.server,
+            cluster.info.startup_seconds,
+            state_dir.display()
+        );
+        Ok(cluster)
+    }
+
+    pub fn info(&self) -> &ClusterInfo {
+        &self.info
+    }
+
+    pub fn is_owned(&self) -> bool {
+        self.owned.is_some()
+    }
+
+    pub fn kubeconfig(&self, who: Identity) -> PathBuf {
+        self.info.kubeconfig(who)
+    }
+
+    /// A client config for `who`, with a User-Agent naming devcluster and the identity.
+    pub async fn config(&self, who: Identity) -> Result<kube::Config, Error> {
+        self.config_for(
+            &self.kubeconfig(who),
+            &format!("devcluster-test/{}", who.file_stem()),
+        )
+        .await
+    }
+
+    async fn config_for(&self, kubeconfig: &Path, user_agent: &str) -> Result<kube::Config, Error> {
+        let kc = Kubeconfig::read_from(kubeconfig)
+            .map_err(|e| Error::invalid(format!("reading {}", kubeconfig.display()), e))?;
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| Error::invalid(format!("loading {}", kubeconfig.display()), e))?;
+        let value =
+            http::HeaderValue::from_str(user_agent).map_err(|e| Error::invalid("user agent", e))?;
+        config.headers.push((http::header::USER_AGENT, value));
+        Ok(config)
+    }
+
+    /// A client acting as `who`.
+    pub async fn client(&self, who: Identity) -> Result<kube::Client, Error> {
+        kube::Client::try_from(self.config(who).await?)
+            .map_err(Error::kube(format!("client for {who}")))
+    }
+
+    /// Creates a namespace `<prefix>-<random>` for one test and returns its name.
+    pub async fn create_namespace(&self, prefix: &str) -> Result<String, Error> {
+        let name = format!("{prefix}-{}", random_hex(3)?);
+        let api: Api<Namespace> = Api::all(self.client(Identity::Admin).await?);
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some(name.clone());
+        ns.metadata.labels = Some([("devcluster.dev/test".to_owned(), prefix.to_owned())].into());
+        api.create(&PostParams::default(), &ns)
+            .await
+            .map_err(Error::kube(format!("creating namespace {name}")))?;
+        Ok(name)
+    }
+
+    /// The API server's audit log (writes only).
+    pub fn audit(&self) -> AuditLog {
+        AuditLog::new(&self.info.audit_log)
+    }
+
+    /// A scrape of kube-apiserver's own `/metrics`.
+    pub async fn apiserver_metrics(&self) -> Result<Metrics, Error> {
+        let client = self.client(Identity::Admin).await?;
+        let req = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| Error::invalid("building /metrics request", e))?;
+        let text = client
+            .request_text(req)
+            .await
+            .map_err(Error::kube("GET /metrics"))?;
+        Metrics::parse(&text)
+    }
+
+    /// A command with `KUBECONFIG` set to `who`'s kubeconfig.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>, who: Identity) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env("KUBECONFIG", self.kubeconfig(who));
+        cmd
+    }
+
+    /// Process ids of the components and the guard (empty when attached).
+    pub fn pids(&self) -> Vec<u32> {
+        self.info.pids.values().copied().collect()
+    }
+
+    /// Stops kube-apiserver (for fault tests); etcd and the controller manager keep running.
+    pub fn stop_apiserver(&mut self) -> Result<(), Error> {
+        let owned = self.owned_mut()?;
+        owned.apiserver.stop(&owned.guard, GRACE);
+        Ok(())
+    }
+
+    /// Starts kube-apiserver again on the same port with the same flags and waits for it.
+    pub async fn start_apiserver(&mut self) -> Result<(), Error> {
+        let state_dir = self.info.state_dir.clone();
+        {
+            let owned = self.owned_mut()?;
+            owned.apiserver.stop(&owned.guard, GRACE);
+            owned.apiserver = spawn_apiserver(
+                &owned.assets,
+                &owned.apiserver_args,
+                &state_dir,
+                &owned.guard,
+            )?;
+            let pid = owned.apiserver.pid();
+            self.info.pids.insert("kube-apiserver".to_owned(), pid);
+        }
+        self.wait_ready(Duration::from_secs(60)).await
+    }
+
+    /// Stops everything now (also done on drop).
+    pub fn shutdown(mut self) {
+        self.stop_all();
+    }
+
+    fn stop_all(&mut self) {
+        let Some(mut owned) = self.owned.take() else {
+            return;
+        };
+        drop(owned.podsim.take());
+        if let Some(kcm) = owned.kcm.as_mut() {
+            kcm.stop(&owned.guard, GRACE);
+        }
+        owned.apiserver.stop(&owned.guard, GRACE);
+        owned.etcd.stop(&owned.guard, GRACE);
+        let remove = owned.remove_state_dir;
+        drop(owned);
+        if remove {
+            if std::thread::panicking() {
+                eprintln!(
+                    "devcluster: keeping {} for its logs",
+                    self.info.state_dir.display()
+                );
+            } else {
+                let _ = std::fs::remove_dir_all(&self.info.state_dir);
+            }
+        }
+    }
+
+    fn owned(&self) -> Result<&Owned, Error> {
+        self.owned
+            .as_ref()
+            .ok_or(Error::NotOwned("controlling processes"))
+    }
+
+    fn owned_mut(&mut self) -> Result<&mut Owned, Error> {
+        self.owned
+            .as_mut()
+            .ok_or(Error::NotOwned("controlling processes"))
+    }
+
+    /// Fails early, with the component's log, when an owned component has exited.
+    fn check_alive(&mut self) -> Result<(), Error> {
+        if let Some(owned) = self.owned.as_mut() {
+            let all = [
+                Some(&mut owned.etcd),
+                Some(&mut owned.apiserver),
+                owned.kcm.as_mut(),
+            ];
+            for s in all.into_iter().flatten() {
+                if let Some(status) = s.exited() {
+                    return Err(s.exited_error(status));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, timeout: Duration) -> Result<(), Error> {
+        let client = self.client(Identity::Admin).await?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            let req = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| Error::invalid("readyz", e))?;
+            if let Ok(text) = client.request_text(req).await
+                && text.trim() == "ok"
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: format!("kube-apiserver at {} to answer /readyz", self.info.server),
+                    seconds: timeout.as_secs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn install_crds(&mut self, paths: &[PathBuf], timeout: Duration) -> Result<(), Error> {
+        let api: Api<CustomResourceDefinition> = Api::all(self.client(Identity::Admin).await?);
+        let mut names = Vec::new();
+        for path in paths {
+            for crd in load_crds(path)? {
+                let name = crd.metadata.name.clone().unwrap_or_default();
+                api.patch(
+                    &name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&crd),
+                )
+                .await
+                .map_err(Error::kube(format!(
+                    "installing CRD {name} from {}",
+                    path.display()
+                )))?;
+                names.push(name);
+            }
+        }
+        for name in names {
+            let api = api.clone();
+            wait::until(
+                &format!("CRD {name} to be Established"),
+                timeout,
+                Duration::from_millis(100),
+                || {
+                    let api = api.clone();
+                    let name = name.clone();
+                    async move {
+                        let crd = api.get(&name).await.ok()?;
+                        let established = crd
+                            .status?
+                            .conditions?
+                            .iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True");
+                        established.then_some(())
+                    }
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn wait_default_service_account(&mut self, timeout: Duration) -> Result<(), Error> {
+        let api: Api<ServiceAccount> =
+            Api::namespaced(self.client(Identity::Admin).await?, "default");
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            // The token controller must have run too, or pods are refused ("No API token found").
+            if let Ok(Some(sa)) = api.get_opt("default").await
+                && sa.secrets.is_some_and(|s| !s.is_empty())
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: "kube-controller-manager to create the default service account and its token".to_owned(),
+                    seconds: timeout.as_secs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// Reads the CustomResourceDefinitions in a YAML file (one or more documents).
+pub fn load_crds(path: &Path) -> Result<Vec<CustomResourceDefinition>, Error> {
+    let text =
+        std::fs::read_to_string(path).map_err(Error::io(format!("reading {}", path.display())))?;
+    let crds: Vec<CustomResourceDefinition> = serde_saphyr::from_multiple(&text)
+        .map_err(|e| Error::invalid(format!("parsing {}", path.display()), e))?;
+    if crds.is_empty() {
+        return Err(Error::invalid(
+            format!("parsing {}", path.display()),
+            "no CustomResourceDefinition in it",
+        ));
+    }
+    Ok(crds)
+}
+
+fn spawn_apiserver(
+    assets: &Assets,
+    args: &[OsString],
+    state_dir: &Path,
+    guard: &Guard,
+) -> Result<Supervised, Error> {
+    let mut cmd = Command::new(assets.kube_apiserver());
+    cmd.args(args);
+    Supervised::spawn("kube-apiserver", cmd, state_dir, guard)
+}
+
+fn wait_tcp(etcd: &mut Supervised, port: u16, deadline: Instant) -> Result<(), Error> {
+    loop {
+        if let Some(status) = etcd.exited() {
+            return Err(etcd.exited_error(status));
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: format!("etcd to listen on 127.0.0.1:{port}"),
+                seconds: 0,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_secs(1))
+}
+
+/// Three distinct free loopback ports. Another process could take one before the
+/// component binds it; the component then exits and start-up reports its log.
+fn free_ports() -> Result<[u16; 3], Error> {
+    let listeners: Vec<TcpListener> = (0..3)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()
+        .map_err(Error::io("finding a free loopback port"))?;
+    let mut ports = [0u16; 3];
+    for (slot, l) in ports.iter_mut().zip(&listeners) {
+        *slot = l
+            .local_addr()
+            .map_err(Error::io("finding a free loopback port"))?
+            .port();
+    }
+    Ok(ports)
+}
+
+fn random_hex(bytes: usize) -> Result<String, Error> {
+    use std::io::Read;
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(Error::io("reading /dev/urandom"))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn temp_state_dir() -> Result<PathBuf, Error> {
+    let dir = std::env::temp_dir().join(format!(
+        "devcluster-{}-{}",
+        std::process::id(),
+        random_hex(4)?
+    ));
+    Ok(dir)
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, Error> {
+    std::path::absolute(p).map_err(Error::io(format!("resolving {}", p.display())))
+}
+
+fn write(path: &Path, text: &str) -> Result<(), Error> {
+    std::fs::write(path, text).map_err(Error::io(format!("writing {}", path.display())))
+}
+
+/// Written under another name and renamed, so a reader never sees half a file.
+fn write_atomic(path: &Path, text: &str) -> Result<(), Error> {
+    let tmp = path.with_extension("tmp");
+    write(&tmp, text)?;
+    std::fs::rename(&tmp, path).map_err(Error::io(format!("renaming {} into place", tmp.display())))
+}
+
+fn kubeconfig_yaml(server: &str, ca: &Path, user: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+  - name: devcluster
+    cluster:
+      server: {server}
+      certificate-authority: {ca}
+users:
+  - name: {user}
+    user:
+      token: {token}
+contexts:
+  - name: {user}@devcluster
+    context:
+      cluster: devcluster
+      user: {user}
+      namespace: default
+current-context: {user}@devcluster
+",
+        ca = ca.display()
+    )
+}

@@ -1,0 +1,42 @@
+//! devcluster: a real local Kubernetes control plane for tests, the demo and the load test.
+//!
+//! etcd, kube-apiserver and kube-controller-manager run as child processes on loopback
+//! ports; a pod simulator plays the kubelet so that the real Job controller drives Jobs to
+//! Complete or Failed. Everything the API server decides (validation, conflicts, garbage
+//! collection, watches, RBAC) is therefore decided by the real thing.
+//!
+//! Typical use in a test:
+//!
+//! ```no_run
+//! # async fn t() -> Result<(), devcluster::Error> {
+//! let cluster = devcluster::ControlPlane::for_tests(&[]).await?;
+//! let ns = cluster.create_namespace("demo").await?;
+//! let admin = cluster.client(devcluster::Identity::Admin).await?;
+//! # let _ = (ns, admin); Ok(()) }
+//! ```
+//!
+//! `for_tests` attaches to the control plane named by `DEVCLUSTER_DIR` (started once per
+//! test run by `scripts/test.sh`) or, when unset, starts a private one for the process.
+
+pub mod assets;
+pub mod audit;
+mod cluster;
+mod error;
+pub mod identity;
+pub mod metrics;
+mod pki;
+pub mod podsim;
+mod process;
+pub mod wait;
+
+pub use cluster::{ClusterInfo, ControlPlane, Options, STATE_DIR_ENV, load_crds};
+pub use error::Error;
+pub use identity::Identity;
+pub use process::{end_stale, is_alive};
+
+/// rustls needs exactly one process-wide crypto provider; install ring's once. A second
+/// provider pulled in by another crate would otherwise make kube's TLS set-up panic.
+pub fn install_crypto_provider() {
+    // Err means a provider is installed already, which is all we need.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,166 @@
+//! `devcluster`: start, inspect and stop a local control plane from the shell.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use devcluster::assets::Assets;
+use devcluster::{ControlPlane, Identity, Options};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "devcluster",
+    version,
+    about = "A real local Kubernetes control plane for tests and demos"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Print the folder holding etcd, kube-apiserver and kube-controller-manager,
+    /// installing Debian packages and building the Kubernetes binaries when missing.
+    Assets,
+    /// Start a control plane and keep it running until SIGINT or SIGTERM.
+    Up {
+        /// State folder (emptied at start; holds kubeconfigs, logs and the audit log).
+        #[arg(long, env = "DEVCLUSTER_DIR")]
+        state_dir: PathBuf,
+        /// CRD manifest to install before the controllers start (repeatable).
+        #[arg(long = "crd")]
+        crds: Vec<PathBuf>,
+        /// Number of replica-N users.
+        #[arg(long, default_value_t = 3)]
+        replicas: u8,
+        /// Do not run the pod simulator.
+        #[arg(long)]
+        no_pod_simulator: bool,
+    },
+    /// Stop the control plane whose state folder this is (its `up` process, or processes
+    /// left behind by one that was killed).
+    Down {
+        #[arg(long, env = "DEVCLUSTER_DIR")]
+        state_dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    use std::io::IsTerminal;
+    // The readiness poll expects refused connections and 500s while kube-apiserver
+    // starts; kube's client logs each one as an error, which would only mislead.
+    let default_filter = "info,kube_client::client::builder=off";
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+        )
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Assets => Assets::prepare()
+            .map(|a| println!("{}", a.dir().display()))
+            .map_err(anyhow::Error::from),
+        Cmd::Up {
+            state_dir,
+            crds,
+            replicas,
+            no_pod_simulator,
+        } => up(Options {
+            state_dir: Some(state_dir),
+            crds,
+            replicas,
+            pod_simulator: !no_pod_simulator,
+            ..Options::default()
+        }),
+        Cmd::Down { state_dir } => down(&state_dir),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("devcluster: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn up(opts: Options) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async move {
+        let state_dir = opts.state_dir.clone().unwrap_or_default();
+        let pid_file = state_dir.with_extension("up.pid");
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        // Ctrl-C during start-up must tear down too: race the start against the signals.
+        let cluster = tokio::select! {
+            c = ControlPlane::start(opts) => c?,
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = sigterm.recv() => return Ok(()),
+        };
+        let _ = std::fs::write(&pid_file, format!("{}\n", std::process::id()));
+        let info = cluster.info();
+        println!(
+            "control plane ready in {:.1}s: {}",
+            info.startup_seconds, info.server
+        );
+        println!("  state:      {}", info.state_dir.display());
+        println!(
+            "  kubeconfig: {}",
+            info.kubeconfig(Identity::Admin).display()
+        );
+        println!("  audit log:  {}", info.audit_log.display());
+        println!(
+            "  use it:     export KUBECONFIG={} DEVCLUSTER_DIR={}",
+            info.kubeconfig(Identity::Admin).display(),
+            info.state_dir.display()
+        );
+        println!(
+            "  stop it:    Ctrl-C, or devcluster down --state-dir {}",
+            info.state_dir.display()
+        );
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = sigterm.recv() => {}
+        }
+        eprintln!("devcluster: stopping");
+        let _ = std::fs::remove_file(state_dir.join("cluster.json"));
+        cluster.shutdown();
+        let _ = std::fs::remove_file(&pid_file);
+        Ok(())
+    })
+}
+
+fn down(state_dir: &std::path::Path) -> anyhow::Result<()> {
+    let state_dir = std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    let pid_file = state_dir.with_extension("up.pid");
+    if let Ok(text) = std::fs::read_to_string(&pid_file)
+        && let Ok(pid) = text.trim().parse::<i32>()
+    {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).is_ok() {
+            // `up` stops its components (5 s grace each) and exits.
+            for _ in 0..400 {
+                if nix::sys::signal::kill(pid, None).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let _ = std::fs::remove_file(&pid_file);
+    }
+    let ended = devcluster::end_stale(&state_dir);
+    for e in &ended {
+        eprintln!("devcluster: ended {e}");
+    }
+    println!("stopped the control plane of {}", state_dir.display());
+    Ok(())
+}

@@ -1,0 +1,339 @@
+//! devcluster against the real thing: the shared control plane of the test run (or a
+//! private one when `DEVCLUSTER_DIR` is unset). Each test works in its own namespace.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use devcluster::audit::AuditEvents;
+use devcluster::identity::REPLICA_GROUP;
+use devcluster::{ControlPlane, Identity, wait};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplate};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::json;
+
+const WIDGET_CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/widget-crd.yaml");
+const WAIT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(250);
+
+async fn cluster() -> ControlPlane {
+    ControlPlane::for_tests(&[Path::new(WIDGET_CRD)])
+        .await
+        .expect("control plane")
+}
+
+fn job_manifest(ns: &str, name: &str, env: serde_json::Value) -> String {
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox", "env": env}],
+        }}},
+    })
+    .to_string()
+}
+
+/// Creates a Job with kubectl (so the command helper and a real client are exercised)
+/// and waits for the Job controller to give it a terminal condition.
+async fn run_job(
+    cluster: &ControlPlane,
+    ns: &str,
+    name: &str,
+    env: serde_json::Value,
+) -> (Job, Pod) {
+    let mut kubectl = cluster
+        .command("kubectl", Identity::Admin)
+        .args(["create", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    kubectl
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(job_manifest(ns, name, env).as_bytes())
+        .unwrap();
+    let out = kubectl.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let client = cluster.client(Identity::Admin).await.unwrap();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let job =
+        wait::until(&format!("Job {ns}/{name} to finish"), WAIT, POLL, || {
+            let jobs = jobs.clone();
+            async move {
+                let job = jobs.get(name).await.ok()?;
+                let done =
+                    job.status.as_ref()?.conditions.as_ref()?.iter().any(|c| {
+                        (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True"
+                    });
+                done.then_some(job)
+            }
+        })
+        .await
+        .unwrap();
+    let uid = job.metadata.uid.clone().unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("controller-uid={uid}")))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1, "one pod per Job (backoffLimit 0)");
+    (job, list.items.into_iter().next().unwrap())
+}
+
+fn condition(job: &Job, type_: &str) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.status == "True"))
+}
+
+fn terminated(pod: &Pod) -> (i32, String) {
+    let state = pod
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0]
+        .state
+        .clone()
+        .unwrap();
+    let t = state.terminated.expect("terminated container state");
+    (t.exit_code, t.reason.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn a_job_runs_to_complete() {
+    let cluster = cluster().await;
+    let ns = cluster.create_namespace("dc-complete").await.unwrap();
+    let (job, pod) = run_job(
+        &cluster,
+        &ns,
+        "ok",
+        json!([{"name": "SIM_DURATION_SECONDS", "value": "0.5"}]),
+    )
+    .await;
+    assert!(condition(&job, "Complete"), "{:?}", job.status);
+    assert_eq!(job.status.as_ref().unwrap().succeeded, Some(1));
+    assert_eq!(
+        pod.status.as_ref().unwrap().phase.as_deref(),
+        Some("Succeeded")
+    );
+    assert_eq!(terminated(&pod), (0, "Completed".to_owned()));
+}
+
+#[tokio::test]
+async fn a_failing_pod_fails_its_job_with_the_exit_code() {
+    let cluster = cluster().await;
+    let ns = cluster.create_namespace("dc-fail").await.unwrap();
+    let (job, pod) = run_job(
+        &cluster,
+        &ns,
+        "three",
+        json!([{"name": "SIM_EXIT_CODE", "value": "3"}]),
+    )
+    .await;
+    assert!(condition(&job, "Failed"), "{:?}", job.status);
+    assert!(!condition(&job, "Complete"));
+    assert_eq!(
+        pod.status.as_ref().unwrap().phase.as_deref(),
+        Some("Failed")
+    );
+    assert_eq!(terminated(&pod), (3, "Error".to_owned()));
+}
+
+#[tokio::test]
+async fn fail_attempts_follow_the_attempt_label() {
+    let cluster = cluster().await;
+    let ns = cluster.create_namespace("dc-attempts").await.unwrap();
+    let env = |attempt: &str| {
+        json!([
+            {"name": "SIM_FAIL_ATTEMPTS", "value": "1"},
+            {"name": "GPUJOB_ATTEMPT", "value": attempt},
+            {"name": "SIM_DURATION_SECONDS", "value": "0"},
+        ])
+    };
+    let (first, _) = run_job(&cluster, &ns, "attempt-1", env("1")).await;
+    let (second, _) = run_job(&cluster, &ns, "attempt-2", env("2")).await;
+    assert!(condition(&first, "Failed"));
+    assert!(condition(&second, "Complete"));
+}
+
+#[tokio::test]
+async fn an_owned_object_is_collected_after_its_custom_resource_owner_is_deleted() {
+    let cluster = cluster().await;
+    let ns = cluster.create_namespace("dc-gc").await.unwrap();
+    let client = cluster.client(Identity::Admin).await.unwrap();
+    let gvk = GroupVersionKind::gvk("devcluster.dev", "v1", "Widget");
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &ApiResource::from_gvk(&gvk));
+    let widget: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "devcluster.dev/v1", "kind": "Widget", "metadata": {"name": "owner"},
+    }))
+    .unwrap();
+    let owner = widgets
+        .create(&PostParams::default(), &widget)
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "owned", "ownerReferences": [{
+            "apiVersion": "devcluster.dev/v1", "kind": "Widget", "name": "owner",
+            "uid": owner.metadata.uid.unwrap(), "controller": true,
+        }]},
+    }))
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+
+    // Nothing is collected while the owner exists.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        cms.get_opt("owned").await.unwrap().is_some(),
+        "collected while its owner exists"
+    );
+
+    widgets
+        .delete("owner", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until(
+        "the owned ConfigMap to be garbage-collected",
+        WAIT,
+        POLL,
+        || {
+            let cms = cms.clone();
+            async move { cms.get_opt("owned").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn writes_are_audited_under_the_user_who_made_them_and_rbac_is_enforced() {
+    let cluster = cluster().await;
+    let ns = cluster.create_namespace("dc-audit").await.unwrap();
+    let audit = cluster.audit();
+    let cursor = audit.cursor().unwrap();
+    let admin = cluster.client(Identity::Admin).await.unwrap();
+    let replica = cluster.client(Identity::Replica(1)).await.unwrap();
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "from-replica"}})).unwrap();
+
+    // Replicas are granted nothing by devcluster: RBAC refuses the write.
+    let denied = Api::<ConfigMap>::namespaced(replica.clone(), &ns)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&denied, kube::Error::Api(s) if s.code == 403),
+        "{denied:?}"
+    );
+
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "configmap-writer"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}],
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "replicas-write-configmaps"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "configmap-writer"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": REPLICA_GROUP}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin, &ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+
+    let cms = Api::<ConfigMap>::namespaced(replica, &ns);
+    wait::until("RBAC to allow the replica", WAIT, POLL, || {
+        let cms = cms.clone();
+        let cm = cm.clone();
+        async move { cms.create(&PostParams::default(), &cm).await.ok() }
+    })
+    .await
+    .unwrap();
+
+    let events = wait::until("the write to reach the audit log", WAIT, POLL, || {
+        let events = audit.since(cursor).unwrap();
+        let found = events
+            .iter()
+            .any(|e| e.name == "from-replica" && e.succeeded());
+        async move { found.then_some(events) }
+    })
+    .await
+    .unwrap();
+    let writes = events.writes_in(&ns);
+    let by_replica: Vec<_> = writes.iter().filter(|e| e.user == "replica-1").collect();
+    assert!(
+        by_replica
+            .iter()
+            .any(|e| e.verb == "create" && e.resource == "configmaps" && e.code == 403)
+    );
+    let ok = by_replica
+        .iter()
+        .find(|e| e.code == 201)
+        .expect("the accepted create");
+    assert_eq!(
+        (ok.verb.as_str(), ok.name.as_str()),
+        ("create", "from-replica")
+    );
+    assert_eq!(ok.user_agent, "devcluster-test/replica-1");
+    assert!(
+        writes
+            .iter()
+            .any(|e| e.user == "admin" && e.resource == "rolebindings")
+    );
+    assert!(events.iter().all(|e| e.is_write()), "reads are not audited");
+}
+
+#[tokio::test]
+async fn apiserver_request_total_counts_a_write() {
+    let cluster = cluster().await;
+    let ns = cluster.create_namespace("dc-metrics").await.unwrap();
+    // Nothing else in the test run creates PodTemplates, so the count is exact.
+    let labels = [
+        ("resource", "podtemplates"),
+        ("verb", "POST"),
+        ("code", "201"),
+    ];
+    let before = cluster
+        .apiserver_metrics()
+        .await
+        .unwrap()
+        .sum("apiserver_request_total", &labels);
+    let api: Api<PodTemplate> =
+        Api::namespaced(cluster.client(Identity::Admin).await.unwrap(), &ns);
+    let pt: PodTemplate = serde_json::from_value(json!({
+        "metadata": {"name": "t"},
+        "template": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}},
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &pt).await.unwrap();
+    let after = cluster
+        .apiserver_metrics()
+        .await
+        .unwrap()
+        .sum("apiserver_request_total", &labels);
+    assert_eq!(after - before, 1.0, "before {before}, after {after}");
+}
