@@ -1,0 +1,34 @@
+# Shared by scripts/test.sh and scripts/demo.sh (sourced, not run).
+# Sets: repo, cache, CARGO_TARGET_DIR, KUBEBUILDER_ASSETS; defines step and
+# prepare_machine.
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+cache="${GPUJOB_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpujob-operator}"
+mkdir -p "$cache"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$cache/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+# Debian packages, the control-plane binaries (built once, cached) and the tools.
+prepare_machine() {
+  step "control-plane binaries and tools"
+  KUBEBUILDER_ASSETS="$(devcluster/scripts/kube-binaries.sh)"
+  export KUBEBUILDER_ASSETS
+  echo "using $KUBEBUILDER_ASSETS" >&2
+  devcluster/scripts/tools.sh >&2
+}
+
+# Waits up to 120 s for devcluster's cluster.json in $1; fails with the log $2.
+wait_cluster() {
+  local state="$1" log="$2" pid="${3:-}"
+  for _ in $(seq 600); do
+    [[ -f "$state/cluster.json" ]] && { grep -m1 'control plane ready' "$log" >&2 || true; return 0; }
+    if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then break; fi
+    sleep 0.2
+  done
+  echo "devcluster up did not get ready; its output ($log):" >&2
+  cat "$log" >&2
+  return 1
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The demo: a local control plane, the GpuJob CRD, the operator, and sample GpuJobs
+# converging in a refreshing table. The cluster and the operator keep running after
+# the script ends; `scripts/demo.sh stop` stops them.
+#
+# On a fresh machine it does its own set-up, like scripts/test.sh (Debian packages,
+# Kubernetes binaries built once and cached in ~/.cache/gpujob-operator).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+state="$cache/demo-cluster"
+bin="$CARGO_TARGET_DIR/debug"
+operator_pid_file="$cache/demo-operator.pid"
+ns=demo
+
+stop() {
+  if [[ -f "$operator_pid_file" ]]; then
+    kill -TERM "$(cat "$operator_pid_file")" 2>/dev/null || true
+    rm -f "$operator_pid_file"
+  fi
+  if [[ -x "$bin/devcluster" ]]; then
+    "$bin/devcluster" down --state-dir "$state" >&2 || true
+  fi
+}
+
+if [[ "${1:-}" == "stop" ]]; then
+  stop
+  exit 0
+fi
+
+prepare_machine
+
+step "build"
+cargo build --locked --bins
+
+step "local control plane (a demo already running is stopped first)"
+stop
+rm -f "$state/cluster.json"
+setsid nohup "$bin/devcluster" up --state-dir "$state" --crd deploy/crd.yaml \
+  >"$cache/demo-cluster.log" 2>&1 </dev/null &
+wait_cluster "$state" "$cache/demo-cluster.log"
+export KUBECONFIG="$state/kubeconfig/admin.kubeconfig"
+
+step "operator RBAC (deploy/rbac.yaml) and the operator, as its service account"
+kubectl apply -f deploy/namespace.yaml -f deploy/rbac.yaml >&2
+KUBECONFIG="$state/kubeconfig/operator.kubeconfig" setsid nohup "$bin/gpujob-operator" run \
+  --identity demo-1 --retry-backoff-base 3s >"$cache/demo-operator.log" 2>&1 </dev/null &
+echo $! >"$operator_pid_file"
+
+step "sample GpuJobs (examples/)"
+kubectl create namespace "$ns" >&2
+kubectl -n "$ns" apply -f examples/ >&2
+
+step "watching them converge"
+deadline=$((SECONDS + 180))
+while :; do
+  table="$(kubectl -n "$ns" get gpujobs -o wide 2>&1; echo; kubectl -n "$ns" get jobs 2>&1)"
+  if [[ -t 1 ]]; then clear; fi
+  printf '%s\n' "$table"
+  phases="$(kubectl -n "$ns" get gpujobs -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}')"
+  done_count="$(grep -cE '^(Succeeded|Failed)$' <<<"$phases" || true)"
+  if [[ "$done_count" -eq 3 || $SECONDS -ge $deadline ]]; then break; fi
+  sleep 2
+done
+
+echo
+kubectl -n "$ns" get gpujobs -o custom-columns='NAME:.metadata.name,PHASE:.status.phase,ATTEMPTS:.status.attempts,READY:.status.conditions[0].reason,MESSAGE:.status.conditions[0].message'
+cat <<MSG
+
+The cluster and the operator are still running.
+  kubeconfig:    export KUBECONFIG=$KUBECONFIG
+  try:           kubectl -n $ns get gj; kubectl -n $ns describe gj finetune-llm
+  operator log:  $cache/demo-operator.log
+  stop it all:   scripts/demo.sh stop
+MSG

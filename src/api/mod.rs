@@ -1,0 +1,23 @@
+//! The `GpuJob` API (`gpujobs.gpujob.dev/v1`): spec (the user's intent), status (observed
+//! facts only) and the CRD generated from them.
+
+mod crd;
+mod spec;
+mod status;
+
+pub use crd::crd_yaml;
+pub use spec::{EnvVar, GpuJob, GpuJobSpec};
+pub use status::{Condition, ConditionStatus, FailureRecord, GpuJobStatus, Phase};
+
+/// API group of every label, annotation and finalizer the operator owns.
+pub const GROUP: &str = "gpujob.dev";
+/// Label on Jobs and pods: the owning GpuJob's name (hash-truncated to 63 characters).
+pub const LABEL_NAME: &str = "gpujob.dev/name";
+/// Label on Jobs and pods: the owning GpuJob's UID. Jobs are watched by this label.
+pub const LABEL_UID: &str = "gpujob.dev/uid";
+/// Label on Jobs and pods: the attempt number, from 1.
+pub const LABEL_ATTEMPT: &str = "gpujob.dev/attempt";
+/// Container env var holding the attempt number.
+pub const ENV_ATTEMPT: &str = "GPUJOB_ATTEMPT";
+/// The extended resource GPUs are requested as.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";

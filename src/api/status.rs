@@ -1,0 +1,104 @@
+use jiff::Timestamp;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Observed facts about a GpuJob. Nothing here is intent: the spec is the only input.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuJobStatus {
+    /// The generation the operator has processed, including a decision to wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    // Absent rather than null when unknown: Kubernetes 1.20 refuses a CRD whose enum
+    // lists null.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Phase")]
+    pub phase: Option<Phase>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Attempts started.
+    #[serde(default)]
+    pub attempts: i32,
+    /// Attempts failed.
+    #[serde(default)]
+    pub failures: i32,
+    /// Name of the Job of the attempt that is running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_job: Option<String>,
+    /// When the next attempt starts, while backing off after a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub next_attempt_time: Option<Timestamp>,
+    /// The most recent error: a failed attempt, or a problem the operator hit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The most recent failed attempt, as observed from its Job and pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<FailureRecord>,
+    /// When the first attempt's Job was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub start_time: Option<Timestamp>,
+    /// When the GpuJob reached Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub completion_time: Option<Timestamp>,
+}
+
+/// Pending: no attempt is running (waiting for the first Job, or backing off before the
+/// next). Running: the current attempt's Job exists and has not finished. Succeeded and
+/// Failed are final.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl Phase {
+    pub fn is_final(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+/// A failed attempt: what the Job and its pod said.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureRecord {
+    pub attempt: i32,
+    /// When the attempt's Job failed; the backoff before the next attempt counts from here.
+    #[schemars(with = "String")]
+    pub time: Timestamp,
+    /// Container exit code, when the pod reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Short reason (`Error`, `OOMKilled`, `DeadlineExceeded`, `JobDeleted`, …).
+    pub reason: String,
+    pub message: String,
+}
+
+/// The metav1.Condition shape.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: ConditionStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[schemars(with = "String")]
+    pub last_transition_time: Timestamp,
+    pub reason: String,
+    // Omitted when empty, so that no empty-string default lands in the schema (see
+    // EnvVar::value).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}

@@ -1,0 +1,141 @@
+//! The only place that writes. Every write is idempotent and safe when late: Jobs have
+//! stable names (a second create is refused), deletes carry uid and resourceVersion
+//! preconditions, and status patches carry the resourceVersion they were computed from.
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::Client;
+use kube::api::{
+    Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+};
+use serde_json::json;
+
+use super::error::{Error, api_code};
+use super::job::is_controlled_by;
+use super::status::merge_patch;
+use crate::api::{GpuJob, GpuJobStatus};
+
+/// Field manager recorded on every write.
+pub const FIELD_MANAGER: &str = "gpujob-operator";
+
+#[derive(Clone)]
+pub struct Writer {
+    client: Client,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").finish_non_exhaustive()
+    }
+}
+
+/// What became of a Job create.
+#[derive(Debug)]
+pub enum Created {
+    /// Created now, or found already created for this GpuJob (adopted).
+    Job(Box<Job>),
+    /// The API server refused it as invalid (422): terminal for this spec.
+    Invalid(String),
+    /// The name is taken by a Job this GpuJob does not control.
+    NameTaken(String),
+}
+
+impl Writer {
+    pub fn new(client: Client) -> Writer {
+        Writer { client }
+    }
+
+    pub async fn create_job(&self, owner_uid: &str, job: &Job) -> Result<Created, Error> {
+        let ns = job.metadata.namespace.as_deref().unwrap_or_default();
+        let name = job.metadata.name.as_deref().unwrap_or_default();
+        let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        match api.create(&pp, job).await {
+            Ok(created) => Ok(Created::Job(Box::new(created))),
+            Err(e) if api_code(&e) == Some(409) => {
+                // Stable names: it exists, most likely from an earlier run of this same
+                // step. Adopt it only if it is really ours.
+                let existing = api
+                    .get(name)
+                    .await
+                    .map_err(Error::kube("read existing Job"))?;
+                if is_controlled_by(&existing, owner_uid) {
+                    Ok(Created::Job(Box::new(existing)))
+                } else {
+                    Ok(Created::NameTaken(format!(
+                        "Job {ns}/{name} exists and is not controlled by this GpuJob; delete or rename it"
+                    )))
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 422 => Ok(Created::Invalid(s.message)),
+            Err(e) => Err(Error::kube("create Job")(e)),
+        }
+    }
+
+    /// Deletes an old attempt's Job and its pods (background propagation; batch/v1
+    /// would orphan the pods otherwise). Gone already, or changed since it was read
+    /// (precondition failed): nothing to do now, the next reconcile decides again.
+    pub async fn delete_job(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        resource_version: &str,
+    ) -> Result<(), Error> {
+        let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
+        let dp = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: Some(resource_version.to_owned()),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(api_code(&e), Some(404) | Some(409)) => Ok(()),
+            Err(e) => Err(Error::kube("delete Job")(e)),
+        }
+    }
+
+    /// One merge patch of the status subresource turning `from.status` into `status`,
+    /// carrying `from`'s resourceVersion: if anything changed since, the API server
+    /// answers 409 and nothing is overwritten.
+    pub async fn patch_status(
+        &self,
+        from: &GpuJob,
+        status: &GpuJobStatus,
+    ) -> Result<GpuJob, Error> {
+        let ns = from.metadata.namespace.as_deref().unwrap_or_default();
+        let name = from.metadata.name.as_deref().unwrap_or_default();
+        let old =
+            serde_json::to_value(from.status.clone().unwrap_or_default()).map_err(|source| {
+                Error::Serialize {
+                    what: "status",
+                    source,
+                }
+            })?;
+        let new = serde_json::to_value(status).map_err(|source| Error::Serialize {
+            what: "status",
+            source,
+        })?;
+        let patch = json!({
+            "metadata": {"resourceVersion": from.metadata.resource_version},
+            "status": merge_patch(&old, &new),
+        });
+        let api: Api<GpuJob> = Api::namespaced(self.client.clone(), ns);
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        match api.patch_status(name, &pp, &Patch::Merge(&patch)).await {
+            Ok(updated) => Ok(updated),
+            Err(e) if api_code(&e) == Some(409) => Err(Error::Conflict {
+                what: format!("GpuJob {ns}/{name}"),
+            }),
+            Err(e) => Err(Error::kube("patch GpuJob status")(e)),
+        }
+    }
+}

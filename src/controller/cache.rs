@@ -1,0 +1,197 @@
+//! The Jobs of every GpuJob, indexed by the owning GpuJob's UID, fed by a watch of Jobs
+//! labelled `gpujob.dev/uid`. Only Jobs with a controller owner reference to a GpuJob
+//! count; labels alone can be copied by anyone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::runtime::watcher::Event;
+use tokio::sync::watch;
+
+use super::Key;
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// owner uid → job "ns/name" → Job
+    by_owner: HashMap<String, HashMap<String, Arc<Job>>>,
+    /// job "ns/name" → owner uid, to move or drop a Job whose owner changed
+    owner_of: HashMap<String, String>,
+    /// A relist in progress: the new contents, swapped in at InitDone.
+    relist: Option<Vec<Job>>,
+}
+
+#[derive(Debug)]
+pub struct JobIndex {
+    inner: RwLock<Inner>,
+    ready: watch::Sender<bool>,
+}
+
+impl Default for JobIndex {
+    fn default() -> JobIndex {
+        JobIndex {
+            inner: RwLock::default(),
+            ready: watch::channel(false).0,
+        }
+    }
+}
+
+/// The GpuJob that controls `job`, as (key, uid).
+pub fn owner_of(job: &Job) -> Option<(Key, String)> {
+    let ns = job.metadata.namespace.as_deref()?;
+    let owner = job.metadata.owner_references.iter().flatten().find(|o| {
+        o.controller == Some(true) && o.kind == "GpuJob" && o.api_version.starts_with("gpujob.dev/")
+    })?;
+    Some((Key::new(ns, &owner.name), owner.uid.clone()))
+}
+
+fn job_key(job: &Job) -> String {
+    format!(
+        "{}/{}",
+        job.metadata.namespace.as_deref().unwrap_or_default(),
+        job.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+impl JobIndex {
+    /// Applies one watch event; returns the GpuJob to reconcile because of it.
+    pub fn apply(&self, event: &Event<Job>) -> Option<Key> {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        match event {
+            Event::Init => {
+                inner.relist = Some(Vec::new());
+                None
+            }
+            Event::InitApply(job) => {
+                if let Some(relist) = inner.relist.as_mut() {
+                    relist.push(job.clone());
+                }
+                owner_of(job).map(|(k, _)| k)
+            }
+            Event::InitDone => {
+                let jobs = inner.relist.take().unwrap_or_default();
+                inner.by_owner.clear();
+                inner.owner_of.clear();
+                for job in jobs {
+                    insert(&mut inner, job);
+                }
+                drop(inner);
+                self.ready.send_replace(true);
+                None
+            }
+            Event::Apply(job) => {
+                remove(&mut inner, &job_key(job));
+                let key = owner_of(job).map(|(k, _)| k);
+                insert(&mut inner, job.clone());
+                key
+            }
+            Event::Delete(job) => {
+                remove(&mut inner, &job_key(job));
+                owner_of(job).map(|(k, _)| k)
+            }
+        }
+    }
+
+    /// The Jobs controlled by the GpuJob with `uid`.
+    pub fn jobs_of(&self, uid: &str) -> Vec<Arc<Job>> {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        inner
+            .by_owner
+            .get(uid)
+            .map(|jobs| jobs.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Resolves once the first list has been loaded.
+    pub async fn wait_ready(&self) {
+        let mut rx = self.ready.subscribe();
+        let _ = rx.wait_for(|ready| *ready).await;
+    }
+}
+
+fn insert(inner: &mut Inner, mut job: Job) {
+    let Some((_, uid)) = owner_of(&job) else {
+        return;
+    };
+    // Nothing reads managedFields; they are most of a Job's size in memory.
+    job.metadata.managed_fields = None;
+    let key = job_key(&job);
+    inner.owner_of.insert(key.clone(), uid.clone());
+    inner
+        .by_owner
+        .entry(uid)
+        .or_default()
+        .insert(key, Arc::new(job));
+}
+
+fn remove(inner: &mut Inner, key: &str) {
+    if let Some(uid) = inner.owner_of.remove(key)
+        && let Some(jobs) = inner.by_owner.get_mut(&uid)
+    {
+        jobs.remove(key);
+        if jobs.is_empty() {
+            inner.by_owner.remove(&uid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn job(name: &str, owner: Option<(&str, &str)>) -> Job {
+        let mut j = Job::default();
+        j.metadata.name = Some(name.into());
+        j.metadata.namespace = Some("ns".into());
+        j.metadata.owner_references = owner.map(|(n, uid)| {
+            vec![OwnerReference {
+                api_version: "gpujob.dev/v1".into(),
+                kind: "GpuJob".into(),
+                name: n.into(),
+                uid: uid.into(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]
+        });
+        j
+    }
+
+    #[test]
+    fn indexes_by_controller_owner_and_follows_events() {
+        let idx = JobIndex::default();
+        assert_eq!(idx.apply(&Event::Init), None);
+        assert_eq!(
+            idx.apply(&Event::InitApply(job("a-1", Some(("a", "u1"))))),
+            Some(Key::new("ns", "a"))
+        );
+        idx.apply(&Event::InitApply(job("stray", None)));
+        assert!(
+            idx.jobs_of("u1").is_empty(),
+            "a relist shows only when complete"
+        );
+        idx.apply(&Event::InitDone);
+        assert_eq!(idx.jobs_of("u1").len(), 1);
+
+        assert_eq!(
+            idx.apply(&Event::Apply(job("a-2", Some(("a", "u1"))))),
+            Some(Key::new("ns", "a"))
+        );
+        assert_eq!(idx.jobs_of("u1").len(), 2);
+        idx.apply(&Event::Delete(job("a-1", Some(("a", "u1")))));
+        let names: Vec<_> = idx
+            .jobs_of("u1")
+            .iter()
+            .map(|j| j.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, vec!["a-2"]);
+        // An owner reference rewritten to another GpuJob moves the Job.
+        idx.apply(&Event::Apply(job("a-2", Some(("b", "u2")))));
+        assert!(idx.jobs_of("u1").is_empty());
+        assert_eq!(idx.jobs_of("u2").len(), 1);
+        // A relist replaces everything.
+        idx.apply(&Event::Init);
+        idx.apply(&Event::InitDone);
+        assert!(idx.jobs_of("u2").is_empty());
+    }
+}

@@ -1,0 +1,258 @@
+//! What this operator wrote and its caches have not seen yet.
+//!
+//! Watch events of the operator's own writes arrive in any order: the event of a Job it
+//! just created often comes before the cache has its own status write, and the other way
+//! round. Planning from such a cache would patch the status a second time or try to
+//! create the Job again. So each write is remembered, keyed by the resourceVersion it
+//! replaced, until the cache catches up; reconciles see cache + memory.
+//!
+//! resourceVersions are opaque (compared for equality only): a cached GpuJob whose
+//! resourceVersion is one the operator itself replaced is stale, anything else is newer
+//! than the memory and wins.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use k8s_openapi::api::batch::v1::Job;
+
+use super::Key;
+use crate::api::GpuJob;
+
+#[derive(Debug, Default)]
+struct Entry {
+    uid: String,
+    /// resourceVersions this operator's status writes replaced.
+    replaced: HashSet<String>,
+    /// The GpuJob as the last status write returned it.
+    latest: Option<Arc<GpuJob>>,
+    /// Jobs created, by name, until the cache has them.
+    created: BTreeMap<String, Job>,
+    /// Jobs deleted (name → uid), until the cache drops them.
+    deleted: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default)]
+pub struct WriteMemory {
+    entries: Mutex<HashMap<Key, Entry>>,
+}
+
+impl WriteMemory {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The freshest view of a GpuJob: the cached one, or what this operator last wrote
+    /// when the cache still holds a version that write replaced.
+    pub fn gpujob(&self, key: &Key, cached: Arc<GpuJob>) -> Arc<GpuJob> {
+        let mut entries = self.lock();
+        let uid = cached.metadata.uid.clone().unwrap_or_default();
+        let Some(entry) = entries.get_mut(key) else {
+            return cached;
+        };
+        if entry.uid != uid {
+            // A new GpuJob with the same name: nothing remembered applies.
+            entries.remove(key);
+            return cached;
+        }
+        let rv = cached.metadata.resource_version.clone().unwrap_or_default();
+        match &entry.latest {
+            Some(latest) if entry.replaced.contains(&rv) => latest.clone(),
+            _ => {
+                // The cache has caught up (or moved past): forget the status writes.
+                entry.replaced.clear();
+                entry.latest = None;
+                cached
+            }
+        }
+    }
+
+    /// Records a status write: `replaced_rv` was the version it was computed from.
+    pub fn status_written(&self, key: &Key, replaced_rv: String, written: GpuJob) {
+        let mut entries = self.lock();
+        let entry = entry(&mut entries, key, &written);
+        entry.replaced.insert(replaced_rv);
+        entry.latest = Some(Arc::new(written));
+    }
+
+    /// The GpuJob's Jobs: the cached ones, plus created and minus deleted ones the
+    /// cache has not seen yet.
+    pub fn jobs(&self, key: &Key, uid: &str, cached: Vec<Arc<Job>>) -> Vec<Arc<Job>> {
+        let mut entries = self.lock();
+        let Some(entry) = entries.get_mut(key).filter(|e| e.uid == uid) else {
+            return cached;
+        };
+        let cached_names: HashMap<String, String> = cached
+            .iter()
+            .filter_map(|j| Some((j.metadata.name.clone()?, j.metadata.uid.clone()?)))
+            .collect();
+        entry
+            .created
+            .retain(|name, _| !cached_names.contains_key(name));
+        entry
+            .deleted
+            .retain(|name, uid| cached_names.get(name) == Some(uid));
+        let mut jobs: Vec<Arc<Job>> = cached
+            .into_iter()
+            .filter(|j| {
+                let name = j.metadata.name.as_deref().unwrap_or_default();
+                !entry.deleted.contains_key(name)
+            })
+            .collect();
+        jobs.extend(entry.created.values().cloned().map(Arc::new));
+        jobs
+    }
+
+    pub fn job_created(&self, key: &Key, owner: &GpuJob, job: Job) {
+        let mut entries = self.lock();
+        if let Some(name) = job.metadata.name.clone() {
+            entry(&mut entries, key, owner).created.insert(name, job);
+        }
+    }
+
+    pub fn job_deleted(&self, key: &Key, owner: &GpuJob, name: String, uid: String) {
+        let mut entries = self.lock();
+        entry(&mut entries, key, owner).deleted.insert(name, uid);
+    }
+
+    /// Drops everything about a GpuJob that is gone.
+    pub fn forget(&self, key: &Key) {
+        self.lock().remove(key);
+    }
+
+    /// GpuJobs with something remembered; for tests and a sanity metric.
+    pub fn entries(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+fn entry<'a>(entries: &'a mut HashMap<Key, Entry>, key: &Key, owner: &GpuJob) -> &'a mut Entry {
+    let uid = owner.metadata.uid.clone().unwrap_or_default();
+    let entry = entries.entry(key.clone()).or_default();
+    if entry.uid != uid {
+        *entry = Entry {
+            uid,
+            ..Entry::default()
+        };
+    }
+    entry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::GpuJobSpec;
+
+    fn gj(rv: &str, uid: &str) -> GpuJob {
+        let mut g = GpuJob::new(
+            "a",
+            serde_json::from_value::<GpuJobSpec>(serde_json::json!({"image": "i", "gpus": 1}))
+                .unwrap(),
+        );
+        g.metadata.namespace = Some("ns".into());
+        g.metadata.uid = Some(uid.into());
+        g.metadata.resource_version = Some(rv.into());
+        g
+    }
+
+    fn key() -> Key {
+        Key::new("ns", "a")
+    }
+
+    fn job(name: &str, uid: &str) -> Job {
+        let mut j = Job::default();
+        j.metadata.name = Some(name.into());
+        j.metadata.uid = Some(uid.into());
+        j
+    }
+
+    fn names(jobs: &[Arc<Job>]) -> Vec<String> {
+        let mut n: Vec<_> = jobs
+            .iter()
+            .map(|j| j.metadata.name.clone().unwrap())
+            .collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn a_stale_cache_is_replaced_by_the_written_object_until_it_catches_up() {
+        let m = WriteMemory::default();
+        m.status_written(&key(), "10".into(), gj("11", "u"));
+        assert_eq!(
+            m.gpujob(&key(), Arc::new(gj("10", "u")))
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("11")
+        );
+        // A second write computed from the remembered object: both old versions are stale.
+        m.status_written(&key(), "11".into(), gj("12", "u"));
+        assert_eq!(
+            m.gpujob(&key(), Arc::new(gj("10", "u")))
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("12")
+        );
+        assert_eq!(
+            m.gpujob(&key(), Arc::new(gj("11", "u")))
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("12")
+        );
+        // Caught up, or someone else wrote: the cache wins and the memory is dropped.
+        assert_eq!(
+            m.gpujob(&key(), Arc::new(gj("13", "u")))
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("13")
+        );
+        assert_eq!(
+            m.gpujob(&key(), Arc::new(gj("10", "u")))
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("10")
+        );
+    }
+
+    #[test]
+    fn a_recreated_gpujob_does_not_inherit_memory() {
+        let m = WriteMemory::default();
+        m.status_written(&key(), "10".into(), gj("11", "old"));
+        assert_eq!(
+            m.gpujob(&key(), Arc::new(gj("10", "new")))
+                .metadata
+                .uid
+                .as_deref(),
+            Some("new")
+        );
+        assert_eq!(m.entries(), 0);
+    }
+
+    #[test]
+    fn created_and_deleted_jobs_show_until_the_cache_agrees() {
+        let m = WriteMemory::default();
+        let owner = gj("1", "u");
+        m.job_created(&key(), &owner, job("a-2", "j2"));
+        m.job_deleted(&key(), &owner, "a-1".into(), "j1".into());
+        let cached = vec![Arc::new(job("a-1", "j1"))];
+        assert_eq!(names(&m.jobs(&key(), "u", cached)), vec!["a-2"]);
+        // The cache catches up on both.
+        let cached = vec![Arc::new(job("a-2", "j2"))];
+        assert_eq!(names(&m.jobs(&key(), "u", cached)), vec!["a-2"]);
+        let cached = vec![
+            Arc::new(job("a-1", "j1-recreated")),
+            Arc::new(job("a-2", "j2")),
+        ];
+        assert_eq!(
+            names(&m.jobs(&key(), "u", cached)),
+            vec!["a-1", "a-2"],
+            "memory was cleared when the cache caught up"
+        );
+        // Another GpuJob uid sees nothing remembered.
+        assert!(m.jobs(&key(), "other", vec![]).is_empty());
+    }
+}

@@ -1,0 +1,260 @@
+//! Watches → keys → work queue → reconcile. Reconcile does not care how keys arrive.
+
+pub mod apply;
+pub mod cache;
+pub mod error;
+pub mod job;
+pub mod memory;
+mod observe;
+pub mod plan;
+mod reconcile;
+pub mod status;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tracing::{error, info, warn};
+
+use crate::api::{GpuJob, LABEL_UID};
+use crate::queue::{Backoff, Queue};
+pub use plan::PlanSettings;
+pub use reconcile::reconcile;
+
+/// A GpuJob's namespace and name: the unit of work.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Key {
+    pub fn new(namespace: &str, name: &str) -> Key {
+        Key {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    pub fn of(gj: &GpuJob) -> Key {
+        Key::new(
+            gj.namespace().as_deref().unwrap_or_default(),
+            &gj.name_any(),
+        )
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Watch only this namespace; all namespaces when `None`.
+    pub namespace: Option<String>,
+    /// Concurrent reconciles (each key is reconciled by one worker at a time).
+    pub workers: usize,
+    pub plan: PlanSettings,
+    /// Every GpuJob is reconciled at least this often, events or not.
+    pub resync: Duration,
+    /// Per-key backoff after a failed reconcile.
+    pub retry: Backoff,
+    /// How long shutdown waits for in-flight reconciles.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            namespace: None,
+            workers: 4,
+            plan: PlanSettings::default(),
+            resync: Duration::from_secs(300),
+            retry: Backoff::default(),
+            drain_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub gpujobs: Store<GpuJob>,
+    pub jobs: cache::JobIndex,
+    pub memory: memory::WriteMemory,
+    pub writer: apply::Writer,
+    pub settings: Settings,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the controller until `shutdown` resolves, then drains in-flight reconciles
+/// (bounded by `drain_timeout`).
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let ns = settings.namespace.clone();
+    let (gpujobs, gj_writer) = reflector::store::<GpuJob>();
+    let queue: Queue<Key> = Queue::new(settings.retry);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        gpujobs,
+        jobs: cache::JobIndex::default(),
+        memory: memory::WriteMemory::default(),
+        writer: apply::Writer::new(client.clone()),
+        settings,
+    });
+
+    let gj_watch = {
+        let queue = queue.clone();
+        let stream = watcher(
+            api::<GpuJob>(&client, ns.as_deref()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|gj| gj.managed_fields_mut().clear());
+        tokio::spawn(async move {
+            let mut events = reflector::reflector(gj_writer, stream).boxed();
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(
+                        watcher::Event::Apply(gj)
+                        | watcher::Event::InitApply(gj)
+                        | watcher::Event::Delete(gj),
+                    ) => {
+                        queue.add(Key::of(&gj));
+                    }
+                    Ok(_) => {}
+                    Err(e) => warn!("GpuJob watch failed: {e}; retrying with backoff"),
+                }
+            }
+        })
+    };
+    let job_watch = {
+        let queue = queue.clone();
+        let ctx = ctx.clone();
+        let stream = watcher(
+            api::<Job>(&client, ns.as_deref()),
+            watcher::Config::default().labels(LABEL_UID),
+        )
+        .default_backoff();
+        tokio::spawn(async move {
+            let mut events = stream.boxed();
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(event) => {
+                        if let Some(key) = ctx.jobs.apply(&event) {
+                            queue.add(key);
+                        }
+                    }
+                    Err(e) => warn!("Job watch failed: {e}; retrying with backoff"),
+                }
+            }
+        })
+    };
+
+    // Workers start only once both caches hold a full list, so the first reconcile of
+    // every GpuJob sees its Jobs.
+    let ready = async {
+        let _ = ctx.gpujobs.wait_until_ready().await;
+        ctx.jobs.wait_ready().await;
+    };
+    tokio::pin!(shutdown);
+    tokio::select! {
+        _ = ready => info!(namespace = ns.as_deref().unwrap_or("*"), "caches synced; reconciling"),
+        _ = &mut shutdown => {
+            gj_watch.abort();
+            job_watch.abort();
+            return Ok(());
+        }
+    }
+
+    let resync = {
+        let queue = queue.clone();
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(ctx.settings.resync);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                for gj in ctx.gpujobs.state() {
+                    queue.add(Key::of(&gj));
+                }
+            }
+        })
+    };
+
+    let workers: Vec<_> = (0..ctx.settings.workers.max(1))
+        .map(|_| tokio::spawn(worker(ctx.clone(), queue.clone())))
+        .collect();
+
+    shutdown.await;
+    info!("shutting down: no new work; draining in-flight reconciles");
+    queue.shut_down();
+    resync.abort();
+    let drain = futures::future::join_all(workers);
+    if tokio::time::timeout(ctx.settings.drain_timeout, drain)
+        .await
+        .is_err()
+    {
+        warn!(
+            "in-flight reconciles did not finish within {:?}; abandoning them (every write is safe to repeat)",
+            ctx.settings.drain_timeout
+        );
+    }
+    gj_watch.abort();
+    job_watch.abort();
+    Ok(())
+}
+
+async fn worker(ctx: Arc<Context>, queue: Queue<Key>) {
+    while let Some(key) = queue.get().await {
+        match reconcile(&ctx, &key).await {
+            Ok(after) => {
+                queue.forget(&key);
+                if let Some(after) = after {
+                    queue.add_after(key.clone(), after);
+                }
+            }
+            Err(e) => match e.retry_after() {
+                Some(after) => {
+                    info!(gpujob = %key, "{e}");
+                    queue.add_after(key.clone(), after);
+                }
+                None => {
+                    let delay = queue.add_rate_limited(key.clone());
+                    error!(gpujob = %key, error = e.metric_label(), "reconcile failed: {e}; retrying in {delay:?}");
+                }
+            },
+        }
+        queue.done(&key);
+    }
+}

@@ -1,0 +1,108 @@
+//! Reads: what the operator knows of one GpuJob, from the caches and its write memory,
+//! with the two direct reads the caches cannot answer (a Job the cache has not seen, and
+//! the exit code of a failed attempt's pod).
+
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::runtime::reflector::ObjectRef;
+
+use super::error::Error;
+use super::job::{attempt_of, is_controlled_by, job_name};
+use super::plan::{JobState, Termination, job_state};
+use super::{Context, Key};
+use crate::api::{GpuJob, Phase};
+
+#[derive(Debug)]
+pub struct Snapshot {
+    pub gpujob: Arc<GpuJob>,
+    pub jobs: Vec<Arc<Job>>,
+    pub termination: Option<Termination>,
+}
+
+/// `None` when the GpuJob is gone.
+pub async fn observe(ctx: &Context, key: &Key) -> Result<Option<Snapshot>, Error> {
+    let Some(cached) = ctx
+        .gpujobs
+        .get(&ObjectRef::new(&key.name).within(&key.namespace))
+    else {
+        ctx.memory.forget(key);
+        return Ok(None);
+    };
+    let gpujob = ctx.memory.gpujob(key, cached);
+    let uid = gpujob.metadata.uid.clone().unwrap_or_default();
+    let mut jobs = ctx.memory.jobs(key, &uid, ctx.jobs.jobs_of(&uid));
+
+    // The status says attempt k runs but the cache has no Job for it: the cache may
+    // simply lag (a restart, a slow watch). Ask the API server before concluding the
+    // Job is gone, because that conclusion starts the next attempt.
+    let status = gpujob.status.clone().unwrap_or_default();
+    let k = status.attempts;
+    let final_ = status.phase.is_some_and(Phase::is_final);
+    if k >= 1 && !final_ && !jobs.iter().any(|j| attempt_of(j) == Some(k)) {
+        let api: Api<Job> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        let name = job_name(&key.name, k);
+        if let Some(job) = api.get_opt(&name).await.map_err(Error::kube("read Job"))?
+            && is_controlled_by(&job, &uid)
+        {
+            jobs.push(Arc::new(job));
+        }
+    }
+
+    let termination = match newest(&jobs) {
+        Some((attempt, job))
+            if matches!(job_state(job), JobState::Failed { .. })
+                && status
+                    .last_failure
+                    .as_ref()
+                    .is_none_or(|f| f.attempt != attempt) =>
+        {
+            termination_of(ctx, &key.namespace, job, attempt).await?
+        }
+        _ => None,
+    };
+    Ok(Some(Snapshot {
+        gpujob,
+        jobs,
+        termination,
+    }))
+}
+
+fn newest(jobs: &[Arc<Job>]) -> Option<(i32, &Job)> {
+    jobs.iter()
+        .filter_map(|j| attempt_of(j).map(|a| (a, j.as_ref())))
+        .max_by_key(|(a, _)| *a)
+}
+
+/// How the failed attempt's container ended, from its pod (found by the Job's
+/// `controller-uid` label; on Kubernetes 1.20 the Job itself only says
+/// `BackoffLimitExceeded`).
+async fn termination_of(
+    ctx: &Context,
+    ns: &str,
+    job: &Job,
+    attempt: i32,
+) -> Result<Option<Termination>, Error> {
+    let Some(job_uid) = job.metadata.uid.as_deref() else {
+        return Ok(None);
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("controller-uid={job_uid}")))
+        .await
+        .map_err(Error::kube("read failed pod"))?;
+    let terminated = list.items.iter().find_map(|pod| {
+        let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+        statuses
+            .iter()
+            .find_map(|c| c.state.as_ref()?.terminated.clone())
+    });
+    Ok(terminated.map(|t| Termination {
+        attempt,
+        exit_code: Some(t.exit_code),
+        reason: t.reason.unwrap_or_else(|| "Error".to_owned()),
+        message: t.message.unwrap_or_default(),
+    }))
+}

@@ -1,0 +1,143 @@
+//! Pure: conditions, and the status patch that turns the stored status into the computed
+//! one.
+
+use jiff::Timestamp;
+use serde_json::{Map, Value};
+
+use crate::api::{Condition, ConditionStatus, GpuJobStatus};
+
+pub const READY: &str = "Ready";
+
+/// Sets condition `type_`, keeping `lastTransitionTime` unless the status flips, so a
+/// recomputation of an unchanged state produces an identical status (and no write).
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: ConditionStatus,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let last_transition_time = conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or(now, |c| c.last_transition_time);
+    let condition = Condition {
+        type_: type_.to_owned(),
+        status,
+        observed_generation: generation,
+        last_transition_time,
+        reason: reason.to_owned(),
+        message,
+    };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(existing) => *existing = condition,
+        None => conditions.push(condition),
+    }
+}
+
+pub fn condition<'a>(status: &'a GpuJobStatus, type_: &str) -> Option<&'a Condition> {
+    status.conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// A JSON merge patch (RFC 7386) that turns `old` into `new`: changed fields, with
+/// `null` for fields that disappear (a plain serialisation of `new` would leave them).
+pub fn merge_patch(old: &Value, new: &Value) -> Value {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut patch = Map::new();
+            for (k, nv) in n {
+                match o.get(k) {
+                    Some(ov) if ov == nv => {}
+                    Some(ov) => {
+                        patch.insert(k.clone(), merge_patch(ov, nv));
+                    }
+                    None => {
+                        patch.insert(k.clone(), nv.clone());
+                    }
+                }
+            }
+            for k in o.keys() {
+                if !n.contains_key(k) {
+                    patch.insert(k.clone(), Value::Null);
+                }
+            }
+            Value::Object(patch)
+        }
+        _ => new.clone(),
+    }
+}
+
+/// Timestamps in status are kept to whole seconds, like every Kubernetes time.
+pub fn seconds(t: Timestamp) -> Timestamp {
+    Timestamp::from_second(t.as_second()).unwrap_or(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_the_status_flips() {
+        let mut cs = Vec::new();
+        set_condition(
+            &mut cs,
+            READY,
+            ConditionStatus::False,
+            "JobRunning",
+            "a".into(),
+            Some(1),
+            t("2026-01-01T00:00:00Z"),
+        );
+        set_condition(
+            &mut cs,
+            READY,
+            ConditionStatus::False,
+            "BackingOff",
+            "b".into(),
+            Some(2),
+            t("2026-01-01T00:01:00Z"),
+        );
+        assert_eq!(cs.len(), 1);
+        assert_eq!(cs[0].last_transition_time, t("2026-01-01T00:00:00Z"));
+        assert_eq!(
+            (cs[0].reason.as_str(), cs[0].observed_generation),
+            ("BackingOff", Some(2))
+        );
+        set_condition(
+            &mut cs,
+            READY,
+            ConditionStatus::True,
+            "Succeeded",
+            "c".into(),
+            Some(2),
+            t("2026-01-01T00:02:00Z"),
+        );
+        assert_eq!(cs[0].last_transition_time, t("2026-01-01T00:02:00Z"));
+    }
+
+    #[test]
+    fn merge_patch_nulls_removed_fields_and_keeps_unchanged_ones_out() {
+        let old = json!({"phase": "Running", "activeJob": "a-1", "attempts": 1, "lastFailure": {"attempt": 1, "exitCode": 3}});
+        let new = json!({"phase": "Pending", "attempts": 1, "lastFailure": {"attempt": 1}});
+        assert_eq!(
+            merge_patch(&old, &new),
+            json!({"phase": "Pending", "activeJob": null, "lastFailure": {"exitCode": null}})
+        );
+        assert_eq!(merge_patch(&new, &new), json!({}));
+    }
+
+    #[test]
+    fn seconds_drops_the_fraction() {
+        assert_eq!(
+            seconds(t("2026-01-01T00:00:01.999Z")),
+            t("2026-01-01T00:00:01Z")
+        );
+    }
+}

@@ -1,0 +1,12 @@
+//! gpujob-operator: runs `GpuJob` custom resources as batch/v1 Jobs and keeps their
+//! status true.
+//!
+//! Data flow: watches → caches → keys → work queue → reconcile, where reconcile is
+//! observe → plan (pure) → apply (the only writer) → one status patch.
+
+pub mod api;
+pub mod cli;
+pub mod client;
+pub mod controller;
+mod hash;
+pub mod queue;

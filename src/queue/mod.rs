@@ -1,0 +1,264 @@
+//! The work queue, with client-go `workqueue` semantics: a key is queued at most once
+//! (dirty set), never handed to two workers at once (processing set), and a key added
+//! while it is processed runs once more after `done`. Delayed adds and per-key
+//! exponential backoff on failure (`add_rate_limited`, reset by `forget`).
+//!
+//! Time is tokio's, so the behaviour is tested on a paused clock.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Per-key exponential backoff: `base * 2^(failures-1)`, capped at `max`.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        // client-go's default per-item limiter: 5 ms doubling to 1000 s.
+        Backoff {
+            base: Duration::from_millis(5),
+            max: Duration::from_secs(1000),
+        }
+    }
+}
+
+impl Backoff {
+    pub fn delay(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(40);
+        let factor = 2u64.saturating_pow(exp);
+        let nanos = u64::try_from(self.base.as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(factor);
+        Duration::from_nanos(nanos).min(self.max)
+    }
+}
+
+#[derive(Debug)]
+struct State<K> {
+    ready: VecDeque<K>,
+    dirty: HashSet<K>,
+    processing: HashSet<K>,
+    /// Delayed adds: (due, seq, key), earliest first; `due_of` keeps each key's earliest.
+    waiting: BTreeSet<(Instant, u64, K)>,
+    due_of: HashMap<K, (Instant, u64)>,
+    seq: u64,
+    failures: HashMap<K, u32>,
+    shutting_down: bool,
+}
+
+/// A cloneable handle to one queue.
+#[derive(Debug)]
+pub struct Queue<K> {
+    state: Arc<Mutex<State<K>>>,
+    notify: Arc<Notify>,
+    backoff: Backoff,
+}
+
+impl<K> Clone for Queue<K> {
+    fn clone(&self) -> Self {
+        Queue {
+            state: self.state.clone(),
+            notify: self.notify.clone(),
+            backoff: self.backoff,
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash + Ord> Queue<K> {
+    pub fn new(backoff: Backoff) -> Queue<K> {
+        Queue {
+            state: Arc::new(Mutex::new(State {
+                ready: VecDeque::new(),
+                dirty: HashSet::new(),
+                processing: HashSet::new(),
+                waiting: BTreeSet::new(),
+                due_of: HashMap::new(),
+                seq: 0,
+                failures: HashMap::new(),
+                shutting_down: false,
+            })),
+            notify: Arc::new(Notify::new()),
+            backoff,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<K>> {
+        // A panic while holding the lock leaves consistent data (every method finishes
+        // its updates before it can panic), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `key` now, unless it is queued already.
+    pub fn add(&self, key: K) {
+        let mut s = self.lock();
+        if add_locked(&mut s, key) {
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Queues `key` after `delay` (at once when zero). A key waiting for an earlier time
+    /// keeps it.
+    pub fn add_after(&self, key: K, delay: Duration) {
+        if delay.is_zero() {
+            return self.add(key);
+        }
+        let due = Instant::now() + delay;
+        let mut s = self.lock();
+        if s.shutting_down {
+            return;
+        }
+        if let Some(&(old_due, old_seq)) = s.due_of.get(&key) {
+            if old_due <= due {
+                return;
+            }
+            s.waiting.remove(&(old_due, old_seq, key.clone()));
+        }
+        s.seq += 1;
+        let seq = s.seq;
+        s.waiting.insert((due, seq, key.clone()));
+        s.due_of.insert(key, (due, seq));
+        drop(s);
+        // Wake a worker so it re-arms its timer for the new earliest deadline.
+        self.notify.notify_one();
+    }
+
+    /// Queues `key` after its backoff: one more failure for this key.
+    pub fn add_rate_limited(&self, key: K) -> Duration {
+        let delay = {
+            let mut s = self.lock();
+            let n = s.failures.entry(key.clone()).or_insert(0);
+            *n += 1;
+            self.backoff.delay(*n)
+        };
+        self.add_after(key, delay);
+        delay
+    }
+
+    /// Clears the failure count of `key` (after a success).
+    pub fn forget(&self, key: &K) {
+        self.lock().failures.remove(key);
+    }
+
+    /// Failures counted for `key` since its last `forget`.
+    pub fn failures(&self, key: &K) -> u32 {
+        self.lock().failures.get(key).copied().unwrap_or(0)
+    }
+
+    /// Keys ready to be processed now.
+    pub fn len(&self) -> usize {
+        self.lock().ready.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The next key to process, waiting for one; `None` once shut down and drained.
+    /// Every key returned must be passed to [`Queue::done`].
+    pub async fn get(&self) -> Option<K> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let next_due = {
+                let mut s = self.lock();
+                promote_due(&mut s, Instant::now());
+                if let Some(key) = s.ready.pop_front() {
+                    s.dirty.remove(&key);
+                    s.processing.insert(key.clone());
+                    let more = !s.ready.is_empty();
+                    drop(s);
+                    if more {
+                        // Pass the baton: another worker may take the next key.
+                        self.notify.notify_one();
+                    }
+                    return Some(key);
+                }
+                if s.shutting_down {
+                    drop(s);
+                    self.notify.notify_one();
+                    return None;
+                }
+                s.waiting.first().map(|(due, _, _)| *due)
+            };
+            match next_due {
+                Some(due) => {
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = tokio::time::sleep_until(due) => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Marks `key` processed; if it was added meanwhile, it is queued again.
+    pub fn done(&self, key: &K) {
+        let mut s = self.lock();
+        s.processing.remove(key);
+        if s.dirty.contains(key) && !s.shutting_down {
+            s.ready.push_back(key.clone());
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Stops handing out keys; `get` returns `None` to every worker, delayed keys are
+    /// dropped. Keys already handed out finish normally.
+    pub fn shut_down(&self) {
+        let mut s = self.lock();
+        s.shutting_down = true;
+        s.ready.clear();
+        s.dirty.clear();
+        s.waiting.clear();
+        s.due_of.clear();
+        drop(s);
+        self.notify.notify_waiters();
+        self.notify.notify_one();
+    }
+
+    /// Keys being processed right now.
+    pub fn processing(&self) -> usize {
+        self.lock().processing.len()
+    }
+}
+
+/// Returns true when the key became ready (a worker should wake).
+fn add_locked<K: Clone + Eq + Hash + Ord>(s: &mut State<K>, key: K) -> bool {
+    if s.shutting_down || s.dirty.contains(&key) {
+        return false;
+    }
+    s.dirty.insert(key.clone());
+    if s.processing.contains(&key) {
+        // Runs again after `done`.
+        return false;
+    }
+    s.ready.push_back(key);
+    true
+}
+
+fn promote_due<K: Clone + Eq + Hash + Ord>(s: &mut State<K>, now: Instant) {
+    while let Some((due, _, _)) = s.waiting.first() {
+        if *due > now {
+            break;
+        }
+        let Some((_, _, key)) = s.waiting.pop_first() else {
+            break;
+        };
+        s.due_of.remove(&key);
+        add_locked(s, key);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,479 @@
+//! The reconcile core against a real API server: attempts, retries, status, idempotency,
+//! restarts. Each test runs its own operator, scoped to its own namespace.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use devcluster::audit::AuditEvent;
+use devcluster::wait;
+use gpujob_operator::api::{GPU_RESOURCE, GpuJob, LABEL_ATTEMPT, LABEL_NAME, Phase};
+use gpujob_operator::controller::plan::{JobState, job_state};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use support::{POLL, TestEnv, WAIT, phase, ready, sim_env};
+
+fn created(job: &Job) -> Timestamp {
+    job.metadata.creation_timestamp.as_ref().unwrap().0
+}
+
+fn failed_at(job: &Job) -> Timestamp {
+    match job_state(job) {
+        JobState::Failed { time, .. } => time.unwrap(),
+        other => panic!("{:?} is not failed: {other:?}", job.metadata.name),
+    }
+}
+
+/// Attempts are numbered 1..=n without gaps, and each starts only after the one before
+/// it failed: never two at once.
+fn assert_sequential(gj: &str, jobs: &[Job], n: i32) {
+    let attempts: Vec<i32> = jobs
+        .iter()
+        .map(|j| {
+            j.metadata.labels.as_ref().unwrap()[LABEL_ATTEMPT]
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(attempts, (1..=n).collect::<Vec<_>>(), "attempts of {gj}");
+    for pair in jobs.windows(2) {
+        assert!(
+            created(&pair[1]) >= failed_at(&pair[0]),
+            "{:?} started before {:?} failed",
+            pair[1].metadata.name,
+            pair[0].metadata.name
+        );
+    }
+}
+
+/// Records the most Jobs of one GpuJob seen active at the same time.
+fn watch_concurrency(
+    env: &TestEnv,
+    gj: GpuJob,
+) -> (Arc<Mutex<usize>>, tokio::task::JoinHandle<()>) {
+    let most = Arc::new(Mutex::new(0));
+    let jobs = env.jobs();
+    let uid = gj.metadata.uid.clone().unwrap();
+    let m = most.clone();
+    let handle = tokio::spawn(async move {
+        loop {
+            if let Ok(list) = jobs
+                .list(&kube::api::ListParams::default().labels(&format!("gpujob.dev/uid={uid}")))
+                .await
+            {
+                let active = list
+                    .items
+                    .iter()
+                    .filter(|j| job_state(j) == JobState::Active)
+                    .count();
+                let mut most = m.lock().unwrap();
+                *most = (*most).max(active);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    (most, handle)
+}
+
+fn operator_writes(events: &[AuditEvent], agent: &str, ns: &str) -> Vec<AuditEvent> {
+    events
+        .iter()
+        .filter(|e| e.user_agent == agent && e.namespace == ns && e.is_write())
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn seed_walkthrough_one_job_then_succeeded_then_collected() {
+    let env = TestEnv::new("seed").await;
+    let op = env.operator("seed", env.settings()).await;
+    env.create(
+        "train",
+        json!({"image": "registry.example/train:1", "gpus": 2, "env": sim_env(&[("SIM_DURATION_SECONDS", "3")])}),
+    )
+    .await;
+
+    let running = env
+        .wait_gpujob("train", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    let status = running.status.clone().unwrap();
+    assert_eq!(status.observed_generation, running.metadata.generation);
+    assert_eq!((status.attempts, status.failures), (1, 0));
+    assert_eq!(status.active_job.as_deref(), Some("train-1"));
+    assert!(status.start_time.is_some());
+    let (s, reason, _) = ready(&running).unwrap();
+    assert_eq!((s.as_str(), reason.as_str()), ("False", "JobRunning"));
+
+    let jobs = env.jobs_of(&running).await;
+    assert_eq!(jobs.len(), 1, "exactly one Job");
+    let job = &jobs[0];
+    assert_eq!(job.metadata.name.as_deref(), Some("train-1"));
+    let owner = &job.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("GpuJob", Some(true))
+    );
+    assert_eq!(owner.uid, running.metadata.uid.clone().unwrap());
+    let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let limits = pod.containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .limits
+        .as_ref()
+        .unwrap();
+    assert_eq!(limits[GPU_RESOURCE].0, "2");
+
+    let done = env
+        .wait_gpujob("train", "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
+        .await;
+    let (s, reason, _) = ready(&done).unwrap();
+    assert_eq!((s.as_str(), reason.as_str()), ("True", "Succeeded"));
+    let status = done.status.unwrap();
+    assert!(status.completion_time.is_some());
+    assert_eq!(status.active_job, None);
+    assert_eq!(
+        env.jobs_of(&running).await.len(),
+        1,
+        "still exactly one Job"
+    );
+
+    env.gpujobs()
+        .delete("train", &DeleteParams::default())
+        .await
+        .unwrap();
+    let jobs = env.jobs();
+    wait::until(
+        "the Job to be garbage-collected",
+        Duration::from_secs(60),
+        POLL,
+        || {
+            let jobs = jobs.clone();
+            async move { jobs.get_opt("train-1").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn failures_retry_in_order_with_backoff_then_fail_with_the_exit_code() {
+    let env = TestEnv::new("retries").await;
+    let op = env.operator("retries", env.settings()).await;
+    let gj = env
+        .create(
+            "flaky",
+            json!({"image": "i", "gpus": 1, "maxRetries": 2,
+                   "env": sim_env(&[("SIM_EXIT_CODE", "1"), ("SIM_DURATION_SECONDS", "0.5")])}),
+        )
+        .await;
+    let (most, watcher) = watch_concurrency(&env, gj.clone());
+
+    let failed = env
+        .wait_gpujob("flaky", "Failed", |g| phase(g) == Some(Phase::Failed))
+        .await;
+    watcher.abort();
+    let status = failed.status.clone().unwrap();
+    assert_eq!((status.attempts, status.failures), (3, 3));
+    let (s, reason, message) = ready(&failed).unwrap();
+    assert_eq!((s.as_str(), reason.as_str()), ("False", "RetriesExhausted"));
+    assert!(message.contains("exit code 1"), "{message}");
+    assert_eq!(status.last_failure.as_ref().unwrap().exit_code, Some(1));
+    assert_eq!(status.next_attempt_time, None);
+
+    let jobs = env.jobs_of(&gj).await;
+    assert_sequential("flaky", &jobs, 3);
+    assert_eq!(*most.lock().unwrap(), 1, "two attempts were active at once");
+    // Backoff 1 s after the first failure, 2 s after the second (second precision).
+    let gap = |k: usize| {
+        created(&jobs[k + 1])
+            .duration_since(failed_at(&jobs[k]))
+            .as_secs()
+    };
+    assert!(gap(0) >= 1, "first backoff {}s", gap(0));
+    assert!(gap(1) >= 2, "second backoff {}s", gap(1));
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_first_attempt_then_success() {
+    let env = TestEnv::new("recover").await;
+    let op = env.operator("recover", env.settings()).await;
+    let gj = env
+        .create(
+            "second-time",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_FAIL_ATTEMPTS", "1")])}),
+        )
+        .await;
+    let done = env
+        .wait_gpujob("second-time", "Succeeded", |g| {
+            phase(g) == Some(Phase::Succeeded)
+        })
+        .await;
+    let status = done.status.unwrap();
+    assert_eq!((status.attempts, status.failures), (2, 1));
+    assert_eq!(status.last_failure.unwrap().attempt, 1);
+    assert_sequential("second-time", &env.jobs_of(&gj).await, 2);
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn two_writes_per_gpujob_to_running_and_none_when_converged() {
+    let env = TestEnv::new("writes").await;
+    let identity = "writes";
+    let agent = TestEnv::agent(identity);
+    let audit = env.cluster.audit();
+    let start = audit.cursor().unwrap();
+    let op = env.operator(identity, env.settings()).await;
+    const N: usize = 20;
+    for i in 0..N {
+        env.create(
+            &format!("gj-{i}"),
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "300")])}),
+        )
+        .await;
+    }
+    for i in 0..N {
+        env.wait_gpujob(&format!("gj-{i}"), "Running", |g| {
+            phase(g) == Some(Phase::Running)
+        })
+        .await;
+    }
+    // Let late events (the Job controller's status updates, our own echoes) settle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes = operator_writes(&audit.since(start).unwrap(), &agent, &env.ns);
+    let creates = writes
+        .iter()
+        .filter(|e| e.resource == "jobs" && e.verb == "create")
+        .count();
+    let patches = writes
+        .iter()
+        .filter(|e| e.resource == "gpujobs" && e.subresource == "status" && e.verb == "patch")
+        .count();
+    let conflicts = writes.iter().filter(|e| e.code == 409).count();
+    assert_eq!(
+        (creates, patches, conflicts),
+        (N, N, 0),
+        "writes: {writes:#?}"
+    );
+    assert_eq!(
+        writes.len(),
+        2 * N,
+        "2.0 writes per GpuJob, nothing else: {writes:#?}"
+    );
+
+    // Converged: forced reconciles (annotation changes), duplicate Job events (label
+    // changes) and a restarted operator cost zero writes.
+    let converged = audit.cursor().unwrap();
+    let pp = PatchParams::default();
+    for i in 0..20 {
+        let patch = json!({"metadata": {"annotations": {"test/poke": i.to_string()}}});
+        env.gpujobs()
+            .patch("gj-0", &pp, &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let patch = json!({"metadata": {"labels": {"test/poke": i.to_string()}}});
+        env.jobs()
+            .patch("gj-1-1", &pp, &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    op.stop().await;
+    let op = env.operator(identity, env.settings()).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let writes = operator_writes(&audit.since(converged).unwrap(), &agent, &env.ns);
+    assert!(
+        writes.is_empty(),
+        "a converged GpuJob was written: {writes:#?}"
+    );
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn killed_and_restarted_operators_never_skip_repeat_or_overlap_attempts() {
+    let env = TestEnv::new("restarts").await;
+    let identity = "restarts";
+    let audit = env.cluster.audit();
+    let start = audit.cursor().unwrap();
+    let mut settings = env.settings();
+    settings.plan.keep_jobs = 10;
+    let spec = json!({"image": "i", "gpus": 1, "maxRetries": 3,
+                      "env": sim_env(&[("SIM_FAIL_ATTEMPTS", "3"), ("SIM_DURATION_SECONDS", "0.7")])});
+    let names = ["a", "b", "c"];
+    let mut gjs = Vec::new();
+    for n in names {
+        gjs.push(env.create(n, spec.clone()).await);
+    }
+    let watchers: Vec<_> = gjs
+        .iter()
+        .map(|g| watch_concurrency(&env, g.clone()))
+        .collect();
+
+    // Kill the operator at ever-changing points of its work until every GpuJob is done.
+    let pauses = [300u64, 900, 150, 1300, 500, 700, 50, 1100];
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut kills = 0;
+    loop {
+        let op = env.operator(identity, settings.clone()).await;
+        tokio::time::sleep(Duration::from_millis(pauses[kills % pauses.len()])).await;
+        op.kill().await;
+        kills += 1;
+        let mut done = 0;
+        for n in names {
+            if env
+                .gpujobs()
+                .get(n)
+                .await
+                .ok()
+                .and_then(|g| phase(&g))
+                .is_some_and(Phase::is_final)
+            {
+                done += 1;
+            }
+        }
+        if done == names.len() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not done after {kills} kills"
+        );
+    }
+    assert!(
+        kills >= 3,
+        "the test should kill the operator mid-flight several times"
+    );
+
+    for ((name, gj), (most, watcher)) in names.iter().zip(&gjs).zip(watchers) {
+        watcher.abort();
+        let now = env.gpujobs().get(name).await.unwrap();
+        let status = now.status.unwrap();
+        assert_eq!(status.phase, Some(Phase::Succeeded), "{name}");
+        assert_eq!((status.attempts, status.failures), (4, 3), "{name}");
+        assert_sequential(name, &env.jobs_of(gj).await, 4);
+        assert_eq!(
+            *most.lock().unwrap(),
+            1,
+            "{name}: two attempts active at once"
+        );
+    }
+    // Each attempt's Job was created once (a create repeated after a kill is refused
+    // by its stable name, never a second Job).
+    let agent = TestEnv::agent(identity);
+    let mut created: BTreeMap<String, usize> = BTreeMap::new();
+    for e in operator_writes(&audit.since(start).unwrap(), &agent, &env.ns) {
+        if e.resource == "jobs" && e.verb == "create" && e.succeeded() {
+            *created.entry(e.name).or_default() += 1;
+        }
+    }
+    let expected: BTreeSet<String> = names
+        .iter()
+        .flat_map(|n| (1..=4).map(move |k| format!("{n}-{k}")))
+        .collect();
+    assert_eq!(created.keys().cloned().collect::<BTreeSet<_>>(), expected);
+    assert!(created.values().all(|c| *c == 1), "{created:?}");
+}
+
+#[tokio::test]
+async fn a_253_character_name_gets_valid_unique_job_names_and_labels() {
+    let env = TestEnv::new("longname").await;
+    let op = env.operator("longname", env.settings()).await;
+    let base = "x".repeat(244);
+    let one = format!("{base}-one-123"); // 252
+    let two = format!("{base}-two-1234"); // 253
+    assert_eq!(two.len(), 253);
+    for n in [&one, &two] {
+        env.create(
+            n,
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "0.5")])}),
+        )
+        .await;
+    }
+    let mut job_names = BTreeSet::new();
+    for n in [&one, &two] {
+        // Succeeded means the API server accepted the Job and the Job controller its pod
+        // (whose job-name label must be a valid label value).
+        let done = env
+            .wait_gpujob(n, "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
+            .await;
+        let jobs = env.jobs_of(&done).await;
+        assert_eq!(jobs.len(), 1);
+        let name = jobs[0].metadata.name.clone().unwrap();
+        assert!(name.len() <= 63, "{name}");
+        assert!(jobs[0].metadata.labels.as_ref().unwrap()[LABEL_NAME].len() <= 63);
+        job_names.insert(name);
+    }
+    assert_eq!(job_names.len(), 2, "Job names collide: {job_names:?}");
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_job_the_api_server_refuses_is_reported_once_and_waits_for_a_spec_change() {
+    let env = TestEnv::new("invalid").await;
+    let identity = "invalid";
+    let audit = env.cluster.audit();
+    let start = audit.cursor().unwrap();
+    let op = env.operator(identity, env.settings()).await;
+    // The schema cannot know that node selector keys must be label keys.
+    env.create(
+        "bad",
+        json!({"image": "i", "gpus": 1, "nodeSelector": {"not a label key!": "x"}}),
+    )
+    .await;
+    let refused = env
+        .wait_gpujob("bad", "InvalidSpec", |g| {
+            ready(g).is_some_and(|(_, r, _)| r == "InvalidSpec")
+        })
+        .await;
+    let status = refused.status.clone().unwrap();
+    assert_eq!(status.phase, Some(Phase::Pending));
+    assert_eq!(status.attempts, 0);
+    assert!(
+        status.last_error.unwrap().contains("nodeSelector"),
+        "the message names the field"
+    );
+    assert_eq!(status.observed_generation, refused.metadata.generation);
+
+    // No hot loop: poke it and wait; still exactly one refused create.
+    let pp = PatchParams::default();
+    env.gpujobs()
+        .patch(
+            "bad",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"annotations": {"poke": "1"}}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let agent = TestEnv::agent(identity);
+    let creates: Vec<_> = operator_writes(&audit.since(start).unwrap(), &agent, &env.ns)
+        .into_iter()
+        .filter(|e| e.resource == "jobs" && e.verb == "create")
+        .collect();
+    assert_eq!(creates.len(), 1, "{creates:#?}");
+    assert_eq!(creates[0].code, 422);
+
+    // Fixing the spec recovers without a restart.
+    env.gpujobs()
+        .patch(
+            "bad",
+            &pp,
+            &Patch::Merge(
+                json!({"spec": {"nodeSelector": {"not a label key!": null, "gpu": "a100"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let fixed = env
+        .wait_gpujob("bad", "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
+        .await;
+    assert_eq!(fixed.status.unwrap().attempts, 1);
+    op.stop().await;
+}

@@ -1,0 +1,230 @@
+//! Shared set-up for the operator's integration tests: a namespace on the devcluster
+//! control plane, the operator's RBAC granted to the replica users, and the operator
+//! running in-process, scoped to that namespace.
+
+#![allow(dead_code, clippy::unwrap_used)] // test support: not every test uses every helper
+
+use std::path::Path;
+use std::time::Duration;
+
+use devcluster::identity::REPLICA_GROUP;
+use devcluster::{ControlPlane, Identity, wait};
+use gpujob_operator::api::{GpuJob, LABEL_UID};
+use gpujob_operator::controller::{self, PlanSettings, Settings};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml");
+pub const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml");
+pub const WAIT: Duration = Duration::from_secs(90);
+pub const POLL: Duration = Duration::from_millis(200);
+
+pub struct TestEnv {
+    pub cluster: ControlPlane,
+    pub ns: String,
+    pub admin: Client,
+}
+
+impl TestEnv {
+    pub async fn new(prefix: &str) -> TestEnv {
+        gpujob_operator::client::install_crypto_provider();
+        let cluster = ControlPlane::for_tests(&[Path::new(CRD)])
+            .await
+            .expect("control plane");
+        let admin = cluster.client(Identity::Admin).await.unwrap();
+        grant_operator_role_to_replicas(&admin).await;
+        let ns = cluster.create_namespace(prefix).await.unwrap();
+        TestEnv { cluster, ns, admin }
+    }
+
+    pub fn gpujobs(&self) -> Api<GpuJob> {
+        Api::namespaced(self.admin.clone(), &self.ns)
+    }
+
+    pub fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.admin.clone(), &self.ns)
+    }
+
+    /// Test settings: this namespace only, 1 s backoff base.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            namespace: Some(self.ns.clone()),
+            plan: PlanSettings {
+                backoff_base: Duration::from_secs(1),
+                backoff_max: Duration::from_secs(4),
+                keep_jobs: 3,
+            },
+            drain_timeout: Duration::from_secs(5),
+            ..Settings::default()
+        }
+    }
+
+    /// The user agent of an operator started with `identity`.
+    pub fn agent(identity: &str) -> String {
+        gpujob_operator::client::user_agent(identity)
+    }
+
+    /// Starts the operator in this process, as user `replica-1` (the operator's RBAC
+    /// role, nothing more) with a User-Agent naming `identity`.
+    pub async fn operator(&self, identity: &str, settings: Settings) -> Operator {
+        let config = self.cluster.config(Identity::Replica(1)).await.unwrap();
+        let config = gpujob_operator::client::identify(config, identity).unwrap();
+        let client = Client::try_from(config).unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            controller::run(client, settings, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("operator run");
+        });
+        Operator {
+            handle: Some(handle),
+            stop: Some(stop),
+        }
+    }
+
+    pub async fn create(&self, name: &str, spec: serde_json::Value) -> GpuJob {
+        let gj: GpuJob = serde_json::from_value(json!({
+            "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+            "metadata": {"name": name}, "spec": spec,
+        }))
+        .unwrap();
+        self.gpujobs()
+            .create(&PostParams::default(), &gj)
+            .await
+            .unwrap()
+    }
+
+    /// Waits until GpuJob `name` satisfies `pred`.
+    pub async fn wait_gpujob(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&GpuJob) -> bool,
+    ) -> GpuJob {
+        let api = self.gpujobs();
+        let pred = &pred;
+        wait::until(
+            &format!("GpuJob {}/{name}: {what}", self.ns),
+            WAIT,
+            POLL,
+            || {
+                let api = api.clone();
+                async move { api.get(name).await.ok().filter(|g| pred(g)) }
+            },
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Jobs of a GpuJob, by attempt.
+    pub async fn jobs_of(&self, gj: &GpuJob) -> Vec<Job> {
+        let uid = gj.metadata.uid.clone().unwrap();
+        let mut jobs = self
+            .jobs()
+            .list(&ListParams::default().labels(&format!("{LABEL_UID}={uid}")))
+            .await
+            .unwrap()
+            .items;
+        jobs.sort_by_key(|j| controller::job::attempt_of(j).unwrap_or(0));
+        jobs
+    }
+}
+
+/// Binds the shipped ClusterRole (deploy/rbac.yaml) to the replica users' group.
+async fn grant_operator_role_to_replicas(admin: &Client) {
+    let text = std::fs::read_to_string(RBAC).unwrap();
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let role: ClusterRole = docs
+        .into_iter()
+        .find(|d| d["kind"] == "ClusterRole")
+        .map(|d| serde_json::from_value(d).unwrap())
+        .expect("deploy/rbac.yaml has a ClusterRole");
+    let pp = PatchParams::apply("gpujob-tests").force();
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    roles
+        .patch("gpujob-operator", &pp, &Patch::Apply(&role))
+        .await
+        .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "gpujob-operator-test-replicas"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpujob-operator"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": REPLICA_GROUP}],
+    }))
+    .unwrap();
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    bindings
+        .patch(
+            "gpujob-operator-test-replicas",
+            &pp,
+            &Patch::Apply(&binding),
+        )
+        .await
+        .unwrap();
+}
+
+/// An operator running in this process; aborted when dropped.
+pub struct Operator {
+    handle: Option<JoinHandle<()>>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Operator {
+    /// Graceful stop: no new work, in-flight reconciles drain.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(h) = self.handle.take() {
+            h.await.unwrap();
+        }
+    }
+
+    /// As abrupt as a kill: the task is dropped wherever it is.
+    pub async fn kill(mut self) {
+        if let Some(h) = self.handle.take() {
+            h.abort();
+            let _ = h.await;
+        }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.abort();
+        }
+    }
+}
+
+pub fn phase(gj: &GpuJob) -> Option<gpujob_operator::api::Phase> {
+    gj.status.as_ref().and_then(|s| s.phase)
+}
+
+pub fn ready(gj: &GpuJob) -> Option<(String, String, String)> {
+    let c = gj
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    Some((
+        format!("{:?}", c.status),
+        c.reason.clone(),
+        c.message.clone(),
+    ))
+}
+
+pub fn sim_env(pairs: &[(&str, &str)]) -> serde_json::Value {
+    pairs
+        .iter()
+        .map(|(k, v)| json!({"name": k, "value": v}))
+        .collect()
+}
