@@ -10,14 +10,16 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 state="$cache/demo-cluster"
 bin="$CARGO_TARGET_DIR/debug"
-operator_pid_file="$cache/demo-operator.pid"
+replicas=3
 ns=demo
 
 stop() {
-  if [[ -f "$operator_pid_file" ]]; then
-    kill -TERM "$(cat "$operator_pid_file")" 2>/dev/null || true
-    rm -f "$operator_pid_file"
-  fi
+  local pid_file
+  for pid_file in "$cache"/demo-replica-*.pid; do
+    [[ -f "$pid_file" ]] || continue
+    kill -TERM "$(cat "$pid_file")" 2>/dev/null || true
+    rm -f "$pid_file"
+  done
   if [[ -x "$bin/devcluster" ]]; then
     "$bin/devcluster" down --state-dir "$state" >&2 || true
   fi
@@ -41,11 +43,14 @@ setsid nohup "$bin/devcluster" up --state-dir "$state" --crd deploy/crd.yaml \
 wait_cluster "$state" "$cache/demo-cluster.log"
 export KUBECONFIG="$state/kubeconfig/admin.kubeconfig"
 
-step "operator RBAC (deploy/rbac.yaml) and the operator, as its service account"
+step "operator RBAC (deploy/rbac.yaml) and $replicas replicas, as its service account"
 kubectl apply -f deploy/namespace.yaml -f deploy/rbac.yaml >&2
-KUBECONFIG="$state/kubeconfig/operator.kubeconfig" setsid nohup "$bin/gpujob-operator" run \
-  --identity demo-1 --retry-backoff-base 3s >"$cache/demo-operator.log" 2>&1 </dev/null &
-echo $! >"$operator_pid_file"
+for n in $(seq "$replicas"); do
+  KUBECONFIG="$state/kubeconfig/operator.kubeconfig" setsid nohup "$bin/gpujob-operator" run \
+    --identity "demo-$n" --lease-namespace gpujob-system --retry-backoff-base 3s \
+    >"$cache/demo-replica-$n.log" 2>&1 </dev/null &
+  echo $! >"$cache/demo-replica-$n.pid"
+done
 
 step "sample GpuJobs (examples/)"
 kubectl create namespace "$ns" >&2
@@ -54,7 +59,9 @@ kubectl -n "$ns" apply -f examples/ >&2
 step "watching them converge"
 deadline=$((SECONDS + 180))
 while :; do
-  table="$(kubectl -n "$ns" get gpujobs -o wide 2>&1; echo; kubectl -n "$ns" get jobs 2>&1)"
+  leader="$(kubectl -n gpujob-system get lease gpujob-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
+  table="$(echo "leader: ${leader:-(electing)} of demo-1..demo-$replicas"; echo
+    kubectl -n "$ns" get gpujobs -o wide 2>&1; echo; kubectl -n "$ns" get jobs 2>&1)"
   if [[ -t 1 ]]; then clear; fi
   printf '%s\n' "$table"
   phases="$(kubectl -n "$ns" get gpujobs -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}')"
@@ -65,11 +72,15 @@ done
 
 echo
 kubectl -n "$ns" get gpujobs -o custom-columns='NAME:.metadata.name,PHASE:.status.phase,ATTEMPTS:.status.attempts,READY:.status.conditions[0].reason,MESSAGE:.status.conditions[0].message'
+leader="$(kubectl -n gpujob-system get lease gpujob-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
 cat <<MSG
 
-The cluster and the operator are still running.
+The cluster and $replicas operator replicas are still running.
   kubeconfig:    export KUBECONFIG=$KUBECONFIG
   try:           kubectl -n $ns get gj; kubectl -n $ns describe gj finetune-llm
-  operator log:  $cache/demo-operator.log
+  who leads:     kubectl -n gpujob-system get lease gpujob-operator -o jsonpath='{.spec.holderIdentity}'
+  fail over:     kill -9 \$(cat $cache/demo-replica-${leader#demo-}.pid)   # the leader, ${leader:-?}
+                 kubectl -n gpujob-system get lease gpujob-operator -w   # a standby takes over in ~15 s
+  replica logs:  $cache/demo-replica-N.log
   stop it all:   scripts/demo.sh stop
 MSG

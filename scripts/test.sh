@@ -22,7 +22,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "build"
 cargo build --workspace --locked --bins
-cargo nextest run --workspace --locked --no-run
+cargo nextest run --workspace --exclude gpujob-benches --locked --no-run
 
 step "shared control plane"
 state="$cache/test-cluster"
@@ -39,4 +39,4 @@ wait_cluster "$state" "$log" "$up_pid"
 export DEVCLUSTER_DIR="$state"
 
 step "tests"
-cargo nextest run --workspace --locked "$@"
+cargo nextest run --workspace --exclude gpujob-benches --locked "$@"

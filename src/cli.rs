@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::client::Limits;
 use crate::controller::{PlanSettings, Settings};
+use crate::lease::Timing;
+use crate::queue::Backoff;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -20,7 +23,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the operator against the cluster of the current kubeconfig (or in-cluster).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the GpuJob CustomResourceDefinition (what deploy/crd.yaml holds).
     Crd,
 }
@@ -58,6 +61,37 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, env = "GPUJOB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Contend for a Lease and act only while holding it (run several replicas).
+    /// `--leader-elect=false` runs a single replica that acts at once.
+    #[arg(long, env = "GPUJOB_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(long, env = "GPUJOB_LEASE_NAME", default_value = "gpujob-operator")]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: $POD_NAMESPACE, else gpujob-system).
+    #[arg(long, env = "GPUJOB_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// How long a Lease nobody renews stays valid for the other replicas (whole seconds).
+    #[arg(long, env = "GPUJOB_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// The leader steps down when no renewal succeeded for this long.
+    #[arg(long, env = "GPUJOB_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    pub renew_deadline: Duration,
+    /// Pause between attempts to acquire or renew the Lease.
+    #[arg(long, env = "GPUJOB_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    pub retry_period: Duration,
+    /// Client-side limit on API requests per second (reconcile traffic; the Lease has its own).
+    #[arg(long, env = "GPUJOB_API_QPS", default_value_t = 50.0)]
+    pub api_qps: f64,
+    /// Requests allowed in a burst above --api-qps.
+    #[arg(long, env = "GPUJOB_API_BURST", default_value_t = 100)]
+    pub api_burst: u32,
+    /// Overall limit on reconcile retries per second (on top of per-GpuJob backoff).
+    #[arg(long, env = "GPUJOB_RETRY_QPS", default_value_t = 10.0)]
+    pub retry_qps: f64,
+    /// Retries allowed in a burst above --retry-qps.
+    #[arg(long, env = "GPUJOB_RETRY_BURST", default_value_t = 100)]
+    pub retry_burst: u32,
 }
 
 impl RunArgs {
@@ -68,6 +102,35 @@ impl RunArgs {
             .or_else(|| std::env::var("HOSTNAME").ok())
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "gpujob-operator".to_owned())
+    }
+
+    pub fn lease_namespace(&self) -> String {
+        self.lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "gpujob-system".to_owned())
+    }
+
+    /// Lease timing, checked (duration > renew deadline > 1.2 × retry period).
+    pub fn timing(&self) -> Result<Timing, String> {
+        let t = Timing {
+            lease_duration: self.lease_duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+        };
+        t.validate()?;
+        Ok(t)
+    }
+
+    pub fn limits(&self) -> Result<Limits, String> {
+        if self.api_qps.is_nan() || self.api_qps <= 0.0 || self.api_burst == 0 {
+            return Err("--api-qps and --api-burst must be greater than zero".to_owned());
+        }
+        Ok(Limits {
+            qps: self.api_qps,
+            burst: self.api_burst,
+        })
     }
 
     /// The controller settings, checked for consistency.
@@ -81,6 +144,9 @@ impl RunArgs {
                 self.retry_backoff_max, self.retry_backoff_base
             ));
         }
+        if self.retry_qps.is_nan() || self.retry_qps <= 0.0 || self.retry_burst == 0 {
+            return Err("--retry-qps and --retry-burst must be greater than zero".to_owned());
+        }
         if self.resync.is_zero() {
             return Err("--resync must be greater than zero".to_owned());
         }
@@ -93,6 +159,11 @@ impl RunArgs {
                 keep_jobs: self.keep_jobs,
             },
             resync: self.resync,
+            retry: Backoff {
+                qps: self.retry_qps,
+                burst: self.retry_burst,
+                ..Backoff::default()
+            },
             ..Settings::default()
         })
     }
@@ -160,5 +231,25 @@ mod tests {
         );
         assert_eq!(s.plan.backoff_base, Duration::from_secs(10));
         assert!(Cli::try_parse_from(["gpujob-operator", "run", "--workers", "0"]).is_err());
+        assert!(s.retry.qps > 0.0);
+    }
+
+    #[test]
+    fn lease_flags_are_checked() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["gpujob-operator", "run"];
+            all.extend_from_slice(args);
+            match Cli::try_parse_from(all).unwrap().command {
+                Command::Run(a) => *a,
+                Command::Crd => panic!("run"),
+            }
+        };
+        let a = parse(&[]);
+        assert!(a.leader_elect);
+        assert_eq!(a.timing().unwrap(), Timing::default());
+        assert!(!parse(&["--leader-elect=false"]).leader_elect);
+        let bad = parse(&["--lease-duration", "5s", "--renew-deadline", "5s"]);
+        assert!(bad.timing().unwrap_err().contains("renew deadline"));
+        assert!(parse(&["--api-qps", "0"]).limits().is_err());
     }
 }

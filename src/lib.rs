@@ -9,4 +9,7 @@ pub mod cli;
 pub mod client;
 pub mod controller;
 mod hash;
+pub mod lease;
+pub mod metrics;
 pub mod queue;
+pub mod ratelimit;

@@ -5,7 +5,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use gpujob_operator::cli::{Cli, Command, LogFormat, RunArgs};
+use gpujob_operator::client::Limits;
+use gpujob_operator::lease::{self, Elector, Ownership};
+use gpujob_operator::metrics::Metrics;
 use gpujob_operator::{api, client, controller};
+use tokio::sync::{oneshot, watch};
 use tracing::info;
 
 fn main() -> ExitCode {
@@ -14,7 +18,7 @@ fn main() -> ExitCode {
         Command::Crd => api::crd_yaml()
             .map(|yaml| print!("{yaml}"))
             .context("generating the CRD"),
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -28,6 +32,8 @@ fn main() -> ExitCode {
 fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let settings = args.settings().map_err(anyhow::Error::msg)?;
+    let timing = args.timing().map_err(anyhow::Error::msg)?;
+    let limits = args.limits().map_err(anyhow::Error::msg)?;
     let identity = args.identity();
     client::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -38,10 +44,32 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let config = kube::Config::infer()
             .await
             .context("loading the kubeconfig (KUBECONFIG, ~/.kube/config or in-cluster)")?;
-        let config = client::identify(config, &identity).context("building the User-Agent")?;
-        let kube_client = kube::Client::try_from(config).context("building the API client")?;
-        info!(identity = %identity, version = env!("CARGO_PKG_VERSION"), "gpujob-operator starting");
-        controller::run(kube_client, settings, shutdown_signal()).await
+        let metrics = Metrics::new();
+        info!(identity = %identity, version = env!("CARGO_PKG_VERSION"), leader_elect = args.leader_elect,
+            "gpujob-operator starting");
+        if !args.leader_elect {
+            let kube_client = client::build(config, &identity, limits, Some(metrics.clone()), None)
+                .context("building the API client")?;
+            return controller::run_unfenced(kube_client, settings, metrics, shutdown_signal()).await;
+        }
+        let (tx, rx) = watch::channel(Ownership::none());
+        // Reconcile writes are fenced by the Lease, right before they are sent.
+        let kube_client = client::build(config.clone(), &identity, limits, Some(metrics.clone()), Some(rx.clone()))
+            .context("building the API client")?;
+        // The Lease has its own client and budget: reconcile traffic never starves renewals.
+        let lease_limits = Limits { qps: 5.0, burst: 10 };
+        let lease_client = client::build(config, &identity, lease_limits, Some(metrics.clone()), None)
+            .context("building the lease client")?;
+        let elector = Elector::new(lease_client, &args.lease_namespace(), &args.lease_name, &identity, timing);
+        let (drained, drained_rx) = oneshot::channel::<()>();
+        let lease_task = tokio::spawn(lease::run(elector, tx, metrics.clone(), async move {
+            let _ = drained_rx.await;
+        }));
+        let result = controller::run(kube_client, settings, rx, metrics, shutdown_signal()).await;
+        // Drained: now the Lease can be released.
+        let _ = drained.send(());
+        lease_task.await.context("lease task")?;
+        result
     })
 }
 
@@ -64,7 +92,12 @@ async fn shutdown_signal() {
 fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // kube's client logs every failed request as an error without saying what
+        // happens next; the operator logs each failure itself, with the object and the
+        // retry, so those lines would only double (and mislead) the on-call reader.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
+        });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -197,8 +197,27 @@ async fn failures_retry_in_order_with_backoff_then_fail_with_the_exit_code() {
             .duration_since(failed_at(&jobs[k]))
             .as_secs()
     };
-    assert!(gap(0) >= 1, "first backoff {}s", gap(0));
-    assert!(gap(1) >= 2, "second backoff {}s", gap(1));
+    let detail = || {
+        jobs.iter()
+            .map(|j| {
+                format!(
+                    "{:?} created {} failed {:?}",
+                    j.metadata.name,
+                    created(j),
+                    job_state(j)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(
+        gap(0) >= 1,
+        "first backoff {}s; status {:?}\n{}",
+        gap(0),
+        status.last_failure,
+        detail()
+    );
+    assert!(gap(1) >= 2, "second backoff {}s\n{}", gap(1), detail());
     op.stop().await;
 }
 
@@ -364,8 +383,10 @@ async fn killed_and_restarted_operators_never_skip_repeat_or_overlap_attempts() 
             "{name}: two attempts active at once"
         );
     }
-    // Each attempt's Job was created once (a create repeated after a kill is refused
-    // by its stable name, never a second Job).
+    // No attempt's Job was created twice (a create repeated after a kill is refused by
+    // its stable name). A create whose client was killed mid-request may land while
+    // kube-apiserver audits it as failed, so the Jobs themselves (checked above) prove
+    // that every attempt ran; the audit log proves none ran twice.
     let agent = TestEnv::agent(identity);
     let mut created: BTreeMap<String, usize> = BTreeMap::new();
     for e in operator_writes(&audit.since(start).unwrap(), &agent, &env.ns) {
@@ -377,7 +398,7 @@ async fn killed_and_restarted_operators_never_skip_repeat_or_overlap_attempts() 
         .iter()
         .flat_map(|n| (1..=4).map(move |k| format!("{n}-{k}")))
         .collect();
-    assert_eq!(created.keys().cloned().collect::<BTreeSet<_>>(), expected);
+    assert!(created.keys().all(|k| expected.contains(k)), "{created:?}");
     assert!(created.values().all(|c| *c == 1), "{created:?}");
 }
 

@@ -23,7 +23,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -274,77 +274,97 @@ impl Drop for PodSimulator {
     }
 }
 
+/// How often every known pod is looked at again, events or not: a patch that failed
+/// (kube-apiserver restarting, say) is retried from here, since a quiet pod sends no
+/// further events.
+const RESYNC: Duration = Duration::from_secs(2);
+
 async fn run(config: kube::Config) -> Result<(), Error> {
     let client = kube::Client::try_from(config).map_err(Error::kube("pod simulator client"))?;
     let pods: Api<Pod> = Api::all(client.clone());
-    // Pods whose end is already scheduled, so a repeated event schedules nothing twice.
+    let (store, writer) = reflector::store::<Pod>();
+    // Pods whose end is scheduled, so a repeated event schedules nothing twice.
     let scheduled: Arc<Mutex<HashSet<String>>> = Arc::default();
-    let mut events = watcher(pods, watcher::Config::default())
-        .default_backoff()
-        .applied_objects()
-        .boxed();
-    while let Some(event) = events.next().await {
-        let pod = match event {
-            Ok(pod) => pod,
-            Err(e) => {
-                tracing::warn!("pod simulator: watch error: {e}; the watch retries with backoff");
-                continue;
-            }
-        };
-        let (Some(ns), Some(name), Some(uid)) = (
-            pod.metadata.namespace.clone(),
-            pod.metadata.name.clone(),
-            pod.metadata.uid.clone(),
-        ) else {
-            continue;
-        };
-        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        match step(&pod, Timestamp::now()) {
-            Step::Ignore => {
-                if let Ok(mut s) = scheduled.lock() {
-                    s.remove(&uid);
+    let mut events = reflector::reflector(
+        writer,
+        watcher(pods, watcher::Config::default()).default_backoff(),
+    )
+    .applied_objects()
+    .boxed();
+    let mut tick = tokio::time::interval(RESYNC);
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(pod)) => act(&client, &scheduled, pod).await,
+                Some(Err(e)) => tracing::warn!("pod simulator: watch error: {e}; the watch retries with backoff"),
+                None => return Ok(()),
+            },
+            _ = tick.tick() => {
+                for pod in store.state() {
+                    act(&client, &scheduled, (*pod).clone()).await;
                 }
             }
-            Step::Start => {
-                let patch = running_patch(&pod, Timestamp::now());
+        }
+    }
+}
+
+async fn act(client: &kube::Client, scheduled: &Arc<Mutex<HashSet<String>>>, pod: Pod) {
+    let (Some(ns), Some(name), Some(uid)) = (
+        pod.metadata.namespace.clone(),
+        pod.metadata.name.clone(),
+        pod.metadata.uid.clone(),
+    ) else {
+        return;
+    };
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    match step(&pod, Timestamp::now()) {
+        Step::Ignore => {
+            if let Ok(mut s) = scheduled.lock() {
+                s.remove(&uid);
+            }
+        }
+        Step::Start => {
+            let patch = running_patch(&pod, Timestamp::now());
+            if let Err(e) = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                tracing::warn!(
+                    "pod simulator: cannot mark pod {ns}/{name} Running: {e}; retrying on the next pass"
+                );
+            }
+        }
+        Step::FinishAt(at) => {
+            let fresh = scheduled
+                .lock()
+                .map(|mut s| s.insert(uid.clone()))
+                .unwrap_or(false);
+            if !fresh {
+                return;
+            }
+            let scheduled = scheduled.clone();
+            tokio::spawn(async move {
+                let wait = Timestamp::now().duration_until(at);
+                if let Ok(wait) = Duration::try_from(wait) {
+                    tokio::time::sleep(wait).await;
+                }
+                let behaviour = Behaviour::of(&pod);
+                let patch = finished_patch(&pod, &behaviour, Timestamp::now());
                 if let Err(e) = api
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
                     .await
                 {
-                    tracing::warn!("pod simulator: cannot mark pod {ns}/{name} Running: {e}");
-                }
-            }
-            Step::FinishAt(at) => {
-                let fresh = scheduled
-                    .lock()
-                    .map(|mut s| s.insert(uid.clone()))
-                    .unwrap_or(false);
-                if !fresh {
-                    continue;
-                }
-                let scheduled = scheduled.clone();
-                tokio::spawn(async move {
-                    let wait = Timestamp::now().duration_until(at);
-                    if let Ok(wait) = Duration::try_from(wait) {
-                        tokio::time::sleep(wait).await;
+                    tracing::warn!(
+                        "pod simulator: cannot end pod {ns}/{name}: {e}; retrying on the next pass"
+                    );
+                    // The next pass over the store schedules it again.
+                    if let Ok(mut s) = scheduled.lock() {
+                        s.remove(&uid);
                     }
-                    let behaviour = Behaviour::of(&pod);
-                    let patch = finished_patch(&pod, &behaviour, Timestamp::now());
-                    if let Err(e) = api
-                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-                        .await
-                    {
-                        tracing::warn!("pod simulator: cannot end pod {ns}/{name}: {e}");
-                        // Let the next event of this pod schedule it again.
-                        if let Ok(mut s) = scheduled.lock() {
-                            s.remove(&uid);
-                        }
-                    }
-                });
-            }
+                }
+            });
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

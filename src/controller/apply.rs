@@ -8,18 +8,25 @@ use kube::api::{
     Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
 };
 use serde_json::json;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::error::{Error, api_code};
 use super::job::is_controlled_by;
 use super::status::merge_patch;
 use crate::api::{GpuJob, GpuJobStatus};
+use crate::lease::Ownership;
 
 /// Field manager recorded on every write.
 pub const FIELD_MANAGER: &str = "gpujob-operator";
 
+/// Every write checks the fence first: no write starts after the local lease
+/// deadline. A write delayed past it anyway (a pause between check and send) cannot
+/// win: it carries a resourceVersion or uid precondition, or a stable name.
 #[derive(Clone)]
 pub struct Writer {
     client: Client,
+    ownership: watch::Receiver<Ownership>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -40,8 +47,25 @@ pub enum Created {
 }
 
 impl Writer {
-    pub fn new(client: Client) -> Writer {
-        Writer { client }
+    pub fn new(client: Client, ownership: watch::Receiver<Ownership>) -> Writer {
+        Writer { client, ownership }
+    }
+
+    fn fence(&self) -> Result<(), Error> {
+        if self.ownership.borrow().valid_at(Instant::now()) {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    /// A failed write is `NotLeader` when ownership lapsed meanwhile (the client's own
+    /// fence refused it just before sending, or its answer no longer matters).
+    fn failed(&self, action: &'static str, e: kube::Error) -> Error {
+        match self.fence() {
+            Err(not_leader) => not_leader,
+            Ok(()) => Error::kube(action)(e),
+        }
     }
 
     pub async fn create_job(&self, owner_uid: &str, job: &Job) -> Result<Created, Error> {
@@ -52,15 +76,13 @@ impl Writer {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
+        self.fence()?;
         match api.create(&pp, job).await {
             Ok(created) => Ok(Created::Job(Box::new(created))),
             Err(e) if api_code(&e) == Some(409) => {
                 // Stable names: it exists, most likely from an earlier run of this same
                 // step. Adopt it only if it is really ours.
-                let existing = api
-                    .get(name)
-                    .await
-                    .map_err(Error::kube("read existing Job"))?;
+                let existing = api.get(name).await.map_err(Error::kube("read_job"))?;
                 if is_controlled_by(&existing, owner_uid) {
                     Ok(Created::Job(Box::new(existing)))
                 } else {
@@ -70,7 +92,7 @@ impl Writer {
                 }
             }
             Err(kube::Error::Api(s)) if s.code == 422 => Ok(Created::Invalid(s.message)),
-            Err(e) => Err(Error::kube("create Job")(e)),
+            Err(e) => Err(self.failed("create_job", e)),
         }
     }
 
@@ -93,10 +115,11 @@ impl Writer {
             }),
             ..DeleteParams::default()
         };
+        self.fence()?;
         match api.delete(name, &dp).await {
             Ok(_) => Ok(()),
             Err(e) if matches!(api_code(&e), Some(404) | Some(409)) => Ok(()),
-            Err(e) => Err(Error::kube("delete Job")(e)),
+            Err(e) => Err(self.failed("delete_job", e)),
         }
     }
 
@@ -130,12 +153,13 @@ impl Writer {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
+        self.fence()?;
         match api.patch_status(name, &pp, &Patch::Merge(&patch)).await {
             Ok(updated) => Ok(updated),
             Err(e) if api_code(&e) == Some(409) => Err(Error::Conflict {
                 what: format!("GpuJob {ns}/{name}"),
             }),
-            Err(e) => Err(Error::kube("patch GpuJob status")(e)),
+            Err(e) => Err(self.failed("patch_status", e)),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! labelled `gpujob.dev/uid`. Only Jobs with a controller owner reference to a GpuJob
 //! count; labels alone can be copied by anyone.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::batch::v1::Job;
@@ -15,8 +15,8 @@ use super::Key;
 struct Inner {
     /// owner uid → job "ns/name" → Job
     by_owner: HashMap<String, HashMap<String, Arc<Job>>>,
-    /// job "ns/name" → owner uid, to move or drop a Job whose owner changed
-    owner_of: HashMap<String, String>,
+    /// job "ns/name" → (owner uid, owner key), to move or drop a Job whose owner changed
+    owner_of: HashMap<String, (String, Key)>,
     /// A relist in progress: the new contents, swapped in at InitDone.
     relist: Option<Vec<Job>>,
 }
@@ -54,40 +54,46 @@ fn job_key(job: &Job) -> String {
 }
 
 impl JobIndex {
-    /// Applies one watch event; returns the GpuJob to reconcile because of it.
-    pub fn apply(&self, event: &Event<Job>) -> Option<Key> {
+    /// Applies one watch event; returns the GpuJobs to reconcile because of it. A relist
+    /// (after a watch could not resume, e.g. kube-apiserver restarted) is applied at
+    /// once when complete, and then every GpuJob that had or has a Job is returned: its
+    /// Jobs may have changed while nobody was watching.
+    pub fn apply(&self, event: &Event<Job>) -> Vec<Key> {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         match event {
             Event::Init => {
                 inner.relist = Some(Vec::new());
-                None
+                Vec::new()
             }
             Event::InitApply(job) => {
                 if let Some(relist) = inner.relist.as_mut() {
                     relist.push(job.clone());
                 }
-                owner_of(job).map(|(k, _)| k)
+                Vec::new()
             }
             Event::InitDone => {
+                let mut keys: BTreeSet<Key> =
+                    inner.owner_of.values().map(|(_, k)| k.clone()).collect();
                 let jobs = inner.relist.take().unwrap_or_default();
                 inner.by_owner.clear();
                 inner.owner_of.clear();
                 for job in jobs {
                     insert(&mut inner, job);
                 }
+                keys.extend(inner.owner_of.values().map(|(_, k)| k.clone()));
                 drop(inner);
                 self.ready.send_replace(true);
-                None
+                keys.into_iter().collect()
             }
             Event::Apply(job) => {
                 remove(&mut inner, &job_key(job));
                 let key = owner_of(job).map(|(k, _)| k);
                 insert(&mut inner, job.clone());
-                key
+                key.into_iter().collect()
             }
             Event::Delete(job) => {
                 remove(&mut inner, &job_key(job));
-                owner_of(job).map(|(k, _)| k)
+                owner_of(job).map(|(k, _)| k).into_iter().collect()
             }
         }
     }
@@ -110,13 +116,13 @@ impl JobIndex {
 }
 
 fn insert(inner: &mut Inner, mut job: Job) {
-    let Some((_, uid)) = owner_of(&job) else {
+    let Some((owner, uid)) = owner_of(&job) else {
         return;
     };
     // Nothing reads managedFields; they are most of a Job's size in memory.
     job.metadata.managed_fields = None;
     let key = job_key(&job);
-    inner.owner_of.insert(key.clone(), uid.clone());
+    inner.owner_of.insert(key.clone(), (uid.clone(), owner));
     inner
         .by_owner
         .entry(uid)
@@ -125,7 +131,7 @@ fn insert(inner: &mut Inner, mut job: Job) {
 }
 
 fn remove(inner: &mut Inner, key: &str) {
-    if let Some(uid) = inner.owner_of.remove(key)
+    if let Some((uid, _)) = inner.owner_of.remove(key)
         && let Some(jobs) = inner.by_owner.get_mut(&uid)
     {
         jobs.remove(key);
@@ -160,22 +166,26 @@ mod tests {
     #[test]
     fn indexes_by_controller_owner_and_follows_events() {
         let idx = JobIndex::default();
-        assert_eq!(idx.apply(&Event::Init), None);
-        assert_eq!(
-            idx.apply(&Event::InitApply(job("a-1", Some(("a", "u1"))))),
-            Some(Key::new("ns", "a"))
+        assert!(idx.apply(&Event::Init).is_empty());
+        assert!(
+            idx.apply(&Event::InitApply(job("a-1", Some(("a", "u1")))))
+                .is_empty()
         );
         idx.apply(&Event::InitApply(job("stray", None)));
         assert!(
             idx.jobs_of("u1").is_empty(),
             "a relist shows only when complete"
         );
-        idx.apply(&Event::InitDone);
+        assert_eq!(
+            idx.apply(&Event::InitDone),
+            vec![Key::new("ns", "a")],
+            "then its owners are reconciled"
+        );
         assert_eq!(idx.jobs_of("u1").len(), 1);
 
         assert_eq!(
             idx.apply(&Event::Apply(job("a-2", Some(("a", "u1"))))),
-            Some(Key::new("ns", "a"))
+            vec![Key::new("ns", "a")]
         );
         assert_eq!(idx.jobs_of("u1").len(), 2);
         idx.apply(&Event::Delete(job("a-1", Some(("a", "u1")))));
@@ -189,9 +199,13 @@ mod tests {
         idx.apply(&Event::Apply(job("a-2", Some(("b", "u2")))));
         assert!(idx.jobs_of("u1").is_empty());
         assert_eq!(idx.jobs_of("u2").len(), 1);
-        // A relist replaces everything.
+        // A relist replaces everything, and owners that lost Jobs are reconciled too.
         idx.apply(&Event::Init);
-        idx.apply(&Event::InitDone);
+        idx.apply(&Event::InitApply(job("c-1", Some(("c", "u3")))));
+        assert_eq!(
+            idx.apply(&Event::InitDone),
+            vec![Key::new("ns", "b"), Key::new("ns", "c")]
+        );
         assert!(idx.jobs_of("u2").is_empty());
     }
 }

@@ -1,11 +1,25 @@
 use std::time::Duration;
 
+/// Every label [`Error::metric_label`] can return; metrics are created with these at zero.
+pub const ERROR_LABELS: [&str; 8] = [
+    "read_job",
+    "read_pods",
+    "create_job",
+    "delete_job",
+    "patch_status",
+    "conflict",
+    "serialize",
+    "not_leader",
+];
+
 /// Why a reconcile did not finish. Each variant has a stable short label for metrics and
-/// Events. Everything here is retried with per-key backoff; invalid specs are not errors
-/// (they become a condition and wait for a spec change).
+/// Events. Everything here is retried with per-key backoff, except `NotLeader` (the key
+/// comes back when leadership does); invalid specs are not errors (they become a
+/// condition and wait for a spec change).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{action} failed: {source}")]
+    /// `action` is one of [`ERROR_LABELS`].
+    #[error("{} failed: {source}", describe(action))]
     Kube {
         action: &'static str,
         #[source]
@@ -19,6 +33,19 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    #[error("not leader (lease lost or past its renew deadline); the write was not sent")]
+    NotLeader,
+}
+
+fn describe(action: &str) -> &'static str {
+    match action {
+        "read_job" => "reading the attempt's Job",
+        "read_pods" => "reading the failed attempt's pod",
+        "create_job" => "creating the attempt's Job",
+        "delete_job" => "deleting an old attempt's Job",
+        "patch_status" => "patching the GpuJob status",
+        _ => "an API call",
+    }
 }
 
 impl Error {
@@ -32,6 +59,7 @@ impl Error {
             Error::Kube { action, .. } => action,
             Error::Conflict { .. } => "conflict",
             Error::Serialize { .. } => "serialize",
+            Error::NotLeader => "not_leader",
         }
     }
 
@@ -50,5 +78,33 @@ pub fn api_code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_label_is_listed_and_described() {
+        for label in [
+            "read_job",
+            "read_pods",
+            "create_job",
+            "delete_job",
+            "patch_status",
+        ] {
+            assert!(ERROR_LABELS.contains(&label));
+            assert_ne!(describe(label), "an API call", "{label}");
+        }
+        assert!(ERROR_LABELS.contains(&Error::NotLeader.metric_label()));
+        assert!(
+            ERROR_LABELS.contains(
+                &Error::Conflict {
+                    what: String::new()
+                }
+                .metric_label()
+            )
+        );
     }
 }

@@ -114,6 +114,11 @@ impl WriteMemory {
         entry(&mut entries, key, owner).deleted.insert(name, uid);
     }
 
+    /// Drops everything (leadership changed hands: another replica may have written).
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
     /// Drops everything about a GpuJob that is gone.
     pub fn forget(&self, key: &Key) {
         self.lock().remove(key);

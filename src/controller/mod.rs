@@ -24,9 +24,13 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{error, info, warn};
 
 use crate::api::{GpuJob, LABEL_UID};
+use crate::lease::Ownership;
+use crate::metrics::Metrics;
 use crate::queue::{Backoff, Queue};
+use error::Error;
 pub use plan::PlanSettings;
 pub use reconcile::reconcile;
+use tokio::sync::watch;
 
 /// A GpuJob's namespace and name: the unit of work.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -94,6 +98,7 @@ pub struct Context {
     pub memory: memory::WriteMemory,
     pub writer: apply::Writer,
     pub settings: Settings,
+    pub metrics: Metrics,
 }
 
 impl fmt::Debug for Context {
@@ -114,27 +119,47 @@ where
     }
 }
 
+/// Runs the controller without an election: this process owns everything (one replica,
+/// tests). Same as [`run`] with an ownership that never expires.
+pub async fn run_unfenced(
+    client: Client,
+    settings: Settings,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (tx, rx) = watch::channel(Ownership::unfenced());
+    let result = run(client, settings, rx, metrics, shutdown).await;
+    drop(tx);
+    result
+}
+
 /// Runs the controller until `shutdown` resolves, then drains in-flight reconciles
-/// (bounded by `drain_timeout`).
+/// (bounded by `drain_timeout`). Caches stay warm whether or not this replica owns
+/// anything; workers reconcile only while `ownership` holds a shard, and a reconcile in
+/// flight when ownership is lost is cancelled.
 pub async fn run(
     client: Client,
     settings: Settings,
+    ownership: watch::Receiver<Ownership>,
+    metrics: Metrics,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let ns = settings.namespace.clone();
     let (gpujobs, gj_writer) = reflector::store::<GpuJob>();
-    let queue: Queue<Key> = Queue::new(settings.retry);
+    let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()));
     let ctx = Arc::new(Context {
         client: client.clone(),
         gpujobs,
         jobs: cache::JobIndex::default(),
         memory: memory::WriteMemory::default(),
-        writer: apply::Writer::new(client.clone()),
+        writer: apply::Writer::new(client.clone(), ownership.clone()),
         settings,
+        metrics,
     });
 
     let gj_watch = {
         let queue = queue.clone();
+        let store = ctx.gpujobs.clone();
         let stream = watcher(
             api::<GpuJob>(&client, ns.as_deref()),
             watcher::Config::default(),
@@ -143,16 +168,27 @@ pub async fn run(
         .modify(|gj| gj.managed_fields_mut().clear());
         tokio::spawn(async move {
             let mut events = reflector::reflector(gj_writer, stream).boxed();
+            // A relist reaches the store only when complete (InitDone); then every
+            // GpuJob it had before or has now is looked at: anything may have changed
+            // while nobody was watching.
+            let mut before: Vec<Key> = Vec::new();
             while let Some(event) = events.next().await {
                 match event {
-                    Ok(
-                        watcher::Event::Apply(gj)
-                        | watcher::Event::InitApply(gj)
-                        | watcher::Event::Delete(gj),
-                    ) => {
+                    Ok(watcher::Event::Apply(gj) | watcher::Event::Delete(gj)) => {
                         queue.add(Key::of(&gj));
                     }
-                    Ok(_) => {}
+                    Ok(watcher::Event::Init) => {
+                        before = store.state().iter().map(|g| Key::of(g)).collect();
+                    }
+                    Ok(watcher::Event::InitApply(_)) => {}
+                    Ok(watcher::Event::InitDone) => {
+                        for key in std::mem::take(&mut before) {
+                            queue.add(key);
+                        }
+                        for gj in store.state() {
+                            queue.add(Key::of(&gj));
+                        }
+                    }
                     Err(e) => warn!("GpuJob watch failed: {e}; retrying with backoff"),
                 }
             }
@@ -171,7 +207,7 @@ pub async fn run(
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => {
-                        if let Some(key) = ctx.jobs.apply(&event) {
+                        for key in ctx.jobs.apply(&event) {
                             queue.add(key);
                         }
                     }
@@ -189,13 +225,40 @@ pub async fn run(
     };
     tokio::pin!(shutdown);
     tokio::select! {
-        _ = ready => info!(namespace = ns.as_deref().unwrap_or("*"), "caches synced; reconciling"),
+        _ = ready => info!(namespace = ns.as_deref().unwrap_or("*"), "caches synced"),
         _ = &mut shutdown => {
             gj_watch.abort();
             job_watch.abort();
             return Ok(());
         }
     }
+
+    // Gaining ownership: look at everything (another replica may have changed it).
+    // Losing it: forget what this replica wrote (its successor writes now).
+    let handover = {
+        let queue = queue.clone();
+        let ctx = ctx.clone();
+        let mut own = ownership.clone();
+        tokio::spawn(async move {
+            let mut held = false;
+            loop {
+                let now_held = own.borrow_and_update().holds_any();
+                if now_held && !held {
+                    info!("ownership gained: reconciling every GpuJob");
+                    for gj in ctx.gpujobs.state() {
+                        queue.add(Key::of(&gj));
+                    }
+                } else if !now_held && held {
+                    info!("ownership lost: workers stopped, caches kept warm");
+                    ctx.memory.clear();
+                }
+                held = now_held;
+                if own.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
 
     let resync = {
         let queue = queue.clone();
@@ -212,14 +275,24 @@ pub async fn run(
         })
     };
 
+    let (stop_workers, stopping) = watch::channel(false);
     let workers: Vec<_> = (0..ctx.settings.workers.max(1))
-        .map(|_| tokio::spawn(worker(ctx.clone(), queue.clone())))
+        .map(|_| {
+            tokio::spawn(worker(
+                ctx.clone(),
+                queue.clone(),
+                ownership.clone(),
+                stopping.clone(),
+            ))
+        })
         .collect();
 
     shutdown.await;
     info!("shutting down: no new work; draining in-flight reconciles");
+    stop_workers.send_replace(true);
     queue.shut_down();
     resync.abort();
+    handover.abort();
     let drain = futures::future::join_all(workers);
     if tokio::time::timeout(ctx.settings.drain_timeout, drain)
         .await
@@ -235,25 +308,66 @@ pub async fn run(
     Ok(())
 }
 
-async fn worker(ctx: Arc<Context>, queue: Queue<Key>) {
-    while let Some(key) = queue.get().await {
-        match reconcile(&ctx, &key).await {
-            Ok(after) => {
+async fn worker(
+    ctx: Arc<Context>,
+    queue: Queue<Key>,
+    mut own: watch::Receiver<Ownership>,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let mut lost = own.clone();
+    loop {
+        // A standby waits for ownership, or for shutdown (nothing to drain then).
+        tokio::select! {
+            held = own.wait_for(Ownership::holds_any) => if held.is_err() { return },
+            _ = stopping.wait_for(|s| *s) => return,
+        }
+        let key = tokio::select! {
+            key = queue.get() => match key {
+                Some(key) => key,
+                None => return,
+            },
+            _ = lost.wait_for(|o| !o.holds_any()) => continue,
+        };
+        let started = tokio::time::Instant::now();
+        let outcome = tokio::select! {
+            result = reconcile(&ctx, &key) => Some(result),
+            _ = lost.wait_for(|o| !o.holds_any()) => None,
+        };
+        let m = &ctx.metrics;
+        m.reconcile_time.observe(started.elapsed().as_secs_f64());
+        match outcome {
+            None => info!(gpujob = %key, "reconcile cancelled: ownership lost"),
+            Some(Ok(after)) => {
                 queue.forget(&key);
+                let result = if after.is_some() {
+                    "requeue_after"
+                } else {
+                    "success"
+                };
+                m.reconcile_total.with_label_values(&[result]).inc();
                 if let Some(after) = after {
                     queue.add_after(key.clone(), after);
                 }
             }
-            Err(e) => match e.retry_after() {
-                Some(after) => {
-                    info!(gpujob = %key, "{e}");
-                    queue.add_after(key.clone(), after);
+            Some(Err(e)) => {
+                m.reconcile_total.with_label_values(&["error"]).inc();
+                m.reconcile_errors.inc();
+                m.reconcile_errors_by_kind
+                    .with_label_values(&[e.metric_label()])
+                    .inc();
+                match (&e, e.retry_after()) {
+                    // Comes back with ownership (the hand-over adds every key).
+                    (Error::NotLeader, _) => info!(gpujob = %key, "{e}"),
+                    (_, Some(after)) => {
+                        info!(gpujob = %key, "{e}");
+                        queue.add_after(key.clone(), after);
+                    }
+                    (_, None) => {
+                        let delay = queue.add_rate_limited(key.clone());
+                        error!(gpujob = %key, error = e.metric_label(), "reconcile failed: {e}; retrying in {delay:?}");
+                    }
                 }
-                None => {
-                    let delay = queue.add_rate_limited(key.clone());
-                    error!(gpujob = %key, error = e.metric_label(), "reconcile failed: {e}; retrying in {delay:?}");
-                }
-            },
+            }
         }
         queue.done(&key);
     }

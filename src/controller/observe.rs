@@ -44,7 +44,7 @@ pub async fn observe(ctx: &Context, key: &Key) -> Result<Option<Snapshot>, Error
     if k >= 1 && !final_ && !jobs.iter().any(|j| attempt_of(j) == Some(k)) {
         let api: Api<Job> = Api::namespaced(ctx.client.clone(), &key.namespace);
         let name = job_name(&key.name, k);
-        if let Some(job) = api.get_opt(&name).await.map_err(Error::kube("read Job"))?
+        if let Some(job) = api.get_opt(&name).await.map_err(Error::kube("read_job"))?
             && is_controlled_by(&job, &uid)
         {
             jobs.push(Arc::new(job));
@@ -92,7 +92,7 @@ async fn termination_of(
     let list = pods
         .list(&ListParams::default().labels(&format!("controller-uid={job_uid}")))
         .await
-        .map_err(Error::kube("read failed pod"))?;
+        .map_err(Error::kube("read_pods"))?;
     let terminated = list.items.iter().find_map(|pod| {
         let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
         statuses

@@ -1,7 +1,8 @@
 //! The work queue, with client-go `workqueue` semantics: a key is queued at most once
 //! (dirty set), never handed to two workers at once (processing set), and a key added
-//! while it is processed runs once more after `done`. Delayed adds and per-key
-//! exponential backoff on failure (`add_rate_limited`, reset by `forget`).
+//! while it is processed runs once more after `done`. Delayed adds, and on failure the
+//! larger of a per-key exponential backoff (reset by `forget`) and an overall token
+//! bucket (`add_rate_limited`, like client-go's default controller rate limiter).
 //!
 //! Time is tokio's, so the behaviour is tested on a paused clock.
 
@@ -13,19 +14,28 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Per-key exponential backoff: `base * 2^(failures-1)`, capped at `max`.
+use crate::metrics::QueueMetrics;
+use crate::ratelimit::TokenBucket;
+
+/// Retry limits: per-key exponential backoff `base * 2^(failures-1)` capped at `max`,
+/// and an overall bucket of `qps`/`burst` retries.
 #[derive(Debug, Clone, Copy)]
 pub struct Backoff {
     pub base: Duration,
     pub max: Duration,
+    pub qps: f64,
+    pub burst: u32,
 }
 
 impl Default for Backoff {
     fn default() -> Backoff {
-        // client-go's default per-item limiter: 5 ms doubling to 1000 s.
+        // client-go's default controller rate limiter: 5 ms doubling to 1000 s per
+        // item, 10 qps with a burst of 100 overall.
         Backoff {
             base: Duration::from_millis(5),
             max: Duration::from_secs(1000),
+            qps: 10.0,
+            burst: 100,
         }
     }
 }
@@ -51,6 +61,10 @@ struct State<K> {
     due_of: HashMap<K, (Instant, u64)>,
     seq: u64,
     failures: HashMap<K, u32>,
+    /// When each dirty key was queued (for the time-in-queue metric).
+    queued_at: HashMap<K, Instant>,
+    /// When each key's processing started (work duration, unfinished work).
+    started_at: HashMap<K, Instant>,
     shutting_down: bool,
 }
 
@@ -60,6 +74,8 @@ pub struct Queue<K> {
     state: Arc<Mutex<State<K>>>,
     notify: Arc<Notify>,
     backoff: Backoff,
+    bucket: Arc<TokenBucket>,
+    metrics: Option<QueueMetrics>,
 }
 
 impl<K> Clone for Queue<K> {
@@ -68,13 +84,21 @@ impl<K> Clone for Queue<K> {
             state: self.state.clone(),
             notify: self.notify.clone(),
             backoff: self.backoff,
+            bucket: self.bucket.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
 
 impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     pub fn new(backoff: Backoff) -> Queue<K> {
+        Self::with_metrics(backoff, None)
+    }
+
+    pub fn with_metrics(backoff: Backoff, metrics: Option<QueueMetrics>) -> Queue<K> {
         Queue {
+            bucket: Arc::new(TokenBucket::new(backoff.qps, backoff.burst)),
+            metrics,
             state: Arc::new(Mutex::new(State {
                 ready: VecDeque::new(),
                 dirty: HashSet::new(),
@@ -83,6 +107,8 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 due_of: HashMap::new(),
                 seq: 0,
                 failures: HashMap::new(),
+                queued_at: HashMap::new(),
+                started_at: HashMap::new(),
                 shutting_down: false,
             })),
             notify: Arc::new(Notify::new()),
@@ -99,8 +125,9 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     /// Queues `key` now, unless it is queued already.
     pub fn add(&self, key: K) {
         let mut s = self.lock();
-        if add_locked(&mut s, key) {
-            drop(s);
+        let woke = add_locked(&mut s, key, self.metrics.as_ref());
+        drop(s);
+        if woke {
             self.notify.notify_one();
         }
     }
@@ -131,14 +158,19 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.notify.notify_one();
     }
 
-    /// Queues `key` after its backoff: one more failure for this key.
+    /// Queues `key` after the larger of its backoff (one more failure for this key)
+    /// and its turn in the overall retry bucket.
     pub fn add_rate_limited(&self, key: K) -> Duration {
-        let delay = {
+        let per_key = {
             let mut s = self.lock();
             let n = s.failures.entry(key.clone()).or_insert(0);
             *n += 1;
             self.backoff.delay(*n)
         };
+        let delay = per_key.max(self.bucket.reserve());
+        if let Some(m) = &self.metrics {
+            m.retries.inc();
+        }
         self.add_after(key, delay);
         delay
     }
@@ -171,10 +203,19 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
             notified.as_mut().enable();
             let next_due = {
                 let mut s = self.lock();
-                promote_due(&mut s, Instant::now());
+                let now = Instant::now();
+                promote_due(&mut s, now, self.metrics.as_ref());
                 if let Some(key) = s.ready.pop_front() {
                     s.dirty.remove(&key);
                     s.processing.insert(key.clone());
+                    s.started_at.insert(key.clone(), now);
+                    if let Some(m) = &self.metrics {
+                        if let Some(at) = s.queued_at.remove(&key) {
+                            m.queue_duration
+                                .observe(now.saturating_duration_since(at).as_secs_f64());
+                        }
+                        m.depth.set(gauge(s.ready.len()));
+                    }
                     let more = !s.ready.is_empty();
                     drop(s);
                     if more {
@@ -206,11 +247,38 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
         s.processing.remove(key);
+        if let Some(started) = s.started_at.remove(key)
+            && let Some(m) = &self.metrics
+        {
+            m.work_duration.observe(started.elapsed().as_secs_f64());
+        }
         if s.dirty.contains(key) && !s.shutting_down {
             s.ready.push_back(key.clone());
+            if let Some(m) = &self.metrics {
+                m.depth.set(gauge(s.ready.len()));
+            }
             drop(s);
             self.notify.notify_one();
         }
+    }
+
+    /// Updates the gauges that depend on the time of asking (unfinished work, longest
+    /// running processor), as client-go does on its metrics tick. Call before a scrape.
+    pub fn update_gauges(&self) {
+        let Some(m) = &self.metrics else {
+            return;
+        };
+        let s = self.lock();
+        let now = Instant::now();
+        let running: Vec<f64> = s
+            .started_at
+            .values()
+            .map(|t| now.saturating_duration_since(*t).as_secs_f64())
+            .collect();
+        m.unfinished_work.set(running.iter().sum());
+        m.longest_running
+            .set(running.iter().copied().fold(0.0, f64::max));
+        m.depth.set(gauge(s.ready.len()));
     }
 
     /// Stops handing out keys; `get` returns `None` to every worker, delayed keys are
@@ -222,6 +290,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         s.dirty.clear();
         s.waiting.clear();
         s.due_of.clear();
+        s.queued_at.clear();
         drop(s);
         self.notify.notify_waiters();
         self.notify.notify_one();
@@ -233,21 +302,43 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     }
 }
 
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// Returns true when the key became ready (a worker should wake).
-fn add_locked<K: Clone + Eq + Hash + Ord>(s: &mut State<K>, key: K) -> bool {
-    if s.shutting_down || s.dirty.contains(&key) {
+fn add_locked<K: Clone + Eq + Hash + Ord>(
+    s: &mut State<K>,
+    key: K,
+    metrics: Option<&QueueMetrics>,
+) -> bool {
+    if s.shutting_down {
+        return false;
+    }
+    if let Some(m) = metrics {
+        m.adds.inc();
+    }
+    if s.dirty.contains(&key) {
         return false;
     }
     s.dirty.insert(key.clone());
+    s.queued_at.insert(key.clone(), Instant::now());
     if s.processing.contains(&key) {
         // Runs again after `done`.
         return false;
     }
     s.ready.push_back(key);
+    if let Some(m) = metrics {
+        m.depth.set(gauge(s.ready.len()));
+    }
     true
 }
 
-fn promote_due<K: Clone + Eq + Hash + Ord>(s: &mut State<K>, now: Instant) {
+fn promote_due<K: Clone + Eq + Hash + Ord>(
+    s: &mut State<K>,
+    now: Instant,
+    metrics: Option<&QueueMetrics>,
+) {
     while let Some((due, _, _)) = s.waiting.first() {
         if *due > now {
             break;
@@ -256,7 +347,7 @@ fn promote_due<K: Clone + Eq + Hash + Ord>(s: &mut State<K>, now: Instant) {
             break;
         };
         s.due_of.remove(&key);
-        add_locked(s, key);
+        add_locked(s, key, metrics);
     }
 }
 

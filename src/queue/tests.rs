@@ -6,6 +6,7 @@ fn queue() -> Queue<&'static str> {
     Queue::new(Backoff {
         base: Duration::from_millis(5),
         max: Duration::from_secs(1),
+        ..Backoff::default()
     })
 }
 
@@ -89,10 +90,7 @@ async fn failures_back_off_exponentially_until_forgotten() {
 
 #[test]
 fn backoff_is_capped() {
-    let b = Backoff {
-        base: Duration::from_millis(5),
-        max: Duration::from_secs(1000),
-    };
+    let b = Backoff::default();
     assert_eq!(b.delay(1), Duration::from_millis(5));
     assert_eq!(
         b.delay(18),
@@ -148,4 +146,142 @@ async fn several_workers_share_a_burst() {
     }
     all.sort_unstable();
     assert_eq!(all, (0..100).collect::<Vec<_>>(), "each key exactly once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_share_an_overall_bucket() {
+    // Per-key backoff alone would retry 200 distinct keys after 5 ms; the bucket
+    // (10 qps, burst 100) spreads the last 100 over the next 10 seconds.
+    let q: Queue<u32> = Queue::new(Backoff::default());
+    let delays: Vec<Duration> = (0..200).map(|k| q.add_rate_limited(k)).collect();
+    assert!(delays[..100].iter().all(|d| *d == Duration::from_millis(5)));
+    assert_eq!(delays[100], Duration::from_millis(100));
+    assert_eq!(delays[199], Duration::from_secs(10));
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_follow_the_queue() {
+    let m = crate::metrics::Metrics::new();
+    let q: Queue<&'static str> = Queue::with_metrics(Backoff::default(), Some(m.queue.clone()));
+    q.add("a");
+    q.add("a");
+    q.add("b");
+    assert_eq!(m.queue.adds.get(), 3);
+    assert_eq!(m.queue.depth.get(), 2);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let k = next(&q).await.unwrap();
+    assert_eq!(m.queue.depth.get(), 1);
+    assert_eq!(m.queue.queue_duration.get_sample_count(), 1);
+    assert!(m.queue.queue_duration.get_sample_sum() >= 2.0);
+    tokio::time::advance(Duration::from_secs(3)).await;
+    q.update_gauges();
+    assert_eq!(m.queue.longest_running.get(), 3.0);
+    assert_eq!(m.queue.unfinished_work.get(), 3.0);
+    q.done(&k);
+    assert_eq!(m.queue.work_duration.get_sample_count(), 1);
+    q.add_rate_limited("c");
+    assert_eq!(m.queue.retries.get(), 1);
+}
+
+mod properties {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::time::Duration;
+
+    use futures::FutureExt;
+    use proptest::prelude::*;
+
+    use super::super::{Backoff, Queue};
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Add(u8),
+        AddAfter(u8, u16),
+        Get,
+        Done(u8),
+        Fail(u8),
+        Forget(u8),
+        Advance(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0u8..6).prop_map(Op::Add),
+            1 => ((0u8..6), (1u16..2000)).prop_map(|(k, ms)| Op::AddAfter(k, ms)),
+            4 => Just(Op::Get),
+            2 => (0u8..6).prop_map(Op::Done),
+            1 => (0u8..6).prop_map(Op::Fail),
+            1 => (0u8..6).prop_map(Op::Forget),
+            1 => (1u16..3000).prop_map(Op::Advance),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Under any sequence: a key is never handed to two workers at once, never
+        /// queued twice, and no add is lost (every key added after it was last handed
+        /// out is handed out again once time has passed).
+        #[test]
+        fn invariants_hold_under_random_operations(ops in proptest::collection::vec(op(), 1..120)) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let q: Queue<u8> = Queue::new(Backoff {
+                    base: Duration::from_millis(5),
+                    max: Duration::from_secs(1),
+                    qps: 1000.0,
+                    burst: 1000,
+                });
+                let mut processing: BTreeSet<u8> = BTreeSet::new();
+                // Keys that must be handed out (again), with the earliest time they may be.
+                let mut owed: BTreeMap<u8, tokio::time::Instant> = BTreeMap::new();
+                for op in ops {
+                    let now = tokio::time::Instant::now();
+                    match op {
+                        Op::Add(k) => { q.add(k); owed.entry(k).or_insert(now); }
+                        Op::AddAfter(k, ms) => {
+                            q.add_after(k, Duration::from_millis(u64::from(ms)));
+                            owed.entry(k).or_insert(now + Duration::from_millis(u64::from(ms)));
+                        }
+                        Op::Get => {
+                            if let Some(Some(k)) = q.get().now_or_never() {
+                                prop_assert!(processing.insert(k), "key {k} handed out twice at once");
+                                owed.remove(&k);
+                            }
+                        }
+                        Op::Done(k) => {
+                            if processing.remove(&k) { q.done(&k); }
+                        }
+                        Op::Fail(k) => {
+                            if processing.remove(&k) {
+                                let d = q.add_rate_limited(k);
+                                q.done(&k);
+                                owed.entry(k).or_insert(now + d);
+                            }
+                        }
+                        Op::Forget(k) => q.forget(&k),
+                        Op::Advance(ms) => tokio::time::advance(Duration::from_millis(u64::from(ms))).await,
+                    }
+                    // Never more ready keys than distinct keys.
+                    prop_assert!(q.len() <= 6);
+                }
+                // Finish what is in hand, let every delay pass, then drain.
+                for k in std::mem::take(&mut processing) {
+                    q.done(&k);
+                }
+                tokio::time::advance(Duration::from_secs(10)).await;
+                let mut delivered = BTreeSet::new();
+                while let Some(Some(k)) = q.get().now_or_never() {
+                    prop_assert!(delivered.insert(k), "key {k} queued twice");
+                    q.done(&k);
+                }
+                let owed: BTreeSet<u8> = owed.keys().copied().collect();
+                prop_assert!(owed.is_subset(&delivered), "lost adds: owed {owed:?}, delivered {delivered:?}");
+                Ok(())
+            })?;
+        }
+    }
 }

@@ -4,6 +4,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)] // test support: not every test uses every helper
 
+pub mod replicas;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -12,7 +14,7 @@ use devcluster::{ControlPlane, Identity, wait};
 use gpujob_operator::api::{GpuJob, LABEL_UID};
 use gpujob_operator::controller::{self, PlanSettings, Settings};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -31,14 +33,33 @@ pub struct TestEnv {
 }
 
 impl TestEnv {
+    /// A namespace on the shared control plane of the test run.
     pub async fn new(prefix: &str) -> TestEnv {
         gpujob_operator::client::install_crypto_provider();
         let cluster = ControlPlane::for_tests(&[Path::new(CRD)])
             .await
             .expect("control plane");
+        Self::on(cluster, prefix).await
+    }
+
+    /// A namespace on a control plane of this test's own (for fault tests that stop
+    /// kube-apiserver).
+    pub async fn private(prefix: &str) -> TestEnv {
+        gpujob_operator::client::install_crypto_provider();
+        let cluster = ControlPlane::start(devcluster::Options {
+            crds: vec![CRD.into()],
+            ..devcluster::Options::default()
+        })
+        .await
+        .expect("private control plane");
+        Self::on(cluster, prefix).await
+    }
+
+    async fn on(cluster: ControlPlane, prefix: &str) -> TestEnv {
         let admin = cluster.client(Identity::Admin).await.unwrap();
         grant_operator_role_to_replicas(&admin).await;
         let ns = cluster.create_namespace(prefix).await.unwrap();
+        grant_lease_role_to_replicas(&admin, &ns).await;
         TestEnv { cluster, ns, admin }
     }
 
@@ -77,9 +98,14 @@ impl TestEnv {
         let client = Client::try_from(config).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
-            controller::run(client, settings, async {
-                let _ = stopped.await;
-            })
+            controller::run_unfenced(
+                client,
+                settings,
+                gpujob_operator::metrics::Metrics::new(),
+                async {
+                    let _ = stopped.await;
+                },
+            )
             .await
             .expect("operator run");
         });
@@ -123,6 +149,24 @@ impl TestEnv {
         .unwrap()
     }
 
+    /// What the namespace holds, for failure messages: GpuJob phases, Job conditions,
+    /// pod phases.
+    pub async fn dump(&self) -> String {
+        let out = self
+            .cluster
+            .command("kubectl", Identity::Admin)
+            .args(["-n", &self.ns, "get", "gpujobs,jobs,pods", "-o", "wide"])
+            .output();
+        match out {
+            Ok(o) => format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => format!("(kubectl failed: {e})"),
+        }
+    }
+
     /// Jobs of a GpuJob, by attempt.
     pub async fn jobs_of(&self, gj: &GpuJob) -> Vec<Job> {
         let uid = gj.metadata.uid.clone().unwrap();
@@ -137,11 +181,41 @@ impl TestEnv {
     }
 }
 
+fn rbac_docs() -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(RBAC).unwrap();
+    serde_saphyr::from_multiple(&text).unwrap()
+}
+
+/// The shipped Lease Role (deploy/rbac.yaml), in the test's namespace, bound to the
+/// replica users' group: tests put each operator's Lease in their own namespace.
+async fn grant_lease_role_to_replicas(admin: &Client, ns: &str) {
+    let mut role = rbac_docs()
+        .into_iter()
+        .find(|d| d["kind"] == "Role")
+        .expect("deploy/rbac.yaml has the lease Role");
+    role["metadata"]["namespace"] = json!(ns);
+    let role: Role = serde_json::from_value(role).unwrap();
+    let pp = PatchParams::apply("gpujob-tests").force();
+    Api::<Role>::namespaced(admin.clone(), ns)
+        .patch("gpujob-operator-lease", &pp, &Patch::Apply(&role))
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "gpujob-operator-lease", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "gpujob-operator-lease"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": REPLICA_GROUP}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), ns)
+        .patch("gpujob-operator-lease", &pp, &Patch::Apply(&binding))
+        .await
+        .unwrap();
+}
+
 /// Binds the shipped ClusterRole (deploy/rbac.yaml) to the replica users' group.
 async fn grant_operator_role_to_replicas(admin: &Client) {
-    let text = std::fs::read_to_string(RBAC).unwrap();
-    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
-    let role: ClusterRole = docs
+    let role: ClusterRole = rbac_docs()
         .into_iter()
         .find(|d| d["kind"] == "ClusterRole")
         .map(|d| serde_json::from_value(d).unwrap())

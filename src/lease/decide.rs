@@ -1,0 +1,232 @@
+//! Pure lease decisions, client-go semantics: a Lease held by someone else counts as
+//! expired only when its record has not changed for a lease duration, measured on this
+//! replica's own monotonic clock from when it last saw the record change. Wall-clock
+//! times in the record are for humans and are never compared across machines.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use tokio::time::Instant;
+
+/// Timing of one election.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timing {
+    /// How long a Lease nobody renews stays valid for others.
+    pub lease_duration: Duration,
+    /// The holder steps down when no renewal succeeded for this long.
+    pub renew_deadline: Duration,
+    /// Pause between attempts to acquire or renew.
+    pub retry_period: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        // client-go's defaults.
+        Timing {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Timing {
+    /// duration > renew deadline > 1.2 × retry period (client-go's jitter factor), and
+    /// a lease duration of whole seconds (the Lease records seconds).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.lease_duration <= self.renew_deadline {
+            return Err(format!(
+                "lease duration ({:?}) must be greater than the renew deadline ({:?})",
+                self.lease_duration, self.renew_deadline
+            ));
+        }
+        if self.renew_deadline.as_secs_f64() <= 1.2 * self.retry_period.as_secs_f64() {
+            return Err(format!(
+                "renew deadline ({:?}) must be greater than 1.2 × the retry period ({:?})",
+                self.renew_deadline, self.retry_period
+            ));
+        }
+        if self.retry_period.is_zero() {
+            return Err("retry period must be greater than zero".to_owned());
+        }
+        if self.lease_duration.subsec_nanos() != 0 {
+            return Err(format!(
+                "lease duration ({:?}) must be whole seconds",
+                self.lease_duration
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What this replica last saw of the Lease, and when (its own clock).
+#[derive(Debug, Clone)]
+pub struct Observed {
+    pub spec: LeaseSpec,
+    pub resource_version: String,
+    pub at: Instant,
+}
+
+impl Observed {
+    pub fn holder(&self) -> Option<&str> {
+        self.spec
+            .holder_identity
+            .as_deref()
+            .filter(|h| !h.is_empty())
+    }
+
+    /// Held by someone else whose record changed less than its lease duration ago.
+    pub fn held_by_other(&self, me: &str, now: Instant) -> bool {
+        let Some(holder) = self.holder() else {
+            return false; // released, or never held
+        };
+        if holder == me {
+            return false;
+        }
+        let secs = self.spec.lease_duration_seconds.unwrap_or(0).max(0);
+        let valid_for = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+        now < self.at + valid_for
+    }
+}
+
+/// The record this replica writes to take or renew the Lease.
+pub fn claim(
+    previous: Option<&LeaseSpec>,
+    me: &str,
+    timing: &Timing,
+    wall: Timestamp,
+) -> LeaseSpec {
+    let held_by_me = previous
+        .and_then(|p| p.holder_identity.as_deref())
+        .is_some_and(|h| h == me);
+    let transitions = previous.and_then(|p| p.lease_transitions).unwrap_or(0);
+    let duration = i32::try_from(timing.lease_duration.as_secs()).unwrap_or(i32::MAX);
+    LeaseSpec {
+        holder_identity: Some(me.to_owned()),
+        lease_duration_seconds: Some(duration),
+        acquire_time: if held_by_me {
+            previous.and_then(|p| p.acquire_time.clone())
+        } else {
+            Some(MicroTime(wall))
+        },
+        renew_time: Some(MicroTime(wall)),
+        lease_transitions: Some(if held_by_me || previous.is_none() {
+            transitions
+        } else {
+            transitions + 1
+        }),
+        ..LeaseSpec::default()
+    }
+}
+
+/// The record that gives the Lease up: no holder, so a standby takes it at once.
+pub fn release(previous: &LeaseSpec, wall: Timestamp) -> LeaseSpec {
+    LeaseSpec {
+        holder_identity: None,
+        lease_duration_seconds: Some(1),
+        acquire_time: Some(MicroTime(wall)),
+        renew_time: Some(MicroTime(wall)),
+        lease_transitions: previous.lease_transitions,
+        ..LeaseSpec::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing() -> Timing {
+        Timing {
+            lease_duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_secs(2),
+            retry_period: Duration::from_millis(500),
+        }
+    }
+
+    fn held(holder: &str, at: Instant) -> Observed {
+        Observed {
+            spec: LeaseSpec {
+                holder_identity: Some(holder.into()),
+                lease_duration_seconds: Some(3),
+                lease_transitions: Some(4),
+                acquire_time: Some(MicroTime("2026-11-30T06:00:00Z".parse().unwrap())),
+                ..LeaseSpec::default()
+            },
+            resource_version: "7".into(),
+            at,
+        }
+    }
+
+    #[test]
+    fn timings_are_validated() {
+        assert!(timing().validate().is_ok());
+        assert!(Timing::default().validate().is_ok());
+        let mut t = timing();
+        t.renew_deadline = Duration::from_secs(3);
+        assert!(t.validate().unwrap_err().contains("renew deadline"));
+        let mut t = timing();
+        t.retry_period = Duration::from_millis(1700);
+        assert!(t.validate().unwrap_err().contains("1.2"));
+        let mut t = timing();
+        t.lease_duration = Duration::from_millis(3500);
+        assert!(t.validate().unwrap_err().contains("whole seconds"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_holder_expires_by_local_observation_time_only() {
+        let seen = Instant::now();
+        let o = held("replica-2", seen);
+        assert!(o.held_by_other("replica-1", seen));
+        tokio::time::advance(Duration::from_millis(2999)).await;
+        assert!(o.held_by_other("replica-1", Instant::now()));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            !o.held_by_other("replica-1", Instant::now()),
+            "unchanged for a lease duration: expired"
+        );
+        assert!(
+            !o.held_by_other("replica-2", seen),
+            "never held against its holder"
+        );
+        let mut released = o.clone();
+        released.spec.holder_identity = Some(String::new());
+        assert!(
+            !released.held_by_other("replica-1", seen),
+            "an empty holder is free at once"
+        );
+    }
+
+    #[test]
+    fn claims_keep_or_start_the_tenure() {
+        let wall: Timestamp = "2026-11-30T06:01:00Z".parse().unwrap();
+        let prev = held("replica-2", Instant::now()).spec;
+        let taken = claim(Some(&prev), "replica-1", &timing(), wall);
+        assert_eq!(taken.holder_identity.as_deref(), Some("replica-1"));
+        assert_eq!(
+            taken.lease_transitions,
+            Some(5),
+            "a new holder is a transition"
+        );
+        assert_eq!(taken.acquire_time, Some(MicroTime(wall)));
+        assert_eq!(taken.lease_duration_seconds, Some(3));
+
+        let later: Timestamp = "2026-11-30T06:01:02Z".parse().unwrap();
+        let renewed = claim(Some(&taken), "replica-1", &timing(), later);
+        assert_eq!(renewed.lease_transitions, Some(5));
+        assert_eq!(
+            renewed.acquire_time,
+            Some(MicroTime(wall)),
+            "renewal keeps acquireTime"
+        );
+        assert_eq!(renewed.renew_time, Some(MicroTime(later)));
+
+        let first = claim(None, "replica-1", &timing(), wall);
+        assert_eq!(first.lease_transitions, Some(0));
+
+        let gone = release(&renewed, later);
+        assert_eq!(gone.holder_identity, None);
+        assert_eq!(gone.lease_transitions, Some(5));
+    }
+}

@@ -1,0 +1,167 @@
+//! Lease election with client-go semantics, and the ownership it publishes.
+//!
+//! The holder of a Lease runs the work; everyone else keeps caches warm and campaigns.
+//! Ownership is published as a watch channel of shards held plus the local lease
+//! deadline (monotonic time the last successful renewal was sent + renew deadline):
+//! no write starts after it. One shard is plain leader election.
+
+mod decide;
+mod elector;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::metrics::{CONTROLLER, Metrics};
+pub use decide::{Observed, Timing};
+pub use elector::{Attempt, Elector};
+
+/// What this replica may act on, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ownership {
+    pub shards: BTreeSet<u32>,
+    /// No write may start at or after this instant. `None`: unfenced (no election).
+    pub deadline: Option<Instant>,
+}
+
+impl Ownership {
+    /// Nothing held.
+    pub fn none() -> Ownership {
+        Ownership {
+            shards: BTreeSet::new(),
+            deadline: Some(Instant::now()),
+        }
+    }
+
+    /// Everything, forever: a single replica running without election.
+    pub fn unfenced() -> Ownership {
+        Ownership {
+            shards: BTreeSet::from([0]),
+            deadline: None,
+        }
+    }
+
+    pub fn holds_any(&self) -> bool {
+        !self.shards.is_empty()
+    }
+
+    /// May a write start now?
+    pub fn valid_at(&self, now: Instant) -> bool {
+        self.holds_any() && self.deadline.is_none_or(|d| now < d)
+    }
+}
+
+/// Campaigns for the Lease until `stop`, publishing ownership of shard 0; then a held
+/// Lease is released. `stop` must resolve only once the work the Lease protects has
+/// drained (the Lease is renewed meanwhile, so draining writes stay fenced correctly and
+/// nothing writes after the release).
+pub async fn run(
+    elector: Elector,
+    tx: watch::Sender<Ownership>,
+    metrics: Metrics,
+    stop: impl Future<Output = ()>,
+) {
+    let shutdown = stop;
+    tokio::pin!(shutdown);
+    let timing = elector.timing().clone();
+    let leader_gauge = metrics.leader.with_label_values(&[CONTROLLER]);
+    'campaign: loop {
+        // Standby: try every retry period (jittered) until the Lease is ours.
+        let mut sent = loop {
+            match elector.try_acquire_or_renew().await {
+                Ok(Attempt::Held { sent }) => break sent,
+                Ok(Attempt::Lost) => {}
+                Err(e) => warn!(
+                    "lease: acquiring failed: {e}; retrying in {:?}",
+                    timing.retry_period
+                ),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(jitter(timing.retry_period)) => {}
+                _ = &mut shutdown => break 'campaign,
+            }
+        };
+        info!(
+            identity = elector.identity(),
+            "lease acquired: this replica leads"
+        );
+        metrics.lease_transitions.inc();
+        leader_gauge.set(1);
+        metrics.shards_held.set(1);
+        tx.send_replace(Ownership {
+            shards: BTreeSet::from([0]),
+            deadline: Some(sent + timing.renew_deadline),
+        });
+
+        // Leader: renew every retry period; step down once the deadline passes without
+        // a successful renewal.
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(timing.retry_period) => {}
+                _ = &mut shutdown => break 'campaign,
+            }
+            let deadline = sent + timing.renew_deadline;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let renewed = tokio::time::timeout(left, elector.try_acquire_or_renew()).await;
+            match renewed {
+                Ok(Ok(Attempt::Held { sent: s })) => {
+                    sent = s;
+                    tx.send_replace(Ownership {
+                        shards: BTreeSet::from([0]),
+                        deadline: Some(sent + timing.renew_deadline),
+                    });
+                }
+                Ok(Ok(Attempt::Lost)) => {
+                    warn!("lease: another replica holds it now; stepping down");
+                    break;
+                }
+                Ok(Err(e)) if Instant::now() < deadline => {
+                    warn!("lease: renewing failed: {e}; retrying until the renew deadline");
+                }
+                Ok(Err(e)) => {
+                    warn!("lease: renewing failed past the renew deadline: {e}; stepping down");
+                    break;
+                }
+                Err(_) => {
+                    warn!("lease: no renewal within the renew deadline; stepping down");
+                    break;
+                }
+            }
+        }
+        tx.send_replace(Ownership::none());
+        leader_gauge.set(0);
+        metrics.shards_held.set(0);
+        metrics.lease_transitions.inc();
+        continue 'campaign;
+    }
+    // The work has drained: give the Lease up.
+    let was_leader = tx.borrow().holds_any();
+    tx.send_replace(Ownership::none());
+    leader_gauge.set(0);
+    metrics.shards_held.set(0);
+    if was_leader {
+        match elector.release().await {
+            Ok(true) => info!("lease released: a standby can take over at once"),
+            Ok(false) => info!("lease was no longer ours; nothing to release"),
+            Err(e) => {
+                warn!("lease: release failed: {e}; standbys take over after the lease duration")
+            }
+        }
+    }
+}
+
+/// client-go's wait.Jitter(period, 1.2)-ish: period × [1, 1.2).
+fn jitter(period: Duration) -> Duration {
+    let nanos = u64::from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0),
+    );
+    let frac = (nanos % 1000) as f64 / 1000.0 * 0.2;
+    period.mul_f64(1.0 + frac)
+}

@@ -1,0 +1,255 @@
+//! Every metric, defined in one place and registered in one registry per operator.
+//!
+//! Names follow client-go and controller-runtime (`workqueue_*`, `rest_client_*`,
+//! `controller_runtime_reconcile_*`, `leader_election_master_status`) so existing
+//! dashboards work; domain metrics start with `gpujob_`. No label carries a per-object
+//! value; labelled counters are created at zero so rates exist before the first event.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::controller::error::ERROR_LABELS;
+
+/// The controller name in `controller`/`name` labels.
+pub const CONTROLLER: &str = "gpujob";
+/// The reconcile results of `controller_runtime_reconcile_total`.
+pub const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
+const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
+const CODES: [&str; 9] = [
+    "200", "201", "404", "409", "422", "429", "500", "503", "<error>",
+];
+
+/// The work queue's metrics (client-go `workqueue_*`, label `name`).
+#[derive(Debug, Clone)]
+pub struct QueueMetrics {
+    pub depth: IntGauge,
+    pub adds: IntCounter,
+    pub retries: IntCounter,
+    pub queue_duration: Histogram,
+    pub work_duration: Histogram,
+    pub unfinished_work: prometheus::Gauge,
+    pub longest_running: prometheus::Gauge,
+}
+
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub queue: QueueMetrics,
+    pub reconcile_total: IntCounterVec,
+    pub reconcile_errors: IntCounter,
+    pub reconcile_time: Histogram,
+    pub reconcile_errors_by_kind: IntCounterVec,
+    pub rest_requests: IntCounterVec,
+    pub rest_latency: HistogramVec,
+    pub rate_limiter_wait: Histogram,
+    pub rest_retries: IntCounterVec,
+    pub leader: IntGaugeVec,
+    pub lease_transitions: IntCounter,
+    pub shards_held: IntGauge,
+}
+
+fn exp_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
+    prometheus::exponential_buckets(start, factor, count).unwrap_or_default()
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        Self::try_new().unwrap_or_else(|e| {
+            // Only reachable through a programming error (a duplicate or invalid name),
+            // which the unit test below catches.
+            panic!("metric definitions are invalid: {e}")
+        })
+    }
+
+    fn try_new() -> prometheus::Result<Metrics> {
+        let registry = Registry::new();
+        let name = |n: &str, help: &str| Opts::new(n, help).const_label("name", CONTROLLER);
+        let ctrl = |n: &str, help: &str| Opts::new(n, help).const_label("controller", CONTROLLER);
+        // client-go's workqueue buckets: 10 ns .. 10 s, factor 10.
+        let wq = |n: &str, help: &str| {
+            HistogramOpts::new(n, help)
+                .const_label("name", CONTROLLER)
+                .buckets(exp_buckets(1e-8, 10.0, 10))
+        };
+        let queue = QueueMetrics {
+            depth: IntGauge::with_opts(name("workqueue_depth", "Current depth of the work queue"))?,
+            adds: IntCounter::with_opts(name(
+                "workqueue_adds_total",
+                "Total number of adds handled by the work queue",
+            ))?,
+            retries: IntCounter::with_opts(name(
+                "workqueue_retries_total",
+                "Total number of retries handled by the work queue",
+            ))?,
+            queue_duration: Histogram::with_opts(wq(
+                "workqueue_queue_duration_seconds",
+                "How long in seconds an item stays in the work queue before being requested",
+            ))?,
+            work_duration: Histogram::with_opts(wq(
+                "workqueue_work_duration_seconds",
+                "How long in seconds processing an item from the work queue takes",
+            ))?,
+            unfinished_work: prometheus::Gauge::with_opts(name(
+                "workqueue_unfinished_work_seconds",
+                "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
+            ))?,
+            longest_running: prometheus::Gauge::with_opts(name(
+                "workqueue_longest_running_processor_seconds",
+                "How many seconds has the longest running processor for the work queue been running",
+            ))?,
+        };
+        let reconcile_buckets = vec![
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ];
+        let m = Metrics {
+            queue,
+            reconcile_total: IntCounterVec::new(
+                ctrl(
+                    "controller_runtime_reconcile_total",
+                    "Total number of reconciliations per controller",
+                ),
+                &["result"],
+            )?,
+            reconcile_errors: IntCounter::with_opts(ctrl(
+                "controller_runtime_reconcile_errors_total",
+                "Total number of reconciliation errors per controller",
+            ))?,
+            reconcile_time: Histogram::with_opts(
+                HistogramOpts::new(
+                    "controller_runtime_reconcile_time_seconds",
+                    "Length of time per reconciliation per controller",
+                )
+                .const_label("controller", CONTROLLER)
+                .buckets(reconcile_buckets),
+            )?,
+            reconcile_errors_by_kind: IntCounterVec::new(
+                Opts::new(
+                    "gpujob_reconcile_errors_total",
+                    "Reconcile errors by stable error label",
+                ),
+                &["error"],
+            )?,
+            rest_requests: IntCounterVec::new(
+                Opts::new(
+                    "rest_client_requests_total",
+                    "Number of HTTP requests, partitioned by status code and method",
+                ),
+                &["code", "method"],
+            )?,
+            rest_latency: HistogramVec::new(
+                HistogramOpts::new(
+                    "rest_client_request_duration_seconds",
+                    "Request latency in seconds, by verb",
+                )
+                .buckets(vec![
+                    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+                ]),
+                &["verb"],
+            )?,
+            rate_limiter_wait: Histogram::with_opts(
+                HistogramOpts::new(
+                    "rest_client_rate_limiter_duration_seconds",
+                    "Client-side rate limiter latency in seconds",
+                )
+                .buckets(vec![
+                    0.0, 0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+                ]),
+            )?,
+            rest_retries: IntCounterVec::new(
+                Opts::new(
+                    "rest_client_request_retries_total",
+                    "Number of request retries (429/503/504), partitioned by status code and method",
+                ),
+                &["code", "method"],
+            )?,
+            leader: IntGaugeVec::new(
+                Opts::new(
+                    "leader_election_master_status",
+                    "1 while this replica holds the lease, else 0",
+                ),
+                &["name"],
+            )?,
+            lease_transitions: IntCounter::with_opts(Opts::new(
+                "gpujob_lease_transitions_total",
+                "Times this replica gained or lost a lease",
+            ))?,
+            shards_held: IntGauge::with_opts(Opts::new(
+                "gpujob_shards_held",
+                "Shards whose lease this replica holds",
+            ))?,
+            registry,
+        };
+        let r = &m.registry;
+        r.register(Box::new(m.queue.depth.clone()))?;
+        r.register(Box::new(m.queue.adds.clone()))?;
+        r.register(Box::new(m.queue.retries.clone()))?;
+        r.register(Box::new(m.queue.queue_duration.clone()))?;
+        r.register(Box::new(m.queue.work_duration.clone()))?;
+        r.register(Box::new(m.queue.unfinished_work.clone()))?;
+        r.register(Box::new(m.queue.longest_running.clone()))?;
+        r.register(Box::new(m.reconcile_total.clone()))?;
+        r.register(Box::new(m.reconcile_errors.clone()))?;
+        r.register(Box::new(m.reconcile_time.clone()))?;
+        r.register(Box::new(m.reconcile_errors_by_kind.clone()))?;
+        r.register(Box::new(m.rest_requests.clone()))?;
+        r.register(Box::new(m.rest_latency.clone()))?;
+        r.register(Box::new(m.rate_limiter_wait.clone()))?;
+        r.register(Box::new(m.rest_retries.clone()))?;
+        r.register(Box::new(m.leader.clone()))?;
+        r.register(Box::new(m.lease_transitions.clone()))?;
+        r.register(Box::new(m.shards_held.clone()))?;
+        for result in RESULTS {
+            m.reconcile_total.with_label_values(&[result]);
+        }
+        for label in ERROR_LABELS {
+            m.reconcile_errors_by_kind.with_label_values(&[label]);
+        }
+        for method in METHODS {
+            for code in CODES {
+                m.rest_requests.with_label_values(&[code, method]);
+            }
+            for code in ["429", "503", "504"] {
+                m.rest_retries.with_label_values(&[code, method]);
+            }
+        }
+        m.leader.with_label_values(&[CONTROLLER]);
+        Ok(m)
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec fails only on invalid metric families, which cannot be
+        // registered in the first place.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_registers_and_labelled_counters_start_at_zero() {
+        let m = Metrics::try_new().expect("valid definitions");
+        let text = m.encode();
+        for name in [
+            "workqueue_depth{name=\"gpujob\"} 0",
+            "controller_runtime_reconcile_total{controller=\"gpujob\",result=\"error\"} 0",
+            "rest_client_requests_total{code=\"409\",method=\"PATCH\"} 0",
+            "leader_election_master_status{name=\"gpujob\"} 0",
+            "gpujob_reconcile_errors_total{error=\"conflict\"} 0",
+        ] {
+            assert!(text.contains(name), "missing {name}");
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! A token bucket: `qps` tokens a second, at most `burst` saved up. Shared by the work
+//! queue (retries) and the API client (every request). Time is tokio's, so tests run on
+//! a paused clock.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+#[derive(Debug)]
+pub struct TokenBucket {
+    qps: f64,
+    burst: f64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    /// A bucket that starts full. `qps` must be positive; `burst` at least 1.
+    pub fn new(qps: f64, burst: u32) -> TokenBucket {
+        let burst = f64::from(burst.max(1));
+        TokenBucket {
+            qps: if qps > 0.0 { qps } else { f64::MIN_POSITIVE },
+            burst,
+            state: Mutex::new(State {
+                tokens: burst,
+                last: Instant::now(),
+            }),
+        }
+    }
+
+    /// Takes one token and returns how long the caller must wait before using it.
+    /// Tokens may go negative: callers queue up in order, each waiting its turn.
+    pub fn reserve(&self) -> Duration {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let refill = now.saturating_duration_since(s.last).as_secs_f64() * self.qps;
+        s.tokens = (s.tokens + refill).min(self.burst);
+        s.last = now;
+        s.tokens -= 1.0;
+        if s.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-s.tokens / self.qps)
+        }
+    }
+
+    /// Waits for a token; returns the time waited.
+    pub async fn acquire(&self) -> Duration {
+        let wait = self.reserve();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn burst_then_steady_rate() {
+        let b = TokenBucket::new(10.0, 3);
+        let waits: Vec<Duration> = (0..5).map(|_| b.reserve()).collect();
+        assert_eq!(&waits[..3], &[Duration::ZERO; 3], "the burst is free");
+        assert_eq!(waits[3], Duration::from_millis(100));
+        assert_eq!(
+            waits[4],
+            Duration::from_millis(200),
+            "callers queue up in order"
+        );
+
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // Refilled, but never beyond the burst.
+        let waits: Vec<Duration> = (0..4).map(|_| b.reserve()).collect();
+        assert_eq!(waits.iter().filter(|w| w.is_zero()).count(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquire_sleeps_for_its_turn() {
+        let b = TokenBucket::new(2.0, 1);
+        assert_eq!(b.acquire().await, Duration::ZERO);
+        let start = Instant::now();
+        assert_eq!(b.acquire().await, Duration::from_millis(500));
+        assert_eq!(start.elapsed(), Duration::from_millis(500));
+    }
+}

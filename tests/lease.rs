@@ -1,0 +1,100 @@
+//! The Lease election itself against the real API server: compare-and-swap means two
+//! contenders on an expired Lease never both win.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod support;
+
+use std::time::Duration;
+
+use devcluster::Identity;
+use gpujob_operator::lease::{Attempt, Elector, Timing};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use support::TestEnv;
+
+const ROUNDS: usize = 50;
+
+fn timing() -> Timing {
+    Timing {
+        lease_duration: Duration::from_secs(1),
+        renew_deadline: Duration::from_millis(800),
+        retry_period: Duration::from_millis(100),
+    }
+}
+
+async fn client(env: &TestEnv, n: u8, identity: &str) -> Client {
+    let config = env.cluster.config(Identity::Replica(n)).await.unwrap();
+    let limits = gpujob_operator::client::Limits {
+        qps: 1000.0,
+        burst: 1000,
+    };
+    gpujob_operator::client::build(config, identity, limits, None, None).unwrap()
+}
+
+/// Keeps trying for `for_how_long`; returns how many attempts said this contender holds it.
+async fn contend(elector: &Elector, for_how_long: Duration) -> usize {
+    let deadline = tokio::time::Instant::now() + for_how_long;
+    let mut held = 0;
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(Attempt::Held { .. }) = elector.try_acquire_or_renew().await {
+            held += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    held
+}
+
+#[tokio::test]
+async fn two_contenders_on_an_expired_lease_never_both_win() {
+    let env = TestEnv::new("lease-race").await;
+    let a_client = client(&env, 1, "a").await;
+    let b_client = client(&env, 2, "b").await;
+    let leases: Api<Lease> = Api::namespaced(env.admin.clone(), &env.ns);
+    let mut rounds = Vec::new();
+    for round in 0..ROUNDS {
+        let name = format!("race-{round}");
+        // Held by someone who is gone: expired once unchanged for a lease duration.
+        let mut lease = Lease::default();
+        lease.metadata.name = Some(name.clone());
+        lease.spec = Some(LeaseSpec {
+            holder_identity: Some("gone".into()),
+            lease_duration_seconds: Some(1),
+            renew_time: Some(MicroTime("2026-01-01T00:00:00Z".parse().unwrap())),
+            ..LeaseSpec::default()
+        });
+        leases.create(&PostParams::default(), &lease).await.unwrap();
+        let a = Elector::new(a_client.clone(), &env.ns, &name, "a", timing());
+        let b = Elector::new(b_client.clone(), &env.ns, &name, "b", timing());
+        rounds.push(async move {
+            let window = Duration::from_millis(3000);
+            let (held_a, held_b) = tokio::join!(contend(&a, window), contend(&b, window));
+            (round, held_a, held_b)
+        });
+    }
+    // Ten races at a time keep the API server's load (and so the timing) reasonable.
+    let mut results = Vec::new();
+    let mut rounds = rounds.into_iter();
+    loop {
+        let batch: Vec<_> = rounds.by_ref().take(10).collect();
+        if batch.is_empty() {
+            break;
+        }
+        results.extend(futures::future::join_all(batch).await);
+    }
+    for (round, a, b) in &results {
+        assert!(*a > 0 || *b > 0, "round {round}: nobody won");
+        assert!(
+            *a == 0 || *b == 0,
+            "round {round}: both won ({a} and {b} successful attempts)"
+        );
+    }
+    // Each round's Lease names exactly the winner.
+    for (round, a, _) in results {
+        let l = leases.get(&format!("race-{round}")).await.unwrap();
+        let holder = l.spec.unwrap().holder_identity.unwrap();
+        assert_eq!(holder, if a > 0 { "a" } else { "b" }, "round {round}");
+    }
+}

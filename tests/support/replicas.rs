@@ -1,0 +1,184 @@
+//! Operator replicas as separate processes of the real binary, each under its own API
+//! user (`replica-N`), so the audit log attributes every write.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use devcluster::{ControlPlane, Identity, wait};
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::Api;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+pub const LEASE: &str = "gpujob-operator";
+
+/// Short timings for tests: lease 3 s, renew deadline 2 s, retry period 0.5 s.
+pub const LEASE_DURATION: Duration = Duration::from_secs(3);
+
+pub struct Replica {
+    pub n: u8,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Replica {
+    pub fn identity(&self) -> String {
+        format!("replica-{}", self.n)
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.as_ref().unwrap().id()).unwrap())
+    }
+
+    pub fn signal(&self, signal: Signal) {
+        kill(self.pid(), signal).unwrap();
+    }
+
+    /// Waits for the process to exit; returns its exit status.
+    pub async fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "replica-{} did not exit",
+                self.n
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGCONT);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- replica-{} log ({}) ---\n{}",
+                self.n,
+                self.log.display(),
+                self.log_text()
+            );
+        }
+    }
+}
+
+/// Short lease timings for tests.
+pub const SHORT: [&str; 3] = ["3s", "2s", "500ms"];
+/// client-go's (and the operator's) defaults.
+pub const DEFAULT: [&str; 3] = ["15s", "10s", "2s"];
+
+/// Starts replica `n` of the operator for namespace `ns` (its Lease lives there too),
+/// with short lease timings.
+pub fn start(cluster: &ControlPlane, ns: &str, n: u8, extra: &[&str]) -> Replica {
+    start_with(cluster, ns, n, SHORT, extra)
+}
+
+/// Starts replica `n` with lease duration, renew deadline and retry period `timing`.
+pub fn start_with(
+    cluster: &ControlPlane,
+    ns: &str,
+    n: u8,
+    timing: [&str; 3],
+    extra: &[&str],
+) -> Replica {
+    let dir = std::env::temp_dir().join(format!("gpujob-replicas-{ns}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join(format!("replica-{n}.log"));
+    let out = std::fs::File::create(&log).unwrap();
+    let err = out.try_clone().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_gpujob-operator"))
+        .args([
+            "run",
+            "--namespace",
+            ns,
+            "--lease-namespace",
+            ns,
+            "--identity",
+            &format!("replica-{n}"),
+            "--lease-duration",
+            timing[0],
+            "--renew-deadline",
+            timing[1],
+            "--retry-period",
+            timing[2],
+            "--retry-backoff-base",
+            "1s",
+            "--retry-backoff-max",
+            "4s",
+        ])
+        .args(extra)
+        .env("KUBECONFIG", cluster.kubeconfig(Identity::Replica(n)))
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap();
+    Replica {
+        n,
+        child: Some(child),
+        log,
+    }
+}
+
+pub async fn lease(admin: &Client, ns: &str) -> Option<Lease> {
+    Api::<Lease>::namespaced(admin.clone(), ns)
+        .get_opt(LEASE)
+        .await
+        .ok()
+        .flatten()
+}
+
+pub fn holder(lease: &Lease) -> Option<String> {
+    lease
+        .spec
+        .as_ref()?
+        .holder_identity
+        .clone()
+        .filter(|h| !h.is_empty())
+}
+
+pub fn times(lease: &Lease) -> (Timestamp, Timestamp) {
+    let spec = lease.spec.as_ref().unwrap();
+    (
+        spec.acquire_time.as_ref().unwrap().0,
+        spec.renew_time.as_ref().unwrap().0,
+    )
+}
+
+/// Waits until the Lease is held by someone for whom `pred` holds; returns the holder.
+pub async fn wait_holder(
+    admin: &Client,
+    ns: &str,
+    within: Duration,
+    pred: impl Fn(&str) -> bool,
+) -> (String, Lease) {
+    let pred = &pred;
+    wait::until(
+        "a Lease holder",
+        within,
+        Duration::from_millis(50),
+        || async move {
+            let l = lease(admin, ns).await?;
+            let h = holder(&l)?;
+            pred(&h).then_some((h, l))
+        },
+    )
+    .await
+    .unwrap()
+}
