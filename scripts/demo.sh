@@ -15,7 +15,7 @@ ns=demo
 
 stop() {
   local pid_file
-  for pid_file in "$cache"/demo-replica-*.pid; do
+  for pid_file in "$cache"/demo-replica-*.pid "$cache"/demo-prometheus.pid; do
     [[ -f "$pid_file" ]] || continue
     kill -TERM "$(cat "$pid_file")" 2>/dev/null || true
     rm -f "$pid_file"
@@ -45,12 +45,37 @@ export KUBECONFIG="$state/kubeconfig/admin.kubeconfig"
 
 step "operator RBAC (deploy/rbac.yaml) and $replicas replicas, as its service account"
 kubectl apply -f deploy/namespace.yaml -f deploy/rbac.yaml >&2
+targets=()
 for n in $(seq "$replicas"); do
+  addr="127.0.0.1:$((18080 + n))"
+  targets+=("\"$addr\"")
   KUBECONFIG="$state/kubeconfig/operator.kubeconfig" setsid nohup "$bin/gpujob-operator" run \
     --identity "demo-$n" --lease-namespace gpujob-system --retry-backoff-base 3s \
-    >"$cache/demo-replica-$n.log" 2>&1 </dev/null &
+    --listen-address "$addr" >"$cache/demo-replica-$n.log" 2>&1 </dev/null &
   echo $! >"$cache/demo-replica-$n.pid"
+  echo "demo-$n: metrics at http://$addr/metrics" >&2
 done
+
+# A Prometheus scraping the replicas, with the alert rules, where one is installed.
+prometheus_url=""
+if command -v prometheus >/dev/null; then
+  mkdir -p "$cache/demo-prometheus"
+  cat >"$cache/demo-prometheus/prometheus.yml" <<PROM
+global: {scrape_interval: 5s, evaluation_interval: 5s}
+rule_files: ["$repo/alerts/gpujob-operator.rules.yaml"]
+scrape_configs:
+  - job_name: gpujob-operator
+    static_configs:
+      - targets: [$(IFS=,; echo "${targets[*]}")]
+        labels: {namespace: gpujob-system}
+PROM
+  setsid nohup prometheus --config.file="$cache/demo-prometheus/prometheus.yml" \
+    --storage.tsdb.path="$cache/demo-prometheus/data" --web.listen-address=127.0.0.1:19090 \
+    >"$cache/demo-prometheus.log" 2>&1 </dev/null &
+  echo $! >"$cache/demo-prometheus.pid"
+  prometheus_url="http://127.0.0.1:19090"
+  echo "Prometheus at $prometheus_url (alerts: $prometheus_url/alerts)" >&2
+fi
 
 step "sample GpuJobs (examples/)"
 kubectl create namespace "$ns" >&2
@@ -81,6 +106,8 @@ The cluster and $replicas operator replicas are still running.
   who leads:     kubectl -n gpujob-system get lease gpujob-operator -o jsonpath='{.spec.holderIdentity}'
   fail over:     kill -9 \$(cat $cache/demo-replica-${leader#demo-}.pid)   # the leader, ${leader:-?}
                  kubectl -n gpujob-system get lease gpujob-operator -w   # a standby takes over in ~15 s
+  metrics:       http://127.0.0.1:18081/metrics … 1808$replicas/metrics (also /healthz, /readyz)
+  prometheus:    ${prometheus_url:-not installed (Debian package prometheus)}
   replica logs:  $cache/demo-replica-N.log
   stop it all:   scripts/demo.sh stop
 MSG

@@ -3,7 +3,7 @@
 #
 # 1. installs what is missing (Debian packages; kube-apiserver and
 #    kube-controller-manager are built once from Debian's source and cached),
-# 2. checks formatting and clippy,
+# 2. checks the alert rules with promtool, formatting and clippy,
 # 3. starts one shared control plane (devcluster) for the integration tests,
 # 4. runs every test with cargo-nextest, which prints the summary line,
 # 5. stops the control plane, also on failure or Ctrl-C.
@@ -15,6 +15,9 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 prepare_machine
+
+step "alert rules, their unit tests, runbook anchors, generated monitoring manifests"
+alerts/check.sh
 
 step "format and lint"
 cargo fmt --all --check

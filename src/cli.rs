@@ -58,6 +58,13 @@ pub struct RunArgs {
     /// Every GpuJob is reconciled at least this often, events or not.
     #[arg(long, env = "GPUJOB_RESYNC", default_value = "5m", value_parser = parse_duration)]
     pub resync: Duration,
+    /// Address of the /metrics, /healthz and /readyz server.
+    #[arg(long, env = "GPUJOB_LISTEN_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub listen_address: std::net::SocketAddr,
+    /// A GpuJob Pending this long without a running attempt (and not backing off,
+    /// refused quota or invalid) counts as unconverged in the metrics.
+    #[arg(long, env = "GPUJOB_UNCONVERGED_AFTER", default_value = "10m", value_parser = parse_duration)]
+    pub unconverged_after: Duration,
     /// Log format.
     #[arg(long, env = "GPUJOB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -159,6 +166,7 @@ impl RunArgs {
                 keep_jobs: self.keep_jobs,
             },
             resync: self.resync,
+            unconverged_after: self.unconverged_after,
             retry: Backoff {
                 qps: self.retry_qps,
                 burst: self.retry_burst,

@@ -13,3 +13,4 @@ pub mod lease;
 pub mod metrics;
 pub mod queue;
 pub mod ratelimit;
+pub mod server;

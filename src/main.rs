@@ -8,6 +8,7 @@ use gpujob_operator::cli::{Cli, Command, LogFormat, RunArgs};
 use gpujob_operator::client::Limits;
 use gpujob_operator::lease::{self, Elector, Ownership};
 use gpujob_operator::metrics::Metrics;
+use gpujob_operator::server::{self, Status};
 use gpujob_operator::{api, client, controller};
 use tokio::sync::{oneshot, watch};
 use tracing::info;
@@ -44,32 +45,51 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let config = kube::Config::infer()
             .await
             .context("loading the kubeconfig (KUBECONFIG, ~/.kube/config or in-cluster)")?;
-        let metrics = Metrics::new();
+        let status = Status::new(Metrics::new());
+        let metrics = status.metrics.clone();
         info!(identity = %identity, version = env!("CARGO_PKG_VERSION"), leader_elect = args.leader_elect,
             "gpujob-operator starting");
-        if !args.leader_elect {
-            let kube_client = client::build(config, &identity, limits, Some(metrics.clone()), None)
+        // The server is up before leadership is won, on standbys too, and until the very end.
+        let (server_stop, server_stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(server::serve(
+            args.listen_address,
+            status.clone(),
+            async move {
+                let _ = server_stopped.await;
+            },
+            |_| {},
+        ));
+        let result = if !args.leader_elect {
+            let kube_client = client::build(config, &identity, limits, Some(metrics), None)
                 .context("building the API client")?;
-            return controller::run_unfenced(kube_client, settings, metrics, shutdown_signal()).await;
+            controller::run_unfenced(kube_client, settings, status, shutdown_signal()).await
+        } else {
+            let (tx, rx) = watch::channel(Ownership::none());
+            // Reconcile writes are fenced by the Lease, right before they are sent.
+            let kube_client =
+                client::build(config.clone(), &identity, limits, Some(metrics.clone()), Some(rx.clone()))
+                    .context("building the API client")?;
+            // The Lease has its own client and budget: reconcile traffic never starves renewals.
+            let lease_limits = Limits { qps: 5.0, burst: 10 };
+            let lease_client = client::build(config, &identity, lease_limits, Some(metrics), None)
+                .context("building the lease client")?;
+            let elector = Elector::new(lease_client, &args.lease_namespace(), &args.lease_name, &identity, timing);
+            let (drained, drained_rx) = oneshot::channel::<()>();
+            let lease_task = tokio::spawn(lease::run(elector, tx, status.clone(), async move {
+                let _ = drained_rx.await;
+            }));
+            let result = controller::run(kube_client, settings, rx, status, shutdown_signal()).await;
+            // Drained: now the Lease can be released.
+            let _ = drained.send(());
+            lease_task.await.context("lease task")?;
+            result
+        };
+        let _ = server_stop.send(());
+        match server.await {
+            Ok(Ok(())) => result,
+            Ok(Err(e)) => result.and(Err(e)),
+            Err(e) => result.and(Err(e.into())),
         }
-        let (tx, rx) = watch::channel(Ownership::none());
-        // Reconcile writes are fenced by the Lease, right before they are sent.
-        let kube_client = client::build(config.clone(), &identity, limits, Some(metrics.clone()), Some(rx.clone()))
-            .context("building the API client")?;
-        // The Lease has its own client and budget: reconcile traffic never starves renewals.
-        let lease_limits = Limits { qps: 5.0, burst: 10 };
-        let lease_client = client::build(config, &identity, lease_limits, Some(metrics.clone()), None)
-            .context("building the lease client")?;
-        let elector = Elector::new(lease_client, &args.lease_namespace(), &args.lease_name, &identity, timing);
-        let (drained, drained_rx) = oneshot::channel::<()>();
-        let lease_task = tokio::spawn(lease::run(elector, tx, metrics.clone(), async move {
-            let _ = drained_rx.await;
-        }));
-        let result = controller::run(kube_client, settings, rx, metrics, shutdown_signal()).await;
-        // Drained: now the Lease can be released.
-        let _ = drained.send(());
-        lease_task.await.context("lease task")?;
-        result
     })
 }
 

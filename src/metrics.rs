@@ -10,6 +10,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::controller::domain::{PHASES, Snapshot, WAITING_REASONS};
 use crate::controller::error::ERROR_LABELS;
 
 /// The controller name in `controller`/`name` labels.
@@ -48,6 +49,14 @@ pub struct Metrics {
     pub leader: IntGaugeVec,
     pub lease_transitions: IntCounter,
     pub shards_held: IntGauge,
+    pub gpujobs: IntGaugeVec,
+    pub waiting: IntGaugeVec,
+    pub unconverged: IntGauge,
+    pub unconverged_oldest: prometheus::Gauge,
+    pub attempts_started: IntCounter,
+    pub attempts_failed: IntCounter,
+    pub quota_refusals: IntCounter,
+    pub cleanup_stuck: IntGauge,
 }
 
 fn exp_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
@@ -179,6 +188,44 @@ impl Metrics {
                 "gpujob_shards_held",
                 "Shards whose lease this replica holds",
             ))?,
+            gpujobs: IntGaugeVec::new(
+                Opts::new(
+                    "gpujob_gpujobs",
+                    "GpuJobs by phase (reported by the Lease holder only)",
+                ),
+                &["phase"],
+            )?,
+            waiting: IntGaugeVec::new(
+                Opts::new(
+                    "gpujob_waiting",
+                    "GpuJobs waiting on purpose: backing off, quota refused, invalid spec",
+                ),
+                &["reason"],
+            )?,
+            unconverged: IntGauge::with_opts(Opts::new(
+                "gpujob_unconverged",
+                "GpuJobs not converging: spec change unprocessed, or Pending without a running attempt past the threshold",
+            ))?,
+            unconverged_oldest: prometheus::Gauge::with_opts(Opts::new(
+                "gpujob_unconverged_oldest_seconds",
+                "Age of the oldest unconverged GpuJob",
+            ))?,
+            attempts_started: IntCounter::with_opts(Opts::new(
+                "gpujob_attempts_started_total",
+                "Attempts started (Jobs created)",
+            ))?,
+            attempts_failed: IntCounter::with_opts(Opts::new(
+                "gpujob_attempts_failed_total",
+                "Attempts observed failed",
+            ))?,
+            quota_refusals: IntCounter::with_opts(Opts::new(
+                "gpujob_quota_refusals_total",
+                "Reservations the external GPU quota service refused",
+            ))?,
+            cleanup_stuck: IntGauge::with_opts(Opts::new(
+                "gpujob_cleanup_stuck",
+                "GpuJobs whose quota release keeps failing past its timeout (finalizer held)",
+            ))?,
             registry,
         };
         let r = &m.registry;
@@ -200,6 +247,20 @@ impl Metrics {
         r.register(Box::new(m.leader.clone()))?;
         r.register(Box::new(m.lease_transitions.clone()))?;
         r.register(Box::new(m.shards_held.clone()))?;
+        r.register(Box::new(m.gpujobs.clone()))?;
+        r.register(Box::new(m.waiting.clone()))?;
+        r.register(Box::new(m.unconverged.clone()))?;
+        r.register(Box::new(m.unconverged_oldest.clone()))?;
+        r.register(Box::new(m.attempts_started.clone()))?;
+        r.register(Box::new(m.attempts_failed.clone()))?;
+        r.register(Box::new(m.quota_refusals.clone()))?;
+        r.register(Box::new(m.cleanup_stuck.clone()))?;
+        for phase in PHASES {
+            m.gpujobs.with_label_values(&[phase]);
+        }
+        for reason in WAITING_REASONS {
+            m.waiting.with_label_values(&[reason]);
+        }
         for result in RESULTS {
             m.reconcile_total.with_label_values(&[result]);
         }
@@ -216,6 +277,24 @@ impl Metrics {
         }
         m.leader.with_label_values(&[CONTROLLER]);
         Ok(m)
+    }
+
+    /// Publishes the domain gauges (`None`: this replica does not lead, report zero so
+    /// that sums across replicas count each GpuJob once).
+    pub fn set_domain(&self, snap: Option<&Snapshot>) {
+        let empty = Snapshot::default();
+        let snap = snap.unwrap_or(&empty);
+        for phase in PHASES {
+            let n = snap.by_phase.get(phase).copied().unwrap_or(0);
+            self.gpujobs.with_label_values(&[phase]).set(n);
+        }
+        for reason in WAITING_REASONS {
+            let n = snap.waiting.get(reason).copied().unwrap_or(0);
+            self.waiting.with_label_values(&[reason]).set(n);
+        }
+        self.unconverged.set(snap.unconverged);
+        self.unconverged_oldest
+            .set(snap.oldest_unconverged.as_secs_f64());
     }
 
     /// The Prometheus text exposition of every metric.

@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use devcluster::audit::AuditEvent;
-use devcluster::wait;
 use gpujob_operator::api::{LABEL_ATTEMPT, LABEL_UID, Phase};
 use gpujob_operator::controller::plan::{JobState, job_state};
 use jiff::Timestamp;
@@ -40,24 +39,9 @@ fn leader_index(replicas: &[Replica], holder: &str) -> usize {
 
 /// Waits until every GpuJob of the namespace is final; returns how many.
 async fn wait_all_final(env: &TestEnv, expected: usize, within: Duration) {
-    let api = env.gpujobs();
-    wait::until(
-        "every GpuJob to finish",
-        within,
-        Duration::from_millis(500),
-        || {
-            let api = api.clone();
-            async move {
-                let list = api.list(&ListParams::default()).await.ok()?;
-                let done = list
-                    .items
-                    .iter()
-                    .filter(|g| phase(g).is_some_and(Phase::is_final))
-                    .count();
-                (list.items.len() == expected && done == expected).then_some(())
-            }
-        },
-    )
+    env.wait_gpujobs("every GpuJob to finish", within, |all| {
+        all.len() == expected && all.iter().all(|g| phase(g).is_some_and(Phase::is_final))
+    })
     .await
     .unwrap();
 }
@@ -188,19 +172,9 @@ async fn kill_9_of_the_leader_under_load_hands_over_without_repeating_anything()
         .await;
     }
     // Mid-flight: some GpuJobs have started.
-    let api = env.gpujobs();
-    wait::until(
-        "some GpuJobs to run",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || {
-            let api = api.clone();
-            async move {
-                let list = api.list(&ListParams::default()).await.ok()?;
-                (list.items.iter().filter(|g| phase(g).is_some()).count() >= 20).then_some(())
-            }
-        },
-    )
+    env.wait_gpujobs("some GpuJobs to run", Duration::from_secs(60), |all| {
+        all.iter().filter(|g| phase(g).is_some()).count() >= 20
+    })
     .await
     .unwrap();
 

@@ -8,7 +8,6 @@ mod support;
 
 use std::time::Duration;
 
-use devcluster::wait;
 use gpujob_operator::api::Phase;
 use kube::api::ListParams;
 use serde_json::json;
@@ -53,25 +52,14 @@ async fn the_leader_steps_down_while_the_api_server_is_gone_and_work_resumes_aft
     for i in 0..5 {
         env.create(&format!("late-{i}"), spec.clone()).await;
     }
-    let api = env.gpujobs();
-    let converged = wait::until(
-        "every GpuJob to succeed",
-        Duration::from_secs(120),
-        Duration::from_millis(500),
-        || {
-            let api = api.clone();
-            async move {
-                let list = api.list(&ListParams::default()).await.ok()?;
-                let done = list
-                    .items
-                    .iter()
-                    .filter(|g| phase(g) == Some(Phase::Succeeded))
-                    .count();
-                (done == 10).then_some(())
-            }
-        },
-    )
-    .await;
+    let converged = env
+        .wait_gpujobs("every GpuJob to succeed", Duration::from_secs(120), |all| {
+            all.iter()
+                .filter(|g| phase(g) == Some(Phase::Succeeded))
+                .count()
+                == 10
+        })
+        .await;
     if let Err(e) = converged {
         panic!("{e}\n{}", env.dump().await);
     }

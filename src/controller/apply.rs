@@ -38,8 +38,10 @@ impl std::fmt::Debug for Writer {
 /// What became of a Job create.
 #[derive(Debug)]
 pub enum Created {
-    /// Created now, or found already created for this GpuJob (adopted).
+    /// Created now.
     Job(Box<Job>),
+    /// Found already created for this GpuJob (an earlier run of the same step).
+    Adopted(Box<Job>),
     /// The API server refused it as invalid (422): terminal for this spec.
     Invalid(String),
     /// The name is taken by a Job this GpuJob does not control.
@@ -84,7 +86,7 @@ impl Writer {
                 // step. Adopt it only if it is really ours.
                 let existing = api.get(name).await.map_err(Error::kube("read_job"))?;
                 if is_controlled_by(&existing, owner_uid) {
-                    Ok(Created::Job(Box::new(existing)))
+                    Ok(Created::Adopted(Box::new(existing)))
                 } else {
                     Ok(Created::NameTaken(format!(
                         "Job {ns}/{name} exists and is not controlled by this GpuJob; delete or rename it"

@@ -2,6 +2,7 @@
 
 pub mod apply;
 pub mod cache;
+pub mod domain;
 pub mod error;
 pub mod job;
 pub mod memory;
@@ -27,10 +28,27 @@ use crate::api::{GpuJob, LABEL_UID};
 use crate::lease::Ownership;
 use crate::metrics::Metrics;
 use crate::queue::{Backoff, Queue};
+use crate::server::Status;
 use error::Error;
 pub use plan::PlanSettings;
 pub use reconcile::reconcile;
 use tokio::sync::watch;
+
+/// Where watch events and resyncs put keys: the work queue, while this replica owns
+/// work. A standby keeps its caches warm but queues nothing (gaining ownership queues
+/// every GpuJob), so its queue metrics stay true.
+struct Intake {
+    queue: Queue<Key>,
+    own: watch::Receiver<Ownership>,
+}
+
+impl Intake {
+    fn add(&self, key: Key) {
+        if self.own.borrow().holds_any() {
+            self.queue.add(key);
+        }
+    }
+}
 
 /// A GpuJob's namespace and name: the unit of work.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -71,6 +89,9 @@ pub struct Settings {
     pub plan: PlanSettings,
     /// Every GpuJob is reconciled at least this often, events or not.
     pub resync: Duration,
+    /// A GpuJob Pending this long without a running attempt or a deliberate reason
+    /// counts as unconverged.
+    pub unconverged_after: Duration,
     /// Per-key backoff after a failed reconcile.
     pub retry: Backoff,
     /// How long shutdown waits for in-flight reconciles.
@@ -84,6 +105,7 @@ impl Default for Settings {
             workers: 4,
             plan: PlanSettings::default(),
             resync: Duration::from_secs(300),
+            unconverged_after: Duration::from_secs(600),
             retry: Backoff::default(),
             drain_timeout: Duration::from_secs(20),
         }
@@ -124,11 +146,18 @@ where
 pub async fn run_unfenced(
     client: Client,
     settings: Settings,
-    metrics: Metrics,
+    status: Arc<Status>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (tx, rx) = watch::channel(Ownership::unfenced());
-    let result = run(client, settings, rx, metrics, shutdown).await;
+    // Alone, this replica leads: say so, or "no leader" alerts would fire.
+    status
+        .metrics
+        .leader
+        .with_label_values(&[crate::metrics::CONTROLLER])
+        .set(1);
+    status.metrics.shards_held.set(1);
+    let result = run(client, settings, rx, status, shutdown).await;
     drop(tx);
     result
 }
@@ -141,9 +170,10 @@ pub async fn run(
     client: Client,
     settings: Settings,
     ownership: watch::Receiver<Ownership>,
-    metrics: Metrics,
+    status: Arc<Status>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let metrics = status.metrics.clone();
     let ns = settings.namespace.clone();
     let (gpujobs, gj_writer) = reflector::store::<GpuJob>();
     let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()));
@@ -158,7 +188,10 @@ pub async fn run(
     });
 
     let gj_watch = {
-        let queue = queue.clone();
+        let queue = Intake {
+            queue: queue.clone(),
+            own: ownership.clone(),
+        };
         let store = ctx.gpujobs.clone();
         let stream = watcher(
             api::<GpuJob>(&client, ns.as_deref()),
@@ -195,7 +228,10 @@ pub async fn run(
         })
     };
     let job_watch = {
-        let queue = queue.clone();
+        let queue = Intake {
+            queue: queue.clone(),
+            own: ownership.clone(),
+        };
         let ctx = ctx.clone();
         let stream = watcher(
             api::<Job>(&client, ns.as_deref()),
@@ -225,12 +261,41 @@ pub async fn run(
     };
     tokio::pin!(shutdown);
     tokio::select! {
-        _ = ready => info!(namespace = ns.as_deref().unwrap_or("*"), "caches synced"),
+        _ = ready => {
+            info!(namespace = ns.as_deref().unwrap_or("*"), "caches synced");
+            status.set_ready(true);
+        }
         _ = &mut shutdown => {
             gj_watch.abort();
             job_watch.abort();
             return Ok(());
         }
+    }
+
+    // Gauges computed at scrape time: queue timings, and the domain view (leader only,
+    // so that sums across replicas count each GpuJob once).
+    {
+        let queue = queue.clone();
+        let ctx = ctx.clone();
+        let own = ownership.clone();
+        let first_seen = std::sync::Mutex::new(domain::FirstSeen::new());
+        status.on_scrape(move || {
+            queue.update_gauges();
+            if own.borrow().holds_any() {
+                let all = ctx.gpujobs.state();
+                let mut seen = first_seen.lock().unwrap_or_else(|p| p.into_inner());
+                let now = jiff::Timestamp::now();
+                let snap = domain::snapshot(
+                    all.iter().map(|g| g.as_ref()),
+                    now,
+                    ctx.settings.unconverged_after,
+                    &mut seen,
+                );
+                ctx.metrics.set_domain(Some(&snap));
+            } else {
+                ctx.metrics.set_domain(None);
+            }
+        });
     }
 
     // Gaining ownership: look at everything (another replica may have changed it).
@@ -261,7 +326,10 @@ pub async fn run(
     };
 
     let resync = {
-        let queue = queue.clone();
+        let queue = Intake {
+            queue: queue.clone(),
+            own: ownership.clone(),
+        };
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(ctx.settings.resync);
@@ -329,8 +397,12 @@ async fn worker(
             _ = lost.wait_for(|o| !o.holds_any()) => continue,
         };
         let started = tokio::time::Instant::now();
+        // Every line a reconcile logs carries the GpuJob and its shard; `attempt` is
+        // filled in once known.
+        let span = tracing::info_span!("reconcile", namespace = %key.namespace, name = %key.name,
+            shard = 0u32, attempt = tracing::field::Empty);
         let outcome = tokio::select! {
-            result = reconcile(&ctx, &key) => Some(result),
+            result = tracing::Instrument::instrument(reconcile(&ctx, &key), span) => Some(result),
             _ = lost.wait_for(|o| !o.holds_any()) => None,
         };
         let m = &ctx.metrics;

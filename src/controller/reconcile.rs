@@ -26,9 +26,17 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Option<Duration>, Err
     let (plan, refused) = match execute(ctx, key, &snap.gpujob, &first).await? {
         None => (first, None),
         Some(refusal) => {
-            warn!(gpujob = %key, attempt = refusal.attempt, reason = refusal.reason,
-                "Job refused: {}; {}", refusal.message,
-                if refusal.reason == INVALID_SPEC { "waiting for a spec change" } else { "retrying in 60 s" });
+            warn!(
+                attempt = refusal.attempt,
+                reason = refusal.reason,
+                "Job refused: {}; {}",
+                refusal.message,
+                if refusal.reason == INVALID_SPEC {
+                    "waiting for a spec change"
+                } else {
+                    "retrying in 60 s"
+                }
+            );
             // Plan again knowing the attempt did not start; its other actions already ran.
             (
                 plan_with(ctx, &snap, Some(refusal.clone()), now),
@@ -37,6 +45,7 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Option<Duration>, Err
         }
     };
 
+    tracing::Span::current().record("attempt", plan.status.attempts);
     let current = snap.gpujob.status.clone().unwrap_or_default();
     if plan.status != current {
         let written = ctx.writer.patch_status(&snap.gpujob, &plan.status).await?;
@@ -45,8 +54,12 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Option<Duration>, Err
                 .status
                 .phase
                 .map_or("-".to_owned(), |p| format!("{p:?}"));
-            info!(gpujob = %key, phase, attempts = plan.status.attempts,
-                failures = plan.status.failures, "phase changed");
+            info!(
+                phase,
+                attempts = plan.status.attempts,
+                failures = plan.status.failures,
+                "phase changed"
+            );
         }
         let replaced = snap
             .gpujob
@@ -55,6 +68,12 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Option<Duration>, Err
             .clone()
             .unwrap_or_default();
         ctx.memory.status_written(key, replaced, written);
+        let newly_failed = plan.status.failures - current.failures;
+        if newly_failed > 0 {
+            ctx.metrics
+                .attempts_failed
+                .inc_by(u64::try_from(newly_failed).unwrap_or(0));
+        }
     }
     let retry = refused
         .filter(|r| r.reason != INVALID_SPEC)
@@ -88,7 +107,20 @@ async fn execute(
         match action {
             Action::CreateJob { attempt, job } => match ctx.writer.create_job(uid, job).await? {
                 Created::Job(job) => {
-                    info!(gpujob = %key, attempt, job = job.metadata.name.as_deref().unwrap_or_default(), "attempt started");
+                    info!(
+                        attempt,
+                        job = job.metadata.name.as_deref().unwrap_or_default(),
+                        "attempt started"
+                    );
+                    ctx.metrics.attempts_started.inc();
+                    ctx.memory.job_created(key, owner, *job);
+                }
+                Created::Adopted(job) => {
+                    info!(
+                        attempt,
+                        job = job.metadata.name.as_deref().unwrap_or_default(),
+                        "attempt's Job already existed (created by an earlier run); adopted"
+                    );
                     ctx.memory.job_created(key, owner, *job);
                 }
                 Created::Invalid(message) => {
@@ -114,7 +146,7 @@ async fn execute(
                 ctx.writer
                     .delete_job(&key.namespace, name, job_uid, resource_version)
                     .await?;
-                info!(gpujob = %key, job = %name, "deleted an old attempt's Job");
+                info!(job = %name, "deleted an old attempt's Job");
                 ctx.memory
                     .job_deleted(key, owner, name.clone(), job_uid.clone());
             }

@@ -16,7 +16,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::metrics::{CONTROLLER, Metrics};
+use crate::metrics::CONTROLLER;
+use crate::server::Status;
 pub use decide::{Observed, Timing};
 pub use elector::{Attempt, Elector};
 
@@ -62,22 +63,33 @@ impl Ownership {
 pub async fn run(
     elector: Elector,
     tx: watch::Sender<Ownership>,
-    metrics: Metrics,
+    status: std::sync::Arc<Status>,
     stop: impl Future<Output = ()>,
 ) {
     let shutdown = stop;
     tokio::pin!(shutdown);
     let timing = elector.timing().clone();
+    let metrics = status.metrics.clone();
     let leader_gauge = metrics.leader.with_label_values(&[CONTROLLER]);
+    // /healthz fails when this loop stops beating: every attempt is bounded by the
+    // renew deadline, so a healthy loop beats at least every deadline + retry period.
+    let beat_limit = (timing.lease_duration * 2 + timing.retry_period).max(Duration::from_secs(30));
     'campaign: loop {
         // Standby: try every retry period (jittered) until the Lease is ours.
         let mut sent = loop {
-            match elector.try_acquire_or_renew().await {
-                Ok(Attempt::Held { sent }) => break sent,
-                Ok(Attempt::Lost) => {}
-                Err(e) => warn!(
+            status.beat(beat_limit);
+            let attempt =
+                tokio::time::timeout(timing.renew_deadline, elector.try_acquire_or_renew());
+            match attempt.await {
+                Ok(Ok(Attempt::Held { sent })) => break sent,
+                Ok(Ok(Attempt::Lost)) => {}
+                Ok(Err(e)) => warn!(
                     "lease: acquiring failed: {e}; retrying in {:?}",
                     timing.retry_period
+                ),
+                Err(_) => warn!(
+                    "lease: no answer within {:?}; retrying in {:?}",
+                    timing.renew_deadline, timing.retry_period
                 ),
             }
             tokio::select! {
@@ -106,6 +118,7 @@ pub async fn run(
             }
             let deadline = sent + timing.renew_deadline;
             let left = deadline.saturating_duration_since(Instant::now());
+            status.beat(beat_limit);
             let renewed = tokio::time::timeout(left, elector.try_acquire_or_renew()).await;
             match renewed {
                 Ok(Ok(Attempt::Held { sent: s })) => {

@@ -4,6 +4,7 @@
 
 #![allow(dead_code, clippy::unwrap_used)] // test support: not every test uses every helper
 
+pub mod prometheus;
 pub mod replicas;
 
 use std::path::Path;
@@ -13,11 +14,14 @@ use devcluster::identity::REPLICA_GROUP;
 use devcluster::{ControlPlane, Identity, wait};
 use gpujob_operator::api::{GpuJob, LABEL_UID};
 use gpujob_operator::controller::{self, PlanSettings, Settings};
+use gpujob_operator::metrics::Metrics;
+use gpujob_operator::server::Status;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use std::sync::Arc;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -94,24 +98,29 @@ impl TestEnv {
     /// role, nothing more) with a User-Agent naming `identity`.
     pub async fn operator(&self, identity: &str, settings: Settings) -> Operator {
         let config = self.cluster.config(Identity::Replica(1)).await.unwrap();
-        let config = gpujob_operator::client::identify(config, identity).unwrap();
-        let client = Client::try_from(config).unwrap();
+        let status = Status::new(Metrics::new());
+        // The operator's own client stack (identity, rate limit, request metrics).
+        let client = gpujob_operator::client::build(
+            config,
+            identity,
+            Default::default(),
+            Some(status.metrics.clone()),
+            None,
+        )
+        .unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
+        let run_status = status.clone();
         let handle = tokio::spawn(async move {
-            controller::run_unfenced(
-                client,
-                settings,
-                gpujob_operator::metrics::Metrics::new(),
-                async {
-                    let _ = stopped.await;
-                },
-            )
+            controller::run_unfenced(client, settings, run_status, async {
+                let _ = stopped.await;
+            })
             .await
             .expect("operator run");
         });
         Operator {
             handle: Some(handle),
             stop: Some(stop),
+            status,
         }
     }
 
@@ -147,6 +156,25 @@ impl TestEnv {
         )
         .await
         .unwrap()
+    }
+
+    /// Waits until the namespace's GpuJobs (all of them, listed) satisfy `pred`.
+    pub async fn wait_gpujobs(
+        &self,
+        what: &str,
+        within: Duration,
+        pred: impl Fn(&[GpuJob]) -> bool,
+    ) -> Result<Vec<GpuJob>, devcluster::Error> {
+        let api = self.gpujobs();
+        let pred = &pred;
+        wait::until(what, within, Duration::from_millis(250), || {
+            let api = api.clone();
+            async move {
+                let list = api.list(&ListParams::default()).await.ok()?;
+                pred(&list.items).then_some(list.items)
+            }
+        })
+        .await
     }
 
     /// What the namespace holds, for failure messages: GpuJob phases, Job conditions,
@@ -248,6 +276,8 @@ async fn grant_operator_role_to_replicas(admin: &Client) {
 pub struct Operator {
     handle: Option<JoinHandle<()>>,
     stop: Option<oneshot::Sender<()>>,
+    /// What its /metrics would serve.
+    pub status: Arc<Status>,
 }
 
 impl Operator {

@@ -122,6 +122,12 @@ pub fn start_with(
             "4s",
         ])
         .args(extra)
+        // Three replicas on one machine: each its own port (unless the test chose one).
+        .args(if extra.contains(&"--listen-address") {
+            &[][..]
+        } else {
+            &["--listen-address", "127.0.0.1:0"][..]
+        })
         .env("KUBECONFIG", cluster.kubeconfig(Identity::Replica(n)))
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())

@@ -1,0 +1,65 @@
+//! What a scrape of /metrics costs with 10,000 GpuJobs cached: the domain snapshot over
+//! the cache plus the text encoding. Run: `cargo bench -p gpujob-benches --bench metrics`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use gpujob_operator::api::{GpuJob, GpuJobStatus, Phase};
+use gpujob_operator::controller::domain::{FirstSeen, snapshot};
+use gpujob_operator::metrics::Metrics;
+
+fn gpujobs(n: usize) -> Vec<GpuJob> {
+    (0..n)
+        .map(|i| {
+            let spec =
+                serde_json::from_value(serde_json::json!({"image": "i", "gpus": 1})).expect("spec");
+            let mut g = GpuJob::new(&format!("gj-{i}"), spec);
+            g.metadata.uid = Some(format!("uid-{i}"));
+            g.metadata.generation = Some(1);
+            let phase = [
+                Phase::Pending,
+                Phase::Running,
+                Phase::Succeeded,
+                Phase::Failed,
+            ][i % 4];
+            g.status = Some(GpuJobStatus {
+                phase: Some(phase),
+                observed_generation: Some(1),
+                ..Default::default()
+            });
+            g
+        })
+        .collect()
+}
+
+fn scrape(c: &mut Criterion) {
+    let all = gpujobs(10_000);
+    let metrics = Metrics::new();
+    let mut seen = FirstSeen::new();
+    let now = jiff::Timestamp::now();
+    let body = {
+        let snap = snapshot(all.iter(), now, Duration::from_secs(600), &mut seen);
+        metrics.set_domain(Some(&snap));
+        metrics.encode()
+    };
+    println!(
+        "/metrics body with 10,000 GpuJobs cached: {} bytes",
+        body.len()
+    );
+    c.bench_function("scrape/10k_gpujobs", |b| {
+        b.iter(|| {
+            let snap = snapshot(
+                black_box(all.iter()),
+                now,
+                Duration::from_secs(600),
+                &mut seen,
+            );
+            metrics.set_domain(Some(&snap));
+            black_box(metrics.encode())
+        })
+    });
+}
+
+criterion_group!(benches, scrape);
+criterion_main!(benches);

@@ -1,0 +1,244 @@
+//! The HTTP server of every replica, up before leadership is won and on standbys:
+//! `GET /metrics` (Prometheus text), `GET /healthz` (liveness: the runtime answers and
+//! the lease loop is not wedged), `GET /readyz` (caches synced; standbys are ready too).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::time::Instant;
+use tracing::info;
+
+use crate::metrics::Metrics;
+
+type Hook = Box<dyn Fn() + Send + Sync>;
+
+/// What the server reports, shared with the controller and the lease loop.
+pub struct Status {
+    pub metrics: Metrics,
+    ready: AtomicBool,
+    /// Last sign of life of the lease loop, and how old it may get (None: no election).
+    heartbeat: Mutex<Option<(Instant, Duration)>>,
+    before_scrape: Mutex<Vec<Hook>>,
+}
+
+impl std::fmt::Debug for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Status")
+            .field("ready", &self.ready.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Status {
+    pub fn new(metrics: Metrics) -> Arc<Status> {
+        Arc::new(Status {
+            metrics,
+            ready: AtomicBool::new(false),
+            heartbeat: Mutex::new(None),
+            before_scrape: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The caches hold a full list: the replica is ready (leading or not).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// The lease loop is alive; it must beat again within `limit`.
+    pub fn beat(&self, limit: Duration) {
+        if let Ok(mut h) = self.heartbeat.lock() {
+            *h = Some((Instant::now(), limit));
+        }
+    }
+
+    /// `Err` with the reason when the lease loop has not beaten in time.
+    pub fn check_health(&self) -> Result<(), String> {
+        let beat = self.heartbeat.lock().map(|h| *h).unwrap_or(None);
+        match beat {
+            Some((at, limit)) if at.elapsed() > limit => Err(format!(
+                "lease loop silent for {:?} (limit {limit:?})",
+                at.elapsed()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs before every scrape (gauges that depend on the time of asking).
+    pub fn on_scrape(&self, hook: impl Fn() + Send + Sync + 'static) {
+        if let Ok(mut hooks) = self.before_scrape.lock() {
+            hooks.push(Box::new(hook));
+        }
+    }
+
+    pub fn render_metrics(&self) -> String {
+        if let Ok(hooks) = self.before_scrape.lock() {
+            for hook in hooks.iter() {
+                hook();
+            }
+        }
+        self.metrics.encode()
+    }
+}
+
+pub fn router(status: Arc<Status>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(status)
+}
+
+async fn metrics(State(status): State<Arc<Status>>) -> Response {
+    let body = status.render_metrics();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn healthz(State(status): State<Arc<Status>>) -> Response {
+    match status.check_health() {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn readyz(State(status): State<Arc<Status>>) -> Response {
+    if status.is_ready() {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet\n").into_response()
+    }
+}
+
+/// Binds `addr` and serves until `shutdown` resolves. Returns the bound address through
+/// `bound` (useful with port 0).
+pub async fn serve(
+    addr: SocketAddr,
+    status: Arc<Status>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    bound: impl FnOnce(SocketAddr),
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding the metrics and probe server to {addr}: {e}"))?;
+    let local = listener.local_addr()?;
+    info!(address = %local, "serving /metrics, /healthz and /readyz");
+    bound(local);
+    axum::serve(listener, router(status))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use http::Request;
+    use tower::ServiceExt;
+
+    async fn get_path(status: &Arc<Status>, path: &str) -> (StatusCode, String) {
+        let res = router(status.clone())
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let code = res.status();
+        let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (code, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_the_caches() {
+        let status = Status::new(Metrics::new());
+        assert_eq!(
+            get_path(&status, "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        status.set_ready(true);
+        assert_eq!(
+            get_path(&status, "/readyz").await,
+            (StatusCode::OK, "ok\n".into())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn healthz_fails_when_the_lease_loop_is_wedged() {
+        let status = Status::new(Metrics::new());
+        assert_eq!(
+            get_path(&status, "/healthz").await.0,
+            StatusCode::OK,
+            "no election: healthy"
+        );
+        status.beat(Duration::from_secs(30));
+        tokio::time::advance(Duration::from_secs(29)).await;
+        assert_eq!(get_path(&status, "/healthz").await.0, StatusCode::OK);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let (code, body) = get_path(&status, "/healthz").await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("lease loop silent"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn metrics_run_the_scrape_hooks_and_render_text() {
+        let status = Status::new(Metrics::new());
+        let m = status.metrics.clone();
+        status.on_scrape(move || m.unconverged.set(7));
+        let (code, body) = get_path(&status, "/metrics").await;
+        assert_eq!(code, StatusCode::OK);
+        assert!(body.contains("gpujob_unconverged 7"), "{body}");
+        assert!(body.contains("# TYPE workqueue_depth gauge"));
+    }
+
+    #[tokio::test]
+    async fn serves_over_a_real_socket() {
+        let status = Status::new(Metrics::new());
+        status.set_ready(true);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            "127.0.0.1:0".parse().unwrap(),
+            status,
+            async {
+                let _ = stopped.await;
+            },
+            move |a| {
+                let _ = tx.send(a);
+            },
+        ));
+        let addr = rx.await.unwrap();
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        stream
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await.unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+}

@@ -1,0 +1,84 @@
+//! The metrics a replica serves, checked after known actions against the real API server.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod support;
+
+use devcluster::metrics::Metrics as Scrape;
+use gpujob_operator::api::Phase;
+use serde_json::json;
+use support::{TestEnv, phase, sim_env};
+
+#[tokio::test]
+async fn counters_and_gauges_follow_what_happened() {
+    let env = TestEnv::new("metrics").await;
+    let op = env.operator("metrics", env.settings()).await;
+    env.create(
+        "ok",
+        json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "0.5")])}),
+    )
+    .await;
+    env.create(
+        "bad",
+        json!({"image": "i", "gpus": 1, "maxRetries": 1, "env": sim_env(&[("SIM_EXIT_CODE", "2"), ("SIM_DURATION_SECONDS", "0.5")])}),
+    )
+    .await;
+    env.wait_gpujob("ok", "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
+        .await;
+    env.wait_gpujob("bad", "Failed", |g| phase(g) == Some(Phase::Failed))
+        .await;
+
+    // Parse what /metrics would serve (the scrape hooks run, as on a real scrape).
+    let text = op.status.render_metrics();
+    let m = Scrape::parse(&text).unwrap();
+    let value = |name: &str, labels: &[(&str, &str)]| m.sum(name, labels);
+    assert_eq!(
+        value("gpujob_gpujobs", &[("phase", "Succeeded")]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(value("gpujob_gpujobs", &[("phase", "Failed")]), 1.0);
+    assert_eq!(value("gpujob_gpujobs", &[("phase", "Running")]), 0.0);
+    assert_eq!(value("gpujob_unconverged", &[]), 0.0);
+    // One attempt for "ok", two for "bad" (maxRetries 1); both of "bad" failed.
+    assert_eq!(value("gpujob_attempts_started_total", &[]), 3.0);
+    assert_eq!(value("gpujob_attempts_failed_total", &[]), 2.0);
+    // Every Job create went through the client: three 201s on POST.
+    assert_eq!(
+        value(
+            "rest_client_requests_total",
+            &[("code", "201"), ("method", "POST")]
+        ),
+        3.0
+    );
+    assert!(
+        value(
+            "rest_client_requests_total",
+            &[("code", "200"), ("method", "PATCH")]
+        ) >= 4.0,
+        "status patches"
+    );
+    assert!(
+        value(
+            "controller_runtime_reconcile_total",
+            &[("result", "success")]
+        ) >= 2.0
+    );
+    assert!(
+        value(
+            "controller_runtime_reconcile_total",
+            &[("result", "requeue_after")]
+        ) >= 1.0,
+        "the backoff"
+    );
+    assert_eq!(value("controller_runtime_reconcile_errors_total", &[]), 0.0);
+    assert!(value("workqueue_adds_total", &[]) >= 2.0);
+    assert!(value("workqueue_work_duration_seconds_count", &[]) >= 2.0);
+    assert_eq!(
+        value("leader_election_master_status", &[("name", "gpujob")]),
+        1.0,
+        "alone, it leads"
+    );
+    assert!(value("rest_client_rate_limiter_duration_seconds_count", &[]) >= 3.0);
+    op.stop().await;
+}
