@@ -21,11 +21,11 @@ alerts/check.sh
 
 step "format and lint"
 cargo fmt --all --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
 step "build"
-cargo build --workspace --locked --bins
-cargo nextest run --workspace --exclude gpujob-benches --locked --no-run
+cargo build -p devcluster --locked --bins
+cargo nextest run --workspace --exclude gpujob-benches --features gpujob-operator/failpoints --locked --no-run
 
 step "shared control plane"
 state="$cache/test-cluster"
@@ -42,4 +42,4 @@ wait_cluster "$state" "$log" "$up_pid"
 export DEVCLUSTER_DIR="$state"
 
 step "tests"
-cargo nextest run --workspace --exclude gpujob-benches --locked "$@"
+cargo nextest run --workspace --exclude gpujob-benches --features gpujob-operator/failpoints --locked "$@"

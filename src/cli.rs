@@ -8,6 +8,7 @@ use crate::client::Limits;
 use crate::controller::{PlanSettings, Settings};
 use crate::lease::Timing;
 use crate::queue::Backoff;
+use crate::quota::{HttpProvider, HttpSettings, Provider};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -26,6 +27,12 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Print the GpuJob CustomResourceDefinition (what deploy/crd.yaml holds).
     Crd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum QuotaKind {
+    None,
+    Http,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -65,6 +72,28 @@ pub struct RunArgs {
     /// refused quota or invalid) counts as unconverged in the metrics.
     #[arg(long, env = "GPUJOB_UNCONVERGED_AFTER", default_value = "10m", value_parser = parse_duration)]
     pub unconverged_after: Duration,
+    /// Most GPUs one GpuJob may request; a larger request is an invalid spec.
+    #[arg(long, env = "GPUJOB_MAX_GPUS_PER_JOB", default_value_t = 64, value_parser = clap::value_parser!(i32).range(1..=64))]
+    pub max_gpus_per_job: i32,
+    /// Where GPU quota is reserved before a GpuJob runs: `none`, or `http` (the REST
+    /// contract of docs/quota-api.md at --quota-url).
+    #[arg(long, env = "GPUJOB_QUOTA_PROVIDER", value_enum, default_value_t = QuotaKind::None)]
+    pub quota_provider: QuotaKind,
+    /// Base URL of the quota service (`http(s)://host[:port][/prefix]`).
+    #[arg(long, env = "GPUJOB_QUOTA_URL")]
+    pub quota_url: Option<String>,
+    /// File holding the bearer token sent to the quota service (re-read on every call).
+    #[arg(long, env = "GPUJOB_QUOTA_TOKEN_FILE")]
+    pub quota_token_file: Option<std::path::PathBuf>,
+    /// PEM bundle of CAs to trust for an https quota service (default: system roots).
+    #[arg(long, env = "GPUJOB_QUOTA_CA_FILE")]
+    pub quota_ca_file: Option<std::path::PathBuf>,
+    /// Timeout of each call to the quota service.
+    #[arg(long, env = "GPUJOB_QUOTA_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub quota_timeout: Duration,
+    /// How long releasing quota may keep failing before the GpuJob says CleanupStuck.
+    #[arg(long, env = "GPUJOB_CLEANUP_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    pub cleanup_timeout: Duration,
     /// Log format.
     #[arg(long, env = "GPUJOB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -109,6 +138,30 @@ impl RunArgs {
             .or_else(|| std::env::var("HOSTNAME").ok())
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "gpujob-operator".to_owned())
+    }
+
+    /// The quota provider, checked (an `http` provider needs a URL). Needs the rustls
+    /// crypto provider installed.
+    pub fn quota(&self) -> Result<Provider, String> {
+        match self.quota_provider {
+            QuotaKind::None => Ok(Provider::None),
+            QuotaKind::Http => {
+                let url = self
+                    .quota_url
+                    .clone()
+                    .ok_or("--quota-provider=http needs --quota-url (GPUJOB_QUOTA_URL)")?;
+                let settings = HttpSettings {
+                    base_url: url,
+                    token_file: self.quota_token_file.clone(),
+                    ca_file: self.quota_ca_file.clone(),
+                    timeout: self.quota_timeout,
+                    user_agent: crate::client::user_agent(&self.identity()),
+                };
+                HttpProvider::new(settings)
+                    .map(Provider::Http)
+                    .map_err(|e| e.to_string())
+            }
+        }
     }
 
     pub fn lease_namespace(&self) -> String {
@@ -164,7 +217,11 @@ impl RunArgs {
                 backoff_base: self.retry_backoff_base,
                 backoff_max: self.retry_backoff_max,
                 keep_jobs: self.keep_jobs,
+                max_gpus: self.max_gpus_per_job,
             },
+            identity: self.identity(),
+            quota: self.quota()?,
+            cleanup_timeout: self.cleanup_timeout,
             resync: self.resync,
             unconverged_after: self.unconverged_after,
             retry: Backoff {

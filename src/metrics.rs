@@ -293,6 +293,7 @@ impl Metrics {
             self.waiting.with_label_values(&[reason]).set(n);
         }
         self.unconverged.set(snap.unconverged);
+        self.cleanup_stuck.set(snap.cleanup_stuck);
         self.unconverged_oldest
             .set(snap.oldest_unconverged.as_secs_f64());
     }

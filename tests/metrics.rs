@@ -28,6 +28,8 @@ async fn counters_and_gauges_follow_what_happened() {
     env.wait_gpujob("bad", "Failed", |g| phase(g) == Some(Phase::Failed))
         .await;
 
+    // The last Events follow the last status patch.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     // Parse what /metrics would serve (the scrape hooks run, as on a real scrape).
     let text = op.status.render_metrics();
     let m = Scrape::parse(&text).unwrap();
@@ -43,14 +45,25 @@ async fn counters_and_gauges_follow_what_happened() {
     // One attempt for "ok", two for "bad" (maxRetries 1); both of "bad" failed.
     assert_eq!(value("gpujob_attempts_started_total", &[]), 3.0);
     assert_eq!(value("gpujob_attempts_failed_total", &[]), 2.0);
-    // Every Job create went through the client: three 201s on POST.
+    // Every write went through the client: three Job creates and the Events (attempt
+    // started ×3, attempt failed ×2, retrying, succeeded, failed), all 201s on POST.
+    let events = env
+        .cluster
+        .audit()
+        .all()
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.user_agent == TestEnv::agent("metrics") && e.namespace == env.ns)
+        .filter(|e| e.resource == "events" && e.verb == "create" && e.code == 201)
+        .count();
     assert_eq!(
         value(
             "rest_client_requests_total",
             &[("code", "201"), ("method", "POST")]
         ),
-        3.0
+        (3 + events) as f64
     );
+    assert!(events >= 5, "Events were recorded: {events}");
     assert!(
         value(
             "rest_client_requests_total",
@@ -64,13 +77,8 @@ async fn counters_and_gauges_follow_what_happened() {
             &[("result", "success")]
         ) >= 2.0
     );
-    assert!(
-        value(
-            "controller_runtime_reconcile_total",
-            &[("result", "requeue_after")]
-        ) >= 1.0,
-        "the backoff"
-    );
+    // (Whether a reconcile fell inside the 1 s backoff, counting "requeue_after",
+    // depends on how fast the cluster reported the failure, so it is not asserted.)
     assert_eq!(value("controller_runtime_reconcile_errors_total", &[]), 0.0);
     assert!(value("workqueue_adds_total", &[]) >= 2.0);
     assert!(value("workqueue_work_duration_seconds_count", &[]) >= 2.0);

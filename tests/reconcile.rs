@@ -282,10 +282,18 @@ async fn two_writes_per_gpujob_to_running_and_none_when_converged() {
         (N, N, 0),
         "writes: {writes:#?}"
     );
+    // Besides those, only the "AttemptStarted" Event of each GpuJob (Events are for
+    // people, not part of the control loop's writes).
+    let (events, control): (Vec<_>, Vec<_>) = writes.iter().partition(|e| e.resource == "events");
     assert_eq!(
-        writes.len(),
+        control.len(),
         2 * N,
-        "2.0 writes per GpuJob, nothing else: {writes:#?}"
+        "2.0 writes per GpuJob, nothing else: {control:#?}"
+    );
+    assert_eq!(
+        events.len(),
+        N,
+        "one Event per started attempt: {events:#?}"
     );
 
     // Converged: forced reconciles (annotation changes), duplicate Job events (label
@@ -436,65 +444,98 @@ async fn a_253_character_name_gets_valid_unique_job_names_and_labels() {
 }
 
 #[tokio::test]
-async fn a_job_the_api_server_refuses_is_reported_once_and_waits_for_a_spec_change() {
+async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed() {
     let env = TestEnv::new("invalid").await;
     let identity = "invalid";
     let audit = env.cluster.audit();
     let start = audit.cursor().unwrap();
     let op = env.operator(identity, env.settings()).await;
-    // The schema cannot know that node selector keys must be label keys.
-    env.create(
-        "bad",
-        json!({"image": "i", "gpus": 1, "nodeSelector": {"not a label key!": "x"}}),
-    )
-    .await;
-    let refused = env
-        .wait_gpujob("bad", "InvalidSpec", |g| {
-            ready(g).is_some_and(|(_, r, _)| r == "InvalidSpec")
-        })
-        .await;
-    let status = refused.status.clone().unwrap();
-    assert_eq!(status.phase, Some(Phase::Pending));
-    assert_eq!(status.attempts, 0);
-    assert!(
-        status.last_error.unwrap().contains("nodeSelector"),
-        "the message names the field"
-    );
-    assert_eq!(status.observed_generation, refused.metadata.generation);
+    // What the schema cannot express; the test operator allows at most 8 GPUs.
+    let cases = [
+        (
+            "image",
+            json!({"image": "Registry/UPPER:case", "gpus": 1}),
+            "spec.image",
+            json!({"spec": {"image": "registry/lower:case"}}),
+        ),
+        (
+            "env",
+            json!({"image": "i", "gpus": 1, "env": [{"name": "1 BAD", "value": "x"}]}),
+            "spec.env[0].name",
+            json!({"spec": {"env": [{"name": "GOOD", "value": "x"}]}}),
+        ),
+        (
+            "gpus",
+            json!({"image": "i", "gpus": 16}),
+            "spec.gpus",
+            json!({"spec": {"gpus": 8}}),
+        ),
+        (
+            "selector",
+            json!({"image": "i", "gpus": 1, "nodeSelector": {"not a label key!": "x"}}),
+            "spec.nodeSelector",
+            json!({"spec": {"nodeSelector": {"not a label key!": null, "gpu": "a100"}}}),
+        ),
+    ];
+    for (name, spec, _, _) in &cases {
+        env.create(name, spec.clone()).await;
+    }
+    for (name, _, field, _) in &cases {
+        let refused = env
+            .wait_gpujob(name, "InvalidSpec", |g| {
+                ready(g).is_some_and(|(_, r, _)| r == "InvalidSpec")
+            })
+            .await;
+        let status = refused.status.clone().unwrap();
+        assert_eq!(status.phase, Some(Phase::Pending), "{name}");
+        assert_eq!(status.attempts, 0, "{name}");
+        let (_, _, message) = ready(&refused).unwrap();
+        assert!(
+            message.contains(field),
+            "{name}: the message names {field}: {message}"
+        );
+        assert_eq!(status.observed_generation, refused.metadata.generation);
+    }
 
-    // No hot loop: poke it and wait; still exactly one refused create.
+    // No hot loop: poke them and wait; no Job was ever tried, one Warning Event each.
     let pp = PatchParams::default();
-    env.gpujobs()
-        .patch(
-            "bad",
-            &pp,
-            &Patch::Merge(json!({"metadata": {"annotations": {"poke": "1"}}})),
-        )
-        .await
-        .unwrap();
+    for (name, _, _, _) in &cases {
+        let poke = json!({"metadata": {"annotations": {"poke": "1"}}});
+        env.gpujobs()
+            .patch(name, &pp, &Patch::Merge(poke))
+            .await
+            .unwrap();
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let agent = TestEnv::agent(identity);
-    let creates: Vec<_> = operator_writes(&audit.since(start).unwrap(), &agent, &env.ns)
-        .into_iter()
-        .filter(|e| e.resource == "jobs" && e.verb == "create")
-        .collect();
-    assert_eq!(creates.len(), 1, "{creates:#?}");
-    assert_eq!(creates[0].code, 422);
+    let writes = operator_writes(&audit.since(start).unwrap(), &agent, &env.ns);
+    let creates = writes.iter().filter(|e| e.resource == "jobs").count();
+    assert_eq!(creates, 0, "{writes:#?}");
+    let events: Vec<_> = writes.iter().filter(|e| e.resource == "events").collect();
+    assert_eq!(
+        events.len(),
+        cases.len(),
+        "one InvalidSpec Event per GpuJob, no storm: {events:#?}"
+    );
+    let status_patches = writes.iter().filter(|e| e.subresource == "status").count();
+    assert_eq!(
+        status_patches,
+        cases.len(),
+        "reported once, not again on every look: {writes:#?}"
+    );
 
     // Fixing the spec recovers without a restart.
-    env.gpujobs()
-        .patch(
-            "bad",
-            &pp,
-            &Patch::Merge(
-                json!({"spec": {"nodeSelector": {"not a label key!": null, "gpu": "a100"}}}),
-            ),
-        )
-        .await
-        .unwrap();
-    let fixed = env
-        .wait_gpujob("bad", "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
-        .await;
-    assert_eq!(fixed.status.unwrap().attempts, 1);
+    for (name, _, _, fix) in &cases {
+        env.gpujobs()
+            .patch(name, &pp, &Patch::Merge(fix.clone()))
+            .await
+            .unwrap();
+    }
+    for (name, _, _, _) in &cases {
+        let fixed = env
+            .wait_gpujob(name, "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
+            .await;
+        assert_eq!(fixed.status.unwrap().attempts, 1, "{name}");
+    }
     op.stop().await;
 }

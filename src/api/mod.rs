@@ -6,7 +6,7 @@ mod spec;
 mod status;
 
 pub use crd::crd_yaml;
-pub use spec::{EnvVar, GpuJob, GpuJobSpec};
+pub use spec::{EnvVar, GpuJob, GpuJobSpec, UpdatePolicy};
 pub use status::{Condition, ConditionStatus, FailureRecord, GpuJobStatus, Phase};
 
 /// API group of every label, annotation and finalizer the operator owns.
@@ -19,5 +19,31 @@ pub const LABEL_UID: &str = "gpujob.dev/uid";
 pub const LABEL_ATTEMPT: &str = "gpujob.dev/attempt";
 /// Container env var holding the attempt number.
 pub const ENV_ATTEMPT: &str = "GPUJOB_ATTEMPT";
+/// Annotation on Jobs: the GpuJob generation the Job was built from.
+pub const ANNOTATION_GENERATION: &str = "gpujob.dev/generation";
+/// Finalizer held while an external quota reservation may exist.
+pub const FINALIZER_QUOTA: &str = "gpujob.dev/quota-release";
+/// Annotation that lets deletion finish without releasing the quota reservation.
+pub const ANNOTATION_SKIP_RELEASE: &str = "gpujob.dev/skip-quota-release";
 /// The extended resource GPUs are requested as.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+impl GpuJob {
+    /// Whether the GpuJob holds the quota finalizer.
+    pub fn holds_quota_finalizer(&self) -> bool {
+        self.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER_QUOTA)
+    }
+
+    /// Condition `type_` of the status, if any.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+    }
+}

@@ -55,6 +55,24 @@ pub struct GpuJobSpec {
     /// Service account the attempt's pod runs as; the namespace's default when empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
+    /// What a spec change does to a running attempt: `Recreate` (default) replaces it
+    /// with a new attempt on the new spec (not counted as a failure); `OnNextAttempt`
+    /// lets it run and applies the change to the next attempt, if any.
+    #[serde(default, skip_serializing_if = "UpdatePolicy::is_default")]
+    pub update_policy: UpdatePolicy,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum UpdatePolicy {
+    #[default]
+    Recreate,
+    OnNextAttempt,
+}
+
+impl UpdatePolicy {
+    fn is_default(&self) -> bool {
+        *self == UpdatePolicy::Recreate
+    }
 }
 
 fn default_max_retries() -> i32 {

@@ -35,6 +35,19 @@ pub struct GpuJobStatus {
     /// The most recent failed attempt, as observed from its Job and pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<FailureRecord>,
+    /// The external GPU quota reservation held for this GpuJob (recorded before any Job
+    /// exists; cleared once released).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
+    /// Since when releasing the reservation has been failing (cleanup is retried; past
+    /// the cleanup timeout, condition CleanupStuck).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub release_failing_since: Option<Timestamp>,
+    /// The attempt being replaced because of a spec change (its Job is being deleted;
+    /// this is not a failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacing_attempt: Option<i32>,
     /// When the first attempt's Job was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>")]

@@ -12,10 +12,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::error::{Error, api_code};
+use super::events::{Kind, Note};
 use super::job::is_controlled_by;
 use super::status::merge_patch;
 use crate::api::{GpuJob, GpuJobStatus};
 use crate::lease::Ownership;
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 /// Field manager recorded on every write.
 pub const FIELD_MANAGER: &str = "gpujob-operator";
@@ -27,6 +30,7 @@ pub const FIELD_MANAGER: &str = "gpujob-operator";
 pub struct Writer {
     client: Client,
     ownership: watch::Receiver<Ownership>,
+    recorder: Recorder,
 }
 
 impl std::fmt::Debug for Writer {
@@ -49,8 +53,76 @@ pub enum Created {
 }
 
 impl Writer {
-    pub fn new(client: Client, ownership: watch::Receiver<Ownership>) -> Writer {
-        Writer { client, ownership }
+    pub fn new(client: Client, ownership: watch::Receiver<Ownership>, identity: &str) -> Writer {
+        let reporter = Reporter {
+            controller: "gpujob-operator".to_owned(),
+            instance: Some(identity.to_owned()),
+        };
+        Writer {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            ownership,
+        }
+    }
+
+    /// Publishes Events on the GpuJob. An Event that cannot be written is logged and
+    /// dropped: it must never hold up the work it describes.
+    pub async fn publish(&self, gj: &GpuJob, notes: &[Note]) {
+        if notes.is_empty() || self.fence().is_err() {
+            return;
+        }
+        let reference = gj.object_ref(&());
+        for n in notes {
+            let event = Event {
+                type_: match n.kind {
+                    Kind::Normal => EventType::Normal,
+                    Kind::Warning => EventType::Warning,
+                },
+                reason: n.reason.to_owned(),
+                note: Some(n.note.chars().take(1000).collect()),
+                action: n.reason.to_owned(),
+                secondary: None,
+            };
+            if let Err(e) = self.recorder.publish(&event, &reference).await {
+                tracing::warn!(
+                    reason = n.reason,
+                    "cannot record an Event on the GpuJob: {e}; continuing without it"
+                );
+            }
+        }
+    }
+
+    /// Adds or removes a finalizer: one merge patch of `metadata.finalizers`, carrying
+    /// the resourceVersion it was computed from.
+    pub async fn set_finalizer(
+        &self,
+        gj: &GpuJob,
+        finalizer: &str,
+        present: bool,
+    ) -> Result<GpuJob, Error> {
+        let ns = gj.metadata.namespace.as_deref().unwrap_or_default();
+        let name = gj.metadata.name.as_deref().unwrap_or_default();
+        let mut finalizers: Vec<String> = gj.metadata.finalizers.clone().unwrap_or_default();
+        finalizers.retain(|f| f != finalizer);
+        if present {
+            finalizers.push(finalizer.to_owned());
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": gj.metadata.resource_version, "finalizers": finalizers},
+        });
+        let api: Api<GpuJob> = Api::namespaced(self.client.clone(), ns);
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        self.fence()?;
+        match api.patch(name, &pp, &Patch::Merge(&patch)).await {
+            Ok(updated) => Ok(updated),
+            Err(e) if api_code(&e) == Some(409) => Err(Error::Conflict {
+                what: format!("GpuJob {ns}/{name}"),
+            }),
+            Err(e) => Err(self.failed("patch_finalizers", e)),
+        }
     }
 
     fn fence(&self) -> Result<(), Error> {
@@ -107,10 +179,15 @@ impl Writer {
         name: &str,
         uid: &str,
         resource_version: &str,
+        foreground: bool,
     ) -> Result<(), Error> {
         let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
         let dp = DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Background),
+            propagation_policy: Some(if foreground {
+                PropagationPolicy::Foreground
+            } else {
+                PropagationPolicy::Background
+            }),
             preconditions: Some(Preconditions {
                 uid: Some(uid.to_owned()),
                 resource_version: Some(resource_version.to_owned()),

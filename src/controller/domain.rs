@@ -21,6 +21,8 @@ pub struct Snapshot {
     pub waiting: BTreeMap<&'static str, i64>,
     pub unconverged: i64,
     pub oldest_unconverged: Duration,
+    /// GpuJobs whose quota release keeps failing past the cleanup timeout.
+    pub cleanup_stuck: i64,
 }
 
 /// When this replica first saw each GpuJob's current generation unprocessed (keyed by
@@ -42,6 +44,13 @@ pub fn snapshot<'a>(
     };
     let mut seen_now = FirstSeen::new();
     for gj in gpujobs {
+        let stuck = gj
+            .status
+            .as_ref()
+            .and_then(|s| condition(s, "CleanupStuck"));
+        if stuck.is_some_and(|c| c.status == crate::api::ConditionStatus::True) {
+            snap.cleanup_stuck += 1;
+        }
         if gj.metadata.deletion_timestamp.is_some() {
             continue;
         }

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 /// Every label [`Error::metric_label`] can return; metrics are created with these at zero.
-pub const ERROR_LABELS: [&str; 8] = [
+pub const ERROR_LABELS: [&str; 10] = [
     "read_job",
     "read_pods",
     "create_job",
@@ -10,6 +10,8 @@ pub const ERROR_LABELS: [&str; 8] = [
     "conflict",
     "serialize",
     "not_leader",
+    "quota",
+    "patch_finalizers",
 ];
 
 /// Why a reconcile did not finish. Each variant has a stable short label for metrics and
@@ -35,6 +37,8 @@ pub enum Error {
     },
     #[error("not leader (lease lost or past its renew deadline); the write was not sent")]
     NotLeader,
+    #[error("{0}")]
+    Quota(#[from] crate::quota::QuotaError),
 }
 
 fn describe(action: &str) -> &'static str {
@@ -44,6 +48,7 @@ fn describe(action: &str) -> &'static str {
         "create_job" => "creating the attempt's Job",
         "delete_job" => "deleting an old attempt's Job",
         "patch_status" => "patching the GpuJob status",
+        "patch_finalizers" => "patching the GpuJob finalizers",
         _ => "an API call",
     }
 }
@@ -60,6 +65,7 @@ impl Error {
             Error::Conflict { .. } => "conflict",
             Error::Serialize { .. } => "serialize",
             Error::NotLeader => "not_leader",
+            Error::Quota(_) => "quota",
         }
     }
 
@@ -93,6 +99,7 @@ mod tests {
             "create_job",
             "delete_job",
             "patch_status",
+            "patch_finalizers",
         ] {
             assert!(ERROR_LABELS.contains(&label));
             assert_ne!(describe(label), "an API call", "{label}");

@@ -11,7 +11,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
-use crate::api::{ENV_ATTEMPT, GPU_RESOURCE, GpuJob, LABEL_ATTEMPT, LABEL_NAME, LABEL_UID};
+use crate::api::{
+    ANNOTATION_GENERATION, ENV_ATTEMPT, GPU_RESOURCE, GpuJob, LABEL_ATTEMPT, LABEL_NAME, LABEL_UID,
+};
 use crate::hash::fnv1a64;
 
 /// Longest Job name: the Job controller copies it into the pods' `job-name` label, whose
@@ -108,6 +110,11 @@ pub fn desired_job(gpujob: &GpuJob, attempt: i32) -> Job {
             name: Some(job_name(&gpujob.name_any_or_empty(), attempt)),
             namespace: gpujob.metadata.namespace.clone(),
             labels: Some(labels.clone()),
+            // Which spec this attempt runs: a later spec change is seen against it.
+            annotations: gpujob
+                .metadata
+                .generation
+                .map(|g| BTreeMap::from([(ANNOTATION_GENERATION.to_owned(), g.to_string())])),
             owner_references: Some(vec![owner_reference(gpujob)]),
             ..ObjectMeta::default()
         },
@@ -164,6 +171,16 @@ pub fn is_controlled_by(job: &Job, uid: &str) -> bool {
         .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == "GpuJob")
 }
 
+/// The GpuJob generation a Job was built from, from its annotation.
+pub fn generation_of(job: &Job) -> Option<i64> {
+    job.metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_GENERATION)?
+        .parse()
+        .ok()
+}
+
 /// The attempt number a Job runs, from its label.
 pub fn attempt_of(job: &Job) -> Option<i32> {
     job.metadata
@@ -212,6 +229,7 @@ mod tests {
                 active_deadline_seconds: Some(600),
                 node_selector: BTreeMap::from([("gpu".into(), "a100".into())]),
                 service_account_name: None,
+                update_policy: Default::default(),
             },
         );
         g.metadata.namespace = Some("team-a".into());

@@ -4,12 +4,15 @@ pub mod apply;
 pub mod cache;
 pub mod domain;
 pub mod error;
+pub mod events;
 pub mod job;
 pub mod memory;
 mod observe;
 pub mod plan;
 mod reconcile;
+mod reservation;
 pub mod status;
+pub mod validate;
 
 use std::fmt;
 use std::future::Future;
@@ -28,10 +31,11 @@ use crate::api::{GpuJob, LABEL_UID};
 use crate::lease::Ownership;
 use crate::metrics::Metrics;
 use crate::queue::{Backoff, Queue};
+use crate::quota::Provider;
 use crate::server::Status;
 use error::Error;
 pub use plan::PlanSettings;
-pub use reconcile::reconcile;
+pub use reconcile::{Next, reconcile};
 use tokio::sync::watch;
 
 /// Where watch events and resyncs put keys: the work queue, while this replica owns
@@ -46,6 +50,12 @@ impl Intake {
     fn add(&self, key: Key) {
         if self.own.borrow().holds_any() {
             self.queue.add(key);
+        }
+    }
+
+    fn resync(&self, key: Key) {
+        if self.own.borrow().holds_any() {
+            self.queue.add_unless_backing_off(key);
         }
     }
 }
@@ -96,6 +106,12 @@ pub struct Settings {
     pub retry: Backoff,
     /// How long shutdown waits for in-flight reconciles.
     pub drain_timeout: Duration,
+    /// This replica's name (Events name it as the reporting instance).
+    pub identity: String,
+    /// Where GPU quota is reserved and released.
+    pub quota: Provider,
+    /// How long releasing quota may keep failing before the GpuJob says CleanupStuck.
+    pub cleanup_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -108,6 +124,9 @@ impl Default for Settings {
             unconverged_after: Duration::from_secs(600),
             retry: Backoff::default(),
             drain_timeout: Duration::from_secs(20),
+            identity: "gpujob-operator".to_owned(),
+            quota: Provider::None,
+            cleanup_timeout: Duration::from_secs(15 * 60),
         }
     }
 }
@@ -119,6 +138,7 @@ pub struct Context {
     pub jobs: cache::JobIndex,
     pub memory: memory::WriteMemory,
     pub writer: apply::Writer,
+    pub quota: Provider,
     pub settings: Settings,
     pub metrics: Metrics,
 }
@@ -182,7 +202,8 @@ pub async fn run(
         gpujobs,
         jobs: cache::JobIndex::default(),
         memory: memory::WriteMemory::default(),
-        writer: apply::Writer::new(client.clone(), ownership.clone()),
+        writer: apply::Writer::new(client.clone(), ownership.clone(), &settings.identity),
+        quota: settings.quota.clone(),
         settings,
         metrics,
     });
@@ -337,7 +358,9 @@ pub async fn run(
             loop {
                 tick.tick().await;
                 for gj in ctx.gpujobs.state() {
-                    queue.add(Key::of(&gj));
+                    // A GpuJob backing off (a failed call, refused quota) keeps its
+                    // backoff: a long quota shortage costs few calls.
+                    queue.resync(Key::of(&gj));
                 }
             }
         })
@@ -409,17 +432,21 @@ async fn worker(
         m.reconcile_time.observe(started.elapsed().as_secs_f64());
         match outcome {
             None => info!(gpujob = %key, "reconcile cancelled: ownership lost"),
-            Some(Ok(after)) => {
+            Some(Ok(Next::Done)) => {
                 queue.forget(&key);
-                let result = if after.is_some() {
-                    "requeue_after"
-                } else {
-                    "success"
-                };
-                m.reconcile_total.with_label_values(&[result]).inc();
-                if let Some(after) = after {
-                    queue.add_after(key.clone(), after);
-                }
+                m.reconcile_total.with_label_values(&["success"]).inc();
+            }
+            Some(Ok(Next::After(after))) => {
+                queue.forget(&key);
+                m.reconcile_total
+                    .with_label_values(&["requeue_after"])
+                    .inc();
+                queue.add_after(key.clone(), after);
+            }
+            Some(Ok(Next::Backoff)) => {
+                // Not an error, but waiting on the outside: the backoff keeps growing.
+                m.reconcile_total.with_label_values(&["requeue"]).inc();
+                queue.add_rate_limited(key.clone());
             }
             Some(Err(e)) => {
                 m.reconcile_total.with_label_values(&["error"]).inc();

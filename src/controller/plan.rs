@@ -1,6 +1,6 @@
 //! Pure decisions: `(GpuJob, its Jobs, the failed pod, now) -> Plan`. No client here;
-//! everything interesting (attempt numbering, retry timing, phase and conditions) is
-//! decided and unit-tested without a cluster.
+//! everything interesting (attempt numbering, retry timing, spec changes, phase and
+//! conditions) is decided and unit-tested without a cluster.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,9 +8,14 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
 
-use super::job::{attempt_of, desired_job, job_name};
-use super::status::{READY, seconds, set_condition};
-use crate::api::{ConditionStatus, FailureRecord, GpuJob, GpuJobStatus, Phase};
+use super::job::{attempt_of, desired_job, generation_of, job_name};
+use super::status::{READY, remove_condition, seconds, set_condition};
+use super::validate::validate;
+use crate::api::{ConditionStatus, FailureRecord, GpuJob, GpuJobStatus, Phase, UpdatePolicy};
+
+/// Condition: a spec change waits for the next attempt (OnNextAttempt), or could not be
+/// applied (the new spec is invalid).
+pub const SPEC_CHANGE_PENDING: &str = "SpecChangePending";
 
 /// Operator settings the plan depends on.
 #[derive(Debug, Clone)]
@@ -21,6 +26,8 @@ pub struct PlanSettings {
     pub backoff_max: Duration,
     /// Jobs of this many most recent attempts are kept for debugging; older ones deleted.
     pub keep_jobs: i32,
+    /// Most GPUs one GpuJob may ask for (semantic validation).
+    pub max_gpus: i32,
 }
 
 impl Default for PlanSettings {
@@ -30,6 +37,7 @@ impl Default for PlanSettings {
             backoff_base: Duration::from_secs(10),
             backoff_max: Duration::from_secs(360),
             keep_jobs: 3,
+            max_gpus: 64,
         }
     }
 }
@@ -53,6 +61,8 @@ pub struct Observed<'a> {
     pub termination: Option<Termination>,
     /// The API server refused the Job of this attempt; plan as if it was not started.
     pub refused: Option<Refusal>,
+    /// Attempts may start only once a quota reservation is recorded in status.
+    pub quota_required: bool,
     pub now: Timestamp,
 }
 
@@ -70,13 +80,18 @@ pub const INVALID_SPEC: &str = "InvalidSpec";
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
+    /// Write this status before the actions that follow (they depend on it being
+    /// recorded: a replaced attempt must never be taken for a failed one after a crash).
+    RecordStatus(Box<GpuJobStatus>),
     /// Create the Job of `attempt` (stable name: a second create is refused).
     CreateJob { attempt: i32, job: Box<Job> },
-    /// Delete an old attempt's Job, with uid and resourceVersion preconditions.
+    /// Delete a Job, with uid and resourceVersion preconditions. `foreground`: the Job
+    /// stays (deleting) until its pods are gone, so a replacement never overlaps them.
     DeleteJob {
         name: String,
         uid: String,
         resource_version: String,
+        foreground: bool,
     },
 }
 
@@ -152,224 +167,394 @@ pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
     let now = seconds(obs.now);
     let generation = gj.metadata.generation;
     let current = gj.status.clone().unwrap_or_default();
-    let mut next = current.clone();
-    next.observed_generation = generation;
-    let mut actions = Vec::new();
-    let mut requeue_after = None;
-
-    let by_attempt: BTreeMap<i32, &Job> = obs
-        .jobs
-        .iter()
-        .filter_map(|j| attempt_of(j).map(|a| (a, *j)))
-        .collect();
-    let newest_job = by_attempt.keys().next_back().copied().unwrap_or(0);
-    let mut attempt = current.attempts.max(newest_job);
-    let name = gj.metadata.name.clone().unwrap_or_default();
-
     if gj.metadata.deletion_timestamp.is_some() {
         // Being deleted: the garbage collector takes the Jobs; start nothing.
         return Plan {
-            actions,
+            actions: Vec::new(),
             status: current,
-            requeue_after,
+            requeue_after: None,
         };
     }
+    let mut p = Planner {
+        gj,
+        obs,
+        settings,
+        now,
+        generation,
+        name: gj.metadata.name.clone().unwrap_or_default(),
+        next: GpuJobStatus {
+            observed_generation: generation,
+            ..current.clone()
+        },
+        current,
+        actions: Vec::new(),
+        requeue_after: None,
+        by_attempt: obs
+            .jobs
+            .iter()
+            .filter_map(|j| attempt_of(j).map(|a| (a, *j)))
+            .collect(),
+        invalid: None,
+    };
+    p.run();
+    Plan {
+        actions: p.actions,
+        status: p.next,
+        requeue_after: p.requeue_after,
+    }
+}
 
-    let ready = |next: &mut GpuJobStatus, status, reason: &str, message: String| {
+/// One planning pass; its fields are what every step reads and writes.
+struct Planner<'a, 'o> {
+    gj: &'a GpuJob,
+    obs: &'a Observed<'o>,
+    settings: &'a PlanSettings,
+    now: Timestamp,
+    generation: Option<i64>,
+    name: String,
+    current: GpuJobStatus,
+    next: GpuJobStatus,
+    actions: Vec<Action>,
+    requeue_after: Option<Duration>,
+    by_attempt: BTreeMap<i32, &'a Job>,
+    /// Why no attempt may start for this generation (`InvalidSpec` and the field), if so.
+    invalid: Option<(&'static str, String)>,
+}
+
+impl Planner<'_, '_> {
+    fn ready(&mut self, status: ConditionStatus, reason: &str, message: String) {
         set_condition(
-            &mut next.conditions,
+            &mut self.next.conditions,
             READY,
             status,
             reason,
             message,
-            generation,
-            now,
+            self.generation,
+            self.now,
         );
-    };
+    }
 
-    let invalid_for_this_generation = current.conditions.iter().any(|c| {
-        c.type_ == READY && c.reason == INVALID_SPEC && c.observed_generation == generation
-    });
+    fn run(&mut self) {
+        let final_ = self.current.phase.is_some_and(Phase::is_final);
+        self.invalid = self.invalid_reason();
+        let newest_job = self.by_attempt.keys().next_back().copied().unwrap_or(0);
+        let mut attempt = self.current.attempts.max(newest_job);
 
-    if invalid_for_this_generation {
-        // Reported already; nothing changes until the spec does (no hot loop).
-    } else if current.phase.is_some_and(Phase::is_final) {
-        // Final: record that this generation was seen (also a spec change), start nothing.
-        if let Some(c) = next.conditions.iter_mut().find(|c| c.type_ == READY) {
-            c.observed_generation = generation;
-        }
-    } else if attempt == 0 {
-        if let Some(r) = refused_for(obs, 1) {
-            refuse(&mut next, r);
-            ready(
-                &mut next,
-                ConditionStatus::False,
-                r.reason,
-                r.message.clone(),
-            );
+        if final_ {
+            // Final: record that this generation was seen (also a spec change), start
+            // nothing, and let a pending spec change go: there is no next attempt.
+            if let Some(c) = self.next.conditions.iter_mut().find(|c| c.type_ == READY) {
+                c.observed_generation = self.generation;
+            }
+            remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+        } else if attempt == 0 {
+            self.try_start(1);
+            attempt = self.next.attempts.max(attempt);
         } else {
-            attempt = 1;
-            start_attempt(&mut next, gj, 1, now, &mut actions);
-            ready(
-                &mut next,
-                ConditionStatus::False,
-                "JobRunning",
-                running_message(&name, 1),
-            );
+            attempt = self.follow(attempt);
         }
-    } else {
-        // Attempt k runs only after attempts 1..k-1 failed; a status that lags the Jobs
-        // (a restart between the create and the status write) catches up here.
-        next.attempts = attempt;
-        next.failures = attempt - 1;
-        next.start_time = next.start_time.or(Some(now));
-        if let Some(prev) = by_attempt.get(&(attempt - 1))
+        self.collect_old_jobs(attempt);
+    }
+
+    /// Why attempts cannot start: the spec fails validation, or the API server refused
+    /// this generation's Job already (recorded in Ready), or just now.
+    fn invalid_reason(&self) -> Option<(&'static str, String)> {
+        if let Err(e) = validate(&self.gj.spec, self.settings.max_gpus) {
+            return Some((INVALID_SPEC, format!("invalid spec: {e}")));
+        }
+        let refused_before = self.current.conditions.iter().find(|c| {
+            c.type_ == READY && c.reason == INVALID_SPEC && c.observed_generation == self.generation
+        });
+        if let Some(c) = refused_before {
+            return Some((INVALID_SPEC, c.message.clone()));
+        }
+        None
+    }
+
+    /// Starts `attempt` unless something forbids it now; then the GpuJob waits, Pending.
+    fn try_start(&mut self, attempt: i32) -> bool {
+        let blocker = if let Some(r) = self.obs.refused.as_ref().filter(|r| r.attempt == attempt) {
+            Some((r.reason, r.message.clone()))
+        } else if let Some(inv) = &self.invalid {
+            Some(inv.clone())
+        } else if self.obs.quota_required && self.current.reservation_id.is_none() {
+            Some((
+                "QuotaPending",
+                "waiting for a GPU quota reservation".to_owned(),
+            ))
+        } else {
+            None
+        };
+        if let Some((reason, message)) = blocker {
+            self.next.phase = Some(Phase::Pending);
+            self.next.active_job = None;
+            self.next.next_attempt_time = None;
+            if reason == INVALID_SPEC || reason == "JobNameConflict" {
+                self.next.last_error = Some(message.clone());
+            }
+            let message = match &self.current.last_failure {
+                Some(f) if f.attempt == attempt - 1 => format!("{}; {message}", f.message),
+                _ => message,
+            };
+            self.ready(ConditionStatus::False, reason, message);
+            return false;
+        }
+        let job = desired_job(self.gj, attempt);
+        self.next.attempts = attempt;
+        self.next.phase = Some(Phase::Running);
+        self.next.active_job = job.metadata.name.clone();
+        self.next.next_attempt_time = None;
+        self.next.replacing_attempt = None;
+        self.next.start_time = self.next.start_time.or(Some(self.now));
+        remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+        self.actions.push(Action::CreateJob {
+            attempt,
+            job: Box::new(job),
+        });
+        self.ready(
+            ConditionStatus::False,
+            "JobRunning",
+            running_message(&self.name, attempt),
+        );
+        true
+    }
+
+    /// Follows attempt `k`, which has started; returns the newest attempt afterwards.
+    fn follow(&mut self, k: i32) -> i32 {
+        // A status that lags the Jobs (a restart between a create and the status
+        // write) catches up: attempt k exists, so k - 1 ended, and if it failed its
+        // failure is recorded now.
+        self.next.attempts = k;
+        self.next.start_time = self.next.start_time.or(Some(self.now));
+        if let Some(prev) = self.by_attempt.get(&(k - 1))
             && let JobState::Failed {
                 time,
                 reason,
                 message,
             } = job_state(prev)
-            && current
+            && self
+                .current
                 .last_failure
                 .as_ref()
-                .is_none_or(|f| f.attempt < attempt - 1)
+                .is_none_or(|f| f.attempt < k - 1)
+            && self.current.replacing_attempt != Some(k - 1)
         {
-            let time = seconds(time.unwrap_or(now));
+            let time = seconds(time.unwrap_or(self.now));
             let record = failure_record(
-                attempt - 1,
+                k - 1,
                 time,
                 &reason,
                 &message,
-                obs.termination.as_ref(),
+                self.obs.termination.as_ref(),
             );
-            next.last_error = Some(record.message.clone());
-            next.last_failure = Some(record);
+            self.record_failure(record);
         }
-        let failure = match by_attempt.get(&attempt).map(|j| job_state(j)) {
+
+        let job = self.by_attempt.get(&k).copied();
+        if self.current.replacing_attempt == Some(k) {
+            return self.replace(k, job);
+        }
+        match job.map(job_state) {
             Some(JobState::Active) => {
-                next.phase = Some(Phase::Running);
-                next.active_job = Some(job_name(&name, attempt));
-                next.next_attempt_time = None;
-                ready(
-                    &mut next,
-                    ConditionStatus::False,
-                    "JobRunning",
-                    running_message(&name, attempt),
-                );
-                None
+                self.running(k, job);
+                k
             }
             Some(JobState::Complete { time }) => {
-                next.phase = Some(Phase::Succeeded);
-                next.active_job = None;
-                next.next_attempt_time = None;
-                next.completion_time = Some(seconds(time.unwrap_or(now)));
-                ready(
-                    &mut next,
+                self.next.phase = Some(Phase::Succeeded);
+                self.next.active_job = None;
+                self.next.next_attempt_time = None;
+                self.next.completion_time = Some(seconds(time.unwrap_or(self.now)));
+                remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+                self.ready(
                     ConditionStatus::True,
                     "Succeeded",
-                    format!("attempt {attempt} succeeded"),
+                    format!("attempt {k} succeeded"),
                 );
-                None
+                k
             }
             Some(JobState::Failed {
                 time,
                 reason,
                 message,
-            }) => Some(recorded_or(&current, attempt, || {
-                failure_record(
-                    attempt,
-                    seconds(time.unwrap_or(now)),
-                    &reason,
-                    &message,
-                    obs.termination.as_ref(),
-                )
-            })),
-            None => Some(recorded_or(&current, attempt, || FailureRecord {
-                attempt,
-                time: now,
-                exit_code: None,
-                reason: "JobDeleted".to_owned(),
-                message: format!(
-                    "attempt {attempt} failed: its Job {} was deleted before it finished",
-                    job_name(&name, attempt)
+            }) => {
+                let time = seconds(time.unwrap_or(self.now));
+                let record = self.recorded_or(k, || {
+                    failure_record(k, time, &reason, &message, self.obs.termination.as_ref())
+                });
+                self.failed(k, record)
+            }
+            None => {
+                let record = self.recorded_or(k, || FailureRecord {
+                    attempt: k,
+                    time: seconds(self.obs.now),
+                    exit_code: None,
+                    reason: "JobDeleted".to_owned(),
+                    message: format!(
+                        "attempt {k} failed: its Job {} was deleted before it finished",
+                        job_name(&self.name, k)
+                    ),
+                });
+                self.failed(k, record)
+            }
+        }
+    }
+
+    /// Attempt `k` runs. A spec change applies now (Recreate), or waits (OnNextAttempt,
+    /// or an invalid new spec).
+    fn running(&mut self, k: i32, job: Option<&Job>) {
+        self.next.phase = Some(Phase::Running);
+        self.next.active_job = Some(job_name(&self.name, k));
+        self.next.next_attempt_time = None;
+        self.ready(
+            ConditionStatus::False,
+            "JobRunning",
+            running_message(&self.name, k),
+        );
+        let built_from = job.and_then(generation_of);
+        let changed = matches!((built_from, self.generation), (Some(b), Some(g)) if b < g);
+        if !changed {
+            remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+            return;
+        }
+        let (reason, message) = match (&self.invalid, self.gj.spec.update_policy) {
+            (Some((_, why)), _) => (INVALID_SPEC, format!("the change cannot be applied: {why}")),
+            (None, UpdatePolicy::OnNextAttempt) => (
+                "OnNextAttempt",
+                format!(
+                    "attempt {k} keeps its spec; the change applies to the next attempt, if any"
                 ),
-            })),
+            ),
+            (None, UpdatePolicy::Recreate) => {
+                // Record the replacement before deleting, so that a crash in between
+                // never counts the deleted attempt as failed.
+                let mut marked = self.current.clone();
+                marked.replacing_attempt = Some(k);
+                self.actions.push(Action::RecordStatus(Box::new(marked)));
+                self.next.replacing_attempt = Some(k);
+                self.delete_for_replacement(job);
+                self.next.phase = Some(Phase::Pending);
+                self.next.active_job = None;
+                let message = format!("attempt {k} is being replaced: the spec changed");
+                self.ready(ConditionStatus::False, "Replacing", message);
+                remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+                return;
+            }
         };
-        if let Some(failure) = failure {
-            // Attempt k+1 starts only after attempt k failed, so k attempts means k failures.
-            let failures = attempt;
-            next.failures = failures;
-            next.active_job = None;
-            next.last_error = Some(failure.message.clone());
-            next.last_failure = Some(failure.clone());
-            if failures > gj.spec.max_retries {
-                next.phase = Some(Phase::Failed);
-                next.next_attempt_time = None;
-                next.completion_time = Some(failure.time);
-                let message = format!(
-                    "{}; no retries left ({failures} attempts failed, maxRetries {})",
-                    failure.message, gj.spec.max_retries
-                );
-                ready(
-                    &mut next,
-                    ConditionStatus::False,
-                    "RetriesExhausted",
-                    message,
-                );
-            } else {
-                let wait = backoff(settings, failures);
-                let at = failure
-                    .time
-                    .saturating_add(SignedDuration::try_from(wait).unwrap_or(SignedDuration::MAX))
-                    .unwrap_or(failure.time);
-                if let (true, Some(r)) = (now >= at, refused_for(obs, attempt + 1)) {
-                    refuse(&mut next, r);
-                    let message = format!("{}; {}", failure.message, r.message);
-                    ready(&mut next, ConditionStatus::False, r.reason, message);
-                } else if now >= at {
-                    attempt += 1;
-                    start_attempt(&mut next, gj, attempt, now, &mut actions);
-                    let message = running_message(&name, attempt);
-                    ready(&mut next, ConditionStatus::False, "JobRunning", message);
+        set_condition(
+            &mut self.next.conditions,
+            SPEC_CHANGE_PENDING,
+            ConditionStatus::True,
+            reason,
+            message,
+            self.generation,
+            self.now,
+        );
+    }
+
+    fn delete_for_replacement(&mut self, job: Option<&Job>) {
+        let job = job.filter(|j| j.metadata.deletion_timestamp.is_none());
+        self.actions
+            .extend(job.and_then(|j| delete_action(j, true)));
+    }
+
+    /// Attempt `k` is being replaced after a spec change: once its Job (and pods) are
+    /// gone, the next attempt starts on the new spec. Not a failure.
+    fn replace(&mut self, k: i32, job: Option<&Job>) -> i32 {
+        match job {
+            Some(j) => {
+                // Still there (deleting, or the delete did not happen yet).
+                self.delete_for_replacement(Some(j));
+                self.next.phase = Some(Phase::Pending);
+                self.next.active_job = None;
+                let message = format!("attempt {k} is being replaced: the spec changed");
+                self.ready(ConditionStatus::False, "Replacing", message);
+                k
+            }
+            None => {
+                if self.try_start(k + 1) {
+                    k + 1
                 } else {
-                    next.phase = Some(Phase::Pending);
-                    next.next_attempt_time = Some(at);
-                    let message = format!(
-                        "{}; attempt {} starts at {at}",
-                        failure.message,
-                        attempt + 1
-                    );
-                    ready(&mut next, ConditionStatus::False, "BackingOff", message);
-                    requeue_after = Duration::try_from(now.duration_until(at)).ok();
+                    k
                 }
             }
         }
     }
 
-    // Old attempts: keep the newest `keep_jobs` for debugging, delete the rest.
-    let oldest_kept = attempt - settings.keep_jobs.max(1) + 1;
-    for (a, job) in &by_attempt {
-        if *a >= oldest_kept || job.metadata.deletion_timestamp.is_some() {
-            continue;
+    fn record_failure(&mut self, record: FailureRecord) {
+        let new = self
+            .next
+            .last_failure
+            .as_ref()
+            .is_none_or(|f| f.attempt < record.attempt);
+        if new {
+            self.next.failures += 1;
         }
-        if let (Some(name), Some(uid), Some(rv)) = (
-            &job.metadata.name,
-            &job.metadata.uid,
-            &job.metadata.resource_version,
-        ) {
-            actions.push(Action::DeleteJob {
-                name: name.clone(),
-                uid: uid.clone(),
-                resource_version: rv.clone(),
-            });
+        self.next.last_error = Some(record.message.clone());
+        self.next.last_failure = Some(record);
+    }
+
+    /// The failure already recorded for `attempt`, or a new record.
+    fn recorded_or(&self, attempt: i32, new: impl FnOnce() -> FailureRecord) -> FailureRecord {
+        match &self.current.last_failure {
+            Some(f) if f.attempt == attempt => f.clone(),
+            _ => new(),
         }
     }
 
-    Plan {
-        actions,
-        status: next,
-        requeue_after,
+    /// Attempt `k` failed: retry after backoff, or fail for good.
+    fn failed(&mut self, k: i32, failure: FailureRecord) -> i32 {
+        self.record_failure(failure.clone());
+        self.next.active_job = None;
+        let failures = self.next.failures;
+        if failures > self.gj.spec.max_retries {
+            self.next.phase = Some(Phase::Failed);
+            self.next.next_attempt_time = None;
+            self.next.completion_time = Some(failure.time);
+            remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+            let message = format!(
+                "{}; no retries left ({failures} attempts failed, maxRetries {})",
+                failure.message, self.gj.spec.max_retries
+            );
+            self.ready(ConditionStatus::False, "RetriesExhausted", message);
+            return k;
+        }
+        let wait = backoff(self.settings, failures);
+        let at = failure
+            .time
+            .saturating_add(SignedDuration::try_from(wait).unwrap_or(SignedDuration::MAX))
+            .unwrap_or(failure.time);
+        if self.now >= at {
+            return if self.try_start(k + 1) { k + 1 } else { k };
+        }
+        self.next.phase = Some(Phase::Pending);
+        self.next.next_attempt_time = Some(at);
+        let message = format!("{}; attempt {} starts at {at}", failure.message, k + 1);
+        self.ready(ConditionStatus::False, "BackingOff", message);
+        self.requeue_after = Duration::try_from(self.now.duration_until(at)).ok();
+        k
     }
+
+    /// Old attempts: keep the newest `keep_jobs` for debugging, delete the rest.
+    fn collect_old_jobs(&mut self, attempt: i32) {
+        let oldest_kept = attempt - self.settings.keep_jobs.max(1) + 1;
+        for (a, job) in &self.by_attempt {
+            if *a >= oldest_kept || job.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            self.actions.extend(delete_action(job, false));
+        }
+    }
+}
+
+/// Deleting `job` with uid and resourceVersion preconditions.
+fn delete_action(job: &Job, foreground: bool) -> Option<Action> {
+    let m = &job.metadata;
+    Some(Action::DeleteJob {
+        name: m.name.clone()?,
+        uid: m.uid.clone()?,
+        resource_version: m.resource_version.clone()?,
+        foreground,
+    })
 }
 
 /// The same words whether the attempt was just started or found running, so that
@@ -379,48 +564,6 @@ fn running_message(name: &str, attempt: i32) -> String {
         "attempt {attempt} is running (Job {})",
         job_name(name, attempt)
     )
-}
-
-fn refused_for<'a>(obs: &'a Observed<'_>, attempt: i32) -> Option<&'a Refusal> {
-    obs.refused.as_ref().filter(|r| r.attempt == attempt)
-}
-
-fn refuse(next: &mut GpuJobStatus, r: &Refusal) {
-    next.phase = Some(Phase::Pending);
-    next.active_job = None;
-    next.next_attempt_time = None;
-    next.last_error = Some(r.message.clone());
-}
-
-fn start_attempt(
-    next: &mut GpuJobStatus,
-    gj: &GpuJob,
-    attempt: i32,
-    now: Timestamp,
-    actions: &mut Vec<Action>,
-) {
-    let job = desired_job(gj, attempt);
-    next.attempts = attempt;
-    next.phase = Some(Phase::Running);
-    next.active_job = job.metadata.name.clone();
-    next.next_attempt_time = None;
-    next.start_time = next.start_time.or(Some(now));
-    actions.push(Action::CreateJob {
-        attempt,
-        job: Box::new(job),
-    });
-}
-
-/// The failure already recorded for `attempt`, or a new record.
-fn recorded_or(
-    current: &GpuJobStatus,
-    attempt: i32,
-    new: impl FnOnce() -> FailureRecord,
-) -> FailureRecord {
-    match &current.last_failure {
-        Some(f) if f.attempt == attempt => f.clone(),
-        _ => new(),
-    }
 }
 
 fn failure_record(
@@ -491,6 +634,7 @@ mod tests {
                 active_deadline_seconds: None,
                 node_selector: Default::default(),
                 service_account_name: None,
+                update_policy: Default::default(),
             },
         );
         g.metadata.namespace = Some("ns".into());
@@ -504,6 +648,7 @@ mod tests {
             backoff_base: Duration::from_secs(10),
             backoff_max: Duration::from_secs(60),
             keep_jobs: 2,
+            max_gpus: 8,
         }
     }
 
@@ -534,6 +679,7 @@ mod tests {
                 jobs: jobs.iter().collect(),
                 termination,
                 refused: None,
+                quota_required: false,
                 now: t(now),
             },
             &settings(),
@@ -563,9 +709,18 @@ mod tests {
     /// `g` with a status saying `attempts` started, `failures` failed, one running.
     fn running(g: &GpuJob, attempts: i32, failures: i32) -> GpuJob {
         let mut g = g.clone();
+        // A consistent status: the last of `failures` failed attempts is recorded.
+        let last_failure = (failures > 0).then(|| FailureRecord {
+            attempt: attempts - 1,
+            time: t(T0),
+            exit_code: Some(1),
+            reason: "Error".into(),
+            message: format!("attempt {} failed: exit code 1 (Error)", attempts - 1),
+        });
         g.status = Some(GpuJobStatus {
             attempts,
             failures,
+            last_failure,
             phase: Some(Phase::Running),
             ..Default::default()
         });
@@ -825,6 +980,7 @@ mod tests {
                     name,
                     uid,
                     resource_version,
+                    foreground: false,
                 } => Some((name.clone(), uid.clone(), resource_version.clone())),
                 _ => None,
             })
@@ -868,6 +1024,7 @@ mod tests {
             jobs: vec![],
             termination: None,
             refused: Some(refused),
+            quota_required: false,
             now: t(T0),
         };
         let p = plan(&obs, &settings());

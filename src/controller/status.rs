@@ -37,6 +37,10 @@ pub fn set_condition(
     }
 }
 
+pub fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) {
+    conditions.retain(|c| c.type_ != type_);
+}
+
 pub fn condition<'a>(status: &'a GpuJobStatus, type_: &str) -> Option<&'a Condition> {
     status.conditions.iter().find(|c| c.type_ == type_)
 }

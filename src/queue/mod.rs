@@ -132,6 +132,14 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         }
     }
 
+    /// Queues `key` now unless it is backing off after failures (then its retry is
+    /// already scheduled). For periodic resyncs, which must not cut backoffs short.
+    pub fn add_unless_backing_off(&self, key: K) {
+        if self.failures(&key) == 0 {
+            self.add(key);
+        }
+    }
+
     /// Queues `key` after `delay` (at once when zero). A key waiting for an earlier time
     /// keeps it.
     pub fn add_after(&self, key: K, delay: Duration) {

@@ -285,3 +285,19 @@ mod properties {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_resync_does_not_cut_a_backoff_short() {
+    let q = queue();
+    q.add_rate_limited("a");
+    q.add_unless_backing_off("a");
+    q.add_unless_backing_off("b");
+    assert_eq!(next(&q).await, Some("b"), "an idle key is queued");
+    assert_eq!(
+        next(&q).await,
+        None,
+        "the backing-off key waits for its retry"
+    );
+    tokio::time::advance(Duration::from_millis(5)).await;
+    assert_eq!(next(&q).await, Some("a"));
+}

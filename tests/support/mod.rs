@@ -5,6 +5,7 @@
 #![allow(dead_code, clippy::unwrap_used)] // test support: not every test uses every helper
 
 pub mod prometheus;
+pub mod quota;
 pub mod replicas;
 
 use std::path::Path;
@@ -83,6 +84,7 @@ impl TestEnv {
                 backoff_base: Duration::from_secs(1),
                 backoff_max: Duration::from_secs(4),
                 keep_jobs: 3,
+                max_gpus: 8,
             },
             drain_timeout: Duration::from_secs(5),
             ..Settings::default()
@@ -175,6 +177,36 @@ impl TestEnv {
             }
         })
         .await
+    }
+
+    /// Events on GpuJob `name` (type, reason, note, count), oldest first.
+    pub async fn events_of(&self, name: &str) -> Vec<(String, String, String, i32)> {
+        use k8s_openapi::api::events::v1::Event;
+        let api: Api<Event> = Api::namespaced(self.admin.clone(), &self.ns);
+        let mut list: Vec<Event> = api
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some("GpuJob") && r.name.as_deref() == Some(name)
+                })
+            })
+            .collect();
+        list.sort_by_key(|e| e.metadata.creation_timestamp.clone());
+        list.into_iter()
+            .map(|e| {
+                let count = e.series.as_ref().map_or(1, |s| s.count);
+                (
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                    count,
+                )
+            })
+            .collect()
     }
 
     /// What the namespace holds, for failure messages: GpuJob phases, Job conditions,
@@ -310,6 +342,16 @@ impl Drop for Operator {
 
 pub fn phase(gj: &GpuJob) -> Option<gpujob_operator::api::Phase> {
     gj.status.as_ref().and_then(|s| s.phase)
+}
+
+/// Condition `type_` as (status, reason, message).
+pub fn condition(gj: &GpuJob, type_: &str) -> Option<(String, String, String)> {
+    let c = gj.condition(type_)?;
+    Some((
+        format!("{:?}", c.status),
+        c.reason.clone(),
+        c.message.clone(),
+    ))
 }
 
 pub fn ready(gj: &GpuJob) -> Option<(String, String, String)> {

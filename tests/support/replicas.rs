@@ -96,6 +96,18 @@ pub fn start_with(
     timing: [&str; 3],
     extra: &[&str],
 ) -> Replica {
+    start_full(cluster, ns, n, timing, extra, &[])
+}
+
+/// Like [`start_with`], with extra environment variables (e.g. `GPUJOB_FAILPOINT`).
+pub fn start_full(
+    cluster: &ControlPlane,
+    ns: &str,
+    n: u8,
+    timing: [&str; 3],
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Replica {
     let dir = std::env::temp_dir().join(format!("gpujob-replicas-{ns}"));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join(format!("replica-{n}.log"));
@@ -130,6 +142,7 @@ pub fn start_with(
         })
         .env("KUBECONFIG", cluster.kubeconfig(Identity::Replica(n)))
         .env("RUST_LOG", "info")
+        .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)

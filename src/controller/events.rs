@@ -1,0 +1,351 @@
+//! Pure: the Kubernetes Events a status change deserves, for what a user looks for in
+//! `kubectl describe`. Derived from recorded transitions, so a repeated reconcile of an
+//! unchanged GpuJob emits nothing (and identical repeats aggregate in the recorder).
+
+use crate::api::{ConditionStatus, GpuJobStatus, Phase};
+
+use super::plan::SPEC_CHANGE_PENDING;
+use super::status::{READY, condition};
+
+pub const QUOTA_RESERVED: &str = "QuotaReserved";
+pub const CLEANUP_STUCK: &str = "CleanupStuck";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Normal,
+    Warning,
+}
+
+/// One Event: `reason` is CamelCase and stable; `note` is for people.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub kind: Kind,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+fn note(kind: Kind, reason: &'static str, note: impl Into<String>) -> Note {
+    Note {
+        kind,
+        reason,
+        note: note.into(),
+    }
+}
+
+fn cond<'a>(s: &'a GpuJobStatus, t: &str) -> Option<(&'a ConditionStatus, &'a str, &'a str)> {
+    condition(s, t).map(|c| (&c.status, c.reason.as_str(), c.message.as_str()))
+}
+
+/// The Events for the change from `before` to `after`.
+pub fn transitions(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
+    let mut out = Vec::new();
+    let ready_after = cond(after, READY);
+    let ready_before = cond(before, READY);
+
+    if let Some(f) = &after.last_failure
+        && before
+            .last_failure
+            .as_ref()
+            .is_none_or(|b| b.attempt < f.attempt)
+    {
+        out.push(note(Kind::Warning, "AttemptFailed", f.message.clone()));
+    }
+    if after.attempts > before.attempts {
+        let job = after.active_job.clone().unwrap_or_default();
+        out.push(note(
+            Kind::Normal,
+            "AttemptStarted",
+            format!("attempt {} started (Job {job})", after.attempts),
+        ));
+    }
+    if let (Some(k), None) = (after.replacing_attempt, before.replacing_attempt) {
+        out.push(note(
+            Kind::Normal,
+            "SpecChangeApplied",
+            format!(
+                "the spec changed (generation {}): attempt {k} is replaced by a new attempt",
+                after.observed_generation.unwrap_or(0)
+            ),
+        ));
+    }
+    if let Some((_, "BackingOff", message)) = ready_after
+        && after.next_attempt_time != before.next_attempt_time
+    {
+        out.push(note(
+            Kind::Normal,
+            "BackingOff",
+            format!("retrying: {message}"),
+        ));
+    }
+    if after.phase != before.phase {
+        match (after.phase, ready_after) {
+            (Some(Phase::Succeeded), _) => {
+                out.push(note(Kind::Normal, "Succeeded", "the GpuJob succeeded"))
+            }
+            (Some(Phase::Failed), Some((_, _, message))) => {
+                out.push(note(Kind::Warning, "Failed", message.to_owned()))
+            }
+            _ => {}
+        }
+    }
+    let invalid = |r: Option<(&ConditionStatus, &str, &str)>| {
+        r.filter(|(_, reason, _)| *reason == "InvalidSpec")
+            .map(|(_, _, m)| m.to_owned())
+    };
+    if let Some(message) = invalid(ready_after)
+        && invalid(ready_before).as_deref() != Some(message.as_str())
+    {
+        out.push(note(Kind::Warning, "InvalidSpec", message));
+    }
+    match (
+        cond(after, SPEC_CHANGE_PENDING),
+        cond(before, SPEC_CHANGE_PENDING),
+    ) {
+        (Some((_, reason, message)), b) if b.map(|(_, r, m)| (r, m)) != Some((reason, message)) => {
+            let kind = if reason == "InvalidSpec" {
+                Kind::Warning
+            } else {
+                Kind::Normal
+            };
+            out.push(note(
+                kind,
+                if reason == "InvalidSpec" {
+                    "InvalidSpec"
+                } else {
+                    "SpecChangePending"
+                },
+                message.to_owned(),
+            ));
+        }
+        _ => {}
+    }
+    match (cond(after, QUOTA_RESERVED), cond(before, QUOTA_RESERVED)) {
+        (Some((ConditionStatus::True, _, message)), b)
+            if !matches!(b, Some((ConditionStatus::True, _, _))) =>
+        {
+            out.push(note(Kind::Normal, "QuotaReserved", message.to_owned()));
+        }
+        (Some((ConditionStatus::False, reason, message)), b)
+            if reason != "Released"
+                && b.map(|(s, r, _)| (*s, r)) != Some((ConditionStatus::False, reason)) =>
+        {
+            out.push(note(
+                Kind::Warning,
+                "QuotaRefused",
+                format!("{reason}: {message}"),
+            ));
+        }
+        _ => {}
+    }
+    if let (None, Some(id)) = (&after.reservation_id, &before.reservation_id) {
+        out.push(note(
+            Kind::Normal,
+            "QuotaReleased",
+            format!("GPU quota reservation {id} released"),
+        ));
+    }
+    if let Some((ConditionStatus::True, _, message)) = cond(after, CLEANUP_STUCK)
+        && !matches!(
+            cond(before, CLEANUP_STUCK),
+            Some((ConditionStatus::True, _, _))
+        )
+    {
+        out.push(note(Kind::Warning, "CleanupStuck", message.to_owned()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{Condition, FailureRecord};
+
+    fn with_cond(
+        mut s: GpuJobStatus,
+        t: &str,
+        status: ConditionStatus,
+        reason: &str,
+        message: &str,
+    ) -> GpuJobStatus {
+        s.conditions.retain(|c| c.type_ != t);
+        s.conditions.push(Condition {
+            type_: t.into(),
+            status,
+            observed_generation: Some(1),
+            last_transition_time: "2026-11-30T06:00:00Z".parse().unwrap(),
+            reason: reason.into(),
+            message: message.into(),
+        });
+        s
+    }
+
+    fn reasons(n: &[Note]) -> Vec<&'static str> {
+        n.iter().map(|n| n.reason).collect()
+    }
+
+    #[test]
+    fn nothing_changed_nothing_said() {
+        let s = with_cond(
+            GpuJobStatus {
+                attempts: 1,
+                phase: Some(Phase::Running),
+                ..Default::default()
+            },
+            READY,
+            ConditionStatus::False,
+            "JobRunning",
+            "x",
+        );
+        assert!(transitions(&s, &s).is_empty());
+    }
+
+    #[test]
+    fn a_failed_attempt_then_backoff_then_the_next_attempt() {
+        let running = with_cond(
+            GpuJobStatus {
+                attempts: 1,
+                phase: Some(Phase::Running),
+                active_job: Some("t-1".into()),
+                ..Default::default()
+            },
+            READY,
+            ConditionStatus::False,
+            "JobRunning",
+            "",
+        );
+        let mut backing = with_cond(
+            running.clone(),
+            READY,
+            ConditionStatus::False,
+            "BackingOff",
+            "attempt 2 starts at T",
+        );
+        backing.phase = Some(Phase::Pending);
+        backing.next_attempt_time = Some("2026-11-30T06:00:10Z".parse().unwrap());
+        backing.last_failure = Some(FailureRecord {
+            attempt: 1,
+            time: "2026-11-30T06:00:00Z".parse().unwrap(),
+            exit_code: Some(3),
+            reason: "Error".into(),
+            message: "attempt 1 failed: exit code 3 (Error)".into(),
+        });
+        let n = transitions(&running, &backing);
+        assert_eq!(reasons(&n), vec!["AttemptFailed", "BackingOff"]);
+        assert_eq!(n[0].kind, Kind::Warning);
+        assert!(n[0].note.contains("exit code 3"));
+        let mut second = with_cond(
+            backing.clone(),
+            READY,
+            ConditionStatus::False,
+            "JobRunning",
+            "",
+        );
+        second.attempts = 2;
+        second.active_job = Some("t-2".into());
+        second.next_attempt_time = None;
+        second.phase = Some(Phase::Running);
+        assert_eq!(
+            reasons(&transitions(&backing, &second)),
+            vec!["AttemptStarted"]
+        );
+    }
+
+    #[test]
+    fn final_phases_quota_and_cleanup() {
+        let base = GpuJobStatus {
+            phase: Some(Phase::Running),
+            ..Default::default()
+        };
+        let mut done = with_cond(base.clone(), READY, ConditionStatus::True, "Succeeded", "");
+        done.phase = Some(Phase::Succeeded);
+        assert_eq!(reasons(&transitions(&base, &done)), vec!["Succeeded"]);
+
+        let refused = with_cond(
+            base.clone(),
+            QUOTA_RESERVED,
+            ConditionStatus::False,
+            "InsufficientQuota",
+            "8 GPUs requested, 2 free",
+        );
+        let n = transitions(&base, &refused);
+        assert_eq!(reasons(&n), vec!["QuotaRefused"]);
+        assert_eq!(n[0].kind, Kind::Warning);
+        assert!(
+            transitions(&refused, &refused).is_empty(),
+            "one Event per transition, not per retry"
+        );
+
+        let mut granted = with_cond(
+            refused.clone(),
+            QUOTA_RESERVED,
+            ConditionStatus::True,
+            "Reserved",
+            "reservation r-1",
+        );
+        granted.reservation_id = Some("r-1".into());
+        assert_eq!(
+            reasons(&transitions(&refused, &granted)),
+            vec!["QuotaReserved"]
+        );
+        let mut released = with_cond(
+            granted.clone(),
+            QUOTA_RESERVED,
+            ConditionStatus::False,
+            "Released",
+            "",
+        );
+        released.reservation_id = None;
+        assert_eq!(
+            reasons(&transitions(&granted, &released)),
+            vec!["QuotaReleased"]
+        );
+
+        let stuck = with_cond(
+            granted.clone(),
+            CLEANUP_STUCK,
+            ConditionStatus::True,
+            "ReleaseFailing",
+            "503",
+        );
+        assert_eq!(
+            reasons(&transitions(&granted, &stuck)),
+            vec!["CleanupStuck"]
+        );
+    }
+
+    #[test]
+    fn spec_changes_and_invalid_specs() {
+        let base = GpuJobStatus {
+            attempts: 1,
+            phase: Some(Phase::Running),
+            ..Default::default()
+        };
+        let mut replacing = base.clone();
+        replacing.replacing_attempt = Some(1);
+        assert_eq!(
+            reasons(&transitions(&base, &replacing)),
+            vec!["SpecChangeApplied"]
+        );
+        let waiting = with_cond(
+            base.clone(),
+            SPEC_CHANGE_PENDING,
+            ConditionStatus::True,
+            "OnNextAttempt",
+            "m",
+        );
+        assert_eq!(
+            reasons(&transitions(&base, &waiting)),
+            vec!["SpecChangePending"]
+        );
+        let invalid = with_cond(
+            base.clone(),
+            READY,
+            ConditionStatus::False,
+            "InvalidSpec",
+            "spec.image: bad",
+        );
+        let n = transitions(&base, &invalid);
+        assert_eq!((n[0].reason, n[0].kind), ("InvalidSpec", Kind::Warning));
+        assert!(transitions(&invalid, &invalid).is_empty());
+    }
+}

@@ -1,0 +1,356 @@
+//! Pure: what the CRD schema cannot express. A GpuJob that fails here gets no Job; its
+//! Ready condition says `InvalidSpec` and names the field, and nothing is retried until
+//! the spec changes.
+
+use crate::api::GpuJobSpec;
+
+/// A problem with one field of the spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> Result<(), FieldError> {
+    Err(FieldError {
+        field: field.into(),
+        message: message.into(),
+    })
+}
+
+/// Checks the spec; `max_gpus` is the operator's per-GpuJob maximum.
+pub fn validate(spec: &GpuJobSpec, max_gpus: i32) -> Result<(), FieldError> {
+    image_reference(&spec.image).or_else(|m| err("spec.image", m))?;
+    if spec.gpus > max_gpus {
+        return err(
+            "spec.gpus",
+            format!(
+                "{} GPUs requested; this operator allows at most {max_gpus} per GpuJob",
+                spec.gpus
+            ),
+        );
+    }
+    for (i, e) in spec.env.iter().enumerate() {
+        if !is_env_var_name(&e.name) {
+            return err(
+                format!("spec.env[{i}].name"),
+                format!(
+                    "{:?} is not a valid environment variable name (letters, digits, '_', '-', '.'; not starting with a digit)",
+                    e.name
+                ),
+            );
+        }
+    }
+    for (k, v) in &spec.node_selector {
+        if let Err(m) = label_key(k) {
+            return err(format!("spec.nodeSelector[{k:?}]"), format!("key {m}"));
+        }
+        if let Err(m) = label_value(v) {
+            return err(
+                format!("spec.nodeSelector[{k:?}]"),
+                format!("value {v:?} {m}"),
+            );
+        }
+    }
+    if let Some(sa) = &spec.service_account_name
+        && !is_dns_subdomain(sa)
+    {
+        return err(
+            "spec.serviceAccountName",
+            format!("{sa:?} is not a valid name (lowercase DNS subdomain)"),
+        );
+    }
+    Ok(())
+}
+
+/// A container image reference: `[host[:port]/]path[:tag][@digest]`, as the
+/// distribution reference grammar defines it.
+pub fn image_reference(image: &str) -> Result<(), String> {
+    if image.trim() != image || image.is_empty() {
+        return Err(format!(
+            "{image:?} has leading or trailing whitespace or is empty"
+        ));
+    }
+    let (rest, digest) = match image.split_once('@') {
+        Some((r, d)) => (r, Some(d)),
+        None => (image, None),
+    };
+    if let Some(d) = digest {
+        let Some((algo, hex)) = d.split_once(':') else {
+            return Err(format!("digest {d:?} must be <algorithm>:<hex>"));
+        };
+        let hex_ok = !hex.is_empty()
+            && hex
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase());
+        if algo != "sha256" && algo != "sha512" || !hex_ok || (algo == "sha256" && hex.len() != 64)
+        {
+            return Err(format!("digest {d:?} is not a valid sha256/sha512 digest"));
+        }
+    }
+    // The tag is after the last ':' that follows the last '/' (a ':' before it is a port).
+    let last_slash = rest.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match rest[last_slash..].rfind(':') {
+        Some(i) => (&rest[..last_slash + i], Some(&rest[last_slash + i + 1..])),
+        None => (rest, None),
+    };
+    if let Some(tag) = tag {
+        let ok = !tag.is_empty()
+            && tag.len() <= 128
+            && tag
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+            && tag
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+        if !ok {
+            return Err(format!(
+                "tag {tag:?} is not valid (up to 128 of [A-Za-z0-9_.-], not starting with '.' or '-')"
+            ));
+        }
+    }
+    if name.is_empty() || name.len() > 255 {
+        return Err(format!("{image:?} has no repository name"));
+    }
+    let mut parts: Vec<&str> = name.split('/').collect();
+    // A first part with '.' or ':' or "localhost" is a registry host.
+    if parts.len() > 1
+        && (parts[0].contains('.') || parts[0].contains(':') || parts[0] == "localhost")
+    {
+        let host = parts.remove(0);
+        let (h, port) = match host.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host, None),
+        };
+        let host_ok = !h.is_empty()
+            && h.split('.').all(|l| {
+                !l.is_empty()
+                    && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            });
+        if !host_ok || port.is_some_and(|p| p.is_empty() || !p.chars().all(|c| c.is_ascii_digit()))
+        {
+            return Err(format!("registry {host:?} is not a valid host[:port]"));
+        }
+    }
+    for part in parts {
+        if !path_component(part) {
+            return Err(format!(
+                "repository path component {part:?} is not valid (lowercase letters and digits, separated by '.', '_', '__' or '-')"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn path_component(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    if bytes.is_empty() || !is_lower_alnum(bytes[0]) || !is_lower_alnum(bytes[bytes.len() - 1]) {
+        return false;
+    }
+    // Separators: '.', '_', '__', or one or more '-'; never two separators in a row otherwise.
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if is_lower_alnum(c) {
+            i += 1;
+            continue;
+        }
+        match c {
+            b'.' => i += 1,
+            b'_' => {
+                i += if bytes.get(i + 1) == Some(&b'_') {
+                    2
+                } else {
+                    1
+                }
+            }
+            b'-' => {
+                while bytes.get(i) == Some(&b'-') {
+                    i += 1;
+                }
+            }
+            _ => return false,
+        }
+        if !bytes.get(i).is_some_and(|c| is_lower_alnum(*c)) {
+            return false;
+        }
+    }
+    true
+}
+
+fn is_lower_alnum(c: u8) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit()
+}
+
+/// Kubernetes' IsEnvVarName: `[-._a-zA-Z][-._a-zA-Z0-9]*`.
+pub fn is_env_var_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || "-._".contains(c))
+        && chars.all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+fn label_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
+}
+
+fn label_key(k: &str) -> Result<(), String> {
+    let (prefix, name) = match k.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if let Some(p) = prefix
+        && !is_dns_subdomain(p)
+    {
+        return Err(format!(
+            "{k:?} has an invalid prefix (a DNS subdomain before '/')"
+        ));
+    }
+    if !label_name(name) {
+        return Err(format!(
+            "{k:?} is not a valid label key (up to 63 of [A-Za-z0-9-_.], alphanumeric at both ends)"
+        ));
+    }
+    Ok(())
+}
+
+fn label_value(v: &str) -> Result<(), String> {
+    if v.is_empty() || label_name(v) {
+        Ok(())
+    } else {
+        Err(
+            "is not a valid label value (up to 63 of [A-Za-z0-9-_.], alphanumeric at both ends)"
+                .to_owned(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::EnvVar;
+
+    fn spec() -> GpuJobSpec {
+        serde_json::from_value(
+            serde_json::json!({"image": "registry.example.com:5000/ml/train:1.4", "gpus": 2}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn good_image_references_pass() {
+        for image in [
+            "busybox",
+            "library/busybox:1.36",
+            "registry.example.com/ml/train:1.4",
+            "registry.example.com:5000/ml/train",
+            "localhost/dev/img:latest",
+            "ghcr.io/org/my_img__x-y.z:v1.0.0-rc_1",
+            "nvcr.io/nvidia/pytorch@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "img:tag@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        ] {
+            assert_eq!(image_reference(image), Ok(()), "{image}");
+        }
+    }
+
+    #[test]
+    fn bad_image_references_say_why() {
+        for (image, why) in [
+            ("Registry.Example.com/ML/Train", "path component"),
+            ("train:", "tag"),
+            ("train:-bad", "tag"),
+            ("train@sha256:xyz", "digest"),
+            ("my image", "path component"),
+            (" train", "whitespace"),
+            ("ml//train", "path component"),
+            ("ml/train-", "path component"),
+            ("bad_host:port/x", "registry"),
+            ("registry.example.com:abc/x", "registry"),
+        ] {
+            let e = image_reference(image).unwrap_err();
+            assert!(e.contains(why), "{image}: {e}");
+        }
+    }
+
+    #[test]
+    fn spec_errors_name_the_field() {
+        assert_eq!(validate(&spec(), 8), Ok(()));
+        let mut s = spec();
+        s.image = "Bad/Image".into();
+        assert_eq!(validate(&s, 8).unwrap_err().field, "spec.image");
+        let mut s = spec();
+        s.gpus = 16;
+        let e = validate(&s, 8).unwrap_err();
+        assert_eq!(e.field, "spec.gpus");
+        assert!(e.message.contains("at most 8"));
+        let mut s = spec();
+        s.env = vec![
+            EnvVar {
+                name: "OK".into(),
+                value: String::new(),
+            },
+            EnvVar {
+                name: "1BAD NAME".into(),
+                value: String::new(),
+            },
+        ];
+        assert_eq!(validate(&s, 8).unwrap_err().field, "spec.env[1].name");
+        let mut s = spec();
+        s.node_selector.insert("not a key!".into(), "x".into());
+        assert!(
+            validate(&s, 8)
+                .unwrap_err()
+                .field
+                .starts_with("spec.nodeSelector")
+        );
+        let mut s = spec();
+        s.node_selector
+            .insert("gpu.example.com/model".into(), "a100 80g".into());
+        assert!(validate(&s, 8).unwrap_err().message.contains("value"));
+        let mut s = spec();
+        s.service_account_name = Some("Trainer".into());
+        assert_eq!(
+            validate(&s, 8).unwrap_err().field,
+            "spec.serviceAccountName"
+        );
+    }
+
+    #[test]
+    fn env_names_follow_kubernetes() {
+        for ok in ["A", "_x", "x.y-z", "-dash", "MY_VAR_1"] {
+            assert!(is_env_var_name(ok), "{ok}");
+        }
+        for bad in ["", "1X", "A B", "x=y", "ü"] {
+            assert!(!is_env_var_name(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The `http` backend: `PUT`/`DELETE {base}/v1/reservations/{uid}` (docs/quota-api.md),
+//! over HTTP or HTTPS (system roots or a CA bundle), with a bearer token re-read from its
+//! file on every call (so it can be rotated) and a timeout per call.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper_rustls::{ConfigBuilderExt, HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{QuotaError, QuotaProvider, Reserve, ReserveRequest};
+
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// `http(s)://host[:port][/prefix]`
+    pub base_url: String,
+    pub token_file: Option<PathBuf>,
+    /// PEM bundle of CAs to trust instead of the system roots.
+    pub ca_file: Option<PathBuf>,
+    pub timeout: Duration,
+    pub user_agent: String,
+}
+
+#[derive(Clone)]
+pub struct HttpProvider {
+    settings: Arc<HttpSettings>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl std::fmt::Debug for HttpProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpProvider")
+            .field("base_url", &self.settings.base_url)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+struct Granted {
+    id: String,
+}
+
+#[derive(Deserialize, Default)]
+struct Refusal {
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    message: String,
+}
+
+impl HttpProvider {
+    pub fn new(settings: HttpSettings) -> Result<HttpProvider, QuotaError> {
+        let base = settings.base_url.trim_end_matches('/').to_owned();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(QuotaError::Config(format!(
+                "--quota-url {base:?} must start with http:// or https://"
+            )));
+        }
+        let tls = match &settings.ca_file {
+            Some(path) => {
+                let mut roots = rustls::RootCertStore::empty();
+                let certs = CertificateDer::pem_file_iter(path).map_err(|e| {
+                    QuotaError::Config(format!("reading --quota-ca-file {}: {e}", path.display()))
+                })?;
+                for cert in certs {
+                    let cert = cert.map_err(|e| {
+                        QuotaError::Config(format!("parsing {}: {e}", path.display()))
+                    })?;
+                    roots
+                        .add(cert)
+                        .map_err(|e| QuotaError::Config(format!("{}: {e}", path.display())))?;
+                }
+                rustls::ClientConfig::builder()
+                    .with_root_certificates(roots)
+                    .with_no_client_auth()
+            }
+            None => match rustls::ClientConfig::builder().with_native_roots() {
+                Ok(builder) => builder.with_no_client_auth(),
+                // No system roots at all: plain http:// still works, https:// fails per
+                // call with a certificate error that names the URL.
+                Err(_) => rustls::ClientConfig::builder()
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+            },
+        };
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(HttpProvider {
+            settings: Arc::new(HttpSettings {
+                base_url: base,
+                ..settings
+            }),
+            client,
+        })
+    }
+
+    fn url(&self, uid: &str) -> String {
+        format!("{}/v1/reservations/{uid}", self.settings.base_url)
+    }
+
+    async fn call(
+        &self,
+        op: &'static str,
+        method: Method,
+        uid: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<(StatusCode, String), QuotaError> {
+        let url = self.url(uid);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(&url)
+            .header(header::USER_AGENT, &self.settings.user_agent)
+            .header(header::ACCEPT, "application/json");
+        if let Some(path) = &self.settings.token_file {
+            let token = std::fs::read_to_string(path).map_err(|e| {
+                QuotaError::Config(format!(
+                    "reading --quota-token-file {}: {e}",
+                    path.display()
+                ))
+            })?;
+            req = req.header(header::AUTHORIZATION, format!("Bearer {}", token.trim()));
+        }
+        let body = match body {
+            Some(json) => {
+                req = req.header(header::CONTENT_TYPE, "application/json");
+                Full::new(Bytes::from(json.to_string()))
+            }
+            None => Full::new(Bytes::new()),
+        };
+        let req = req.body(body).map_err(|e| QuotaError::Transport {
+            op,
+            url: url.clone(),
+            message: e.to_string(),
+        })?;
+        let seconds = self.settings.timeout.as_secs();
+        let exchange = async {
+            let res = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| QuotaError::Transport {
+                    op,
+                    url: url.clone(),
+                    message: e.to_string(),
+                })?;
+            let code = res.status();
+            let bytes = res
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| QuotaError::Transport {
+                    op,
+                    url: url.clone(),
+                    message: e.to_string(),
+                })?;
+            Ok((
+                code,
+                String::from_utf8_lossy(&bytes.to_bytes()).into_owned(),
+            ))
+        };
+        tokio::time::timeout(self.settings.timeout, exchange)
+            .await
+            .map_err(|_| QuotaError::Timeout {
+                op,
+                url: url.clone(),
+                seconds,
+            })?
+    }
+}
+
+impl QuotaProvider for HttpProvider {
+    async fn reserve(&self, req: &ReserveRequest) -> Result<Reserve, QuotaError> {
+        let body = json!({"namespace": req.namespace, "name": req.name, "gpus": req.gpus});
+        let (code, text) = self
+            .call("reserve", Method::PUT, &req.uid, Some(body))
+            .await?;
+        match code {
+            StatusCode::OK | StatusCode::CREATED => {
+                let g: Granted = serde_json::from_str(&text).map_err(|e| QuotaError::Status {
+                    op: "reserve",
+                    url: self.url(&req.uid),
+                    code: code.as_u16(),
+                    body: format!("unreadable grant ({e}): {text}"),
+                })?;
+                if g.id.is_empty() {
+                    return Err(QuotaError::Status {
+                        op: "reserve",
+                        url: self.url(&req.uid),
+                        code: code.as_u16(),
+                        body: format!("grant without a reservation id: {text}"),
+                    });
+                }
+                Ok(Reserve::Granted { id: g.id })
+            }
+            StatusCode::CONFLICT => {
+                let r: Refusal = serde_json::from_str(&text).unwrap_or_default();
+                Ok(Reserve::Refused {
+                    reason: if r.reason.is_empty() {
+                        "QuotaRefused".to_owned()
+                    } else {
+                        r.reason
+                    },
+                    message: if r.message.is_empty() {
+                        text
+                    } else {
+                        r.message
+                    },
+                })
+            }
+            _ => Err(QuotaError::Status {
+                op: "reserve",
+                url: self.url(&req.uid),
+                code: code.as_u16(),
+                body: text,
+            }),
+        }
+    }
+
+    async fn release(&self, uid: &str) -> Result<(), QuotaError> {
+        let (code, text) = self.call("release", Method::DELETE, uid, None).await?;
+        match code {
+            StatusCode::OK | StatusCode::NO_CONTENT | StatusCode::NOT_FOUND => Ok(()),
+            _ => Err(QuotaError::Status {
+                op: "release",
+                url: self.url(uid),
+                code: code.as_u16(),
+                body: text,
+            }),
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! External GPU quota: reserve before a GpuJob runs, release when it is done. Both calls
+//! are idempotent and keyed by the GpuJob's UID, so a crash anywhere leads to a repeated
+//! call, never a second reservation or a leak. The contract is in docs/quota-api.md.
+
+mod http;
+
+use std::future::Future;
+
+pub use self::http::{HttpProvider, HttpSettings};
+
+/// What a reservation is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReserveRequest {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub gpus: i32,
+}
+
+/// The answer to a reserve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reserve {
+    Granted {
+        id: String,
+    },
+    /// Not enough quota now; ask again later.
+    Refused {
+        reason: String,
+        message: String,
+    },
+}
+
+/// A call that did not get a usable answer; retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    #[error("quota service {op} {url}: {message}")]
+    Transport {
+        op: &'static str,
+        url: String,
+        message: String,
+    },
+    #[error("quota service {op} {url} answered {code}: {body}")]
+    Status {
+        op: &'static str,
+        url: String,
+        code: u16,
+        body: String,
+    },
+    #[error("quota service {op} {url} timed out after {seconds}s")]
+    Timeout {
+        op: &'static str,
+        url: String,
+        seconds: u64,
+    },
+    #[error("quota service configuration: {0}")]
+    Config(String),
+}
+
+/// Where GPU quota comes from.
+pub trait QuotaProvider {
+    /// Reserves quota for a GpuJob; repeated calls for one UID return the same
+    /// reservation.
+    fn reserve(
+        &self,
+        req: &ReserveRequest,
+    ) -> impl Future<Output = Result<Reserve, QuotaError>> + Send;
+    /// Releases a GpuJob's reservation; releasing an unknown one succeeds.
+    fn release(&self, uid: &str) -> impl Future<Output = Result<(), QuotaError>> + Send;
+}
+
+/// The backends, chosen by `--quota-provider`.
+#[derive(Debug, Clone)]
+pub enum Provider {
+    /// No external quota: nothing reserved, no finalizer.
+    None,
+    Http(HttpProvider),
+}
+
+impl Provider {
+    pub fn enabled(&self) -> bool {
+        !matches!(self, Provider::None)
+    }
+}
+
+impl QuotaProvider for Provider {
+    async fn reserve(&self, req: &ReserveRequest) -> Result<Reserve, QuotaError> {
+        match self {
+            Provider::None => Ok(Reserve::Granted { id: String::new() }),
+            Provider::Http(h) => h.reserve(req).await,
+        }
+    }
+
+    async fn release(&self, uid: &str) -> Result<(), QuotaError> {
+        match self {
+            Provider::None => Ok(()),
+            Provider::Http(h) => h.release(uid).await,
+        }
+    }
+}

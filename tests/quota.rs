@@ -1,0 +1,277 @@
+//! External GPU quota behind a finalizer, against a fake quota service that can refuse,
+//! fail and record calls: tests count effects (live reservations, Jobs), not calls.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod support;
+
+use std::time::Duration;
+
+use devcluster::wait;
+use gpujob_operator::api::Phase;
+use gpujob_operator::controller::Settings;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use support::quota::{FakeQuota, Mode};
+use support::{TestEnv, condition, phase, ready, sim_env};
+
+async fn setup(prefix: &str) -> (TestEnv, FakeQuota, Settings) {
+    let env = TestEnv::new(prefix).await;
+    let fake = FakeQuota::start().await;
+    let token = std::env::temp_dir().join(format!("gpujob-quota-token-{}", env.ns));
+    let mut settings = env.settings();
+    settings.quota = fake.provider(&token);
+    settings.cleanup_timeout = Duration::from_secs(2);
+    (env, fake, settings)
+}
+
+#[tokio::test]
+async fn reservation_is_recorded_before_the_job_and_released_when_done_or_deleted() {
+    let (env, fake, settings) = setup("quota-seed").await;
+    let audit = env.cluster.audit();
+    let start = audit.cursor().unwrap();
+    let op = env.operator("quota-seed", settings).await;
+    let done = env
+        .create(
+            "done",
+            json!({"image": "i", "gpus": 2, "env": sim_env(&[("SIM_DURATION_SECONDS", "2")])}),
+        )
+        .await;
+    let running = env
+        .wait_gpujob("done", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    let uid = done.metadata.uid.clone().unwrap();
+    let id = running
+        .status
+        .clone()
+        .unwrap()
+        .reservation_id
+        .expect("reservation id in status");
+    assert_eq!(
+        fake.live().get(&uid),
+        Some(&id),
+        "exactly this reservation is live"
+    );
+    assert!(
+        running.holds_quota_finalizer(),
+        "the finalizer guards the reservation"
+    );
+    assert_eq!(condition(&running, "QuotaReserved").unwrap().0, "True");
+
+    // The reservation id reached status before the Job existed: the operator's first
+    // status patch precedes its Job create.
+    let agent = TestEnv::agent("quota-seed");
+    let writes: Vec<_> = audit
+        .since(start)
+        .unwrap()
+        .into_iter()
+        .filter(|e| {
+            e.user_agent == agent
+                && e.namespace == env.ns
+                && e.name.starts_with("done")
+                && e.succeeded()
+        })
+        .collect();
+    let first_status = writes
+        .iter()
+        .position(|e| e.subresource == "status")
+        .unwrap();
+    let first_create = writes
+        .iter()
+        .position(|e| e.resource == "jobs" && e.verb == "create")
+        .unwrap();
+    assert!(first_status < first_create, "{writes:#?}");
+    let finalizer_patch = writes
+        .iter()
+        .position(|e| e.resource == "gpujobs" && e.subresource.is_empty())
+        .unwrap();
+    assert!(
+        finalizer_patch < first_status,
+        "finalizer first, then the reservation: {writes:#?}"
+    );
+
+    // Finished: released, then the finalizer goes.
+    let finished = env
+        .wait_gpujob("done", "Succeeded and released", |g| {
+            phase(g) == Some(Phase::Succeeded)
+                && !g.holds_quota_finalizer()
+                && g.status
+                    .as_ref()
+                    .is_some_and(|s| s.reservation_id.is_none())
+        })
+        .await;
+    assert!(!fake.live().contains_key(&uid));
+    assert_eq!(condition(&finished, "QuotaReserved").unwrap().1, "Released");
+
+    // Deleted while running: released, then the finalizer goes, then the Job is collected.
+    let doomed = env
+        .create(
+            "doomed",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "60")])}),
+        )
+        .await;
+    env.wait_gpujob("doomed", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    let doomed_uid = doomed.metadata.uid.clone().unwrap();
+    assert!(fake.live().contains_key(&doomed_uid));
+    env.gpujobs()
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    let api = env.gpujobs();
+    wait::until(
+        "the deleted GpuJob to go",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            let api = api.clone();
+            async move { api.get_opt("doomed").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        !fake.live().contains_key(&doomed_uid),
+        "released before the finalizer went"
+    );
+    let jobs = env.jobs();
+    wait::until(
+        "its Job to be collected",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        || {
+            let jobs = jobs.clone();
+            async move { jobs.get_opt("doomed-1").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    let events = env.events_of("done").await;
+    let reasons: Vec<&str> = events.iter().map(|e| e.1.as_str()).collect();
+    for r in [
+        "QuotaReserved",
+        "AttemptStarted",
+        "Succeeded",
+        "QuotaReleased",
+    ] {
+        assert!(reasons.contains(&r), "missing Event {r}: {events:?}");
+    }
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn refused_quota_backs_off_and_the_gpujob_starts_once_granted() {
+    let (env, fake, settings) = setup("quota-refused").await;
+    fake.set_reserve(Mode::Refuse);
+    let op = env.operator("quota-refused", settings).await;
+    let gj = env
+        .create(
+            "wait",
+            json!({"image": "i", "gpus": 8, "env": sim_env(&[("SIM_DURATION_SECONDS", "1")])}),
+        )
+        .await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    let refused = env
+        .wait_gpujob("wait", "QuotaRefused", |g| {
+            ready(g).is_some_and(|(_, r, _)| r == "QuotaRefused")
+        })
+        .await;
+    assert_eq!(phase(&refused), Some(Phase::Pending));
+    let (status, reason, message) = condition(&refused, "QuotaReserved").unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "InsufficientQuota")
+    );
+    assert!(message.contains("8 GPUs"), "{message}");
+    assert_eq!(env.jobs_of(&refused).await.len(), 0, "no Job without quota");
+
+    // A shortage of a few seconds: the backoff grows, so the calls stay few.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let calls = fake.calls("reserve", &uid).len();
+    assert!((3..=14).contains(&calls), "{calls} reserve calls in ~6 s");
+    let warnings: Vec<_> = env
+        .events_of("wait")
+        .await
+        .into_iter()
+        .filter(|e| e.1 == "QuotaRefused")
+        .collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one Warning Event per transition: {warnings:?}"
+    );
+    assert_eq!(op.status.metrics.quota_refusals.get(), calls as u64);
+
+    fake.set_reserve(Mode::Ok);
+    let done = env
+        .wait_gpujob("wait", "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
+        .await;
+    assert_eq!(done.status.unwrap().attempts, 1);
+    assert_eq!(fake.granted(&uid).len(), 1);
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_release_that_keeps_failing_is_reported_and_can_be_unlocked() {
+    let (env, fake, settings) = setup("quota-stuck").await;
+    let op = env.operator("quota-stuck", settings).await;
+    let gj = env
+        .create(
+            "stuck",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "60")])}),
+        )
+        .await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    let running = env
+        .wait_gpujob("stuck", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    let id = running.status.unwrap().reservation_id.unwrap();
+
+    fake.set_release(Mode::Fail);
+    env.gpujobs()
+        .delete("stuck", &DeleteParams::default())
+        .await
+        .unwrap();
+    // The finalizer holds; past the (2 s) cleanup timeout the GpuJob says so.
+    let stuck = env
+        .wait_gpujob("stuck", "CleanupStuck", |g| {
+            condition(g, "CleanupStuck").is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    assert!(stuck.metadata.deletion_timestamp.is_some());
+    assert!(stuck.holds_quota_finalizer());
+    let rendered = op.status.render_metrics();
+    assert!(
+        rendered.contains("gpujob_cleanup_stuck 1"),
+        "the metric an alert uses"
+    );
+
+    // The manual unlock: deletion finishes without a release, and says what was abandoned.
+    let unlock = json!({"metadata": {"annotations": {"gpujob.dev/skip-quota-release": "true"}}});
+    env.gpujobs()
+        .patch("stuck", &PatchParams::default(), &Patch::Merge(unlock))
+        .await
+        .unwrap();
+    let api = env.gpujobs();
+    wait::until(
+        "the unlocked GpuJob to go",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            let api = api.clone();
+            async move { api.get_opt("stuck").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(fake.live().get(&uid), Some(&id), "abandoned, not released");
+    let events = env.events_of("stuck").await;
+    let skipped = events
+        .iter()
+        .find(|e| e.1 == "QuotaReleaseSkipped")
+        .expect("a Warning Event records it");
+    assert_eq!(skipped.0, "Warning");
+    assert!(skipped.2.contains(&id), "{skipped:?}");
+    assert!(events.iter().any(|e| e.1 == "CleanupStuck"), "{events:?}");
+    op.stop().await;
+}
