@@ -23,16 +23,9 @@ fn created(job: &Job) -> Timestamp {
     job.metadata.creation_timestamp.as_ref().unwrap().0
 }
 
-fn failed_at(job: &Job) -> Timestamp {
-    match job_state(job) {
-        JobState::Failed { time, .. } => time.unwrap(),
-        other => panic!("{:?} is not failed: {other:?}", job.metadata.name),
-    }
-}
-
 /// Attempts are numbered 1..=n without gaps, and each starts only after the one before
 /// it failed: never two at once.
-fn assert_sequential(gj: &str, jobs: &[Job], n: i32) {
+async fn assert_sequential(env: &TestEnv, gj: &str, jobs: &[Job], n: i32) {
     let attempts: Vec<i32> = jobs
         .iter()
         .map(|j| {
@@ -44,8 +37,8 @@ fn assert_sequential(gj: &str, jobs: &[Job], n: i32) {
     assert_eq!(attempts, (1..=n).collect::<Vec<_>>(), "attempts of {gj}");
     for pair in jobs.windows(2) {
         assert!(
-            created(&pair[1]) >= failed_at(&pair[0]),
-            "{:?} started before {:?} failed",
+            created(&pair[1]) >= env.ended_at(&pair[0]).await,
+            "{:?} started before {:?} ended",
             pair[1].metadata.name,
             pair[0].metadata.name
         );
@@ -189,14 +182,15 @@ async fn failures_retry_in_order_with_backoff_then_fail_with_the_exit_code() {
     assert_eq!(status.next_attempt_time, None);
 
     let jobs = env.jobs_of(&gj).await;
-    assert_sequential("flaky", &jobs, 3);
+    assert_sequential(&env, "flaky", &jobs, 3).await;
     assert_eq!(*most.lock().unwrap(), 1, "two attempts were active at once");
-    // Backoff 1 s after the first failure, 2 s after the second (second precision).
-    let gap = |k: usize| {
-        created(&jobs[k + 1])
-            .duration_since(failed_at(&jobs[k]))
-            .as_secs()
-    };
+    // Backoff 1 s after the first failure, 2 s after the second (second precision),
+    // measured from when each attempt's pod ended.
+    let mut ended = Vec::new();
+    for j in &jobs {
+        ended.push(env.ended_at(j).await);
+    }
+    let gap = |k: usize| created(&jobs[k + 1]).duration_since(ended[k]).as_secs();
     let detail = || {
         jobs.iter()
             .map(|j| {
@@ -239,7 +233,7 @@ async fn a_failed_first_attempt_then_success() {
     let status = done.status.unwrap();
     assert_eq!((status.attempts, status.failures), (2, 1));
     assert_eq!(status.last_failure.unwrap().attempt, 1);
-    assert_sequential("second-time", &env.jobs_of(&gj).await, 2);
+    assert_sequential(&env, "second-time", &env.jobs_of(&gj).await, 2).await;
     op.stop().await;
 }
 
@@ -384,7 +378,7 @@ async fn killed_and_restarted_operators_never_skip_repeat_or_overlap_attempts() 
         let status = now.status.unwrap();
         assert_eq!(status.phase, Some(Phase::Succeeded), "{name}");
         assert_eq!((status.attempts, status.failures), (4, 3), "{name}");
-        assert_sequential(name, &env.jobs_of(gj).await, 4);
+        assert_sequential(&env, name, &env.jobs_of(gj).await, 4).await;
         assert_eq!(
             *most.lock().unwrap(),
             1,

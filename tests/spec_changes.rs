@@ -181,10 +181,7 @@ async fn a_change_during_backoff_applies_to_the_next_attempt_after_the_backoff()
         has_env(&jobs[1], "LR", "0.01"),
         "the next attempt runs the new spec"
     );
-    let failed_at = match gpujob_operator::controller::plan::job_state(&jobs[0]) {
-        gpujob_operator::controller::plan::JobState::Failed { time, .. } => time.unwrap(),
-        s => panic!("{s:?}"),
-    };
+    let failed_at = env.ended_at(&jobs[0]).await;
     let started = jobs[1].metadata.creation_timestamp.clone().unwrap().0;
     assert!(
         started.duration_since(failed_at).as_secs() >= 4,

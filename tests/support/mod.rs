@@ -227,6 +227,38 @@ impl TestEnv {
         }
     }
 
+    /// When an attempt's container ended, from its pod. (Kubernetes 1.20's Job
+    /// controller can stamp a Job's Failed condition a second time, later, when two of
+    /// its syncs race; the operator keeps the first it saw. The pod's end is the fact.)
+    pub async fn ended_at(&self, job: &Job) -> jiff::Timestamp {
+        use k8s_openapi::api::core::v1::Pod;
+        let uid = job.metadata.uid.clone().unwrap();
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), &self.ns);
+        let list = pods
+            .list(&ListParams::default().labels(&format!("controller-uid={uid}")))
+            .await
+            .unwrap();
+        let ended = list
+            .items
+            .iter()
+            .flat_map(|p| {
+                p.status
+                    .iter()
+                    .flat_map(|s| s.container_statuses.iter().flatten())
+            })
+            .filter_map(|c| {
+                c.state
+                    .as_ref()?
+                    .terminated
+                    .as_ref()?
+                    .finished_at
+                    .as_ref()
+                    .map(|t| t.0)
+            })
+            .max();
+        ended.unwrap_or_else(|| panic!("{:?}: no terminated pod", job.metadata.name))
+    }
+
     /// Jobs of a GpuJob, by attempt.
     pub async fn jobs_of(&self, gj: &GpuJob) -> Vec<Job> {
         let uid = gj.metadata.uid.clone().unwrap();
