@@ -125,7 +125,9 @@ impl Writer {
         }
     }
 
-    fn fence(&self) -> Result<(), Error> {
+    /// `Err(NotLeader)` once ownership has lapsed: checked before every write, and
+    /// before calls to the outside world (the quota service).
+    pub fn fence(&self) -> Result<(), Error> {
         if self.ownership.borrow().valid_at(Instant::now()) {
             Ok(())
         } else {

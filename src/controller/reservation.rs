@@ -71,6 +71,7 @@ pub async fn stage(ctx: &Context, key: &Key, snap: &mut Snapshot) -> Result<Opti
     };
     let now = seconds(Timestamp::now());
     let generation = gj.metadata.generation;
+    ctx.writer.fence()?;
     match ctx.quota.reserve(&req).await? {
         Reserve::Granted { id } => {
             failpoint::hit("after-reserve");
@@ -96,7 +97,6 @@ pub async fn stage(ctx: &Context, key: &Key, snap: &mut Snapshot) -> Result<Opti
             info!(reason = %reason, "GPU quota refused: {message}; asking again with backoff");
             let mut next = status.clone();
             next.observed_generation = generation;
-            next.phase = Some(Phase::Pending);
             set_condition(
                 &mut next.conditions,
                 QUOTA_RESERVED,
@@ -106,6 +106,13 @@ pub async fn stage(ctx: &Context, key: &Key, snap: &mut Snapshot) -> Result<Opti
                 generation,
                 now,
             );
+            if status.attempts > 0 {
+                // Quota was switched on while an attempt already ran: that attempt goes
+                // on (the plan follows it); only new attempts wait for a reservation.
+                write_status(ctx, key, snap, &next).await?;
+                return Ok(None);
+            }
+            next.phase = Some(Phase::Pending);
             set_condition(
                 &mut next.conditions,
                 READY,
@@ -161,6 +168,7 @@ async fn release(
     }
     let now = seconds(Timestamp::now());
     let generation = gj.metadata.generation;
+    ctx.writer.fence()?;
     match ctx.quota.release(&uid).await {
         Ok(()) => {
             failpoint::hit("after-release");
