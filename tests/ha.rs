@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use devcluster::audit::AuditEvent;
-use gpujob_operator::api::{LABEL_ATTEMPT, LABEL_UID, Phase};
-use gpujob_operator::controller::plan::{JobState, job_state};
+use gpujob_operator::api::{LABEL_UID, Phase};
+use gpujob_operator::controller::job::attempt_of;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::ListParams;
@@ -65,37 +65,9 @@ async fn assert_attempts_sound(env: &TestEnv) {
         let uid = gj.metadata.uid.clone().unwrap();
         let name = gj.metadata.name.clone().unwrap();
         let mut jobs = by_owner.remove(&uid).unwrap_or_default();
-        jobs.sort_by_key(|j| {
-            j.metadata.labels.as_ref().unwrap()[LABEL_ATTEMPT]
-                .parse::<i32>()
-                .unwrap()
-        });
-        let attempts: Vec<i32> = jobs
-            .iter()
-            .map(|j| {
-                j.metadata.labels.as_ref().unwrap()[LABEL_ATTEMPT]
-                    .parse()
-                    .unwrap()
-            })
-            .collect();
-        let status = gj.status.clone().unwrap();
-        assert_eq!(
-            attempts,
-            (1..=status.attempts).collect::<Vec<_>>(),
-            "attempts of {name}"
-        );
-        for pair in jobs.windows(2) {
-            assert!(
-                matches!(job_state(&pair[0]), JobState::Failed { .. }),
-                "{name}: attempt before {:?} did not fail",
-                pair[1].metadata.name
-            );
-            assert!(
-                pair[1].metadata.creation_timestamp.as_ref().unwrap().0
-                    >= env.ended_at(&pair[0]).await,
-                "{name}: overlapping attempts"
-            );
-        }
+        jobs.sort_by_key(|j| attempt_of(j).unwrap_or(0));
+        let attempts = gj.status.clone().unwrap().attempts;
+        env.assert_attempts_sequential(&name, &jobs, attempts).await;
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use devcluster::audit::AuditEvent;
 use devcluster::wait;
-use gpujob_operator::api::{GPU_RESOURCE, GpuJob, LABEL_ATTEMPT, LABEL_NAME, Phase};
+use gpujob_operator::api::{GPU_RESOURCE, GpuJob, LABEL_NAME, Phase};
 use gpujob_operator::controller::plan::{JobState, job_state};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -21,28 +21,6 @@ use support::{POLL, TestEnv, WAIT, phase, ready, sim_env};
 
 fn created(job: &Job) -> Timestamp {
     job.metadata.creation_timestamp.as_ref().unwrap().0
-}
-
-/// Attempts are numbered 1..=n without gaps, and each starts only after the one before
-/// it failed: never two at once.
-async fn assert_sequential(env: &TestEnv, gj: &str, jobs: &[Job], n: i32) {
-    let attempts: Vec<i32> = jobs
-        .iter()
-        .map(|j| {
-            j.metadata.labels.as_ref().unwrap()[LABEL_ATTEMPT]
-                .parse()
-                .unwrap()
-        })
-        .collect();
-    assert_eq!(attempts, (1..=n).collect::<Vec<_>>(), "attempts of {gj}");
-    for pair in jobs.windows(2) {
-        assert!(
-            created(&pair[1]) >= env.ended_at(&pair[0]).await,
-            "{:?} started before {:?} ended",
-            pair[1].metadata.name,
-            pair[0].metadata.name
-        );
-    }
 }
 
 /// Records the most Jobs of one GpuJob seen active at the same time.
@@ -182,7 +160,7 @@ async fn failures_retry_in_order_with_backoff_then_fail_with_the_exit_code() {
     assert_eq!(status.next_attempt_time, None);
 
     let jobs = env.jobs_of(&gj).await;
-    assert_sequential(&env, "flaky", &jobs, 3).await;
+    env.assert_attempts_sequential("flaky", &jobs, 3).await;
     assert_eq!(*most.lock().unwrap(), 1, "two attempts were active at once");
     // Backoff 1 s after the first failure, 2 s after the second (second precision),
     // measured from when each attempt's pod ended.
@@ -233,7 +211,8 @@ async fn a_failed_first_attempt_then_success() {
     let status = done.status.unwrap();
     assert_eq!((status.attempts, status.failures), (2, 1));
     assert_eq!(status.last_failure.unwrap().attempt, 1);
-    assert_sequential(&env, "second-time", &env.jobs_of(&gj).await, 2).await;
+    env.assert_attempts_sequential("second-time", &env.jobs_of(&gj).await, 2)
+        .await;
     op.stop().await;
 }
 
@@ -378,7 +357,8 @@ async fn killed_and_restarted_operators_never_skip_repeat_or_overlap_attempts() 
         let status = now.status.unwrap();
         assert_eq!(status.phase, Some(Phase::Succeeded), "{name}");
         assert_eq!((status.attempts, status.failures), (4, 3), "{name}");
-        assert_sequential(&env, name, &env.jobs_of(gj).await, 4).await;
+        env.assert_attempts_sequential(name, &env.jobs_of(gj).await, 4)
+            .await;
         assert_eq!(
             *most.lock().unwrap(),
             1,

@@ -391,10 +391,6 @@ impl ControlPlane {
         &self.info
     }
 
-    pub fn is_owned(&self) -> bool {
-        self.owned.is_some()
-    }
-
     pub fn kubeconfig(&self, who: Identity) -> PathBuf {
         self.info.kubeconfig(who)
     }

@@ -40,10 +40,13 @@ impl GpuJob {
 
     /// Condition `type_` of the status, if any.
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
-        self.status
-            .as_ref()?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_)
+        self.status.as_ref()?.condition(type_)
+    }
+}
+
+impl GpuJobStatus {
+    /// Condition `type_`, if any.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
     }
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::status::{READY, condition};
+use super::events::CLEANUP_STUCK;
+use super::status::READY;
 use crate::api::{GpuJob, Phase};
 
 /// Ready reasons of a GpuJob that waits on purpose: not stuck, with metrics of its own.
@@ -44,10 +45,7 @@ pub fn snapshot<'a>(
     };
     let mut seen_now = FirstSeen::new();
     for gj in gpujobs {
-        let stuck = gj
-            .status
-            .as_ref()
-            .and_then(|s| condition(s, "CleanupStuck"));
+        let stuck = gj.status.as_ref().and_then(|s| s.condition(CLEANUP_STUCK));
         if stuck.is_some_and(|c| c.status == crate::api::ConditionStatus::True) {
             snap.cleanup_stuck += 1;
         }
@@ -58,7 +56,7 @@ pub fn snapshot<'a>(
         let status = gj.status.clone().unwrap_or_default();
         let phase = status.phase.map_or("Unknown", phase_label);
         *snap.by_phase.entry(phase).or_default() += 1;
-        let ready = condition(&status, READY);
+        let ready = status.condition(READY);
         let waiting = ready
             .map(|c| c.reason.as_str())
             .and_then(|r| WAITING_REASONS.iter().find(|w| **w == r).copied())

@@ -5,7 +5,7 @@
 use crate::api::{ConditionStatus, GpuJobStatus, Phase};
 
 use super::plan::SPEC_CHANGE_PENDING;
-use super::status::{READY, condition};
+use super::status::READY;
 
 pub const QUOTA_RESERVED: &str = "QuotaReserved";
 pub const CLEANUP_STUCK: &str = "CleanupStuck";
@@ -33,7 +33,8 @@ fn note(kind: Kind, reason: &'static str, note: impl Into<String>) -> Note {
 }
 
 fn cond<'a>(s: &'a GpuJobStatus, t: &str) -> Option<(&'a ConditionStatus, &'a str, &'a str)> {
-    condition(s, t).map(|c| (&c.status, c.reason.as_str(), c.message.as_str()))
+    s.condition(t)
+        .map(|c| (&c.status, c.reason.as_str(), c.message.as_str()))
 }
 
 /// The Events for the change from `before` to `after`.

@@ -124,8 +124,9 @@ impl WriteMemory {
         self.lock().remove(key);
     }
 
-    /// GpuJobs with something remembered; for tests and a sanity metric.
-    pub fn entries(&self) -> usize {
+    /// GpuJobs with something remembered.
+    #[cfg(test)]
+    fn entries(&self) -> usize {
         self.lock().len()
     }
 }

@@ -687,12 +687,7 @@ mod tests {
     }
 
     fn ready(p: &Plan) -> (ConditionStatus, String) {
-        let c = p
-            .status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == READY)
-            .unwrap();
+        let c = p.status.condition(READY).unwrap();
         (c.status, c.reason.clone())
     }
 
@@ -891,12 +886,7 @@ mod tests {
         assert_eq!(p.status.phase, Some(Phase::Failed));
         assert_eq!((p.status.attempts, p.status.failures), (2, 2));
         assert_eq!(p.status.completion_time, Some(t("2026-11-30T06:01:00Z")));
-        let c = p
-            .status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == READY)
-            .unwrap();
+        let c = p.status.condition(READY).unwrap();
         assert_eq!(c.reason, "RetriesExhausted");
         assert!(c.message.contains("exit code 7"), "{}", c.message);
         // Final: later reconciles start nothing.

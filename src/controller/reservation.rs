@@ -13,15 +13,9 @@ use super::observe::Snapshot;
 use super::reconcile::{Next, remember, write_status};
 use super::status::{READY, remove_condition, seconds, set_condition};
 use super::{Context, Key};
-use crate::api::{
-    ANNOTATION_SKIP_RELEASE, ConditionStatus, FINALIZER_QUOTA, GpuJob, GpuJobStatus, Phase,
-};
+use crate::api::{ANNOTATION_SKIP_RELEASE, ConditionStatus, FINALIZER_QUOTA, GpuJobStatus, Phase};
 use crate::failpoint;
 use crate::quota::{QuotaProvider, Reserve, ReserveRequest};
-
-fn has_finalizer(gj: &GpuJob) -> bool {
-    gj.holds_quota_finalizer()
-}
 
 /// Runs before planning. `Some(next)`: the reconcile ends here (deletion handled, quota
 /// refused, or released after finishing); `None`: go on and plan the attempts.
@@ -30,13 +24,13 @@ pub async fn stage(ctx: &Context, key: &Key, snap: &mut Snapshot) -> Result<Opti
     let status = gj.status.clone().unwrap_or_default();
     let deleting = gj.metadata.deletion_timestamp.is_some();
     if deleting {
-        if !has_finalizer(&gj) {
+        if !gj.holds_quota_finalizer() {
             return Ok(Some(Next::Done));
         }
         return release(ctx, key, snap, true).await.map(Some);
     }
     if !ctx.quota.enabled() {
-        if has_finalizer(&gj) {
+        if gj.holds_quota_finalizer() {
             // Quota was switched off: nothing can be released any more.
             warn!(
                 "quota is disabled but the GpuJob still holds {FINALIZER_QUOTA}; removing it (any reservation is abandoned)"
@@ -50,12 +44,12 @@ pub async fn stage(ctx: &Context, key: &Key, snap: &mut Snapshot) -> Result<Opti
         return Ok(None);
     }
     if status.phase.is_some_and(Phase::is_final) {
-        if status.reservation_id.is_some() || has_finalizer(&gj) {
+        if status.reservation_id.is_some() || gj.holds_quota_finalizer() {
             return release(ctx, key, snap, false).await.map(Some);
         }
         return Ok(None);
     }
-    if !has_finalizer(&gj) {
+    if !gj.holds_quota_finalizer() {
         // Before anything exists outside the cluster, so that deletion waits for it.
         let updated = ctx.writer.set_finalizer(&gj, FINALIZER_QUOTA, true).await?;
         remember(ctx, key, snap, updated);
@@ -192,7 +186,7 @@ async fn release(
                 );
             }
             write_status(ctx, key, snap, &next).await?;
-            if has_finalizer(&snap.gpujob) {
+            if snap.gpujob.holds_quota_finalizer() {
                 let gj = snap.gpujob.clone();
                 let updated = ctx
                     .writer

@@ -4,7 +4,7 @@
 use jiff::Timestamp;
 use serde_json::{Map, Value};
 
-use crate::api::{Condition, ConditionStatus, GpuJobStatus};
+use crate::api::{Condition, ConditionStatus};
 
 pub const READY: &str = "Ready";
 
@@ -39,10 +39,6 @@ pub fn set_condition(
 
 pub fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) {
     conditions.retain(|c| c.type_ != type_);
-}
-
-pub fn condition<'a>(status: &'a GpuJobStatus, type_: &str) -> Option<&'a Condition> {
-    status.conditions.iter().find(|c| c.type_ == type_)
 }
 
 /// A JSON merge patch (RFC 7386) that turns `old` into `new`: changed fields, with

@@ -303,11 +303,6 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.notify.notify_waiters();
         self.notify.notify_one();
     }
-
-    /// Keys being processed right now.
-    pub fn processing(&self) -> usize {
-        self.lock().processing.len()
-    }
 }
 
 fn gauge(n: usize) -> i64 {

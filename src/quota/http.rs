@@ -141,32 +141,17 @@ impl HttpProvider {
             }
             None => Full::new(Bytes::new()),
         };
-        let req = req.body(body).map_err(|e| QuotaError::Transport {
+        let transport = |e: &dyn std::fmt::Display| QuotaError::Transport {
             op,
             url: url.clone(),
             message: e.to_string(),
-        })?;
+        };
+        let req = req.body(body).map_err(|e| transport(&e))?;
         let seconds = self.settings.timeout.as_secs();
         let exchange = async {
-            let res = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| QuotaError::Transport {
-                    op,
-                    url: url.clone(),
-                    message: e.to_string(),
-                })?;
+            let res = self.client.request(req).await.map_err(|e| transport(&e))?;
             let code = res.status();
-            let bytes = res
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| QuotaError::Transport {
-                    op,
-                    url: url.clone(),
-                    message: e.to_string(),
-                })?;
+            let bytes = res.into_body().collect().await.map_err(|e| transport(&e))?;
             Ok((
                 code,
                 String::from_utf8_lossy(&bytes.to_bytes()).into_owned(),

@@ -259,6 +259,34 @@ impl TestEnv {
         ended.unwrap_or_else(|| panic!("{:?}: no terminated pod", job.metadata.name))
     }
 
+    /// The Jobs `jobs` of GpuJob `gj` (sorted by attempt) run attempts 1..=n without
+    /// gaps or repeats, and each started only after the one before it failed and its pod
+    /// ended: never two attempts at once.
+    pub async fn assert_attempts_sequential(&self, gj: &str, jobs: &[Job], n: i32) {
+        let attempts: Vec<i32> = jobs
+            .iter()
+            .map(|j| controller::job::attempt_of(j).unwrap())
+            .collect();
+        assert_eq!(attempts, (1..=n).collect::<Vec<_>>(), "attempts of {gj}");
+        for pair in jobs.windows(2) {
+            assert!(
+                matches!(
+                    controller::plan::job_state(&pair[0]),
+                    controller::plan::JobState::Failed { .. }
+                ),
+                "{gj}: the attempt before {:?} did not fail",
+                pair[1].metadata.name
+            );
+            assert!(
+                pair[1].metadata.creation_timestamp.as_ref().unwrap().0
+                    >= self.ended_at(&pair[0]).await,
+                "{gj}: {:?} started before {:?} ended",
+                pair[1].metadata.name,
+                pair[0].metadata.name
+            );
+        }
+    }
+
     /// Jobs of a GpuJob, by attempt.
     pub async fn jobs_of(&self, gj: &GpuJob) -> Vec<Job> {
         let uid = gj.metadata.uid.clone().unwrap();
@@ -387,17 +415,7 @@ pub fn condition(gj: &GpuJob, type_: &str) -> Option<(String, String, String)> {
 }
 
 pub fn ready(gj: &GpuJob) -> Option<(String, String, String)> {
-    let c = gj
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")?;
-    Some((
-        format!("{:?}", c.status),
-        c.reason.clone(),
-        c.message.clone(),
-    ))
+    condition(gj, "Ready")
 }
 
 pub fn sim_env(pairs: &[(&str, &str)]) -> serde_json::Value {
