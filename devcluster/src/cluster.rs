@@ -334,6 +334,10 @@ impl ControlPlane {
                 ),
                 format!("--root-ca-file={}", pki.ca_cert.display()),
                 "--use-service-account-credentials=false".to_owned(),
+                // Its default client budget (20 qps) makes the Job controller the
+                // bottleneck of every test that runs a few hundred Jobs at once.
+                "--kube-api-qps=300".to_owned(),
+                "--kube-api-burst=600".to_owned(),
             ]);
             c
         };
