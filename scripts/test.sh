@@ -28,14 +28,23 @@ cargo build -p devcluster --locked --bins
 cargo nextest run --workspace --exclude gpujob-benches --features gpujob-operator/failpoints --locked --no-run
 
 step "shared control plane"
-state="$cache/test-cluster"
-log="$cache/test-cluster.log"
+# A state folder of this run's own: a second run on the same machine (CI next to
+# a developer's run, two clones) must not restart or stop this one's control plane,
+# which is what `devcluster up` does to whatever else runs on the same folder.
+state="$(mktemp -d "$cache/test-cluster-XXXXXX")"
+log="$state.log"
 "$CARGO_TARGET_DIR/debug/devcluster" up --state-dir "$state" \
   --crd deploy/crd.yaml --crd devcluster/testdata/widget-crd.yaml >"$log" 2>&1 &
 up_pid=$!
 stop_cluster() {
+  local status=$?
   kill -TERM "$up_pid" 2>/dev/null || true
   wait "$up_pid" 2>/dev/null || true
+  if [[ $status -eq 0 ]]; then
+    rm -rf "$state" "$log"
+  else
+    echo "control plane logs kept for inspection: $state/logs, $log, $state/audit.log" >&2
+  fi
 }
 trap stop_cluster EXIT
 wait_cluster "$state" "$log" "$up_pid"
