@@ -253,9 +253,10 @@ async fn a_paused_leader_resumed_after_losing_the_lease_writes_nothing() {
     let (leader, _) = wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |_| true).await;
     let spec =
         |d: &str| json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", d)])});
-    for i in 0..10 {
-        env.create(&format!("before-{i}"), spec("2")).await;
-    }
+    // A burst, and the leader frozen in the middle of working through it: it resumes
+    // with reconciles in flight and keys queued, every one of which must be fenced.
+    let names: Vec<String> = (0..40).map(|i| format!("before-{i}")).collect();
+    futures::future::join_all(names.iter().map(|n| env.create(n, spec("2")))).await;
     let start = audit.cursor().unwrap();
     let i = leader_index(&replicas, &leader);
     replicas[i].signal(Signal::SIGSTOP);
@@ -281,7 +282,7 @@ async fn a_paused_leader_resumed_after_losing_the_lease_writes_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    wait_all_final(&env, 30, Duration::from_secs(90)).await;
+    wait_all_final(&env, 60, Duration::from_secs(90)).await;
     assert_attempts_sound(&env).await;
 
     // Other tests' replicas use the same user names: this namespace only.
