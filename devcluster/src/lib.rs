@@ -24,7 +24,7 @@ mod cluster;
 mod error;
 pub mod identity;
 pub mod metrics;
-mod pki;
+pub mod pki;
 pub mod podsim;
 mod process;
 pub mod wait;

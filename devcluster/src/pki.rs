@@ -9,8 +9,10 @@ use std::process::{Command, Stdio};
 
 use crate::Error;
 
+/// A CA and a serving certificate for 127.0.0.1/localhost signed by it (PEM files):
+/// kube-apiserver's, and reusable by any test server that must speak TLS.
 #[derive(Debug, Clone)]
-pub(crate) struct Pki {
+pub struct Pki {
     pub ca_cert: PathBuf,
     pub serving_cert: PathBuf,
     pub serving_key: PathBuf,

@@ -141,10 +141,12 @@ impl HttpProvider {
             }
             None => Full::new(Bytes::new()),
         };
-        let transport = |e: &dyn std::fmt::Display| QuotaError::Transport {
+        // hyper's errors say only "client error (Connect)"; the cause (refused, a TLS
+        // certificate the CA bundle does not vouch for, ...) is in the source chain.
+        let transport = |e: &dyn std::error::Error| QuotaError::Transport {
             op,
             url: url.clone(),
-            message: e.to_string(),
+            message: error_chain(e),
         };
         let req = req.body(body).map_err(|e| transport(&e))?;
         let seconds = self.settings.timeout.as_secs();
@@ -227,4 +229,19 @@ impl QuotaProvider for HttpProvider {
             }),
         }
     }
+}
+
+/// `e: cause: cause ...`, each distinct message once.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = cause.source();
+    }
+    out
 }

@@ -12,6 +12,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::put;
 use gpujob_operator::quota::{HttpProvider, HttpSettings, Provider};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -51,7 +53,41 @@ pub struct FakeQuota {
 }
 
 impl FakeQuota {
+    /// Over plain HTTP.
     pub async fn start() -> FakeQuota {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        Self::serve(listener, format!("http://{addr}"))
+    }
+
+    /// Over HTTPS, with the serving certificate (for 127.0.0.1) of `pki`.
+    pub async fn start_tls(pki: &devcluster::pki::Pki) -> FakeQuota {
+        let certs = CertificateDer::pem_file_iter(&pki.serving_cert)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(&pki.serving_key).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let listener = TlsListener {
+            tcp,
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        };
+        Self::serve(listener, format!("https://127.0.0.1:{}", addr.port()))
+    }
+
+    fn serve<L: axum::serve::Listener>(listener: L, url: String) -> FakeQuota
+    where
+        L::Addr: std::fmt::Debug,
+    {
         let inner = Arc::new(Mutex::new(Inner {
             reserve: Mode::Ok,
             release: Mode::Ok,
@@ -63,15 +99,10 @@ impl FakeQuota {
         let app = Router::new()
             .route("/v1/reservations/{uid}", put(reserve).delete(release))
             .with_state(inner.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        FakeQuota {
-            url: format!("http://{addr}"),
-            inner,
-        }
+        FakeQuota { url, inner }
     }
 
     /// A provider for an in-process operator, with the test token and a short timeout.
@@ -126,6 +157,33 @@ impl FakeQuota {
 }
 
 type Shared = Arc<Mutex<Inner>>;
+
+/// TCP with a TLS handshake on accept; a failed handshake (a client that does not
+/// trust the certificate) drops that connection and the listener goes on.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            if let Ok(tls) = self.acceptor.accept(tcp).await {
+                return (tls, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
 
 fn authorized(headers: &HeaderMap) -> bool {
     headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {TOKEN}"))
