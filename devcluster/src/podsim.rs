@@ -279,12 +279,53 @@ impl Drop for PodSimulator {
 /// further events.
 const RESYNC: Duration = Duration::from_secs(2);
 
+/// Pod uids for which the simulator has set a step in motion. The store can lag far
+/// behind the pods under load; without these, every pass would patch pods it already
+/// started again, each pass would take longer, the watch would fall further behind
+/// (until kube-apiserver drops it as too slow) and pods would stop moving at all.
+#[derive(Debug, Clone, Default)]
+struct Claims(Arc<Mutex<HashSet<String>>>);
+
+impl Claims {
+    /// False when `uid` was already claimed.
+    fn claim(&self, uid: &str) -> bool {
+        self.0
+            .lock()
+            .map(|mut s| s.insert(uid.to_owned()))
+            .unwrap_or(false)
+    }
+
+    fn release(&self, uid: &str) {
+        if let Ok(mut s) = self.0.lock() {
+            s.remove(uid);
+        }
+    }
+
+    fn retain(&self, live: &HashSet<&str>) {
+        if let Ok(mut s) = self.0.lock() {
+            s.retain(|uid| live.contains(uid.as_str()));
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Simulator {
+    client: kube::Client,
+    /// A Running patch is in flight or was accepted.
+    started: Claims,
+    /// The end is scheduled or its patch was accepted.
+    ending: Claims,
+}
+
 async fn run(config: kube::Config) -> Result<(), Error> {
     let client = kube::Client::try_from(config).map_err(Error::kube("pod simulator client"))?;
     let pods: Api<Pod> = Api::all(client.clone());
     let (store, writer) = reflector::store::<Pod>();
-    // Pods whose end is scheduled, so a repeated event schedules nothing twice.
-    let scheduled: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let sim = Simulator {
+        client,
+        started: Claims::default(),
+        ending: Claims::default(),
+    };
     let mut events = reflector::reflector(
         writer,
         watcher(pods, watcher::Config::default()).default_backoff(),
@@ -292,77 +333,89 @@ async fn run(config: kube::Config) -> Result<(), Error> {
     .applied_objects()
     .boxed();
     let mut tick = tokio::time::interval(RESYNC);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // `act` only spawns: this loop never waits on the API server, so it keeps up
+        // with the watch however many pods there are.
         tokio::select! {
             event = events.next() => match event {
-                Some(Ok(pod)) => act(&client, &scheduled, pod).await,
+                Some(Ok(pod)) => sim.act(pod),
                 Some(Err(e)) => tracing::warn!("pod simulator: watch error: {e}; the watch retries with backoff"),
                 None => return Ok(()),
             },
             _ = tick.tick() => {
-                for pod in store.state() {
-                    act(&client, &scheduled, (*pod).clone()).await;
+                let pods = store.state();
+                // Deleted pods: forget them.
+                let live: HashSet<&str> = pods.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
+                sim.started.retain(&live);
+                sim.ending.retain(&live);
+                for pod in &pods {
+                    sim.act((**pod).clone());
                 }
             }
         }
     }
 }
 
-async fn act(client: &kube::Client, scheduled: &Arc<Mutex<HashSet<String>>>, pod: Pod) {
-    let (Some(ns), Some(name), Some(uid)) = (
-        pod.metadata.namespace.clone(),
-        pod.metadata.name.clone(),
-        pod.metadata.uid.clone(),
-    ) else {
-        return;
-    };
-    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    match step(&pod, Timestamp::now()) {
-        Step::Ignore => {
-            if let Ok(mut s) = scheduled.lock() {
-                s.remove(&uid);
-            }
-        }
-        Step::Start => {
-            let patch = running_patch(&pod, Timestamp::now());
-            if let Err(e) = api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-                .await
-            {
-                tracing::warn!(
-                    "pod simulator: cannot mark pod {ns}/{name} Running: {e}; retrying on the next pass"
-                );
-            }
-        }
-        Step::FinishAt(at) => {
-            let fresh = scheduled
-                .lock()
-                .map(|mut s| s.insert(uid.clone()))
-                .unwrap_or(false);
-            if !fresh {
-                return;
-            }
-            let scheduled = scheduled.clone();
-            tokio::spawn(async move {
-                let wait = Timestamp::now().duration_until(at);
-                if let Ok(wait) = Duration::try_from(wait) {
-                    tokio::time::sleep(wait).await;
+impl Simulator {
+    fn act(&self, pod: Pod) {
+        let (Some(ns), Some(name), Some(uid)) = (
+            pod.metadata.namespace.clone(),
+            pod.metadata.name.clone(),
+            pod.metadata.uid.clone(),
+        ) else {
+            return;
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        match step(&pod, Timestamp::now()) {
+            // Finished or going away: nothing more to do for it.
+            Step::Ignore => {}
+            Step::Start => {
+                if !self.started.claim(&uid) {
+                    return;
                 }
-                let behaviour = Behaviour::of(&pod);
-                let patch = finished_patch(&pod, &behaviour, Timestamp::now());
-                if let Err(e) = api
-                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-                    .await
-                {
-                    tracing::warn!(
-                        "pod simulator: cannot end pod {ns}/{name}: {e}; retrying on the next pass"
-                    );
-                    // The next pass over the store schedules it again.
-                    if let Ok(mut s) = scheduled.lock() {
-                        s.remove(&uid);
+                let sim = self.clone();
+                tokio::spawn(async move {
+                    let patch = running_patch(&pod, Timestamp::now());
+                    match api
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+                        .await
+                    {
+                        // Schedule its end from the pod the API server returned, not
+                        // from the watch, which may be behind.
+                        Ok(running) => sim.act(running),
+                        Err(e) => {
+                            tracing::warn!(
+                                "pod simulator: cannot mark pod {ns}/{name} Running: {e}; retrying on the next pass"
+                            );
+                            sim.started.release(&uid);
+                        }
                     }
+                });
+            }
+            Step::FinishAt(at) => {
+                if !self.ending.claim(&uid) {
+                    return;
                 }
-            });
+                let ending = self.ending.clone();
+                tokio::spawn(async move {
+                    let wait = Timestamp::now().duration_until(at);
+                    if let Ok(wait) = Duration::try_from(wait) {
+                        tokio::time::sleep(wait).await;
+                    }
+                    let behaviour = Behaviour::of(&pod);
+                    let patch = finished_patch(&pod, &behaviour, Timestamp::now());
+                    if let Err(e) = api
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+                        .await
+                    {
+                        tracing::warn!(
+                            "pod simulator: cannot end pod {ns}/{name}: {e}; retrying on the next pass"
+                        );
+                        ending.release(&uid);
+                    }
+                });
+            }
         }
     }
 }

@@ -8,6 +8,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use devcluster::audit::AuditEvents;
 use devcluster::identity::REPLICA_GROUP;
 use devcluster::{ControlPlane, Identity, wait};
@@ -305,6 +307,84 @@ async fn writes_are_audited_under_the_user_who_made_them_and_rbac_is_enforced() 
             .any(|e| e.user == "admin" && e.resource == "rolebindings")
     );
     assert!(events.iter().all(|e| e.is_write()), "reads are not audited");
+}
+
+/// A burst of pods, as when a few hundred Jobs start at once: every pod still gets
+/// exactly two status patches (Running, then its end), however far the simulator's
+/// watch falls behind. Repeats would mean it acts on stale pods, which under load
+/// snowballs until pods stop moving.
+#[tokio::test]
+async fn a_burst_of_pods_moves_each_pod_exactly_twice() {
+    const PODS: usize = 300;
+    let cluster = cluster().await;
+    let ns = cluster.create_namespace("dc-burst").await.unwrap();
+    let audit = cluster.audit();
+    let cursor = audit.cursor().unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(Identity::Admin).await.unwrap(), &ns);
+    let pod = |i: usize| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("p-{i}")},
+            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": false,
+                "containers": [{"name": "main", "image": "busybox",
+                    "env": [{"name": "SIM_DURATION_SECONDS", "value": "2"}]}]},
+        }))
+        .unwrap()
+    };
+    // The namespace's default service account comes from kube-controller-manager.
+    wait::until("the first pod to be admitted", WAIT, POLL, || {
+        let pods = pods.clone();
+        async move { pods.create(&PostParams::default(), &pod(0)).await.ok() }
+    })
+    .await
+    .unwrap();
+    futures::stream::iter(1..PODS)
+        .for_each_concurrent(32, |i| {
+            let pods = pods.clone();
+            let p = pod(i);
+            async move {
+                pods.create(&PostParams::default(), &p).await.unwrap();
+            }
+        })
+        .await;
+
+    wait::until(
+        "every pod to succeed",
+        Duration::from_secs(120),
+        POLL,
+        || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&ListParams::default()).await.ok()?;
+                let done = list
+                    .items
+                    .iter()
+                    .filter(|p| {
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+                    })
+                    .count();
+                (done == PODS).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    let events = audit.since(cursor).unwrap();
+    let mut patches: std::collections::BTreeMap<&str, usize> = Default::default();
+    for e in events.writes_in(&ns) {
+        if e.resource == "pods" && e.subresource == "status" {
+            assert_eq!(e.user_agent, "devcluster-pod-simulator");
+            *patches.entry(e.name.as_str()).or_default() += 1;
+        }
+    }
+    assert_eq!(patches.len(), PODS);
+    let repeated: Vec<_> = patches.iter().filter(|(_, n)| **n != 2).collect();
+    assert!(
+        repeated.is_empty(),
+        "{} of {PODS} pods not patched exactly twice, e.g. {:?}",
+        repeated.len(),
+        &repeated[..repeated.len().min(5)]
+    );
 }
 
 #[tokio::test]
