@@ -95,6 +95,16 @@ impl AuditLog {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
             Err(e) => return Err(Error::io(what())(e)),
         };
+        let len = file.metadata().map_err(Error::io(what()))?.len();
+        if len < offset {
+            // Reading on from the old offset would start mid-line in another file.
+            return Err(Error::invalid(
+                what(),
+                format!(
+                    "the log is shorter ({len} bytes) than the cursor ({offset}): it was rotated or truncated"
+                ),
+            ));
+        }
         file.seek(SeekFrom::Start(offset))
             .map_err(Error::io(what()))?;
         let mut buf = Vec::new();
@@ -239,6 +249,12 @@ mod tests {
         assert_eq!(all.writes_in("ns1").len(), 2);
         assert_eq!(all.writes_in("ns2").len(), 0);
         assert_eq!(all.by_user("admin").len(), 0);
+
+        // A log that starts over (rotated, truncated) is an error, not a misread.
+        let end = log.cursor().unwrap();
+        std::fs::write(&path, format!("{LINE}\n")).unwrap();
+        let err = log.since(end).unwrap_err().to_string();
+        assert!(err.contains("rotated"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -280,6 +280,9 @@ impl ControlPlane {
             format!("--audit-log-path={}", audit_log.display()),
             "--audit-log-mode=blocking".to_owned(),
             "--audit-log-format=json".to_owned(),
+            // Never rotate (0 would mean lumberjack's 100 MB): audit cursors are byte
+            // offsets into this one file, and a load test writes far more than 100 MB.
+            "--audit-log-maxsize=1048576".to_owned(),
             "--profiling=false".to_owned(),
         ]
         .into_iter()
