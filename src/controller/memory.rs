@@ -25,10 +25,22 @@ struct Entry {
     replaced: HashSet<String>,
     /// The GpuJob as the last status write returned it.
     latest: Option<Arc<GpuJob>>,
-    /// Jobs created, by name, until the cache has them.
-    created: BTreeMap<String, Job>,
+    /// Jobs created, by name, until the cache has them. Boxed in an Arc: a Job is a
+    /// few KB inline, and a map node holds room for eleven.
+    created: BTreeMap<String, Arc<Job>>,
     /// Jobs deleted (name → uid), until the cache drops them.
     deleted: BTreeMap<String, String>,
+}
+
+impl Entry {
+    /// Nothing remembered: the same as no entry, so it goes (a converged GpuJob costs
+    /// no memory here).
+    fn is_empty(&self) -> bool {
+        self.replaced.is_empty()
+            && self.latest.is_none()
+            && self.created.is_empty()
+            && self.deleted.is_empty()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -61,6 +73,9 @@ impl WriteMemory {
                 // The cache has caught up (or moved past): forget the status writes.
                 entry.replaced.clear();
                 entry.latest = None;
+                if entry.is_empty() {
+                    entries.remove(key);
+                }
                 cached
             }
         }
@@ -98,14 +113,19 @@ impl WriteMemory {
                 !entry.deleted.contains_key(name)
             })
             .collect();
-        jobs.extend(entry.created.values().cloned().map(Arc::new));
+        jobs.extend(entry.created.values().cloned());
+        if entry.is_empty() {
+            entries.remove(key);
+        }
         jobs
     }
 
     pub fn job_created(&self, key: &Key, owner: &GpuJob, job: Job) {
         let mut entries = self.lock();
         if let Some(name) = job.metadata.name.clone() {
-            entry(&mut entries, key, owner).created.insert(name, job);
+            entry(&mut entries, key, owner)
+                .created
+                .insert(name, Arc::new(job));
         }
     }
 
@@ -222,6 +242,7 @@ mod tests {
                 .as_deref(),
             Some("10")
         );
+        assert_eq!(m.entries(), 0, "nothing left to remember, nothing kept");
     }
 
     #[test]
@@ -260,5 +281,6 @@ mod tests {
         );
         // Another GpuJob uid sees nothing remembered.
         assert!(m.jobs(&key(), "other", vec![]).is_empty());
+        assert_eq!(m.entries(), 0, "nothing left to remember, nothing kept");
     }
 }
