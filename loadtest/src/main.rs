@@ -1,0 +1,248 @@
+//! The load test: a private devcluster, the CRD and RBAC of `deploy/`, replicas of the
+//! real operator binary (all as the operator's service account, told apart by their
+//! User-Agent) and thousands of GpuJobs created at once. It measures what happened
+//! from the outside (the API server's audit log, the replicas' `/metrics`, `/proc`) and
+//! prints a Markdown report.
+//!
+//! It stops by itself: every wait has a deadline, and the control plane and the
+//! replicas end with it, also on error.
+
+mod measure;
+mod replicas;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use devcluster::{ControlPlane, Identity, Options};
+use futures::StreamExt;
+use gpujob_operator::api::{GpuJob, Phase};
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde_json::json;
+
+use crate::measure::{Outcome, Timeline};
+use crate::replicas::Replicas;
+
+const NAMESPACE: &str = "load";
+
+#[derive(Debug, Parser)]
+#[command(
+    about = "Creates GpuJobs in bulk against replicas of the real operator and reports what it cost"
+)]
+struct Args {
+    /// GpuJobs to create.
+    #[arg(long, default_value_t = 2000)]
+    gpujobs: usize,
+    /// Operator replicas (one leads, the others stand by).
+    #[arg(long, default_value_t = 3)]
+    replicas: u8,
+    /// GpuJob creates in flight at once.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// How long each simulated pod runs, in seconds.
+    #[arg(long, default_value = "1")]
+    sim_duration_seconds: String,
+    /// `kill -9` the leader once this many GpuJobs exist (a failover under load).
+    #[arg(long)]
+    kill_leader_after: Option<usize>,
+    /// The operator binary to run.
+    #[arg(long)]
+    operator_bin: PathBuf,
+    /// How the operator binary was built, for the report (e.g. `dev`, `release`).
+    #[arg(long, default_value = "dev")]
+    profile: String,
+    /// The repository's `deploy/` folder (CRD, namespace, RBAC).
+    #[arg(long, default_value = "deploy")]
+    deploy: PathBuf,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    timeout_seconds: u64,
+    /// Also write the report to this file.
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.gpujobs == 0 || args.replicas == 0 || args.concurrency == 0 {
+        bail!("--gpujobs, --replicas and --concurrency must be at least 1");
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    gpujob_operator::client::install_crypto_provider();
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
+    eprintln!("starting a private control plane");
+    let cluster = ControlPlane::start(Options {
+        crds: vec![args.deploy.join("crd.yaml")],
+        ..Options::default()
+    })
+    .await
+    .context("starting the control plane")?;
+    kubectl_apply(&cluster, &args.deploy)?;
+    let admin = cluster.client(Identity::Admin).await?;
+    let ns = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .context("creating the load namespace")?;
+
+    let mut replicas = Replicas::start(&cluster, &args.operator_bin, args.replicas)?;
+    let first_leader = replicas.wait_leader(&admin, None, deadline).await?;
+    eprintln!(
+        "{} replicas up, {first_leader} leads; creating {} GpuJobs",
+        args.replicas, args.gpujobs
+    );
+
+    // One watch of our own instead of polling lists, so the observer costs the API
+    // server next to nothing.
+    let gpujobs: Api<GpuJob> = Api::namespaced(admin.clone(), NAMESPACE);
+    let (store, writer) = reflector::store::<GpuJob>();
+    let watch = reflector::reflector(writer, watcher(gpujobs.clone(), watcher::Config::default()))
+        .applied_objects()
+        .for_each(|_| async {});
+    let watch = tokio::spawn(watch);
+
+    let audit = cluster.audit();
+    let cursor = audit.cursor()?;
+    let start = Instant::now();
+    let mut timeline = Timeline::default();
+    let spec = json!({
+        "image": "registry.example/train:1",
+        "gpus": 1,
+        "env": [{"name": "SIM_DURATION_SECONDS", "value": args.sim_duration_seconds}],
+    });
+    let mut created = 0usize;
+    let mut creates = futures::stream::iter(0..args.gpujobs)
+        .map(|i| {
+            let gpujobs = gpujobs.clone();
+            let spec = spec.clone();
+            async move {
+                let gj: GpuJob = serde_json::from_value(json!({
+                    "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+                    "metadata": {"name": format!("load-{i}")}, "spec": spec,
+                }))?;
+                gpujobs
+                    .create(&PostParams::default(), &gj)
+                    .await
+                    .with_context(|| format!("creating GpuJob {NAMESPACE}/load-{i}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(args.concurrency);
+    while let Some(r) = creates.next().await {
+        r?;
+        created += 1;
+        if Some(created) == args.kill_leader_after {
+            let killed = replicas.kill_leader(&admin).await?;
+            timeline.leader_killed = Some((start.elapsed(), killed));
+        }
+    }
+    timeline.created = start.elapsed();
+    eprintln!(
+        "created {created} GpuJobs in {:.1}s",
+        timeline.created.as_secs_f64()
+    );
+
+    loop {
+        let state = store.state();
+        let started = state
+            .iter()
+            .filter(|g| g.status.as_ref().is_some_and(|s| s.attempts >= 1))
+            .count();
+        let finished = state
+            .iter()
+            .filter(|g| {
+                g.status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .is_some_and(Phase::is_final)
+            })
+            .count();
+        if started == args.gpujobs && timeline.all_started.is_none() {
+            timeline.all_started = Some(start.elapsed());
+        }
+        if finished == args.gpujobs {
+            timeline.all_finished = start.elapsed();
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "gave up after {}s: {started} of {} GpuJobs started, {finished} finished",
+                args.timeout_seconds,
+                args.gpujobs
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    watch.abort();
+    eprintln!(
+        "every GpuJob finished {:.1}s after the first create",
+        timeline.all_finished.as_secs_f64()
+    );
+    if let Some((_, killed)) = &timeline.leader_killed {
+        timeline.new_leader = Some(
+            replicas
+                .wait_leader(&admin, Some(killed.as_str()), deadline)
+                .await?,
+        );
+    }
+    let phases = measure::phases(&store.state());
+    // Let the last writes reach the audit log.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let outcome = Outcome {
+        gpujobs: args.gpujobs,
+        phases,
+        audit: audit.since(cursor)?,
+        metrics: replicas.scrape().await,
+        memory: replicas.memory(),
+    };
+    let report = measure::report(
+        &measure::Setup {
+            gpujobs: args.gpujobs,
+            replicas: args.replicas,
+            concurrency: args.concurrency,
+            sim_duration_seconds: &args.sim_duration_seconds,
+            profile: &args.profile,
+            namespace: NAMESPACE,
+        },
+        &timeline,
+        &outcome,
+    );
+    println!("{report}");
+    if let Some(path) = &args.report {
+        std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("report written to {}", path.display());
+    }
+    drop(replicas);
+    cluster.shutdown();
+    Ok(())
+}
+
+fn kubectl_apply(cluster: &ControlPlane, deploy: &std::path::Path) -> anyhow::Result<()> {
+    let out = cluster
+        .command("kubectl", Identity::Admin)
+        .arg("apply")
+        .arg("-f")
+        .arg(deploy.join("namespace.yaml"))
+        .arg("-f")
+        .arg(deploy.join("rbac.yaml"))
+        .output()
+        .context("running kubectl apply")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl apply of {}/namespace.yaml and rbac.yaml failed: {}",
+            deploy.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The load test: thousands of GpuJobs against replicas of the real operator on a
+# private control plane; prints a Markdown report (and writes it where --report says).
+# Not part of the test command: figures are measured here, never asserted.
+#
+#   scripts/loadtest.sh                       # 2000 GpuJobs, 3 replicas, dev build
+#   scripts/loadtest.sh --gpujobs 10000 --kill-leader-after 5000 --report loadtest/REPORT.md
+#   LOADTEST_PROFILE=release scripts/loadtest.sh ...   # the operator built with --release
+#
+# Same set-up as scripts/test.sh on a fresh machine. Stops by itself (--timeout-seconds,
+# default 1800); the control plane and the replicas end with it.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+profile="${LOADTEST_PROFILE:-dev}"
+prepare_machine
+
+step "build ($profile profile for the operator)"
+if [[ "$profile" == "release" ]]; then
+  cargo build --locked --release --bin gpujob-operator
+  bin="$CARGO_TARGET_DIR/release/gpujob-operator"
+else
+  cargo build --locked --bin gpujob-operator
+  bin="$CARGO_TARGET_DIR/debug/gpujob-operator"
+fi
+cargo build --locked -p gpujob-loadtest
+
+step "load test"
+"$CARGO_TARGET_DIR/debug/gpujob-loadtest" --operator-bin "$bin" --profile "$profile" \
+  --deploy deploy "$@"
