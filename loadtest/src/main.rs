@@ -106,9 +106,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // server next to nothing.
     let gpujobs: Api<GpuJob> = Api::namespaced(admin.clone(), NAMESPACE);
     let (store, writer) = reflector::store::<GpuJob>();
-    let watch = reflector::reflector(writer, watcher(gpujobs.clone(), watcher::Config::default()))
-        .applied_objects()
-        .for_each(|_| async {});
+    let watch = reflector::reflector(
+        writer,
+        watcher(gpujobs.clone(), watcher::Config::default()).default_backoff(),
+    )
+    .applied_objects()
+    .for_each(|_| async {});
     let watch = tokio::spawn(watch);
 
     let audit = cluster.audit();

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use devcluster::audit::AuditEvent;
 use devcluster::identity::OPERATOR_USER;
+use devcluster::metrics::Metrics;
 use gpujob_operator::api::GpuJob;
 
 #[derive(Debug)]
@@ -55,29 +56,25 @@ pub fn phases(gpujobs: &[Arc<GpuJob>]) -> BTreeMap<String, usize> {
     out
 }
 
-/// Sum of a counter's samples whose labels include every pair of `labels`, grouped by
-/// the value of label `by`.
-pub fn counter_by(text: &str, name: &str, by: &str) -> BTreeMap<String, f64> {
+/// `rest_client_requests_total` summed over the scrapes, by method.
+pub fn requests_by_method(scrapes: &[(String, String)]) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
+    for (who, text) in scrapes {
+        let metrics = match Metrics::parse(text) {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("the /metrics of {who} do not parse: {e}");
+                continue;
+            }
         };
-        let Some(rest) = rest.strip_prefix('{') else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once('}') else {
-            continue;
-        };
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let key = labels
-            .split(',')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == by)
-            .map_or("", |(_, v)| v.trim_matches('"'));
-        *out.entry(key.to_owned()).or_default() += value;
+        for s in metrics
+            .samples
+            .iter()
+            .filter(|s| s.name == "rest_client_requests_total")
+        {
+            let method = s.labels.get("method").cloned().unwrap_or_default();
+            *out.entry(method).or_default() += s.value;
+        }
     }
     out
 }
@@ -164,12 +161,7 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
         "| Events written, per GpuJob | {:.2} ({events}) |",
         events as f64 / n
     );
-    let mut requests = BTreeMap::<String, f64>::new();
-    for (_, text) in &o.metrics {
-        for (method, v) in counter_by(text, "rest_client_requests_total", "method") {
-            *requests.entry(method).or_default() += v;
-        }
-    }
+    let requests = requests_by_method(&o.metrics);
     if !requests.is_empty() {
         let total: f64 = requests.values().sum();
         let split: Vec<String> = requests
@@ -213,13 +205,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counter_by_sums_per_label_value() {
+    fn requests_are_summed_per_method_across_replicas() {
         let text = "# TYPE rest_client_requests_total counter\n\
-            rest_client_requests_total{code=\"200\",method=\"GET\"} 5\n\
+            rest_client_requests_total{code=\"200\",method=\"GET\"} 3\n\
             rest_client_requests_total{code=\"409\",method=\"PATCH\"} 1\n\
             rest_client_requests_total{code=\"200\",method=\"PATCH\"} 2\n\
             rest_client_requests_total_other{method=\"GET\"} 100\n";
-        let by = counter_by(text, "rest_client_requests_total", "method");
+        let other = "rest_client_requests_total{code=\"200\",method=\"GET\"} 2\n";
+        let by = requests_by_method(&[("a".into(), text.into()), ("b".into(), other.into())]);
         assert_eq!(by.get("GET"), Some(&5.0));
         assert_eq!(by.get("PATCH"), Some(&3.0));
         assert_eq!(by.len(), 2);
