@@ -110,18 +110,43 @@ impl Writer {
         let patch = json!({
             "metadata": {"resourceVersion": gj.metadata.resource_version, "finalizers": finalizers},
         });
+        self.patch_gpujob(ns, name, &patch, false).await
+    }
+
+    /// One fenced merge patch of GpuJob `ns/name`, or of its status subresource. The
+    /// patch carries the resourceVersion it was computed from, so a 409 means the
+    /// GpuJob moved on: re-read, never overwrite.
+    async fn patch_gpujob(
+        &self,
+        ns: &str,
+        name: &str,
+        patch: &serde_json::Value,
+        status: bool,
+    ) -> Result<GpuJob, Error> {
         let api: Api<GpuJob> = Api::namespaced(self.client.clone(), ns);
         let pp = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
         self.fence()?;
-        match api.patch(name, &pp, &Patch::Merge(&patch)).await {
+        let sent = if status {
+            api.patch_status(name, &pp, &Patch::Merge(patch)).await
+        } else {
+            api.patch(name, &pp, &Patch::Merge(patch)).await
+        };
+        match sent {
             Ok(updated) => Ok(updated),
             Err(e) if api_code(&e) == Some(409) => Err(Error::Conflict {
                 what: format!("GpuJob {ns}/{name}"),
             }),
-            Err(e) => Err(self.failed("patch_finalizers", e)),
+            Err(e) => Err(self.failed(
+                if status {
+                    "patch_status"
+                } else {
+                    "patch_finalizers"
+                },
+                e,
+            )),
         }
     }
 
@@ -229,18 +254,6 @@ impl Writer {
             "metadata": {"resourceVersion": from.metadata.resource_version},
             "status": merge_patch(&old, &new),
         });
-        let api: Api<GpuJob> = Api::namespaced(self.client.clone(), ns);
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
-        self.fence()?;
-        match api.patch_status(name, &pp, &Patch::Merge(&patch)).await {
-            Ok(updated) => Ok(updated),
-            Err(e) if api_code(&e) == Some(409) => Err(Error::Conflict {
-                what: format!("GpuJob {ns}/{name}"),
-            }),
-            Err(e) => Err(self.failed("patch_status", e)),
-        }
+        self.patch_gpujob(ns, name, &patch, true).await
     }
 }
