@@ -218,10 +218,11 @@ impl RunArgs {
                 backoff_max: self.retry_backoff_max,
                 keep_jobs: self.keep_jobs,
                 max_gpus: self.max_gpus_per_job,
+                cleanup_timeout: self.cleanup_timeout,
+                ..PlanSettings::default()
             },
             identity: self.identity(),
             quota: self.quota()?,
-            cleanup_timeout: self.cleanup_timeout,
             resync: self.resync,
             unconverged_after: self.unconverged_after,
             retry: Backoff {

@@ -5,6 +5,7 @@
 //! observe → plan (pure) → apply (the only writer) → one status patch.
 
 pub mod api;
+mod backoff;
 pub mod cli;
 pub mod client;
 pub mod controller;
@@ -16,3 +17,4 @@ pub mod queue;
 pub mod quota;
 pub mod ratelimit;
 pub mod server;
+pub mod shard;

@@ -32,7 +32,6 @@ fn main() -> ExitCode {
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
-    client::install_crypto_provider();
     let settings = args.settings().map_err(anyhow::Error::msg)?;
     let timing = args.timing().map_err(anyhow::Error::msg)?;
     let limits = args.limits().map_err(anyhow::Error::msg)?;

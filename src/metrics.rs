@@ -3,15 +3,15 @@
 //! Names follow client-go and controller-runtime (`workqueue_*`, `rest_client_*`,
 //! `controller_runtime_reconcile_*`, `leader_election_master_status`) so existing
 //! dashboards work; domain metrics start with `gpujob_`. No label carries a per-object
-//! value; labelled counters are created at zero so rates exist before the first event.
+//! value; labelled counters are created at zero so rates exist before the first event
+//! (the label values of the controller's own vectors are created by the controller,
+//! which knows them: this module imports nothing of it).
 
+use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
-
-use crate::controller::domain::{PHASES, Snapshot, WAITING_REASONS};
-use crate::controller::error::ERROR_LABELS;
 
 /// The controller name in `controller`/`name` labels.
 pub const CONTROLLER: &str = "gpujob";
@@ -30,8 +30,8 @@ pub struct QueueMetrics {
     pub retries: IntCounter,
     pub queue_duration: Histogram,
     pub work_duration: Histogram,
-    pub unfinished_work: prometheus::Gauge,
-    pub longest_running: prometheus::Gauge,
+    pub unfinished_work: Gauge,
+    pub longest_running: Gauge,
 }
 
 #[derive(Debug, Clone)]
@@ -52,7 +52,7 @@ pub struct Metrics {
     pub gpujobs: IntGaugeVec,
     pub waiting: IntGaugeVec,
     pub unconverged: IntGauge,
-    pub unconverged_oldest: prometheus::Gauge,
+    pub unconverged_oldest: Gauge,
     pub attempts_started: IntCounter,
     pub attempts_failed: IntCounter,
     pub quota_refusals: IntCounter,
@@ -63,26 +63,30 @@ fn exp_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
     prometheus::exponential_buckets(start, factor, count).unwrap_or_default()
 }
 
-impl Metrics {
-    pub fn new() -> Metrics {
-        Self::try_new().unwrap_or_else(|e| {
-            // Only reachable through a programming error (a duplicate or invalid name),
-            // which the unit test below catches.
-            panic!("metric definitions are invalid: {e}")
-        })
-    }
+fn counter(name: &str, help: &str) -> prometheus::Result<IntCounter> {
+    IntCounter::with_opts(Opts::new(name, help))
+}
 
-    fn try_new() -> prometheus::Result<Metrics> {
-        let registry = Registry::new();
+fn gauge(name: &str, help: &str) -> prometheus::Result<IntGauge> {
+    IntGauge::with_opts(Opts::new(name, help))
+}
+
+fn counters(name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+    IntCounterVec::new(Opts::new(name, help), labels)
+}
+
+fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> HistogramOpts {
+    HistogramOpts::new(name, help).buckets(buckets)
+}
+
+impl QueueMetrics {
+    fn new() -> prometheus::Result<QueueMetrics> {
         let name = |n: &str, help: &str| Opts::new(n, help).const_label("name", CONTROLLER);
-        let ctrl = |n: &str, help: &str| Opts::new(n, help).const_label("controller", CONTROLLER);
         // client-go's workqueue buckets: 10 ns .. 10 s, factor 10.
         let wq = |n: &str, help: &str| {
-            HistogramOpts::new(n, help)
-                .const_label("name", CONTROLLER)
-                .buckets(exp_buckets(1e-8, 10.0, 10))
+            histogram(n, help, exp_buckets(1e-8, 10.0, 10)).const_label("name", CONTROLLER)
         };
-        let queue = QueueMetrics {
+        Ok(QueueMetrics {
             depth: IntGauge::with_opts(name("workqueue_depth", "Current depth of the work queue"))?,
             adds: IntCounter::with_opts(name(
                 "workqueue_adds_total",
@@ -100,20 +104,63 @@ impl Metrics {
                 "workqueue_work_duration_seconds",
                 "How long in seconds processing an item from the work queue takes",
             ))?,
-            unfinished_work: prometheus::Gauge::with_opts(name(
+            unfinished_work: Gauge::with_opts(name(
                 "workqueue_unfinished_work_seconds",
                 "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
             ))?,
-            longest_running: prometheus::Gauge::with_opts(name(
+            longest_running: Gauge::with_opts(name(
                 "workqueue_longest_running_processor_seconds",
                 "How many seconds has the longest running processor for the work queue been running",
             ))?,
-        };
+        })
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.depth.clone()),
+            Box::new(self.adds.clone()),
+            Box::new(self.retries.clone()),
+            Box::new(self.queue_duration.clone()),
+            Box::new(self.work_duration.clone()),
+            Box::new(self.unfinished_work.clone()),
+            Box::new(self.longest_running.clone()),
+        ]
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        Self::try_new().unwrap_or_else(|e| {
+            // Only reachable through a programming error (a duplicate or invalid name),
+            // which the unit test below catches.
+            panic!("metric definitions are invalid: {e}")
+        })
+    }
+
+    fn try_new() -> prometheus::Result<Metrics> {
+        let m = Self::define()?;
+        for c in m.collectors() {
+            m.registry.register(c)?;
+        }
+        m.zero_labels();
+        Ok(m)
+    }
+
+    /// Every metric, unregistered.
+    fn define() -> prometheus::Result<Metrics> {
+        let ctrl = |n: &str, help: &str| Opts::new(n, help).const_label("controller", CONTROLLER);
         let reconcile_buckets = vec![
             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
         ];
-        let m = Metrics {
-            queue,
+        let request_buckets = vec![
+            0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+        ];
+        let wait_buckets = vec![
+            0.0, 0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+        ];
+        Ok(Metrics {
+            registry: Registry::new(),
+            queue: QueueMetrics::new()?,
             reconcile_total: IntCounterVec::new(
                 ctrl(
                     "controller_runtime_reconcile_total",
@@ -126,51 +173,39 @@ impl Metrics {
                 "Total number of reconciliation errors per controller",
             ))?,
             reconcile_time: Histogram::with_opts(
-                HistogramOpts::new(
+                histogram(
                     "controller_runtime_reconcile_time_seconds",
                     "Length of time per reconciliation per controller",
+                    reconcile_buckets,
                 )
-                .const_label("controller", CONTROLLER)
-                .buckets(reconcile_buckets),
+                .const_label("controller", CONTROLLER),
             )?,
-            reconcile_errors_by_kind: IntCounterVec::new(
-                Opts::new(
-                    "gpujob_reconcile_errors_total",
-                    "Reconcile errors by stable error label",
-                ),
+            reconcile_errors_by_kind: counters(
+                "gpujob_reconcile_errors_total",
+                "Reconcile errors by stable error label",
                 &["error"],
             )?,
-            rest_requests: IntCounterVec::new(
-                Opts::new(
-                    "rest_client_requests_total",
-                    "Number of HTTP requests, partitioned by status code and method",
-                ),
+            rest_requests: counters(
+                "rest_client_requests_total",
+                "Number of HTTP requests, partitioned by status code and method",
                 &["code", "method"],
             )?,
             rest_latency: HistogramVec::new(
-                HistogramOpts::new(
+                histogram(
                     "rest_client_request_duration_seconds",
                     "Request latency in seconds, by verb",
-                )
-                .buckets(vec![
-                    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
-                ]),
+                    request_buckets,
+                ),
                 &["verb"],
             )?,
-            rate_limiter_wait: Histogram::with_opts(
-                HistogramOpts::new(
-                    "rest_client_rate_limiter_duration_seconds",
-                    "Client-side rate limiter latency in seconds",
-                )
-                .buckets(vec![
-                    0.0, 0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
-                ]),
-            )?,
-            rest_retries: IntCounterVec::new(
-                Opts::new(
-                    "rest_client_request_retries_total",
-                    "Number of request retries (429/503/504), partitioned by status code and method",
-                ),
+            rate_limiter_wait: Histogram::with_opts(histogram(
+                "rest_client_rate_limiter_duration_seconds",
+                "Client-side rate limiter latency in seconds",
+                wait_buckets,
+            ))?,
+            rest_retries: counters(
+                "rest_client_request_retries_total",
+                "Number of request retries (429/503/504), partitioned by status code and method",
                 &["code", "method"],
             )?,
             leader: IntGaugeVec::new(
@@ -180,14 +215,14 @@ impl Metrics {
                 ),
                 &["name"],
             )?,
-            lease_transitions: IntCounter::with_opts(Opts::new(
+            lease_transitions: counter(
                 "gpujob_lease_transitions_total",
                 "Times this replica gained or lost a lease",
-            ))?,
-            shards_held: IntGauge::with_opts(Opts::new(
+            )?,
+            shards_held: gauge(
                 "gpujob_shards_held",
                 "Shards whose lease this replica holds",
-            ))?,
+            )?,
             gpujobs: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_gpujobs",
@@ -202,100 +237,71 @@ impl Metrics {
                 ),
                 &["reason"],
             )?,
-            unconverged: IntGauge::with_opts(Opts::new(
+            unconverged: gauge(
                 "gpujob_unconverged",
                 "GpuJobs not converging: spec change unprocessed, or Pending without a running attempt past the threshold",
-            ))?,
-            unconverged_oldest: prometheus::Gauge::with_opts(Opts::new(
+            )?,
+            unconverged_oldest: Gauge::with_opts(Opts::new(
                 "gpujob_unconverged_oldest_seconds",
                 "Age of the oldest unconverged GpuJob",
             ))?,
-            attempts_started: IntCounter::with_opts(Opts::new(
+            attempts_started: counter(
                 "gpujob_attempts_started_total",
                 "Attempts started (Jobs created)",
-            ))?,
-            attempts_failed: IntCounter::with_opts(Opts::new(
-                "gpujob_attempts_failed_total",
-                "Attempts observed failed",
-            ))?,
-            quota_refusals: IntCounter::with_opts(Opts::new(
+            )?,
+            attempts_failed: counter("gpujob_attempts_failed_total", "Attempts observed failed")?,
+            quota_refusals: counter(
                 "gpujob_quota_refusals_total",
                 "Reservations the external GPU quota service refused",
-            ))?,
-            cleanup_stuck: IntGauge::with_opts(Opts::new(
+            )?,
+            cleanup_stuck: gauge(
                 "gpujob_cleanup_stuck",
                 "GpuJobs whose quota release keeps failing past its timeout (finalizer held)",
-            ))?,
-            registry,
-        };
-        let r = &m.registry;
-        r.register(Box::new(m.queue.depth.clone()))?;
-        r.register(Box::new(m.queue.adds.clone()))?;
-        r.register(Box::new(m.queue.retries.clone()))?;
-        r.register(Box::new(m.queue.queue_duration.clone()))?;
-        r.register(Box::new(m.queue.work_duration.clone()))?;
-        r.register(Box::new(m.queue.unfinished_work.clone()))?;
-        r.register(Box::new(m.queue.longest_running.clone()))?;
-        r.register(Box::new(m.reconcile_total.clone()))?;
-        r.register(Box::new(m.reconcile_errors.clone()))?;
-        r.register(Box::new(m.reconcile_time.clone()))?;
-        r.register(Box::new(m.reconcile_errors_by_kind.clone()))?;
-        r.register(Box::new(m.rest_requests.clone()))?;
-        r.register(Box::new(m.rest_latency.clone()))?;
-        r.register(Box::new(m.rate_limiter_wait.clone()))?;
-        r.register(Box::new(m.rest_retries.clone()))?;
-        r.register(Box::new(m.leader.clone()))?;
-        r.register(Box::new(m.lease_transitions.clone()))?;
-        r.register(Box::new(m.shards_held.clone()))?;
-        r.register(Box::new(m.gpujobs.clone()))?;
-        r.register(Box::new(m.waiting.clone()))?;
-        r.register(Box::new(m.unconverged.clone()))?;
-        r.register(Box::new(m.unconverged_oldest.clone()))?;
-        r.register(Box::new(m.attempts_started.clone()))?;
-        r.register(Box::new(m.attempts_failed.clone()))?;
-        r.register(Box::new(m.quota_refusals.clone()))?;
-        r.register(Box::new(m.cleanup_stuck.clone()))?;
-        for phase in PHASES {
-            m.gpujobs.with_label_values(&[phase]);
-        }
-        for reason in WAITING_REASONS {
-            m.waiting.with_label_values(&[reason]);
-        }
+            )?,
+        })
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        let mut all = self.queue.collectors();
+        let rest: Vec<Box<dyn Collector>> = vec![
+            Box::new(self.reconcile_total.clone()),
+            Box::new(self.reconcile_errors.clone()),
+            Box::new(self.reconcile_time.clone()),
+            Box::new(self.reconcile_errors_by_kind.clone()),
+            Box::new(self.rest_requests.clone()),
+            Box::new(self.rest_latency.clone()),
+            Box::new(self.rate_limiter_wait.clone()),
+            Box::new(self.rest_retries.clone()),
+            Box::new(self.leader.clone()),
+            Box::new(self.lease_transitions.clone()),
+            Box::new(self.shards_held.clone()),
+            Box::new(self.gpujobs.clone()),
+            Box::new(self.waiting.clone()),
+            Box::new(self.unconverged.clone()),
+            Box::new(self.unconverged_oldest.clone()),
+            Box::new(self.attempts_started.clone()),
+            Box::new(self.attempts_failed.clone()),
+            Box::new(self.quota_refusals.clone()),
+            Box::new(self.cleanup_stuck.clone()),
+        ];
+        all.extend(rest);
+        all
+    }
+
+    /// The label values this module knows, at zero.
+    fn zero_labels(&self) {
         for result in RESULTS {
-            m.reconcile_total.with_label_values(&[result]);
-        }
-        for label in ERROR_LABELS {
-            m.reconcile_errors_by_kind.with_label_values(&[label]);
+            self.reconcile_total.with_label_values(&[result]);
         }
         for method in METHODS {
             for code in CODES {
-                m.rest_requests.with_label_values(&[code, method]);
+                self.rest_requests.with_label_values(&[code, method]);
             }
             for code in ["429", "503", "504"] {
-                m.rest_retries.with_label_values(&[code, method]);
+                self.rest_retries.with_label_values(&[code, method]);
             }
         }
-        m.leader.with_label_values(&[CONTROLLER]);
-        Ok(m)
-    }
-
-    /// Publishes the domain gauges (`None`: this replica does not lead, report zero so
-    /// that sums across replicas count each GpuJob once).
-    pub fn set_domain(&self, snap: Option<&Snapshot>) {
-        let empty = Snapshot::default();
-        let snap = snap.unwrap_or(&empty);
-        for phase in PHASES {
-            let n = snap.by_phase.get(phase).copied().unwrap_or(0);
-            self.gpujobs.with_label_values(&[phase]).set(n);
-        }
-        for reason in WAITING_REASONS {
-            let n = snap.waiting.get(reason).copied().unwrap_or(0);
-            self.waiting.with_label_values(&[reason]).set(n);
-        }
-        self.unconverged.set(snap.unconverged);
-        self.cleanup_stuck.set(snap.cleanup_stuck);
-        self.unconverged_oldest
-            .set(snap.oldest_unconverged.as_secs_f64());
+        self.leader.with_label_values(&[CONTROLLER]);
     }
 
     /// The Prometheus text exposition of every metric.
@@ -327,7 +333,6 @@ mod tests {
             "controller_runtime_reconcile_total{controller=\"gpujob\",result=\"error\"} 0",
             "rest_client_requests_total{code=\"409\",method=\"PATCH\"} 0",
             "leader_election_master_status{name=\"gpujob\"} 0",
-            "gpujob_reconcile_errors_total{error=\"conflict\"} 0",
         ] {
             assert!(text.contains(name), "missing {name}");
         }

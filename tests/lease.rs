@@ -39,7 +39,12 @@ async fn contend(elector: &Elector, for_how_long: Duration) -> usize {
     let deadline = tokio::time::Instant::now() + for_how_long;
     let mut held = 0;
     while tokio::time::Instant::now() < deadline {
-        if let Ok(Attempt::Held { .. }) = elector.try_acquire_or_renew().await {
+        let attempt = if held == 0 {
+            elector.acquire().await
+        } else {
+            elector.renew().await
+        };
+        if let Ok(Attempt::Held { .. }) = attempt {
             held += 1;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -97,4 +102,33 @@ async fn two_contenders_on_an_expired_lease_never_both_win() {
         let holder = l.spec.unwrap().holder_identity.unwrap();
         assert_eq!(holder, if a > 0 { "a" } else { "b" }, "round {round}");
     }
+}
+
+#[tokio::test]
+async fn every_new_term_raises_lease_transitions_so_fencing_tokens_only_grow() {
+    let env = TestEnv::new("lease-terms").await;
+    let a = Elector::new(client(&env, 1, "a").await, &env.ns, "terms", "a", timing());
+    let b = Elector::new(client(&env, 2, "b").await, &env.ns, "terms", "b", timing());
+    let transitions = |attempt| match attempt {
+        Ok(Attempt::Held { transitions, .. }) => transitions,
+        other => panic!("expected to hold the Lease, got {other:?}"),
+    };
+    let first = transitions(a.acquire().await);
+    assert_eq!(
+        transitions(a.renew().await),
+        first,
+        "a renewal is the same term"
+    );
+    // The same replica starting over (restarted, or back after stepping down): a new
+    // term, so a late call of the old term carries the smaller token.
+    let second = transitions(a.acquire().await);
+    assert_eq!(second, first + 1);
+    // Released, then taken by another replica: newer still.
+    assert!(a.release().await.unwrap());
+    let third = transitions(b.acquire().await);
+    assert_eq!(third, second + 1);
+    assert!(
+        matches!(a.renew().await, Ok(Attempt::Lost)),
+        "a renewal never silently starts a term"
+    );
 }

@@ -21,7 +21,7 @@ async fn setup(prefix: &str) -> (TestEnv, FakeQuota, Settings) {
     let token = std::env::temp_dir().join(format!("gpujob-quota-token-{}", env.ns));
     let mut settings = env.settings();
     settings.quota = fake.provider(&token);
-    settings.cleanup_timeout = Duration::from_secs(2);
+    settings.plan.cleanup_timeout = Duration::from_secs(2);
     (env, fake, settings)
 }
 

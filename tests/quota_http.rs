@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gpujob_operator::quota::{
-    HttpProvider, HttpSettings, QuotaError, QuotaProvider, Reserve, ReserveRequest,
+    Call, HttpProvider, HttpSettings, QuotaError, QuotaProvider, Reserve, ReserveRequest,
 };
 use support::quota::{FakeQuota, Mode, TOKEN};
 
@@ -54,7 +54,7 @@ async fn a_wrong_token_is_an_error_not_a_refusal_and_a_rotated_token_applies_at_
 
         // 401 is not "no quota": the operator must retry it as a failure, not park the
         // GpuJob as refused.
-        match p.reserve(&request("u1")).await {
+        match p.reserve(&request("u1"), &Call::default()).await {
             Err(QuotaError::Status { code: 401, .. }) => {}
             other => panic!("expected a 401 error, got {other:?}"),
         }
@@ -62,7 +62,7 @@ async fn a_wrong_token_is_an_error_not_a_refusal_and_a_rotated_token_applies_at_
 
         // The token file is re-read per call: rotating it needs no restart.
         std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
-        let granted = p.reserve(&request("u1")).await.unwrap();
+        let granted = p.reserve(&request("u1"), &Call::default()).await.unwrap();
         assert!(matches!(granted, Reserve::Granted { .. }), "{granted:?}");
         assert_eq!(quota.live().len(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
@@ -81,14 +81,14 @@ async fn a_service_that_never_answers_times_out_per_call() {
         let p = provider(&quota.url, &token, None);
 
         quota.set_reserve(Mode::Hang);
-        match p.reserve(&request("u1")).await {
+        match p.reserve(&request("u1"), &Call::default()).await {
             Err(e @ QuotaError::Timeout { op: "reserve", .. }) => {
                 assert!(e.to_string().contains(&quota.url), "{e}");
             }
             other => panic!("expected a reserve timeout, got {other:?}"),
         }
         quota.set_release(Mode::Hang);
-        match p.release("u1").await {
+        match p.release("u1", &Call::default()).await {
             Err(QuotaError::Timeout { op: "release", .. }) => {}
             other => panic!("expected a release timeout, got {other:?}"),
         }
@@ -112,7 +112,7 @@ async fn https_is_trusted_through_the_ca_file_and_refused_without_it() {
         // System roots do not vouch for this CA: the call fails before any request is
         // sent, and the error says why, for the person on call.
         let untrusting = provider(&quota.url, &token, None);
-        match untrusting.reserve(&request("u1")).await {
+        match untrusting.reserve(&request("u1"), &Call::default()).await {
             Err(QuotaError::Transport { message, .. }) => {
                 assert!(message.contains("certificate"), "{message}");
             }
@@ -121,12 +121,15 @@ async fn https_is_trusted_through_the_ca_file_and_refused_without_it() {
         assert!(quota.calls("reserve", "u1").is_empty());
 
         let trusting = provider(&quota.url, &token, Some(pki.ca_cert.clone()));
-        let granted = trusting.reserve(&request("u1")).await.unwrap();
+        let granted = trusting
+            .reserve(&request("u1"), &Call::default())
+            .await
+            .unwrap();
         let Reserve::Granted { id } = granted else {
             panic!("expected a grant, got {granted:?}");
         };
         assert_eq!(quota.live().get("u1"), Some(&id));
-        trusting.release("u1").await.unwrap();
+        trusting.release("u1", &Call::default()).await.unwrap();
         assert!(quota.live().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     })

@@ -9,8 +9,6 @@ pub use crd::crd_yaml;
 pub use spec::{EnvVar, GpuJob, GpuJobSpec, UpdatePolicy};
 pub use status::{Condition, ConditionStatus, FailureRecord, GpuJobStatus, Phase};
 
-/// API group of every label, annotation and finalizer the operator owns.
-pub const GROUP: &str = "gpujob.dev";
 /// Label on Jobs and pods: the owning GpuJob's name (hash-truncated to 63 characters).
 pub const LABEL_NAME: &str = "gpujob.dev/name";
 /// Label on Jobs and pods: the owning GpuJob's UID. Jobs are watched by this label.

@@ -19,10 +19,12 @@ use crate::lease::Ownership;
 use crate::metrics::Metrics;
 use crate::ratelimit::TokenBucket;
 
-/// Refuses writes (anything but GET) once ownership has lapsed. It sits as close to the
-/// wire as this client can reach, after the rate limiter and the request buffer, so a
-/// write that waited there (or in a process paused with SIGSTOP) is checked again just
-/// before it is sent.
+/// Refuses writes (anything but GET) once ownership of the object's shard has lapsed
+/// (the shard of the namespace in the request path). It sits as close to the wire as
+/// this client can reach, after the rate limiter and the request buffer, so a write that
+/// waited there (or in a process paused with SIGSTOP) is checked again just before it
+/// is handed to the connection. What passed this check can still leave late (a pause
+/// between here and the socket): see the README on which writes are safe when late.
 #[derive(Clone)]
 pub struct FenceLayer {
     ownership: watch::Receiver<Ownership>,
@@ -71,13 +73,28 @@ where
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let write = req.method() != http::Method::GET;
-        if write && !self.ownership.borrow().valid_at(Instant::now()) {
+        if write
+            && !self
+                .ownership
+                .borrow()
+                .may_write(namespace_of(req.uri().path()), Instant::now())
+        {
             return futures::future::Either::Right(futures::future::ready(Err(Box::new(
                 LeaseLapsed,
             ))));
         }
         futures::future::Either::Left(self.inner.call(req))
     }
+}
+
+/// The namespace of a namespaced API path (`/api/v1/namespaces/{ns}/...`,
+/// `/apis/{group}/{version}/namespaces/{ns}/...`); `None` for anything else.
+fn namespace_of(path: &str) -> Option<&str> {
+    let mut parts = path.split('/').skip_while(|p| *p != "namespaces").skip(1);
+    let ns = parts.next()?;
+    // `POST /api/v1/namespaces/{name}`-like paths with nothing after the name are
+    // namespaces themselves, not objects in one.
+    parts.next().map(|_| ns)
 }
 
 /// Waits for a token before each request and counts the request by code and method.
@@ -195,5 +212,29 @@ impl<Res> Policy<Request<Body>, Response<Res>, BoxError> for CountingRetry {
             &mut self.inner,
             req,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::namespace_of;
+
+    #[test]
+    fn the_namespace_comes_from_the_path() {
+        let cases = [
+            ("/apis/batch/v1/namespaces/team-a/jobs", Some("team-a")),
+            ("/apis/batch/v1/namespaces/team-a/jobs/x-1", Some("team-a")),
+            (
+                "/apis/gpujob.dev/v1/namespaces/ml/gpujobs/a/status",
+                Some("ml"),
+            ),
+            ("/apis/events.k8s.io/v1/namespaces/ml/events", Some("ml")),
+            ("/api/v1/namespaces/ml", None),
+            ("/api/v1/namespaces", None),
+            ("/apis/gpujob.dev/v1/gpujobs", None),
+        ];
+        for (path, ns) in cases {
+            assert_eq!(namespace_of(path), ns, "{path}");
+        }
     }
 }

@@ -10,6 +10,7 @@ use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 
 use super::Key;
+use super::job::controller_of;
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -39,9 +40,7 @@ impl Default for JobIndex {
 /// The GpuJob that controls `job`, as (key, uid).
 pub fn owner_of(job: &Job) -> Option<(Key, String)> {
     let ns = job.metadata.namespace.as_deref()?;
-    let owner = job.metadata.owner_references.iter().flatten().find(|o| {
-        o.controller == Some(true) && o.kind == "GpuJob" && o.api_version.starts_with("gpujob.dev/")
-    })?;
+    let owner = controller_of(job)?;
     Some((Key::new(ns, &owner.name), owner.uid.clone()))
 }
 

@@ -1,6 +1,6 @@
 //! Pure: the domain gauges (GpuJobs by phase, deliberately waiting, unconverged) from the
-//! cached GpuJobs. Only the Lease holder reports them (standbys report zero), so a
-//! `sum()` across replicas never counts a GpuJob twice.
+//! cached GpuJobs of the shards this replica holds (a replica holding none reports
+//! zero), so a `sum()` across replicas never counts a GpuJob twice.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -10,6 +10,7 @@ use jiff::Timestamp;
 use super::events::CLEANUP_STUCK;
 use super::status::READY;
 use crate::api::{GpuJob, Phase};
+use crate::metrics::Metrics;
 
 /// Ready reasons of a GpuJob that waits on purpose: not stuck, with metrics of its own.
 pub const WAITING_REASONS: [&str; 3] = ["BackingOff", "QuotaRefused", "InvalidSpec"];
@@ -96,6 +97,26 @@ pub fn snapshot<'a>(
     }
     *first_seen = seen_now;
     snap
+}
+
+/// Publishes the domain gauges (`None`: this replica holds no shard; it reports zero so
+/// that sums across replicas count each GpuJob once).
+pub fn publish(metrics: &Metrics, snap: Option<&Snapshot>) {
+    let empty = Snapshot::default();
+    let snap = snap.unwrap_or(&empty);
+    for phase in PHASES {
+        let n = snap.by_phase.get(phase).copied().unwrap_or(0);
+        metrics.gpujobs.with_label_values(&[phase]).set(n);
+    }
+    for reason in WAITING_REASONS {
+        let n = snap.waiting.get(reason).copied().unwrap_or(0);
+        metrics.waiting.with_label_values(&[reason]).set(n);
+    }
+    metrics.unconverged.set(snap.unconverged);
+    metrics.cleanup_stuck.set(snap.cleanup_stuck);
+    metrics
+        .unconverged_oldest
+        .set(snap.oldest_unconverged.as_secs_f64());
 }
 
 fn phase_label(p: Phase) -> &'static str {

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 /// Every label [`Error::metric_label`] can return; metrics are created with these at zero.
-pub const ERROR_LABELS: [&str; 10] = [
+pub const ERROR_LABELS: [&str; 11] = [
     "read_job",
     "read_pods",
     "create_job",
@@ -12,6 +12,7 @@ pub const ERROR_LABELS: [&str; 10] = [
     "not_leader",
     "quota",
     "patch_finalizers",
+    "undecided",
 ];
 
 /// Why a reconcile did not finish. Each variant has a stable short label for metrics and
@@ -39,6 +40,10 @@ pub enum Error {
     NotLeader,
     #[error("{0}")]
     Quota(#[from] crate::quota::QuotaError),
+    /// The plan kept asking after as many answers as any GpuJob can need: a defect in
+    /// planning, stopped rather than looped.
+    #[error("no decision after {plans} plans (a planning defect); retrying with backoff")]
+    Undecided { plans: usize },
 }
 
 fn describe(action: &str) -> &'static str {
@@ -66,6 +71,7 @@ impl Error {
             Error::Serialize { .. } => "serialize",
             Error::NotLeader => "not_leader",
             Error::Quota(_) => "quota",
+            Error::Undecided { .. } => "undecided",
         }
     }
 

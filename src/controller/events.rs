@@ -10,7 +10,7 @@ use super::status::READY;
 pub const QUOTA_RESERVED: &str = "QuotaReserved";
 pub const CLEANUP_STUCK: &str = "CleanupStuck";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Normal,
     Warning,
@@ -39,10 +39,16 @@ fn cond<'a>(s: &'a GpuJobStatus, t: &str) -> Option<(&'a ConditionStatus, &'a st
 
 /// The Events for the change from `before` to `after`.
 pub fn transitions(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
-    let mut out = Vec::new();
-    let ready_after = cond(after, READY);
-    let ready_before = cond(before, READY);
+    let mut out = attempts(before, after);
+    out.extend(outcome(before, after));
+    out.extend(spec(before, after));
+    out.extend(quota(before, after));
+    out
+}
 
+/// Attempts: one failed, one started, one replaced, a wait before the next.
+fn attempts(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
+    let mut out = Vec::new();
     if let Some(f) = &after.last_failure
         && before
             .last_failure
@@ -69,7 +75,7 @@ pub fn transitions(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
             ),
         ));
     }
-    if let Some((_, "BackingOff", message)) = ready_after
+    if let Some((_, "BackingOff", message)) = cond(after, READY)
         && after.next_attempt_time != before.next_attempt_time
     {
         out.push(note(
@@ -78,48 +84,53 @@ pub fn transitions(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
             format!("retrying: {message}"),
         ));
     }
-    if after.phase != before.phase {
-        match (after.phase, ready_after) {
-            (Some(Phase::Succeeded), _) => {
-                out.push(note(Kind::Normal, "Succeeded", "the GpuJob succeeded"))
-            }
-            (Some(Phase::Failed), Some((_, _, message))) => {
-                out.push(note(Kind::Warning, "Failed", message.to_owned()))
-            }
-            _ => {}
-        }
+    out
+}
+
+/// The final outcome.
+fn outcome(before: &GpuJobStatus, after: &GpuJobStatus) -> Option<Note> {
+    if after.phase == before.phase {
+        return None;
     }
+    match (after.phase, cond(after, READY)) {
+        (Some(Phase::Succeeded), _) => {
+            Some(note(Kind::Normal, "Succeeded", "the GpuJob succeeded"))
+        }
+        (Some(Phase::Failed), Some((_, _, message))) => {
+            Some(note(Kind::Warning, "Failed", message.to_owned()))
+        }
+        _ => None,
+    }
+}
+
+/// An invalid spec, and spec changes that wait.
+fn spec(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
+    let mut out = Vec::new();
     let invalid = |r: Option<(&ConditionStatus, &str, &str)>| {
         r.filter(|(_, reason, _)| *reason == "InvalidSpec")
             .map(|(_, _, m)| m.to_owned())
     };
-    if let Some(message) = invalid(ready_after)
-        && invalid(ready_before).as_deref() != Some(message.as_str())
+    if let Some(message) = invalid(cond(after, READY))
+        && invalid(cond(before, READY)).as_deref() != Some(message.as_str())
     {
         out.push(note(Kind::Warning, "InvalidSpec", message));
     }
-    match (
-        cond(after, SPEC_CHANGE_PENDING),
-        cond(before, SPEC_CHANGE_PENDING),
-    ) {
-        (Some((_, reason, message)), b) if b.map(|(_, r, m)| (r, m)) != Some((reason, message)) => {
-            let kind = if reason == "InvalidSpec" {
-                Kind::Warning
-            } else {
-                Kind::Normal
-            };
-            out.push(note(
-                kind,
-                if reason == "InvalidSpec" {
-                    "InvalidSpec"
-                } else {
-                    "SpecChangePending"
-                },
-                message.to_owned(),
-            ));
-        }
-        _ => {}
+    if let Some((_, reason, message)) = cond(after, SPEC_CHANGE_PENDING)
+        && cond(before, SPEC_CHANGE_PENDING).map(|(_, r, m)| (r, m)) != Some((reason, message))
+    {
+        let (kind, reason) = if reason == "InvalidSpec" {
+            (Kind::Warning, "InvalidSpec")
+        } else {
+            (Kind::Normal, "SpecChangePending")
+        };
+        out.push(note(kind, reason, message.to_owned()));
     }
+    out
+}
+
+/// The quota reservation: reserved, refused, released, and a release that is stuck.
+fn quota(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
+    let mut out = Vec::new();
     match (cond(after, QUOTA_RESERVED), cond(before, QUOTA_RESERVED)) {
         (Some((ConditionStatus::True, _, message)), b)
             if !matches!(b, Some((ConditionStatus::True, _, _))) =>

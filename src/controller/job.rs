@@ -161,14 +161,17 @@ pub fn owner_reference(gpujob: &GpuJob) -> OwnerReference {
     }
 }
 
-/// Whether `job` is controlled by the GpuJob with `uid` (its controller owner reference,
-/// not merely its labels, which anyone can set).
+/// The GpuJob that controls `job`: its controller owner reference of kind GpuJob (not
+/// merely its labels, which anyone can set). The one owner check.
+pub fn controller_of(job: &Job) -> Option<&OwnerReference> {
+    job.metadata.owner_references.iter().flatten().find(|o| {
+        o.controller == Some(true) && o.kind == "GpuJob" && o.api_version.starts_with("gpujob.dev/")
+    })
+}
+
+/// Whether `job` is controlled by the GpuJob with `uid`.
 pub fn is_controlled_by(job: &Job, uid: &str) -> bool {
-    job.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == "GpuJob")
+    controller_of(job).is_some_and(|o| o.uid == uid)
 }
 
 /// The GpuJob generation a Job was built from, from its annotation.

@@ -30,6 +30,9 @@ struct Entry {
     created: BTreeMap<String, Arc<Job>>,
     /// Jobs deleted (name → uid), until the cache drops them.
     deleted: BTreeMap<String, String>,
+    /// Jobs being deleted in the foreground (name → uid): they stay until their pods
+    /// are gone; shown as deleting until the cache says so.
+    deleting: BTreeMap<String, String>,
 }
 
 impl Entry {
@@ -40,6 +43,7 @@ impl Entry {
             && self.latest.is_none()
             && self.created.is_empty()
             && self.deleted.is_empty()
+            && self.deleting.is_empty()
     }
 }
 
@@ -90,7 +94,8 @@ impl WriteMemory {
     }
 
     /// The GpuJob's Jobs: the cached ones, plus created and minus deleted ones the
-    /// cache has not seen yet.
+    /// cache has not seen yet (deletes are remembered only once the API server
+    /// accepted them: a refused one leaves the Job in view, to be decided again).
     pub fn jobs(&self, key: &Key, uid: &str, cached: Vec<Arc<Job>>) -> Vec<Arc<Job>> {
         let mut entries = self.lock();
         let Some(entry) = entries.get_mut(key).filter(|e| e.uid == uid) else {
@@ -106,13 +111,35 @@ impl WriteMemory {
         entry
             .deleted
             .retain(|name, uid| cached_names.get(name) == Some(uid));
-        let mut jobs: Vec<Arc<Job>> = cached
-            .into_iter()
-            .filter(|j| {
-                let name = j.metadata.name.as_deref().unwrap_or_default();
-                !entry.deleted.contains_key(name)
+        entry.deleting.retain(|name, uid| {
+            cached.iter().any(|j| {
+                j.metadata.name.as_deref() == Some(name.as_str())
+                    && j.metadata.uid.as_deref() == Some(uid.as_str())
+                    && j.metadata.deletion_timestamp.is_none()
             })
-            .collect();
+        });
+        let mut jobs: Vec<Arc<Job>> =
+            cached
+                .into_iter()
+                .filter(|j| {
+                    let name = j.metadata.name.as_deref().unwrap_or_default();
+                    !entry.deleted.contains_key(name)
+                })
+                .map(|j| {
+                    let name = j.metadata.name.as_deref().unwrap_or_default();
+                    if entry.deleting.contains_key(name) {
+                        // Accepted as deleting; the cache has not seen it yet.
+                        let mut deleting = (*j).clone();
+                        deleting.metadata.deletion_timestamp =
+                            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                                jiff::Timestamp::now(),
+                            ));
+                        Arc::new(deleting)
+                    } else {
+                        j
+                    }
+                })
+                .collect();
         jobs.extend(entry.created.values().cloned());
         if entry.is_empty() {
             entries.remove(key);
@@ -129,14 +156,29 @@ impl WriteMemory {
         }
     }
 
-    pub fn job_deleted(&self, key: &Key, owner: &GpuJob, name: String, uid: String) {
+    /// Records a delete the API server accepted. `foreground`: the Job stays, deleting,
+    /// until its pods are gone.
+    pub fn job_deleted(
+        &self,
+        key: &Key,
+        owner: &GpuJob,
+        name: String,
+        uid: String,
+        foreground: bool,
+    ) {
         let mut entries = self.lock();
-        entry(&mut entries, key, owner).deleted.insert(name, uid);
+        let entry = entry(&mut entries, key, owner);
+        if foreground {
+            entry.deleting.insert(name, uid);
+        } else {
+            entry.deleted.insert(name, uid);
+        }
     }
 
-    /// Drops everything (leadership changed hands: another replica may have written).
-    pub fn clear(&self) {
-        self.lock().clear();
+    /// Drops everything about GpuJobs for which `lost` holds (their shard changed
+    /// hands: another replica may have written them).
+    pub fn forget_where(&self, lost: impl Fn(&Key) -> bool) {
+        self.lock().retain(|key, _| !lost(key));
     }
 
     /// Drops everything about a GpuJob that is gone.
@@ -264,7 +306,7 @@ mod tests {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
         m.job_created(&key(), &owner, job("a-2", "j2"));
-        m.job_deleted(&key(), &owner, "a-1".into(), "j1".into());
+        m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), false);
         let cached = vec![Arc::new(job("a-1", "j1"))];
         assert_eq!(names(&m.jobs(&key(), "u", cached)), vec!["a-2"]);
         // The cache catches up on both.
@@ -282,5 +324,30 @@ mod tests {
         // Another GpuJob uid sees nothing remembered.
         assert!(m.jobs(&key(), "other", vec![]).is_empty());
         assert_eq!(m.entries(), 0, "nothing left to remember, nothing kept");
+    }
+
+    #[test]
+    fn a_job_deleted_in_the_foreground_shows_as_deleting_until_the_cache_says_so() {
+        let m = WriteMemory::default();
+        let owner = gj("1", "u");
+        m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), true);
+        let seen = m.jobs(&key(), "u", vec![Arc::new(job("a-1", "j1"))]);
+        assert_eq!(names(&seen), vec!["a-1"], "it stays while its pods go");
+        assert!(seen[0].metadata.deletion_timestamp.is_some());
+        let mut cached = job("a-1", "j1");
+        cached.metadata.deletion_timestamp = seen[0].metadata.deletion_timestamp.clone();
+        let seen = m.jobs(&key(), "u", vec![Arc::new(cached)]);
+        assert!(seen[0].metadata.deletion_timestamp.is_some());
+        assert_eq!(m.entries(), 0, "the cache caught up: nothing kept");
+    }
+
+    #[test]
+    fn forgetting_a_shard_keeps_the_others() {
+        let m = WriteMemory::default();
+        m.status_written(&key(), "10".into(), gj("11", "u"));
+        let other = Key::new("other", "b");
+        m.job_created(&other, &gj("1", "v"), job("b-1", "j"));
+        m.forget_where(|k| k.namespace == "ns");
+        assert_eq!(m.entries(), 1);
     }
 }

@@ -1,5 +1,7 @@
-//! Watches → keys → work queue → reconcile. Reconcile does not care how keys arrive;
-//! `runner` wires the watches, the queue, the workers and ownership together.
+//! Watches → keys → work queue → reconcile. Reconcile is observe (`observe.rs`) →
+//! plan (`plan/`, pure: every decision) → execute (`apply/`, the only writer); it does
+//! not care how keys arrive. `runner/` wires the watches, the queue, the workers and
+//! ownership together.
 
 pub mod apply;
 pub mod cache;
@@ -11,7 +13,6 @@ pub mod memory;
 mod observe;
 pub mod plan;
 mod reconcile;
-mod reservation;
 mod runner;
 pub mod status;
 pub mod validate;
@@ -26,8 +27,8 @@ use crate::api::GpuJob;
 use crate::metrics::Metrics;
 use crate::queue::Backoff;
 use crate::quota::Provider;
-pub use plan::PlanSettings;
-pub use reconcile::{Next, reconcile};
+pub use plan::{Next, PlanSettings};
+pub use reconcile::reconcile;
 pub use runner::{run, run_unfenced};
 
 /// A GpuJob's namespace and name: the unit of work.
@@ -80,8 +81,6 @@ pub struct Settings {
     pub identity: String,
     /// Where GPU quota is reserved and released.
     pub quota: Provider,
-    /// How long releasing quota may keep failing before the GpuJob says CleanupStuck.
-    pub cleanup_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -96,21 +95,29 @@ impl Default for Settings {
             drain_timeout: Duration::from_secs(20),
             identity: "gpujob-operator".to_owned(),
             quota: Provider::None,
-            cleanup_timeout: Duration::from_secs(15 * 60),
         }
     }
 }
 
 /// What every reconcile shares.
 pub struct Context {
+    /// For reads only; every write goes through `writer`.
     pub client: Client,
     pub gpujobs: Store<GpuJob>,
     pub jobs: cache::JobIndex,
     pub memory: memory::WriteMemory,
     pub writer: apply::Writer,
-    pub quota: Provider,
     pub settings: Settings,
     pub metrics: Metrics,
+}
+
+/// Creates the series of the controller's labelled metrics at zero, so rates and sums
+/// exist before the first event.
+pub fn init_metrics(metrics: &Metrics) {
+    for label in error::ERROR_LABELS {
+        metrics.reconcile_errors_by_kind.with_label_values(&[label]);
+    }
+    domain::publish(metrics, None);
 }
 
 impl fmt::Debug for Context {

@@ -1,6 +1,7 @@
 //! Reads: what the operator knows of one GpuJob, from the caches and its write memory,
-//! with the two direct reads the caches cannot answer (a Job the cache has not seen, and
-//! the exit code of a failed attempt's pod).
+//! with the direct reads the caches cannot answer (a Job the cache has not seen, the
+//! exit code of a failed attempt's pod, and whether a foreign Job still holds the next
+//! attempt's name).
 
 use std::sync::Arc;
 
@@ -9,9 +10,15 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
 
+use jiff::Timestamp;
+
+use super::apply::name_taken;
 use super::error::Error;
 use super::job::{attempt_of, is_controlled_by, job_name};
-use super::plan::{JobState, Termination, job_state};
+use super::plan::{
+    JOB_NAME_CONFLICT, JobState, Observed, QuotaAnswer, Refusal, Termination, job_state,
+};
+use super::status::READY;
 use super::{Context, Key};
 use crate::api::{GpuJob, Phase};
 
@@ -20,6 +27,29 @@ pub struct Snapshot {
     pub gpujob: Arc<GpuJob>,
     pub jobs: Vec<Arc<Job>>,
     pub termination: Option<Termination>,
+    /// A foreign Job still holds the name of the next attempt.
+    pub refused: Option<Refusal>,
+}
+
+impl Snapshot {
+    /// What the plan sees: this snapshot, with what the outside answered so far.
+    pub fn observed(
+        &self,
+        quota_required: bool,
+        quota: Option<QuotaAnswer>,
+        refused: Option<Refusal>,
+        now: Timestamp,
+    ) -> Observed<'_> {
+        Observed {
+            gpujob: &self.gpujob,
+            jobs: self.jobs.iter().map(AsRef::as_ref).collect(),
+            termination: self.termination.clone(),
+            refused: refused.or_else(|| self.refused.clone()),
+            quota_required,
+            quota,
+            now,
+        }
+    }
 }
 
 /// `None` when the GpuJob is gone.
@@ -51,6 +81,7 @@ pub async fn observe(ctx: &Context, key: &Key) -> Result<Option<Snapshot>, Error
         }
     }
 
+    let refused = name_still_taken(ctx, key, &gpujob, &mut jobs).await?;
     let termination = match newest(&jobs) {
         Some((attempt, job))
             if matches!(job_state(job), JobState::Failed { .. })
@@ -67,7 +98,45 @@ pub async fn observe(ctx: &Context, key: &Key) -> Result<Option<Snapshot>, Error
         gpujob,
         jobs,
         termination,
+        refused,
     }))
+}
+
+/// A GpuJob waiting because a foreign Job held its next attempt's name looks again (no
+/// cache watches foreign Jobs): still taken is a refusal, so nothing is reserved for an
+/// attempt that cannot start; free (or ours after all) lets the plan go on.
+async fn name_still_taken(
+    ctx: &Context,
+    key: &Key,
+    gpujob: &GpuJob,
+    jobs: &mut Vec<Arc<Job>>,
+) -> Result<Option<Refusal>, Error> {
+    let status = gpujob.status.clone().unwrap_or_default();
+    let waiting = !status.phase.is_some_and(Phase::is_final)
+        && status
+            .condition(READY)
+            .is_some_and(|c| c.reason == JOB_NAME_CONFLICT);
+    if !waiting {
+        return Ok(None);
+    }
+    let attempt = status.attempts + 1;
+    let name = job_name(&key.name, attempt);
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let uid = gpujob.metadata.uid.as_deref().unwrap_or_default();
+    match api.get_opt(&name).await.map_err(Error::kube("read_job"))? {
+        Some(job) if is_controlled_by(&job, uid) => {
+            if !jobs.iter().any(|j| attempt_of(j) == Some(attempt)) {
+                jobs.push(Arc::new(job));
+            }
+            Ok(None)
+        }
+        Some(_) => Ok(Some(Refusal {
+            attempt,
+            reason: JOB_NAME_CONFLICT,
+            message: name_taken(&key.namespace, &name),
+        })),
+        None => Ok(None),
+    }
 }
 
 fn newest(jobs: &[Arc<Job>]) -> Option<(i32, &Job)> {

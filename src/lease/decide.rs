@@ -91,31 +91,31 @@ impl Observed {
     }
 }
 
-/// The record this replica writes to take or renew the Lease.
+/// The record this replica writes to take (`new_term`) or renew the Lease. Every new
+/// term counts as a transition, also when the record still names this replica (it
+/// restarted, or stepped down and came back): `leaseTransitions` then orders terms, and
+/// serves as the fencing token sent to the outside world.
 pub fn claim(
     previous: Option<&LeaseSpec>,
     me: &str,
     timing: &Timing,
     wall: Timestamp,
+    new_term: bool,
 ) -> LeaseSpec {
-    let held_by_me = previous
-        .and_then(|p| p.holder_identity.as_deref())
-        .is_some_and(|h| h == me);
     let transitions = previous.and_then(|p| p.lease_transitions).unwrap_or(0);
     let duration = i32::try_from(timing.lease_duration.as_secs()).unwrap_or(i32::MAX);
     LeaseSpec {
         holder_identity: Some(me.to_owned()),
         lease_duration_seconds: Some(duration),
-        acquire_time: if held_by_me {
-            previous.and_then(|p| p.acquire_time.clone())
-        } else {
+        acquire_time: if new_term {
             Some(MicroTime(wall))
+        } else {
+            previous.and_then(|p| p.acquire_time.clone())
         },
         renew_time: Some(MicroTime(wall)),
-        lease_transitions: Some(if held_by_me || previous.is_none() {
-            transitions
-        } else {
-            transitions + 1
+        lease_transitions: Some(match previous {
+            Some(_) if new_term => transitions.saturating_add(1),
+            _ => transitions,
         }),
         ..LeaseSpec::default()
     }
@@ -202,7 +202,7 @@ mod tests {
     fn claims_keep_or_start_the_tenure() {
         let wall: Timestamp = "2026-11-30T06:01:00Z".parse().unwrap();
         let prev = held("replica-2", Instant::now()).spec;
-        let taken = claim(Some(&prev), "replica-1", &timing(), wall);
+        let taken = claim(Some(&prev), "replica-1", &timing(), wall, true);
         assert_eq!(taken.holder_identity.as_deref(), Some("replica-1"));
         assert_eq!(
             taken.lease_transitions,
@@ -213,7 +213,7 @@ mod tests {
         assert_eq!(taken.lease_duration_seconds, Some(3));
 
         let later: Timestamp = "2026-11-30T06:01:02Z".parse().unwrap();
-        let renewed = claim(Some(&taken), "replica-1", &timing(), later);
+        let renewed = claim(Some(&taken), "replica-1", &timing(), later, false);
         assert_eq!(renewed.lease_transitions, Some(5));
         assert_eq!(
             renewed.acquire_time,
@@ -222,8 +222,14 @@ mod tests {
         );
         assert_eq!(renewed.renew_time, Some(MicroTime(later)));
 
-        let first = claim(None, "replica-1", &timing(), wall);
+        let first = claim(None, "replica-1", &timing(), wall, true);
         assert_eq!(first.lease_transitions, Some(0));
+
+        // The same replica taking it again (restarted, or after stepping down) starts a
+        // new term: its fencing token must beat the old term's.
+        let again = claim(Some(&renewed), "replica-1", &timing(), later, true);
+        assert_eq!(again.lease_transitions, Some(6));
+        assert_eq!(again.acquire_time, Some(MicroTime(later)));
 
         let gone = release(&renewed, later);
         assert_eq!(gone.holder_identity, None);

@@ -14,8 +14,9 @@ use super::decide::{Observed, Timing, claim, release};
 /// Outcome of one attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Attempt {
-    /// This replica holds the Lease; the write that said so was sent at this instant.
-    Held { sent: Instant },
+    /// This replica holds the Lease; the write that said so was sent at `sent`, and the
+    /// Lease's `leaseTransitions` is `transitions` (it grows with every gain).
+    Held { sent: Instant, transitions: i32 },
     /// Someone else holds it (or won the race).
     Lost,
 }
@@ -63,20 +64,48 @@ impl Elector {
         &self.timing
     }
 
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Takes the Lease if it is free or expired: a new term, counted in
+    /// `leaseTransitions` even when the record still names this replica (a restart, or a
+    /// step-down after a missed renew deadline), so the fencing token of every term is
+    /// greater than that of any term before it.
+    pub async fn acquire(&self) -> Result<Attempt, kube::Error> {
+        self.try_acquire_or_renew(true).await
+    }
+
+    /// Renews the Lease of the current term. `Lost` when the record no longer names
+    /// this replica: a later `acquire` starts a new term.
+    pub async fn renew(&self) -> Result<Attempt, kube::Error> {
+        self.try_acquire_or_renew(false).await
+    }
+
     /// One round of client-go's tryAcquireOrRenew.
-    pub async fn try_acquire_or_renew(&self) -> Result<Attempt, kube::Error> {
+    async fn try_acquire_or_renew(&self, new_term: bool) -> Result<Attempt, kube::Error> {
         let mut observed = self.observed.lock().await;
         let current = self.api.get_opt(&self.name).await?;
         let now = Instant::now();
         let Some(mut lease) = current else {
             let mut lease = Lease::default();
             lease.metadata.name = Some(self.name.clone());
-            lease.spec = Some(claim(None, &self.identity, &self.timing, Timestamp::now()));
+            if !new_term {
+                // Deleted under us: this term is over.
+                return Ok(Attempt::Lost);
+            }
+            lease.spec = Some(claim(
+                None,
+                &self.identity,
+                &self.timing,
+                Timestamp::now(),
+                true,
+            ));
             let sent = Instant::now();
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(created) => {
                     *observed = Some(observe(&created, sent));
-                    Ok(Attempt::Held { sent })
+                    Ok(held(sent, &created))
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Lost),
                 Err(e) => Err(e),
@@ -101,11 +130,16 @@ impl Elector {
         {
             return Ok(Attempt::Lost);
         }
+        if !new_term && spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            // Released or taken meanwhile: renewing would silently start a new term.
+            return Ok(Attempt::Lost);
+        }
         lease.spec = Some(claim(
             Some(&spec),
             &self.identity,
             &self.timing,
             Timestamp::now(),
+            new_term,
         ));
         let sent = Instant::now();
         // A replace carries the resourceVersion it read: a compare-and-swap.
@@ -116,7 +150,7 @@ impl Elector {
         {
             Ok(updated) => {
                 *observed = Some(observe(&updated, sent));
-                Ok(Attempt::Held { sent })
+                Ok(held(sent, &updated))
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Lost),
             Err(e) => Err(e),
@@ -148,6 +182,15 @@ impl Elector {
             Err(e) => Err(e),
         }
     }
+}
+
+fn held(sent: Instant, lease: &Lease) -> Attempt {
+    let transitions = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .unwrap_or(0);
+    Attempt::Held { sent, transitions }
 }
 
 fn observe(lease: &Lease, at: Instant) -> Observed {

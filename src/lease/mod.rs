@@ -1,14 +1,16 @@
 //! Lease election with client-go semantics, and the ownership it publishes.
 //!
 //! The holder of a Lease runs the work; everyone else keeps caches warm and campaigns.
-//! Ownership is published as a watch channel of shards held plus the local lease
-//! deadline (monotonic time the last successful renewal was sent + renew deadline):
-//! no write starts after it. One shard is plain leader election.
+//! Ownership is published as a watch channel of shards held, each with its tenure: the
+//! local lease deadline (monotonic time the last successful renewal was sent + renew
+//! deadline; no write starts after it), an epoch that changes on every gain, and the
+//! fencing token sent to the outside world. One shard is plain leader election.
 
 mod decide;
 mod elector;
+mod ownership;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
@@ -20,41 +22,7 @@ use crate::metrics::CONTROLLER;
 use crate::server::Status;
 pub use decide::{Observed, Timing};
 pub use elector::{Attempt, Elector};
-
-/// What this replica may act on, and until when.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ownership {
-    pub shards: BTreeSet<u32>,
-    /// No write may start at or after this instant. `None`: unfenced (no election).
-    pub deadline: Option<Instant>,
-}
-
-impl Ownership {
-    /// Nothing held.
-    pub fn none() -> Ownership {
-        Ownership {
-            shards: BTreeSet::new(),
-            deadline: Some(Instant::now()),
-        }
-    }
-
-    /// Everything, forever: a single replica running without election.
-    pub fn unfenced() -> Ownership {
-        Ownership {
-            shards: BTreeSet::from([0]),
-            deadline: None,
-        }
-    }
-
-    pub fn holds_any(&self) -> bool {
-        !self.shards.is_empty()
-    }
-
-    /// May a write start now?
-    pub fn valid_at(&self, now: Instant) -> bool {
-        self.holds_any() && self.deadline.is_none_or(|d| now < d)
-    }
-}
+pub use ownership::{Ownership, Tenure};
 
 /// Campaigns for the Lease until `stop`, publishing ownership of shard 0; then a held
 /// Lease is released. `stop` must resolve only once the work the Lease protects has
@@ -76,12 +44,11 @@ pub async fn run(
     let beat_limit = (timing.lease_duration * 2 + timing.retry_period).max(Duration::from_secs(30));
     'campaign: loop {
         // Standby: try every retry period (jittered) until the Lease is ours.
-        let mut sent = loop {
+        let (mut sent, transitions) = loop {
             status.beat(beat_limit);
-            let attempt =
-                tokio::time::timeout(timing.renew_deadline, elector.try_acquire_or_renew());
+            let attempt = tokio::time::timeout(timing.renew_deadline, elector.acquire());
             match attempt.await {
-                Ok(Ok(Attempt::Held { sent })) => break sent,
+                Ok(Ok(Attempt::Held { sent, transitions })) => break (sent, transitions),
                 Ok(Ok(Attempt::Lost)) => {}
                 Ok(Err(e)) => warn!(
                     "lease: acquiring failed: {e}; retrying in {:?}",
@@ -97,16 +64,21 @@ pub async fn run(
                 _ = &mut shutdown => break 'campaign,
             }
         };
+        let token = format!("{}/{transitions}", elector.name());
+        let mut tenure = Tenure::gained(Some(sent + timing.renew_deadline), Some(token));
         info!(
             identity = elector.identity(),
+            shard = 0,
+            epoch = tenure.epoch,
+            token = tenure.token.as_deref().unwrap_or_default(),
             "lease acquired: this replica leads"
         );
         metrics.lease_transitions.inc();
         leader_gauge.set(1);
         metrics.shards_held.set(1);
         tx.send_replace(Ownership {
-            shards: BTreeSet::from([0]),
-            deadline: Some(sent + timing.renew_deadline),
+            held: BTreeMap::from([(0, tenure.clone())]),
+            shards: 1,
         });
 
         // Leader: renew every retry period; step down once the deadline passes without
@@ -119,13 +91,14 @@ pub async fn run(
             let deadline = sent + timing.renew_deadline;
             let left = deadline.saturating_duration_since(Instant::now());
             status.beat(beat_limit);
-            let renewed = tokio::time::timeout(left, elector.try_acquire_or_renew()).await;
+            let renewed = tokio::time::timeout(left, elector.renew()).await;
             match renewed {
-                Ok(Ok(Attempt::Held { sent: s })) => {
+                Ok(Ok(Attempt::Held { sent: s, .. })) => {
                     sent = s;
+                    tenure.deadline = Some(sent + timing.renew_deadline);
                     tx.send_replace(Ownership {
-                        shards: BTreeSet::from([0]),
-                        deadline: Some(sent + timing.renew_deadline),
+                        held: BTreeMap::from([(0, tenure.clone())]),
+                        shards: 1,
                     });
                 }
                 Ok(Ok(Attempt::Lost)) => {
@@ -146,6 +119,11 @@ pub async fn run(
             }
         }
         tx.send_replace(Ownership::none());
+        info!(
+            shard = 0,
+            epoch = tenure.epoch,
+            "lease lost: this replica stops writing"
+        );
         leader_gauge.set(0);
         metrics.shards_held.set(0);
         metrics.lease_transitions.inc();

@@ -42,12 +42,7 @@ impl Default for Backoff {
 
 impl Backoff {
     pub fn delay(&self, failures: u32) -> Duration {
-        let exp = failures.saturating_sub(1).min(40);
-        let factor = 2u64.saturating_pow(exp);
-        let nanos = u64::try_from(self.base.as_nanos())
-            .unwrap_or(u64::MAX)
-            .saturating_mul(factor);
-        Duration::from_nanos(nanos).min(self.max)
+        crate::backoff::exponential(self.base, self.max, failures)
     }
 }
 
@@ -132,10 +127,16 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         }
     }
 
-    /// Queues `key` now unless it is backing off after failures (then its retry is
-    /// already scheduled). For periodic resyncs, which must not cut backoffs short.
+    /// Queues `key` now unless a retry after failures is already scheduled for it. For
+    /// periodic resyncs, which must not cut backoffs short. A key that failed but has no
+    /// retry waiting (its reconcile was cancelled, or ended without scheduling one) is
+    /// queued: nothing else would bring it back.
     pub fn add_unless_backing_off(&self, key: K) {
-        if self.failures(&key) == 0 {
+        let scheduled = {
+            let s = self.lock();
+            s.failures.get(&key).is_some_and(|n| *n > 0) && s.due_of.contains_key(&key)
+        };
+        if !scheduled {
             self.add(key);
         }
     }
@@ -315,14 +316,13 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
     key: K,
     metrics: Option<&QueueMetrics>,
 ) -> bool {
-    if s.shutting_down {
+    if s.shutting_down || s.dirty.contains(&key) {
         return false;
     }
+    // Counted as client-go counts: an add that queues the key (or marks it to run again
+    // after processing), not a duplicate of a key already waiting.
     if let Some(m) = metrics {
         m.adds.inc();
-    }
-    if s.dirty.contains(&key) {
-        return false;
     }
     s.dirty.insert(key.clone());
     s.queued_at.insert(key.clone(), Instant::now());

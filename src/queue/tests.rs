@@ -166,7 +166,11 @@ async fn metrics_follow_the_queue() {
     q.add("a");
     q.add("a");
     q.add("b");
-    assert_eq!(m.queue.adds.get(), 3);
+    assert_eq!(
+        m.queue.adds.get(),
+        2,
+        "as client-go counts: a duplicate of a waiting key is no add"
+    );
     assert_eq!(m.queue.depth.get(), 2);
     tokio::time::advance(Duration::from_secs(2)).await;
     let k = next(&q).await.unwrap();
@@ -177,10 +181,25 @@ async fn metrics_follow_the_queue() {
     q.update_gauges();
     assert_eq!(m.queue.longest_running.get(), 3.0);
     assert_eq!(m.queue.unfinished_work.get(), 3.0);
+    q.add(k);
+    assert_eq!(
+        m.queue.adds.get(),
+        3,
+        "an add while processing counts: it runs again"
+    );
     q.done(&k);
     assert_eq!(m.queue.work_duration.get_sample_count(), 1);
     q.add_rate_limited("c");
     assert_eq!(m.queue.retries.get(), 1);
+    assert_eq!(
+        m.queue.adds.get(),
+        3,
+        "a delayed add counts when it becomes ready"
+    );
+    tokio::time::advance(Duration::from_millis(5)).await;
+    q.update_gauges();
+    let _ = next(&q).await;
+    assert_eq!(m.queue.adds.get(), 4);
 }
 
 mod properties {
@@ -299,5 +318,19 @@ async fn a_resync_does_not_cut_a_backoff_short() {
         "the backing-off key waits for its retry"
     );
     tokio::time::advance(Duration::from_millis(5)).await;
+    assert_eq!(next(&q).await, Some("a"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resync_queues_a_failed_key_whose_retry_is_not_scheduled() {
+    // The retry ran and its reconcile was cancelled (ownership lost): the key keeps its
+    // failure count, but nothing will bring it back. The resync must.
+    let q = queue();
+    q.add_rate_limited("a");
+    tokio::time::advance(Duration::from_millis(5)).await;
+    let k = next(&q).await.unwrap();
+    q.done(&k);
+    assert_eq!(q.failures(&"a"), 1);
+    q.add_unless_backing_off("a");
     assert_eq!(next(&q).await, Some("a"));
 }

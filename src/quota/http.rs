@@ -1,6 +1,8 @@
 //! The `http` backend: `PUT`/`DELETE {base}/v1/reservations/{uid}` (docs/quota-api.md),
 //! over HTTP or HTTPS (system roots or a CA bundle), with a bearer token re-read from its
-//! file on every call (so it can be rotated) and a timeout per call.
+//! file on every call (so it can be rotated; read off the worker threads, so a slow
+//! volume cannot stall them), the caller's fencing token, and a timeout per call that
+//! never outlives the caller's lease deadline.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,7 +20,10 @@ use rustls::pki_types::pem::PemObject;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{QuotaError, QuotaProvider, Reserve, ReserveRequest};
+use super::{Call, QuotaError, QuotaProvider, Reserve, ReserveRequest};
+
+/// The header that carries the caller's fencing token (docs/quota-api.md).
+pub const FENCING_TOKEN_HEADER: &str = "Gpujob-Fencing-Token";
 
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
@@ -118,15 +123,51 @@ impl HttpProvider {
         method: Method,
         uid: &str,
         body: Option<serde_json::Value>,
+        call: &Call,
     ) -> Result<(StatusCode, String), QuotaError> {
         let url = self.url(uid);
+        // The whole call (token file, connection, answer) ends by the configured timeout
+        // or the caller's lease deadline, whichever comes first: an answer after the
+        // deadline could not be acted on anyway.
+        let (limit, capped) = match call.deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(tokio::time::Instant::now());
+                (
+                    left.min(self.settings.timeout),
+                    left < self.settings.timeout,
+                )
+            }
+            None => (self.settings.timeout, false),
+        };
+        let exchange = self.exchange(op, method, &url, body, call);
+        tokio::time::timeout(limit, exchange)
+            .await
+            .map_err(|_| QuotaError::Timeout {
+                op,
+                url: url.clone(),
+                after: limit,
+                capped,
+            })?
+    }
+
+    async fn exchange(
+        &self,
+        op: &'static str,
+        method: Method,
+        url: &str,
+        body: Option<serde_json::Value>,
+        call: &Call,
+    ) -> Result<(StatusCode, String), QuotaError> {
         let mut req = Request::builder()
             .method(method)
-            .uri(&url)
+            .uri(url)
             .header(header::USER_AGENT, &self.settings.user_agent)
             .header(header::ACCEPT, "application/json");
+        if let Some(token) = &call.token {
+            req = req.header(FENCING_TOKEN_HEADER, token);
+        }
         if let Some(path) = &self.settings.token_file {
-            let token = std::fs::read_to_string(path).map_err(|e| {
+            let token = tokio::fs::read_to_string(path).await.map_err(|e| {
                 QuotaError::Config(format!(
                     "reading --quota-token-file {}: {e}",
                     path.display()
@@ -145,35 +186,31 @@ impl HttpProvider {
         // certificate the CA bundle does not vouch for, ...) is in the source chain.
         let transport = |e: &dyn std::error::Error| QuotaError::Transport {
             op,
-            url: url.clone(),
+            url: url.to_owned(),
             message: error_chain(e),
         };
         let req = req.body(body).map_err(|e| transport(&e))?;
-        let seconds = self.settings.timeout.as_secs();
-        let exchange = async {
-            let res = self.client.request(req).await.map_err(|e| transport(&e))?;
-            let code = res.status();
-            let bytes = res.into_body().collect().await.map_err(|e| transport(&e))?;
-            Ok((
-                code,
-                String::from_utf8_lossy(&bytes.to_bytes()).into_owned(),
-            ))
-        };
-        tokio::time::timeout(self.settings.timeout, exchange)
-            .await
-            .map_err(|_| QuotaError::Timeout {
+        let res = self.client.request(req).await.map_err(|e| transport(&e))?;
+        let code = res.status();
+        let bytes = res.into_body().collect().await.map_err(|e| transport(&e))?;
+        let text = String::from_utf8_lossy(&bytes.to_bytes()).into_owned();
+        if code == StatusCode::PRECONDITION_FAILED {
+            return Err(QuotaError::Fenced {
                 op,
-                url: url.clone(),
-                seconds,
-            })?
+                url: url.to_owned(),
+                token: call.token.clone().unwrap_or_default(),
+                body: text,
+            });
+        }
+        Ok((code, text))
     }
 }
 
 impl QuotaProvider for HttpProvider {
-    async fn reserve(&self, req: &ReserveRequest) -> Result<Reserve, QuotaError> {
+    async fn reserve(&self, req: &ReserveRequest, call: &Call) -> Result<Reserve, QuotaError> {
         let body = json!({"namespace": req.namespace, "name": req.name, "gpus": req.gpus});
         let (code, text) = self
-            .call("reserve", Method::PUT, &req.uid, Some(body))
+            .call("reserve", Method::PUT, &req.uid, Some(body), call)
             .await?;
         match code {
             StatusCode::OK | StatusCode::CREATED => {
@@ -217,8 +254,10 @@ impl QuotaProvider for HttpProvider {
         }
     }
 
-    async fn release(&self, uid: &str) -> Result<(), QuotaError> {
-        let (code, text) = self.call("release", Method::DELETE, uid, None).await?;
+    async fn release(&self, uid: &str, call: &Call) -> Result<(), QuotaError> {
+        let (code, text) = self
+            .call("release", Method::DELETE, uid, None, call)
+            .await?;
         match code {
             StatusCode::OK | StatusCode::NO_CONTENT | StatusCode::NOT_FOUND => Ok(()),
             _ => Err(QuotaError::Status {

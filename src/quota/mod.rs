@@ -6,7 +6,7 @@ mod http;
 
 use std::future::Future;
 
-pub use self::http::{HttpProvider, HttpSettings};
+pub use self::http::{FENCING_TOKEN_HEADER, HttpProvider, HttpSettings};
 
 /// What a reservation is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +15,17 @@ pub struct ReserveRequest {
     pub namespace: String,
     pub name: String,
     pub gpus: i32,
+}
+
+/// Who is calling, and until when: every call carries the caller's fencing token (a
+/// provider that honours it refuses a token older than the newest it has seen for that
+/// reservation) and ends, answered or not, by the caller's lease deadline.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Call {
+    /// `<lease name>/<leaseTransitions>`; `None` without election (one replica).
+    pub token: Option<String>,
+    /// The caller's lease deadline; `None`: only the provider's own timeout applies.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 /// The answer to a reserve.
@@ -46,11 +57,24 @@ pub enum QuotaError {
         code: u16,
         body: String,
     },
-    #[error("quota service {op} {url} timed out after {seconds}s")]
+    #[error("quota service {op} {url} timed out after {after:?}{}", if *.capped { " (the time left before this replica's lease deadline)" } else { "" })]
     Timeout {
         op: &'static str,
         url: String,
-        seconds: u64,
+        after: std::time::Duration,
+        /// Cut short by the lease deadline rather than `--quota-timeout`.
+        capped: bool,
+    },
+    /// 412: the service has seen a newer fencing token for this reservation; another
+    /// replica holds the lease now.
+    #[error(
+        "quota service {op} {url} refused this replica's fencing token {token:?}: a newer lease holder has called ({body})"
+    )]
+    Fenced {
+        op: &'static str,
+        url: String,
+        token: String,
+        body: String,
     },
     #[error("quota service configuration: {0}")]
     Config(String),
@@ -63,9 +87,14 @@ pub trait QuotaProvider {
     fn reserve(
         &self,
         req: &ReserveRequest,
+        call: &Call,
     ) -> impl Future<Output = Result<Reserve, QuotaError>> + Send;
     /// Releases a GpuJob's reservation; releasing an unknown one succeeds.
-    fn release(&self, uid: &str) -> impl Future<Output = Result<(), QuotaError>> + Send;
+    fn release(
+        &self,
+        uid: &str,
+        call: &Call,
+    ) -> impl Future<Output = Result<(), QuotaError>> + Send;
 }
 
 /// The backends, chosen by `--quota-provider`.
@@ -83,17 +112,17 @@ impl Provider {
 }
 
 impl QuotaProvider for Provider {
-    async fn reserve(&self, req: &ReserveRequest) -> Result<Reserve, QuotaError> {
+    async fn reserve(&self, req: &ReserveRequest, call: &Call) -> Result<Reserve, QuotaError> {
         match self {
             Provider::None => Ok(Reserve::Granted { id: String::new() }),
-            Provider::Http(h) => h.reserve(req).await,
+            Provider::Http(h) => h.reserve(req, call).await,
         }
     }
 
-    async fn release(&self, uid: &str) -> Result<(), QuotaError> {
+    async fn release(&self, uid: &str, call: &Call) -> Result<(), QuotaError> {
         match self {
             Provider::None => Ok(()),
-            Provider::Http(h) => h.release(uid).await,
+            Provider::Http(h) => h.release(uid, call).await,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 #![allow(dead_code, clippy::unwrap_used)] // test support: not every test uses every helper
 
+pub mod harness;
 pub mod prometheus;
 pub mod quota;
 pub mod replicas;
@@ -85,6 +86,8 @@ impl TestEnv {
                 backoff_max: Duration::from_secs(4),
                 keep_jobs: 3,
                 max_gpus: 8,
+                name_conflict_retry: Duration::from_secs(2),
+                ..PlanSettings::default()
             },
             drain_timeout: Duration::from_secs(5),
             ..Settings::default()

@@ -1,5 +1,7 @@
 //! A fake external quota service (docs/quota-api.md) for tests: it grants, refuses,
-//! fails or hangs on command, and records every call and every live reservation, so
+//! fails or hangs on command, honours fencing tokens (a call with a token older than the
+//! newest seen for its reservation is refused with 412), can hold a reserve in flight
+//! until the test lets it go, and records every call and every live reservation, so
 //! tests count effects, not calls.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,6 +33,8 @@ pub struct Call {
     pub op: &'static str,
     pub uid: String,
     pub code: u16,
+    /// The `Gpujob-Fencing-Token` it carried.
+    pub token: Option<String>,
 }
 
 #[derive(Debug)]
@@ -42,6 +46,12 @@ struct Inner {
     granted: BTreeMap<String, BTreeSet<String>>,
     calls: Vec<Call>,
     next_id: u32,
+    /// The newest fencing token seen per uid: (lease name, number). Kept after a
+    /// release, so a late call from a deposed holder is still refused.
+    newest: BTreeMap<String, (String, u64)>,
+    /// The next reserve waits for this before it is processed.
+    hold_next: Option<tokio::sync::oneshot::Receiver<()>>,
+    held: usize,
 }
 
 pub const TOKEN: &str = "test-token";
@@ -95,6 +105,9 @@ impl FakeQuota {
             granted: BTreeMap::new(),
             calls: Vec::new(),
             next_id: 1,
+            newest: BTreeMap::new(),
+            hold_next: None,
+            held: 0,
         }));
         let app = Router::new()
             .route("/v1/reservations/{uid}", put(reserve).delete(release))
@@ -118,6 +131,20 @@ impl FakeQuota {
             })
             .unwrap(),
         )
+    }
+
+    /// The next reserve is held (received, not processed) until the returned sender is
+    /// used or dropped; then it is processed as it would have been on arrival, whether or
+    /// not its caller still waits: a request in flight on a slow network.
+    pub fn hold_next_reserve(&self) -> tokio::sync::oneshot::Sender<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner.lock().unwrap().hold_next = Some(rx);
+        tx
+    }
+
+    /// Reserves received and held, not yet processed.
+    pub fn held(&self) -> usize {
+        self.inner.lock().unwrap().held
     }
 
     pub fn set_reserve(&self, mode: Mode) {
@@ -189,19 +216,75 @@ fn authorized(headers: &HeaderMap) -> bool {
     headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {TOKEN}"))
 }
 
+fn fencing_token(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(gpujob_operator::quota::FENCING_TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// A provider that honours fencing tokens: `<lease>/<n>` older than the newest seen for
+/// this uid (same lease) is stale. Calls without a token are let through.
+fn stale(inner: &mut Inner, uid: &str, token: Option<&str>) -> bool {
+    let Some((lease, n)) = token
+        .and_then(|t| t.rsplit_once('/'))
+        .and_then(|(l, n)| Some((l.to_owned(), n.parse::<u64>().ok()?)))
+    else {
+        return false;
+    };
+    match inner.newest.get(uid) {
+        Some((l, newest)) if *l == lease && n < *newest => true,
+        _ => {
+            inner.newest.insert(uid.to_owned(), (lease, n));
+            false
+        }
+    }
+}
+
 async fn reserve(
     State(s): State<Shared>,
     Path(uid): Path<String>,
     headers: HeaderMap,
     body: String,
 ) -> Response {
-    let mode = s.lock().unwrap().reserve;
+    let (mode, hold) = {
+        let mut inner = s.lock().unwrap();
+        let hold = inner.hold_next.take();
+        if hold.is_some() {
+            inner.held += 1;
+        }
+        (inner.reserve, hold)
+    };
     if mode == Mode::Hang {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
-    let body: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    // Processed in a task of its own: a held request goes on when let go even if its
+    // caller has given up (the connection closed).
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        if let Some(hold) = hold {
+            let _ = hold.await;
+            s.lock().unwrap().held -= 1;
+        }
+        let _ = tx.send(process_reserve(&s, mode, uid, &headers, &body));
+    });
+    match rx.await {
+        Ok((code, reply)) => (code, reply.to_string()).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+fn process_reserve(
+    s: &Shared,
+    mode: Mode,
+    uid: String,
+    headers: &HeaderMap,
+    body: &str,
+) -> (StatusCode, serde_json::Value) {
+    let body: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let token = fencing_token(headers);
     let mut inner = s.lock().unwrap();
-    let (code, reply) = if !authorized(&headers) {
+    let (code, reply) = if !authorized(headers) {
         (
             StatusCode::UNAUTHORIZED,
             serde_json::json!({"reason": "Unauthorized", "message": "bad token"}),
@@ -210,6 +293,11 @@ async fn reserve(
         (
             StatusCode::BAD_REQUEST,
             serde_json::json!({"reason": "BadRequest", "message": "gpus and namespace required"}),
+        )
+    } else if stale(&mut inner, &uid, token.as_deref()) {
+        (
+            StatusCode::PRECONDITION_FAILED,
+            serde_json::json!({"reason": "StaleFencingToken", "message": "a newer lease holder has called"}),
         )
     } else {
         match mode {
@@ -247,8 +335,9 @@ async fn reserve(
         op: "reserve",
         uid,
         code: code.as_u16(),
+        token,
     });
-    (code, reply.to_string()).into_response()
+    (code, reply)
 }
 
 async fn release(State(s): State<Shared>, Path(uid): Path<String>, headers: HeaderMap) -> Response {
@@ -256,9 +345,12 @@ async fn release(State(s): State<Shared>, Path(uid): Path<String>, headers: Head
     if mode == Mode::Hang {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
+    let token = fencing_token(&headers);
     let mut inner = s.lock().unwrap();
     let code = if !authorized(&headers) {
         StatusCode::UNAUTHORIZED
+    } else if stale(&mut inner, &uid, token.as_deref()) {
+        StatusCode::PRECONDITION_FAILED
     } else if mode == Mode::Fail {
         StatusCode::SERVICE_UNAVAILABLE
     } else if inner.live.remove(&uid).is_some() {
@@ -270,6 +362,7 @@ async fn release(State(s): State<Shared>, Path(uid): Path<String>, headers: Head
         op: "release",
         uid,
         code: code.as_u16(),
+        token,
     });
     code.into_response()
 }

@@ -1,0 +1,266 @@
+//! The executor: the only place that writes or calls the outside world. It carries out
+//! a plan's actions in order, each fenced (`writes.rs`: no write starts unless the
+//! reconcile's shard is still held in the same term, before its deadline), remembers
+//! what it wrote (`memory`) so that the next plan sees it before the caches do, writes
+//! the status once at the end (only when it changed) and publishes the Events its
+//! transitions deserve (`recorder.rs`). Nothing here decides: an answer from the
+//! outside (quota, a refused Job) goes back to the plan.
+
+mod recorder;
+mod writes;
+
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use super::error::Error;
+use super::events::transitions;
+use super::observe::Snapshot;
+use super::plan::{
+    Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Plan, QuotaAnswer, Refusal,
+};
+use super::{Context, Key};
+use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
+use crate::failpoint;
+use crate::quota::{QuotaError, Reserve};
+pub use writes::{Created, FIELD_MANAGER, Fence, Writer, name_taken};
+
+/// How far a plan got.
+#[derive(Debug)]
+pub enum Executed {
+    /// Every action ran and the status is written (if it changed).
+    Done,
+    /// An action got an answer the plan must hear; nothing after it ran.
+    Heard(Answer),
+}
+
+/// An answer from outside the plan.
+#[derive(Debug)]
+pub enum Answer {
+    Quota(QuotaAnswer),
+    /// The release failed; the error is reported once the failure is recorded.
+    ReleaseFailed(QuotaError),
+    JobRefused(Refusal),
+}
+
+/// Carries out `plan` for the GpuJob `key` in the term `fence`. `snap` follows every
+/// write, so a plan made again after an answer starts from what is now true.
+pub async fn execute(
+    ctx: &Context,
+    fence: &Fence,
+    key: &Key,
+    snap: &mut Snapshot,
+    plan: &Plan,
+) -> Result<Executed, Error> {
+    let w = &ctx.writer;
+    for action in &plan.actions {
+        match action {
+            Action::RecordStatus(status) => write_status(ctx, fence, key, snap, status).await?,
+            Action::AddFinalizer => {
+                let updated = w.set_finalizer(fence, &snap.gpujob, true).await?;
+                remember(ctx, key, snap, updated);
+            }
+            Action::RemoveFinalizer(why) => {
+                match why {
+                    FinalizerRemoval::Released => {}
+                    FinalizerRemoval::QuotaDisabled => warn!(
+                        "quota is disabled but the GpuJob still holds {FINALIZER_QUOTA}; removing it (any reservation is abandoned)"
+                    ),
+                    FinalizerRemoval::ReleaseSkipped => warn!(
+                        reservation = snap
+                            .gpujob
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.reservation_id.as_deref())
+                            .unwrap_or("-"),
+                        "deletion allowed without releasing GPU quota (annotation); the reservation is abandoned"
+                    ),
+                }
+                let updated = w.set_finalizer(fence, &snap.gpujob, false).await?;
+                remember(ctx, key, snap, updated);
+            }
+            Action::Reserve(req) => {
+                failpoint::hit("before-reserve");
+                return Ok(Executed::Heard(Answer::Quota(
+                    match w.reserve(fence, req).await? {
+                        Reserve::Granted { id } => {
+                            failpoint::hit("after-reserve");
+                            info!(reservation = %id, gpus = req.gpus, "GPU quota reserved");
+                            QuotaAnswer::Reserved { id }
+                        }
+                        Reserve::Refused { reason, message } => {
+                            ctx.metrics.quota_refusals.inc();
+                            info!(reason = %reason, "GPU quota refused: {message}; asking again with backoff");
+                            QuotaAnswer::Refused { reason, message }
+                        }
+                    },
+                )));
+            }
+            Action::Release => {
+                let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
+                let reservation = snap
+                    .gpujob
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.reservation_id.clone());
+                return match w.release(fence, &uid).await {
+                    Ok(()) => {
+                        failpoint::hit("after-release");
+                        info!(
+                            reservation = reservation.as_deref().unwrap_or("-"),
+                            "GPU quota released"
+                        );
+                        Ok(Executed::Heard(Answer::Quota(QuotaAnswer::Released)))
+                    }
+                    Err(Error::Quota(e)) => {
+                        warn!(
+                            reservation = reservation.as_deref().unwrap_or("-"),
+                            "releasing GPU quota failed: {e}; retrying with backoff"
+                        );
+                        Ok(Executed::Heard(Answer::ReleaseFailed(e)))
+                    }
+                    Err(e) => Err(e),
+                };
+            }
+            Action::CreateJob { attempt, job } => {
+                if let Some(refusal) = create_job(ctx, fence, key, snap, *attempt, job).await? {
+                    return Ok(Executed::Heard(Answer::JobRefused(refusal)));
+                }
+            }
+            Action::DeleteJob {
+                name,
+                uid,
+                resource_version,
+                foreground,
+            } => {
+                w.delete_job(
+                    fence,
+                    &key.namespace,
+                    name,
+                    uid,
+                    resource_version,
+                    *foreground,
+                )
+                .await?;
+                if *foreground {
+                    info!(job = %name, "deleting the running attempt's Job to replace it (spec changed)");
+                } else {
+                    info!(job = %name, "deleted an old attempt's Job");
+                }
+                ctx.memory
+                    .job_deleted(key, &snap.gpujob, name.clone(), uid.clone(), *foreground);
+                snap.jobs = ctx.memory.jobs(
+                    key,
+                    snap.gpujob.metadata.uid.as_deref().unwrap_or_default(),
+                    std::mem::take(&mut snap.jobs),
+                );
+            }
+            Action::Publish(note) => {
+                w.publish(fence, &snap.gpujob, std::slice::from_ref(note))
+                    .await;
+            }
+        }
+    }
+    write_status(ctx, fence, key, snap, &plan.status).await?;
+    Ok(Executed::Done)
+}
+
+/// Creates the attempt's Job; `Some(refusal)` when the API server will not have it.
+async fn create_job(
+    ctx: &Context,
+    fence: &Fence,
+    key: &Key,
+    snap: &mut Snapshot,
+    attempt: i32,
+    job: &k8s_openapi::api::batch::v1::Job,
+) -> Result<Option<Refusal>, Error> {
+    let owner = snap.gpujob.clone();
+    let uid = owner.metadata.uid.as_deref().unwrap_or_default();
+    let (job, how) = match ctx.writer.create_job(fence, uid, job).await? {
+        Created::Job(job) => {
+            failpoint::hit("after-job-create");
+            ctx.metrics.attempts_started.inc();
+            (job, "attempt started")
+        }
+        Created::Adopted(job) => (
+            job,
+            "attempt's Job already existed (created by an earlier run); adopted",
+        ),
+        Created::Invalid(message) => {
+            warn!(
+                attempt,
+                "Job refused as invalid: {message}; waiting for a spec change"
+            );
+            return Ok(Some(Refusal {
+                attempt,
+                reason: INVALID_SPEC,
+                message,
+            }));
+        }
+        Created::NameTaken(message) => {
+            warn!(attempt, "{message}; looking again in a while");
+            return Ok(Some(Refusal {
+                attempt,
+                reason: JOB_NAME_CONFLICT,
+                message,
+            }));
+        }
+    };
+    info!(
+        attempt,
+        job = job.metadata.name.as_deref().unwrap_or_default(),
+        "{how}"
+    );
+    ctx.memory.job_created(key, &owner, (*job).clone());
+    snap.jobs.push(Arc::new(*job));
+    Ok(None)
+}
+
+/// One status patch from the GpuJob as last seen to `status` (nothing when equal), then
+/// its Events. The snapshot and the write memory follow the written object.
+async fn write_status(
+    ctx: &Context,
+    fence: &Fence,
+    key: &Key,
+    snap: &mut Snapshot,
+    status: &GpuJobStatus,
+) -> Result<(), Error> {
+    let current = snap.gpujob.status.clone().unwrap_or_default();
+    if *status == current {
+        return Ok(());
+    }
+    let written = ctx.writer.patch_status(fence, &snap.gpujob, status).await?;
+    if status.phase != current.phase {
+        let phase = status.phase.map_or("-".to_owned(), |p| format!("{p:?}"));
+        info!(
+            phase,
+            attempts = status.attempts,
+            failures = status.failures,
+            "phase changed"
+        );
+    }
+    let newly_failed = status.failures - current.failures;
+    if newly_failed > 0 {
+        ctx.metrics
+            .attempts_failed
+            .inc_by(u64::try_from(newly_failed).unwrap_or(0));
+    }
+    remember(ctx, key, snap, written);
+    // Only transitions this term recorded, published while it still holds.
+    ctx.writer
+        .publish(fence, &snap.gpujob, &transitions(&current, status))
+        .await;
+    Ok(())
+}
+
+/// The snapshot and the write memory follow a GpuJob this replica just wrote.
+fn remember(ctx: &Context, key: &Key, snap: &mut Snapshot, written: GpuJob) {
+    let replaced = snap
+        .gpujob
+        .metadata
+        .resource_version
+        .clone()
+        .unwrap_or_default();
+    ctx.memory.status_written(key, replaced, written.clone());
+    snap.gpujob = Arc::new(written);
+}

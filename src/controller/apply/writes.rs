@@ -1,0 +1,314 @@
+//! Every call that changes something: to the API server (Jobs, GpuJob status and
+//! finalizers, Events) and to the quota service. Each is fenced: it starts only while
+//! the reconcile's shard is still held in the same term and before that term's deadline.
+//!
+//! Which writes are safe when late (sent after the deadline anyway, by a process paused
+//! between the last fence check and the socket): status and finalizer patches carry the
+//! resourceVersion they were computed from; deletes carry uid and resourceVersion
+//! preconditions; Job creates use stable names (adopted only when the controller owner
+//! uid matches); Event series updates carry the Event's resourceVersion; quota calls
+//! carry the fencing token. A late write therefore either fails, or lands on an object
+//! no other replica has written since it was read (a new Event is such an object: it
+//! reports a transition this replica recorded while it held the shard).
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::Client;
+use kube::api::{
+    Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::recorder::Recorder;
+use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
+use crate::controller::error::{Error, api_code};
+use crate::controller::events::Note;
+use crate::controller::job::is_controlled_by;
+use crate::controller::status::merge_patch;
+use crate::lease::{Ownership, Tenure};
+use crate::quota::{Call, Provider, QuotaProvider, Reserve, ReserveRequest};
+
+/// Field manager recorded on every write.
+pub const FIELD_MANAGER: &str = "gpujob-operator";
+
+/// The term a reconcile runs in: its writes are valid only while `shard` is still held
+/// with this `epoch`, before that tenure's deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub shard: u32,
+    pub epoch: u64,
+}
+
+#[derive(Clone)]
+pub struct Writer {
+    client: Client,
+    ownership: watch::Receiver<Ownership>,
+    recorder: std::sync::Arc<Recorder>,
+    quota: Provider,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("quota", &self.quota)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What became of a Job create.
+#[derive(Debug)]
+pub enum Created {
+    /// Created now.
+    Job(Box<Job>),
+    /// Found already created for this GpuJob (an earlier run of the same step).
+    Adopted(Box<Job>),
+    /// The API server refused it as invalid (422): terminal for this spec.
+    Invalid(String),
+    /// The name is taken by a Job this GpuJob does not control.
+    NameTaken(String),
+}
+
+impl Writer {
+    pub fn new(
+        client: Client,
+        ownership: watch::Receiver<Ownership>,
+        identity: &str,
+        quota: Provider,
+    ) -> Writer {
+        Writer {
+            recorder: std::sync::Arc::new(Recorder::new(client.clone(), identity)),
+            client,
+            ownership,
+            quota,
+        }
+    }
+
+    pub fn quota_enabled(&self) -> bool {
+        self.quota.enabled()
+    }
+
+    /// The term under which objects in `namespace` may be written now; `NotLeader` when
+    /// their shard is not held (or its deadline passed).
+    pub fn fence_for(&self, namespace: &str) -> Result<Fence, Error> {
+        let own = self.ownership.borrow();
+        let shard = own.shard_of(namespace);
+        match own.tenure(shard) {
+            Some(t) if t.valid_at(Instant::now()) => Ok(Fence {
+                shard,
+                epoch: t.epoch,
+            }),
+            _ => Err(Error::NotLeader),
+        }
+    }
+
+    /// `Err(NotLeader)` unless `fence`'s term still holds: checked before every write
+    /// and every call to the outside world.
+    pub fn check(&self, fence: &Fence) -> Result<Tenure, Error> {
+        let own = self.ownership.borrow();
+        match own.tenure(fence.shard) {
+            Some(t) if t.epoch == fence.epoch && t.valid_at(Instant::now()) => Ok(t.clone()),
+            _ => Err(Error::NotLeader),
+        }
+    }
+
+    /// A failed write is `NotLeader` when the term ended meanwhile (the client's own
+    /// fence refused it just before sending, or its answer no longer matters).
+    fn failed(&self, fence: &Fence, action: &'static str, e: kube::Error) -> Error {
+        match self.check(fence) {
+            Err(not_leader) => not_leader,
+            Ok(_) => Error::kube(action)(e),
+        }
+    }
+
+    /// Publishes Events on the GpuJob. An Event that cannot be written is logged and
+    /// dropped: it must never hold up the work it describes.
+    pub async fn publish(&self, fence: &Fence, gj: &GpuJob, notes: &[Note]) {
+        for n in notes {
+            if self.check(fence).is_err() {
+                return;
+            }
+            if let Err(e) = self.recorder.publish(gj, n).await {
+                tracing::warn!(
+                    reason = n.reason,
+                    "cannot record an Event on the GpuJob: {e}; continuing without it"
+                );
+            }
+        }
+    }
+
+    /// Adds or removes the quota finalizer: one merge patch of `metadata.finalizers`,
+    /// carrying the resourceVersion it was computed from.
+    pub async fn set_finalizer(
+        &self,
+        fence: &Fence,
+        gj: &GpuJob,
+        present: bool,
+    ) -> Result<GpuJob, Error> {
+        let mut finalizers: Vec<String> = gj.metadata.finalizers.clone().unwrap_or_default();
+        finalizers.retain(|f| f != FINALIZER_QUOTA);
+        if present {
+            finalizers.push(FINALIZER_QUOTA.to_owned());
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": gj.metadata.resource_version, "finalizers": finalizers},
+        });
+        self.patch_gpujob(fence, gj, &patch, false).await
+    }
+
+    /// One merge patch of the status subresource turning `from.status` into `status`,
+    /// carrying `from`'s resourceVersion: if anything changed since, the API server
+    /// answers 409 and nothing is overwritten.
+    pub async fn patch_status(
+        &self,
+        fence: &Fence,
+        from: &GpuJob,
+        status: &GpuJobStatus,
+    ) -> Result<GpuJob, Error> {
+        let serialize = |source| Error::Serialize {
+            what: "status",
+            source,
+        };
+        let old =
+            serde_json::to_value(from.status.clone().unwrap_or_default()).map_err(serialize)?;
+        let new = serde_json::to_value(status).map_err(serialize)?;
+        let patch = json!({
+            "metadata": {"resourceVersion": from.metadata.resource_version},
+            "status": merge_patch(&old, &new),
+        });
+        self.patch_gpujob(fence, from, &patch, true).await
+    }
+
+    /// One fenced merge patch of GpuJob `gj`, or of its status subresource. A 409 means
+    /// the GpuJob moved on: re-read, never overwrite.
+    async fn patch_gpujob(
+        &self,
+        fence: &Fence,
+        gj: &GpuJob,
+        patch: &serde_json::Value,
+        status: bool,
+    ) -> Result<GpuJob, Error> {
+        let ns = gj.metadata.namespace.as_deref().unwrap_or_default();
+        let name = gj.metadata.name.as_deref().unwrap_or_default();
+        let api: Api<GpuJob> = Api::namespaced(self.client.clone(), ns);
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        self.check(fence)?;
+        let sent = if status {
+            api.patch_status(name, &pp, &Patch::Merge(patch)).await
+        } else {
+            api.patch(name, &pp, &Patch::Merge(patch)).await
+        };
+        match sent {
+            Ok(updated) => Ok(updated),
+            Err(e) if api_code(&e) == Some(409) => Err(Error::Conflict {
+                what: format!("GpuJob {ns}/{name}"),
+            }),
+            Err(e) => Err(self.failed(
+                fence,
+                if status {
+                    "patch_status"
+                } else {
+                    "patch_finalizers"
+                },
+                e,
+            )),
+        }
+    }
+
+    pub async fn create_job(
+        &self,
+        fence: &Fence,
+        owner_uid: &str,
+        job: &Job,
+    ) -> Result<Created, Error> {
+        let ns = job.metadata.namespace.as_deref().unwrap_or_default();
+        let name = job.metadata.name.as_deref().unwrap_or_default();
+        let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        self.check(fence)?;
+        match api.create(&pp, job).await {
+            Ok(created) => Ok(Created::Job(Box::new(created))),
+            Err(e) if api_code(&e) == Some(409) => {
+                // Stable names: it exists, most likely from an earlier run of this same
+                // step. Adopt it only if it is really ours.
+                let existing = api.get(name).await.map_err(Error::kube("read_job"))?;
+                if is_controlled_by(&existing, owner_uid) {
+                    Ok(Created::Adopted(Box::new(existing)))
+                } else {
+                    Ok(Created::NameTaken(name_taken(ns, name)))
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 422 => Ok(Created::Invalid(s.message)),
+            Err(e) => Err(self.failed(fence, "create_job", e)),
+        }
+    }
+
+    /// Deletes a Job with uid and resourceVersion preconditions: an old attempt's Job
+    /// with background propagation (batch/v1 would orphan its pods otherwise), a running
+    /// attempt's Job being replaced in the foreground (the Job stays until its pods are
+    /// gone). Gone already: done. Changed since it was read (409, precondition failed):
+    /// `Conflict`, so the GpuJob is read again and decided again; never "done".
+    pub async fn delete_job(
+        &self,
+        fence: &Fence,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        resource_version: &str,
+        foreground: bool,
+    ) -> Result<(), Error> {
+        let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
+        let dp = DeleteParams {
+            propagation_policy: Some(if foreground {
+                PropagationPolicy::Foreground
+            } else {
+                PropagationPolicy::Background
+            }),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: Some(resource_version.to_owned()),
+            }),
+            ..DeleteParams::default()
+        };
+        self.check(fence)?;
+        match api.delete(name, &dp).await {
+            Ok(_) => Ok(()),
+            Err(e) if api_code(&e) == Some(404) => Ok(()),
+            Err(e) if api_code(&e) == Some(409) => Err(Error::Conflict {
+                what: format!("Job {ns}/{name}"),
+            }),
+            Err(e) => Err(self.failed(fence, "delete_job", e)),
+        }
+    }
+
+    /// The quota call context of `fence`'s term: its token, and its deadline (a call
+    /// still unanswered then is abandoned).
+    fn call(&self, fence: &Fence) -> Result<Call, Error> {
+        let tenure = self.check(fence)?;
+        Ok(Call {
+            token: tenure.token,
+            deadline: tenure.deadline,
+        })
+    }
+
+    pub async fn reserve(&self, fence: &Fence, req: &ReserveRequest) -> Result<Reserve, Error> {
+        let call = self.call(fence)?;
+        Ok(self.quota.reserve(req, &call).await?)
+    }
+
+    pub async fn release(&self, fence: &Fence, uid: &str) -> Result<(), Error> {
+        let call = self.call(fence)?;
+        Ok(self.quota.release(uid, &call).await?)
+    }
+}
+
+/// What a Job-name conflict says, wherever it is found.
+pub fn name_taken(ns: &str, name: &str) -> String {
+    format!("Job {ns}/{name} exists and is not controlled by this GpuJob; delete or rename it")
+}

@@ -1,0 +1,436 @@
+//! Attempts: numbering, retry timing, spec changes, old Jobs, phase and Ready.
+
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::batch::v1::Job;
+
+use super::{
+    Action, INVALID_SPEC, JOB_NAME_CONFLICT, Next, PlanSettings, Planner, SPEC_CHANGE_PENDING,
+    Termination,
+};
+use crate::api::{ConditionStatus, FailureRecord, Phase, UpdatePolicy};
+use crate::controller::job::{desired_job, generation_of, job_name};
+use crate::controller::status::{READY, remove_condition, seconds};
+
+/// What a Job's conditions say.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobState {
+    Active,
+    Complete {
+        time: Option<Timestamp>,
+    },
+    Failed {
+        time: Option<Timestamp>,
+        reason: String,
+        message: String,
+    },
+}
+
+pub fn job_state(job: &Job) -> JobState {
+    let status = job.status.as_ref();
+    let conditions = status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten();
+    for c in conditions {
+        if c.status != "True" {
+            continue;
+        }
+        let time = c.last_transition_time.as_ref().map(|t| t.0);
+        match c.type_.as_str() {
+            "Complete" => {
+                let time = status
+                    .and_then(|s| s.completion_time.as_ref())
+                    .map(|t| t.0)
+                    .or(time);
+                return JobState::Complete { time };
+            }
+            "Failed" => {
+                return JobState::Failed {
+                    time,
+                    reason: c.reason.clone().unwrap_or_default(),
+                    message: c.message.clone().unwrap_or_default(),
+                };
+            }
+            _ => {}
+        }
+    }
+    JobState::Active
+}
+
+/// Backoff before the attempt that follows failure number `failures` (from 1).
+pub fn backoff(settings: &PlanSettings, failures: i32) -> Duration {
+    crate::backoff::exponential(
+        settings.backoff_base,
+        settings.backoff_max,
+        u32::try_from(failures).unwrap_or(0),
+    )
+}
+
+impl Planner<'_, '_> {
+    /// A final GpuJob: record that this generation was seen (also a spec change), start
+    /// nothing, and let a pending spec change go: there is no next attempt.
+    pub(super) fn finished(&mut self) {
+        if let Some(c) = self.next.conditions.iter_mut().find(|c| c.type_ == READY) {
+            c.observed_generation = self.generation;
+        }
+        remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+    }
+
+    /// A GpuJob that is not final; `newest_job` is the highest attempt with a Job.
+    /// Returns the newest attempt afterwards.
+    pub(super) fn attempts(&mut self, newest_job: i32) -> i32 {
+        let attempt = self.current.attempts.max(newest_job);
+        if attempt == 0 {
+            self.try_start(1);
+            self.next.attempts.max(attempt)
+        } else {
+            self.follow(attempt)
+        }
+    }
+
+    /// Whether a Job of this GpuJob still runs (its pods may hold GPUs), including one
+    /// being deleted.
+    pub(super) fn holds_gpus(&self) -> bool {
+        self.obs
+            .jobs
+            .iter()
+            .any(|j| job_state(j) == JobState::Active)
+    }
+
+    /// Why a new attempt cannot start now, if something forbids it.
+    fn blocker(&self, attempt: i32) -> Option<(&'static str, String)> {
+        if let Some(r) = self.obs.refused.as_ref().filter(|r| r.attempt == attempt) {
+            return Some((r.reason, r.message.clone()));
+        }
+        if let Some(inv) = &self.invalid {
+            return Some(inv.clone());
+        }
+        if self.obs.quota_required && self.next.reservation_id.is_none() {
+            return Some(self.quota_blocker());
+        }
+        None
+    }
+
+    /// Starts `attempt` unless something forbids it now; then the GpuJob waits, Pending.
+    fn try_start(&mut self, attempt: i32) -> bool {
+        if let Some((reason, message)) = self.blocker(attempt) {
+            self.next.phase = Some(Phase::Pending);
+            self.next.active_job = None;
+            self.next.next_attempt_time = None;
+            if reason == INVALID_SPEC || reason == JOB_NAME_CONFLICT {
+                self.next.last_error = Some(message.clone());
+            }
+            self.requeue = match reason {
+                JOB_NAME_CONFLICT => Next::After(self.settings.name_conflict_retry),
+                INVALID_SPEC => Next::Done,
+                // Waiting for quota: ask again with backoff.
+                _ => Next::Backoff,
+            };
+            let message = match &self.current.last_failure {
+                Some(f) if f.attempt == attempt - 1 => format!("{}; {message}", f.message),
+                _ => message,
+            };
+            self.ready(ConditionStatus::False, reason, message);
+            return false;
+        }
+        let job = desired_job(self.gj, attempt);
+        self.next.attempts = attempt;
+        self.next.phase = Some(Phase::Running);
+        self.next.active_job = job.metadata.name.clone();
+        self.next.next_attempt_time = None;
+        self.next.replacing_attempt = None;
+        self.next.start_time = self.next.start_time.or(Some(self.now));
+        remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+        self.actions.push(Action::CreateJob {
+            attempt,
+            job: Box::new(job),
+        });
+        self.ready(
+            ConditionStatus::False,
+            "JobRunning",
+            running_message(&self.name, attempt),
+        );
+        true
+    }
+
+    /// Follows attempt `k`, which has started; returns the newest attempt afterwards.
+    fn follow(&mut self, k: i32) -> i32 {
+        // A status that lags the Jobs (a restart between a create and the status
+        // write) catches up: attempt k exists, so k - 1 ended, and if it failed its
+        // failure is recorded now.
+        self.next.attempts = k;
+        self.next.start_time = self.next.start_time.or(Some(self.now));
+        if let Some(prev) = self.by_attempt.get(&(k - 1))
+            && let JobState::Failed {
+                time,
+                reason,
+                message,
+            } = job_state(prev)
+            && self
+                .current
+                .last_failure
+                .as_ref()
+                .is_none_or(|f| f.attempt < k - 1)
+            && self.current.replacing_attempt != Some(k - 1)
+        {
+            let time = seconds(time.unwrap_or(self.now));
+            let record = failure_record(
+                k - 1,
+                time,
+                &reason,
+                &message,
+                self.obs.termination.as_ref(),
+            );
+            self.record_failure(record);
+        }
+
+        let job = self.by_attempt.get(&k).copied();
+        if self.current.replacing_attempt == Some(k) {
+            return self.replace(k, job);
+        }
+        match job.map(job_state) {
+            Some(JobState::Active) => {
+                self.running(k, job);
+                k
+            }
+            Some(JobState::Complete { time }) => {
+                self.next.phase = Some(Phase::Succeeded);
+                self.next.active_job = None;
+                self.next.next_attempt_time = None;
+                self.next.completion_time = Some(seconds(time.unwrap_or(self.now)));
+                remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+                self.ready(
+                    ConditionStatus::True,
+                    "Succeeded",
+                    format!("attempt {k} succeeded"),
+                );
+                k
+            }
+            Some(JobState::Failed {
+                time,
+                reason,
+                message,
+            }) => {
+                let time = seconds(time.unwrap_or(self.now));
+                let record = self.recorded_or(k, || {
+                    failure_record(k, time, &reason, &message, self.obs.termination.as_ref())
+                });
+                self.failed(k, record)
+            }
+            None => {
+                let record = self.recorded_or(k, || FailureRecord {
+                    attempt: k,
+                    time: seconds(self.obs.now),
+                    exit_code: None,
+                    reason: "JobDeleted".to_owned(),
+                    message: format!(
+                        "attempt {k} failed: its Job {} was deleted before it finished",
+                        job_name(&self.name, k)
+                    ),
+                });
+                self.failed(k, record)
+            }
+        }
+    }
+
+    /// Attempt `k` runs. A spec change applies now (Recreate), or waits (OnNextAttempt,
+    /// or an invalid new spec).
+    fn running(&mut self, k: i32, job: Option<&Job>) {
+        self.next.phase = Some(Phase::Running);
+        self.next.active_job = Some(job_name(&self.name, k));
+        self.next.next_attempt_time = None;
+        self.ready(
+            ConditionStatus::False,
+            "JobRunning",
+            running_message(&self.name, k),
+        );
+        let built_from = job.and_then(generation_of);
+        let changed = matches!((built_from, self.generation), (Some(b), Some(g)) if b < g);
+        if !changed {
+            remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+            return;
+        }
+        let (reason, message) = match (&self.invalid, self.gj.spec.update_policy) {
+            (Some((_, why)), _) => (INVALID_SPEC, format!("the change cannot be applied: {why}")),
+            (None, UpdatePolicy::OnNextAttempt) => (
+                "OnNextAttempt",
+                format!(
+                    "attempt {k} keeps its spec; the change applies to the next attempt, if any"
+                ),
+            ),
+            (None, UpdatePolicy::Recreate) => {
+                // Record the replacement before deleting, so that a crash in between
+                // never counts the deleted attempt as failed.
+                self.checkpoint(|s| s.replacing_attempt = Some(k));
+                self.delete_for_replacement(job);
+                self.next.phase = Some(Phase::Pending);
+                self.next.active_job = None;
+                let message = format!("attempt {k} is being replaced: the spec changed");
+                self.ready(ConditionStatus::False, "Replacing", message);
+                remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+                return;
+            }
+        };
+        self.condition(SPEC_CHANGE_PENDING, ConditionStatus::True, reason, message);
+    }
+
+    fn delete_for_replacement(&mut self, job: Option<&Job>) {
+        let job = job.filter(|j| j.metadata.deletion_timestamp.is_none());
+        self.actions
+            .extend(job.and_then(|j| delete_action(j, true)));
+    }
+
+    /// Attempt `k` is being replaced after a spec change: once its Job (and pods) are
+    /// gone, the next attempt starts on the new spec. Not a failure.
+    fn replace(&mut self, k: i32, job: Option<&Job>) -> i32 {
+        match job {
+            Some(j) => {
+                // Still there (deleting, or the delete did not happen yet).
+                self.delete_for_replacement(Some(j));
+                self.next.phase = Some(Phase::Pending);
+                self.next.active_job = None;
+                let message = format!("attempt {k} is being replaced: the spec changed");
+                self.ready(ConditionStatus::False, "Replacing", message);
+                k
+            }
+            None => {
+                if self.try_start(k + 1) {
+                    k + 1
+                } else {
+                    k
+                }
+            }
+        }
+    }
+
+    fn record_failure(&mut self, record: FailureRecord) {
+        let new = self
+            .next
+            .last_failure
+            .as_ref()
+            .is_none_or(|f| f.attempt < record.attempt);
+        if new {
+            self.next.failures += 1;
+        }
+        self.next.last_error = Some(record.message.clone());
+        self.next.last_failure = Some(record);
+    }
+
+    /// The failure already recorded for `attempt`, or a new record.
+    fn recorded_or(&self, attempt: i32, new: impl FnOnce() -> FailureRecord) -> FailureRecord {
+        match &self.current.last_failure {
+            Some(f) if f.attempt == attempt => f.clone(),
+            _ => new(),
+        }
+    }
+
+    /// Attempt `k` failed: retry after backoff, or fail for good.
+    fn failed(&mut self, k: i32, failure: FailureRecord) -> i32 {
+        self.record_failure(failure.clone());
+        self.next.active_job = None;
+        let failures = self.next.failures;
+        if failures > self.gj.spec.max_retries {
+            self.next.phase = Some(Phase::Failed);
+            self.next.next_attempt_time = None;
+            self.next.completion_time = Some(failure.time);
+            remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+            let message = format!(
+                "{}; no retries left ({failures} attempts failed, maxRetries {})",
+                failure.message, self.gj.spec.max_retries
+            );
+            self.ready(ConditionStatus::False, "RetriesExhausted", message);
+            return k;
+        }
+        let wait = backoff(self.settings, failures);
+        let at = failure
+            .time
+            .saturating_add(SignedDuration::try_from(wait).unwrap_or(SignedDuration::MAX))
+            .unwrap_or(failure.time);
+        if self.now >= at {
+            return if self.try_start(k + 1) { k + 1 } else { k };
+        }
+        self.next.phase = Some(Phase::Pending);
+        self.next.next_attempt_time = Some(at);
+        let message = format!("{}; attempt {} starts at {at}", failure.message, k + 1);
+        self.ready(ConditionStatus::False, "BackingOff", message);
+        if let Ok(d) = Duration::try_from(self.now.duration_until(at)) {
+            self.requeue = Next::After(d);
+        }
+        k
+    }
+
+    /// Old attempts: keep the newest `keep_jobs` for debugging, delete the rest.
+    pub(super) fn collect_old_jobs(&mut self, attempt: i32) {
+        let oldest_kept = attempt - self.settings.keep_jobs.max(1) + 1;
+        for (a, job) in &self.by_attempt {
+            if *a >= oldest_kept || job.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            self.actions.extend(delete_action(job, false));
+        }
+    }
+}
+
+/// Deleting `job` with uid and resourceVersion preconditions.
+fn delete_action(job: &Job, foreground: bool) -> Option<Action> {
+    let m = &job.metadata;
+    Some(Action::DeleteJob {
+        name: m.name.clone()?,
+        uid: m.uid.clone()?,
+        resource_version: m.resource_version.clone()?,
+        foreground,
+    })
+}
+
+/// The same words whether the attempt was just started or found running, so that
+/// looking again changes nothing (and writes nothing).
+fn running_message(name: &str, attempt: i32) -> String {
+    format!(
+        "attempt {attempt} is running (Job {})",
+        job_name(name, attempt)
+    )
+}
+
+fn failure_record(
+    attempt: i32,
+    time: Timestamp,
+    job_reason: &str,
+    job_message: &str,
+    pod: Option<&Termination>,
+) -> FailureRecord {
+    let pod = pod.filter(|t| t.attempt == attempt);
+    let (exit_code, reason) = match pod {
+        Some(t) => (t.exit_code, t.reason.clone()),
+        None => (
+            None,
+            if job_reason.is_empty() {
+                "Failed".to_owned()
+            } else {
+                job_reason.to_owned()
+            },
+        ),
+    };
+    let detail = match (pod, job_reason) {
+        (Some(t), _) if t.exit_code.is_some() => {
+            let code = t.exit_code.unwrap_or_default();
+            let extra = if t.message.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", t.message)
+            };
+            format!("exit code {code} ({}){extra}", t.reason)
+        }
+        (_, "DeadlineExceeded") => "it ran longer than activeDeadlineSeconds".to_owned(),
+        _ if !job_message.is_empty() => format!("{job_reason}: {job_message}"),
+        _ => reason.clone(),
+    };
+    FailureRecord {
+        attempt,
+        time,
+        exit_code,
+        reason,
+        message: format!("attempt {attempt} failed: {detail}"),
+    }
+}

@@ -1,0 +1,330 @@
+//! Pure decisions: `(GpuJob, its Jobs, what the outside answered, now) -> Plan`. No
+//! client here; every step is decided here and unit-tested without a cluster:
+//! validation (first: an invalid spec never reserves anything), the quota protocol
+//! (`reservation.rs`: finalizer, reserve, record, release, finalizer removal), attempt
+//! numbering, retry timing, spec changes, phase and conditions (`attempts.rs`).
+//!
+//! A plan is carried out by the executor (`apply`). Actions that ask the outside world
+//! something (reserve, release, a Job the API server may refuse) end a plan: their answer
+//! comes back through [`Observed`] and the plan is made again, so every decision that
+//! depends on an answer is made here too.
+
+mod attempts;
+mod reservation;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+
+use super::events::Note;
+use super::job::attempt_of;
+use super::status::{READY, seconds, set_condition};
+use super::validate::validate;
+use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
+use crate::quota::ReserveRequest;
+
+pub use attempts::{JobState, backoff, job_state};
+
+/// Condition: a spec change waits for the next attempt (OnNextAttempt), or could not be
+/// applied (the new spec is invalid).
+pub const SPEC_CHANGE_PENDING: &str = "SpecChangePending";
+/// Condition reason for a spec the operator cannot run; it waits for a spec change.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+/// Condition reason: a Job this GpuJob does not control holds the next attempt's name.
+pub const JOB_NAME_CONFLICT: &str = "JobNameConflict";
+
+/// Operator settings the plan depends on.
+#[derive(Debug, Clone)]
+pub struct PlanSettings {
+    /// Backoff after the first failure; doubles per failure.
+    pub backoff_base: Duration,
+    /// Longest backoff.
+    pub backoff_max: Duration,
+    /// Jobs of this many most recent attempts are kept for debugging; older ones deleted.
+    pub keep_jobs: i32,
+    /// Most GPUs one GpuJob may ask for (semantic validation).
+    pub max_gpus: i32,
+    /// How long releasing quota may keep failing before the GpuJob says CleanupStuck.
+    pub cleanup_timeout: Duration,
+    /// How often a GpuJob whose next Job name is taken by a foreign Job looks again.
+    pub name_conflict_retry: Duration,
+}
+
+impl Default for PlanSettings {
+    fn default() -> PlanSettings {
+        // As the Job controller does for pod failures: 10 s doubling to 6 min.
+        PlanSettings {
+            backoff_base: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(360),
+            keep_jobs: 3,
+            max_gpus: 64,
+            cleanup_timeout: Duration::from_secs(15 * 60),
+            name_conflict_retry: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How a failed attempt's container ended, read from its pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Termination {
+    pub attempt: i32,
+    pub exit_code: Option<i32>,
+    pub reason: String,
+    pub message: String,
+}
+
+/// What the operator sees of one GpuJob, and what the outside answered so far in this
+/// reconcile.
+#[derive(Debug)]
+pub struct Observed<'a> {
+    pub gpujob: &'a GpuJob,
+    /// Jobs controlled by this GpuJob, authoritative: a Job missing here is gone.
+    pub jobs: Vec<&'a Job>,
+    /// The pod outcome of the newest failed Job, when its failure is not recorded yet.
+    pub termination: Option<Termination>,
+    /// The next attempt's Job cannot be created: the API server refused it just now, or
+    /// a foreign Job still holds its name. Plan as if it was not started.
+    pub refused: Option<Refusal>,
+    /// External GPU quota is in use: attempts start only once a reservation is recorded.
+    pub quota_required: bool,
+    /// The quota service's answer to this reconcile's reserve or release.
+    pub quota: Option<QuotaAnswer>,
+    pub now: Timestamp,
+}
+
+/// A Job create the API server refused for a reason that retrying soon will not fix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub attempt: i32,
+    /// [`INVALID_SPEC`] (422: waits for a spec change) or [`JOB_NAME_CONFLICT`].
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What the quota service answered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QuotaAnswer {
+    Reserved { id: String },
+    Refused { reason: String, message: String },
+    Released,
+    ReleaseFailed { message: String },
+}
+
+/// Why the quota finalizer goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinalizerRemoval {
+    /// The reservation was released and that is recorded.
+    Released,
+    /// Quota is switched off: nothing can be released any more (abandoned).
+    QuotaDisabled,
+    /// An administrator asked for deletion without a release (abandoned, audited).
+    ReleaseSkipped,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Write this status before the actions that follow (they depend on it being
+    /// recorded: a reservation before the Job that uses it; a replaced attempt must
+    /// never be taken for a failed one after a crash).
+    RecordStatus(Box<GpuJobStatus>),
+    /// Add the quota finalizer (before anything exists outside the cluster).
+    AddFinalizer,
+    /// Remove the quota finalizer.
+    RemoveFinalizer(FinalizerRemoval),
+    /// Ask the quota service for a reservation. Ends the plan: the answer comes back.
+    Reserve(ReserveRequest),
+    /// Release the GpuJob's reservation. Ends the plan: the answer comes back.
+    Release,
+    /// Create the Job of `attempt` (stable name: a second create is refused). The API
+    /// server may refuse it; then the plan is made again with the refusal.
+    CreateJob { attempt: i32, job: Box<Job> },
+    /// Delete a Job, with uid and resourceVersion preconditions. `foreground`: the Job
+    /// stays (deleting) until its pods are gone, so a replacement never overlaps them.
+    DeleteJob {
+        name: String,
+        uid: String,
+        resource_version: String,
+        foreground: bool,
+    },
+    /// An Event that no status transition carries.
+    Publish(Note),
+}
+
+impl Action {
+    /// Whether the action's answer is needed before anything else can be decided.
+    pub fn asks(&self) -> bool {
+        matches!(self, Action::Reserve(_) | Action::Release)
+    }
+}
+
+/// What the queue does with a GpuJob after its plan is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Converged for now: wait for an event.
+    Done,
+    /// Look again after this long (a backoff between attempts ends).
+    After(Duration),
+    /// Waiting on something outside (quota refused, a release failing): ask again with
+    /// per-key exponential backoff, so a long shortage costs few calls.
+    Backoff,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// In order. When the last one asks the outside ([`Action::asks`]), the status
+    /// below is not written: the plan is made again with the answer.
+    pub actions: Vec<Action>,
+    pub status: GpuJobStatus,
+    pub next: Next,
+}
+
+impl Plan {
+    /// Whether carrying out this plan ends with a question rather than a status.
+    pub fn asks(&self) -> bool {
+        self.actions.last().is_some_and(Action::asks)
+    }
+}
+
+pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
+    let mut p = Planner::new(obs, settings);
+    p.run();
+    Plan {
+        actions: p.actions,
+        status: p.next,
+        next: p.requeue,
+    }
+}
+
+/// One planning pass; its fields are what every step reads and writes.
+struct Planner<'a, 'o> {
+    gj: &'a GpuJob,
+    obs: &'a Observed<'o>,
+    settings: &'a PlanSettings,
+    now: Timestamp,
+    generation: Option<i64>,
+    name: String,
+    current: GpuJobStatus,
+    /// The status as recorded by the last `RecordStatus` of this plan (initially the
+    /// stored one): each checkpoint builds on the one before.
+    recorded: GpuJobStatus,
+    next: GpuJobStatus,
+    actions: Vec<Action>,
+    requeue: Next,
+    by_attempt: BTreeMap<i32, &'a Job>,
+    /// Why no attempt may start for this generation (`InvalidSpec` and the field), if so.
+    invalid: Option<(&'static str, String)>,
+}
+
+impl<'a, 'o> Planner<'a, 'o> {
+    fn new(obs: &'a Observed<'o>, settings: &'a PlanSettings) -> Planner<'a, 'o> {
+        let gj = obs.gpujob;
+        let current = gj.status.clone().unwrap_or_default();
+        Planner {
+            gj,
+            obs,
+            settings,
+            now: seconds(obs.now),
+            generation: gj.metadata.generation,
+            name: gj.metadata.name.clone().unwrap_or_default(),
+            next: current.clone(),
+            recorded: current.clone(),
+            current,
+            actions: Vec::new(),
+            requeue: Next::Done,
+            by_attempt: obs
+                .jobs
+                .iter()
+                .filter_map(|j| attempt_of(j).map(|a| (a, *j)))
+                .collect(),
+            invalid: None,
+        }
+    }
+
+    fn run(&mut self) {
+        if self.gj.metadata.deletion_timestamp.is_some() {
+            // Being deleted: the garbage collector takes the Jobs; start nothing. Only
+            // the quota finalizer is this operator's to settle.
+            self.settle_deletion();
+            return;
+        }
+        self.next.observed_generation = self.generation;
+        // Validation first: nothing is reserved or started for a spec that cannot run.
+        self.invalid = self.invalid_reason();
+        if !self.obs.quota_required && self.gj.holds_quota_finalizer() {
+            self.actions
+                .push(Action::RemoveFinalizer(FinalizerRemoval::QuotaDisabled));
+        }
+        let newest_job = self.by_attempt.keys().next_back().copied().unwrap_or(0);
+        let attempt = if self.current.phase.is_some_and(crate::api::Phase::is_final) {
+            self.finished();
+            self.current.attempts.max(newest_job)
+        } else {
+            if self.obs.quota_required && !self.reserve_first() {
+                return;
+            }
+            self.attempts(newest_job)
+        };
+        self.collect_old_jobs(attempt);
+        if self.obs.quota_required {
+            self.release_when_done_or_blocked();
+        }
+    }
+
+    /// Why attempts cannot start: the spec fails validation, or the API server refused
+    /// this generation's Job already (recorded in Ready), or just now.
+    fn invalid_reason(&self) -> Option<(&'static str, String)> {
+        if let Err(e) = validate(&self.gj.spec, self.settings.max_gpus) {
+            return Some((INVALID_SPEC, format!("invalid spec: {e}")));
+        }
+        let refused_before = self.current.conditions.iter().find(|c| {
+            c.type_ == READY && c.reason == INVALID_SPEC && c.observed_generation == self.generation
+        });
+        if let Some(c) = refused_before {
+            return Some((INVALID_SPEC, c.message.clone()));
+        }
+        None
+    }
+
+    fn ready(&mut self, status: ConditionStatus, reason: &str, message: String) {
+        self.condition(READY, status, reason, message);
+    }
+
+    fn condition(&mut self, type_: &str, status: ConditionStatus, reason: &str, message: String) {
+        set_condition(
+            &mut self.next.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            self.generation,
+            self.now,
+        );
+    }
+
+    /// Records `change` before the actions that follow: applied to the last recorded
+    /// status (so checkpoints build on each other) and to the final one.
+    fn checkpoint(&mut self, change: impl Fn(&mut GpuJobStatus)) {
+        change(&mut self.recorded);
+        change(&mut self.next);
+        self.actions
+            .push(Action::RecordStatus(Box::new(self.recorded.clone())));
+    }
+
+    /// Asks the outside world; nothing else is planned after a question.
+    fn ask(&mut self, action: Action) {
+        debug_assert!(action.asks());
+        self.actions.push(action);
+    }
+
+    /// Whether the Ready condition about to be written has this reason.
+    fn ready_reason_is(&self, reasons: &[&str]) -> bool {
+        self.next
+            .condition(READY)
+            .is_some_and(|c| reasons.contains(&c.reason.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

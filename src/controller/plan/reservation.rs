@@ -1,0 +1,198 @@
+//! The external GPU quota around a GpuJob's life, in an order that survives a crash
+//! anywhere: spec validated → finalizer added → reservation made → its id recorded in
+//! status → only then the first Job. When the GpuJob is finished or deleted, or can no
+//! longer start an attempt (its spec became invalid, a foreign Job holds the next
+//! attempt's name) while none runs: release → confirmed and recorded → finalizer removed
+//! (kept while the GpuJob lives on). Every call is idempotent by GpuJob UID, so a
+//! repeated step never doubles or leaks a reservation.
+//!
+//! Decisions only: the executor makes the calls and feeds the answers back
+//! ([`super::Observed::quota`]).
+
+use jiff::SignedDuration;
+
+use super::{
+    Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Next, Planner, QuotaAnswer,
+};
+use crate::api::{ANNOTATION_SKIP_RELEASE, ConditionStatus, Phase};
+use crate::controller::events::{CLEANUP_STUCK, Kind, Note, QUOTA_RESERVED};
+use crate::controller::status::{remove_condition, set_condition};
+use crate::quota::ReserveRequest;
+
+impl Planner<'_, '_> {
+    /// Before the attempts of a GpuJob that is not final: make sure a reservation is
+    /// recorded. Returns false when the plan ends here (the reserve is asked).
+    pub(super) fn reserve_first(&mut self) -> bool {
+        if self.current.reservation_id.is_some() || !self.may_start() {
+            // Held already, or nothing could start: an invalid spec or a taken Job name
+            // reserves nothing.
+            return true;
+        }
+        match self.obs.quota.clone() {
+            Some(QuotaAnswer::Reserved { id }) => {
+                let (generation, now, gpus) = (self.generation, self.now, self.gj.spec.gpus);
+                // Recorded before any Job exists: the attempts below depend on it.
+                self.checkpoint(|s| {
+                    s.reservation_id = Some(id.clone());
+                    s.observed_generation = generation;
+                    set_condition(
+                        &mut s.conditions,
+                        QUOTA_RESERVED,
+                        ConditionStatus::True,
+                        "Reserved",
+                        format!("GPU quota reservation {id} ({gpus} GPUs)"),
+                        generation,
+                        now,
+                    );
+                });
+                true
+            }
+            Some(QuotaAnswer::Refused { reason, message }) => {
+                // No new attempt starts (a running one goes on); the attempts below
+                // say so in Ready and ask again with backoff.
+                self.condition(QUOTA_RESERVED, ConditionStatus::False, &reason, message);
+                true
+            }
+            _ => {
+                if !self.gj.holds_quota_finalizer() {
+                    // Before anything exists outside the cluster, so that deletion waits.
+                    self.actions.push(Action::AddFinalizer);
+                }
+                self.ask(Action::Reserve(ReserveRequest {
+                    uid: self.gj.metadata.uid.clone().unwrap_or_default(),
+                    namespace: self.gj.metadata.namespace.clone().unwrap_or_default(),
+                    name: self.name.clone(),
+                    gpus: self.gj.spec.gpus,
+                }));
+                false
+            }
+        }
+    }
+
+    /// Whether a new attempt could start once quota is granted.
+    fn may_start(&self) -> bool {
+        self.invalid.is_none() && self.obs.refused.is_none()
+    }
+
+    /// Why a new attempt waits for quota, for Ready.
+    pub(super) fn quota_blocker(&self) -> (&'static str, String) {
+        match &self.obs.quota {
+            Some(QuotaAnswer::Refused { reason, message }) => (
+                "QuotaRefused",
+                format!("waiting for GPU quota: {reason}: {message}"),
+            ),
+            _ => (
+                "QuotaPending",
+                "waiting for a GPU quota reservation".to_owned(),
+            ),
+        }
+    }
+
+    /// After the attempts: a finished GpuJob releases its reservation and then drops the
+    /// finalizer; one that cannot start an attempt and runs none releases it too (and
+    /// keeps the finalizer: a fixed spec reserves again).
+    pub(super) fn release_when_done_or_blocked(&mut self) {
+        if self.next.phase.is_some_and(Phase::is_final) {
+            if self.next.reservation_id.is_some() || self.gj.holds_quota_finalizer() {
+                self.settle_release(true, "GPU quota released".to_owned());
+            }
+            return;
+        }
+        // Backing off counts as not running: the spec may turn invalid meanwhile.
+        let why = if self.invalid.is_some() {
+            INVALID_SPEC
+        } else if self.ready_reason_is(&[JOB_NAME_CONFLICT]) {
+            JOB_NAME_CONFLICT
+        } else {
+            return;
+        };
+        let idle = self.next.phase == Some(Phase::Pending) && !self.holds_gpus();
+        if idle && self.next.reservation_id.is_some() {
+            self.settle_release(
+                false,
+                format!("GPU quota released: no attempt can start ({why})"),
+            );
+        }
+    }
+
+    /// A GpuJob being deleted: the finalizer goes once the release is confirmed (or an
+    /// administrator waived it, or quota is switched off).
+    pub(super) fn settle_deletion(&mut self) {
+        if !self.gj.holds_quota_finalizer() {
+            return;
+        }
+        if !self.obs.quota_required {
+            self.actions
+                .push(Action::RemoveFinalizer(FinalizerRemoval::QuotaDisabled));
+            return;
+        }
+        let skip = self
+            .gj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_SKIP_RELEASE))
+            .is_some_and(|v| v == "true");
+        if skip {
+            let uid = self.gj.metadata.uid.as_deref().unwrap_or_default();
+            let id = self
+                .current
+                .reservation_id
+                .clone()
+                .unwrap_or_else(|| format!("(unrecorded, key {uid})"));
+            self.actions.push(Action::Publish(Note {
+                kind: Kind::Warning,
+                reason: "QuotaReleaseSkipped",
+                note: format!(
+                    "GPU quota reservation {id} was NOT released ({ANNOTATION_SKIP_RELEASE}=true); release it in the quota service by hand"
+                ),
+            }));
+            self.actions
+                .push(Action::RemoveFinalizer(FinalizerRemoval::ReleaseSkipped));
+            return;
+        }
+        self.settle_release(true, "GPU quota released".to_owned());
+    }
+
+    /// Releases the reservation, or records what the release answered. A release that
+    /// keeps failing is asked again with backoff; past the cleanup timeout the GpuJob
+    /// says `CleanupStuck`.
+    fn settle_release(&mut self, then_remove_finalizer: bool, message: String) {
+        match self.obs.quota.clone() {
+            Some(QuotaAnswer::Released) => {
+                self.next.release_failing_since = None;
+                remove_condition(&mut self.next.conditions, CLEANUP_STUCK);
+                if self.next.reservation_id.take().is_some() {
+                    self.condition(QUOTA_RESERVED, ConditionStatus::False, "Released", message);
+                }
+                if then_remove_finalizer && self.gj.holds_quota_finalizer() {
+                    // The release is recorded before the finalizer goes.
+                    self.recorded = self.next.clone();
+                    self.actions
+                        .push(Action::RecordStatus(Box::new(self.next.clone())));
+                    self.actions
+                        .push(Action::RemoveFinalizer(FinalizerRemoval::Released));
+                }
+            }
+            Some(QuotaAnswer::ReleaseFailed { message }) => {
+                let since = self.current.release_failing_since.unwrap_or(self.now);
+                self.next.release_failing_since = Some(since);
+                self.next.last_error = Some(format!("releasing GPU quota failed: {message}"));
+                let timeout = SignedDuration::try_from(self.settings.cleanup_timeout)
+                    .unwrap_or(SignedDuration::MAX);
+                if self.now.duration_since(since) >= timeout {
+                    self.condition(
+                        CLEANUP_STUCK,
+                        ConditionStatus::True,
+                        "ReleaseFailing",
+                        format!(
+                            "releasing GPU quota has failed since {since}: {message}; the finalizer stays; set {ANNOTATION_SKIP_RELEASE}=\"true\" to let deletion finish without it"
+                        ),
+                    );
+                }
+                self.requeue = Next::Backoff;
+            }
+            _ => self.ask(Action::Release),
+        }
+    }
+}

@@ -1,0 +1,732 @@
+use super::*;
+use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase};
+use crate::controller::job::desired_job;
+use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+fn t(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+const T0: &str = "2026-11-30T06:00:00Z";
+
+fn gpujob(max_retries: i32) -> GpuJob {
+    let mut g = GpuJob::new(
+        "train",
+        GpuJobSpec {
+            image: "img".into(),
+            command: vec![],
+            args: vec![],
+            env: vec![],
+            gpus: 1,
+            max_retries,
+            active_deadline_seconds: None,
+            node_selector: Default::default(),
+            service_account_name: None,
+            update_policy: Default::default(),
+        },
+    );
+    g.metadata.namespace = Some("ns".into());
+    g.metadata.uid = Some("uid-1".into());
+    g.metadata.generation = Some(1);
+    g
+}
+
+fn settings() -> PlanSettings {
+    PlanSettings {
+        backoff_base: Duration::from_secs(10),
+        backoff_max: Duration::from_secs(60),
+        keep_jobs: 2,
+        max_gpus: 8,
+        cleanup_timeout: Duration::from_secs(60),
+        name_conflict_retry: Duration::from_secs(30),
+    }
+}
+
+fn job(g: &GpuJob, attempt: i32, state: Option<(&str, &str, &str)>) -> Job {
+    let mut j = desired_job(g, attempt);
+    j.metadata.uid = Some(format!("job-uid-{attempt}"));
+    j.metadata.resource_version = Some(format!("{attempt}00"));
+    if let Some((type_, reason, time)) = state {
+        j.status = Some(JobStatus {
+            conditions: Some(vec![JobCondition {
+                type_: type_.into(),
+                status: "True".into(),
+                reason: Some(reason.into()),
+                message: Some("Job has reached the specified backoff limit".into()),
+                last_transition_time: Some(Time(t(time))),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+    }
+    j
+}
+
+fn run(g: &GpuJob, jobs: &[Job], termination: Option<Termination>, now: &str) -> Plan {
+    plan(
+        &Observed {
+            gpujob: g,
+            jobs: jobs.iter().collect(),
+            termination,
+            refused: None,
+            quota_required: false,
+            quota: None,
+            now: t(now),
+        },
+        &settings(),
+    )
+}
+
+fn ready(p: &Plan) -> (ConditionStatus, String) {
+    let c = p.status.condition(READY).unwrap();
+    (c.status, c.reason.clone())
+}
+
+fn creates(p: &Plan) -> Vec<i32> {
+    p.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CreateJob { attempt, .. } => Some(*attempt),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `g` with a status saying `attempts` started, `failures` failed, one running.
+fn running(g: &GpuJob, attempts: i32, failures: i32) -> GpuJob {
+    let mut g = g.clone();
+    // A consistent status: the last of `failures` failed attempts is recorded.
+    let last_failure = (failures > 0).then(|| FailureRecord {
+        attempt: attempts - 1,
+        time: t(T0),
+        exit_code: Some(1),
+        reason: "Error".into(),
+        message: format!("attempt {} failed: exit code 1 (Error)", attempts - 1),
+    });
+    g.status = Some(GpuJobStatus {
+        attempts,
+        failures,
+        last_failure,
+        phase: Some(Phase::Running),
+        ..Default::default()
+    });
+    g
+}
+
+fn with_status(mut g: GpuJob, p: &Plan) -> GpuJob {
+    g.status = Some(p.status.clone());
+    g
+}
+
+fn exit(attempt: i32, code: i32) -> Option<Termination> {
+    Some(Termination {
+        attempt,
+        exit_code: Some(code),
+        reason: "Error".into(),
+        message: String::new(),
+    })
+}
+
+#[test]
+fn a_new_gpujob_starts_attempt_one() {
+    let g = gpujob(3);
+    let p = run(&g, &[], None, T0);
+    assert_eq!(creates(&p), vec![1]);
+    assert_eq!(p.status.phase, Some(Phase::Running));
+    assert_eq!((p.status.attempts, p.status.failures), (1, 0));
+    assert_eq!(p.status.active_job.as_deref(), Some("train-1"));
+    assert_eq!(p.status.observed_generation, Some(1));
+    assert_eq!(p.status.start_time, Some(t(T0)));
+    assert_eq!(ready(&p), (ConditionStatus::False, "JobRunning".into()));
+}
+
+#[test]
+fn a_converged_gpujob_plans_nothing_and_the_same_status() {
+    let g = gpujob(3);
+    let first = run(&g, &[], None, T0);
+    let g = with_status(g, &first);
+    let jobs = [job(&g, 1, None)];
+    // Later, and again: nothing to do, byte-identical status (so zero writes).
+    for now in ["2026-11-30T06:00:05Z", "2026-11-30T07:00:00Z"] {
+        let p = run(&g, &jobs, None, now);
+        assert!(p.actions.is_empty());
+        assert_eq!(Some(&p.status), g.status.as_ref());
+    }
+}
+
+#[test]
+fn the_cache_may_know_the_job_before_the_status() {
+    // The operator's own Job event arrives before its status write is in the cache.
+    let g = gpujob(3);
+    let jobs = [job(&g, 1, None)];
+    let p = run(&g, &jobs, None, T0);
+    assert!(
+        creates(&p).is_empty(),
+        "attempt 1 exists; never a second create"
+    );
+    assert_eq!(p.status.attempts, 1);
+    assert_eq!(p.status.phase, Some(Phase::Running));
+}
+
+#[test]
+fn success_is_final() {
+    let g = gpujob(3);
+    let g = with_status(g.clone(), &run(&g, &[], None, T0));
+    let jobs = [job(&g, 1, Some(("Complete", "", "2026-11-30T06:01:00Z")))];
+    let p = run(&g, &jobs, None, "2026-11-30T06:01:02Z");
+    assert_eq!(p.status.phase, Some(Phase::Succeeded));
+    assert_eq!(p.status.completion_time, Some(t("2026-11-30T06:01:00Z")));
+    assert_eq!(p.status.active_job, None);
+    assert_eq!(ready(&p), (ConditionStatus::True, "Succeeded".into()));
+    // A spec change afterwards is recorded and starts nothing.
+    let mut g = with_status(g, &p);
+    g.metadata.generation = Some(2);
+    let p2 = run(&g, &jobs, None, "2026-11-30T06:05:00Z");
+    assert!(p2.actions.is_empty());
+    assert_eq!(p2.status.observed_generation, Some(2));
+    assert_eq!(p2.status.phase, Some(Phase::Succeeded));
+}
+
+#[test]
+fn a_failure_backs_off_then_starts_the_next_attempt() {
+    let g = gpujob(3);
+    let g = with_status(g.clone(), &run(&g, &[], None, T0));
+    let failed_at = "2026-11-30T06:00:30Z";
+    let jobs = [job(
+        &g,
+        1,
+        Some(("Failed", "BackoffLimitExceeded", failed_at)),
+    )];
+
+    let p = run(&g, &jobs, exit(1, 3), "2026-11-30T06:00:31Z");
+    assert!(creates(&p).is_empty());
+    assert_eq!(p.status.phase, Some(Phase::Pending));
+    assert_eq!(p.status.failures, 1);
+    assert_eq!(
+        p.status.next_attempt_time,
+        Some(t("2026-11-30T06:00:40Z")),
+        "10 s after the Job failed"
+    );
+    assert_eq!(p.next, Next::After(Duration::from_secs(9)));
+    assert_eq!(ready(&p), (ConditionStatus::False, "BackingOff".into()));
+    let f = p.status.last_failure.clone().unwrap();
+    assert_eq!((f.attempt, f.exit_code), (1, Some(3)));
+    assert_eq!(f.message, "attempt 1 failed: exit code 3 (Error)");
+    assert_eq!(
+        p.status.last_error.as_deref(),
+        Some("attempt 1 failed: exit code 3 (Error)")
+    );
+
+    // The pod is gone by the time backoff ends: the recorded failure is kept.
+    let g = with_status(g, &p);
+    let p = run(&g, &jobs, None, "2026-11-30T06:00:40Z");
+    assert_eq!(creates(&p), vec![2]);
+    assert_eq!((p.status.attempts, p.status.failures), (2, 1));
+    assert_eq!(p.status.phase, Some(Phase::Running));
+    assert_eq!(p.status.next_attempt_time, None);
+    assert_eq!(p.status.last_failure.unwrap().exit_code, Some(3));
+}
+
+#[test]
+fn backoff_doubles_from_the_base_up_to_the_cap() {
+    let s = settings();
+    let secs: Vec<u64> = (1..=6).map(|f| backoff(&s, f).as_secs()).collect();
+    assert_eq!(secs, vec![10, 20, 40, 60, 60, 60]);
+    assert_eq!(backoff(&s, 1000), Duration::from_secs(60));
+    let d = PlanSettings::default();
+    assert_eq!(
+        (backoff(&d, 1).as_secs(), backoff(&d, 10).as_secs()),
+        (10, 360)
+    );
+}
+
+#[test]
+fn backoff_survives_a_restart_because_it_counts_from_the_job() {
+    // No status at all (a fresh operator, status lost): the Job's Failed time decides.
+    let g = gpujob(3);
+    let jobs = [job(
+        &g,
+        1,
+        Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:00:30Z")),
+    )];
+    let early = run(&g, &jobs, exit(1, 1), "2026-11-30T06:00:35Z");
+    assert!(creates(&early).is_empty());
+    assert_eq!(early.status.attempts, 1, "derived from the Job that exists");
+    let late = run(&g, &jobs, exit(1, 1), "2026-11-30T06:00:41Z");
+    assert_eq!(creates(&late), vec![2]);
+}
+
+#[test]
+fn retries_exhausted_is_final_with_the_last_message() {
+    let g = gpujob(1);
+    let g2 = running(&g, 2, 1);
+    let jobs = [
+        job(
+            &g,
+            1,
+            Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:00:10Z")),
+        ),
+        job(
+            &g,
+            2,
+            Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:01:00Z")),
+        ),
+    ];
+    let p = run(&g2, &jobs, exit(2, 7), "2026-11-30T06:01:01Z");
+    assert!(creates(&p).is_empty());
+    assert_eq!(p.status.phase, Some(Phase::Failed));
+    assert_eq!((p.status.attempts, p.status.failures), (2, 2));
+    assert_eq!(p.status.completion_time, Some(t("2026-11-30T06:01:00Z")));
+    let c = p.status.condition(READY).unwrap();
+    assert_eq!(c.reason, "RetriesExhausted");
+    assert!(c.message.contains("exit code 7"), "{}", c.message);
+    // Final: later reconciles start nothing.
+    let g3 = with_status(g2, &p);
+    assert!(creates(&run(&g3, &jobs, None, "2026-11-30T09:00:00Z")).is_empty());
+}
+
+#[test]
+fn max_retries_zero_means_one_attempt() {
+    let g = gpujob(0);
+    let jobs = [job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)))];
+    let p = run(&g, &jobs, exit(1, 1), "2026-11-30T06:10:00Z");
+    assert!(creates(&p).is_empty());
+    assert_eq!(p.status.phase, Some(Phase::Failed));
+}
+
+#[test]
+fn a_deleted_running_job_counts_as_a_failed_attempt() {
+    let g = gpujob(3);
+    let g = with_status(g.clone(), &run(&g, &[], None, T0));
+    let p = run(&g, &[], None, "2026-11-30T06:00:20Z");
+    assert!(creates(&p).is_empty(), "never recreate an attempt number");
+    let f = p.status.last_failure.clone().unwrap();
+    assert_eq!((f.attempt, f.reason.as_str()), (1, "JobDeleted"));
+    assert_eq!(p.status.phase, Some(Phase::Pending));
+    // Recorded once: the next look keeps the same time, so the backoff does not slide.
+    let g = with_status(g, &p);
+    let p2 = run(&g, &[], None, "2026-11-30T06:00:25Z");
+    assert_eq!(p2.status, p.status);
+    let p3 = run(&g, &[], None, "2026-11-30T06:00:30Z");
+    assert_eq!(creates(&p3), vec![2]);
+}
+
+#[test]
+fn deadline_exceeded_says_so() {
+    let g = gpujob(3);
+    let jobs = [job(&g, 1, Some(("Failed", "DeadlineExceeded", T0)))];
+    let p = run(&g, &jobs, None, T0);
+    assert!(
+        p.status
+            .last_error
+            .unwrap()
+            .contains("activeDeadlineSeconds")
+    );
+}
+
+#[test]
+fn attempts_follow_the_newest_job_even_when_status_lags() {
+    let g = gpujob(5);
+    let g2 = running(&g, 1, 0);
+    let jobs = [
+        job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0))),
+        job(&g, 2, None),
+    ];
+    let p = run(&g2, &jobs, None, "2026-11-30T06:10:00Z");
+    assert!(
+        creates(&p).is_empty(),
+        "attempt 2 runs; no attempt 3 while it does"
+    );
+    assert_eq!((p.status.attempts, p.status.failures), (2, 1));
+    assert_eq!(p.status.phase, Some(Phase::Running));
+}
+
+#[test]
+fn old_jobs_beyond_the_kept_few_are_deleted() {
+    let g = gpujob(10);
+    let g2 = running(&g, 4, 3);
+    let failed = Some(("Failed", "BackoffLimitExceeded", T0));
+    let jobs = [
+        job(&g, 1, failed),
+        job(&g, 2, failed),
+        job(&g, 3, failed),
+        job(&g, 4, None),
+    ];
+    let p = run(&g2, &jobs, None, T0);
+    let deleted: Vec<_> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::DeleteJob {
+                name,
+                uid,
+                resource_version,
+                foreground: false,
+            } => Some((name.clone(), uid.clone(), resource_version.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deleted,
+        vec![
+            (
+                "train-1".to_owned(),
+                "job-uid-1".to_owned(),
+                "100".to_owned()
+            ),
+            (
+                "train-2".to_owned(),
+                "job-uid-2".to_owned(),
+                "200".to_owned()
+            ),
+        ]
+    );
+}
+
+#[test]
+fn a_gpujob_being_deleted_starts_nothing() {
+    let mut g = gpujob(3);
+    g.metadata.deletion_timestamp = Some(Time(t(T0)));
+    let p = run(&g, &[], None, T0);
+    assert!(p.actions.is_empty());
+    assert_eq!(Some(p.status), g.status.or(Some(GpuJobStatus::default())));
+}
+
+#[test]
+fn an_invalid_job_waits_for_a_spec_change() {
+    let g = gpujob(3);
+    let refused = Refusal {
+        attempt: 1,
+        reason: INVALID_SPEC,
+        message: "spec.nodeSelector: Invalid value".into(),
+    };
+    let obs = Observed {
+        gpujob: &g,
+        jobs: vec![],
+        termination: None,
+        refused: Some(refused),
+        quota_required: false,
+        quota: None,
+        now: t(T0),
+    };
+    let p = plan(&obs, &settings());
+    assert!(p.actions.is_empty());
+    assert_eq!(p.status.phase, Some(Phase::Pending));
+    assert_eq!(p.status.attempts, 0, "the attempt did not start");
+    assert_eq!(ready(&p), (ConditionStatus::False, INVALID_SPEC.into()));
+    assert_eq!(
+        p.status.last_error.as_deref(),
+        Some("spec.nodeSelector: Invalid value")
+    );
+
+    // Same generation: nothing to do, nothing to write, however often it is looked at.
+    let g = with_status(g, &p);
+    let again = run(&g, &[], None, "2026-11-30T07:00:00Z");
+    assert!(again.actions.is_empty());
+    assert_eq!(Some(&again.status), g.status.as_ref());
+
+    // A new generation tries again.
+    let mut fixed = g.clone();
+    fixed.metadata.generation = Some(2);
+    assert_eq!(
+        creates(&run(&fixed, &[], None, "2026-11-30T07:00:00Z")),
+        vec![1]
+    );
+}
+
+mod quota {
+    //! The quota protocol, step by step, with the answers fed back as the executor does.
+
+    use super::*;
+    use crate::api::{ANNOTATION_SKIP_RELEASE, FINALIZER_QUOTA};
+    use crate::controller::events::{CLEANUP_STUCK, QUOTA_RESERVED};
+
+    fn with_finalizer(mut g: GpuJob) -> GpuJob {
+        g.metadata.finalizers = Some(vec![FINALIZER_QUOTA.to_owned()]);
+        g
+    }
+
+    fn quota_plan(g: &GpuJob, jobs: &[Job], answer: Option<QuotaAnswer>, now: &str) -> Plan {
+        plan(
+            &Observed {
+                gpujob: g,
+                jobs: jobs.iter().collect(),
+                termination: None,
+                refused: None,
+                quota_required: true,
+                quota: answer,
+                now: t(now),
+            },
+            &settings(),
+        )
+    }
+
+    fn kinds(p: &Plan) -> Vec<&'static str> {
+        p.actions
+            .iter()
+            .map(|a| match a {
+                Action::RecordStatus(_) => "RecordStatus",
+                Action::AddFinalizer => "AddFinalizer",
+                Action::RemoveFinalizer(_) => "RemoveFinalizer",
+                Action::Reserve(_) => "Reserve",
+                Action::Release => "Release",
+                Action::CreateJob { .. } => "CreateJob",
+                Action::DeleteJob { .. } => "DeleteJob",
+                Action::Publish(_) => "Publish",
+            })
+            .collect()
+    }
+
+    fn granted() -> Option<QuotaAnswer> {
+        Some(QuotaAnswer::Reserved { id: "r-1".into() })
+    }
+
+    /// A running GpuJob holding reservation r-1, as the protocol leaves it.
+    fn reserved_and_running(g: &GpuJob) -> GpuJob {
+        let g = with_finalizer(g.clone());
+        let p = quota_plan(&g, &[], granted(), T0);
+        with_status(g, &p)
+    }
+
+    #[test]
+    fn finalizer_then_reserve_then_record_then_the_job() {
+        let g = gpujob(3);
+        let p = quota_plan(&g, &[], None, T0);
+        assert_eq!(kinds(&p), vec!["AddFinalizer", "Reserve"]);
+        assert!(p.asks(), "the reserve's answer decides what follows");
+        let Some(Action::Reserve(req)) = p.actions.last() else {
+            panic!("reserve")
+        };
+        assert_eq!((req.uid.as_str(), req.gpus), ("uid-1", 1));
+
+        // Granted: the id is recorded before the Job is created.
+        let g = with_finalizer(g);
+        let p = quota_plan(&g, &[], granted(), T0);
+        assert_eq!(kinds(&p), vec!["RecordStatus", "CreateJob"]);
+        let Action::RecordStatus(recorded) = &p.actions[0] else {
+            panic!("record")
+        };
+        assert_eq!(recorded.reservation_id.as_deref(), Some("r-1"));
+        assert_eq!(recorded.attempts, 0, "recorded before the attempt starts");
+        assert_eq!(p.status.reservation_id.as_deref(), Some("r-1"));
+        assert_eq!(p.status.phase, Some(Phase::Running));
+        assert_eq!(
+            p.status.condition(QUOTA_RESERVED).unwrap().status,
+            ConditionStatus::True
+        );
+
+        // Converged: nothing to do, nothing to write, nothing to ask.
+        let g = with_status(g, &p);
+        let jobs = [job(&g, 1, None)];
+        let again = quota_plan(&g, &jobs, None, "2026-11-30T07:00:00Z");
+        assert!(again.actions.is_empty(), "{:?}", kinds(&again));
+        assert_eq!(Some(&again.status), g.status.as_ref());
+    }
+
+    #[test]
+    fn an_invalid_spec_reserves_nothing() {
+        let mut g = gpujob(3);
+        g.spec.image = "Not A Valid Image".into();
+        let p = quota_plan(&g, &[], None, T0);
+        assert!(p.actions.is_empty(), "{:?}", kinds(&p));
+        assert_eq!(ready(&p), (ConditionStatus::False, INVALID_SPEC.into()));
+        assert_eq!(p.next, Next::Done, "waits for a spec change");
+    }
+
+    #[test]
+    fn a_taken_job_name_reserves_nothing_and_looks_again_later() {
+        let g = gpujob(3);
+        let obs = Observed {
+            gpujob: &g,
+            jobs: vec![],
+            termination: None,
+            refused: Some(Refusal {
+                attempt: 1,
+                reason: JOB_NAME_CONFLICT,
+                message: "Job ns/train-1 exists".into(),
+            }),
+            quota_required: true,
+            quota: None,
+            now: t(T0),
+        };
+        let p = plan(&obs, &settings());
+        assert!(p.actions.is_empty(), "{:?}", kinds(&p));
+        assert_eq!(ready(&p).1, JOB_NAME_CONFLICT);
+        assert_eq!(p.next, Next::After(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn a_spec_made_invalid_while_no_attempt_runs_releases_the_reservation() {
+        // Attempt 1 failed; during the backoff the spec becomes invalid.
+        let g = reserved_and_running(&gpujob(3));
+        let failed = [job(
+            &g,
+            1,
+            Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:00:30Z")),
+        )];
+        let mut g = with_status(
+            g.clone(),
+            &quota_plan(&g, &failed, None, "2026-11-30T06:00:31Z"),
+        );
+        assert_eq!(g.status.as_ref().unwrap().phase, Some(Phase::Pending));
+        g.metadata.generation = Some(2);
+        g.spec.image = "Not A Valid Image".into();
+        let p = quota_plan(&g, &failed, None, "2026-11-30T06:00:32Z");
+        assert_eq!(kinds(&p), vec!["Release"]);
+        let p = quota_plan(
+            &g,
+            &failed,
+            Some(QuotaAnswer::Released),
+            "2026-11-30T06:00:32Z",
+        );
+        assert!(p.actions.is_empty(), "the finalizer stays: {:?}", kinds(&p));
+        assert_eq!(p.status.reservation_id, None);
+        assert_eq!(
+            ready(&p).1,
+            "BackingOff",
+            "InvalidSpec once the backoff ends"
+        );
+        assert_eq!(
+            p.status.condition(QUOTA_RESERVED).unwrap().reason,
+            "Released"
+        );
+
+        // Fixed: reserved again, then the next attempt starts on the new spec.
+        let mut g = with_status(g, &p);
+        g.metadata.generation = Some(3);
+        g.spec.image = "img".into();
+        let p = quota_plan(&g, &failed, None, "2026-11-30T06:01:00Z");
+        assert_eq!(kinds(&p), vec!["Reserve"], "the finalizer is still there");
+        let p = quota_plan(&g, &failed, granted(), "2026-11-30T06:01:00Z");
+        assert_eq!(kinds(&p), vec!["RecordStatus", "CreateJob"]);
+    }
+
+    #[test]
+    fn an_invalid_change_to_a_running_attempt_keeps_its_reservation() {
+        let g = reserved_and_running(&gpujob(3));
+        let jobs = [job(&g, 1, None)];
+        let mut g = g;
+        g.metadata.generation = Some(2);
+        g.spec.image = "Not A Valid Image".into();
+        let p = quota_plan(&g, &jobs, None, T0);
+        assert!(p.actions.is_empty(), "{:?}", kinds(&p));
+        assert_eq!(p.status.reservation_id.as_deref(), Some("r-1"));
+        assert_eq!(
+            p.status.condition(SPEC_CHANGE_PENDING).unwrap().reason,
+            INVALID_SPEC
+        );
+    }
+
+    #[test]
+    fn refused_quota_starts_nothing_and_asks_again_with_backoff() {
+        let g = with_finalizer(gpujob(3));
+        let refused = Some(QuotaAnswer::Refused {
+            reason: "InsufficientQuota".into(),
+            message: "8 GPUs requested, 2 free".into(),
+        });
+        let p = quota_plan(&g, &[], refused.clone(), T0);
+        assert!(creates(&p).is_empty());
+        assert_eq!(p.status.phase, Some(Phase::Pending));
+        assert_eq!(ready(&p).1, "QuotaRefused");
+        let c = p.status.condition(QUOTA_RESERVED).unwrap();
+        assert_eq!(
+            (c.status, c.reason.as_str()),
+            (ConditionStatus::False, "InsufficientQuota")
+        );
+        assert_eq!(p.next, Next::Backoff);
+        // The same refusal again writes the same status.
+        let g = with_status(g, &p);
+        let again = quota_plan(&g, &[], refused, "2026-11-30T06:00:05Z");
+        assert_eq!(Some(&again.status), g.status.as_ref());
+    }
+
+    #[test]
+    fn a_finished_gpujob_releases_records_then_drops_the_finalizer() {
+        let g = reserved_and_running(&gpujob(3));
+        let done = [job(&g, 1, Some(("Complete", "", "2026-11-30T06:01:00Z")))];
+        let p = quota_plan(&g, &done, None, "2026-11-30T06:01:01Z");
+        assert_eq!(kinds(&p), vec!["Release"]);
+        let p = quota_plan(
+            &g,
+            &done,
+            Some(QuotaAnswer::Released),
+            "2026-11-30T06:01:01Z",
+        );
+        assert_eq!(kinds(&p), vec!["RecordStatus", "RemoveFinalizer"]);
+        let Action::RecordStatus(recorded) = &p.actions[0] else {
+            panic!("record")
+        };
+        assert_eq!(recorded.phase, Some(Phase::Succeeded));
+        assert_eq!(
+            recorded.reservation_id, None,
+            "released before the finalizer goes"
+        );
+        assert_eq!(**recorded, p.status, "nothing left to write afterwards");
+    }
+
+    #[test]
+    fn a_failing_release_is_retried_and_becomes_cleanup_stuck_after_the_timeout() {
+        let mut g = reserved_and_running(&gpujob(3));
+        g.metadata.deletion_timestamp = Some(Time(t(T0)));
+        let failed = || {
+            Some(QuotaAnswer::ReleaseFailed {
+                message: "503".into(),
+            })
+        };
+        let p = quota_plan(&g, &[], None, T0);
+        assert_eq!(kinds(&p), vec!["Release"]);
+        let p = quota_plan(&g, &[], failed(), T0);
+        assert!(p.actions.is_empty());
+        assert_eq!(p.status.release_failing_since, Some(t(T0)));
+        assert!(p.status.condition(CLEANUP_STUCK).is_none());
+        assert_eq!(p.next, Next::Backoff);
+        let g = with_status(g, &p);
+        let p = quota_plan(&g, &[], failed(), "2026-11-30T06:01:00Z");
+        assert_eq!(
+            p.status.condition(CLEANUP_STUCK).unwrap().status,
+            ConditionStatus::True,
+            "60 s cleanup timeout"
+        );
+        assert_eq!(
+            p.status.release_failing_since,
+            Some(t(T0)),
+            "since the first failure"
+        );
+        // Released at last: recorded, the stuck condition goes, then the finalizer.
+        let g = with_status(g, &p);
+        let p = quota_plan(&g, &[], Some(QuotaAnswer::Released), "2026-11-30T06:02:00Z");
+        assert_eq!(kinds(&p), vec!["RecordStatus", "RemoveFinalizer"]);
+        assert!(p.status.condition(CLEANUP_STUCK).is_none());
+        assert_eq!(p.status.release_failing_since, None);
+    }
+
+    #[test]
+    fn deletion_can_be_unlocked_without_a_release() {
+        let mut g = reserved_and_running(&gpujob(3));
+        g.metadata.deletion_timestamp = Some(Time(t(T0)));
+        g.metadata.annotations =
+            Some([(ANNOTATION_SKIP_RELEASE.to_owned(), "true".to_owned())].into());
+        let p = quota_plan(&g, &[], None, T0);
+        assert_eq!(kinds(&p), vec!["Publish", "RemoveFinalizer"]);
+        let Action::Publish(note) = &p.actions[0] else {
+            panic!("publish")
+        };
+        assert!(note.note.contains("r-1"), "{}", note.note);
+        assert_eq!(
+            p.actions[1],
+            Action::RemoveFinalizer(FinalizerRemoval::ReleaseSkipped)
+        );
+    }
+
+    #[test]
+    fn quota_switched_off_drops_the_finalizer() {
+        let g = reserved_and_running(&gpujob(3));
+        let jobs = [job(&g, 1, None)];
+        let p = run(&g, &jobs, None, T0);
+        assert_eq!(
+            p.actions,
+            vec![Action::RemoveFinalizer(FinalizerRemoval::QuotaDisabled)]
+        );
+    }
+}

@@ -1,0 +1,206 @@
+//! Runs the controller: watches fill the caches and the queue (`watches.rs`), workers
+//! reconcile the keys of shards this replica holds (`worker.rs`), ownership changes hand
+//! work over shard by shard (`handover.rs`), shutdown drains.
+
+mod handover;
+mod watches;
+mod worker;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use kube::Client;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use super::{Context, Key, Settings, apply, cache, domain, init_metrics, memory};
+use crate::lease::Ownership;
+use crate::queue::Queue;
+use crate::server::Status;
+
+/// Where watch events and resyncs put keys: the work queue, for GpuJobs of shards this
+/// replica holds. A standby keeps its caches warm but queues nothing (gaining a shard
+/// queues its GpuJobs), so its queue metrics stay true.
+#[derive(Clone)]
+struct Intake {
+    queue: Queue<Key>,
+    own: watch::Receiver<Ownership>,
+}
+
+impl Intake {
+    fn add(&self, key: Key) {
+        if self.own.borrow().holds_namespace(&key.namespace) {
+            self.queue.add(key);
+        }
+    }
+
+    fn resync(&self, key: Key) {
+        if self.own.borrow().holds_namespace(&key.namespace) {
+            self.queue.add_unless_backing_off(key);
+        }
+    }
+}
+
+/// Runs the controller without an election: this process owns everything (one replica,
+/// tests). Same as [`run`] with an ownership that never expires.
+pub async fn run_unfenced(
+    client: Client,
+    settings: Settings,
+    status: Arc<Status>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (tx, rx) = watch::channel(Ownership::unfenced());
+    // Alone, this replica leads: say so, or "no leader" alerts would fire.
+    status
+        .metrics
+        .leader
+        .with_label_values(&[crate::metrics::CONTROLLER])
+        .set(1);
+    status.metrics.shards_held.set(1);
+    let result = run(client, settings, rx, status, shutdown).await;
+    drop(tx);
+    result
+}
+
+/// Runs the controller until `shutdown` resolves, then drains in-flight reconciles
+/// (bounded by `drain_timeout`). Caches stay warm whatever this replica holds; workers
+/// reconcile only keys of held shards, and a reconcile in flight when its shard is lost
+/// (or lost and regained: a new term) is cancelled.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    ownership: watch::Receiver<Ownership>,
+    status: Arc<Status>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let metrics = status.metrics.clone();
+    init_metrics(&metrics);
+    let (gpujobs, gj_writer) = kube::runtime::reflector::store();
+    let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()));
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        gpujobs,
+        jobs: cache::JobIndex::default(),
+        memory: memory::WriteMemory::default(),
+        writer: apply::Writer::new(
+            client.clone(),
+            ownership.clone(),
+            &settings.identity,
+            settings.quota.clone(),
+        ),
+        settings,
+        metrics,
+    });
+    let intake = Intake {
+        queue: queue.clone(),
+        own: ownership.clone(),
+    };
+    let watches = watches::spawn(&client, &ctx, gj_writer, &intake);
+
+    // Workers start only once both caches hold a full list, so the first reconcile of
+    // every GpuJob sees its Jobs.
+    let ready = async {
+        let _ = ctx.gpujobs.wait_until_ready().await;
+        ctx.jobs.wait_ready().await;
+    };
+    tokio::pin!(shutdown);
+    tokio::select! {
+        _ = ready => {
+            let ns = ctx.settings.namespace.as_deref().unwrap_or("*");
+            info!(namespace = ns, "caches synced");
+            status.set_ready(true);
+        }
+        _ = &mut shutdown => {
+            abort(&watches);
+            return Ok(());
+        }
+    }
+    on_scrape(&status, &ctx, &queue, &ownership);
+    let background = [
+        tokio::spawn(handover::run(ctx.clone(), queue.clone(), ownership.clone())),
+        tokio::spawn(resync(ctx.clone(), intake)),
+    ];
+    let (stop_workers, stopping) = watch::channel(false);
+    let workers: Vec<_> = (0..ctx.settings.workers.max(1))
+        .map(|_| {
+            tokio::spawn(worker::run(
+                ctx.clone(),
+                queue.clone(),
+                ownership.clone(),
+                stopping.clone(),
+            ))
+        })
+        .collect();
+
+    shutdown.await;
+    info!("shutting down: no new work; draining in-flight reconciles");
+    stop_workers.send_replace(true);
+    queue.shut_down();
+    abort(&background);
+    let drain = futures::future::join_all(workers);
+    if tokio::time::timeout(ctx.settings.drain_timeout, drain)
+        .await
+        .is_err()
+    {
+        warn!(
+            "in-flight reconciles did not finish within {:?}; abandoning them (every write is safe to repeat)",
+            ctx.settings.drain_timeout
+        );
+    }
+    abort(&watches);
+    Ok(())
+}
+
+fn abort(tasks: &[JoinHandle<()>]) {
+    for t in tasks {
+        t.abort();
+    }
+}
+
+/// Gauges computed at scrape time: queue timings, and the domain view of the GpuJobs of
+/// held shards (so that sums across replicas count each GpuJob once).
+fn on_scrape(
+    status: &Status,
+    ctx: &Arc<Context>,
+    queue: &Queue<Key>,
+    own: &watch::Receiver<Ownership>,
+) {
+    let queue = queue.clone();
+    let ctx = ctx.clone();
+    let own = own.clone();
+    let first_seen = std::sync::Mutex::new(domain::FirstSeen::new());
+    status.on_scrape(move || {
+        queue.update_gauges();
+        let own = own.borrow().clone();
+        if !own.holds_any() {
+            domain::publish(&ctx.metrics, None);
+            return;
+        }
+        let all = ctx.gpujobs.state();
+        let held = all
+            .iter()
+            .filter(|g| own.holds_namespace(g.metadata.namespace.as_deref().unwrap_or_default()));
+        let mut seen = first_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let snap = domain::snapshot(
+            held.map(|g| g.as_ref()),
+            jiff::Timestamp::now(),
+            ctx.settings.unconverged_after,
+            &mut seen,
+        );
+        domain::publish(&ctx.metrics, Some(&snap));
+    });
+}
+
+/// Every GpuJob is looked at at least every `resync`. A GpuJob backing off (a failed
+/// call, refused quota) keeps its backoff: a long quota shortage costs few calls.
+async fn resync(ctx: Arc<Context>, intake: Intake) {
+    let mut tick = tokio::time::interval(ctx.settings.resync);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        for gj in ctx.gpujobs.state() {
+            intake.resync(Key::of(&gj));
+        }
+    }
+}

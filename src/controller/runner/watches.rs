@@ -1,0 +1,91 @@
+//! The two watches: GpuJobs (into the reflector store) and the Jobs they control (into
+//! the Job index). Each event queues the GpuJob it concerns; a relist queues every
+//! GpuJob that was or is there, since anything may have changed while nobody watched.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::Api;
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use super::{Context, Intake, Key};
+use crate::api::{GpuJob, LABEL_UID};
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Starts both watches; they run until aborted.
+pub(super) fn spawn(
+    client: &Client,
+    ctx: &Arc<Context>,
+    store: Writer<GpuJob>,
+    intake: &Intake,
+) -> [JoinHandle<()>; 2] {
+    let ns = ctx.settings.namespace.as_deref();
+    [
+        tokio::spawn(gpujobs(
+            api::<GpuJob>(client, ns),
+            ctx.clone(),
+            store,
+            intake.clone(),
+        )),
+        tokio::spawn(jobs(api::<Job>(client, ns), ctx.clone(), intake.clone())),
+    ]
+}
+
+async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, intake: Intake) {
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(|gj| gj.managed_fields_mut().clear());
+    let mut events = reflector::reflector(store, stream).boxed();
+    // A relist reaches the store only when complete (InitDone); then every GpuJob it had
+    // before or has now is looked at.
+    let mut before: Vec<Key> = Vec::new();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(gj) | watcher::Event::Delete(gj)) => {
+                intake.add(Key::of(&gj));
+            }
+            Ok(watcher::Event::Init) => {
+                before = ctx.gpujobs.state().iter().map(|g| Key::of(g)).collect();
+            }
+            Ok(watcher::Event::InitApply(_)) => {}
+            Ok(watcher::Event::InitDone) => {
+                for key in std::mem::take(&mut before) {
+                    intake.add(key);
+                }
+                for gj in ctx.gpujobs.state() {
+                    intake.add(Key::of(&gj));
+                }
+            }
+            Err(e) => warn!("GpuJob watch failed: {e}; retrying with backoff"),
+        }
+    }
+}
+
+async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
+    let stream = watcher(api, watcher::Config::default().labels(LABEL_UID)).default_backoff();
+    let mut events = stream.boxed();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => {
+                for key in ctx.jobs.apply(&event) {
+                    intake.add(key);
+                }
+            }
+            Err(e) => warn!("Job watch failed: {e}; retrying with backoff"),
+        }
+    }
+}

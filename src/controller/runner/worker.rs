@@ -1,0 +1,109 @@
+//! A worker: takes a key of a held shard, reconciles it in that shard's current term
+//! (cancelled if the term ends), and tells the queue what comes next.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use super::{Context, Key};
+use crate::controller::error::Error;
+use crate::controller::plan::Next;
+use crate::controller::reconcile::reconcile;
+use crate::lease::Ownership;
+use crate::queue::Queue;
+
+pub(super) async fn run(
+    ctx: Arc<Context>,
+    queue: Queue<Key>,
+    mut own: watch::Receiver<Ownership>,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let mut lost = own.clone();
+    loop {
+        // A standby waits for a shard, or for shutdown (nothing to drain then).
+        tokio::select! {
+            held = own.wait_for(Ownership::holds_any) => if held.is_err() { return },
+            _ = stopping.wait_for(|s| *s) => return,
+        }
+        let key = tokio::select! {
+            key = queue.get() => match key {
+                Some(key) => key,
+                None => return,
+            },
+            _ = lost.wait_for(|o| !o.holds_any()) => continue,
+        };
+        let (shard, epoch) = {
+            let o = own.borrow();
+            let shard = o.shard_of(&key.namespace);
+            (shard, o.tenure(shard).map(|t| t.epoch))
+        };
+        let Some(epoch) = epoch else {
+            // Its shard went meanwhile: the key comes back with the shard.
+            queue.done(&key);
+            continue;
+        };
+        let started = tokio::time::Instant::now();
+        // Every line a reconcile logs carries the GpuJob and its shard; `attempt` is
+        // filled in once known.
+        let span = tracing::info_span!("reconcile", namespace = %key.namespace, name = %key.name,
+            shard, attempt = tracing::field::Empty);
+        let term_ended = |o: &Ownership| o.tenure(shard).map(|t| t.epoch) != Some(epoch);
+        let outcome = tokio::select! {
+            result = tracing::Instrument::instrument(reconcile(&ctx, &key), span) => Some(result),
+            _ = lost.wait_for(term_ended) => None,
+        };
+        ctx.metrics
+            .reconcile_time
+            .observe(started.elapsed().as_secs_f64());
+        match outcome {
+            None => {
+                info!(gpujob = %key, shard, "reconcile cancelled: this replica's term for the shard ended")
+            }
+            Some(result) => follow_up(&ctx, &queue, &key, result),
+        }
+        queue.done(&key);
+    }
+}
+
+/// What the queue does with `key` after its reconcile.
+fn follow_up(ctx: &Context, queue: &Queue<Key>, key: &Key, result: Result<Next, Error>) {
+    let m = &ctx.metrics;
+    match result {
+        Ok(Next::Done) => {
+            queue.forget(key);
+            m.reconcile_total.with_label_values(&["success"]).inc();
+        }
+        Ok(Next::After(after)) => {
+            queue.forget(key);
+            m.reconcile_total
+                .with_label_values(&["requeue_after"])
+                .inc();
+            queue.add_after(key.clone(), after);
+        }
+        Ok(Next::Backoff) => {
+            // Not an error, but waiting on the outside: the backoff keeps growing.
+            m.reconcile_total.with_label_values(&["requeue"]).inc();
+            queue.add_rate_limited(key.clone());
+        }
+        Err(e) => {
+            m.reconcile_total.with_label_values(&["error"]).inc();
+            m.reconcile_errors.inc();
+            m.reconcile_errors_by_kind
+                .with_label_values(&[e.metric_label()])
+                .inc();
+            match (&e, e.retry_after()) {
+                // Comes back with its shard (the hand-over queues its GpuJobs).
+                (Error::NotLeader, _) => info!(gpujob = %key, "{e}"),
+                (_, Some(after)) => {
+                    info!(gpujob = %key, "{e}");
+                    queue.add_after(key.clone(), after);
+                }
+                (_, None) => {
+                    let delay = queue.add_rate_limited(key.clone());
+                    error!(gpujob = %key, error = e.metric_label(), "reconcile failed: {e}; retrying in {delay:?}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! What this replica may act on, and until when: the shards it holds, each with its own
+//! tenure. Published on a watch channel by the lease loop; read by the runner (which
+//! keys to take, which reconciles to cancel), the executor and the API client's fence.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::time::Instant;
+
+use crate::shard::shard_of;
+
+/// One held shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenure {
+    /// No write for this shard may start at or after this instant (the monotonic time
+    /// the last successful renewal was sent + the renew deadline). `None`: unfenced.
+    pub deadline: Option<Instant>,
+    /// Changes on every gain, so a loss followed by a regain is never "unchanged"
+    /// (unique within this process).
+    pub epoch: u64,
+    /// Sent with every call to the outside world (the quota service) so it can refuse a
+    /// deposed holder: `<lease name>/<leaseTransitions>`, which grows with every gain.
+    /// `None` without election.
+    pub token: Option<String>,
+}
+
+impl Tenure {
+    /// A new term: a fresh epoch.
+    pub fn gained(deadline: Option<Instant>, token: Option<String>) -> Tenure {
+        static EPOCHS: AtomicU64 = AtomicU64::new(1);
+        Tenure {
+            deadline,
+            epoch: EPOCHS.fetch_add(1, Ordering::Relaxed),
+            token,
+        }
+    }
+
+    /// May a write start at `now`?
+    pub fn valid_at(&self, now: Instant) -> bool {
+        self.deadline.is_none_or(|d| now < d)
+    }
+}
+
+/// The shards held, out of `shards`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ownership {
+    pub held: BTreeMap<u32, Tenure>,
+    /// How many shards there are (a GpuJob's shard is `shard_of(namespace, shards)`).
+    pub shards: u32,
+}
+
+impl Ownership {
+    /// Nothing held, of one shard.
+    pub fn none() -> Ownership {
+        Ownership::nothing_of(1)
+    }
+
+    /// Nothing held, of `shards`.
+    pub fn nothing_of(shards: u32) -> Ownership {
+        Ownership {
+            held: BTreeMap::new(),
+            shards: shards.max(1),
+        }
+    }
+
+    /// Everything, forever: a single replica running without election.
+    pub fn unfenced() -> Ownership {
+        Ownership {
+            held: BTreeMap::from([(0, Tenure::gained(None, None))]),
+            shards: 1,
+        }
+    }
+
+    pub fn holds_any(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// The shard of GpuJobs (and their Jobs and Events) in `namespace`.
+    pub fn shard_of(&self, namespace: &str) -> u32 {
+        shard_of(namespace, self.shards)
+    }
+
+    pub fn tenure(&self, shard: u32) -> Option<&Tenure> {
+        self.held.get(&shard)
+    }
+
+    /// The tenure covering objects in `namespace`, if that shard is held.
+    pub fn tenure_for(&self, namespace: &str) -> Option<&Tenure> {
+        self.tenure(self.shard_of(namespace))
+    }
+
+    pub fn holds_namespace(&self, namespace: &str) -> bool {
+        self.tenure_for(namespace).is_some()
+    }
+
+    /// May a write to an object in `namespace` start at `now`? (`None`: not namespaced;
+    /// allowed while any shard is validly held.)
+    pub fn may_write(&self, namespace: Option<&str>, now: Instant) -> bool {
+        match namespace {
+            Some(ns) => self.tenure_for(ns).is_some_and(|t| t.valid_at(now)),
+            None => self.held.values().any(|t| t.valid_at(now)),
+        }
+    }
+
+    /// Epoch of each held shard.
+    pub fn epochs(&self) -> BTreeMap<u32, u64> {
+        self.held.iter().map(|(s, t)| (*s, t.epoch)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_is_allowed_only_before_the_deadline_of_its_own_shard() {
+        let now = Instant::now();
+        let mut o = Ownership::nothing_of(8);
+        let (a, b) = ("default", "team-a"); // shards 6 and 6 of 8: same shard
+        let c = (0..100)
+            .map(|i| format!("ns-{i}"))
+            .find(|ns| shard_of(ns, 8) != shard_of(a, 8))
+            .unwrap();
+        o.held.insert(
+            o.shard_of(a),
+            Tenure::gained(Some(now + Duration::from_secs(2)), None),
+        );
+        assert!(o.may_write(Some(a), now));
+        assert!(o.may_write(Some(b), now), "same shard");
+        assert!(!o.may_write(Some(&c), now), "a shard not held");
+        assert!(o.may_write(None, now));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(!o.may_write(Some(a), Instant::now()), "past its deadline");
+        assert!(!o.may_write(None, Instant::now()));
+    }
+
+    #[test]
+    fn every_gain_is_a_new_epoch() {
+        let a = Tenure::gained(None, None);
+        let b = Tenure::gained(None, None);
+        assert_ne!(a.epoch, b.epoch);
+        assert!(Ownership::unfenced().may_write(Some("any"), Instant::now()));
+        assert!(!Ownership::none().may_write(Some("any"), Instant::now()));
+    }
+}

@@ -1,0 +1,96 @@
+//! A reconcile driven by hand, against the real API server: a controller context whose
+//! caches the test loads itself, so that their lag behind the operator's own writes (or
+//! behind someone else's) is forced rather than hoped for.
+
+use gpujob_operator::api::{GpuJob, LABEL_UID};
+use gpujob_operator::controller::apply::Writer;
+use gpujob_operator::controller::cache::JobIndex;
+use gpujob_operator::controller::error::Error;
+use gpujob_operator::controller::memory::WriteMemory;
+use gpujob_operator::controller::{Context, Key, Next, Settings, reconcile};
+use gpujob_operator::lease::Ownership;
+use gpujob_operator::metrics::Metrics;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::ListParams;
+use kube::runtime::reflector::{self, store::Writer as StoreWriter};
+use kube::runtime::watcher::Event;
+use tokio::sync::watch;
+
+use super::TestEnv;
+
+pub struct Harness {
+    pub ctx: Context,
+    store: StoreWriter<GpuJob>,
+    ns: String,
+    _own: watch::Sender<Ownership>,
+}
+
+impl Harness {
+    /// Empty caches (listed, so "ready"); writes as user `replica-1` with a User-Agent
+    /// naming `identity`, unfenced.
+    pub async fn new(env: &TestEnv, identity: &str, settings: Settings) -> Harness {
+        let config = env
+            .cluster
+            .config(devcluster::Identity::Replica(1))
+            .await
+            .unwrap();
+        let client =
+            gpujob_operator::client::build(config, identity, Default::default(), None, None)
+                .unwrap();
+        let (store, store_writer) = reflector::store::<GpuJob>();
+        let jobs = JobIndex::default();
+        jobs.apply(&Event::Init);
+        jobs.apply(&Event::InitDone);
+        let (own, rx) = watch::channel(Ownership::unfenced());
+        let mut h = Harness {
+            ctx: Context {
+                writer: Writer::new(client.clone(), rx, identity, settings.quota.clone()),
+                client,
+                gpujobs: store,
+                jobs,
+                memory: WriteMemory::default(),
+                settings,
+                metrics: Metrics::new(),
+            },
+            store: store_writer,
+            ns: env.ns.clone(),
+            _own: own,
+        };
+        h.load_gpujobs(&[]);
+        h
+    }
+
+    /// The GpuJob cache holds exactly `objects` (a relist).
+    pub fn load_gpujobs(&mut self, objects: &[GpuJob]) {
+        self.store.apply_watcher_event(&Event::Init);
+        for o in objects {
+            self.store.apply_watcher_event(&Event::InitApply(o.clone()));
+        }
+        self.store.apply_watcher_event(&Event::InitDone);
+    }
+
+    /// The Job cache holds exactly `jobs` (a relist).
+    pub fn load_jobs(&self, jobs: &[Job]) {
+        self.ctx.jobs.apply(&Event::Init);
+        for j in jobs {
+            self.ctx.jobs.apply(&Event::InitApply(j.clone()));
+        }
+        self.ctx.jobs.apply(&Event::InitDone);
+    }
+
+    /// Both caches catch up with the API server now.
+    pub async fn refresh(&mut self, env: &TestEnv) {
+        let gpujobs = env.gpujobs().list(&ListParams::default()).await.unwrap();
+        self.load_gpujobs(&gpujobs.items);
+        let jobs = env
+            .jobs()
+            .list(&ListParams::default().labels(LABEL_UID))
+            .await
+            .unwrap();
+        self.load_jobs(&jobs.items);
+    }
+
+    pub async fn reconcile(&self, name: &str) -> Result<Next, Error> {
+        reconcile(&self.ctx, &Key::new(&self.ns, name)).await
+    }
+}
