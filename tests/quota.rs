@@ -275,3 +275,110 @@ async fn a_release_that_keeps_failing_is_reported_and_can_be_unlocked() {
     assert!(events.iter().any(|e| e.1 == "CleanupStuck"), "{events:?}");
     op.stop().await;
 }
+
+#[tokio::test]
+async fn gpujobs_that_cannot_run_hold_no_quota() {
+    let (env, fake, mut settings) = setup("quota-cannot-run").await;
+    // Long enough a backoff to change the spec in the middle of it.
+    settings.plan.backoff_base = Duration::from_secs(20);
+    let op = env.operator("quota-cannot-run", settings).await;
+
+    // An invalid spec reserves nothing (and takes no finalizer).
+    let bad = env
+        .create("bad", json!({"image": "Not A Valid Image", "gpus": 1}))
+        .await;
+    let waiting = env
+        .wait_gpujob("bad", "InvalidSpec", |g| {
+            ready(g).is_some_and(|(_, r, _)| r == "InvalidSpec")
+        })
+        .await;
+    let bad_uid = bad.metadata.uid.clone().unwrap();
+    assert!(
+        fake.calls("reserve", &bad_uid).is_empty(),
+        "reserved for an invalid spec"
+    );
+    assert!(!waiting.holds_quota_finalizer());
+
+    // A Job this GpuJob does not own holds its first attempt's name: whatever was
+    // reserved before that was found is released, and nothing is reserved while it lasts.
+    let squatter: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
+        "metadata": {"name": "taken-1"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "i", "env": sim_env(&[("SIM_DURATION_SECONDS", "300")])}]}}},
+    }))
+    .unwrap();
+    env.jobs()
+        .create(&Default::default(), &squatter)
+        .await
+        .unwrap();
+    let taken = env
+        .create(
+            "taken",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "1")])}),
+        )
+        .await;
+    let taken_uid = taken.metadata.uid.clone().unwrap();
+    env.wait_gpujob("taken", "JobNameConflict and nothing held", |g| {
+        ready(g).is_some_and(|(_, r, _)| r == "JobNameConflict")
+            && g.status
+                .as_ref()
+                .is_some_and(|s| s.reservation_id.is_none())
+    })
+    .await;
+    assert!(!fake.live().contains_key(&taken_uid), "{:?}", fake.live());
+    let reserves = fake.calls("reserve", &taken_uid).len();
+    // It looks again every 2 s (test settings) and still reserves nothing.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(fake.calls("reserve", &taken_uid).len(), reserves);
+    // The name is freed: the GpuJob reserves and runs.
+    env.jobs()
+        .delete("taken-1", &kube::api::DeleteParams::background())
+        .await
+        .unwrap();
+    env.wait_gpujob("taken", "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
+        .await;
+
+    // Valid and reserved; attempt 1 fails; during the backoff the spec turns invalid:
+    // no attempt runs, so the reservation goes; fixed, it is reserved again and runs.
+    let flaky = env
+        .create(
+            "flaky",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_FAIL_ATTEMPTS", "1"), ("SIM_DURATION_SECONDS", "0.5")])}),
+        )
+        .await;
+    let flaky_uid = flaky.metadata.uid.clone().unwrap();
+    env.wait_gpujob("flaky", "backing off", |g| {
+        ready(g).is_some_and(|(_, r, _)| r == "BackingOff")
+    })
+    .await;
+    assert!(
+        fake.live().contains_key(&flaky_uid),
+        "held while backing off"
+    );
+    let patch = json!({"spec": {"image": "Not A Valid Image"}});
+    env.gpujobs()
+        .patch("flaky", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    let released = env
+        .wait_gpujob("flaky", "released", |g| {
+            g.status
+                .as_ref()
+                .is_some_and(|s| s.reservation_id.is_none())
+        })
+        .await;
+    assert!(!fake.live().contains_key(&flaky_uid));
+    assert_eq!(condition(&released, "QuotaReserved").unwrap().1, "Released");
+    let patch = json!({"spec": {"image": "i"}});
+    env.gpujobs()
+        .patch("flaky", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    let done = env
+        .wait_gpujob("flaky", "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
+        .await;
+    let status = done.status.unwrap();
+    assert_eq!((status.attempts, status.failures), (2, 1));
+    assert!(fake.live().is_empty(), "{:?}", fake.live());
+    op.stop().await;
+}

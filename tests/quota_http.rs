@@ -136,3 +136,102 @@ async fn https_is_trusted_through_the_ca_file_and_refused_without_it() {
     .await
     .unwrap();
 }
+
+/// A token file on a volume that does not answer (here: a FIFO nobody writes to) must
+/// not stall the thread the call runs on: on a runtime with a single worker thread, the
+/// call still ends, by its own timeout.
+#[test]
+fn a_token_file_that_blocks_does_not_stall_the_runtime() {
+    use nix::fcntl::{OFlag, open};
+    use nix::sys::stat::Mode as FileMode;
+    use std::io::Write;
+
+    let dir = scratch("fifo");
+    let fifo = dir.join("token");
+    nix::unistd::mkfifo(&fifo, FileMode::S_IRUSR | FileMode::S_IWUSR).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    let caller = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let result = rt.block_on(async {
+            let quota = FakeQuota::start().await;
+            provider(&quota.url, &path, None)
+                .reserve(&request("u1"), &Call::default())
+                .await
+        });
+        // The read may still wait on the blocking pool; do not wait for it.
+        rt.shutdown_background();
+        let _ = tx.send(result);
+    });
+    let outcome = rx.recv_timeout(BOUND);
+    // Let whatever still waits on the FIFO go (non-blocking: fails if nobody reads).
+    if let Ok(fd) = open(
+        &fifo,
+        OFlag::O_WRONLY | OFlag::O_NONBLOCK,
+        FileMode::empty(),
+    ) {
+        let _ = std::fs::File::from(fd).write_all(TOKEN.as_bytes());
+    }
+    match outcome {
+        Ok(Err(QuotaError::Timeout { op: "reserve", .. })) => {}
+        Ok(other) => panic!("expected the call to time out, got {other:?}"),
+        Err(_) => panic!("the call never ended: reading the token file stalled the runtime"),
+    }
+    caller.join().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn calls_carry_the_fencing_token_and_end_by_the_lease_deadline() {
+    tokio::time::timeout(BOUND, async {
+        let quota = FakeQuota::start().await;
+        let dir = scratch("fence");
+        let token = dir.join("token");
+        std::fs::write(&token, TOKEN).unwrap();
+        let p = provider(&quota.url, &token, None);
+        let call = |n: u32| Call {
+            token: Some(format!("gpujob-operator/{n}")),
+            deadline: None,
+        };
+
+        p.reserve(&request("u1"), &call(4)).await.unwrap();
+        assert_eq!(
+            quota.calls("reserve", "u1")[0].token.as_deref(),
+            Some("gpujob-operator/4")
+        );
+        // A newer holder released it; an older holder's late reserve is refused.
+        p.release("u1", &call(5)).await.unwrap();
+        match p.reserve(&request("u1"), &call(4)).await {
+            Err(e @ QuotaError::Fenced { .. }) => {
+                assert!(e.to_string().contains("gpujob-operator/4"), "{e}");
+            }
+            other => panic!("expected a fenced refusal, got {other:?}"),
+        }
+        assert!(quota.live().is_empty());
+
+        // A call never outlives the caller's lease deadline (here 100 ms, well inside
+        // the 500 ms timeout).
+        quota.set_reserve(Mode::Hang);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        let capped = Call {
+            token: Some("gpujob-operator/6".into()),
+            deadline: Some(deadline),
+        };
+        match p.reserve(&request("u2"), &capped).await {
+            Err(QuotaError::Timeout {
+                capped: true,
+                after,
+                ..
+            }) => {
+                assert!(after <= Duration::from_millis(100), "{after:?}");
+            }
+            other => panic!("expected a timeout at the lease deadline, got {other:?}"),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    })
+    .await
+    .unwrap();
+}

@@ -37,8 +37,13 @@ pub struct AuditEvent {
     pub namespace: String,
     pub name: String,
     pub code: u16,
-    /// RFC 3339 with microseconds, as the API server wrote it (`stageTimestamp`).
+    /// RFC 3339 with microseconds, as the API server wrote it (`stageTimestamp`: the
+    /// response was complete).
     pub timestamp: String,
+    /// When the API server received the request (`requestReceivedTimestamp`). Of two
+    /// successful writes to one object that each carry the resourceVersion they were
+    /// computed from, the one received first also committed first.
+    pub received: String,
 }
 
 impl AuditEvent {
@@ -158,6 +163,8 @@ struct RawEvent {
     response_status: RawStatus,
     #[serde(default)]
     stage_timestamp: String,
+    #[serde(default)]
+    request_received_timestamp: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -200,6 +207,7 @@ impl From<RawEvent> for AuditEvent {
             name: r.object_ref.name,
             code: r.response_status.code,
             timestamp: r.stage_timestamp,
+            received: r.request_received_timestamp,
         }
     }
 }

@@ -1,0 +1,117 @@
+//! Calls to the quota service are fenced end to end, with the real binary: a leader
+//! whose reserve is still in flight when it is frozen (SIGSTOP) and deposed cannot
+//! bring back a reservation its successor has since released, because every call
+//! carries the caller's fencing token and the service refuses an older one.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod support;
+
+use std::time::Duration;
+
+use devcluster::wait;
+use gpujob_operator::api::Phase;
+use nix::sys::signal::Signal;
+use serde_json::json;
+use support::quota::{FakeQuota, TOKEN};
+use support::replicas::{self, wait_holder};
+use support::{TestEnv, phase, sim_env};
+
+#[tokio::test]
+async fn a_deposed_leader_cannot_bring_back_a_reservation_its_successor_released() {
+    let env = TestEnv::new("quota-fence").await;
+    let fake = FakeQuota::start().await;
+    let token = std::env::temp_dir().join(format!("gpujob-fence-token-{}", env.ns));
+    std::fs::write(&token, TOKEN).unwrap();
+    let token = token.to_string_lossy().into_owned();
+    let flags = [
+        "--quota-provider",
+        "http",
+        "--quota-url",
+        &fake.url,
+        "--quota-token-file",
+        &token,
+    ];
+    let first = replicas::start(&env.cluster, &env.ns, 1, &flags);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-1"
+    })
+    .await;
+    let second = replicas::start(&env.cluster, &env.ns, 2, &flags);
+
+    // The leader's reserve reaches the service and is held there, unanswered.
+    let hold = fake.hold_next_reserve();
+    let gj = env
+        .create(
+            "gj",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "1")])}),
+        )
+        .await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    let quota = fake.clone();
+    wait::until(
+        "the leader's reserve to be in flight",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            let quota = quota.clone();
+            async move { (quota.held() == 1).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+
+    // Frozen with it in flight; the standby takes over, reserves, runs, releases.
+    first.signal(Signal::SIGSTOP);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-2"
+    })
+    .await;
+    env.wait_gpujob("gj", "Succeeded, released, unfinalized", |g| {
+        phase(g) == Some(Phase::Succeeded)
+            && !g.holds_quota_finalizer()
+            && g.status
+                .as_ref()
+                .is_some_and(|s| s.reservation_id.is_none())
+    })
+    .await;
+    assert!(fake.live().is_empty(), "{:?}", fake.live());
+
+    // Now the deposed leader's reserve lands, after its successor's release.
+    drop(hold);
+    let quota = fake.clone();
+    let calls = wait::until(
+        "the late reserve to be answered",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            let (quota, uid) = (quota.clone(), uid.clone());
+            async move {
+                let calls = quota.calls("reserve", &uid);
+                (quota.held() == 0 && calls.len() >= 2).then_some(calls)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        fake.live().is_empty(),
+        "a late reserve of the deposed leader brought the reservation back: {:?}",
+        fake.live()
+    );
+    let late = calls.last().unwrap();
+    assert_eq!(late.code, 412, "{calls:#?}");
+    let number = |t: &Option<String>| -> u64 {
+        t.as_deref()
+            .and_then(|t| t.rsplit_once('/'))
+            .and_then(|(_, n)| n.parse().ok())
+            .unwrap()
+    };
+    let successor = calls.iter().find(|c| c.code == 200).unwrap();
+    assert!(
+        number(&late.token) < number(&successor.token),
+        "older term, smaller token: {calls:#?}"
+    );
+    first.signal(Signal::SIGCONT);
+    drop((first, second));
+}
