@@ -1,6 +1,6 @@
 //! Crash points around the external quota, with the real binary built with the
 //! `failpoints` feature: the process aborts right after a reservation, right after a Job
-//! create, right after a release; a restarted operator must neither double nor leak a
+//! create, right after a release (and right before a reserve); a restarted operator must neither double nor leak a
 //! reservation, nor run an attempt twice. Effects are counted, not calls.
 
 #![cfg(feature = "failpoints")]
@@ -32,9 +32,14 @@ async fn a_crash_at_any_quota_step_neither_doubles_nor_leaks_anything() {
         "--quota-token-file",
         &token,
     ];
-    for (i, point) in ["after-reserve", "after-job-create", "after-release"]
-        .into_iter()
-        .enumerate()
+    for (i, point) in [
+        "before-reserve",
+        "after-reserve",
+        "after-job-create",
+        "after-release",
+    ]
+    .into_iter()
+    .enumerate()
     {
         let name = format!("gj-{i}");
         let gj = env

@@ -305,6 +305,10 @@ async fn a_paused_leader_resumed_after_losing_the_lease_sends_only_what_is_safe_
         .iter()
         .filter(|e| e.user == leader && ts(&e.received) > first_by_successor)
         .collect();
+    println!(
+        "the deposed leader's writes received after its successor's first: {}",
+        late.len()
+    );
     assert_paused_writes_are_safe(&events, &late, &successor);
     drop(replicas);
 }

@@ -109,7 +109,8 @@ async fn an_old_attempts_job_whose_delete_was_refused_is_deleted_on_a_later_look
     assert!(
         old.as_ref()
             .is_none_or(|j| j.metadata.deletion_timestamp.is_some()),
-        "attempt 1's Job stays, hidden as if deleted: {old:?}"
+        "attempt 1's Job stays, hidden as if deleted (resourceVersion {:?})",
+        old.and_then(|j| j.metadata.resource_version)
     );
 }
 

@@ -22,7 +22,7 @@ pub struct Harness {
     pub ctx: Context,
     store: StoreWriter<GpuJob>,
     ns: String,
-    _own: watch::Sender<Ownership>,
+    own: watch::Sender<Ownership>,
 }
 
 impl Harness {
@@ -54,10 +54,15 @@ impl Harness {
             },
             store: store_writer,
             ns: env.ns.clone(),
-            _own: own,
+            own,
         };
         h.load_gpujobs(&[]);
         h
+    }
+
+    /// What this context holds from now on.
+    pub fn set_ownership(&self, own: Ownership) {
+        self.own.send_replace(own);
     }
 
     /// The GpuJob cache holds exactly `objects` (a relist).

@@ -1,0 +1,125 @@
+//! The write fence, deterministically, against the real API server: a write starts only
+//! for a held shard, before that shard's deadline and within the term its reconcile
+//! began in; anything else is refused before it leaves this process (the audit log shows
+//! no request). Reads are never fenced.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use devcluster::Identity;
+use gpujob_operator::api::GpuJob;
+use gpujob_operator::controller::error::Error;
+use gpujob_operator::lease::{Ownership, Tenure};
+use gpujob_operator::shard::shard_of;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use support::TestEnv;
+use support::harness::Harness;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+fn gpujob(name: &str) -> GpuJob {
+    serde_json::from_value(json!({
+        "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+        "metadata": {"name": name}, "spec": {"image": "i", "gpus": 1},
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_client_refuses_writes_outside_a_held_shards_tenure() {
+    let env = TestEnv::new("fence-client").await;
+    let other = env.cluster.create_namespace("fence-other").await.unwrap();
+    // A shard count that puts the two namespaces on different shards.
+    let shards = (2..64)
+        .find(|n| shard_of(&env.ns, *n) != shard_of(&other, *n))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let held = BTreeMap::from([(
+        shard_of(&env.ns, shards),
+        Tenure::gained(Some(deadline), None),
+    )]);
+    let (_own, rx) = watch::channel(Ownership { held, shards });
+    let config = env.cluster.config(Identity::Admin).await.unwrap();
+    let client =
+        gpujob_operator::client::build(config, "fence", Default::default(), None, Some(rx))
+            .unwrap();
+    let audit = env.cluster.audit();
+    let start = audit.cursor().unwrap();
+    let mine: Api<GpuJob> = Api::namespaced(client.clone(), &env.ns);
+    let theirs: Api<GpuJob> = Api::namespaced(client.clone(), &other);
+
+    mine.create(&PostParams::default(), &gpujob("a"))
+        .await
+        .expect("a held shard, before its deadline");
+    let refused = theirs.create(&PostParams::default(), &gpujob("b")).await;
+    assert!(refused.is_err(), "a shard not held: {refused:?}");
+    assert!(
+        theirs.list(&ListParams::default()).await.is_ok(),
+        "reads pass"
+    );
+
+    tokio::time::sleep_until(deadline).await;
+    let late = mine.create(&PostParams::default(), &gpujob("c")).await;
+    assert!(late.is_err(), "past the deadline: {late:?}");
+    assert!(
+        mine.list(&ListParams::default()).await.is_ok(),
+        "reads pass"
+    );
+
+    let agent = TestEnv::agent("fence");
+    let writes: Vec<String> = audit
+        .since(start)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.user_agent == agent && e.is_write())
+        .map(|e| format!("{} {}/{}", e.verb, e.namespace, e.name))
+        .collect();
+    assert_eq!(
+        writes,
+        vec![format!("create {}/a", env.ns)],
+        "refused writes never reach the API server"
+    );
+}
+
+#[tokio::test]
+async fn a_write_computed_in_an_ended_term_is_not_sent() {
+    let env = TestEnv::new("fence-term").await;
+    let h = Harness::new(&env, "fence-term", env.settings()).await;
+    let gj = env.create("gj", json!({"image": "i", "gpus": 1})).await;
+    let audit = env.cluster.audit();
+    let start = audit.cursor().unwrap();
+    let fence = h.ctx.writer.fence_for(&env.ns).unwrap();
+    // Lost and regained meanwhile: held again, but in a new term.
+    h.set_ownership(Ownership::unfenced());
+    let status = gpujob_operator::api::GpuJobStatus {
+        attempts: 7,
+        ..Default::default()
+    };
+    let result = h.ctx.writer.patch_status(&fence, &gj, &status).await;
+    assert!(matches!(result, Err(Error::NotLeader)), "{result:?}");
+    h.ctx
+        .writer
+        .publish(
+            &fence,
+            &gj,
+            &[gpujob_operator::controller::events::Note {
+                kind: gpujob_operator::controller::events::Kind::Normal,
+                reason: "AttemptStarted",
+                note: "computed in the old term".into(),
+            }],
+        )
+        .await;
+    let agent = TestEnv::agent("fence-term");
+    let writes: Vec<_> = audit
+        .since(start)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.user_agent == agent && e.is_write())
+        .collect();
+    assert!(writes.is_empty(), "{writes:#?}");
+}
