@@ -101,9 +101,14 @@ pub struct RunArgs {
     /// `--leader-elect=false` runs a single replica that acts at once.
     #[arg(long, env = "GPUJOB_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
-    /// Name of the Lease.
+    /// Name of the Lease (with --shards N > 1: the prefix of `<name>-shard-<i>` and of
+    /// the replicas' `<name>-member-<identity>` heartbeats).
     #[arg(long, env = "GPUJOB_LEASE_NAME", default_value = "gpujob-operator")]
     pub lease_name: String,
+    /// Split GpuJobs into this many shards by `fnv1a64(namespace) mod N`, one Lease
+    /// each, balanced across the live replicas. 1: plain leader election.
+    #[arg(long, env = "GPUJOB_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub shards: u32,
     /// Namespace of the Lease (default: $POD_NAMESPACE, else gpujob-system).
     #[arg(long, env = "GPUJOB_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
@@ -209,6 +214,12 @@ impl RunArgs {
         }
         if self.resync.is_zero() {
             return Err("--resync must be greater than zero".to_owned());
+        }
+        if self.shards > 1 && !self.leader_elect {
+            return Err(format!(
+                "--shards {} needs leader election: without it one replica works on every GpuJob",
+                self.shards
+            ));
         }
         Ok(Settings {
             namespace: self.namespace.clone(),

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Parser;
 use gpujob_operator::cli::{Cli, Command, LogFormat, RunArgs};
 use gpujob_operator::client::Limits;
-use gpujob_operator::lease::{self, Elector, Ownership};
+use gpujob_operator::lease::{self, Elector, Ownership, ShardLeases};
 use gpujob_operator::metrics::Metrics;
 use gpujob_operator::server::{self, Status};
 use gpujob_operator::{api, client, controller};
@@ -48,7 +48,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let status = Status::new(Metrics::new());
         let metrics = status.metrics.clone();
         info!(identity = %identity, version = env!("CARGO_PKG_VERSION"), leader_elect = args.leader_elect,
-            "gpujob-operator starting");
+            shards = args.shards, "gpujob-operator starting");
         // The server is up before leadership is won, on standbys too, and until the very end.
         let (server_stop, server_stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(server::serve(
@@ -64,22 +64,38 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 .context("building the API client")?;
             controller::run_unfenced(kube_client, settings, status, shutdown_signal()).await
         } else {
-            let (tx, rx) = watch::channel(Ownership::none());
-            // Reconcile writes are fenced by the Lease, right before they are sent.
+            let (tx, rx) = watch::channel(Ownership::nothing_of(args.shards));
+            // Reconcile writes are fenced by the Lease of their shard, right before they are sent.
             let kube_client =
                 client::build(config.clone(), &identity, limits, Some(metrics.clone()), Some(rx.clone()))
                     .context("building the API client")?;
-            // The Lease has its own client and budget: reconcile traffic never starves renewals.
-            let lease_limits = Limits { qps: 5.0, burst: 10 };
+            // The Leases have their own client and budget: reconcile traffic never starves
+            // renewals. Sharded, each replica renews its share plus a heartbeat.
+            let lease_limits = Limits { qps: 5.0 + f64::from(args.shards), burst: 10 + args.shards };
             let lease_client = client::build(config, &identity, lease_limits, Some(metrics), None)
                 .context("building the lease client")?;
-            let elector = Elector::new(lease_client, &args.lease_namespace(), &args.lease_name, &identity, timing);
             let (drained, drained_rx) = oneshot::channel::<()>();
-            let lease_task = tokio::spawn(lease::run(elector, tx, status.clone(), async move {
+            let drained_rx = async move {
                 let _ = drained_rx.await;
-            }));
+            };
+            let in_flight = settings.in_flight.clone();
+            let lease_task = if args.shards == 1 {
+                let elector = Elector::new(lease_client, &args.lease_namespace(), &args.lease_name, &identity, timing);
+                tokio::spawn(lease::run(elector, tx, status.clone(), drained_rx))
+            } else {
+                let leases = ShardLeases {
+                    lease_name: args.lease_name.clone(),
+                    namespace: args.lease_namespace(),
+                    shards: args.shards,
+                };
+                let identity = identity.clone();
+                let status = status.clone();
+                tokio::spawn(async move {
+                    lease::run_sharded(lease_client, leases, &identity, timing, tx, in_flight, status, drained_rx).await;
+                })
+            };
             let result = controller::run(kube_client, settings, rx, status, shutdown_signal()).await;
-            // Drained: now the Lease can be released.
+            // Drained: now the Leases can be released.
             let _ = drained.send(());
             lease_task.await.context("lease task")?;
             result

@@ -49,6 +49,10 @@ pub struct Metrics {
     pub leader: IntGaugeVec,
     pub lease_transitions: IntCounter,
     pub shards_held: IntGauge,
+    pub shards: IntGauge,
+    pub shard_owner: IntGaugeVec,
+    pub shard_transitions: IntCounter,
+    pub gpujobs_per_shard: IntGaugeVec,
     pub gpujobs: IntGaugeVec,
     pub waiting: IntGaugeVec,
     pub unconverged: IntGauge,
@@ -223,6 +227,25 @@ impl Metrics {
                 "gpujob_shards_held",
                 "Shards whose lease this replica holds",
             )?,
+            shards: gauge("gpujob_shards", "Shards GpuJobs are split into (--shards)")?,
+            shard_owner: IntGaugeVec::new(
+                Opts::new(
+                    "gpujob_shard_owner",
+                    "1 for each shard whose lease this replica holds, else 0 (one series per shard)",
+                ),
+                &["shard"],
+            )?,
+            shard_transitions: counter(
+                "gpujob_shard_transitions_total",
+                "Times this replica gained or lost a shard",
+            )?,
+            gpujobs_per_shard: IntGaugeVec::new(
+                Opts::new(
+                    "gpujob_gpujobs_per_shard",
+                    "GpuJobs in each shard this replica holds (0 for shards it does not hold)",
+                ),
+                &["shard"],
+            )?,
             gpujobs: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_gpujobs",
@@ -275,6 +298,10 @@ impl Metrics {
             Box::new(self.leader.clone()),
             Box::new(self.lease_transitions.clone()),
             Box::new(self.shards_held.clone()),
+            Box::new(self.shards.clone()),
+            Box::new(self.shard_owner.clone()),
+            Box::new(self.shard_transitions.clone()),
+            Box::new(self.gpujobs_per_shard.clone()),
             Box::new(self.gpujobs.clone()),
             Box::new(self.waiting.clone()),
             Box::new(self.unconverged.clone()),
@@ -286,6 +313,16 @@ impl Metrics {
         ];
         all.extend(rest);
         all
+    }
+
+    /// Creates the per-shard series (`shards` of them) at zero.
+    pub fn init_shards(&self, shards: u32) {
+        self.shards.set(i64::from(shards));
+        for s in 0..shards {
+            let s = s.to_string();
+            self.shard_owner.with_label_values(&[s.as_str()]);
+            self.gpujobs_per_shard.with_label_values(&[s.as_str()]);
+        }
     }
 
     /// The label values this module knows, at zero.

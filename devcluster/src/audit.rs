@@ -12,13 +12,18 @@ use serde::Deserialize;
 use crate::Error;
 
 /// The audit policy devcluster starts kube-apiserver with: writes at Metadata level
-/// (who, what, response code, no bodies), reads not at all.
+/// (who, what, response code, no bodies) — except Lease writes, with their request
+/// body, so the log holds each Lease's history of holders — reads not at all.
 pub const POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
   - level: None
     verbs: ["get", "list", "watch"]
+  - level: Request
+    resources:
+      - group: coordination.k8s.io
+        resources: ["leases"]
   - level: Metadata
 "#;
 
@@ -44,6 +49,8 @@ pub struct AuditEvent {
     /// successful writes to one object that each carry the resourceVersion they were
     /// computed from, the one received first also committed first.
     pub received: String,
+    /// For a Lease write: the holder it writes (`""`: released).
+    pub lease_holder: Option<String>,
 }
 
 impl AuditEvent {
@@ -165,6 +172,8 @@ struct RawEvent {
     stage_timestamp: String,
     #[serde(default)]
     request_received_timestamp: String,
+    #[serde(default)]
+    request_object: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -208,6 +217,12 @@ impl From<RawEvent> for AuditEvent {
             code: r.response_status.code,
             timestamp: r.stage_timestamp,
             received: r.request_received_timestamp,
+            lease_holder: r.request_object.filter(|o| o["kind"] == "Lease").map(|o| {
+                o["spec"]["holderIdentity"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            }),
         }
     }
 }

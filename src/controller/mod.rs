@@ -24,6 +24,7 @@ use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
 use crate::api::GpuJob;
+use crate::lease::InFlight;
 use crate::metrics::Metrics;
 use crate::queue::Backoff;
 use crate::quota::Provider;
@@ -81,6 +82,8 @@ pub struct Settings {
     pub identity: String,
     /// Where GPU quota is reserved and released.
     pub quota: Provider,
+    /// Reconciles running per shard (a shard given up is released once none runs).
+    pub in_flight: InFlight,
 }
 
 impl Default for Settings {
@@ -95,6 +98,7 @@ impl Default for Settings {
             drain_timeout: Duration::from_secs(20),
             identity: "gpujob-operator".to_owned(),
             quota: Provider::None,
+            in_flight: InFlight::default(),
         }
     }
 }

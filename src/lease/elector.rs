@@ -26,6 +26,9 @@ pub struct Elector {
     name: String,
     identity: String,
     timing: Timing,
+    /// Labels a Lease created by this elector carries (so a group of Leases can be
+    /// listed in one call).
+    labels: std::collections::BTreeMap<String, String>,
     observed: Mutex<Option<Observed>>,
 }
 
@@ -52,8 +55,27 @@ impl Elector {
             name: name.to_owned(),
             identity: identity.to_owned(),
             timing,
+            labels: Default::default(),
             observed: Mutex::new(None),
         }
+    }
+
+    /// The Lease is created with these labels.
+    pub fn with_labels(mut self, labels: std::collections::BTreeMap<String, String>) -> Elector {
+        self.labels = labels;
+        self
+    }
+
+    /// The Lease as this elector last saw it, and when its record last changed.
+    pub async fn seen(&self) -> Option<Observed> {
+        self.observed.lock().await.clone()
+    }
+
+    /// Takes in the Lease as seen elsewhere (a list of a group of Leases): the expiry
+    /// clock restarts only if its record changed since this elector last saw it.
+    pub async fn observe(&self, lease: &Lease) {
+        let mut observed = self.observed.lock().await;
+        note(&mut observed, lease, Instant::now());
     }
 
     pub fn identity(&self) -> &str {
@@ -90,6 +112,9 @@ impl Elector {
         let Some(mut lease) = current else {
             let mut lease = Lease::default();
             lease.metadata.name = Some(self.name.clone());
+            if !self.labels.is_empty() {
+                lease.metadata.labels = Some(self.labels.clone());
+            }
             if !new_term {
                 // Deleted under us: this term is over.
                 return Ok(Attempt::Lost);
@@ -112,18 +137,7 @@ impl Elector {
             };
         };
         let spec = lease.spec.clone().unwrap_or_default();
-        let rv = lease.metadata.resource_version.clone().unwrap_or_default();
-        // The expiry clock restarts whenever the record changes.
-        let changed = observed
-            .as_ref()
-            .is_none_or(|o| o.spec != spec || o.resource_version != rv);
-        if changed {
-            *observed = Some(Observed {
-                spec: spec.clone(),
-                resource_version: rv,
-                at: now,
-            });
-        }
+        note(&mut observed, &lease, now);
         if observed
             .as_ref()
             .is_some_and(|o| o.held_by_other(&self.identity, now))
@@ -181,6 +195,22 @@ impl Elector {
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// The expiry clock restarts whenever the record changes.
+fn note(observed: &mut Option<Observed>, lease: &Lease, now: Instant) {
+    let spec = lease.spec.clone().unwrap_or_default();
+    let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+    let changed = observed
+        .as_ref()
+        .is_none_or(|o| o.spec != spec || o.resource_version != rv);
+    if changed {
+        *observed = Some(Observed {
+            spec,
+            resource_version: rv,
+            at: now,
+        });
     }
 }
 

@@ -4,145 +4,54 @@
 //! Ownership is published as a watch channel of shards held, each with its tenure: the
 //! local lease deadline (monotonic time the last successful renewal was sent + renew
 //! deadline; no write starts after it), an epoch that changes on every gain, and the
-//! fencing token sent to the outside world. One shard is plain leader election.
+//! fencing token sent to the outside world. One shard is plain leader election
+//! (`single.rs`); more shards have a Lease each, balanced across live replicas
+//! (`sharded.rs`, decisions in `balance.rs`).
 
+pub mod balance;
 mod decide;
 mod elector;
 mod ownership;
+mod sharded;
+mod single;
 
-use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio::time::Instant;
-use tracing::{info, warn};
-
-use crate::metrics::CONTROLLER;
-use crate::server::Status;
+use crate::metrics::{CONTROLLER, Metrics};
 pub use decide::{Observed, Timing};
 pub use elector::{Attempt, Elector};
-pub use ownership::{Ownership, Tenure};
+pub use ownership::{InFlight, InFlightGuard, Ownership, Tenure};
+pub use sharded::{LABEL_GROUP, LABEL_ROLE, ShardLeases, run as run_sharded};
+pub use single::run;
 
-/// Campaigns for the Lease until `stop`, publishing ownership of shard 0; then a held
-/// Lease is released. `stop` must resolve only once the work the Lease protects has
-/// drained (the Lease is renewed meanwhile, so draining writes stay fenced correctly and
-/// nothing writes after the release).
-pub async fn run(
-    elector: Elector,
-    tx: watch::Sender<Ownership>,
-    status: std::sync::Arc<Status>,
-    stop: impl Future<Output = ()>,
-) {
-    let shutdown = stop;
-    tokio::pin!(shutdown);
-    let timing = elector.timing().clone();
-    let metrics = status.metrics.clone();
-    let leader_gauge = metrics.leader.with_label_values(&[CONTROLLER]);
-    // /healthz fails when this loop stops beating: every attempt is bounded by the
-    // renew deadline, so a healthy loop beats at least every deadline + retry period.
-    let beat_limit = (timing.lease_duration * 2 + timing.retry_period).max(Duration::from_secs(30));
-    'campaign: loop {
-        // Standby: try every retry period (jittered) until the Lease is ours.
-        let (mut sent, transitions) = loop {
-            status.beat(beat_limit);
-            let attempt = tokio::time::timeout(timing.renew_deadline, elector.acquire());
-            match attempt.await {
-                Ok(Ok(Attempt::Held { sent, transitions })) => break (sent, transitions),
-                Ok(Ok(Attempt::Lost)) => {}
-                Ok(Err(e)) => warn!(
-                    "lease: acquiring failed: {e}; retrying in {:?}",
-                    timing.retry_period
-                ),
-                Err(_) => warn!(
-                    "lease: no answer within {:?}; retrying in {:?}",
-                    timing.renew_deadline, timing.retry_period
-                ),
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(jitter(timing.retry_period)) => {}
-                _ = &mut shutdown => break 'campaign,
-            }
-        };
-        let token = format!("{}/{transitions}", elector.name());
-        let mut tenure = Tenure::gained(Some(sent + timing.renew_deadline), Some(token));
-        info!(
-            identity = elector.identity(),
-            shard = 0,
-            epoch = tenure.epoch,
-            token = tenure.token.as_deref().unwrap_or_default(),
-            "lease acquired: this replica leads"
-        );
-        metrics.lease_transitions.inc();
-        leader_gauge.set(1);
-        metrics.shards_held.set(1);
-        tx.send_replace(Ownership {
-            held: BTreeMap::from([(0, tenure.clone())]),
-            shards: 1,
-        });
+/// Publishes what this replica holds to the leadership metrics.
+fn report(metrics: &Metrics, own: &Ownership) {
+    metrics
+        .shards_held
+        .set(i64::try_from(own.held.len()).unwrap_or(i64::MAX));
+    metrics
+        .leader
+        .with_label_values(&[CONTROLLER])
+        .set(i64::from(own.holds_any()));
+    for s in 0..own.shards {
+        metrics
+            .shard_owner
+            .with_label_values(&[s.to_string().as_str()])
+            .set(i64::from(own.held.contains_key(&s)));
+    }
+}
 
-        // Leader: renew every retry period; step down once the deadline passes without
-        // a successful renewal.
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(timing.retry_period) => {}
-                _ = &mut shutdown => break 'campaign,
-            }
-            let deadline = sent + timing.renew_deadline;
-            let left = deadline.saturating_duration_since(Instant::now());
-            status.beat(beat_limit);
-            let renewed = tokio::time::timeout(left, elector.renew()).await;
-            match renewed {
-                Ok(Ok(Attempt::Held { sent: s, .. })) => {
-                    sent = s;
-                    tenure.deadline = Some(sent + timing.renew_deadline);
-                    tx.send_replace(Ownership {
-                        held: BTreeMap::from([(0, tenure.clone())]),
-                        shards: 1,
-                    });
-                }
-                Ok(Ok(Attempt::Lost)) => {
-                    warn!("lease: another replica holds it now; stepping down");
-                    break;
-                }
-                Ok(Err(e)) if Instant::now() < deadline => {
-                    warn!("lease: renewing failed: {e}; retrying until the renew deadline");
-                }
-                Ok(Err(e)) => {
-                    warn!("lease: renewing failed past the renew deadline: {e}; stepping down");
-                    break;
-                }
-                Err(_) => {
-                    warn!("lease: no renewal within the renew deadline; stepping down");
-                    break;
-                }
-            }
-        }
-        tx.send_replace(Ownership::none());
-        info!(
-            shard = 0,
-            epoch = tenure.epoch,
-            "lease lost: this replica stops writing"
-        );
-        leader_gauge.set(0);
-        metrics.shards_held.set(0);
-        metrics.lease_transitions.inc();
-        continue 'campaign;
-    }
-    // The work has drained: give the Lease up.
-    let was_leader = tx.borrow().holds_any();
-    tx.send_replace(Ownership::none());
-    leader_gauge.set(0);
-    metrics.shards_held.set(0);
-    if was_leader {
-        match elector.release().await {
-            Ok(true) => info!("lease released: a standby can take over at once"),
-            Ok(false) => info!("lease was no longer ours; nothing to release"),
-            Err(e) => {
-                warn!("lease: release failed: {e}; standbys take over after the lease duration")
-            }
-        }
-    }
+/// A shard was gained or lost: counted, and the gauges follow.
+fn gained_or_lost(metrics: &Metrics, own: &Ownership) {
+    metrics.lease_transitions.inc();
+    metrics.shard_transitions.inc();
+    report(metrics, own);
+}
+
+/// /healthz fails when a lease loop stops beating: every attempt is bounded by the
+/// renew deadline, so a healthy loop beats at least every deadline + retry period.
+fn beat_limit(timing: &Timing) -> Duration {
+    (timing.lease_duration * 2 + timing.retry_period).max(Duration::from_secs(30))
 }
 
 /// client-go's wait.Jitter(period, 1.2)-ish: period × [1, 1.2).

@@ -3,8 +3,10 @@
 //! keys to take, which reconciles to cancel), the executor and the API client's fence.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::shard::shard_of;
@@ -108,6 +110,60 @@ impl Ownership {
     }
 }
 
+/// Reconciles running, per shard: a shard given up is released only once none of its
+/// reconciles runs any more (they are cancelled when the shard leaves the ownership).
+#[derive(Debug, Clone)]
+pub struct InFlight {
+    counts: Arc<watch::Sender<BTreeMap<u32, usize>>>,
+}
+
+impl Default for InFlight {
+    fn default() -> InFlight {
+        InFlight {
+            counts: Arc::new(watch::channel(BTreeMap::new()).0),
+        }
+    }
+}
+
+impl InFlight {
+    /// Counts one reconcile of `shard` until the guard is dropped.
+    pub fn enter(&self, shard: u32) -> InFlightGuard {
+        self.counts
+            .send_modify(|c| *c.entry(shard).or_insert(0) += 1);
+        InFlightGuard {
+            counts: self.counts.clone(),
+            shard,
+        }
+    }
+
+    /// Resolves once no reconcile of `shard` runs.
+    pub async fn idle(&self, shard: u32) {
+        let mut rx = self.counts.subscribe();
+        let _ = rx
+            .wait_for(|c| c.get(&shard).copied().unwrap_or(0) == 0)
+            .await;
+    }
+}
+
+#[derive(Debug)]
+pub struct InFlightGuard {
+    counts: Arc<watch::Sender<BTreeMap<u32, usize>>>,
+    shard: u32,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.counts.send_modify(|c| {
+            if let Some(n) = c.get_mut(&self.shard) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    c.remove(&self.shard);
+                }
+            }
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +189,26 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         assert!(!o.may_write(Some(a), Instant::now()), "past its deadline");
         assert!(!o.may_write(None, Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_is_idle_once_its_last_reconcile_ends() {
+        let f = InFlight::default();
+        let a = f.enter(3);
+        let b = f.enter(3);
+        let _other = f.enter(4);
+        let idle = f.idle(3);
+        tokio::pin!(idle);
+        drop(a);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(10), &mut idle)
+                .await
+                .is_err(),
+            "one still runs"
+        );
+        drop(b);
+        idle.await;
+        f.idle(5).await;
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod harness;
 pub mod prometheus;
 pub mod quota;
 pub mod replicas;
+pub mod shards;
 
 use std::path::Path;
 use std::time::Duration;
@@ -54,6 +55,8 @@ impl TestEnv {
         gpujob_operator::client::install_crypto_provider();
         let cluster = ControlPlane::start(devcluster::Options {
             crds: vec![CRD.into()],
+            // Scale-out tests run a fourth replica.
+            replicas: 4,
             ..devcluster::Options::default()
         })
         .await

@@ -108,16 +108,45 @@ pub fn start_full(
     extra: &[&str],
     envs: &[(&str, &str)],
 ) -> Replica {
+    spawn(cluster, ns, Some(ns), n, timing, extra, envs)
+}
+
+/// Replica `n` with `--shards shards`, working on every namespace (a private control
+/// plane), its Leases in `lease_ns`; short timings.
+pub fn start_sharded(cluster: &ControlPlane, lease_ns: &str, n: u8, shards: u32) -> Replica {
+    let shards = shards.to_string();
+    spawn(
+        cluster,
+        lease_ns,
+        None,
+        n,
+        SHORT,
+        &["--shards", &shards],
+        &[],
+    )
+}
+
+fn spawn(
+    cluster: &ControlPlane,
+    lease_ns: &str,
+    watch_ns: Option<&str>,
+    n: u8,
+    timing: [&str; 3],
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Replica {
+    let ns = lease_ns;
     let dir = std::env::temp_dir().join(format!("gpujob-replicas-{ns}"));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join(format!("replica-{n}.log"));
     let out = std::fs::File::create(&log).unwrap();
     let err = out.try_clone().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_gpujob-operator"))
+        .args(match watch_ns {
+            Some(watch) => vec!["run", "--namespace", watch],
+            None => vec!["run"],
+        })
         .args([
-            "run",
-            "--namespace",
-            ns,
             "--lease-namespace",
             ns,
             "--identity",

@@ -6,6 +6,7 @@ mod handover;
 mod watches;
 mod worker;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::{Context, Key, Settings, apply, cache, domain, init_metrics, memory};
+use crate::api::GpuJob;
 use crate::lease::Ownership;
 use crate::queue::Queue;
 use crate::server::Status;
@@ -58,6 +60,7 @@ pub async fn run_unfenced(
         .with_label_values(&[crate::metrics::CONTROLLER])
         .set(1);
     status.metrics.shards_held.set(1);
+    status.metrics.shard_owner.with_label_values(&["0"]).set(1);
     let result = run(client, settings, rx, status, shutdown).await;
     drop(tx);
     result
@@ -76,6 +79,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let metrics = status.metrics.clone();
     init_metrics(&metrics);
+    metrics.init_shards(ownership.borrow().shards);
     let (gpujobs, gj_writer) = kube::runtime::reflector::store();
     let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()));
     let ctx = Arc::new(Context {
@@ -175,15 +179,34 @@ fn on_scrape(
         let own = own.borrow().clone();
         if !own.holds_any() {
             domain::publish(&ctx.metrics, None);
+            for s in 0..own.shards {
+                ctx.metrics
+                    .gpujobs_per_shard
+                    .with_label_values(&[s.to_string().as_str()])
+                    .set(0);
+            }
             return;
         }
         let all = ctx.gpujobs.state();
-        let held = all
+        let mut per_shard: BTreeMap<u32, i64> = own.held.keys().map(|s| (*s, 0)).collect();
+        let held: Vec<&GpuJob> = all
             .iter()
-            .filter(|g| own.holds_namespace(g.metadata.namespace.as_deref().unwrap_or_default()));
+            .map(|g| g.as_ref())
+            .filter(|g| {
+                let shard = own.shard_of(g.metadata.namespace.as_deref().unwrap_or_default());
+                per_shard.get_mut(&shard).map(|n| *n += 1).is_some()
+            })
+            .collect();
+        for s in 0..own.shards {
+            let n = per_shard.get(&s).copied().unwrap_or(0);
+            ctx.metrics
+                .gpujobs_per_shard
+                .with_label_values(&[s.to_string().as_str()])
+                .set(n);
+        }
         let mut seen = first_seen.lock().unwrap_or_else(|p| p.into_inner());
         let snap = domain::snapshot(
-            held.map(|g| g.as_ref()),
+            held,
             jiff::Timestamp::now(),
             ctx.settings.unconverged_after,
             &mut seen,

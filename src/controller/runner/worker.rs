@@ -49,10 +49,13 @@ pub(super) async fn run(
         let span = tracing::info_span!("reconcile", namespace = %key.namespace, name = %key.name,
             shard, attempt = tracing::field::Empty);
         let term_ended = |o: &Ownership| o.tenure(shard).map(|t| t.epoch) != Some(epoch);
+        let running = ctx.settings.in_flight.enter(shard);
         let outcome = tokio::select! {
             result = tracing::Instrument::instrument(reconcile(&ctx, &key), span) => Some(result),
             _ = lost.wait_for(term_ended) => None,
         };
+        // Ended or cancelled: a shard being given up may be released now.
+        drop(running);
         ctx.metrics
             .reconcile_time
             .observe(started.elapsed().as_secs_f64());

@@ -1,0 +1,537 @@
+//! Sharded ownership (`--shards N`, N > 1). Shard i is guarded by Lease
+//! `<lease-name>-shard-<i>`; each replica also renews a member heartbeat Lease,
+//! `<lease-name>-member-<identity>`. Every retry period a coordinator lists the group's
+//! Leases (one call), works out the live replicas (a member whose record changed within a
+//! lease duration on this replica's own clock, the same rule as for shard Leases) and who
+//! holds what, and takes or gives up shards as [`balance::decide`] says. Each held shard
+//! is renewed by a task of its own (its own timer and deadline), so renewing many shards
+//! never starves one.
+//!
+//! Giving a shard up drains it: it leaves the published ownership (no new keys, its
+//! reconciles are cancelled, its writes fenced), the coordinator waits until none of its
+//! reconciles runs, then releases the Lease with an empty holder, so another replica
+//! takes it on its next look instead of after a lease duration.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::{Api, ListParams};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout};
+use tracing::{info, warn};
+
+use super::balance::{self, Holder, View};
+use super::{
+    Attempt, Elector, InFlight, Observed, Ownership, Tenure, Timing, beat_limit, gained_or_lost,
+    jitter, report,
+};
+use crate::server::Status;
+
+/// Label on every Lease of one operator: its `--lease-name`.
+pub const LABEL_GROUP: &str = "gpujob.dev/lease-group";
+/// Label on every Lease of one operator: `shard` or `member`.
+pub const LABEL_ROLE: &str = "gpujob.dev/lease-role";
+
+/// Where the Leases live and how many shards there are.
+#[derive(Debug, Clone)]
+pub struct ShardLeases {
+    pub lease_name: String,
+    pub namespace: String,
+    pub shards: u32,
+}
+
+impl ShardLeases {
+    pub fn shard(&self, i: u32) -> String {
+        format!("{}-shard-{i}", self.lease_name)
+    }
+
+    pub fn member(&self, identity: &str) -> String {
+        format!("{}-member-{identity}", self.lease_name)
+    }
+
+    fn labels(&self, role: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (LABEL_GROUP.to_owned(), self.lease_name.clone()),
+            (LABEL_ROLE.to_owned(), role.to_owned()),
+        ])
+    }
+}
+
+/// Holds shards until `stop`, publishing them on `tx`; then drains and releases every
+/// held shard and the member heartbeat. `stop` must resolve only once the controller
+/// has drained (held shards are renewed meanwhile).
+#[allow(clippy::too_many_arguments)] // the lease loop's whole wiring, once, from main
+pub async fn run(
+    client: Client,
+    leases: ShardLeases,
+    identity: &str,
+    timing: Timing,
+    tx: watch::Sender<Ownership>,
+    in_flight: InFlight,
+    status: Arc<Status>,
+    stop: impl Future<Output = ()>,
+) {
+    let mut c = Coordinator::new(client, leases, identity, timing, tx, in_flight, status);
+    tokio::pin!(stop);
+    loop {
+        c.tick().await;
+        tokio::select! {
+            _ = tokio::time::sleep(jitter(c.timing.retry_period)) => {}
+            _ = &mut stop => break,
+        }
+    }
+    c.shut_down().await;
+}
+
+struct Coordinator {
+    api: Api<Lease>,
+    leases: ShardLeases,
+    me: String,
+    timing: Timing,
+    member: Elector,
+    member_held: bool,
+    electors: Vec<Arc<Elector>>,
+    tx: Arc<watch::Sender<Ownership>>,
+    renewers: BTreeMap<u32, JoinHandle<()>>,
+    /// Other replicas' member Leases as last seen (by Lease name), for their liveness.
+    members_seen: BTreeMap<String, Observed>,
+    /// Since when each shard has been seen free.
+    free_since: BTreeMap<u32, Instant>,
+    /// The single Lease of `--shards 1`, as last seen.
+    legacy_seen: Option<Observed>,
+    /// Looks taken so far: the first only registers this replica, so that replicas
+    /// starting together see each other before anyone takes a shard.
+    looks: u64,
+    in_flight: InFlight,
+    status: Arc<Status>,
+}
+
+impl Coordinator {
+    fn new(
+        client: Client,
+        leases: ShardLeases,
+        identity: &str,
+        timing: Timing,
+        tx: watch::Sender<Ownership>,
+        in_flight: InFlight,
+        status: Arc<Status>,
+    ) -> Coordinator {
+        let ns = leases.namespace.clone();
+        let electors = (0..leases.shards)
+            .map(|i| {
+                Arc::new(
+                    Elector::new(
+                        client.clone(),
+                        &ns,
+                        &leases.shard(i),
+                        identity,
+                        timing.clone(),
+                    )
+                    .with_labels(leases.labels("shard")),
+                )
+            })
+            .collect();
+        let member = Elector::new(
+            client.clone(),
+            &ns,
+            &leases.member(identity),
+            identity,
+            timing.clone(),
+        )
+        .with_labels(leases.labels("member"));
+        tx.send_replace(Ownership::nothing_of(leases.shards));
+        report(&status.metrics, &tx.borrow());
+        Coordinator {
+            api: Api::namespaced(client, &ns),
+            leases,
+            me: identity.to_owned(),
+            timing,
+            member,
+            member_held: false,
+            electors,
+            tx: Arc::new(tx),
+            renewers: BTreeMap::new(),
+            members_seen: BTreeMap::new(),
+            free_since: BTreeMap::new(),
+            legacy_seen: None,
+            looks: 0,
+            in_flight,
+            status,
+        }
+    }
+
+    /// One look: heartbeat, list, decide, act.
+    async fn tick(&mut self) {
+        self.status.beat(beat_limit(&self.timing));
+        self.renewers.retain(|_, h| !h.is_finished());
+        self.heartbeat().await;
+        let list =
+            ListParams::default().labels(&format!("{LABEL_GROUP}={}", self.leases.lease_name));
+        let leases = match timeout(self.timing.renew_deadline, self.api.list(&list)).await {
+            Ok(Ok(l)) => l.items,
+            Ok(Err(e)) => {
+                warn!("shard leases: listing failed: {e}; looking again in a retry period");
+                return;
+            }
+            Err(_) => {
+                warn!("shard leases: no answer to the list; looking again in a retry period");
+                return;
+            }
+        };
+        if self.legacy_leader().await {
+            return;
+        }
+        let now = Instant::now();
+        let members = self.live_members(&leases, now);
+        let holders = self.holders(&leases, now).await;
+        let decision = balance::decide(&View {
+            me: &self.me,
+            members: &members,
+            holders: &holders,
+            lease_duration: self.timing.lease_duration,
+        });
+        for s in decision.release {
+            self.give_up(s, members.len()).await;
+        }
+        self.looks += 1;
+        if self.looks == 1 {
+            return;
+        }
+        for s in decision.take {
+            if !self.tx.borrow().held.contains_key(&s) {
+                self.take(s).await;
+            }
+        }
+    }
+
+    /// A replica still running with `--shards 1` holds the single Lease and works on
+    /// every GpuJob: take nothing until it is gone (a rolling update from one shard to
+    /// many never has two writers).
+    async fn legacy_leader(&mut self) -> bool {
+        let api = &self.api;
+        let legacy = match timeout(
+            self.timing.renew_deadline,
+            api.get_opt(&self.leases.lease_name),
+        )
+        .await
+        {
+            Ok(Ok(l)) => l,
+            _ => return false,
+        };
+        let Some(lease) = legacy else { return false };
+        let seen = self
+            .legacy_seen
+            .get_or_insert_with(|| observed(&lease, Instant::now()));
+        update(seen, &lease, Instant::now());
+        if seen.held_by_other(&self.me, Instant::now()) {
+            warn!(
+                lease = %self.leases.lease_name,
+                holder = seen.holder().unwrap_or_default(),
+                "a replica running with --shards 1 holds the single Lease; taking no shard until it is released or expires"
+            );
+            return true;
+        }
+        false
+    }
+
+    async fn heartbeat(&mut self) {
+        let attempt = if self.member_held {
+            self.member.renew().await
+        } else {
+            self.member.acquire().await
+        };
+        match attempt {
+            Ok(Attempt::Held { .. }) => self.member_held = true,
+            Ok(Attempt::Lost) => {
+                self.member_held = false;
+                warn!(
+                    lease = %self.leases.member(&self.me),
+                    "member heartbeat: the Lease is held by another replica with this identity; identities must be unique"
+                );
+            }
+            Err(e) => warn!("member heartbeat failed: {e}; retrying in a retry period"),
+        }
+    }
+
+    /// Replicas whose member heartbeat changed within a lease duration (on this
+    /// replica's clock), and this one.
+    fn live_members(&mut self, leases: &[Lease], now: Instant) -> BTreeSet<String> {
+        let mut live = BTreeSet::from([self.me.clone()]);
+        let prefix = format!("{}-member-", self.leases.lease_name);
+        for lease in leases {
+            let name = lease.metadata.name.clone().unwrap_or_default();
+            if !name.starts_with(&prefix) {
+                continue;
+            }
+            let seen = self
+                .members_seen
+                .entry(name)
+                .or_insert_with(|| observed(lease, now));
+            update(seen, lease, now);
+            if let Some(holder) = seen.holder()
+                && (holder == self.me || seen.held_by_other(&self.me, now))
+            {
+                live.insert(holder.to_owned());
+            }
+        }
+        live
+    }
+
+    /// Who holds each shard, as this replica sees it.
+    async fn holders(&mut self, leases: &[Lease], now: Instant) -> Vec<Holder> {
+        let by_name: BTreeMap<String, &Lease> = leases
+            .iter()
+            .filter_map(|l| Some((l.metadata.name.clone()?, l)))
+            .collect();
+        let held = self.tx.borrow().held.clone();
+        let mut holders = Vec::new();
+        for (i, elector) in self.electors.iter().enumerate() {
+            let shard = u32::try_from(i).unwrap_or(u32::MAX);
+            if held.contains_key(&shard) {
+                self.free_since.remove(&shard);
+                holders.push(Holder::Held(self.me.clone()));
+                continue;
+            }
+            let other = match by_name.get(elector.name()) {
+                Some(lease) => {
+                    elector.observe(lease).await;
+                    elector
+                        .seen()
+                        .await
+                        .filter(|o| o.held_by_other(&self.me, now))
+                        .and_then(|o| o.holder().map(str::to_owned))
+                }
+                None => None,
+            };
+            holders.push(match other {
+                Some(holder) => {
+                    self.free_since.remove(&shard);
+                    Holder::Held(holder)
+                }
+                // Free, expired, or still naming this replica from an earlier term.
+                None => {
+                    let since = *self.free_since.entry(shard).or_insert(now);
+                    Holder::Free(now.saturating_duration_since(since))
+                }
+            });
+        }
+        holders
+    }
+
+    async fn take(&mut self, shard: u32) {
+        let elector = self.electors[shard as usize].clone();
+        let attempt = timeout(self.timing.renew_deadline, elector.acquire()).await;
+        let (sent, transitions) = match attempt {
+            Ok(Ok(Attempt::Held { sent, transitions })) => (sent, transitions),
+            Ok(Ok(Attempt::Lost)) => return,
+            Ok(Err(e)) => {
+                warn!(
+                    shard,
+                    "taking the shard failed: {e}; looking again in a retry period"
+                );
+                return;
+            }
+            Err(_) => {
+                warn!(
+                    shard,
+                    "taking the shard: no answer; looking again in a retry period"
+                );
+                return;
+            }
+        };
+        let token = format!("{}/{transitions}", elector.name());
+        let tenure = Tenure::gained(Some(sent + self.timing.renew_deadline), Some(token));
+        info!(
+            shard,
+            epoch = tenure.epoch,
+            token = tenure.token.as_deref().unwrap_or_default(),
+            "shard gained: reconciling its GpuJobs"
+        );
+        let epoch = tenure.epoch;
+        self.tx.send_modify(|o| {
+            o.held.insert(shard, tenure);
+        });
+        self.free_since.remove(&shard);
+        gained_or_lost(&self.status.metrics, &self.tx.borrow());
+        let renewer = renew(
+            elector,
+            shard,
+            epoch,
+            self.timing.clone(),
+            self.tx.clone(),
+            self.status.clone(),
+        );
+        self.renewers.insert(shard, tokio::spawn(renewer));
+    }
+
+    /// Drains `shard` and releases its Lease, so a replica with room takes it at once.
+    async fn give_up(&mut self, shard: u32, live: usize) {
+        let Some(epoch) = self.tx.borrow().tenure(shard).map(|t| t.epoch) else {
+            return;
+        };
+        info!(
+            shard,
+            epoch,
+            live_replicas = live,
+            "shard over this replica's share: draining it, then releasing its lease"
+        );
+        self.stop_holding(shard);
+        if timeout(self.timing.renew_deadline, self.in_flight.idle(shard))
+            .await
+            .is_err()
+        {
+            warn!(
+                shard,
+                "reconciles of the shard did not end within the renew deadline; releasing anyway (their writes are fenced)"
+            );
+        }
+        match timeout(
+            self.timing.renew_deadline,
+            self.electors[shard as usize].release(),
+        )
+        .await
+        {
+            Ok(Ok(true)) => info!(shard, epoch, "shard released"),
+            Ok(Ok(false)) => info!(
+                shard,
+                epoch, "shard lease was no longer ours; nothing to release"
+            ),
+            Ok(Err(e)) => warn!(
+                shard,
+                "releasing the shard failed: {e}; it expires after the lease duration"
+            ),
+            Err(_) => warn!(
+                shard,
+                "releasing the shard: no answer; it expires after the lease duration"
+            ),
+        }
+    }
+
+    /// `shard` leaves the ownership (its reconciles stop, its writes are fenced).
+    fn stop_holding(&mut self, shard: u32) {
+        if let Some(h) = self.renewers.remove(&shard) {
+            h.abort();
+        }
+        let removed = self
+            .tx
+            .send_if_modified(|o| o.held.remove(&shard).is_some());
+        if removed {
+            gained_or_lost(&self.status.metrics, &self.tx.borrow());
+        }
+    }
+
+    /// The controller has drained: give everything up.
+    async fn shut_down(mut self) {
+        let held: Vec<u32> = self.tx.borrow().held.keys().copied().collect();
+        for shard in &held {
+            self.stop_holding(*shard);
+        }
+        let releases = held.iter().map(|s| {
+            let elector = self.electors[*s as usize].clone();
+            async move { timeout(self.timing.renew_deadline, elector.release()).await }
+        });
+        let released = futures::future::join_all(releases).await;
+        let ok = released
+            .iter()
+            .filter(|r| matches!(r, Ok(Ok(true))))
+            .count();
+        info!(
+            shards = ok,
+            "shard leases released: other replicas take them at once"
+        );
+        if self.member_held {
+            let _ = timeout(self.timing.renew_deadline, self.member.release()).await;
+        }
+        report(&self.status.metrics, &self.tx.borrow());
+    }
+}
+
+/// Renews one held shard every retry period until a renewal is refused or the renew
+/// deadline passes without one; then the shard leaves the ownership.
+async fn renew(
+    elector: Arc<Elector>,
+    shard: u32,
+    epoch: u64,
+    timing: Timing,
+    tx: Arc<watch::Sender<Ownership>>,
+    status: Arc<Status>,
+) {
+    loop {
+        tokio::time::sleep(jitter(timing.retry_period)).await;
+        let deadline = tx
+            .borrow()
+            .tenure(shard)
+            .filter(|t| t.epoch == epoch)
+            .and_then(|t| t.deadline);
+        let Some(deadline) = deadline else {
+            return; // given up meanwhile
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        match timeout(left, elector.renew()).await {
+            Ok(Ok(Attempt::Held { sent, .. })) => {
+                tx.send_modify(|o| {
+                    if let Some(t) = o.held.get_mut(&shard).filter(|t| t.epoch == epoch) {
+                        t.deadline = Some(sent + timing.renew_deadline);
+                    }
+                });
+            }
+            Ok(Ok(Attempt::Lost)) => {
+                warn!(
+                    shard,
+                    epoch, "shard lease held by another replica now; letting the shard go"
+                );
+                break;
+            }
+            Ok(Err(e)) if Instant::now() < deadline => {
+                warn!(
+                    shard,
+                    "renewing the shard failed: {e}; retrying until the renew deadline"
+                );
+            }
+            Ok(Err(e)) => {
+                warn!(
+                    shard,
+                    "renewing the shard failed past the renew deadline: {e}; letting it go"
+                );
+                break;
+            }
+            Err(_) => {
+                warn!(
+                    shard,
+                    "no renewal of the shard within the renew deadline; letting it go"
+                );
+                break;
+            }
+        }
+    }
+    let lost = tx.send_if_modified(|o| {
+        o.held.get(&shard).is_some_and(|t| t.epoch == epoch) && o.held.remove(&shard).is_some()
+    });
+    if lost {
+        info!(
+            shard,
+            epoch, "shard lost: its reconciles stop, its writes are fenced"
+        );
+        gained_or_lost(&status.metrics, &tx.borrow());
+    }
+}
+
+fn observed(lease: &Lease, at: Instant) -> Observed {
+    Observed {
+        spec: lease.spec.clone().unwrap_or_default(),
+        resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
+        at,
+    }
+}
+
+/// The expiry clock restarts only when the record changed.
+fn update(seen: &mut Observed, lease: &Lease, now: Instant) {
+    let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+    if seen.resource_version != rv {
+        *seen = observed(lease, now);
+    }
+}

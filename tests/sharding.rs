@@ -1,0 +1,260 @@
+//! Sharding with the real binary, as separate processes each under its own API user, on
+//! a control plane of each test's own (the replicas work on every namespace): shards
+//! split evenly, only a shard's holder writes its GpuJobs, a killed replica's shards
+//! move to the survivors and back with no more moves than balance needs, a scale-out
+//! moves only the surplus, and a frozen holder neither writes for its lost shards nor
+//! takes them back. Short timings: 3 s lease, 2 s renew deadline, 0.5 s retry period.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod support;
+
+use std::time::Duration;
+
+use devcluster::audit::AuditEvent;
+use gpujob_operator::api::{GpuJob, Phase};
+use gpujob_operator::controller::job::attempt_of;
+use kube::api::{Api, ListParams, PostParams};
+use nix::sys::signal::Signal;
+use serde_json::json;
+use support::replicas::{self, LEASE_DURATION, Replica};
+use support::shards::{self, assert_writes_within_tenures, moves, wait_balanced};
+use support::{TestEnv, phase, sim_env};
+
+/// The operator's default `--workers`: requests in flight at once, per replica.
+const WORKERS: usize = 4;
+
+fn replica(env: &TestEnv, n: u8, shards: u32) -> Replica {
+    replicas::start_sharded(&env.cluster, &env.ns, n, shards)
+}
+
+/// `per_namespace` GpuJobs in each namespace, some failing once.
+async fn create_gpujobs(
+    env: &TestEnv,
+    namespaces: &[(String, u32)],
+    per_namespace: usize,
+    tag: &str,
+) {
+    for (ns, _) in namespaces {
+        let api: Api<GpuJob> = Api::namespaced(env.admin.clone(), ns);
+        for i in 0..per_namespace {
+            let vars = if i % 3 == 0 {
+                sim_env(&[("SIM_FAIL_ATTEMPTS", "1"), ("SIM_DURATION_SECONDS", "1")])
+            } else {
+                sim_env(&[("SIM_DURATION_SECONDS", "1.5")])
+            };
+            let gj: GpuJob = serde_json::from_value(json!({
+                "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+                "metadata": {"name": format!("{tag}-{i}")},
+                "spec": {"image": "i", "gpus": 1, "env": vars},
+            }))
+            .unwrap();
+            api.create(&PostParams::default(), &gj).await.unwrap();
+        }
+    }
+}
+
+/// Waits until every GpuJob in `namespaces` is final, then checks that each ran its
+/// attempts 1..=n in order, one at a time.
+async fn wait_all_final_and_sound(env: &TestEnv, namespaces: &[(String, u32)], within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    for (ns, _) in namespaces {
+        let api: Api<GpuJob> = Api::namespaced(env.admin.clone(), ns);
+        loop {
+            let all = api.list(&ListParams::default()).await.unwrap().items;
+            if all.iter().all(|g| phase(g).is_some_and(Phase::is_final)) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "GpuJobs of {ns} not final: {:?}",
+                all.iter()
+                    .map(|g| (g.metadata.name.clone(), phase(g)))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.admin.clone(), ns);
+        let all_jobs = jobs.list(&ListParams::default()).await.unwrap().items;
+        for gj in api.list(&ListParams::default()).await.unwrap().items {
+            let uid = gj.metadata.uid.clone().unwrap();
+            let mut mine: Vec<_> = all_jobs
+                .iter()
+                .filter(|j| {
+                    j.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("gpujob.dev/uid"))
+                        == Some(&uid)
+                })
+                .cloned()
+                .collect();
+            mine.sort_by_key(|j| attempt_of(j).unwrap_or(0));
+            let attempts: Vec<i32> = mine.iter().map(|j| attempt_of(j).unwrap()).collect();
+            let n = gj.status.clone().unwrap().attempts;
+            assert_eq!(
+                attempts,
+                (1..=n).collect::<Vec<_>>(),
+                "{ns}/{:?}",
+                gj.metadata.name
+            );
+            assert_eq!(
+                phase(&gj),
+                Some(Phase::Succeeded),
+                "{ns}/{:?}",
+                gj.metadata.name
+            );
+        }
+    }
+}
+
+fn audit_since(env: &TestEnv, start: devcluster::audit::Cursor) -> Vec<AuditEvent> {
+    env.cluster.audit().since(start).unwrap()
+}
+
+#[tokio::test]
+async fn three_replicas_hold_two_of_six_shards_each_and_only_a_holder_writes() {
+    let env = TestEnv::private("shards-three").await;
+    let start = env.cluster.audit().cursor().unwrap();
+    let namespaces = shards::namespaces(&env, 6, 1).await;
+    let rs: Vec<Replica> = (1..=3).map(|n| replica(&env, n, 6)).collect();
+    let ids = ["replica-1", "replica-2", "replica-3"];
+    wait_balanced(&env, 6, &ids, 2, Duration::from_secs(60)).await;
+    create_gpujobs(&env, &namespaces, 4, "gj").await;
+    wait_all_final_and_sound(&env, &namespaces, Duration::from_secs(120)).await;
+
+    let events = audit_since(&env, start);
+    let late = assert_writes_within_tenures(&events, 6, WORKERS);
+    println!("writes received outside their writer's tenure: {late}");
+    // Every replica worked (each holds two shards, each shard has GpuJobs).
+    let writers: std::collections::BTreeSet<String> = shards::writers_by_namespace(&events)
+        .into_values()
+        .flatten()
+        .filter(|u| u.starts_with("replica-"))
+        .collect();
+    assert_eq!(writers.len(), 3, "{writers:?}");
+    drop(rs);
+}
+
+#[tokio::test]
+async fn a_killed_replicas_shards_go_to_the_survivors_and_come_back_with_two_moves() {
+    let env = TestEnv::private("shards-kill").await;
+    let start = env.cluster.audit().cursor().unwrap();
+    let namespaces = shards::namespaces(&env, 6, 1).await;
+    let mut rs: Vec<Replica> = (1..=3).map(|n| replica(&env, n, 6)).collect();
+    let three = ["replica-1", "replica-2", "replica-3"];
+    let before = wait_balanced(&env, 6, &three, 2, Duration::from_secs(60)).await;
+    create_gpujobs(&env, &namespaces, 6, "a").await;
+
+    rs[2].signal(Signal::SIGKILL);
+    rs[2].wait_exit(Duration::from_secs(5)).await;
+    let killed_at = tokio::time::Instant::now();
+    let after = wait_balanced(&env, 6, &three[..2], 3, Duration::from_secs(60)).await;
+    println!(
+        "shards of the killed replica taken over after {:?} (lease {LEASE_DURATION:?})",
+        killed_at.elapsed()
+    );
+    // The survivors kept their own and split the dead replica's two.
+    for (s, h) in before.iter().enumerate() {
+        if h.as_deref() != Some("replica-3") {
+            assert_eq!(&after[s], h, "shard {s} moved though its holder lived");
+        }
+    }
+    wait_all_final_and_sound(&env, &namespaces, Duration::from_secs(180)).await;
+
+    let back_at = jiff::Timestamp::now();
+    rs[2] = replica(&env, 3, 6);
+    wait_balanced(&env, 6, &three, 2, Duration::from_secs(60)).await;
+    // Let anything still in motion settle before counting.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let events = audit_since(&env, start);
+    let moved = moves(&events, 6, back_at);
+    assert_eq!(
+        moved.len(),
+        2,
+        "the returning replica takes one shard from each survivor, nothing else moves: {moved:?} {:#?}",
+        shards::tenures(&events, 6)
+    );
+    let all = audit_since(&env, start);
+    assert_writes_within_tenures(&all, 6, WORKERS);
+    shards::assert_no_shard_taken_from_a_live_holder(&all, 6, LEASE_DURATION);
+    drop(rs);
+}
+
+#[tokio::test]
+async fn a_fourth_replica_takes_two_of_eight_shards_and_nothing_else_moves() {
+    let env = TestEnv::private("shards-scale").await;
+    let start = env.cluster.audit().cursor().unwrap();
+    let namespaces = shards::namespaces(&env, 8, 1).await;
+    let mut rs: Vec<Replica> = (1..=3).map(|n| replica(&env, n, 8)).collect();
+    let env_ref = &env;
+    let settled = devcluster::wait::until(
+        "8 shards over 3 replicas: 3, 3, 2",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async move {
+            let h = shards::holders(&env_ref.admin, &env_ref.ns, 8).await;
+            let mut c: Vec<usize> = shards::counts(&h).into_values().collect();
+            c.sort();
+            (h.iter().all(Option::is_some) && c == vec![2, 3, 3]).then_some(h)
+        },
+    )
+    .await
+    .unwrap();
+    println!("8 shards over 3 replicas: {settled:?}");
+    create_gpujobs(&env, &namespaces, 4, "s").await;
+
+    let scaled_at = jiff::Timestamp::now();
+    rs.push(replica(&env, 4, 8));
+    let four = ["replica-1", "replica-2", "replica-3", "replica-4"];
+    wait_balanced(&env, 8, &four, 2, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let events = audit_since(&env, start);
+    let moved = moves(&events, 8, scaled_at);
+    assert_eq!(
+        moved.len(),
+        2,
+        "only the two surplus shards move: {moved:?} {:#?}",
+        shards::tenures(&events, 8)
+    );
+
+    wait_all_final_and_sound(&env, &namespaces, Duration::from_secs(120)).await;
+    let all = audit_since(&env, start);
+    let late = assert_writes_within_tenures(&all, 8, WORKERS);
+    println!("writes received outside their writer's tenure: {late}");
+    shards::assert_no_shard_taken_from_a_live_holder(&all, 8, LEASE_DURATION);
+    drop(rs);
+}
+
+#[tokio::test]
+async fn a_frozen_holder_writes_nothing_for_its_lost_shards_and_does_not_take_them_back() {
+    let env = TestEnv::private("shards-stop").await;
+    let start = env.cluster.audit().cursor().unwrap();
+    let namespaces = shards::namespaces(&env, 6, 1).await;
+    let rs: Vec<Replica> = (1..=3).map(|n| replica(&env, n, 6)).collect();
+    let three = ["replica-1", "replica-2", "replica-3"];
+    let before = wait_balanced(&env, 6, &three, 2, Duration::from_secs(60)).await;
+    let frozen_shards: Vec<usize> = before
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.as_deref() == Some("replica-1"))
+        .map(|(s, _)| s)
+        .collect();
+    // Work in flight, then replica-1 frozen past its lease.
+    create_gpujobs(&env, &namespaces, 6, "p").await;
+    rs[0].signal(Signal::SIGSTOP);
+    wait_balanced(&env, 6, &three[1..], 3, Duration::from_secs(60)).await;
+    rs[0].signal(Signal::SIGCONT);
+    // Resumed: its heartbeat makes it live again, so the survivors hand it shards back.
+    wait_balanced(&env, 6, &three, 2, Duration::from_secs(60)).await;
+    wait_all_final_and_sound(&env, &namespaces, Duration::from_secs(180)).await;
+    let events = audit_since(&env, start);
+    let late = assert_writes_within_tenures(&events, 6, WORKERS);
+    println!(
+        "writes received outside their writer's tenure: {late}; replica-1 held {frozen_shards:?} before"
+    );
+    // It may get shards again, but only handed over (released by a survivor that saw
+    // it live again) or expired, never taken from a holder whose Lease was valid.
+    shards::assert_no_shard_taken_from_a_live_holder(&events, 6, LEASE_DURATION);
+    drop(rs);
+}

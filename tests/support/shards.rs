@@ -1,0 +1,257 @@
+//! Sharded replicas as the API server sees them: shard Lease holders, namespaces that
+//! cover every shard, and the audit-log questions sharding tests ask (who held which
+//! shard when, how often shards moved, whether anyone wrote outside its tenure).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use devcluster::audit::AuditEvent;
+use devcluster::wait;
+use gpujob_operator::shard::shard_of;
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::Api;
+
+use super::TestEnv;
+use super::replicas::LEASE;
+
+/// The Lease of shard `i`.
+pub fn lease_of(i: u32) -> String {
+    format!("{LEASE}-shard-{i}")
+}
+
+/// Holder of each shard's Lease (`None`: free or missing).
+pub async fn holders(admin: &Client, lease_ns: &str, shards: u32) -> Vec<Option<String>> {
+    let api: Api<Lease> = Api::namespaced(admin.clone(), lease_ns);
+    let mut out = Vec::new();
+    for i in 0..shards {
+        let holder = api
+            .get_opt(&lease_of(i))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty());
+        out.push(holder);
+    }
+    out
+}
+
+/// Shards held by each replica.
+pub fn counts(holders: &[Option<String>]) -> BTreeMap<String, usize> {
+    let mut c = BTreeMap::new();
+    for h in holders.iter().flatten() {
+        *c.entry(h.clone()).or_insert(0) += 1;
+    }
+    c
+}
+
+/// Waits until every shard is held and each of `replicas` holds exactly `each`.
+pub async fn wait_balanced(
+    env: &TestEnv,
+    shards: u32,
+    replicas: &[&str],
+    each: usize,
+    within: Duration,
+) -> Vec<Option<String>> {
+    let want: BTreeMap<String, usize> = replicas.iter().map(|r| ((*r).to_owned(), each)).collect();
+    let want = &want;
+    wait::until(
+        &format!("{shards} shards, {each} each for {replicas:?}"),
+        within,
+        Duration::from_millis(100),
+        || async move {
+            let h = holders(&env.admin, &env.ns, shards).await;
+            (h.iter().all(Option::is_some) && counts(&h) == *want).then_some(h)
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// At least `per_shard` fresh namespaces for each of `shards`; returns them with their
+/// shard.
+pub async fn namespaces(env: &TestEnv, shards: u32, per_shard: usize) -> Vec<(String, u32)> {
+    let mut by_shard: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut out = Vec::new();
+    while (0..shards).any(|s| by_shard.get(&s).copied().unwrap_or(0) < per_shard) {
+        let ns = env.cluster.create_namespace("team").await.unwrap();
+        let s = shard_of(&ns, shards);
+        if by_shard.get(&s).copied().unwrap_or(0) < per_shard {
+            *by_shard.entry(s).or_insert(0) += 1;
+            out.push((ns, s));
+        }
+    }
+    out
+}
+
+pub fn ts(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+/// One holder's time with a shard: from the Lease write that made it the holder to the
+/// write that made someone else (or nobody: a release) the holder.
+#[derive(Debug, Clone)]
+pub struct Tenure {
+    pub holder: String,
+    pub from: Timestamp,
+    pub until: Option<Timestamp>,
+    /// How the tenure began: the holder before it (`""`: free, released or new) and when
+    /// that record was last written.
+    pub after: (String, Option<Timestamp>),
+}
+
+/// Each shard's tenures, from the successful writes to its Lease (the audit log holds
+/// the holder each one wrote), in the order the API server received them.
+pub fn tenures(events: &[AuditEvent], shards: u32) -> BTreeMap<u32, Vec<Tenure>> {
+    let mut out = BTreeMap::new();
+    for i in 0..shards {
+        let name = lease_of(i);
+        let mut writes: Vec<&AuditEvent> = events
+            .iter()
+            .filter(|e| e.resource == "leases" && e.name == name && e.is_write() && e.succeeded())
+            .collect();
+        writes.sort_by_key(|e| ts(&e.received));
+        let mut list: Vec<Tenure> = Vec::new();
+        let mut current = String::new();
+        let mut last_write: Option<Timestamp> = None;
+        for w in writes {
+            let t = ts(&w.received);
+            let holder = w.lease_holder.clone().unwrap_or_else(|| w.user.clone());
+            if holder != current {
+                if let Some(open) = list.last_mut().filter(|x| x.until.is_none()) {
+                    open.until = Some(t);
+                }
+                if !holder.is_empty() {
+                    list.push(Tenure {
+                        holder: holder.clone(),
+                        from: t,
+                        until: None,
+                        after: (current.clone(), last_write),
+                    });
+                }
+                current = holder;
+            }
+            last_write = Some(t);
+        }
+        out.insert(i, list);
+    }
+    out
+}
+
+/// The shards that went to another holder than their previous one, with the new holder,
+/// for tenures that began after `since` (from the whole history, so a predecessor is
+/// known).
+pub fn moves(events: &[AuditEvent], shards: u32, since: Timestamp) -> Vec<(u32, String)> {
+    tenures(events, shards)
+        .into_iter()
+        .flat_map(|(s, list)| {
+            list.windows(2)
+                .filter(|w| w[1].from > since && w[0].holder != w[1].holder)
+                .map(|w| (s, w[1].holder.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// No replica took a shard from a holder whose Lease was still valid: every tenure began
+/// on a free or released Lease, or one whose holder had not written it for a lease
+/// duration.
+pub fn assert_no_shard_taken_from_a_live_holder(
+    events: &[AuditEvent],
+    shards: u32,
+    lease: Duration,
+) {
+    for (s, list) in tenures(events, shards) {
+        for t in list {
+            let (before, written) = &t.after;
+            if before.is_empty() {
+                continue;
+            }
+            let gap = written.map(|w| t.from.duration_since(w));
+            assert!(
+                gap.is_some_and(|g| g.as_secs_f64() >= lease.as_secs_f64() - 0.05),
+                "shard {s}: {} took it from {before} {gap:?} after that holder's last write (lease {lease:?})",
+                t.holder
+            );
+        }
+    }
+}
+
+/// Writes to GpuJobs, Jobs and Events by replicas, each with the shard of its namespace
+/// (`shards` of them), checked against the shard tenures: a write received outside its
+/// writer's tenure can only be one that had passed its fence before the tenure ended
+/// (at most `workers` per tenure end), and it never lands on an object the next holder
+/// had written (each write carries the resourceVersion or uid it was computed from, or a
+/// stable name). Returns how many writes came late.
+pub fn assert_writes_within_tenures(events: &[AuditEvent], shards: u32, workers: usize) -> usize {
+    let tenures = tenures(events, shards);
+    let writes: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| e.is_write() && e.succeeded() && e.user.starts_with("replica-"))
+        .filter(|e| matches!(e.resource.as_str(), "gpujobs" | "jobs" | "events"))
+        .collect();
+    let mut late_per_end: BTreeMap<(u32, String, String), usize> = BTreeMap::new();
+    let mut late = 0;
+    for w in &writes {
+        let shard = shard_of(&w.namespace, shards);
+        let t = ts(&w.received);
+        let list = &tenures[&shard];
+        let within = list
+            .iter()
+            .any(|x| x.holder == w.user && x.from <= t && x.until.is_none_or(|u| t < u));
+        if within {
+            continue;
+        }
+        late += 1;
+        // The tenure of the writer that ended last before this write, and who held on.
+        let ended = list
+            .iter()
+            .filter(|x| x.holder == w.user && x.until.is_some_and(|u| u <= t))
+            .max_by_key(|x| x.until);
+        let Some(ended) = ended else {
+            panic!(
+                "{} wrote to shard {shard} without ever holding it: {w:#?}",
+                w.user
+            );
+        };
+        let until = ended.until.unwrap();
+        *late_per_end
+            .entry((shard, w.user.clone(), until.to_string()))
+            .or_insert(0) += 1;
+        let overwritten = writes.iter().find(|o| {
+            o.user != w.user
+                && o.resource == w.resource
+                && o.namespace == w.namespace
+                && o.name == w.name
+                && ts(&o.received) >= until
+                && ts(&o.received) < t
+        });
+        assert!(
+            overwritten.is_none(),
+            "a late write of {} landed on an object its successor had written: {w:#?} after {overwritten:#?}",
+            w.user
+        );
+    }
+    for (end, n) in &late_per_end {
+        assert!(
+            *n <= workers,
+            "{n} writes after the tenure {end:?} ended: more than were in flight"
+        );
+    }
+    late
+}
+
+/// The users that wrote in each namespace (GpuJobs and Jobs).
+pub fn writers_by_namespace(events: &[AuditEvent]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for e in events {
+        if e.is_write() && e.succeeded() && matches!(e.resource.as_str(), "gpujobs" | "jobs") {
+            out.entry(e.namespace.clone())
+                .or_default()
+                .insert(e.user.clone());
+        }
+    }
+    out
+}
