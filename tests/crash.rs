@@ -20,18 +20,9 @@ use support::{TestEnv, phase, sim_env};
 async fn a_crash_at_any_quota_step_neither_doubles_nor_leaks_anything() {
     let env = TestEnv::new("crash").await;
     let fake = FakeQuota::start().await;
-    let token = std::env::temp_dir().join(format!("gpujob-crash-token-{}", env.ns));
-    std::fs::write(&token, support::quota::TOKEN).unwrap();
-    let token = token.to_string_lossy().into_owned();
-    let flags = [
-        "--leader-elect=false",
-        "--quota-provider",
-        "http",
-        "--quota-url",
-        &fake.url,
-        "--quota-token-file",
-        &token,
-    ];
+    let mut flags = vec!["--leader-elect=false".to_owned()];
+    flags.extend(fake.flags(&env.ns));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     for (i, point) in [
         "before-reserve",
         "after-reserve",

@@ -13,7 +13,7 @@ use devcluster::wait;
 use gpujob_operator::api::Phase;
 use nix::sys::signal::Signal;
 use serde_json::json;
-use support::quota::{FakeQuota, TOKEN};
+use support::quota::FakeQuota;
 use support::replicas::{self, wait_holder};
 use support::{TestEnv, phase, sim_env};
 
@@ -21,17 +21,8 @@ use support::{TestEnv, phase, sim_env};
 async fn a_deposed_leader_cannot_bring_back_a_reservation_its_successor_released() {
     let env = TestEnv::new("quota-fence").await;
     let fake = FakeQuota::start().await;
-    let token = std::env::temp_dir().join(format!("gpujob-fence-token-{}", env.ns));
-    std::fs::write(&token, TOKEN).unwrap();
-    let token = token.to_string_lossy().into_owned();
-    let flags = [
-        "--quota-provider",
-        "http",
-        "--quota-url",
-        &fake.url,
-        "--quota-token-file",
-        &token,
-    ];
+    let flags = fake.flags(&env.ns);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let first = replicas::start(&env.cluster, &env.ns, 1, &flags);
     wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
         h == "replica-1"

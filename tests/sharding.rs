@@ -55,7 +55,7 @@ async fn create_gpujobs(
 }
 
 /// Waits until every GpuJob in `namespaces` is final, then checks that each ran its
-/// attempts 1..=n in order, one at a time.
+/// attempts 1..=n in order, one at a time (each started after the one before ended).
 async fn wait_all_final_and_sound(env: &TestEnv, namespaces: &[(String, u32)], within: Duration) {
     let deadline = tokio::time::Instant::now() + within;
     for (ns, _) in namespaces {
@@ -90,14 +90,9 @@ async fn wait_all_final_and_sound(env: &TestEnv, namespaces: &[(String, u32)], w
                 .cloned()
                 .collect();
             mine.sort_by_key(|j| attempt_of(j).unwrap_or(0));
-            let attempts: Vec<i32> = mine.iter().map(|j| attempt_of(j).unwrap()).collect();
             let n = gj.status.clone().unwrap().attempts;
-            assert_eq!(
-                attempts,
-                (1..=n).collect::<Vec<_>>(),
-                "{ns}/{:?}",
-                gj.metadata.name
-            );
+            let name = format!("{ns}/{}", gj.metadata.name.clone().unwrap());
+            env.assert_attempts_sequential(&name, &mine, n).await;
             assert_eq!(
                 phase(&gj),
                 Some(Phase::Succeeded),

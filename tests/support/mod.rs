@@ -239,7 +239,8 @@ impl TestEnv {
     pub async fn ended_at(&self, job: &Job) -> jiff::Timestamp {
         use k8s_openapi::api::core::v1::Pod;
         let uid = job.metadata.uid.clone().unwrap();
-        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), &self.ns);
+        let ns = job.metadata.namespace.as_deref().unwrap_or(&self.ns);
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), ns);
         let list = pods
             .list(&ListParams::default().labels(&format!("controller-uid={uid}")))
             .await

@@ -133,6 +133,23 @@ impl FakeQuota {
         )
     }
 
+    /// The flags that point the real binary at this service, with the test token
+    /// written to a file named after `ns`.
+    pub fn flags(&self, ns: &str) -> Vec<String> {
+        let token = std::env::temp_dir().join(format!("gpujob-quota-token-{ns}"));
+        std::fs::write(&token, TOKEN).unwrap();
+        [
+            "--quota-provider",
+            "http",
+            "--quota-url",
+            &self.url,
+            "--quota-token-file",
+            &token.to_string_lossy(),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
+
     /// The next reserve is held (received, not processed) until the returned sender is
     /// used or dropped; then it is processed as it would have been on arrival, whether or
     /// not its caller still waits: a request in flight on a slow network.
