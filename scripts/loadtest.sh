@@ -3,9 +3,15 @@
 # private control plane; prints a Markdown report (and writes it where --report says).
 # Not part of the test command: figures are measured here, never asserted.
 #
-#   scripts/loadtest.sh                       # 2000 GpuJobs, 3 replicas, dev build
+#   scripts/loadtest.sh                       # 2000 GpuJobs, 3 replicas, 1 shard, dev build
 #   scripts/loadtest.sh --gpujobs 10000 --kill-leader-after 5000 --report loadtest/REPORT.md
+#   scripts/loadtest.sh --replicas 3 --shards 6                 # sharded: ~2 shards per replica
+#   scripts/loadtest.sh --replicas 3 --shards 6 --kill-leader-after 1000
+#                        # kills the replica holding the most shards, reports how long they were unowned
 #   LOADTEST_PROFILE=release scripts/loadtest.sh ...   # the operator built with --release
+#
+# GpuJobs are spread round-robin over --namespaces K (default 50) namespaces load-0..load-<K-1>;
+# shards are by namespace, so K is what there is to split. --shards N is passed to every replica.
 #
 # Same set-up as scripts/test.sh on a fresh machine. Stops by itself (--timeout-seconds,
 # default 1800); the control plane and the replicas end with it.

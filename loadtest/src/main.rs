@@ -1,6 +1,7 @@
 //! The load test: a private devcluster, the CRD and RBAC of `deploy/`, replicas of the
 //! real operator binary (all as the operator's service account, told apart by their
-//! User-Agent) and thousands of GpuJobs created at once. It measures what happened
+//! User-Agent; `--shards N` splits the GpuJobs among them) and thousands of GpuJobs
+//! created at once, spread over `--namespaces K` namespaces `load-0..load-<K-1>`. It measures what happened
 //! from the outside (the API server's audit log, the replicas' `/metrics`, `/proc`) and
 //! prints a Markdown report.
 //!
@@ -23,9 +24,13 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
 
 use crate::measure::{Outcome, Timeline};
-use crate::replicas::Replicas;
+use crate::replicas::{Replicas, Takeover};
 
-const NAMESPACE: &str = "load";
+/// Prefix of the load namespaces: `load-0`, `load-1`, ...
+const NAMESPACE_PREFIX: &str = "load";
+/// Sharded start-up: how long to wait, once every shard has a holder, for the shards to
+/// be shared out evenly before creating GpuJobs anyway.
+const SETTLE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -35,16 +40,25 @@ struct Args {
     /// GpuJobs to create.
     #[arg(long, default_value_t = 2000)]
     gpujobs: usize,
-    /// Operator replicas (one leads, the others stand by).
+    /// Operator replicas (with --shards 1 one leads, the others stand by).
     #[arg(long, default_value_t = 3)]
     replicas: u8,
+    /// Shards the operator splits GpuJobs into (`gpujob-operator run --shards N`, passed
+    /// to every replica). 1: plain leader election on one Lease.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    shards: u32,
+    /// Namespaces `load-0..load-<K-1>` the GpuJobs are spread over, round-robin (shards
+    /// are by namespace, so this is what there is to split).
+    #[arg(long, default_value_t = 50)]
+    namespaces: usize,
     /// GpuJob creates in flight at once.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
     /// How long each simulated pod runs, in seconds.
     #[arg(long, default_value = "1")]
     sim_duration_seconds: String,
-    /// `kill -9` the leader once this many GpuJobs exist (a failover under load).
+    /// `kill -9` the leader once this many GpuJobs exist (a failover under load). Sharded:
+    /// the replica holding the most shards (ties: the lowest identity).
     #[arg(long)]
     kill_leader_after: Option<usize>,
     /// The operator binary to run.
@@ -66,8 +80,11 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if args.gpujobs == 0 || args.replicas == 0 || args.concurrency == 0 {
-        bail!("--gpujobs, --replicas and --concurrency must be at least 1");
+    if args.gpujobs == 0 || args.replicas == 0 || args.concurrency == 0 || args.namespaces == 0 {
+        bail!("--gpujobs, --replicas, --concurrency and --namespaces must be at least 1");
+    }
+    if args.kill_leader_after.is_some() && args.replicas < 2 {
+        bail!("--kill-leader-after needs at least 2 replicas (someone has to take over)");
     }
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -89,26 +106,52 @@ async fn run(args: Args) -> anyhow::Result<()> {
     .context("starting the control plane")?;
     kubectl_apply(&cluster, &args.deploy)?;
     let admin = cluster.client(Identity::Admin).await?;
-    let ns = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .context("creating the load namespace")?;
+    let namespaces: Vec<String> = (0..args.namespaces)
+        .map(|i| format!("{NAMESPACE_PREFIX}-{i}"))
+        .collect();
+    let namespace_api = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone());
+    for name in &namespaces {
+        let ns = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        namespace_api
+            .create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("creating the namespace {name}"))?;
+    }
 
-    let mut replicas = Replicas::start(&cluster, &args.operator_bin, args.replicas)?;
-    let first_leader = replicas.wait_leader(&admin, None, deadline).await?;
+    let mut timeline = Timeline::default();
+    let mut replicas = Replicas::start(&cluster, &args.operator_bin, args.replicas, args.shards)?;
+    if args.shards == 1 {
+        let first_leader = replicas.wait_leader(&admin, None, deadline).await?;
+        eprintln!("{} replicas up, {first_leader} leads", args.replicas);
+    } else {
+        let holders = replicas
+            .wait_shards(&admin, args.shards, SETTLE, deadline)
+            .await?;
+        eprintln!(
+            "{} replicas up, every one of {} shards held:",
+            args.replicas, args.shards
+        );
+        for (who, shards) in replicas::held_by(&holders) {
+            eprintln!("  {who} holds shards {shards:?}");
+        }
+        timeline.holders_at_start = Some(holders);
+    }
     eprintln!(
-        "{} replicas up, {first_leader} leads; creating {} GpuJobs",
-        args.replicas, args.gpujobs
+        "creating {} GpuJobs in {} namespaces",
+        args.gpujobs, args.namespaces
     );
 
-    // One watch of our own instead of polling lists, so the observer costs the API
-    // server next to nothing.
-    let gpujobs: Api<GpuJob> = Api::namespaced(admin.clone(), NAMESPACE);
+    // One watch of our own (over every namespace: nothing else on this private control
+    // plane has GpuJobs) instead of polling lists, so the observer costs the API server
+    // next to nothing.
     let (store, writer) = reflector::store::<GpuJob>();
     let watch = reflector::reflector(
         writer,
-        watcher(gpujobs.clone(), watcher::Config::default()).default_backoff(),
+        watcher(
+            Api::<GpuJob>::all(admin.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
     )
     .applied_objects()
     .for_each(|_| async {});
@@ -117,7 +160,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let audit = cluster.audit();
     let cursor = audit.cursor()?;
     let start = Instant::now();
-    let mut timeline = Timeline::default();
+    let mut takeover: Option<tokio::task::JoinHandle<anyhow::Result<Takeover>>> = None;
     let spec = json!({
         "image": "registry.example/train:1",
         "gpus": 1,
@@ -126,7 +169,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut created = 0usize;
     let mut creates = futures::stream::iter(0..args.gpujobs)
         .map(|i| {
-            let gpujobs = gpujobs.clone();
+            let ns = &namespaces[i % namespaces.len()];
+            let gpujobs: Api<GpuJob> = Api::namespaced(admin.clone(), ns);
             let spec = spec.clone();
             async move {
                 let gj: GpuJob = serde_json::from_value(json!({
@@ -136,7 +180,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 gpujobs
                     .create(&PostParams::default(), &gj)
                     .await
-                    .with_context(|| format!("creating GpuJob {NAMESPACE}/load-{i}"))?;
+                    .with_context(|| format!("creating GpuJob {ns}/load-{i}"))?;
                 anyhow::Ok(())
             }
         })
@@ -145,8 +189,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
         r?;
         created += 1;
         if Some(created) == args.kill_leader_after {
-            let killed = replicas.kill_leader(&admin).await?;
-            timeline.leader_killed = Some((start.elapsed(), killed));
+            if args.shards == 1 {
+                let killed = replicas.kill_leader(&admin).await?;
+                timeline.leader_killed = Some((start.elapsed(), killed));
+            } else {
+                let (killed, held) = replicas.kill_busiest(&admin, args.shards).await?;
+                let killed_at = Instant::now();
+                timeline.leader_killed = Some((start.elapsed(), killed));
+                // Polled on the side while the creates go on.
+                takeover = Some(tokio::spawn(replicas::watch_takeover(
+                    replicas::lease_api(&admin),
+                    args.shards,
+                    replicas.live(),
+                    held.clone(),
+                    killed_at,
+                    deadline,
+                )));
+                timeline.killed_shards = held;
+            }
         }
     }
     timeline.created = start.elapsed();
@@ -191,16 +251,33 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "every GpuJob finished {:.1}s after the first create",
         timeline.all_finished.as_secs_f64()
     );
-    if let Some((_, killed)) = &timeline.leader_killed {
+    if let Some((_, killed)) = &timeline.leader_killed
+        && args.shards == 1
+    {
         timeline.new_leader = Some(
             replicas
                 .wait_leader(&admin, Some(killed.as_str()), deadline)
                 .await?,
         );
     }
+    if let Some(task) = takeover {
+        let tk = task.await.context("the takeover watch")??;
+        eprintln!(
+            "the killed replica's shards were unowned for {:.1}s; taken: {:?}",
+            tk.unowned.as_secs_f64(),
+            tk.taken
+        );
+        timeline.takeover = Some(tk);
+    }
     let phases = measure::phases(&store.state());
     // Let the last writes reach the audit log.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    if args.shards > 1 {
+        let holders = replicas::shard_holders(&replicas::lease_api(&admin), args.shards)
+            .await
+            .context("listing the shard Leases at the end")?;
+        timeline.holders_at_end = Some(holders);
+    }
     let outcome = Outcome {
         gpujobs: args.gpujobs,
         phases,
@@ -212,10 +289,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         &measure::Setup {
             gpujobs: args.gpujobs,
             replicas: args.replicas,
+            shards: args.shards,
             concurrency: args.concurrency,
             sim_duration_seconds: &args.sim_duration_seconds,
             profile: &args.profile,
-            namespace: NAMESPACE,
+            namespaces: &namespaces,
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
         },
         &timeline,
         &outcome,

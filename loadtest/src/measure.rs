@@ -1,6 +1,6 @@
 //! What a load run measured, and its Markdown report.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,15 +9,22 @@ use devcluster::audit::AuditEvent;
 use devcluster::identity::OPERATOR_USER;
 use devcluster::metrics::Metrics;
 use gpujob_operator::api::GpuJob;
+use gpujob_operator::shard::shard_of;
+
+use crate::replicas::{Holders, Memory, Takeover, held_by};
 
 #[derive(Debug)]
 pub struct Setup<'a> {
     pub gpujobs: usize,
     pub replicas: u8,
+    pub shards: u32,
     pub concurrency: usize,
     pub sim_duration_seconds: &'a str,
     pub profile: &'a str,
-    pub namespace: &'a str,
+    /// The namespaces GpuJobs were spread over, round-robin (GpuJob i in `namespaces[i % K]`).
+    pub namespaces: &'a [String],
+    /// Cores of this machine, shared by the control plane, the pod simulator and the replicas.
+    pub cores: usize,
 }
 
 /// Times since the first create.
@@ -28,7 +35,16 @@ pub struct Timeline {
     pub all_started: Option<Duration>,
     pub all_finished: Duration,
     pub leader_killed: Option<(Duration, String)>,
+    /// `--shards 1`: who held the Lease after the kill.
     pub new_leader: Option<String>,
+    /// Sharded: the shards the killed replica held.
+    pub killed_shards: Vec<u32>,
+    /// Sharded: how the killed replica's shards were taken over.
+    pub takeover: Option<Takeover>,
+    /// Sharded: the shard holders once the replicas were up (before the first create).
+    pub holders_at_start: Option<Vec<String>>,
+    /// Sharded: the shard holders at the end.
+    pub holders_at_end: Option<Holders>,
 }
 
 #[derive(Debug)]
@@ -39,8 +55,8 @@ pub struct Outcome {
     pub audit: Vec<AuditEvent>,
     /// `/metrics` text by replica.
     pub metrics: Vec<(String, String)>,
-    /// Replica, peak RSS KiB, current RSS KiB.
-    pub memory: Vec<(String, u64, u64)>,
+    /// Resident memory by replica (a killed one as of its kill).
+    pub memory: Vec<Memory>,
 }
 
 pub fn phases(gpujobs: &[Arc<GpuJob>]) -> BTreeMap<String, usize> {
@@ -79,6 +95,45 @@ pub fn requests_by_method(scrapes: &[(String, String)]) -> BTreeMap<String, f64>
     out
 }
 
+/// The `gpujob_shards_held` gauge of each scrape, by replica.
+pub fn shards_held(scrapes: &[(String, String)]) -> BTreeMap<String, f64> {
+    scrapes
+        .iter()
+        .filter_map(|(who, text)| {
+            let m = Metrics::parse(text).ok()?;
+            m.samples
+                .iter()
+                .any(|s| s.name == "gpujob_shards_held")
+                .then(|| (who.clone(), m.sum("gpujob_shards_held", &[])))
+        })
+        .collect()
+}
+
+/// The identity in a replica's User-Agent, `gpujob-operator/<version> (<identity>)`.
+fn identity_of(user_agent: &str) -> &str {
+    user_agent
+        .rsplit_once('(')
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .unwrap_or(user_agent)
+}
+
+fn shard_list(shards: &[u32]) -> String {
+    let list: Vec<String> = shards.iter().map(u32::to_string).collect();
+    list.join(", ")
+}
+
+/// `load-1: 0, 3; load-2: 1, 4` (unheld shards under `(none)`).
+fn holders_line<S: AsRef<str>>(holders: &[S]) -> String {
+    let parts: Vec<String> = held_by(holders)
+        .iter()
+        .map(|(who, shards)| {
+            let who = if who.is_empty() { "(none)" } else { who };
+            format!("{who}: {}", shard_list(shards))
+        })
+        .collect();
+    parts.join("; ")
+}
+
 fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
@@ -90,10 +145,11 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
         .iter()
         .filter(|e| e.user == OPERATOR_USER && e.is_write())
         .collect();
+    let load_namespaces: BTreeSet<&str> = setup.namespaces.iter().map(String::as_str).collect();
     let in_ns: Vec<&AuditEvent> = ours
         .iter()
         .copied()
-        .filter(|e| e.namespace == setup.namespace)
+        .filter(|e| load_namespaces.contains(e.namespace.as_str()))
         .collect();
     let control: Vec<&AuditEvent> = in_ns
         .iter()
@@ -103,6 +159,10 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
     let control_writes = control.len();
     let control_conflicts = control.iter().filter(|e| e.code == 409).count();
     let events = in_ns.iter().filter(|e| e.resource == "events").count();
+    let events_failed = in_ns
+        .iter()
+        .filter(|e| e.resource == "events" && !e.succeeded())
+        .count();
 
     let mut by_kind: BTreeMap<(String, String, u16), usize> = BTreeMap::new();
     for e in &ours {
@@ -115,21 +175,75 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
             .entry((resource, e.verb.clone(), e.code))
             .or_default() += 1;
     }
-    let mut by_replica: BTreeMap<&str, usize> = BTreeMap::new();
+    // Replica -> (writes, of which to GpuJobs and Jobs, of which refused or failed);
+    // every replica gets a row.
+    let mut by_replica: BTreeMap<String, (usize, usize, usize)> = o
+        .memory
+        .iter()
+        .map(|m| (m.identity.clone(), (0, 0, 0)))
+        .collect();
     for e in &ours {
-        *by_replica.entry(e.user_agent.as_str()).or_default() += 1;
+        let row = by_replica
+            .entry(identity_of(&e.user_agent).to_owned())
+            .or_default();
+        row.0 += 1;
+        if e.code >= 400 {
+            row.2 += 1;
+        }
     }
+    for e in &control {
+        let row = by_replica
+            .entry(identity_of(&e.user_agent).to_owned())
+            .or_default();
+        row.1 += 1;
+    }
+    let held_at_end = shards_held(&o.metrics);
+    let killed = t.leader_killed.as_ref().map(|(_, who)| who.as_str());
+    let k = setup.namespaces.len();
+    let first_ns = setup.namespaces.first().map_or("", String::as_str);
+    let last_ns = setup.namespaces.last().map_or("", String::as_str);
 
     let mut r = String::new();
     let _ = writeln!(r, "# Load test report\n");
+    let sharding = if setup.shards == 1 {
+        "`--shards 1`: one Lease, one leader".to_owned()
+    } else {
+        format!(
+            "`--shards {}`: GpuJobs split by namespace hash, one Lease per shard, shared out over the live replicas",
+            setup.shards
+        )
+    };
+    let namespaces = if k == 1 {
+        format!("in 1 namespace ({first_ns})")
+    } else {
+        format!("spread round-robin over {k} namespaces ({first_ns} … {last_ns})")
+    };
     let _ = writeln!(
         r,
-        "{} GpuJobs (1 GPU, pods simulated to run {} s and succeed), created {} at a time, \
-         against {} replicas of the operator ({} build, default flags: API budget 50 qps / 100 burst) \
-         on a private devcluster (kube-apiserver 1.20 on this machine).\n",
-        setup.gpujobs, setup.sim_duration_seconds, setup.concurrency, setup.replicas, setup.profile
+        "{} GpuJobs (1 GPU, pods simulated to run {} s and succeed) {namespaces}, created {} at a time, \
+         against {} of the operator ({} build; {sharding}; otherwise default flags: \
+         API budget 50 qps / 100 burst per replica) on a private devcluster (kube-apiserver 1.20 \
+         on this machine). What bounds the result on one machine: kube-apiserver, etcd, \
+         kube-controller-manager, the pod simulator and every replica share this machine's {} cores.\n",
+        setup.gpujobs,
+        setup.sim_duration_seconds,
+        setup.concurrency,
+        if setup.replicas == 1 {
+            "1 replica".to_owned()
+        } else {
+            format!("{} replicas", setup.replicas)
+        },
+        setup.profile,
+        setup.cores
     );
     let _ = writeln!(r, "| measure | value |\n|---|---|");
+    if let Some(start) = &t.holders_at_start {
+        let _ = writeln!(
+            r,
+            "| shard holders before the first create | {} |",
+            holders_line(start)
+        );
+    }
     let _ = writeln!(r, "| all GpuJobs created | {} |", secs(t.created));
     if let Some(s) = t.all_started {
         let _ = writeln!(r, "| every GpuJob's first attempt started | {} |", secs(s));
@@ -143,12 +257,51 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
     let phases: Vec<String> = o.phases.iter().map(|(p, c)| format!("{p} {c}")).collect();
     let _ = writeln!(r, "| phases at the end | {} |", phases.join(", "));
     if let Some((at, killed)) = &t.leader_killed {
-        let _ = writeln!(
-            r,
-            "| leader killed (kill -9) | {killed} at {}, {} took over |",
-            secs(*at),
-            t.new_leader.as_deref().unwrap_or("?")
-        );
+        if setup.shards == 1 {
+            let _ = writeln!(
+                r,
+                "| leader killed (kill -9) | {killed} at {}, {} took over |",
+                secs(*at),
+                t.new_leader.as_deref().unwrap_or("?")
+            );
+        } else {
+            let _ = writeln!(
+                r,
+                "| replica killed (kill -9), the one holding the most shards | {killed} at {}, holding shards {} |",
+                secs(*at),
+                shard_list(&t.killed_shards)
+            );
+            match &t.takeover {
+                Some(tk) => {
+                    let taken: Vec<String> = tk
+                        .taken
+                        .iter()
+                        .map(|(shard, (who, after))| {
+                            format!("shard {shard} → {who} after {}", secs(*after))
+                        })
+                        .collect();
+                    let _ = writeln!(
+                        r,
+                        "| its shards unowned (kill until every shard held by a live replica) | {} ({}) |",
+                        secs(tk.unowned),
+                        taken.join(", ")
+                    );
+                    let _ = writeln!(
+                        r,
+                        "| shard holders once all were owned again | {} |",
+                        holders_line(
+                            &tk.holders
+                                .iter()
+                                .map(|h| h.clone().unwrap_or_default())
+                                .collect::<Vec<_>>()
+                        )
+                    );
+                }
+                None => {
+                    let _ = writeln!(r, "| its shards unowned | not measured |");
+                }
+            }
+        }
     }
     let _ = writeln!(
         r,
@@ -158,8 +311,13 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
     let _ = writeln!(r, "| of which conflicts (409) | {control_conflicts} |");
     let _ = writeln!(
         r,
-        "| Events written, per GpuJob | {:.2} ({events}) |",
-        events as f64 / n
+        "| Events written, per GpuJob | {:.2} ({events}{}) |",
+        events as f64 / n,
+        if events_failed > 0 {
+            format!(", of which {events_failed} not accepted")
+        } else {
+            String::new()
+        }
     );
     let requests = requests_by_method(&o.metrics);
     if !requests.is_empty() {
@@ -175,12 +333,14 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
             split.join(", ")
         );
     }
-    for (who, peak, now) in &o.memory {
+    for m in &o.memory {
         let _ = writeln!(
             r,
-            "| {who} resident memory, peak / at the end | {:.0} / {:.0} MiB |",
-            *peak as f64 / 1024.0,
-            *now as f64 / 1024.0
+            "| {} resident memory, peak / at the {} | {} / {} |",
+            m.identity,
+            if m.killed { "kill" } else { "end" },
+            mib(m.peak_kib),
+            mib(m.now_kib)
         );
     }
 
@@ -192,12 +352,59 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
     for ((resource, verb, code), count) in &by_kind {
         let _ = writeln!(r, "| {resource} | {verb} | {code} | {count} |");
     }
-    let _ = writeln!(r, "\n## Writes by replica (User-Agent)\n");
-    let _ = writeln!(r, "| replica | writes |\n|---|---|");
-    for (agent, count) in &by_replica {
-        let _ = writeln!(r, "| {agent} | {count} |");
+    let _ = writeln!(r, "\n## Writes by replica (audit log, by User-Agent)\n");
+    let _ = writeln!(
+        r,
+        "| replica | writes | to GpuJobs and Jobs | answered ≥ 400 | shards held at the end (`gpujob_shards_held`) | peak RSS |\n|---|---|---|---|---|---|"
+    );
+    for (who, (writes, control, failed)) in &by_replica {
+        let held = match held_at_end.get(who) {
+            Some(v) => format!("{v:.0}"),
+            None if Some(who.as_str()) == killed => "— (killed)".to_owned(),
+            None => "?".to_owned(),
+        };
+        let peak = o.memory.iter().find(|m| &m.identity == who).map_or_else(
+            || "?".to_owned(),
+            |m| {
+                let at = if m.killed { " (at the kill)" } else { "" };
+                format!("{}{at}", mib(m.peak_kib))
+            },
+        );
+        let _ = writeln!(
+            r,
+            "| {who} | {writes} | {control} | {failed} | {held} | {peak} |"
+        );
+    }
+
+    if setup.shards > 1 {
+        let mut per_shard: BTreeMap<u32, (usize, usize)> =
+            (0..setup.shards).map(|s| (s, (0, 0))).collect();
+        for (i, ns) in setup.namespaces.iter().enumerate() {
+            // GpuJob j is in namespace j % k: namespace i holds ceil((gpujobs - i) / k).
+            let gpujobs = setup.gpujobs.saturating_sub(i).div_ceil(k);
+            let row = per_shard.entry(shard_of(ns, setup.shards)).or_default();
+            row.0 += 1;
+            row.1 += gpujobs;
+        }
+        let _ = writeln!(r, "\n## Shards at the end (shard Leases)\n");
+        let _ = writeln!(
+            r,
+            "| shard | namespaces | GpuJobs | holder |\n|---|---|---|---|"
+        );
+        for (shard, (namespaces, gpujobs)) in &per_shard {
+            let holder = t
+                .holders_at_end
+                .as_ref()
+                .and_then(|h| h.get(usize::try_from(*shard).ok()?).cloned().flatten())
+                .unwrap_or_else(|| "(none)".to_owned());
+            let _ = writeln!(r, "| {shard} | {namespaces} | {gpujobs} | {holder} |");
+        }
     }
     r
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.0} MiB", kib as f64 / 1024.0)
 }
 
 #[cfg(test)]
@@ -216,5 +423,117 @@ mod tests {
         assert_eq!(by.get("GET"), Some(&5.0));
         assert_eq!(by.get("PATCH"), Some(&3.0));
         assert_eq!(by.len(), 2);
+    }
+
+    #[test]
+    fn replicas_are_named_by_the_identity_in_their_user_agent() {
+        assert_eq!(identity_of("gpujob-operator/0.1.0 (load-2)"), "load-2");
+        assert_eq!(identity_of("kubectl/v1.20"), "kubectl/v1.20");
+    }
+
+    #[test]
+    fn shards_held_is_read_per_replica() {
+        let a = "gpujob_shards_held 3\ngpujob_shards 6\n";
+        let b = "gpujob_shards 6\n";
+        let held = shards_held(&[("load-1".into(), a.into()), ("load-2".into(), b.into())]);
+        assert_eq!(held.get("load-1"), Some(&3.0));
+        assert_eq!(held.get("load-2"), None);
+    }
+
+    fn write(agent: &str, resource: &str, subresource: &str, ns: &str, code: u16) -> AuditEvent {
+        AuditEvent {
+            user: OPERATOR_USER.to_owned(),
+            user_agent: format!("gpujob-operator/0.1.0 ({agent})"),
+            verb: if subresource.is_empty() {
+                "create"
+            } else {
+                "patch"
+            }
+            .to_owned(),
+            api_group: String::new(),
+            resource: resource.to_owned(),
+            subresource: subresource.to_owned(),
+            namespace: ns.to_owned(),
+            name: "x".to_owned(),
+            code,
+            timestamp: String::new(),
+            received: String::new(),
+            lease_holder: None,
+        }
+    }
+
+    #[test]
+    fn a_sharded_report_counts_every_load_namespace_and_every_replica() {
+        let namespaces: Vec<String> = (0..3).map(|i| format!("load-{i}")).collect();
+        let setup = Setup {
+            gpujobs: 2,
+            replicas: 3,
+            shards: 2,
+            concurrency: 1,
+            sim_duration_seconds: "1",
+            profile: "dev",
+            namespaces: &namespaces,
+            cores: 2,
+        };
+        let t = Timeline {
+            leader_killed: Some((Duration::from_secs(1), "load-1".to_owned())),
+            killed_shards: vec![0],
+            takeover: Some(Takeover {
+                unowned: Duration::from_millis(16_400),
+                taken: BTreeMap::from([(0, ("load-2".to_owned(), Duration::from_secs(16)))]),
+                holders: vec![Some("load-2".to_owned()), Some("load-3".to_owned())],
+            }),
+            holders_at_end: Some(vec![Some("load-2".to_owned()), Some("load-3".to_owned())]),
+            ..Timeline::default()
+        };
+        let memory = |who: &str, killed| Memory {
+            identity: who.to_owned(),
+            peak_kib: 40 * 1024,
+            now_kib: 30 * 1024,
+            killed,
+        };
+        let o = Outcome {
+            gpujobs: 2,
+            phases: BTreeMap::from([("Succeeded".to_owned(), 2)]),
+            audit: vec![
+                write("load-2", "jobs", "", "load-0", 201),
+                write("load-3", "jobs", "", "load-2", 201),
+                write("load-3", "gpujobs", "status", "load-2", 200),
+                write("load-1", "events", "", "load-1", 500),
+                // Not a load namespace: no GpuJob's write.
+                write("load-3", "jobs", "", "elsewhere", 201),
+            ],
+            metrics: vec![
+                ("load-2".to_owned(), "gpujob_shards_held 1\n".to_owned()),
+                ("load-3".to_owned(), "gpujob_shards_held 1\n".to_owned()),
+            ],
+            memory: vec![
+                memory("load-1", true),
+                memory("load-2", false),
+                memory("load-3", false),
+            ],
+        };
+        let r = report(&setup, &t, &o);
+        assert!(r.contains("share this machine's 2 cores"), "{r}");
+        assert!(r.contains("over 3 namespaces (load-0 … load-2)"), "{r}");
+        assert!(r.contains("`--shards 2`"), "{r}");
+        assert!(r.contains("per GpuJob | 1.50 (3) |"), "{r}");
+        assert!(r.contains("(1, of which 1 not accepted)"), "{r}");
+        assert!(
+            r.contains("| 16.4 s (shard 0 → load-2 after 16.0 s) |"),
+            "{r}"
+        );
+        assert!(
+            r.contains("| load-1 | 1 | 0 | 1 | — (killed) | 40 MiB (at the kill) |"),
+            "{r}"
+        );
+        assert!(r.contains("| load-3 | 3 | 2 | 0 | 1 | 40 MiB |"), "{r}");
+        assert!(r.contains("## Shards at the end"), "{r}");
+    }
+
+    #[test]
+    fn holders_are_listed_by_replica() {
+        let h = ["load-1", "load-2", "", "load-1"];
+        assert_eq!(holders_line(&h), "(none): 2; load-1: 0, 3; load-2: 1");
     }
 }

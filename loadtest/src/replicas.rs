@@ -1,15 +1,19 @@
 //! Operator replicas as processes of the real binary, as the operator's service account
 //! (deploy/rbac.yaml, least privilege), each with its own metrics port and log file.
+//! With `--shards 1` they contend for one Lease; with more, each shard has a Lease of
+//! its own (`gpujob-operator-shard-<i>`) and the replicas share them out.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use devcluster::{ControlPlane, Identity};
+use gpujob_operator::lease::ShardLeases;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const LEASE_NAMESPACE: &str = "gpujob-system";
@@ -20,6 +24,33 @@ pub struct Replica {
     pub identity: String,
     pub addr: std::net::SocketAddr,
     child: Option<Child>,
+    /// Peak and current RSS (KiB) read right before a `kill -9`.
+    at_kill: Option<(u64, u64)>,
+}
+
+/// Resident memory of one replica, from /proc.
+#[derive(Debug, Clone)]
+pub struct Memory {
+    pub identity: String,
+    pub peak_kib: u64,
+    pub now_kib: u64,
+    /// Read right before the replica was killed (not at the end of the run).
+    pub killed: bool,
+}
+
+/// The holder of each shard Lease (index = shard; `None`: no Lease yet, or no holder).
+pub type Holders = Vec<Option<String>>;
+
+/// What happened to the shards after a `kill -9`, polled from the shard Leases.
+#[derive(Debug, Clone)]
+pub struct Takeover {
+    /// From the kill until every shard was held by a live replica.
+    pub unowned: Duration,
+    /// For each shard the killed replica held: the first live replica seen holding it,
+    /// and when (since the kill).
+    pub taken: BTreeMap<u32, (String, Duration)>,
+    /// The holders once every shard was owned again.
+    pub holders: Holders,
 }
 
 /// Ended (SIGKILL) when dropped.
@@ -27,7 +58,12 @@ pub struct Replica {
 pub struct Replicas(Vec<Replica>);
 
 impl Replicas {
-    pub fn start(cluster: &ControlPlane, bin: &Path, n: u8) -> anyhow::Result<Replicas> {
+    pub fn start(
+        cluster: &ControlPlane,
+        bin: &Path,
+        n: u8,
+        shards: u32,
+    ) -> anyhow::Result<Replicas> {
         let logs = std::env::temp_dir().join(format!("gpujob-loadtest-{}", std::process::id()));
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         let mut all = Vec::new();
@@ -41,6 +77,7 @@ impl Replicas {
                 .args(["run", "--identity", &identity])
                 .args(["--lease-namespace", LEASE_NAMESPACE])
                 .args(["--listen-address", &addr.to_string()])
+                .args(["--shards", &shards.to_string()])
                 .env("KUBECONFIG", cluster.kubeconfig(Identity::Operator))
                 .env("RUST_LOG", "info")
                 .stdin(Stdio::null())
@@ -52,6 +89,7 @@ impl Replicas {
                 identity,
                 addr,
                 child: Some(child),
+                at_kill: None,
             });
         }
         eprintln!("replica logs in {}", logs.display());
@@ -88,13 +126,102 @@ impl Replicas {
             .iter_mut()
             .find(|r| r.identity == holder)
             .with_context(|| format!("the Lease names {holder}, not one of ours"))?;
-        if let Some(child) = replica.child.as_mut() {
-            child.kill()?;
-            child.wait()?;
-        }
-        replica.child = None;
+        replica.kill()?;
         eprintln!("killed the leader {holder}");
         Ok(holder)
+    }
+
+    /// Sharded: waits until every shard Lease names one of our replicas, then (for at
+    /// most `settle`) until they are shared out evenly: every replica holds at most
+    /// ceil(shards / replicas). Returns the holders.
+    pub async fn wait_shards(
+        &self,
+        admin: &Client,
+        shards: u32,
+        settle: Duration,
+        deadline: Instant,
+    ) -> anyhow::Result<Vec<String>> {
+        let leases: Api<Lease> = Api::namespaced(admin.clone(), LEASE_NAMESPACE);
+        let live = self.live();
+        let cap = usize::try_from(shards)?.div_ceil(live.len().max(1));
+        let mut all_held_at: Option<Instant> = None;
+        loop {
+            let holders = shard_holders(&leases, shards).await.unwrap_or_default();
+            let held: Option<Vec<String>> = holders
+                .iter()
+                .map(|h| h.clone().filter(|h| live.contains(h)))
+                .collect();
+            if let Some(held) = held
+                && held.len() == usize::try_from(shards)?
+            {
+                let first = *all_held_at.get_or_insert_with(Instant::now);
+                let balanced = held_by(&held).values().all(|n| n.len() <= cap);
+                if balanced || first.elapsed() >= settle || Instant::now() >= deadline {
+                    if !balanced {
+                        eprintln!(
+                            "every shard has a holder, but not evenly (at most {cap} each) after {}s; going on",
+                            settle.as_secs()
+                        );
+                    }
+                    return Ok(held);
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "not every shard Lease {LEASE_NAMESPACE}/{}-shard-<0..{shards}> was taken in time: {holders:?}",
+                    LEASE
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Sharded: `kill -9` of the replica holding the most shards (ties: the lowest
+    /// identity); returns its identity and the shards it held.
+    pub async fn kill_busiest(
+        &mut self,
+        admin: &Client,
+        shards: u32,
+    ) -> anyhow::Result<(String, Vec<u32>)> {
+        let leases: Api<Lease> = Api::namespaced(admin.clone(), LEASE_NAMESPACE);
+        let holders = shard_holders(&leases, shards)
+            .await
+            .context("listing the shard Leases")?;
+        let live = self.live();
+        let mut by: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        for (shard, h) in (0u32..).zip(&holders) {
+            if let Some(h) = h.as_deref().filter(|h| live.contains(*h)) {
+                by.entry(h).or_default().push(shard);
+            }
+        }
+        // Replicas are numbered load-1, load-2, ... in start order: on equal counts the
+        // earlier one (the lowest identity) wins.
+        let (_, replica) = self
+            .0
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, r)| r.child.is_some())
+            .max_by_key(|(i, r)| {
+                let held = by.get(r.identity.as_str()).map_or(0, Vec::len);
+                (held, std::cmp::Reverse(*i))
+            })
+            .context("no live replica to kill")?;
+        let held = by.remove(replica.identity.as_str()).unwrap_or_default();
+        replica.kill()?;
+        eprintln!(
+            "killed {} (held shards {held:?} of {shards})",
+            replica.identity
+        );
+        Ok((replica.identity.clone(), held))
+    }
+
+    /// Identities of the replicas not killed.
+    pub fn live(&self) -> BTreeSet<String> {
+        self.0
+            .iter()
+            .filter(|r| r.child.is_some())
+            .map(|r| r.identity.clone())
+            .collect()
     }
 
     /// Each live replica's `/metrics` text.
@@ -109,23 +236,137 @@ impl Replicas {
         out
     }
 
-    /// Peak and current resident memory (KiB) of each live replica, from /proc.
-    pub fn memory(&self) -> Vec<(String, u64, u64)> {
+    /// Peak and current resident memory (KiB) of each replica, from /proc; for a killed
+    /// one, as read right before the kill.
+    pub fn memory(&self) -> Vec<Memory> {
         self.0
             .iter()
             .filter_map(|r| {
-                let pid = r.child.as_ref()?.id();
-                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-                let kib = |key: &str| {
-                    status
-                        .lines()
-                        .find_map(|l| l.strip_prefix(key))
-                        .and_then(|v| v.split_whitespace().next())
-                        .and_then(|v| v.parse::<u64>().ok())
+                let (peak_kib, now_kib) = match &r.child {
+                    Some(child) => rss(child.id())?,
+                    None => r.at_kill?,
                 };
-                Some((r.identity.clone(), kib("VmHWM:")?, kib("VmRSS:")?))
+                Some(Memory {
+                    identity: r.identity.clone(),
+                    peak_kib,
+                    now_kib,
+                    killed: r.child.is_none(),
+                })
             })
             .collect()
+    }
+}
+
+impl Replica {
+    /// `kill -9`, keeping its memory figures.
+    fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(child) = self.child.as_mut() {
+            self.at_kill = rss(child.id());
+            child.kill()?;
+            child.wait()?;
+        }
+        self.child = None;
+        Ok(())
+    }
+}
+
+/// Peak (VmHWM) and current (VmRSS) resident memory of a process, KiB.
+fn rss(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    Some((kib("VmHWM:")?, kib("VmRSS:")?))
+}
+
+fn shard_names(shards: u32) -> ShardLeases {
+    ShardLeases {
+        lease_name: LEASE.to_owned(),
+        namespace: LEASE_NAMESPACE.to_owned(),
+        shards,
+    }
+}
+
+/// The holder named by each shard Lease (one list call).
+pub async fn shard_holders(leases: &Api<Lease>, shards: u32) -> kube::Result<Holders> {
+    let names = shard_names(shards);
+    let mut by_name: BTreeMap<String, Option<String>> = leases
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|l| {
+            let holder = l
+                .spec
+                .and_then(|s| s.holder_identity)
+                .filter(|h| !h.is_empty());
+            Some((l.metadata.name?, holder))
+        })
+        .collect();
+    Ok((0..shards)
+        .map(|i| by_name.remove(&names.shard(i)).flatten())
+        .collect())
+}
+
+/// The shard Leases, for callers that poll them.
+pub fn lease_api(admin: &Client) -> Api<Lease> {
+    Api::namespaced(admin.clone(), LEASE_NAMESPACE)
+}
+
+/// Shards by holder.
+pub fn held_by<S: AsRef<str>>(holders: &[S]) -> BTreeMap<String, Vec<u32>> {
+    let mut out: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for (shard, h) in (0u32..).zip(holders) {
+        out.entry(h.as_ref().to_owned()).or_default().push(shard);
+    }
+    out
+}
+
+/// Polls the shard Leases every ~100 ms from `killed_at` until every shard is held by
+/// one of `live` (a Lease of a dead holder still names it until it expires and another
+/// replica takes it). `lost`: the shards the killed replica held.
+pub async fn watch_takeover(
+    leases: Api<Lease>,
+    shards: u32,
+    live: BTreeSet<String>,
+    lost: Vec<u32>,
+    killed_at: Instant,
+    deadline: Instant,
+) -> anyhow::Result<Takeover> {
+    let mut taken: BTreeMap<u32, (String, Duration)> = BTreeMap::new();
+    loop {
+        match shard_holders(&leases, shards).await {
+            Ok(holders) => {
+                let at = killed_at.elapsed();
+                for (shard, h) in (0u32..).zip(&holders) {
+                    if let Some(h) = h.as_ref().filter(|h| live.contains(*h))
+                        && lost.contains(&shard)
+                        && !taken.contains_key(&shard)
+                    {
+                        taken.insert(shard, (h.clone(), at));
+                    }
+                }
+                if holders
+                    .iter()
+                    .all(|h| h.as_ref().is_some_and(|h| live.contains(h)))
+                {
+                    return Ok(Takeover {
+                        unowned: at,
+                        taken,
+                        holders,
+                    });
+                }
+            }
+            Err(e) => eprintln!("listing the shard Leases: {e}"),
+        }
+        if Instant::now() >= deadline {
+            bail!("the shards of the killed replica were not all taken over in time");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
