@@ -38,6 +38,9 @@ impl Default for Limits {
     }
 }
 
+/// Field manager recorded on every write (managedFields, and Events' reporting controller).
+pub const FIELD_MANAGER: &str = "gpujob-operator";
+
 /// `gpujob-operator/<version> (<identity>)`
 pub fn user_agent(identity: &str) -> String {
     format!("gpujob-operator/{} ({identity})", env!("CARGO_PKG_VERSION"))

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::events::CLEANUP_STUCK;
-use super::status::READY;
+use super::status::{CLEANUP_STUCK, READY};
 use crate::api::{GpuJob, Phase};
 use crate::metrics::Metrics;
 

@@ -4,11 +4,7 @@
 
 use crate::api::{ConditionStatus, GpuJobStatus, Phase};
 
-use super::plan::SPEC_CHANGE_PENDING;
-use super::status::READY;
-
-pub const QUOTA_RESERVED: &str = "QuotaReserved";
-pub const CLEANUP_STUCK: &str = "CleanupStuck";
+use super::status::{CLEANUP_STUCK, QUOTA_RESERVED, READY, SPEC_CHANGE_PENDING};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {

@@ -174,6 +174,11 @@ pub fn is_controlled_by(job: &Job, uid: &str) -> bool {
     controller_of(job).is_some_and(|o| o.uid == uid)
 }
 
+/// What a Job-name conflict says, wherever it is found.
+pub fn name_taken(ns: &str, name: &str) -> String {
+    format!("Job {ns}/{name} exists and is not controlled by this GpuJob; delete or rename it")
+}
+
 /// The GpuJob generation a Job was built from, from its annotation.
 pub fn generation_of(job: &Job) -> Option<i64> {
     job.metadata

@@ -12,9 +12,8 @@ use kube::runtime::reflector::ObjectRef;
 
 use jiff::Timestamp;
 
-use super::apply::name_taken;
 use super::error::Error;
-use super::job::{attempt_of, is_controlled_by, job_name};
+use super::job::{attempt_of, is_controlled_by, job_name, name_taken};
 use super::plan::{
     JOB_NAME_CONFLICT, JobState, Observed, QuotaAnswer, Refusal, Termination, job_state,
 };

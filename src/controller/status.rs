@@ -6,7 +6,13 @@ use serde_json::{Map, Value};
 
 use crate::api::{Condition, ConditionStatus};
 
+/// Condition types of a GpuJob.
 pub const READY: &str = "Ready";
+/// A spec change waits for the next attempt (OnNextAttempt), or could not be applied
+/// (the new spec is invalid).
+pub const SPEC_CHANGE_PENDING: &str = "SpecChangePending";
+pub const QUOTA_RESERVED: &str = "QuotaReserved";
+pub const CLEANUP_STUCK: &str = "CleanupStuck";
 
 /// Sets condition `type_`, keeping `lastTransitionTime` unless the status flips, so a
 /// recomputation of an unchanged state produces an identical status (and no write).

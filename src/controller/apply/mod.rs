@@ -23,7 +23,7 @@ use super::{Context, Key};
 use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
 use crate::failpoint;
 use crate::quota::{QuotaError, Reserve};
-pub use writes::{Created, FIELD_MANAGER, Fence, Writer, name_taken};
+pub use writes::{Created, Fence, Writer};
 
 /// How far a plan got.
 #[derive(Debug)]

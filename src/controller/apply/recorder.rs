@@ -14,8 +14,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use serde_json::json;
 
-use super::writes::FIELD_MANAGER;
 use crate::api::GpuJob;
+use crate::client::FIELD_MANAGER;
 use crate::controller::error::api_code;
 use crate::controller::events::{Kind, Note};
 

@@ -22,15 +22,13 @@ use tokio::time::Instant;
 
 use super::recorder::Recorder;
 use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
+use crate::client::FIELD_MANAGER;
 use crate::controller::error::{Error, api_code};
 use crate::controller::events::Note;
-use crate::controller::job::is_controlled_by;
+use crate::controller::job::{is_controlled_by, name_taken};
 use crate::controller::status::merge_patch;
 use crate::lease::{Ownership, Tenure};
 use crate::quota::{Call, Provider, QuotaProvider, Reserve, ReserveRequest};
-
-/// Field manager recorded on every write.
-pub const FIELD_MANAGER: &str = "gpujob-operator";
 
 /// The term a reconcile runs in: its writes are valid only while `shard` is still held
 /// with this `epoch`, before that tenure's deadline.
@@ -306,9 +304,4 @@ impl Writer {
         let call = self.call(fence)?;
         Ok(self.quota.release(uid, &call).await?)
     }
-}
-
-/// What a Job-name conflict says, wherever it is found.
-pub fn name_taken(ns: &str, name: &str) -> String {
-    format!("Job {ns}/{name} exists and is not controlled by this GpuJob; delete or rename it")
 }

@@ -20,6 +20,7 @@ use k8s_openapi::api::batch::v1::Job;
 
 use super::events::Note;
 use super::job::attempt_of;
+pub use super::status::SPEC_CHANGE_PENDING;
 use super::status::{READY, seconds, set_condition};
 use super::validate::validate;
 use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
@@ -27,9 +28,6 @@ use crate::quota::ReserveRequest;
 
 pub use attempts::{JobState, backoff, job_state};
 
-/// Condition: a spec change waits for the next attempt (OnNextAttempt), or could not be
-/// applied (the new spec is invalid).
-pub const SPEC_CHANGE_PENDING: &str = "SpecChangePending";
 /// Condition reason for a spec the operator cannot run; it waits for a spec change.
 pub const INVALID_SPEC: &str = "InvalidSpec";
 /// Condition reason: a Job this GpuJob does not control holds the next attempt's name.

@@ -15,8 +15,8 @@ use super::{
     Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Next, Planner, QuotaAnswer,
 };
 use crate::api::{ANNOTATION_SKIP_RELEASE, ConditionStatus, Phase};
-use crate::controller::events::{CLEANUP_STUCK, Kind, Note, QUOTA_RESERVED};
-use crate::controller::status::{remove_condition, set_condition};
+use crate::controller::events::{Kind, Note};
+use crate::controller::status::{CLEANUP_STUCK, QUOTA_RESERVED, remove_condition, set_condition};
 use crate::quota::ReserveRequest;
 
 impl Planner<'_, '_> {

@@ -440,7 +440,7 @@ mod quota {
 
     use super::*;
     use crate::api::{ANNOTATION_SKIP_RELEASE, FINALIZER_QUOTA};
-    use crate::controller::events::{CLEANUP_STUCK, QUOTA_RESERVED};
+    use crate::controller::status::{CLEANUP_STUCK, QUOTA_RESERVED};
 
     fn with_finalizer(mut g: GpuJob) -> GpuJob {
         g.metadata.finalizers = Some(vec![FINALIZER_QUOTA.to_owned()]);
