@@ -23,6 +23,7 @@ pub enum Attempt {
 
 pub struct Elector {
     api: Api<Lease>,
+    namespace: String,
     name: String,
     identity: String,
     timing: Timing,
@@ -52,6 +53,7 @@ impl Elector {
     ) -> Elector {
         Elector {
             api: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
             name: name.to_owned(),
             identity: identity.to_owned(),
             timing,
@@ -88,6 +90,10 @@ impl Elector {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
     }
 
     /// Takes the Lease if it is free or expired: a new term, counted in

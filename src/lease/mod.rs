@@ -24,6 +24,25 @@ pub use ownership::{InFlight, InFlightGuard, Ownership, Tenure};
 pub use sharded::{LABEL_GROUP, LABEL_ROLE, ShardLeases, run as run_sharded};
 pub use single::run;
 
+/// What a failed Lease call means, in one line, with the fix when it is a set-up problem
+/// (no debug dump of the API's answer).
+pub fn explain(e: &kube::Error, namespace: &str) -> String {
+    if let kube::Error::Api(s) = e {
+        if s.code == 404 && s.details.as_ref().is_some_and(|d| d.kind == "namespaces") {
+            return format!(
+                "namespace {namespace} not found: apply deploy/namespace.yaml or pass --lease-namespace"
+            );
+        }
+        if s.code == 403 {
+            return format!(
+                "{}: the operator may not use Leases in namespace {namespace}: apply deploy/rbac.yaml (Role gpujob-operator-lease) there",
+                crate::client::describe(e)
+            );
+        }
+    }
+    crate::client::describe(e)
+}
+
 /// Publishes what this replica holds to the leadership metrics.
 fn report(metrics: &Metrics, own: &Ownership) {
     metrics

@@ -26,8 +26,8 @@ use tracing::{info, warn};
 
 use super::balance::{self, Holder, View};
 use super::{
-    Attempt, Elector, InFlight, Observed, Ownership, Tenure, Timing, beat_limit, gained_or_lost,
-    jitter, report,
+    Attempt, Elector, InFlight, Observed, Ownership, Tenure, Timing, beat_limit, explain,
+    gained_or_lost, jitter, report,
 };
 use crate::server::Status;
 
@@ -174,11 +174,18 @@ impl Coordinator {
         let leases = match timeout(self.timing.renew_deadline, self.api.list(&list)).await {
             Ok(Ok(l)) => l.items,
             Ok(Err(e)) => {
-                warn!("shard leases: listing failed: {e}; looking again in a retry period");
+                warn!(
+                    "shard leases in {}: listing failed: {}; looking again in a retry period",
+                    self.leases.namespace,
+                    explain(&e, &self.leases.namespace)
+                );
                 return;
             }
             Err(_) => {
-                warn!("shard leases: no answer to the list; looking again in a retry period");
+                warn!(
+                    "shard leases in {}: no answer to the list; looking again in a retry period",
+                    self.leases.namespace
+                );
                 return;
             }
         };
@@ -253,7 +260,11 @@ impl Coordinator {
                     "member heartbeat: the Lease is held by another replica with this identity; identities must be unique"
                 );
             }
-            Err(e) => warn!("member heartbeat failed: {e}; retrying in a retry period"),
+            Err(e) => warn!(
+                "member heartbeat {}: {}; retrying in a retry period",
+                self.leases.member(&self.me),
+                explain(&e, &self.leases.namespace)
+            ),
         }
     }
 
@@ -331,7 +342,8 @@ impl Coordinator {
             Ok(Err(e)) => {
                 warn!(
                     shard,
-                    "taking the shard failed: {e}; looking again in a retry period"
+                    "taking the shard failed: {}; looking again in a retry period",
+                    explain(&e, elector.namespace())
                 );
                 return;
             }
@@ -402,7 +414,8 @@ impl Coordinator {
             ),
             Ok(Err(e)) => warn!(
                 shard,
-                "releasing the shard failed: {e}; it expires after the lease duration"
+                "releasing the shard failed: {}; it expires after the lease duration",
+                explain(&e, &self.leases.namespace)
             ),
             Err(_) => warn!(
                 shard,
@@ -489,13 +502,15 @@ async fn renew(
             Ok(Err(e)) if Instant::now() < deadline => {
                 warn!(
                     shard,
-                    "renewing the shard failed: {e}; retrying until the renew deadline"
+                    "renewing the shard failed: {}; retrying until the renew deadline",
+                    explain(&e, elector.namespace())
                 );
             }
             Ok(Err(e)) => {
                 warn!(
                     shard,
-                    "renewing the shard failed past the renew deadline: {e}; letting it go"
+                    "renewing the shard failed past the renew deadline: {}; letting it go",
+                    explain(&e, elector.namespace())
                 );
                 break;
             }

@@ -8,7 +8,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{Attempt, Elector, Ownership, Tenure, beat_limit, gained_or_lost, jitter, report};
+use super::{
+    Attempt, Elector, Ownership, Tenure, beat_limit, explain, gained_or_lost, jitter, report,
+};
 use crate::server::Status;
 
 /// Campaigns for the Lease until `stop`, publishing ownership of shard 0; then a held
@@ -27,6 +29,8 @@ pub async fn run(
     let metrics = status.metrics.clone();
     report(&metrics, &tx.borrow());
     let beat_limit = beat_limit(&timing);
+    // Every line names the Lease it is about.
+    let lease = format!("{}/{}", elector.namespace(), elector.name());
     'campaign: loop {
         // Standby: try every retry period (jittered) until the Lease is ours.
         let (mut sent, transitions) = loop {
@@ -35,11 +39,12 @@ pub async fn run(
             match attempt.await {
                 Ok(Ok(Attempt::Held { sent, transitions })) => break (sent, transitions),
                 Ok(Ok(Attempt::Lost)) => {}
-                Ok(Err(e)) => warn!(
-                    "lease: acquiring failed: {e}; retrying in {:?}",
+                Ok(Err(e)) => warn!(lease = %lease,
+                    "lease: acquiring failed: {}; retrying in {:?}",
+                    explain(&e, elector.namespace()),
                     timing.retry_period
                 ),
-                Err(_) => warn!(
+                Err(_) => warn!(lease = %lease,
                     "lease: no answer within {:?}; retrying in {:?}",
                     timing.renew_deadline, timing.retry_period
                 ),
@@ -85,18 +90,24 @@ pub async fn run(
                     });
                 }
                 Ok(Ok(Attempt::Lost)) => {
-                    warn!("lease: another replica holds it now; stepping down");
+                    warn!(lease = %lease, "lease: another replica holds it now; stepping down");
                     break;
                 }
                 Ok(Err(e)) if Instant::now() < deadline => {
-                    warn!("lease: renewing failed: {e}; retrying until the renew deadline");
+                    warn!(lease = %lease,
+                        "lease: renewing failed: {}; retrying until the renew deadline",
+                        explain(&e, elector.namespace())
+                    );
                 }
                 Ok(Err(e)) => {
-                    warn!("lease: renewing failed past the renew deadline: {e}; stepping down");
+                    warn!(lease = %lease,
+                        "lease: renewing failed past the renew deadline: {}; stepping down",
+                        explain(&e, elector.namespace())
+                    );
                     break;
                 }
                 Err(_) => {
-                    warn!("lease: no renewal within the renew deadline; stepping down");
+                    warn!(lease = %lease, "lease: no renewal within the renew deadline; stepping down");
                     break;
                 }
             }
@@ -119,7 +130,10 @@ pub async fn run(
             Ok(true) => info!("lease released: a standby can take over at once"),
             Ok(false) => info!("lease was no longer ours; nothing to release"),
             Err(e) => {
-                warn!("lease: release failed: {e}; standbys take over after the lease duration")
+                warn!(lease = %lease,
+                    "lease: release failed: {}; standbys take over after the lease duration",
+                    explain(&e, elector.namespace())
+                )
             }
         }
     }

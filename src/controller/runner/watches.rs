@@ -70,7 +70,10 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, int
                     intake.add(Key::of(&gj));
                 }
             }
-            Err(e) => warn!("GpuJob watch failed: {e}; retrying with backoff"),
+            Err(e) => warn!(
+                "GpuJob watch: {}; retrying with backoff",
+                crate::client::describe_watch(&e)
+            ),
         }
     }
 }
@@ -85,7 +88,10 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
                     intake.add(key);
                 }
             }
-            Err(e) => warn!("Job watch failed: {e}; retrying with backoff"),
+            Err(e) => warn!(
+                "Job watch: {}; retrying with backoff",
+                crate::client::describe_watch(&e)
+            ),
         }
     }
 }
