@@ -94,6 +94,10 @@ pub struct RunArgs {
     /// How long releasing quota may keep failing before the GpuJob says CleanupStuck.
     #[arg(long, env = "GPUJOB_CLEANUP_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
     pub cleanup_timeout: Duration,
+    /// Delete finished GpuJobs (and their Jobs) this long after they finished, unless
+    /// their spec says otherwise (`ttlSecondsAfterFinished`). Off by default.
+    #[arg(long, env = "GPUJOB_DEFAULT_TTL_AFTER_FINISHED", value_parser = parse_duration)]
+    pub default_ttl_after_finished: Option<Duration>,
     /// Log format.
     #[arg(long, env = "GPUJOB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -230,6 +234,7 @@ impl RunArgs {
                 keep_jobs: self.keep_jobs,
                 max_gpus: self.max_gpus_per_job,
                 cleanup_timeout: self.cleanup_timeout,
+                default_ttl: self.default_ttl_after_finished,
                 ..PlanSettings::default()
             },
             identity: self.identity(),

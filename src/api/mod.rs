@@ -23,6 +23,8 @@ pub const ANNOTATION_GENERATION: &str = "gpujob.dev/generation";
 pub const FINALIZER_QUOTA: &str = "gpujob.dev/quota-release";
 /// Annotation that lets deletion finish without releasing the quota reservation.
 pub const ANNOTATION_SKIP_RELEASE: &str = "gpujob.dev/skip-quota-release";
+/// Annotation asking for a new run of a finished GpuJob: each new value, once.
+pub const ANNOTATION_RERUN: &str = "gpujob.dev/rerun";
 /// The extended resource GPUs are requested as.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 

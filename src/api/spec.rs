@@ -22,7 +22,9 @@ use super::GpuJobStatus;
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".spec.gpus"}"#,
     printcolumn = r#"{"name":"Attempts","type":"integer","jsonPath":".status.attempts"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"description":"Why it is (not) running: the Ready condition's reason","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Next Attempt","type":"date","priority":1,"description":"While backing off: when the next attempt starts","jsonPath":".status.nextAttemptTime"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct GpuJobSpec {
@@ -60,6 +62,17 @@ pub struct GpuJobSpec {
     /// lets it run and applies the change to the next attempt, if any.
     #[serde(default, skip_serializing_if = "UpdatePolicy::is_default")]
     pub update_policy: UpdatePolicy,
+    /// Suspends the GpuJob: no new attempt starts, and a running attempt's Job is
+    /// deleted (not counted as a failure); `false` resumes with the next attempt. GPU
+    /// quota is released while suspended.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
+    /// The GpuJob (and its Jobs) is deleted this many seconds after it finished
+    /// (`status.completionTime`); kept otherwise (or per the operator's
+    /// --default-ttl-after-finished).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i64>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -52,6 +52,17 @@ pub struct GpuJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>")]
     pub start_time: Option<Timestamp>,
+    /// The run the attempts belong to, from 1 (absent: 1); a rerun request starts the
+    /// next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<i32>,
+    /// The first attempt of the current run (absent: 1). Attempt numbers continue across
+    /// runs, so Job names stay unique.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_first_attempt: Option<i32>,
+    /// The `gpujob.dev/rerun` request the current run answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_token: Option<String>,
     /// When the GpuJob reached Succeeded or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>")]
@@ -59,12 +70,13 @@ pub struct GpuJobStatus {
 }
 
 /// Pending: no attempt is running (waiting for the first Job, or backing off before the
-/// next). Running: the current attempt's Job exists and has not finished. Succeeded and
-/// Failed are final.
+/// next). Running: the current attempt's Job exists and has not finished. Suspended:
+/// `spec.suspend` holds it (no attempt runs). Succeeded and Failed are final.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum Phase {
     Pending,
     Running,
+    Suspended,
     Succeeded,
     Failed,
 }

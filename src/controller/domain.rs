@@ -12,9 +12,16 @@ use crate::api::{GpuJob, Phase};
 use crate::metrics::Metrics;
 
 /// Ready reasons of a GpuJob that waits on purpose: not stuck, with metrics of its own.
-pub const WAITING_REASONS: [&str; 3] = ["BackingOff", "QuotaRefused", "InvalidSpec"];
+pub const WAITING_REASONS: [&str; 4] = ["BackingOff", "QuotaRefused", "InvalidSpec", "Suspended"];
 /// The `phase` label values, `Unknown` for GpuJobs without a phase yet.
-pub const PHASES: [&str; 5] = ["Pending", "Running", "Succeeded", "Failed", "Unknown"];
+pub const PHASES: [&str; 6] = [
+    "Pending",
+    "Running",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+    "Unknown",
+];
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
@@ -122,6 +129,7 @@ fn phase_label(p: Phase) -> &'static str {
     match p {
         Phase::Pending => "Pending",
         Phase::Running => "Running",
+        Phase::Suspended => "Suspended",
         Phase::Succeeded => "Succeeded",
         Phase::Failed => "Failed",
     }

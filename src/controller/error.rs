@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 /// Every label [`Error::metric_label`] can return; metrics are created with these at zero.
-pub const ERROR_LABELS: [&str; 11] = [
+pub const ERROR_LABELS: [&str; 12] = [
     "read_job",
     "read_pods",
     "create_job",
@@ -13,6 +13,7 @@ pub const ERROR_LABELS: [&str; 11] = [
     "quota",
     "patch_finalizers",
     "undecided",
+    "delete_gpujob",
 ];
 
 /// Why a reconcile did not finish. Each variant has a stable short label for metrics and
@@ -22,7 +23,7 @@ pub const ERROR_LABELS: [&str; 11] = [
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// `action` is one of [`ERROR_LABELS`].
-    #[error("{} failed: {source}", describe(action))]
+    #[error("{} failed: {}", describe(action), crate::client::describe(source))]
     Kube {
         action: &'static str,
         #[source]
@@ -51,7 +52,8 @@ fn describe(action: &str) -> &'static str {
         "read_job" => "reading the attempt's Job",
         "read_pods" => "reading the failed attempt's pod",
         "create_job" => "creating the attempt's Job",
-        "delete_job" => "deleting an old attempt's Job",
+        "delete_job" => "deleting an attempt's Job",
+        "delete_gpujob" => "deleting the finished GpuJob (its time to live is over)",
         "patch_status" => "patching the GpuJob status",
         "patch_finalizers" => "patching the GpuJob finalizers",
         _ => "an API call",

@@ -4,7 +4,7 @@
 
 use crate::api::{ConditionStatus, GpuJobStatus, Phase};
 
-use super::status::{CLEANUP_STUCK, QUOTA_RESERVED, READY, SPEC_CHANGE_PENDING};
+use super::status::{CLEANUP_STUCK, QUOTA_RESERVED, READY, SPEC_CHANGE_PENDING, SUSPENDED};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
@@ -35,10 +35,51 @@ fn cond<'a>(s: &'a GpuJobStatus, t: &str) -> Option<(&'a ConditionStatus, &'a st
 
 /// The Events for the change from `before` to `after`.
 pub fn transitions(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
-    let mut out = attempts(before, after);
+    let mut out = lifecycle(before, after);
+    out.extend(attempts(before, after));
     out.extend(outcome(before, after));
     out.extend(spec(before, after));
     out.extend(quota(before, after));
+    out
+}
+
+/// A new run, a suspend, a resume.
+fn lifecycle(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
+    let mut out = Vec::new();
+    if after.run.unwrap_or(1) > before.run.unwrap_or(1) {
+        out.push(note(
+            Kind::Normal,
+            "Rerun",
+            format!(
+                "run {} started (request {}); its first attempt is {}",
+                after.run.unwrap_or(1),
+                after.rerun_token.as_deref().unwrap_or("-"),
+                after.run_first_attempt.unwrap_or(1)
+            ),
+        ));
+    }
+    let was = cond(before, SUSPENDED).map(|(s, _, _)| *s);
+    match (cond(after, SUSPENDED), was) {
+        (Some((ConditionStatus::True, _, _)), w) if w != Some(ConditionStatus::True) => {
+            let stopping = after
+                .replacing_attempt
+                .map(|k| format!("; attempt {k} is stopped (not counted as a failure)"))
+                .unwrap_or_default();
+            out.push(note(
+                Kind::Normal,
+                "Suspended",
+                format!("suspended: no attempt starts until spec.suspend is false{stopping}"),
+            ));
+        }
+        (Some((ConditionStatus::False, _, _)), Some(ConditionStatus::True)) => {
+            out.push(note(
+                Kind::Normal,
+                "Resumed",
+                "resumed: the next attempt starts",
+            ));
+        }
+        _ => {}
+    }
     out
 }
 
@@ -61,7 +102,8 @@ fn attempts(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
             format!("attempt {} started (Job {job})", after.attempts),
         ));
     }
-    if let (Some(k), None) = (after.replacing_attempt, before.replacing_attempt) {
+    let suspended = matches!(cond(after, SUSPENDED), Some((ConditionStatus::True, _, _)));
+    if let (Some(k), None, false) = (after.replacing_attempt, before.replacing_attempt, suspended) {
         out.push(note(
             Kind::Normal,
             "SpecChangeApplied",

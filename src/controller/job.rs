@@ -238,6 +238,8 @@ mod tests {
                 node_selector: BTreeMap::from([("gpu".into(), "a100".into())]),
                 service_account_name: None,
                 update_policy: Default::default(),
+                suspend: false,
+                ttl_seconds_after_finished: None,
             },
         );
         g.metadata.namespace = Some("team-a".into());

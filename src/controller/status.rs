@@ -13,6 +13,12 @@ pub const READY: &str = "Ready";
 pub const SPEC_CHANGE_PENDING: &str = "SpecChangePending";
 pub const QUOTA_RESERVED: &str = "QuotaReserved";
 pub const CLEANUP_STUCK: &str = "CleanupStuck";
+/// Terminal conditions, as batch/v1 Jobs have them (`kubectl wait --for=condition=…`):
+/// set once per run, never flipped back.
+pub const COMPLETE: &str = "Complete";
+pub const FAILED: &str = "Failed";
+/// True while `spec.suspend` holds the GpuJob; False (reason Resumed) afterwards.
+pub const SUSPENDED: &str = "Suspended";
 
 /// Sets condition `type_`, keeping `lastTransitionTime` unless the status flips, so a
 /// recomputation of an unchanged state produces an identical status (and no write).

@@ -155,6 +155,15 @@ pub async fn execute(
                     std::mem::take(&mut snap.jobs),
                 );
             }
+            Action::DeleteGpuJob {
+                uid,
+                resource_version,
+            } => {
+                w.delete_gpujob(fence, &snap.gpujob, uid, resource_version)
+                    .await?;
+                info!("deleted: finished, and its time to live after finishing is over");
+                return Ok(Executed::Done);
+            }
             Action::Publish(note) => {
                 w.publish(fence, &snap.gpujob, std::slice::from_ref(note))
                     .await;

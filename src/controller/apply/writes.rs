@@ -129,7 +129,8 @@ impl Writer {
             if let Err(e) = self.recorder.publish(gj, n).await {
                 tracing::warn!(
                     reason = n.reason,
-                    "cannot record an Event on the GpuJob: {e}; continuing without it"
+                    "cannot record an Event on the GpuJob: {}; continuing without it",
+                    crate::client::describe(&e)
                 );
             }
         }
@@ -282,6 +283,38 @@ impl Writer {
                 what: format!("Job {ns}/{name}"),
             }),
             Err(e) => Err(self.failed(fence, "delete_job", e)),
+        }
+    }
+
+    /// Deletes the GpuJob itself, with uid and resourceVersion preconditions (a GpuJob
+    /// changed since it was read, a rerun asked for say, is decided again). Its Jobs go
+    /// with it (owner references); a quota finalizer still holds it until released.
+    pub async fn delete_gpujob(
+        &self,
+        fence: &Fence,
+        gj: &GpuJob,
+        uid: &str,
+        resource_version: &str,
+    ) -> Result<(), Error> {
+        let ns = gj.metadata.namespace.as_deref().unwrap_or_default();
+        let name = gj.metadata.name.as_deref().unwrap_or_default();
+        let api: Api<GpuJob> = Api::namespaced(self.client.clone(), ns);
+        let dp = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: Some(resource_version.to_owned()),
+            }),
+            ..DeleteParams::default()
+        };
+        self.check(fence)?;
+        match api.delete(name, &dp).await {
+            Ok(_) => Ok(()),
+            Err(e) if api_code(&e) == Some(404) => Ok(()),
+            Err(e) if api_code(&e) == Some(409) => Err(Error::Conflict {
+                what: format!("GpuJob {ns}/{name}"),
+            }),
+            Err(e) => Err(self.failed(fence, "delete_gpujob", e)),
         }
     }
 

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::api::{ConditionStatus, FailureRecord, Phase, UpdatePolicy};
 use crate::controller::job::{desired_job, generation_of, job_name};
-use crate::controller::status::{READY, remove_condition, seconds};
+use crate::controller::status::{READY, SUSPENDED, remove_condition, seconds};
 
 /// What a Job's conditions say.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,12 +82,19 @@ impl Planner<'_, '_> {
     /// Returns the newest attempt afterwards.
     pub(super) fn attempts(&mut self, newest_job: i32) -> i32 {
         let attempt = self.current.attempts.max(newest_job);
-        if attempt == 0 {
-            self.try_start(1);
+        let first = self.run_first_attempt();
+        if attempt < first {
+            // Nothing started in this run yet.
+            self.try_start(first);
             self.next.attempts.max(attempt)
         } else {
             self.follow(attempt)
         }
+    }
+
+    /// The first attempt of the current run (attempt numbers continue across runs).
+    pub(super) fn run_first_attempt(&self) -> i32 {
+        self.current.run_first_attempt.unwrap_or(1)
     }
 
     /// Whether a Job of this GpuJob still runs (its pods may hold GPUs), including one
@@ -101,6 +108,9 @@ impl Planner<'_, '_> {
 
     /// Why a new attempt cannot start now, if something forbids it.
     fn blocker(&self, attempt: i32) -> Option<(&'static str, String)> {
+        if self.gj.spec.suspend {
+            return Some((SUSPENDED, suspended_message()));
+        }
         if let Some(r) = self.obs.refused.as_ref().filter(|r| r.attempt == attempt) {
             return Some((r.reason, r.message.clone()));
         }
@@ -116,7 +126,11 @@ impl Planner<'_, '_> {
     /// Starts `attempt` unless something forbids it now; then the GpuJob waits, Pending.
     fn try_start(&mut self, attempt: i32) -> bool {
         if let Some((reason, message)) = self.blocker(attempt) {
-            self.next.phase = Some(Phase::Pending);
+            self.next.phase = Some(if reason == SUSPENDED {
+                Phase::Suspended
+            } else {
+                Phase::Pending
+            });
             self.next.active_job = None;
             self.next.next_attempt_time = None;
             if reason == INVALID_SPEC || reason == JOB_NAME_CONFLICT {
@@ -125,6 +139,7 @@ impl Planner<'_, '_> {
             self.requeue = match reason {
                 JOB_NAME_CONFLICT => Next::After(self.settings.name_conflict_retry),
                 INVALID_SPEC => Next::Done,
+                SUSPENDED => Next::Done,
                 // Waiting for quota: ask again with backoff.
                 _ => Next::Backoff,
             };
@@ -162,7 +177,8 @@ impl Planner<'_, '_> {
         // failure is recorded now.
         self.next.attempts = k;
         self.next.start_time = self.next.start_time.or(Some(self.now));
-        if let Some(prev) = self.by_attempt.get(&(k - 1))
+        if k > self.run_first_attempt()
+            && let Some(prev) = self.by_attempt.get(&(k - 1))
             && let JobState::Failed {
                 time,
                 reason,
@@ -238,6 +254,21 @@ impl Planner<'_, '_> {
     /// Attempt `k` runs. A spec change applies now (Recreate), or waits (OnNextAttempt,
     /// or an invalid new spec).
     fn running(&mut self, k: i32, job: Option<&Job>) {
+        if self.gj.spec.suspend {
+            // Stopped, not failed: recorded (with why) before the delete, as for a
+            // replacement.
+            let suspended = self.next.condition(SUSPENDED).cloned();
+            self.checkpoint(|s| {
+                s.replacing_attempt = Some(k);
+                if let Some(c) = &suspended {
+                    s.conditions.retain(|x| x.type_ != c.type_);
+                    s.conditions.push(c.clone());
+                }
+            });
+            self.delete_for_replacement(job);
+            self.stopped(k);
+            return;
+        }
         self.next.phase = Some(Phase::Running);
         self.next.active_job = Some(job_name(&self.name, k));
         self.next.next_attempt_time = None;
@@ -289,6 +320,10 @@ impl Planner<'_, '_> {
             Some(j) => {
                 // Still there (deleting, or the delete did not happen yet).
                 self.delete_for_replacement(Some(j));
+                if self.gj.spec.suspend {
+                    self.stopped(k);
+                    return k;
+                }
                 self.next.phase = Some(Phase::Pending);
                 self.next.active_job = None;
                 let message = format!("attempt {k} is being replaced: the spec changed");
@@ -348,7 +383,8 @@ impl Planner<'_, '_> {
             .time
             .saturating_add(SignedDuration::try_from(wait).unwrap_or(SignedDuration::MAX))
             .unwrap_or(failure.time);
-        if self.now >= at {
+        if self.now >= at || self.gj.spec.suspend {
+            // Suspended: the backoff is counted again (from the failure) on resume.
             return if self.try_start(k + 1) { k + 1 } else { k };
         }
         self.next.phase = Some(Phase::Pending);
@@ -361,6 +397,16 @@ impl Planner<'_, '_> {
         k
     }
 
+    /// Attempt `k` is being stopped because the GpuJob is suspended.
+    fn stopped(&mut self, k: i32) {
+        self.next.replacing_attempt = Some(k);
+        self.next.phase = Some(Phase::Suspended);
+        self.next.active_job = None;
+        self.next.next_attempt_time = None;
+        let message = format!("attempt {k} is being stopped: {}", suspended_message());
+        self.ready(ConditionStatus::False, SUSPENDED, message);
+    }
+
     /// Old attempts: keep the newest `keep_jobs` for debugging, delete the rest.
     pub(super) fn collect_old_jobs(&mut self, attempt: i32) {
         let oldest_kept = attempt - self.settings.keep_jobs.max(1) + 1;
@@ -371,6 +417,10 @@ impl Planner<'_, '_> {
             self.actions.extend(delete_action(job, false));
         }
     }
+}
+
+fn suspended_message() -> String {
+    "suspended (spec.suspend): no attempt starts until it is false".to_owned()
 }
 
 /// Deleting `job` with uid and resourceVersion preconditions.

@@ -10,6 +10,7 @@
 //! depends on an answer is made here too.
 
 mod attempts;
+mod lifecycle;
 mod reservation;
 
 use std::collections::BTreeMap;
@@ -48,6 +49,9 @@ pub struct PlanSettings {
     pub cleanup_timeout: Duration,
     /// How often a GpuJob whose next Job name is taken by a foreign Job looks again.
     pub name_conflict_retry: Duration,
+    /// Finished GpuJobs without `ttlSecondsAfterFinished` are deleted this long after
+    /// they finished; `None`: kept.
+    pub default_ttl: Option<Duration>,
 }
 
 impl Default for PlanSettings {
@@ -60,6 +64,7 @@ impl Default for PlanSettings {
             max_gpus: 64,
             cleanup_timeout: Duration::from_secs(15 * 60),
             name_conflict_retry: Duration::from_secs(60),
+            default_ttl: None,
         }
     }
 }
@@ -148,6 +153,12 @@ pub enum Action {
     },
     /// An Event that no status transition carries.
     Publish(Note),
+    /// Delete the GpuJob itself (its time to live after finishing is over), with uid and
+    /// resourceVersion preconditions; its Jobs go with it (garbage collection).
+    DeleteGpuJob {
+        uid: String,
+        resource_version: String,
+    },
 }
 
 impl Action {
@@ -255,19 +266,28 @@ impl<'a, 'o> Planner<'a, 'o> {
                 .push(Action::RemoveFinalizer(FinalizerRemoval::QuotaDisabled));
         }
         let newest_job = self.by_attempt.keys().next_back().copied().unwrap_or(0);
-        let attempt = if self.current.phase.is_some_and(crate::api::Phase::is_final) {
+        let final_ = |s: &GpuJobStatus| s.phase.is_some_and(crate::api::Phase::is_final);
+        if final_(&self.current)
+            && let Some(token) = self.rerun_requested()
+        {
+            self.start_new_run(newest_job, token);
+        }
+        let attempt = if final_(&self.current) {
             self.finished();
             self.current.attempts.max(newest_job)
         } else {
+            self.suspension();
             if self.obs.quota_required && !self.reserve_first() {
                 return;
             }
             self.attempts(newest_job)
         };
         self.collect_old_jobs(attempt);
+        self.terminal_conditions();
         if self.obs.quota_required {
             self.release_when_done_or_blocked();
         }
+        self.expire_after_ttl();
     }
 
     /// Why attempts cannot start: the spec fails validation, or the API server refused
@@ -308,6 +328,15 @@ impl<'a, 'o> Planner<'a, 'o> {
         change(&mut self.next);
         self.actions
             .push(Action::RecordStatus(Box::new(self.recorded.clone())));
+    }
+
+    /// Look again after `d` at the latest (a backoff to the outside stays).
+    fn requeue_within(&mut self, d: Duration) {
+        self.requeue = match self.requeue {
+            Next::Done => Next::After(d),
+            Next::After(x) => Next::After(x.min(d)),
+            Next::Backoff => Next::Backoff,
+        };
     }
 
     /// Asks the outside world; nothing else is planned after a question.

@@ -71,7 +71,7 @@ impl Planner<'_, '_> {
 
     /// Whether a new attempt could start once quota is granted.
     fn may_start(&self) -> bool {
-        self.invalid.is_none() && self.obs.refused.is_none()
+        self.invalid.is_none() && self.obs.refused.is_none() && !self.gj.spec.suspend
     }
 
     /// Why a new attempt waits for quota, for Ready.
@@ -99,14 +99,17 @@ impl Planner<'_, '_> {
             return;
         }
         // Backing off counts as not running: the spec may turn invalid meanwhile.
-        let why = if self.invalid.is_some() {
+        let why = if self.gj.spec.suspend {
+            "Suspended"
+        } else if self.invalid.is_some() {
             INVALID_SPEC
         } else if self.ready_reason_is(&[JOB_NAME_CONFLICT]) {
             JOB_NAME_CONFLICT
         } else {
             return;
         };
-        let idle = self.next.phase == Some(Phase::Pending) && !self.holds_gpus();
+        let idle = matches!(self.next.phase, Some(Phase::Pending | Phase::Suspended))
+            && !self.holds_gpus();
         if idle && self.next.reservation_id.is_some() {
             self.settle_release(
                 false,

@@ -24,6 +24,8 @@ fn gpujob(max_retries: i32) -> GpuJob {
             node_selector: Default::default(),
             service_account_name: None,
             update_policy: Default::default(),
+            suspend: false,
+            ttl_seconds_after_finished: None,
         },
     );
     g.metadata.namespace = Some("ns".into());
@@ -40,6 +42,7 @@ fn settings() -> PlanSettings {
         max_gpus: 8,
         cleanup_timeout: Duration::from_secs(60),
         name_conflict_retry: Duration::from_secs(30),
+        default_ttl: None,
     }
 }
 
@@ -474,6 +477,7 @@ mod quota {
                 Action::CreateJob { .. } => "CreateJob",
                 Action::DeleteJob { .. } => "DeleteJob",
                 Action::Publish(_) => "Publish",
+                Action::DeleteGpuJob { .. } => "DeleteGpuJob",
             })
             .collect()
     }
@@ -728,5 +732,310 @@ mod quota {
             p.actions,
             vec![Action::RemoveFinalizer(FinalizerRemoval::QuotaDisabled)]
         );
+    }
+}
+
+mod lifecycle {
+    //! Suspend and resume, rerun, terminal conditions, time to live.
+
+    use super::*;
+    use crate::api::ANNOTATION_RERUN;
+    use crate::controller::status::{COMPLETE, FAILED, SUSPENDED};
+
+    fn suspend(mut g: GpuJob, on: bool) -> GpuJob {
+        g.spec.suspend = on;
+        g.metadata.generation = Some(g.metadata.generation.unwrap_or(1) + 1);
+        g
+    }
+
+    fn cond(p: &Plan, t: &str) -> Option<(ConditionStatus, String)> {
+        p.status.condition(t).map(|c| (c.status, c.reason.clone()))
+    }
+
+    fn deletes(p: &Plan) -> Vec<(String, bool)> {
+        p.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::DeleteJob {
+                    name, foreground, ..
+                } => Some((name.clone(), *foreground)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn suspending_stops_the_running_attempt_without_a_failure_and_resuming_starts_the_next() {
+        let g = gpujob(3);
+        let g = with_status(g.clone(), &run(&g, &[], None, T0));
+        let running = [job(&g, 1, None)];
+        let g = suspend(g, true);
+        let p = run(&g, &running, None, "2026-11-30T06:00:10Z");
+        assert_eq!(deletes(&p), vec![("train-1".to_owned(), true)]);
+        let Action::RecordStatus(recorded) = &p.actions[0] else {
+            panic!("recorded before the delete: {:?}", p.actions)
+        };
+        assert_eq!(recorded.replacing_attempt, Some(1));
+        assert!(recorded.condition(SUSPENDED).is_some(), "with why");
+        assert_eq!(p.status.phase, Some(Phase::Suspended));
+        assert_eq!(ready(&p).1, SUSPENDED);
+        assert_eq!(
+            cond(&p, SUSPENDED),
+            Some((ConditionStatus::True, "Suspended".into()))
+        );
+
+        // Its Job is gone: nothing starts while suspended, nothing failed.
+        let g = with_status(g, &p);
+        let p = run(&g, &[], None, "2026-11-30T06:00:20Z");
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(p.status.phase, Some(Phase::Suspended));
+        assert_eq!(p.status.failures, 0);
+        let g = with_status(g, &p);
+        let again = run(&g, &[], None, "2026-11-30T06:00:30Z");
+        assert_eq!(
+            Some(&again.status),
+            g.status.as_ref(),
+            "then nothing to write"
+        );
+
+        // Resumed: the next attempt, attempt 2.
+        let g = suspend(g, false);
+        let p = run(&g, &[], None, "2026-11-30T06:01:00Z");
+        assert_eq!(creates(&p), vec![2]);
+        assert_eq!((p.status.attempts, p.status.failures), (2, 0));
+        assert_eq!(
+            cond(&p, SUSPENDED),
+            Some((ConditionStatus::False, "Resumed".into()))
+        );
+    }
+
+    #[test]
+    fn a_suspend_during_backoff_waits_and_the_backoff_still_counts_from_the_failure() {
+        let g = gpujob(3);
+        let g = with_status(g.clone(), &run(&g, &[], None, T0));
+        let failed = [job(
+            &g,
+            1,
+            Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:00:30Z")),
+        )];
+        let g = suspend(
+            with_status(g.clone(), &run(&g, &failed, None, "2026-11-30T06:00:31Z")),
+            true,
+        );
+        let p = run(&g, &failed, None, "2026-11-30T06:00:32Z");
+        assert!(creates(&p).is_empty());
+        assert_eq!(p.status.phase, Some(Phase::Suspended));
+        assert_eq!(p.status.next_attempt_time, None);
+        assert_eq!(p.status.failures, 1, "the failure stays counted");
+        // Resumed before the backoff ended: it waits for the rest of it.
+        let g = suspend(with_status(g, &p), false);
+        let early = run(&g, &failed, None, "2026-11-30T06:00:35Z");
+        assert!(creates(&early).is_empty());
+        assert_eq!(ready(&early).1, "BackingOff");
+        assert_eq!(
+            early.status.next_attempt_time,
+            Some(t("2026-11-30T06:00:40Z"))
+        );
+        let late = run(&g, &failed, None, "2026-11-30T06:00:40Z");
+        assert_eq!(creates(&late), vec![2]);
+    }
+
+    #[test]
+    fn a_suspended_gpujob_releases_its_quota_and_reserves_again_on_resume() {
+        let mut g = gpujob(3);
+        g.metadata.finalizers = Some(vec![crate::api::FINALIZER_QUOTA.to_owned()]);
+        let obs = |g: &GpuJob, answer: Option<QuotaAnswer>, jobs: &[Job]| {
+            plan(
+                &Observed {
+                    gpujob: g,
+                    jobs: jobs.iter().collect(),
+                    termination: None,
+                    refused: None,
+                    quota_required: true,
+                    quota: answer,
+                    now: t(T0),
+                },
+                &settings(),
+            )
+        };
+        let g = with_status(
+            g.clone(),
+            &obs(&g, Some(QuotaAnswer::Reserved { id: "r-1".into() }), &[]),
+        );
+        let g = suspend(g, true);
+        // The attempt's Job is gone; nothing runs: release.
+        let p = obs(&g, None, &[]);
+        assert_eq!(p.actions, vec![Action::Release]);
+        let p = obs(&g, Some(QuotaAnswer::Released), &[]);
+        assert_eq!(p.status.reservation_id, None);
+        assert_eq!(p.status.phase, Some(Phase::Suspended));
+        let g = suspend(with_status(g, &p), false);
+        let p = obs(&g, None, &[]);
+        assert!(
+            matches!(p.actions.last(), Some(Action::Reserve(_))),
+            "{:?}",
+            p.actions
+        );
+    }
+
+    fn finished(g: &GpuJob, jobs: &[Job]) -> GpuJob {
+        with_status(g.clone(), &run(g, jobs, None, "2026-11-30T06:02:00Z"))
+    }
+
+    #[test]
+    fn terminal_conditions_are_set_once() {
+        let g = gpujob(0);
+        let g = with_status(g.clone(), &run(&g, &[], None, T0));
+        let ok = [job(&g, 1, Some(("Complete", "", "2026-11-30T06:01:00Z")))];
+        let done = finished(&g, &ok);
+        let c = done.condition(COMPLETE).unwrap();
+        assert_eq!(
+            (c.status, c.reason.as_str()),
+            (ConditionStatus::True, "Succeeded")
+        );
+        assert!(done.condition(FAILED).is_none());
+        let again = run(&done, &ok, None, "2026-11-30T09:00:00Z");
+        assert_eq!(
+            Some(&again.status),
+            done.status.as_ref(),
+            "never changed after"
+        );
+
+        let bad = [job(
+            &g,
+            1,
+            Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:01:00Z")),
+        )];
+        let failed = finished(&g, &bad);
+        let c = failed.condition(FAILED).unwrap();
+        assert_eq!(
+            (c.status, c.reason.as_str()),
+            (ConditionStatus::True, "RetriesExhausted")
+        );
+        assert!(failed.condition(COMPLETE).is_none());
+
+        // Finished before these conditions existed: they are added.
+        let mut old = done.clone();
+        if let Some(s) = old.status.as_mut() {
+            s.conditions.retain(|c| c.type_ != COMPLETE);
+        }
+        let p = run(&old, &ok, None, "2026-11-30T09:00:00Z");
+        assert!(p.status.condition(COMPLETE).is_some());
+    }
+
+    fn with_rerun(mut g: GpuJob, token: &str) -> GpuJob {
+        g.metadata.annotations = Some([(ANNOTATION_RERUN.to_owned(), token.to_owned())].into());
+        g
+    }
+
+    #[test]
+    fn a_rerun_starts_a_new_run_whose_attempts_continue_the_numbering() {
+        let g = gpujob(0);
+        let g = with_status(g.clone(), &run(&g, &[], None, T0));
+        let bad = [job(
+            &g,
+            1,
+            Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:01:00Z")),
+        )];
+        let failed = finished(&g, &bad);
+        assert_eq!(failed.status.as_ref().unwrap().phase, Some(Phase::Failed));
+
+        let asked = with_rerun(failed, "2026-11-30a");
+        let p = run(&asked, &bad, None, "2026-11-30T07:00:00Z");
+        let Action::RecordStatus(recorded) = &p.actions[0] else {
+            panic!("the new run is recorded first: {:?}", p.actions)
+        };
+        assert_eq!(
+            (recorded.run, recorded.run_first_attempt, recorded.failures),
+            (Some(2), Some(2), 0)
+        );
+        assert_eq!(recorded.phase, Some(Phase::Pending));
+        assert!(recorded.condition(FAILED).is_none());
+        assert_eq!(creates(&p), vec![2], "attempt numbers continue");
+        assert_eq!(p.status.phase, Some(Phase::Running));
+        assert_eq!(p.status.rerun_token.as_deref(), Some("2026-11-30a"));
+
+        // Attempt 1's failure belongs to run 1: attempt 2's success ends run 2.
+        let g = with_status(asked, &p);
+        let jobs = [
+            bad[0].clone(),
+            job(&g, 2, Some(("Complete", "", "2026-11-30T07:01:00Z"))),
+        ];
+        let p = run(&g, &jobs, None, "2026-11-30T07:01:01Z");
+        assert_eq!(p.status.phase, Some(Phase::Succeeded));
+        assert_eq!(p.status.failures, 0);
+        assert!(p.status.condition(COMPLETE).is_some());
+        // The same request again does nothing.
+        let g = with_status(g, &p);
+        let again = run(&g, &jobs, None, "2026-11-30T08:00:00Z");
+        assert!(creates(&again).is_empty());
+    }
+
+    #[test]
+    fn a_rerun_request_waits_until_the_gpujob_has_finished() {
+        let g = gpujob(3);
+        let g = with_status(g.clone(), &run(&g, &[], None, T0));
+        let running = [job(&g, 1, None)];
+        let p = run(
+            &with_rerun(g.clone(), "x"),
+            &running,
+            None,
+            "2026-11-30T06:00:10Z",
+        );
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(p.status.run, None);
+    }
+
+    #[test]
+    fn a_finished_gpujob_is_deleted_once_its_time_to_live_is_over() {
+        let mut g = gpujob(0);
+        g.spec.ttl_seconds_after_finished = Some(10);
+        g.metadata.resource_version = Some("7".into());
+        let g = with_status(g.clone(), &run(&g, &[], None, T0));
+        let ok = [job(&g, 1, Some(("Complete", "", "2026-11-30T06:01:00Z")))];
+        let done = finished(&g, &ok);
+        let soon = run(&done, &ok, None, "2026-11-30T06:01:04Z");
+        assert!(soon.actions.is_empty());
+        assert_eq!(soon.next, Next::After(Duration::from_secs(6)));
+        let due = run(&done, &ok, None, "2026-11-30T06:01:10Z");
+        assert!(
+            matches!(due.actions.as_slice(), [Action::DeleteGpuJob { .. }]),
+            "{:?}",
+            due.actions
+        );
+        // The operator's default applies when the spec says nothing.
+        let mut plain = done.clone();
+        plain.spec.ttl_seconds_after_finished = None;
+        let mut s = settings();
+        let keep = plan(
+            &Observed {
+                gpujob: &plain,
+                jobs: ok.iter().collect(),
+                termination: None,
+                refused: None,
+                quota_required: false,
+                quota: None,
+                now: t("2026-11-30T08:00:00Z"),
+            },
+            &s,
+        );
+        assert!(keep.actions.is_empty(), "no default: kept");
+        s.default_ttl = Some(Duration::from_secs(3600));
+        let gone = plan(
+            &Observed {
+                gpujob: &plain,
+                jobs: ok.iter().collect(),
+                termination: None,
+                refused: None,
+                quota_required: false,
+                quota: None,
+                now: t("2026-11-30T08:00:00Z"),
+            },
+            &s,
+        );
+        assert!(matches!(
+            gone.actions.as_slice(),
+            [Action::DeleteGpuJob { .. }]
+        ));
     }
 }
