@@ -98,20 +98,24 @@ pub fn install_crypto_provider() {
 pub fn describe(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => status_line(s),
-        other => {
-            let mut out = other.to_string();
-            let mut source = std::error::Error::source(other);
-            while let Some(cause) = source {
-                let text = cause.to_string();
-                if !out.contains(&text) {
-                    out.push_str(": ");
-                    out.push_str(&text);
-                }
-                source = cause.source();
-            }
-            out
-        }
+        other => error_chain(other),
     }
+}
+
+/// `e: cause: cause ...`, each distinct message once (hyper's errors say only "client
+/// error (Connect)"; the cause is in the chain).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = cause.source();
+    }
+    out
 }
 
 fn status_line(s: &kube::core::Status) -> String {

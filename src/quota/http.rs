@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{Call, QuotaError, QuotaProvider, Reserve, ReserveRequest};
+use crate::client::error_chain;
 
 /// The header that carries the caller's fencing token (docs/quota-api.md).
 pub const FENCING_TOKEN_HEADER: &str = "Gpujob-Fencing-Token";
@@ -268,19 +269,4 @@ impl QuotaProvider for HttpProvider {
             }),
         }
     }
-}
-
-/// `e: cause: cause ...`, each distinct message once.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = cause.source();
-    }
-    out
 }

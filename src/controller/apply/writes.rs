@@ -54,6 +54,15 @@ impl std::fmt::Debug for Writer {
     }
 }
 
+/// The object a delete is for, as it was read.
+struct Target<'a> {
+    what: &'static str,
+    ns: &'a str,
+    name: &'a str,
+    uid: &'a str,
+    resource_version: &'a str,
+}
+
 /// What became of a Job create.
 #[derive(Debug)]
 pub enum Created {
@@ -250,9 +259,9 @@ impl Writer {
 
     /// Deletes a Job with uid and resourceVersion preconditions: an old attempt's Job
     /// with background propagation (batch/v1 would orphan its pods otherwise), a running
-    /// attempt's Job being replaced in the foreground (the Job stays until its pods are
-    /// gone). Gone already: done. Changed since it was read (409, precondition failed):
-    /// `Conflict`, so the GpuJob is read again and decided again; never "done".
+    /// attempt's Job being replaced or stopped in the foreground (the Job stays until its
+    /// pods are gone). Gone already: done. Changed since it was read (409, precondition
+    /// failed): `Conflict`, so the GpuJob is read again and decided again; never "done".
     pub async fn delete_job(
         &self,
         fence: &Fence,
@@ -263,27 +272,20 @@ impl Writer {
         foreground: bool,
     ) -> Result<(), Error> {
         let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
-        let dp = DeleteParams {
-            propagation_policy: Some(if foreground {
-                PropagationPolicy::Foreground
-            } else {
-                PropagationPolicy::Background
-            }),
-            preconditions: Some(Preconditions {
-                uid: Some(uid.to_owned()),
-                resource_version: Some(resource_version.to_owned()),
-            }),
-            ..DeleteParams::default()
+        let propagation = if foreground {
+            PropagationPolicy::Foreground
+        } else {
+            PropagationPolicy::Background
         };
-        self.check(fence)?;
-        match api.delete(name, &dp).await {
-            Ok(_) => Ok(()),
-            Err(e) if api_code(&e) == Some(404) => Ok(()),
-            Err(e) if api_code(&e) == Some(409) => Err(Error::Conflict {
-                what: format!("Job {ns}/{name}"),
-            }),
-            Err(e) => Err(self.failed(fence, "delete_job", e)),
-        }
+        let target = Target {
+            what: "Job",
+            ns,
+            name,
+            uid,
+            resource_version,
+        };
+        self.delete(fence, &api, &target, propagation, "delete_job")
+            .await
     }
 
     /// Deletes the GpuJob itself, with uid and resourceVersion preconditions (a GpuJob
@@ -299,22 +301,51 @@ impl Writer {
         let ns = gj.metadata.namespace.as_deref().unwrap_or_default();
         let name = gj.metadata.name.as_deref().unwrap_or_default();
         let api: Api<GpuJob> = Api::namespaced(self.client.clone(), ns);
+        let target = Target {
+            what: "GpuJob",
+            ns,
+            name,
+            uid,
+            resource_version,
+        };
+        self.delete(
+            fence,
+            &api,
+            &target,
+            PropagationPolicy::Background,
+            "delete_gpujob",
+        )
+        .await
+    }
+
+    /// One fenced delete carrying the uid and resourceVersion it was decided on.
+    async fn delete<K>(
+        &self,
+        fence: &Fence,
+        api: &Api<K>,
+        t: &Target<'_>,
+        propagation: PropagationPolicy,
+        action: &'static str,
+    ) -> Result<(), Error>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
         let dp = DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Background),
+            propagation_policy: Some(propagation),
             preconditions: Some(Preconditions {
-                uid: Some(uid.to_owned()),
-                resource_version: Some(resource_version.to_owned()),
+                uid: Some(t.uid.to_owned()),
+                resource_version: Some(t.resource_version.to_owned()),
             }),
             ..DeleteParams::default()
         };
         self.check(fence)?;
-        match api.delete(name, &dp).await {
+        match api.delete(t.name, &dp).await {
             Ok(_) => Ok(()),
             Err(e) if api_code(&e) == Some(404) => Ok(()),
             Err(e) if api_code(&e) == Some(409) => Err(Error::Conflict {
-                what: format!("GpuJob {ns}/{name}"),
+                what: format!("{} {}/{}", t.what, t.ns, t.name),
             }),
-            Err(e) => Err(self.failed(fence, "delete_gpujob", e)),
+            Err(e) => Err(self.failed(fence, action, e)),
         }
     }
 
