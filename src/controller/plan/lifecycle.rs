@@ -108,11 +108,14 @@ impl Planner<'_, '_> {
 
     /// A finished GpuJob is deleted once its time to live after finishing is over
     /// (`ttlSecondsAfterFinished`, else the operator's default); until then, looked at
-    /// again when it is. Waits for anything the plan asks first (a quota release).
+    /// again when it is. Only once everything else is done and recorded (a quota
+    /// release, the finalizer's removal, the final status with `Complete`/`Failed`), so
+    /// a client waiting for the end sees it, and the delete's resourceVersion holds.
     pub(super) fn expire_after_ttl(&mut self) {
-        if !self.next.phase.is_some_and(Phase::is_final) || self.actions.iter().any(Action::asks) {
+        if !self.next.phase.is_some_and(Phase::is_final) {
             return;
         }
+        let settled = self.actions.is_empty() && self.next == self.current;
         let ttl = self
             .gj
             .spec
@@ -129,6 +132,10 @@ impl Planner<'_, '_> {
             if let Ok(left) = Duration::try_from(self.now.duration_until(expires)) {
                 self.requeue_within(left);
             }
+            return;
+        }
+        if !settled {
+            // What this plan writes comes back as an event; delete then.
             return;
         }
         let m = &self.gj.metadata;

@@ -1038,4 +1038,55 @@ mod lifecycle {
             [Action::DeleteGpuJob { .. }]
         ));
     }
+
+    #[test]
+    fn the_time_to_live_waits_for_the_quota_release() {
+        let mut g = gpujob(0);
+        g.spec.ttl_seconds_after_finished = Some(0);
+        g.metadata.resource_version = Some("7".into());
+        g.metadata.finalizers = Some(vec![crate::api::FINALIZER_QUOTA.to_owned()]);
+        let mut done = g.clone();
+        done.status = Some(GpuJobStatus {
+            phase: Some(Phase::Succeeded),
+            attempts: 1,
+            reservation_id: Some("r-1".into()),
+            completion_time: Some(t(T0)),
+            ..Default::default()
+        });
+        let look = |done: &GpuJob, answer| {
+            plan(
+                &Observed {
+                    gpujob: done,
+                    jobs: vec![],
+                    termination: None,
+                    refused: None,
+                    quota_required: true,
+                    quota: answer,
+                    now: t("2026-11-30T07:00:00Z"),
+                },
+                &settings(),
+            )
+        };
+        assert_eq!(
+            look(&done, None).actions,
+            vec![Action::Release],
+            "release first"
+        );
+        let released = look(&done, Some(QuotaAnswer::Released));
+        assert!(
+            !released
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::DeleteGpuJob { .. })),
+            "the finalizer goes first: {:?}",
+            released.actions
+        );
+        // Released, recorded, finalizer gone: now it goes.
+        done.status = Some(released.status.clone());
+        done.metadata.finalizers = None;
+        assert!(matches!(
+            look(&done, None).actions.as_slice(),
+            [Action::DeleteGpuJob { .. }]
+        ));
+    }
 }
