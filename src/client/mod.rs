@@ -1,6 +1,7 @@
 //! The operator's API clients: identified in every request (the API server's audit log
 //! and metrics tell replicas apart), rate-limited by a token bucket, counted, and
-//! retried on 429/503/504 with kube's policy (counted too).
+//! retried on 429/500/502/503/504 a bounded number of times, honouring Retry-After
+//! (counted too).
 
 mod layers;
 
@@ -9,7 +10,6 @@ use std::sync::Arc;
 use http::HeaderValue;
 use kube::Client;
 use kube::client::ClientBuilder;
-use kube::client::retry::RetryPolicy;
 use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
 
@@ -19,7 +19,8 @@ use crate::lease::Ownership;
 use crate::metrics::Metrics;
 use crate::ratelimit::TokenBucket;
 pub use layers::LeaseLapsed;
-use layers::{CountingRetry, FenceLayer, RateLimitLayer};
+use layers::{BoundedRetry, FenceLayer, RateLimitLayer};
+pub use layers::{MAX_RETRIES, MAX_RETRY_AFTER};
 
 /// Client-side limits: the API server's priority and fairness is the last line of
 /// defence, not the first.
@@ -70,7 +71,7 @@ pub fn build(
     fence: Option<watch::Receiver<Ownership>>,
 ) -> anyhow::Result<Client> {
     let mut config = identify(config, identity)?;
-    // kube's own retry sits where it cannot be counted; the same policy is added below.
+    // kube's own retry sits where it cannot be counted, and waits up to 1000 s; ours, below.
     config.default_retry = false;
     let bucket = Arc::new(TokenBucket::new(limits.qps, limits.burst));
     let fence = fence.unwrap_or_else(|| watch::channel(Ownership::unfenced()).1);
@@ -79,10 +80,7 @@ pub fn build(
         .with_layer(&FenceLayer::new(fence))
         .with_layer(&BufferLayer::new(1024))
         .with_layer(&RateLimitLayer::new(bucket, metrics.clone()))
-        .with_layer(&RetryLayer::new(CountingRetry::new(
-            RetryPolicy::server_retry(),
-            metrics,
-        )))
+        .with_layer(&RetryLayer::new(BoundedRetry::new(metrics)))
         .build();
     Ok(client)
 }

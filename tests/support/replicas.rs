@@ -108,7 +108,31 @@ pub fn start_full(
     extra: &[&str],
     envs: &[(&str, &str)],
 ) -> Replica {
-    spawn(cluster, ns, Some(ns), n, timing, extra, envs)
+    spawn(cluster, ns, Some(ns), n, timing, extra, envs, None)
+}
+
+/// Replica `n` for namespace `ns` (its Lease there too), short timings, talking to the
+/// API server through `kubeconfig` (a fault proxy's).
+pub fn start_in_with_kubeconfig(
+    cluster: &ControlPlane,
+    ns: &str,
+    n: u8,
+    kubeconfig: PathBuf,
+) -> Replica {
+    spawn(cluster, ns, Some(ns), n, SHORT, &[], &[], Some(kubeconfig))
+}
+
+/// Replica `n` working on every namespace (a private control plane), its Leases in
+/// `lease_ns`, short timings, talking to the API server through `kubeconfig` (a fault
+/// proxy's) when given.
+pub fn start_everywhere(
+    cluster: &ControlPlane,
+    lease_ns: &str,
+    n: u8,
+    extra: &[&str],
+    kubeconfig: Option<PathBuf>,
+) -> Replica {
+    spawn(cluster, lease_ns, None, n, SHORT, extra, &[], kubeconfig)
 }
 
 /// Replica `n` with `--shards shards`, working on every namespace (a private control
@@ -123,9 +147,11 @@ pub fn start_sharded(cluster: &ControlPlane, lease_ns: &str, n: u8, shards: u32)
         SHORT,
         &["--shards", &shards],
         &[],
+        None,
     )
 }
 
+#[allow(clippy::too_many_arguments)] // one place that knows every flag a test replica gets
 fn spawn(
     cluster: &ControlPlane,
     lease_ns: &str,
@@ -134,12 +160,18 @@ fn spawn(
     timing: [&str; 3],
     extra: &[&str],
     envs: &[(&str, &str)],
+    kubeconfig: Option<PathBuf>,
 ) -> Replica {
     let ns = lease_ns;
     let dir = std::env::temp_dir().join(format!("gpujob-replicas-{ns}"));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join(format!("replica-{n}.log"));
-    let out = std::fs::File::create(&log).unwrap();
+    // A restarted replica appends: its earlier life's log stays readable.
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
     let err = out.try_clone().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_gpujob-operator"))
         .args(match watch_ns {
@@ -169,7 +201,10 @@ fn spawn(
         } else {
             &["--listen-address", "127.0.0.1:0"][..]
         })
-        .env("KUBECONFIG", cluster.kubeconfig(Identity::Replica(n)))
+        .env(
+            "KUBECONFIG",
+            kubeconfig.unwrap_or_else(|| cluster.kubeconfig(Identity::Replica(n))),
+        )
         .env("RUST_LOG", "info")
         .envs(envs.iter().copied())
         .stdin(Stdio::null())
