@@ -234,6 +234,48 @@ async fn cut_and_expired_watches_recover_without_redoing_work() {
 }
 
 #[tokio::test]
+async fn a_request_that_is_never_answered_is_abandoned_and_the_work_goes_on() {
+    let env = TestEnv::new("faults-hang").await;
+    let proxy = FaultProxy::start(&env.cluster).unwrap();
+    let config = proxy
+        .config(&env.cluster, Identity::Replica(1))
+        .await
+        .unwrap();
+    let limits = gpujob_operator::client::Limits {
+        timeout: Duration::from_secs(3),
+        ..Default::default()
+    };
+    let settings = gpujob_operator::controller::Settings {
+        watch_timeout: gpujob_operator::client::watch_timeout(limits.timeout),
+        ..env.settings()
+    };
+    let op = env
+        .operator_with_limits(config, "faults-hang", settings, limits)
+        .await;
+    create_many(&env, "before", 3, "0.5").await;
+    wait_succeeded(&env, 3).await;
+
+    // Every request but a watch is held unanswered, and every watch is told to relist:
+    // the relists, the writes and the reads of the workers all hang, for good.
+    proxy.set(Faults {
+        rules: vec![
+            Rule::new(Fault::Hang).watch(false),
+            on_watches(Fault::Gone, 1.0),
+        ],
+        partition: None,
+        seed: 5,
+    });
+    create_many(&env, "during", 5, "0.5").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.clear();
+    let counts = proxy.counts();
+    assert!(counts.get("hang").copied().unwrap_or(0) > 0, "{counts:?}");
+    // The held requests are never answered: the operator must give up on them by itself.
+    wait_succeeded(&env, 8).await;
+    op.stop().await;
+}
+
+#[tokio::test]
 async fn a_partitioned_leader_steps_down_and_writes_nothing_when_the_partition_heals() {
     let env = TestEnv::new("faults-partition").await;
     let proxies = [

@@ -6,6 +6,7 @@
 mod layers;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderValue;
 use kube::Client;
@@ -28,6 +29,11 @@ pub use layers::{MAX_RETRIES, MAX_RETRY_AFTER};
 pub struct Limits {
     pub qps: f64,
     pub burst: u32,
+    /// A request that goes this long without a byte from the API server is abandoned
+    /// with an error (a write's outcome is then re-read, never assumed). Without it a
+    /// request that is never answered holds its caller forever: a worker, or a watch's
+    /// relist, which leaves a replica holding its shards while it sees nothing.
+    pub timeout: Duration,
 }
 
 impl Default for Limits {
@@ -35,8 +41,16 @@ impl Default for Limits {
         Limits {
             qps: 50.0,
             burst: 100,
+            timeout: Duration::from_secs(60),
         }
     }
+}
+
+/// The server-side timeout of watches made through a client with read timeout
+/// `timeout`: the API server ends a quiet watch (and it is renewed) before the client
+/// could take its silence for a dead connection.
+pub fn watch_timeout(timeout: Duration) -> Duration {
+    Duration::from_secs((timeout.as_secs() * 3 / 4).max(1))
 }
 
 /// Field manager recorded on every write (managedFields, and Events' reporting controller).
@@ -71,6 +85,9 @@ pub fn build(
     fence: Option<watch::Receiver<Ownership>>,
 ) -> anyhow::Result<Client> {
     let mut config = identify(config, identity)?;
+    config.read_timeout = Some(limits.timeout);
+    // Count from when a request is sent, not from when its pooled connection went idle.
+    config.reset_reader_on_write = true;
     // kube's own retry sits where it cannot be counted, and waits up to 1000 s; ours, below.
     config.default_retry = false;
     let bucket = Arc::new(TokenBucket::new(limits.qps, limits.burst));

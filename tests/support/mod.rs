@@ -117,12 +117,25 @@ impl TestEnv {
         identity: &str,
         settings: Settings,
     ) -> Operator {
+        self.operator_with_limits(config, identity, settings, Default::default())
+            .await
+    }
+
+    /// [`TestEnv::operator_with`] with client limits of the test's choosing (its
+    /// `--api-timeout`, say).
+    pub async fn operator_with_limits(
+        &self,
+        config: kube::Config,
+        identity: &str,
+        settings: Settings,
+        limits: gpujob_operator::client::Limits,
+    ) -> Operator {
         let status = Status::new(Metrics::new());
         // The operator's own client stack (identity, rate limit, request metrics).
         let client = gpujob_operator::client::build(
             config,
             identity,
-            Default::default(),
+            limits,
             Some(status.metrics.clone()),
             None,
         )

@@ -45,8 +45,14 @@ pub(super) fn spawn(
     ]
 }
 
+/// The API server ends each watch before the client's read timeout could.
+fn config(ctx: &Context) -> watcher::Config {
+    let secs = u32::try_from(ctx.settings.watch_timeout.as_secs()).unwrap_or(u32::MAX);
+    watcher::Config::default().timeout(secs.max(1))
+}
+
 async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, intake: Intake) {
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, config(&ctx))
         .default_backoff()
         .modify(|gj| gj.managed_fields_mut().clear());
     let mut events = reflector::reflector(store, stream).boxed();
@@ -79,7 +85,7 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, int
 }
 
 async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
-    let stream = watcher(api, watcher::Config::default().labels(LABEL_UID)).default_backoff();
+    let stream = watcher(api, config(&ctx).labels(LABEL_UID)).default_backoff();
     let mut events = stream.boxed();
     while let Some(event) = events.next().await {
         match event {
