@@ -322,7 +322,10 @@ async fn soak(scale: Scale) {
     let mut env = TestEnv::private("soak").await;
     let fake = FakeQuota::start().await;
     let mut flags = fake.flags(&env.ns);
+    // Short timings throughout, as for the Leases: a request held unanswered is given up
+    // on in 10 s.
     flags.extend(["--shards".to_owned(), SHARDS.to_string()]);
+    flags.extend(["--api-timeout".to_owned(), "10s".to_owned()]);
     let mut proxies = Vec::new();
     for _ in 0..REPLICAS {
         proxies.push(FaultProxy::start(&env.cluster).unwrap());
@@ -362,7 +365,7 @@ async fn soak(scale: Scale) {
         .map(|p| ((p.ns.clone(), p.name.clone()), p.kind))
         .collect();
     workload(env.admin.clone(), baseline, Duration::from_secs(2)).await;
-    converge(&env, &calm_kinds).await;
+    converge(&env, &calm_kinds).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let calm_cost = writes_by_kind(&audit.since(calm).unwrap(), &calm_kinds);
     let start = audit.cursor().unwrap();
@@ -496,13 +499,27 @@ async fn soak(scale: Scale) {
     fake.set_release(Mode::Ok);
     let stopped = Instant::now();
     workload.await.unwrap();
-    let converged = converge(&env, &kinds).await;
+    let converged = match converge(&env, &kinds).await {
+        Ok(c) => c,
+        Err(why) => {
+            let keep = keep_evidence(&audit, seed);
+            panic!(
+                "{why}\n(seed {seed}; audit log kept in {}, replica logs in {})",
+                keep.display(),
+                std::env::temp_dir()
+                    .join(format!("gpujob-replicas-{}", env.ns))
+                    .display()
+            );
+        }
+    };
     let converged_after = stopped.elapsed();
 
     // Let the last writes reach the audit log, then judge.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let events = audit.since(start).unwrap();
-    let report = check(&env, &fake, &kinds, &events, &converged).await;
+    // Tenures from the whole Lease history (shards were taken before the window opened).
+    let history = audit.all().unwrap();
+    let report = check(&env, &fake, &kinds, &events, &history, &converged).await;
     let mut proxy_counts: BTreeMap<String, u64> = BTreeMap::new();
     for p in &proxies {
         for (k, v) in p.counts() {
@@ -570,9 +587,7 @@ async fn soak(scale: Scale) {
         std::fs::write(&path, &text).unwrap();
     }
     if !report.violations.is_empty() {
-        let keep = std::env::temp_dir().join(format!("gpujob-soak-{seed}"));
-        std::fs::create_dir_all(&keep).unwrap();
-        let _ = std::fs::copy(audit.path(), keep.join("audit.log"));
+        let keep = keep_evidence(&audit, seed);
         panic!(
             "{} invariant violations (seed {seed}); audit log kept in {}, replica logs in {}",
             report.violations.len(),
@@ -583,6 +598,14 @@ async fn soak(scale: Scale) {
         );
     }
     drop(rs);
+}
+
+/// Copies the audit log out of the control plane's folder, which goes with the test.
+fn keep_evidence(audit: &devcluster::audit::AuditLog, seed: u64) -> std::path::PathBuf {
+    let keep = std::env::temp_dir().join(format!("gpujob-soak-{seed}"));
+    std::fs::create_dir_all(&keep).unwrap();
+    let _ = std::fs::copy(audit.path(), keep.join("audit.log"));
+    keep
 }
 
 fn fmt_counts<V: std::fmt::Display>(c: &BTreeMap<String, V>) -> String {
@@ -602,7 +625,7 @@ const CONVERGE_WITHIN: Duration = Duration::from_secs(90);
 async fn converge(
     env: &TestEnv,
     kinds: &BTreeMap<(String, String), Kind>,
-) -> BTreeMap<(String, String), GpuJob> {
+) -> Result<BTreeMap<(String, String), GpuJob>, String> {
     let deadline = Instant::now() + CONVERGE_WITHIN;
     loop {
         let all: Api<GpuJob> = Api::all(env.admin.clone());
@@ -634,14 +657,35 @@ async fn converge(
                 .map(|(k, _)| k)
                 .collect();
             if pending.is_empty() {
-                return by;
+                return Ok(by);
             }
-            assert!(
-                Instant::now() < deadline,
-                "{} GpuJobs did not converge within {CONVERGE_WITHIN:?} of the faults stopping: {:?}",
-                pending.len(),
-                pending.iter().take(10).collect::<Vec<_>>()
-            );
+            if Instant::now() >= deadline {
+                let why: Vec<String> = pending
+                    .iter()
+                    .take(5)
+                    .map(|key| match by.get(*key) {
+                        Some(g) => {
+                            let s = g.status.clone().unwrap_or_default();
+                            let ready = g.condition("Ready").map(|c| format!("{}: {}", c.reason, c.message));
+                            format!(
+                                "{}/{} ({:?}): phase {:?}, attempts {}, failures {}, Ready {ready:?}, deleting {}",
+                                key.0,
+                                key.1,
+                                kinds[*key],
+                                s.phase,
+                                s.attempts,
+                                s.failures,
+                                g.metadata.deletion_timestamp.is_some()
+                            )
+                        }
+                        None => format!("{}/{} ({:?}): missing", key.0, key.1, kinds[*key]),
+                    })
+                    .collect();
+                return Err(format!(
+                    "{} GpuJobs did not converge within {CONVERGE_WITHIN:?} of the faults stopping: {why:#?}",
+                    pending.len()
+                ));
+            }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -653,27 +697,54 @@ struct Checked {
     writes_per_gpujob: f64,
 }
 
+/// Job creates by the replicas, by (namespace, name). A create the API server answered
+/// with an error may still have been stored (kube-apiserver stopping after etcd took
+/// it): it counts when the next successful request on that Job is not a create.
+fn job_creates(events: &[AuditEvent]) -> BTreeMap<(String, String), usize> {
+    let mut on_job: BTreeMap<(String, String), Vec<&AuditEvent>> = BTreeMap::new();
+    for e in events
+        .iter()
+        .filter(|e| e.resource == "jobs" && !e.name.is_empty())
+    {
+        on_job
+            .entry((e.namespace.clone(), e.name.clone()))
+            .or_default()
+            .push(e);
+    }
+    let mut creates = BTreeMap::new();
+    for (key, mut es) in on_job {
+        es.sort_by(|a, b| a.received.cmp(&b.received));
+        let n = es
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.verb == "create" && e.user.starts_with("replica-"))
+            .filter(|(i, e)| {
+                e.succeeded()
+                    || (e.code == 0 || e.code >= 500)
+                        && es[i + 1..]
+                            .iter()
+                            .find(|later| later.succeeded())
+                            .is_some_and(|later| later.verb != "create")
+            })
+            .count();
+        if n > 0 {
+            creates.insert(key, n);
+        }
+    }
+    creates
+}
+
 async fn check(
     env: &TestEnv,
     fake: &FakeQuota,
     kinds: &BTreeMap<(String, String), Kind>,
     events: &[AuditEvent],
+    history: &[AuditEvent],
     finished: &BTreeMap<(String, String), GpuJob>,
 ) -> Checked {
     let mut v = Vec::new();
     // At most one Job per (GpuJob, attempt) ever created; attempts without gaps.
-    let mut creates: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for e in events {
-        if e.resource == "jobs"
-            && e.verb == "create"
-            && e.succeeded()
-            && e.user.starts_with("replica-")
-        {
-            *creates
-                .entry((e.namespace.clone(), e.name.clone()))
-                .or_insert(0) += 1;
-        }
-    }
+    let creates = job_creates(events);
     for ((ns, name), n) in &creates {
         if *n > 1 {
             v.push(format!("Job {ns}/{name} created {n} times"));
@@ -754,7 +825,7 @@ async fn check(
     // Nobody wrote outside its tenure (beyond what was in flight), and no late write
     // landed on an object another replica had written.
     let tenure = std::panic::catch_unwind(|| {
-        support::shards::assert_writes_within_tenures(events, SHARDS, WORKERS)
+        support::shards::assert_writes_within_tenures(history, SHARDS, WORKERS)
     });
     if let Err(e) = tenure {
         let why = e
@@ -857,4 +928,43 @@ async fn soak_long() {
         apiserver_every: Duration::from_secs(180),
     })
     .await;
+}
+
+#[test]
+fn a_create_answered_with_an_error_counts_when_the_job_turns_up() {
+    let ev = |received: &str, user: &str, verb: &str, name: &str, code: u16| AuditEvent {
+        user: user.into(),
+        user_agent: String::new(),
+        verb: verb.into(),
+        api_group: "batch".into(),
+        resource: "jobs".into(),
+        subresource: String::new(),
+        namespace: "ns".into(),
+        name: name.into(),
+        code,
+        timestamp: received.into(),
+        received: received.into(),
+        lease_holder: None,
+    };
+    let kcm = "system:kube-controller-manager";
+    let events = [
+        // Stored although answered 500: the Job controller updates it next.
+        ev("01", "replica-1", "create", "a-1", 500),
+        ev("02", kcm, "update", "a-1", 200),
+        // Not stored: the retry creates it.
+        ev("03", "replica-1", "create", "b-1", 503),
+        ev("04", "replica-2", "create", "b-1", 201),
+        // Created twice over time: deleted between.
+        ev("05", "replica-1", "create", "c-1", 201),
+        ev("06", "replica-1", "delete", "c-1", 200),
+        ev("07", "replica-2", "create", "c-1", 201),
+        // Refused: never there.
+        ev("08", "replica-1", "create", "d-1", 409),
+    ];
+    let got = job_creates(&events);
+    let n = |name: &str| got.get(&("ns".to_owned(), name.to_owned())).copied();
+    assert_eq!(
+        (n("a-1"), n("b-1"), n("c-1"), n("d-1")),
+        (Some(1), Some(1), Some(2), None)
+    );
 }
