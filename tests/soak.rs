@@ -390,6 +390,7 @@ async fn soak(scale: Scale) {
 
     // Faults, until `faults_for` is over; each with an end.
     let mut injected: BTreeMap<String, u64> = BTreeMap::new();
+    let mut retried_by_the_killed: BTreeMap<String, f64> = BTreeMap::new();
     let mut undo: Vec<(Instant, Undo)> = Vec::new();
     let began = Instant::now();
     let mut last_restart = began;
@@ -426,6 +427,15 @@ async fn soak(scale: Scale) {
         let i = usize::try_from(rng.below(u64::from(REPLICAS))).unwrap();
         let label = match rng.below(10) {
             0 | 1 if !busy.contains(&i) && rs[i].is_some() => {
+                // Its counters die with it: read them first.
+                if let Ok(counted) =
+                    tokio::time::timeout(Duration::from_secs(2), retries_by_code(&addresses[i..=i]))
+                        .await
+                {
+                    for (code, n) in counted {
+                        *retried_by_the_killed.entry(code).or_insert(0.0) += n;
+                    }
+                }
                 let mut r = rs[i].take().unwrap();
                 r.signal(Signal::SIGKILL);
                 r.wait_exit(Duration::from_secs(10)).await;
@@ -526,7 +536,10 @@ async fn soak(scale: Scale) {
             *proxy_counts.entry(k).or_insert(0) += v;
         }
     }
-    let retries = retries_by_code(&addresses).await;
+    let mut retries = retries_by_code(&addresses).await;
+    for (code, n) in retried_by_the_killed {
+        *retries.entry(code).or_insert(0.0) += n;
+    }
     let mut text = String::new();
     let _ = writeln!(text, "# Soak report ({})\n", scale.label);
     let _ = writeln!(
@@ -570,7 +583,7 @@ async fn soak(scale: Scale) {
     }
     let _ = writeln!(
         text,
-        "| retries by code (live replicas) | {} |",
+        "| client retries by code (every replica; read before each kill) | {} |",
         fmt_counts(&retries)
     );
     let _ = writeln!(text, "| outcomes | {} |", fmt_counts(&report.outcomes));
@@ -878,7 +891,7 @@ fn writes_by_kind(
     out
 }
 
-/// `rest_client_request_retries_total` by code, summed over the live replicas.
+/// `rest_client_request_retries_total` by code, summed over the replicas at `addresses`.
 async fn retries_by_code(addresses: &[String]) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for a in addresses {
