@@ -339,29 +339,7 @@ async fn a_partitioned_leader_steps_down_and_writes_nothing_when_the_partition_h
         .into_iter()
         .filter(|e| e.namespace == env.ns && e.succeeded() && e.is_write())
         .collect();
-    let first_by_successor = events
-        .iter()
-        .filter(|e| e.user == successor && e.resource != "leases")
-        .map(|e| e.received.clone())
-        .min()
-        .expect("the successor wrote");
-    let late: Vec<&AuditEvent> = events
-        .iter()
-        .filter(|e| e.user == leader && e.resource != "leases" && e.received > first_by_successor)
-        .collect();
-    assert!(
-        late.len() <= WORKERS,
-        "the partitioned leader kept writing after it healed: {late:#?}"
-    );
-    for w in &late {
-        let overwritten = events.iter().find(|s| {
-            s.user == successor
-                && s.resource == w.resource
-                && s.name == w.name
-                && s.received < w.received
-        });
-        assert!(overwritten.is_none(), "{w:#?} after {overwritten:#?}");
-    }
+    replicas::assert_late_writes_are_safe(&events, &leader, &successor, WORKERS);
     rs[i].signal(Signal::SIGCONT);
     drop(rs);
 }

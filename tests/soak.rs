@@ -394,6 +394,19 @@ async fn soak(scale: Scale) {
     let mut undo: Vec<(Instant, Undo)> = Vec::new();
     let began = Instant::now();
     let mut last_restart = began;
+    let heal = |u: Undo, rs: &mut Vec<Option<Replica>>, env: &TestEnv| match u {
+        Undo::Restart(i) => rs[i] = Some(start_replica(env, &proxies, i)),
+        Undo::Continue(i) => {
+            if let Some(r) = &rs[i] {
+                r.signal(Signal::SIGCONT);
+            }
+        }
+        Undo::ClearProxy(i) => proxies[i].clear(),
+        Undo::QuotaOk => {
+            fake.set_reserve(Mode::Ok);
+            fake.set_release(Mode::Ok);
+        }
+    };
     while began.elapsed() < scale.faults_for {
         tokio::time::sleep(rng.millis(1000, 3000)).await;
         let now = Instant::now();
@@ -403,19 +416,7 @@ async fn soak(scale: Scale) {
             due.into_iter().map(|(_, u)| u).collect()
         };
         for u in due {
-            match u {
-                Undo::Restart(i) => rs[i] = Some(start_replica(&env, &proxies, i)),
-                Undo::Continue(i) => {
-                    if let Some(r) = &rs[i] {
-                        r.signal(Signal::SIGCONT);
-                    }
-                }
-                Undo::ClearProxy(i) => proxies[i].clear(),
-                Undo::QuotaOk => {
-                    fake.set_reserve(Mode::Ok);
-                    fake.set_release(Mode::Ok);
-                }
-            }
+            heal(u, &mut rs, &env);
         }
         let busy: BTreeSet<usize> = undo
             .iter()
@@ -494,19 +495,9 @@ async fn soak(scale: Scale) {
 
     // The faults stop: everything healed, every replica running.
     for (_, u) in undo.drain(..) {
-        match u {
-            Undo::Restart(i) => rs[i] = Some(start_replica(&env, &proxies, i)),
-            Undo::Continue(i) => {
-                if let Some(r) = &rs[i] {
-                    r.signal(Signal::SIGCONT);
-                }
-            }
-            Undo::ClearProxy(i) => proxies[i].clear(),
-            Undo::QuotaOk => {}
-        }
+        heal(u, &mut rs, &env);
     }
-    fake.set_reserve(Mode::Ok);
-    fake.set_release(Mode::Ok);
+    heal(Undo::QuotaOk, &mut rs, &env);
     let stopped = Instant::now();
     workload.await.unwrap();
     let converged = match converge(&env, &kinds).await {

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use http_body_util::BodyExt;
 
 use devcluster::faultproxy::{Fault, FaultProxy, Faults, INJECTED_MESSAGE, Partition, Rule};
@@ -58,6 +59,18 @@ impl Setup {
     }
 
     /// The resourceVersion to watch the namespace's ConfigMaps from.
+    /// A watch of the namespace's ConfigMaps through the proxy, from `version`.
+    async fn watch_via(
+        &self,
+        version: &str,
+    ) -> BoxStream<'static, kube::Result<WatchEvent<ConfigMap>>> {
+        self.via_cms()
+            .watch(&watch_params(), version)
+            .await
+            .unwrap()
+            .boxed()
+    }
+
     async fn cms_version(&self) -> String {
         self.direct_cms()
             .list(&ListParams::default())
@@ -108,12 +121,7 @@ async fn without_faults_requests_and_watches_pass_through() {
 
     // A watch streams events as they happen.
     let version = s.cms_version().await;
-    let mut events = s
-        .via_cms()
-        .watch(&watch_params(), &version)
-        .await
-        .unwrap()
-        .boxed();
+    let mut events = s.watch_via(&version).await;
     s.via_cms()
         .create(&PostParams::default(), &cm("seen"))
         .await
@@ -285,12 +293,7 @@ async fn gone_fails_a_watch_start_with_410_expired() {
     // relists on it.
     s.proxy
         .set(Faults::new().rule(Rule::new(Fault::ExpiredEvent)));
-    let mut events = s
-        .via_cms()
-        .watch(&watch_params(), &version)
-        .await
-        .unwrap()
-        .boxed();
+    let mut events = s.watch_via(&version).await;
     match events.next().await {
         Some(Ok(WatchEvent::Error(e))) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
         other => panic!("{other:?}"),
@@ -328,12 +331,7 @@ async fn cut_watch_after_ends_a_watch_within_its_bound() {
         })));
     let version = s.cms_version().await;
     let started = Instant::now();
-    let mut events = s
-        .via_cms()
-        .watch(&watch_params(), &version)
-        .await
-        .unwrap()
-        .boxed();
+    let mut events = s.watch_via(&version).await;
     // The stream is live until the cut.
     s.direct_cms()
         .create(&PostParams::default(), &cm("before-the-cut"))
@@ -412,12 +410,7 @@ async fn partitions_hold_or_refuse_until_healed() {
     let s = setup("fp-partition").await;
     s.via_namespaces().get(&s.ns).await.unwrap();
     let version = s.cms_version().await;
-    let mut events = s
-        .via_cms()
-        .watch(&watch_params(), &version)
-        .await
-        .unwrap()
-        .boxed();
+    let mut events = s.watch_via(&version).await;
 
     // Hang: requests are held, streams stop.
     s.proxy.set_partition(Some(Partition::Hang));
@@ -491,12 +484,7 @@ async fn partitions_hold_or_refuse_until_healed() {
 async fn dropping_the_proxy_closes_its_connections() {
     let s = setup("fp-drop").await;
     let version = s.cms_version().await;
-    let mut events = s
-        .via_cms()
-        .watch(&watch_params(), &version)
-        .await
-        .unwrap()
-        .boxed();
+    let mut events = s.watch_via(&version).await;
     let kubeconfig = s.proxy.kubeconfig(&s.cluster, Identity::Admin).unwrap();
     let Setup { proxy, via, ns, .. } = s;
     drop(proxy);

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use devcluster::audit::AuditEvent;
 use devcluster::{ControlPlane, Identity, wait};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -264,4 +265,45 @@ pub async fn wait_holder(
     )
     .await
     .unwrap()
+}
+
+/// What is guaranteed of a leader cut off past its lease (frozen, partitioned) and back
+/// (README, "Which writes are safe when late"): a write that passed its fence just
+/// before may still arrive after its successor's first write, at most one per worker
+/// (each worker has one request in flight; every later write is fenced); and none of
+/// those lands on an object its successor had written, because each carries the
+/// resourceVersion or uid it was computed from, or a stable name. Of two successful
+/// writes to one object, the one received first committed first. `events`: the
+/// successful writes to look at. Returns how many of the leader's writes came late.
+pub fn assert_late_writes_are_safe(
+    events: &[AuditEvent],
+    leader: &str,
+    successor: &str,
+    workers: usize,
+) -> usize {
+    let at = |e: &AuditEvent| e.received.parse::<Timestamp>().unwrap();
+    let first_by_successor = events
+        .iter()
+        .filter(|e| e.user == successor)
+        .map(at)
+        .min()
+        .expect("the successor wrote");
+    let late: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| e.user == leader && e.resource != "leases" && at(e) > first_by_successor)
+        .collect();
+    assert!(
+        late.len() <= workers,
+        "the deposed leader kept writing after it came back: {late:#?}"
+    );
+    for w in &late {
+        let overwritten = events.iter().find(|s| {
+            s.user == successor && s.resource == w.resource && s.name == w.name && at(s) < at(w)
+        });
+        assert!(
+            overwritten.is_none(),
+            "a late write landed on an object its successor had written: {w:#?} after {overwritten:#?}"
+        );
+    }
+    late.len()
 }
