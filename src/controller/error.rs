@@ -23,7 +23,7 @@ pub const ERROR_LABELS: [&str; 12] = [
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// `action` is one of [`ERROR_LABELS`].
-    #[error("{} failed: {}", describe(action), crate::client::describe(source))]
+    #[error("{} failed: {}", describe(action), crate::apierror::describe(source))]
     Kube {
         action: &'static str,
         #[source]

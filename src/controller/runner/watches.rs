@@ -78,7 +78,7 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, int
             }
             Err(e) => warn!(
                 "GpuJob watch: {}; retrying with backoff",
-                crate::client::describe_watch(&e)
+                crate::apierror::describe_watch(&e)
             ),
         }
     }
@@ -96,7 +96,7 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
             }
             Err(e) => warn!(
                 "Job watch: {}; retrying with backoff",
-                crate::client::describe_watch(&e)
+                crate::apierror::describe_watch(&e)
             ),
         }
     }
