@@ -292,6 +292,7 @@ async fn a_partitioned_leader_steps_down_and_writes_nothing_when_the_partition_h
             &env.cluster,
             &env.ns,
             n,
+            &[],
             kubeconfig,
         ));
     }

@@ -112,15 +112,25 @@ pub fn start_full(
     spawn(cluster, ns, Some(ns), n, timing, extra, envs, None)
 }
 
-/// Replica `n` for namespace `ns` (its Lease there too), short timings, talking to the
-/// API server through `kubeconfig` (a fault proxy's).
+/// Replica `n` for namespace `ns` (its Lease there too), short timings, with `extra`
+/// flags, talking to the API server through `kubeconfig` (a fault proxy's).
 pub fn start_in_with_kubeconfig(
     cluster: &ControlPlane,
     ns: &str,
     n: u8,
+    extra: &[&str],
     kubeconfig: PathBuf,
 ) -> Replica {
-    spawn(cluster, ns, Some(ns), n, SHORT, &[], &[], Some(kubeconfig))
+    spawn(
+        cluster,
+        ns,
+        Some(ns),
+        n,
+        SHORT,
+        extra,
+        &[],
+        Some(kubeconfig),
+    )
 }
 
 /// Replica `n` working on every namespace (a private control plane), its Leases in
