@@ -34,7 +34,7 @@ step "shared control plane"
 state="$(mktemp -d "$cache/test-cluster-XXXXXX")"
 log="$state.log"
 "$CARGO_TARGET_DIR/debug/devcluster" up --state-dir "$state" \
-  --crd deploy/crd.yaml --crd devcluster/testdata/widget-crd.yaml >"$log" 2>&1 &
+  --crd deploy/crd/crd.yaml --crd devcluster/testdata/widget-crd.yaml >"$log" 2>&1 &
 up_pid=$!
 stop_cluster() {
   local status=$?

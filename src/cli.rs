@@ -25,7 +25,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator against the cluster of the current kubeconfig (or in-cluster).
     Run(Box<RunArgs>),
-    /// Print the GpuJob CustomResourceDefinition (what deploy/crd.yaml holds).
+    /// Print the GpuJob CustomResourceDefinition (what deploy/crd/crd.yaml holds).
     Crd,
 }
 

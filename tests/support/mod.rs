@@ -28,8 +28,8 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub const CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml");
-pub const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml");
+pub const CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd/crd.yaml");
+pub const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator/rbac.yaml");
 pub const WAIT: Duration = Duration::from_secs(90);
 pub const POLL: Duration = Duration::from_millis(200);
 
@@ -313,13 +313,13 @@ fn rbac_docs() -> Vec<serde_json::Value> {
     serde_saphyr::from_multiple(&text).unwrap()
 }
 
-/// The shipped Lease Role (deploy/rbac.yaml), in the test's namespace, bound to the
+/// The shipped Lease Role (deploy/operator/rbac.yaml), in the test's namespace, bound to the
 /// replica users' group: tests put each operator's Lease in their own namespace.
 async fn grant_lease_role_to_replicas(admin: &Client, ns: &str) {
     let mut role = rbac_docs()
         .into_iter()
         .find(|d| d["kind"] == "Role")
-        .expect("deploy/rbac.yaml has the lease Role");
+        .expect("deploy/operator/rbac.yaml has the lease Role");
     role["metadata"]["namespace"] = json!(ns);
     let role: Role = serde_json::from_value(role).unwrap();
     let pp = PatchParams::apply("gpujob-tests").force();
@@ -340,13 +340,13 @@ async fn grant_lease_role_to_replicas(admin: &Client, ns: &str) {
         .unwrap();
 }
 
-/// Binds the shipped ClusterRole (deploy/rbac.yaml) to the replica users' group.
+/// Binds the shipped ClusterRole (deploy/operator/rbac.yaml) to the replica users' group.
 async fn grant_operator_role_to_replicas(admin: &Client) {
     let role: ClusterRole = rbac_docs()
         .into_iter()
         .find(|d| d["kind"] == "ClusterRole")
         .map(|d| serde_json::from_value(d).unwrap())
-        .expect("deploy/rbac.yaml has a ClusterRole");
+        .expect("deploy/operator/rbac.yaml has a ClusterRole");
     let pp = PatchParams::apply("gpujob-tests").force();
     let roles: Api<ClusterRole> = Api::all(admin.clone());
     roles
