@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::client::Limits;
+use crate::controller::validate::{ServiceAccounts, SpecLimits};
 use crate::controller::{PlanSettings, Settings};
 use crate::lease::Timing;
 use crate::queue::Backoff;
@@ -75,6 +76,17 @@ pub struct RunArgs {
     /// Most GPUs one GpuJob may request; a larger request is an invalid spec.
     #[arg(long, env = "GPUJOB_MAX_GPUS_PER_JOB", default_value_t = 64, value_parser = clap::value_parser!(i32).range(1..=64))]
     pub max_gpus_per_job: i32,
+    /// Service accounts a GpuJob's Jobs may run as (comma-separated; `*`: any). A
+    /// GpuJob naming another (or, without `default` here, naming none) is an invalid
+    /// spec. The operator creates the Jobs with its own rights: this list, not the
+    /// user's, decides which service accounts of a namespace GpuJobs can use.
+    #[arg(
+        long,
+        env = "GPUJOB_ALLOWED_SERVICE_ACCOUNTS",
+        value_delimiter = ',',
+        default_value = "default"
+    )]
+    pub allowed_service_accounts: Vec<String>,
     /// Where GPU quota is reserved before a GpuJob runs: `none`, or `http` (the REST
     /// contract of docs/quota-api.md at --quota-url).
     #[arg(long, env = "GPUJOB_QUOTA_PROVIDER", value_enum, default_value_t = QuotaKind::None)]
@@ -232,7 +244,10 @@ impl RunArgs {
                 backoff_base: self.retry_backoff_base,
                 backoff_max: self.retry_backoff_max,
                 keep_jobs: self.keep_jobs,
-                max_gpus: self.max_gpus_per_job,
+                limits: SpecLimits {
+                    max_gpus: self.max_gpus_per_job,
+                    service_accounts: ServiceAccounts::parse(&self.allowed_service_accounts)?,
+                },
                 cleanup_timeout: self.cleanup_timeout,
                 default_ttl: self.default_ttl_after_finished,
                 ..PlanSettings::default()

@@ -16,6 +16,7 @@ use std::time::Duration;
 use devcluster::identity::REPLICA_GROUP;
 use devcluster::{ControlPlane, Identity, wait};
 use gpujob_operator::api::{GpuJob, LABEL_UID};
+use gpujob_operator::controller::validate::SpecLimits;
 use gpujob_operator::controller::{self, PlanSettings, Settings};
 use gpujob_operator::metrics::Metrics;
 use gpujob_operator::server::Status;
@@ -88,7 +89,10 @@ impl TestEnv {
                 backoff_base: Duration::from_secs(1),
                 backoff_max: Duration::from_secs(4),
                 keep_jobs: 3,
-                max_gpus: 8,
+                limits: SpecLimits {
+                    max_gpus: 8,
+                    ..SpecLimits::default()
+                },
                 name_conflict_retry: Duration::from_secs(2),
                 ..PlanSettings::default()
             },
