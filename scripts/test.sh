@@ -3,7 +3,8 @@
 #
 # 1. installs what is missing (Debian packages; kube-apiserver and
 #    kube-controller-manager are built once from Debian's source and cached),
-# 2. checks the alert rules with promtool, formatting and clippy,
+# 2. checks the alert rules with promtool, deploy/ and the Dockerfile with checkov
+#    (installed from PyPI into the cache when missing), formatting and clippy,
 # 3. starts one shared control plane (devcluster) for the integration tests,
 # 4. runs every test with cargo-nextest, which prints the summary line,
 # 5. stops the control plane, also on failure or Ctrl-C.
@@ -18,6 +19,9 @@ prepare_machine
 
 step "alert rules, their unit tests, runbook anchors, generated monitoring manifests"
 alerts/check.sh
+
+step "manifests and Dockerfile: checkov, zero failed checks, every skip with its reason"
+scripts/checkov.sh
 
 step "format and lint"
 cargo fmt --all --check
