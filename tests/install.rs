@@ -383,17 +383,40 @@ async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
     .into();
     let leases = ("leases.coordination.k8s.io", "get list create update");
     for (ns, expected_leases) in [("gpujob-system", true), (elsewhere.as_str(), false)] {
-        let out = cluster
-            .command("kubectl", Identity::Operator)
-            .args(["auth", "can-i", "--list", "-n", ns])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8(out.stdout).unwrap();
+        let mut wanted: BTreeSet<(String, String)> = cluster_wide
+            .iter()
+            .map(|(r, v)| (r.to_string(), v.to_string()))
+            .collect();
+        if expected_leases {
+            wanted.insert((leases.0.to_owned(), leases.1.to_owned()));
+        }
+        // The RBAC cache sees the bindings just applied a moment later: wait until
+        // every reviewed right shows, then judge that answer.
+        let text = wait::until(
+            &format!("the operator's rights in {ns}"),
+            WAIT,
+            POLL,
+            || {
+                let out = cluster
+                    .command("kubectl", Identity::Operator)
+                    .args(["auth", "can-i", "--list", "-n", ns])
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let text = String::from_utf8(out.stdout).unwrap();
+                let lines = can_i_lines(&text);
+                let complete = wanted
+                    .iter()
+                    .all(|(r, v)| lines.iter().any(|(lr, _, _, lv)| lr == r && lv == v));
+                async move { complete.then_some(text) }
+            },
+        )
+        .await
+        .unwrap();
         let mut seen = BTreeSet::new();
         for (resource, urls, names, verbs) in can_i_lines(&text) {
             if resource.is_empty() {
@@ -412,13 +435,6 @@ async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
                 "in {ns}, the operator may {verbs} {resource}: not in the reviewed list\n{text}"
             );
             seen.insert((resource.clone(), verbs.clone()));
-        }
-        let mut wanted: BTreeSet<(String, String)> = cluster_wide
-            .iter()
-            .map(|(r, v)| (r.to_string(), v.to_string()))
-            .collect();
-        if expected_leases {
-            wanted.insert((leases.0.to_owned(), leases.1.to_owned()));
         }
         assert_eq!(seen, wanted, "in {ns}:\n{text}");
         // Spelled out, what the review is for.
@@ -534,8 +550,19 @@ async fn built_in_edit_may_create_gpujobs_and_view_may_only_read_them() {
     bind(&admin, &ns, "view", &viewer).await;
     let pp = PostParams::default();
 
+    // The API server's RBAC cache sees a new RoleBinding a moment after it is written:
+    // wait for the editor's first create (only a 403 is retried), and for the viewer's
+    // first read before any refusal of the viewer counts.
     let as_editor: Api<GpuJob> = Api::namespaced(as_user(&cluster, &editor).await, &ns);
-    as_editor.create(&pp, &gpujob("by-editor")).await.unwrap();
+    wait::until("the editor creates a GpuJob", WAIT, POLL, || async {
+        match as_editor.create(&pp, &gpujob("by-editor")).await {
+            Ok(_) => Some(()),
+            Err(kube::Error::Api(s)) if s.code == 403 => None,
+            Err(e) => panic!("create as editor: {e}"),
+        }
+    })
+    .await
+    .unwrap();
     assert_eq!(
         as_editor
             .list(&ListParams::default())
@@ -552,7 +579,15 @@ async fn built_in_edit_may_create_gpujobs_and_view_may_only_read_them() {
     );
 
     let as_viewer: Api<GpuJob> = Api::namespaced(as_user(&cluster, &viewer).await, &ns);
-    let seen = as_viewer.get("by-editor").await.unwrap();
+    let seen = wait::until("the viewer reads the GpuJob", WAIT, POLL, || async {
+        match as_viewer.get("by-editor").await {
+            Ok(gj) => Some(gj),
+            Err(kube::Error::Api(s)) if s.code == 403 => None,
+            Err(e) => panic!("get as viewer: {e}"),
+        }
+    })
+    .await
+    .unwrap();
     assert_eq!(seen.metadata.name.as_deref(), Some("by-editor"));
     assert_eq!(
         as_viewer
