@@ -16,6 +16,13 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 prepare_machine
+# tests/install.rs renders deploy/ with `kubectl kustomize`: the `labels:` field and
+# components need the kustomize v5 built into kubectl 1.27 and later (Debian's
+# kubernetes-client, 1.20, has v2). Say so here rather than as a failing test.
+if ! kubectl version --client 2>/dev/null | grep -q '^Kustomize Version: v5'; then
+  echo "$(command -v kubectl) lacks kustomize v5 (kubectl 1.27 or later renders deploy/); put a recent kubectl first on PATH (https://kubernetes.io/docs/tasks/tools/)" >&2
+  exit 1
+fi
 
 step "alert rules, their unit tests, runbook anchors, generated monitoring manifests"
 alerts/check.sh
