@@ -143,6 +143,10 @@ pub struct RunArgs {
     /// Requests allowed in a burst above --api-qps.
     #[arg(long, env = "GPUJOB_API_BURST", default_value_t = 100)]
     pub api_burst: u32,
+    /// An API request that goes this long without a byte from the API server is
+    /// abandoned and its outcome re-read; watches are renewed by the server at 3/4 of it.
+    #[arg(long, env = "GPUJOB_API_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub api_timeout: Duration,
     /// Overall limit on reconcile retries per second (on top of per-GpuJob backoff).
     #[arg(long, env = "GPUJOB_RETRY_QPS", default_value_t = 10.0)]
     pub retry_qps: f64,
@@ -208,9 +212,16 @@ impl RunArgs {
         if self.api_qps.is_nan() || self.api_qps <= 0.0 || self.api_burst == 0 {
             return Err("--api-qps and --api-burst must be greater than zero".to_owned());
         }
+        if self.api_timeout < Duration::from_secs(2) {
+            return Err(format!(
+                "--api-timeout ({:?}) must be at least 2s: watches are renewed at 3/4 of it",
+                self.api_timeout
+            ));
+        }
         Ok(Limits {
             qps: self.api_qps,
             burst: self.api_burst,
+            timeout: self.api_timeout,
         })
     }
 
@@ -254,6 +265,7 @@ impl RunArgs {
             },
             identity: self.identity(),
             quota: self.quota()?,
+            watch_timeout: crate::client::watch_timeout(self.api_timeout),
             resync: self.resync,
             unconverged_after: self.unconverged_after,
             retry: Backoff {
@@ -348,5 +360,9 @@ mod tests {
         let bad = parse(&["--lease-duration", "5s", "--renew-deadline", "5s"]);
         assert!(bad.timing().unwrap_err().contains("renew deadline"));
         assert!(parse(&["--api-qps", "0"]).limits().is_err());
+        assert!(parse(&["--api-timeout", "1s"]).limits().is_err());
+        let a = parse(&["--api-timeout", "20s"]);
+        assert_eq!(a.limits().unwrap().timeout, Duration::from_secs(20));
+        assert_eq!(a.settings().unwrap().watch_timeout, Duration::from_secs(15));
     }
 }

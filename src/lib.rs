@@ -5,6 +5,7 @@
 //! observe → plan (pure) → apply (the only writer) → one status patch.
 
 pub mod api;
+pub mod apierror;
 mod backoff;
 pub mod cli;
 pub mod client;

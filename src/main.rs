@@ -71,7 +71,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                     .context("building the API client")?;
             // The Leases have their own client and budget: reconcile traffic never starves
             // renewals. Sharded, each replica renews its share plus a heartbeat.
-            let lease_limits = Limits { qps: 5.0 + f64::from(args.shards), burst: 10 + args.shards };
+            let lease_limits = Limits { qps: 5.0 + f64::from(args.shards), burst: 10 + args.shards, ..limits };
             let lease_client = client::build(config, &identity, lease_limits, Some(metrics), None)
                 .context("building the lease client")?;
             let (drained, drained_rx) = oneshot::channel::<()>();

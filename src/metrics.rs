@@ -209,7 +209,7 @@ impl Metrics {
             ))?,
             rest_retries: counters(
                 "rest_client_request_retries_total",
-                "Number of request retries (429/503/504), partitioned by status code and method",
+                "Number of request retries (429/500/502/503/504), partitioned by status code and method",
                 &["code", "method"],
             )?,
             leader: IntGaugeVec::new(
@@ -334,7 +334,7 @@ impl Metrics {
             for code in CODES {
                 self.rest_requests.with_label_values(&[code, method]);
             }
-            for code in ["429", "503", "504"] {
+            for code in ["429", "500", "502", "503", "504"] {
                 self.rest_retries.with_label_values(&[code, method]);
             }
         }

@@ -12,17 +12,12 @@ use std::time::Duration;
 use devcluster::audit::AuditEvent;
 use gpujob_operator::api::{LABEL_UID, Phase};
 use gpujob_operator::controller::job::attempt_of;
-use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::ListParams;
 use nix::sys::signal::Signal;
 use serde_json::json;
 use support::replicas::{self, LEASE_DURATION, Replica, holder, times, wait_holder};
 use support::{TestEnv, phase, sim_env};
-
-fn ts(s: &str) -> Timestamp {
-    s.parse().unwrap()
-}
 
 /// The operator's default `--workers`: requests in flight at once.
 const WORKERS: usize = 4;
@@ -295,48 +290,9 @@ async fn a_paused_leader_resumed_after_losing_the_lease_sends_only_what_is_safe_
         .into_iter()
         .filter(|e| e.namespace == env.ns && e.succeeded() && e.is_write())
         .collect();
-    let first_by_successor = events
-        .iter()
-        .filter(|e| e.user == successor)
-        .map(|e| ts(&e.received))
-        .min()
-        .expect("the new leader wrote");
-    let late: Vec<&AuditEvent> = events
-        .iter()
-        .filter(|e| e.user == leader && ts(&e.received) > first_by_successor)
-        .collect();
-    println!(
-        "the deposed leader's writes received after its successor's first: {}",
-        late.len()
-    );
-    assert_paused_writes_are_safe(&events, &late, &successor);
+    let late = replicas::assert_late_writes_are_safe(&events, &leader, &successor, WORKERS);
+    println!("the deposed leader's writes received after its successor's first: {late}");
     drop(replicas);
-}
-
-/// What is guaranteed of a leader frozen past its lease and resumed (README, "Which
-/// writes are safe when late"): a write that passed its fence just before the freeze may
-/// still leave afterwards, at most one per worker (each worker has one request in
-/// flight; every later write is fenced); and none of those lands on an object its
-/// successor had written, because each carries the resourceVersion or uid it was
-/// computed from, or a stable name. Of two successful writes to one object, the one
-/// received first committed first.
-fn assert_paused_writes_are_safe(all: &[AuditEvent], late: &[&AuditEvent], successor: &str) {
-    assert!(
-        late.len() <= WORKERS,
-        "the deposed leader kept writing after it resumed: {late:#?}"
-    );
-    for w in late {
-        let overwritten = all.iter().find(|s| {
-            s.user == successor
-                && s.resource == w.resource
-                && s.name == w.name
-                && ts(&s.received) < ts(&w.received)
-        });
-        assert!(
-            overwritten.is_none(),
-            "a late write landed on an object its successor had written: {w:#?} after {overwritten:#?}"
-        );
-    }
 }
 
 /// Not a test: measures failover time (kill -9 and SIGTERM of the leader, at short and

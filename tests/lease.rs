@@ -30,6 +30,7 @@ async fn client(env: &TestEnv, n: u8, identity: &str) -> Client {
     let limits = gpujob_operator::client::Limits {
         qps: 1000.0,
         burst: 1000,
+        ..Default::default()
     };
     gpujob_operator::client::build(config, identity, limits, None, None).unwrap()
 }

@@ -1,7 +1,10 @@
 //! Calls to the quota service are fenced end to end, with the real binary: a leader
 //! whose reserve is still in flight when it is frozen (SIGSTOP) and deposed cannot
 //! bring back a reservation its successor has since released, because every call
-//! carries the caller's fencing token and the service refuses an older one.
+//! carries the caller's fencing token and the service refuses an older one. And a
+//! replica that takes over with a cache far behind (its GpuJob watch hangs) reads the
+//! GpuJob before it calls the quota service, so a GpuJob that finished meanwhile is not
+//! reserved again.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -9,13 +12,14 @@ mod support;
 
 use std::time::Duration;
 
-use devcluster::wait;
+use devcluster::faultproxy::{Fault, FaultProxy, Faults, Rule};
+use devcluster::{Identity, wait};
 use gpujob_operator::api::Phase;
 use nix::sys::signal::Signal;
 use serde_json::json;
-use support::quota::FakeQuota;
+use support::quota::{FakeQuota, Mode};
 use support::replicas::{self, wait_holder};
-use support::{TestEnv, phase, sim_env};
+use support::{TestEnv, phase, ready, sim_env};
 
 #[tokio::test]
 async fn a_deposed_leader_cannot_bring_back_a_reservation_its_successor_released() {
@@ -104,5 +108,106 @@ async fn a_deposed_leader_cannot_bring_back_a_reservation_its_successor_released
         "older term, smaller token: {calls:#?}"
     );
     first.signal(Signal::SIGCONT);
+    drop((first, second));
+}
+
+#[tokio::test]
+async fn a_successor_with_a_stale_cache_reads_before_it_reserves() {
+    let env = TestEnv::new("quota-stale").await;
+    let fake = FakeQuota::start().await;
+    fake.set_reserve(Mode::Refuse);
+    let flags = fake.flags(&env.ns);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let first = replicas::start(&env.cluster, &env.ns, 1, &flags);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-1"
+    })
+    .await;
+    let gj = env
+        .create(
+            "gj",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "1")])}),
+        )
+        .await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    env.wait_gpujob("gj", "QuotaRefused, finalizer held", |g| {
+        g.holds_quota_finalizer() && ready(g).is_some_and(|(_, r, _)| r == "QuotaRefused")
+    })
+    .await;
+
+    // The standby lists GpuJobs (seeing this one waiting for quota), and then its
+    // GpuJob watch hangs: its cache stays there.
+    let proxy = FaultProxy::start(&env.cluster).unwrap();
+    proxy.set(Faults::new().rule(Rule::new(Fault::Hang).watch(true).resources(["gpujobs"])));
+    let kubeconfig = proxy
+        .kubeconfig(&env.cluster, Identity::Replica(2))
+        .unwrap();
+    let second = replicas::start_in_with_kubeconfig(&env.cluster, &env.ns, 2, &flags, kubeconfig);
+    let p = proxy.handle();
+    wait::until(
+        "the standby's GpuJob watch to hang after its list",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            let p = p.clone();
+            async move { (p.count("hang") >= 1).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+
+    // Meanwhile the leader reserves, runs, releases and lets the GpuJob go.
+    fake.set_reserve(Mode::Ok);
+    env.wait_gpujob("gj", "Succeeded, released, unfinalized", |g| {
+        phase(g) == Some(Phase::Succeeded) && !g.holds_quota_finalizer()
+    })
+    .await;
+    assert_eq!(fake.granted(&uid).len(), 1);
+    assert!(fake.live().is_empty(), "{:?}", fake.live());
+
+    // The leader dies; the standby takes over, its cache still saying "waiting for
+    // quota". It reconciles every GpuJob of the shard it gained: this one either
+    // reads it first and finds it finished, or (the defect) reserves again.
+    let asked_before = fake.calls("reserve", &uid).len();
+    first.signal(Signal::SIGKILL);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-2"
+    })
+    .await;
+    let quota = fake.clone();
+    wait::until(
+        "the successor to reconcile the GpuJob",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            let (quota, uid) = (quota.clone(), uid.clone());
+            let log = second.log_text();
+            async move {
+                let asked = quota.calls("reserve", &uid).len() > asked_before;
+                (log.contains("behind the API server") || asked).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        fake.granted(&uid).len(),
+        1,
+        "reserved again from a stale cache: {:?}",
+        fake.granted(&uid)
+    );
+    assert!(
+        fake.live().is_empty(),
+        "a reservation leaked: {:?}",
+        fake.live()
+    );
+    assert!(
+        !env.gpujobs()
+            .get("gj")
+            .await
+            .unwrap()
+            .holds_quota_finalizer()
+    );
+    proxy.clear();
     drop((first, second));
 }

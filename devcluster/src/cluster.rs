@@ -411,7 +411,11 @@ impl ControlPlane {
         .await
     }
 
-    async fn config_for(&self, kubeconfig: &Path, user_agent: &str) -> Result<kube::Config, Error> {
+    pub(crate) async fn config_for(
+        &self,
+        kubeconfig: &Path,
+        user_agent: &str,
+    ) -> Result<kube::Config, Error> {
         let kc = Kubeconfig::read_from(kubeconfig)
             .map_err(|e| Error::invalid(format!("reading {}", kubeconfig.display()), e))?;
         let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())

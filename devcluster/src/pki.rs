@@ -21,18 +21,24 @@ pub struct Pki {
 }
 
 impl Pki {
-    /// Writes a CA, a serving certificate for 127.0.0.1/localhost signed by it, and a
-    /// service-account key pair into `dir`. Reuses them when all are already there (a
-    /// restart of the same state folder keeps tokens and kubeconfigs valid).
-    pub fn ensure(dir: &Path) -> Result<Pki, Error> {
-        std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
-        let pki = Pki {
+    /// Where [`Pki::ensure`] puts the files in `dir`; creates nothing (for reading the
+    /// files of a control plane that is already running).
+    pub fn at(dir: &Path) -> Pki {
+        Pki {
             ca_cert: dir.join("ca.crt"),
             serving_cert: dir.join("apiserver.crt"),
             serving_key: dir.join("apiserver.key"),
             sa_key: dir.join("sa.key"),
             sa_pub: dir.join("sa.pub"),
-        };
+        }
+    }
+
+    /// Writes a CA, a serving certificate for 127.0.0.1/localhost signed by it, and a
+    /// service-account key pair into `dir`. Reuses them when all are already there (a
+    /// restart of the same state folder keeps tokens and kubeconfigs valid).
+    pub fn ensure(dir: &Path) -> Result<Pki, Error> {
+        std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        let pki = Pki::at(dir);
         let all = [
             &pki.ca_cert,
             &pki.serving_cert,

@@ -8,7 +8,6 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use kube::client::Body;
-use kube::client::retry::RetryPolicy;
 use tokio::time::Instant;
 use tower::retry::Policy;
 use tower::{BoxError, Layer, Service};
@@ -174,20 +173,60 @@ where
     }
 }
 
-/// kube's retry policy for 429/503/504, counting each retry.
+/// Retries of answers that say "try again": 429, 500, 502, 503 and 504. At most
+/// [`MAX_RETRIES`] per request, after the server's `Retry-After` when it gives one (a
+/// request is never retried sooner than it was told; told to wait longer than
+/// [`MAX_RETRY_AFTER`], it is not retried here: the reconcile fails and its per-GpuJob
+/// backoff takes over), else after 100 ms doubling up to 5 s. A retry passes the rate
+/// limiter and the fence again (both sit inside this layer), and is counted in
+/// `rest_client_request_retries_total`. Every request this client sends is safe to
+/// repeat (stable names, preconditions), so an answer lost to a 5xx is resolved by
+/// sending it again and reading what the server says.
 #[derive(Clone)]
-pub struct CountingRetry {
-    inner: RetryPolicy,
+pub struct BoundedRetry {
+    attempt: u32,
     metrics: Option<Metrics>,
 }
 
-impl CountingRetry {
-    pub fn new(inner: RetryPolicy, metrics: Option<Metrics>) -> CountingRetry {
-        CountingRetry { inner, metrics }
+/// Retries per request.
+pub const MAX_RETRIES: u32 = 4;
+/// The longest `Retry-After` waited for within one request.
+pub const MAX_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl BoundedRetry {
+    pub fn new(metrics: Option<Metrics>) -> BoundedRetry {
+        BoundedRetry {
+            attempt: 0,
+            metrics,
+        }
+    }
+
+    /// How long to wait before retry number `attempt` (from 1) of an answer with `code`
+    /// and `retry_after`; `None`: do not retry.
+    pub fn delay(
+        attempt: u32,
+        code: u16,
+        retry_after: Option<&str>,
+    ) -> Option<std::time::Duration> {
+        if attempt > MAX_RETRIES || !matches!(code, 429 | 500 | 502 | 503 | 504) {
+            return None;
+        }
+        let backoff = crate::backoff::exponential(
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_secs(5),
+            attempt,
+        );
+        match retry_after.map(str::trim).map(str::parse::<u64>) {
+            Some(Ok(secs)) => {
+                let told = std::time::Duration::from_secs(secs);
+                (told <= MAX_RETRY_AFTER).then(|| told.max(backoff))
+            }
+            _ => Some(backoff),
+        }
     }
 }
 
-impl<Res> Policy<Request<Body>, Response<Res>, BoxError> for CountingRetry {
+impl<Res> Policy<Request<Body>, Response<Res>, BoxError> for BoundedRetry {
     type Future = tokio::time::Sleep;
 
     fn retry(
@@ -195,29 +234,67 @@ impl<Res> Policy<Request<Body>, Response<Res>, BoxError> for CountingRetry {
         req: &mut Request<Body>,
         result: &mut Result<Response<Res>, BoxError>,
     ) -> Option<Self::Future> {
-        let code = result.as_ref().ok().map(|r| r.status().as_u16());
-        let retry = self.inner.retry(req, result);
-        if retry.is_some()
-            && let (Some(m), Some(code)) = (&self.metrics, code)
-        {
+        let response = result.as_ref().ok()?;
+        let code = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok());
+        let delay = Self::delay(self.attempt + 1, code, retry_after)?;
+        self.attempt += 1;
+        if let Some(m) = &self.metrics {
             m.rest_retries
                 .with_label_values(&[code.to_string().as_str(), req.method().as_str()])
                 .inc();
         }
-        retry
+        Some(tokio::time::sleep(delay))
     }
 
     fn clone_request(&mut self, req: &Request<Body>) -> Option<Request<Body>> {
-        <RetryPolicy as Policy<Request<Body>, Response<Res>, BoxError>>::clone_request(
-            &mut self.inner,
-            req,
-        )
+        let body = req.body().try_clone()?;
+        let mut builder = Request::builder()
+            .method(req.method().clone())
+            .uri(req.uri().clone())
+            .version(req.version());
+        if let Some(headers) = builder.headers_mut() {
+            headers.extend(req.headers().clone());
+        }
+        builder.body(body).ok().map(|mut new| {
+            *new.extensions_mut() = req.extensions().clone();
+            new
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::namespace_of;
+    use super::{BoundedRetry, MAX_RETRIES, namespace_of};
+    use std::time::Duration;
+
+    #[test]
+    fn retries_are_bounded_and_never_sooner_than_the_server_says() {
+        let d = |attempt, code, after| BoundedRetry::delay(attempt, code, after);
+        assert_eq!(d(1, 503, None), Some(Duration::from_millis(100)));
+        assert_eq!(d(2, 503, None), Some(Duration::from_millis(200)));
+        assert_eq!(
+            d(1, 429, Some("2")),
+            Some(Duration::from_secs(2)),
+            "Retry-After"
+        );
+        assert_eq!(
+            d(1, 429, Some("31")),
+            None,
+            "told to wait too long: not here"
+        );
+        assert_eq!(d(MAX_RETRIES + 1, 503, None), None, "bounded");
+        assert_eq!(
+            d(1, 409, None),
+            None,
+            "a conflict is an answer, not a retry"
+        );
+        assert_eq!(d(1, 404, None), None);
+        assert_eq!(d(1, 500, Some("junk")), Some(Duration::from_millis(100)));
+    }
 
     #[test]
     fn the_namespace_comes_from_the_path() {

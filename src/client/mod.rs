@@ -1,15 +1,16 @@
 //! The operator's API clients: identified in every request (the API server's audit log
 //! and metrics tell replicas apart), rate-limited by a token bucket, counted, and
-//! retried on 429/503/504 with kube's policy (counted too).
+//! retried on 429/500/502/503/504 a bounded number of times, honouring Retry-After
+//! (counted too). Errors are put in one line by `crate::apierror`.
 
 mod layers;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderValue;
 use kube::Client;
 use kube::client::ClientBuilder;
-use kube::client::retry::RetryPolicy;
 use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
 
@@ -19,7 +20,8 @@ use crate::lease::Ownership;
 use crate::metrics::Metrics;
 use crate::ratelimit::TokenBucket;
 pub use layers::LeaseLapsed;
-use layers::{CountingRetry, FenceLayer, RateLimitLayer};
+use layers::{BoundedRetry, FenceLayer, RateLimitLayer};
+pub use layers::{MAX_RETRIES, MAX_RETRY_AFTER};
 
 /// Client-side limits: the API server's priority and fairness is the last line of
 /// defence, not the first.
@@ -27,6 +29,11 @@ use layers::{CountingRetry, FenceLayer, RateLimitLayer};
 pub struct Limits {
     pub qps: f64,
     pub burst: u32,
+    /// A request that goes this long without a byte from the API server is abandoned
+    /// with an error (a write's outcome is then re-read, never assumed). Without it a
+    /// request that is never answered holds its caller forever: a worker, or a watch's
+    /// relist, which leaves a replica holding its shards while it sees nothing.
+    pub timeout: Duration,
 }
 
 impl Default for Limits {
@@ -34,8 +41,16 @@ impl Default for Limits {
         Limits {
             qps: 50.0,
             burst: 100,
+            timeout: Duration::from_secs(60),
         }
     }
+}
+
+/// The server-side timeout of watches made through a client with read timeout
+/// `timeout`: the API server ends a quiet watch (and it is renewed) before the client
+/// could take its silence for a dead connection.
+pub fn watch_timeout(timeout: Duration) -> Duration {
+    Duration::from_secs((timeout.as_secs() * 3 / 4).max(1))
 }
 
 /// Field manager recorded on every write (managedFields, and Events' reporting controller).
@@ -70,7 +85,10 @@ pub fn build(
     fence: Option<watch::Receiver<Ownership>>,
 ) -> anyhow::Result<Client> {
     let mut config = identify(config, identity)?;
-    // kube's own retry sits where it cannot be counted; the same policy is added below.
+    config.read_timeout = Some(limits.timeout);
+    // Count from when a request is sent, not from when its pooled connection went idle.
+    config.reset_reader_on_write = true;
+    // kube's own retry sits where it cannot be counted, and waits up to 1000 s; ours, below.
     config.default_retry = false;
     let bucket = Arc::new(TokenBucket::new(limits.qps, limits.burst));
     let fence = fence.unwrap_or_else(|| watch::channel(Ownership::unfenced()).1);
@@ -79,10 +97,7 @@ pub fn build(
         .with_layer(&FenceLayer::new(fence))
         .with_layer(&BufferLayer::new(1024))
         .with_layer(&RateLimitLayer::new(bucket, metrics.clone()))
-        .with_layer(&RetryLayer::new(CountingRetry::new(
-            RetryPolicy::server_retry(),
-            metrics,
-        )))
+        .with_layer(&RetryLayer::new(BoundedRetry::new(metrics)))
         .build();
     Ok(client)
 }
@@ -91,71 +106,4 @@ pub fn build(
 pub fn install_crypto_provider() {
     // Err means one is installed already, which is all we need.
     let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-/// One line for a person on call: the API server's code, message and reason (kube's own
-/// rendering adds a debug dump of the whole `Status`), or the error and its causes.
-pub fn describe(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => status_line(s),
-        other => error_chain(other),
-    }
-}
-
-/// `e: cause: cause ...`, each distinct message once (hyper's errors say only "client
-/// error (Connect)"; the cause is in the chain).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = cause.source();
-    }
-    out
-}
-
-fn status_line(s: &kube::core::Status) -> String {
-    let reason = &s.reason;
-    match (s.message.is_empty(), s.code) {
-        (true, 0) => reason.clone(),
-        (true, code) => format!("{code} {reason}"),
-        (false, 0) => format!("{} ({reason})", s.message),
-        (false, code) => format!("{code} {} ({reason})", s.message),
-    }
-}
-
-/// [`describe`] for a watch's error.
-pub fn describe_watch(e: &kube::runtime::watcher::Error) -> String {
-    use kube::runtime::watcher::Error as W;
-    match e {
-        W::InitialListFailed(e) => format!("listing failed: {}", describe(e)),
-        W::WatchStartFailed(e) => format!("starting the watch failed: {}", describe(e)),
-        W::WatchError(s) => format!("the API server ended the watch: {}", status_line(s)),
-        W::WatchFailed(e) => format!("the watch broke: {}", describe(e)),
-        W::NoResourceVersion => e.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn api_errors_read_as_one_line_without_a_debug_dump() {
-        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
-            "status": "Failure", "code": 404, "reason": "NotFound",
-            "message": "namespaces \"gpujob-system\" not found",
-            "details": {"name": "gpujob-system", "kind": "namespaces"},
-        }))
-        .unwrap_or_default();
-        let line = describe(&kube::Error::Api(Box::new(status)));
-        assert_eq!(
-            line,
-            "404 namespaces \"gpujob-system\" not found (NotFound)"
-        );
-    }
 }

@@ -1,7 +1,8 @@
 use std::time::Duration;
 
 /// Every label [`Error::metric_label`] can return; metrics are created with these at zero.
-pub const ERROR_LABELS: [&str; 12] = [
+pub const ERROR_LABELS: [&str; 13] = [
+    "read_gpujob",
     "read_job",
     "read_pods",
     "create_job",
@@ -23,7 +24,7 @@ pub const ERROR_LABELS: [&str; 12] = [
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// `action` is one of [`ERROR_LABELS`].
-    #[error("{} failed: {}", describe(action), crate::client::describe(source))]
+    #[error("{} failed: {}", describe(action), crate::apierror::describe(source))]
     Kube {
         action: &'static str,
         #[source]
@@ -49,6 +50,7 @@ pub enum Error {
 
 fn describe(action: &str) -> &'static str {
     match action {
+        "read_gpujob" => "reading the GpuJob before calling the quota service",
         "read_job" => "reading the attempt's Job",
         "read_pods" => "reading the failed attempt's pod",
         "create_job" => "creating the attempt's Job",

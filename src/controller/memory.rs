@@ -85,7 +85,8 @@ impl WriteMemory {
         }
     }
 
-    /// Records a status write: `replaced_rv` was the version it was computed from.
+    /// Records a write (or a read from the API server past a lagging cache):
+    /// `replaced_rv` was the version it was computed from.
     pub fn status_written(&self, key: &Key, replaced_rv: String, written: GpuJob) {
         let mut entries = self.lock();
         let entry = entry(&mut entries, key, &written);

@@ -84,6 +84,9 @@ pub struct Settings {
     pub quota: Provider,
     /// Reconciles running per shard (a shard given up is released once none runs).
     pub in_flight: InFlight,
+    /// Server-side timeout of the watches: under the client's read timeout
+    /// ([`crate::client::watch_timeout`]), so a quiet watch ends cleanly and is renewed.
+    pub watch_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -99,6 +102,7 @@ impl Default for Settings {
             identity: "gpujob-operator".to_owned(),
             quota: Provider::None,
             in_flight: InFlight::default(),
+            watch_timeout: crate::client::watch_timeout(crate::client::Limits::default().timeout),
         }
     }
 }

@@ -28,6 +28,9 @@ pub struct Snapshot {
     pub termination: Option<Termination>,
     /// A foreign Job still holds the name of the next attempt.
     pub refused: Option<Refusal>,
+    /// `gpujob` is known current: read from the API server, or written by this
+    /// reconcile. From the cache it is not: the cache may lag behind another replica.
+    pub confirmed: bool,
 }
 
 impl Snapshot {
@@ -46,6 +49,7 @@ impl Snapshot {
             refused: refused.or_else(|| self.refused.clone()),
             quota_required,
             quota,
+            confirmed: self.confirmed,
             now,
         }
     }
@@ -98,7 +102,19 @@ pub async fn observe(ctx: &Context, key: &Key) -> Result<Option<Snapshot>, Error
         jobs,
         termination,
         refused,
+        confirmed: false,
     }))
+}
+
+/// The GpuJob as the API server has it now (a quorum read), before a call to the quota
+/// service; `None` when it is gone, or replaced by a new GpuJob of the same name.
+pub async fn confirm(ctx: &Context, key: &Key, uid: &str) -> Result<Option<GpuJob>, Error> {
+    let api: Api<GpuJob> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let current = api
+        .get_opt(&key.name)
+        .await
+        .map_err(Error::kube("read_gpujob"))?;
+    Ok(current.filter(|g| g.metadata.uid.as_deref() == Some(uid)))
 }
 
 /// A GpuJob waiting because a foreign Job held its next attempt's name looks again (no

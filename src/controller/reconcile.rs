@@ -12,8 +12,8 @@ use super::plan::{Next, QuotaAnswer, Refusal, plan};
 use super::{Context, Key};
 use crate::quota::QuotaError;
 
-/// A plan asks at most: reserve, (a Job refused), release; more means a planning bug,
-/// which must not loop.
+/// A plan asks at most: a read that finds the GpuJob moved on, reserve, (a Job
+/// refused), release; more means a planning bug, which must not loop.
 const MAX_PLANS: usize = 6;
 
 /// What the outside answered during one reconcile.
@@ -36,6 +36,8 @@ impl Heard {
                 self.release_error = Some(e);
             }
             Answer::JobRefused(r) => self.refused = Some(r),
+            // Nothing heard from outside; the plan is made again from the current GpuJob.
+            Answer::Moved => {}
         }
     }
 }
@@ -59,6 +61,7 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
         let plan = plan(&observed, &ctx.settings.plan);
         match apply::execute(ctx, &fence, key, &mut snap, &plan).await? {
             Executed::Heard(answer) => heard.record(answer),
+            Executed::Gone => return Ok(Next::Done),
             Executed::Done => {
                 tracing::Span::current().record("attempt", plan.status.attempts);
                 return match heard.release_error {

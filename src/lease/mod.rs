@@ -36,11 +36,11 @@ pub fn explain(e: &kube::Error, namespace: &str) -> String {
         if s.code == 403 {
             return format!(
                 "{}: the operator may not use Leases in namespace {namespace}: apply deploy/operator/rbac.yaml (Role gpujob-operator-lease) there",
-                crate::client::describe(e)
+                crate::apierror::describe(e)
             );
         }
     }
-    crate::client::describe(e)
+    crate::apierror::describe(e)
 }
 
 /// Publishes what this replica holds to the leadership metrics.

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{Call, QuotaError, QuotaProvider, Reserve, ReserveRequest};
-use crate::client::error_chain;
+use crate::apierror::error_chain;
 
 /// The header that carries the caller's fencing token (docs/quota-api.md).
 pub const FENCING_TOKEN_HEADER: &str = "Gpujob-Fencing-Token";

@@ -110,12 +110,36 @@ impl TestEnv {
     /// role, nothing more) with a User-Agent naming `identity`.
     pub async fn operator(&self, identity: &str, settings: Settings) -> Operator {
         let config = self.cluster.config(Identity::Replica(1)).await.unwrap();
+        self.operator_with(config, identity, settings).await
+    }
+
+    /// [`TestEnv::operator`] with a client config of the test's choosing (a fault
+    /// proxy's, say).
+    pub async fn operator_with(
+        &self,
+        config: kube::Config,
+        identity: &str,
+        settings: Settings,
+    ) -> Operator {
+        self.operator_with_limits(config, identity, settings, Default::default())
+            .await
+    }
+
+    /// [`TestEnv::operator_with`] with client limits of the test's choosing (its
+    /// `--api-timeout`, say).
+    pub async fn operator_with_limits(
+        &self,
+        config: kube::Config,
+        identity: &str,
+        settings: Settings,
+        limits: gpujob_operator::client::Limits,
+    ) -> Operator {
         let status = Status::new(Metrics::new());
         // The operator's own client stack (identity, rate limit, request metrics).
         let client = gpujob_operator::client::build(
             config,
             identity,
-            Default::default(),
+            limits,
             Some(status.metrics.clone()),
             None,
         )

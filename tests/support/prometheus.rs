@@ -117,6 +117,14 @@ fn form_urlencode(s: &str) -> String {
         .collect()
 }
 
+/// The body of a plain HTTP GET that answered 200 (a replica's `/metrics`, say).
+pub async fn get_text(url: &str) -> Result<String, String> {
+    match get(url).await? {
+        (200, body) => Ok(body),
+        (code, body) => Err(format!("{url} answered {code}: {body}")),
+    }
+}
+
 async fn get(url: &str) -> Result<(u16, String), String> {
     let client: Client<_, Empty<bytes::Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use devcluster::audit::AuditEvent;
 use devcluster::{ControlPlane, Identity, wait};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -108,7 +109,41 @@ pub fn start_full(
     extra: &[&str],
     envs: &[(&str, &str)],
 ) -> Replica {
-    spawn(cluster, ns, Some(ns), n, timing, extra, envs)
+    spawn(cluster, ns, Some(ns), n, timing, extra, envs, None)
+}
+
+/// Replica `n` for namespace `ns` (its Lease there too), short timings, with `extra`
+/// flags, talking to the API server through `kubeconfig` (a fault proxy's).
+pub fn start_in_with_kubeconfig(
+    cluster: &ControlPlane,
+    ns: &str,
+    n: u8,
+    extra: &[&str],
+    kubeconfig: PathBuf,
+) -> Replica {
+    spawn(
+        cluster,
+        ns,
+        Some(ns),
+        n,
+        SHORT,
+        extra,
+        &[],
+        Some(kubeconfig),
+    )
+}
+
+/// Replica `n` working on every namespace (a private control plane), its Leases in
+/// `lease_ns`, short timings, talking to the API server through `kubeconfig` (a fault
+/// proxy's) when given.
+pub fn start_everywhere(
+    cluster: &ControlPlane,
+    lease_ns: &str,
+    n: u8,
+    extra: &[&str],
+    kubeconfig: Option<PathBuf>,
+) -> Replica {
+    spawn(cluster, lease_ns, None, n, SHORT, extra, &[], kubeconfig)
 }
 
 /// Replica `n` with `--shards shards`, working on every namespace (a private control
@@ -123,9 +158,11 @@ pub fn start_sharded(cluster: &ControlPlane, lease_ns: &str, n: u8, shards: u32)
         SHORT,
         &["--shards", &shards],
         &[],
+        None,
     )
 }
 
+#[allow(clippy::too_many_arguments)] // one place that knows every flag a test replica gets
 fn spawn(
     cluster: &ControlPlane,
     lease_ns: &str,
@@ -134,12 +171,18 @@ fn spawn(
     timing: [&str; 3],
     extra: &[&str],
     envs: &[(&str, &str)],
+    kubeconfig: Option<PathBuf>,
 ) -> Replica {
     let ns = lease_ns;
     let dir = std::env::temp_dir().join(format!("gpujob-replicas-{ns}"));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join(format!("replica-{n}.log"));
-    let out = std::fs::File::create(&log).unwrap();
+    // A restarted replica appends: its earlier life's log stays readable.
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
     let err = out.try_clone().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_gpujob-operator"))
         .args(match watch_ns {
@@ -169,7 +212,10 @@ fn spawn(
         } else {
             &["--listen-address", "127.0.0.1:0"][..]
         })
-        .env("KUBECONFIG", cluster.kubeconfig(Identity::Replica(n)))
+        .env(
+            "KUBECONFIG",
+            kubeconfig.unwrap_or_else(|| cluster.kubeconfig(Identity::Replica(n))),
+        )
         .env("RUST_LOG", "info")
         .envs(envs.iter().copied())
         .stdin(Stdio::null())
@@ -229,4 +275,45 @@ pub async fn wait_holder(
     )
     .await
     .unwrap()
+}
+
+/// What is guaranteed of a leader cut off past its lease (frozen, partitioned) and back
+/// (README, "Which writes are safe when late"): a write that passed its fence just
+/// before may still arrive after its successor's first write, at most one per worker
+/// (each worker has one request in flight; every later write is fenced); and none of
+/// those lands on an object its successor had written, because each carries the
+/// resourceVersion or uid it was computed from, or a stable name. Of two successful
+/// writes to one object, the one received first committed first. `events`: the
+/// successful writes to look at. Returns how many of the leader's writes came late.
+pub fn assert_late_writes_are_safe(
+    events: &[AuditEvent],
+    leader: &str,
+    successor: &str,
+    workers: usize,
+) -> usize {
+    let at = |e: &AuditEvent| e.received.parse::<Timestamp>().unwrap();
+    let first_by_successor = events
+        .iter()
+        .filter(|e| e.user == successor)
+        .map(at)
+        .min()
+        .expect("the successor wrote");
+    let late: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| e.user == leader && e.resource != "leases" && at(e) > first_by_successor)
+        .collect();
+    assert!(
+        late.len() <= workers,
+        "the deposed leader kept writing after it came back: {late:#?}"
+    );
+    for w in &late {
+        let overwritten = events.iter().find(|s| {
+            s.user == successor && s.resource == w.resource && s.name == w.name && at(s) < at(w)
+        });
+        assert!(
+            overwritten.is_none(),
+            "a late write landed on an object its successor had written: {w:#?} after {overwritten:#?}"
+        );
+    }
+    late.len()
 }

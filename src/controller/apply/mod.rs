@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use super::error::Error;
 use super::events::transitions;
-use super::observe::Snapshot;
+use super::observe::{self, Snapshot};
 use super::plan::{
     Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Plan, QuotaAnswer, Refusal,
 };
@@ -32,6 +32,8 @@ pub enum Executed {
     Done,
     /// An action got an answer the plan must hear; nothing after it ran.
     Heard(Answer),
+    /// The GpuJob is gone (read before a quota call): nothing more to do.
+    Gone,
 }
 
 /// An answer from outside the plan.
@@ -41,6 +43,9 @@ pub enum Answer {
     /// The release failed; the error is reported once the failure is recorded.
     ReleaseFailed(QuotaError),
     JobRefused(Refusal),
+    /// The GpuJob read before a quota call had moved past the plan's view; the
+    /// snapshot now holds it.
+    Moved,
 }
 
 /// Carries out `plan` for the GpuJob `key` in the term `fence`. `snap` follows every
@@ -78,6 +83,31 @@ pub async fn execute(
                 }
                 let updated = w.set_finalizer(fence, &snap.gpujob, false).await?;
                 remember(ctx, key, snap, updated);
+            }
+            Action::Confirm => {
+                if snap.confirmed {
+                    // Written by this reconcile already, with a resourceVersion
+                    // precondition: as current as a read.
+                    continue;
+                }
+                let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
+                let Some(current) = observe::confirm(ctx, key, &uid).await? else {
+                    info!("the GpuJob is gone; no quota call for it");
+                    ctx.memory.forget(key);
+                    return Ok(Executed::Gone);
+                };
+                let seen = &snap.gpujob.metadata.resource_version;
+                if current.metadata.resource_version == *seen {
+                    snap.confirmed = true;
+                    continue;
+                }
+                info!(
+                    seen = seen.as_deref().unwrap_or("-"),
+                    current = current.metadata.resource_version.as_deref().unwrap_or("-"),
+                    "the cached GpuJob was behind the API server; deciding again from the current one"
+                );
+                remember(ctx, key, snap, current);
+                return Ok(Executed::Heard(Answer::Moved));
             }
             Action::Reserve(req) => {
                 failpoint::hit("before-reserve");
@@ -262,7 +292,8 @@ async fn write_status(
     Ok(())
 }
 
-/// The snapshot and the write memory follow a GpuJob this replica just wrote.
+/// The snapshot and the write memory follow a GpuJob this replica just wrote or read
+/// from the API server: until the cache catches up, reconciles see this one.
 fn remember(ctx: &Context, key: &Key, snap: &mut Snapshot, written: GpuJob) {
     let replaced = snap
         .gpujob
@@ -272,4 +303,5 @@ fn remember(ctx: &Context, key: &Key, snap: &mut Snapshot, written: GpuJob) {
         .unwrap_or_default();
     ctx.memory.status_written(key, replaced, written.clone());
     snap.gpujob = Arc::new(written);
+    snap.confirmed = true;
 }

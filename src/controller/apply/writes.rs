@@ -139,7 +139,7 @@ impl Writer {
                 tracing::warn!(
                     reason = n.reason,
                     "cannot record an Event on the GpuJob: {}; continuing without it",
-                    crate::client::describe(&e)
+                    crate::apierror::describe(&e)
                 );
             }
         }

@@ -94,6 +94,10 @@ pub struct Observed<'a> {
     pub quota_required: bool,
     /// The quota service's answer to this reconcile's reserve or release.
     pub quota: Option<QuotaAnswer>,
+    /// The GpuJob is known to be current: read from the API server, or written by this
+    /// reconcile (every write carries a resourceVersion precondition). A cached one may
+    /// lag behind another replica's writes.
+    pub confirmed: bool,
     pub now: Timestamp,
 }
 
@@ -136,6 +140,12 @@ pub enum Action {
     AddFinalizer,
     /// Remove the quota finalizer.
     RemoveFinalizer(FinalizerRemoval),
+    /// Read the GpuJob from the API server before a quota call; when it changed since
+    /// the view this plan was made from, the plan is made again from it. The API
+    /// server refuses a stale write to the cluster (resourceVersion), but the quota
+    /// service cannot refuse a call made from a stale view: a reserve for a GpuJob
+    /// that meanwhile finished or went away would never be released.
+    Confirm,
     /// Ask the quota service for a reservation. Ends the plan: the answer comes back.
     Reserve(ReserveRequest),
     /// Release the GpuJob's reservation. Ends the plan: the answer comes back.
@@ -340,8 +350,14 @@ impl<'a, 'o> Planner<'a, 'o> {
     }
 
     /// Asks the outside world; nothing else is planned after a question.
+    /// Ends the plan with a quota call, made only from a confirmed view of the GpuJob.
     fn ask(&mut self, action: Action) {
         debug_assert!(action.asks());
+        // A finalizer added in this plan is a write with a resourceVersion precondition:
+        // it confirms the view already.
+        if !self.obs.confirmed && !self.actions.contains(&Action::AddFinalizer) {
+            self.actions.push(Action::Confirm);
+        }
         self.actions.push(action);
     }
 

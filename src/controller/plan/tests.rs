@@ -78,6 +78,7 @@ fn run(g: &GpuJob, jobs: &[Job], termination: Option<Termination>, now: &str) ->
             refused: None,
             quota_required: false,
             quota: None,
+            confirmed: true,
             now: t(now),
         },
         &settings(),
@@ -414,6 +415,7 @@ fn an_invalid_job_waits_for_a_spec_change() {
         refused: Some(refused),
         quota_required: false,
         quota: None,
+        confirmed: true,
         now: t(T0),
     };
     let p = plan(&obs, &settings());
@@ -462,6 +464,7 @@ mod quota {
                 refused: None,
                 quota_required: true,
                 quota: answer,
+                confirmed: true,
                 now: t(now),
             },
             &settings(),
@@ -474,6 +477,7 @@ mod quota {
             .map(|a| match a {
                 Action::RecordStatus(_) => "RecordStatus",
                 Action::AddFinalizer => "AddFinalizer",
+                Action::Confirm => "Confirm",
                 Action::RemoveFinalizer(_) => "RemoveFinalizer",
                 Action::Reserve(_) => "Reserve",
                 Action::Release => "Release",
@@ -531,6 +535,54 @@ mod quota {
         assert_eq!(Some(&again.status), g.status.as_ref());
     }
 
+    /// The plan as made from a cached view another replica may have moved past.
+    fn cached_plan(g: &GpuJob, jobs: &[Job], now: &str) -> Plan {
+        plan(
+            &Observed {
+                gpujob: g,
+                jobs: jobs.iter().collect(),
+                termination: None,
+                refused: None,
+                quota_required: true,
+                quota: None,
+                confirmed: false,
+                now: t(now),
+            },
+            &settings(),
+        )
+    }
+
+    #[test]
+    fn a_quota_call_is_made_only_from_a_confirmed_view() {
+        // The finalizer is there already: nothing in the plan writes the GpuJob before
+        // the reserve, so it is read first (the quota service cannot refuse a reserve
+        // for a GpuJob that finished or went away meanwhile; it would leak).
+        let g = with_finalizer(gpujob(3));
+        assert_eq!(kinds(&cached_plan(&g, &[], T0)), vec!["Confirm", "Reserve"]);
+        // Adding the finalizer is a write with a resourceVersion precondition: it
+        // confirms the view by itself.
+        let fresh = gpujob(3);
+        assert_eq!(
+            kinds(&cached_plan(&fresh, &[], T0)),
+            vec!["AddFinalizer", "Reserve"]
+        );
+        // The release when the attempt succeeded (a stale view could release the
+        // reservation of a rerun).
+        let g = reserved_and_running(&gpujob(3));
+        let done = [job(&g, 1, Some(("Complete", "", "2026-11-30T06:05:00Z")))];
+        assert_eq!(
+            kinds(&cached_plan(&g, &done, "2026-11-30T06:05:01Z")),
+            vec!["Confirm", "Release"]
+        );
+        // Nothing asked, nothing confirmed: a converged GpuJob costs no read.
+        let jobs = [job(&g, 1, None)];
+        assert!(
+            cached_plan(&g, &jobs, "2026-11-30T06:01:00Z")
+                .actions
+                .is_empty()
+        );
+    }
+
     #[test]
     fn an_invalid_spec_reserves_nothing() {
         let mut g = gpujob(3);
@@ -555,6 +607,7 @@ mod quota {
             }),
             quota_required: true,
             quota: None,
+            confirmed: true,
             now: t(T0),
         };
         let p = plan(&obs, &settings());
@@ -856,6 +909,7 @@ mod lifecycle {
                     refused: None,
                     quota_required: true,
                     quota: answer,
+                    confirmed: true,
                     now: t(T0),
                 },
                 &settings(),
@@ -1018,6 +1072,7 @@ mod lifecycle {
                 refused: None,
                 quota_required: false,
                 quota: None,
+                confirmed: true,
                 now: t("2026-11-30T08:00:00Z"),
             },
             &s,
@@ -1032,6 +1087,7 @@ mod lifecycle {
                 refused: None,
                 quota_required: false,
                 quota: None,
+                confirmed: true,
                 now: t("2026-11-30T08:00:00Z"),
             },
             &s,
@@ -1065,6 +1121,7 @@ mod lifecycle {
                     refused: None,
                     quota_required: true,
                     quota: answer,
+                    confirmed: true,
                     now: t("2026-11-30T07:00:00Z"),
                 },
                 &settings(),

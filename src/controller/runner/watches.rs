@@ -45,8 +45,14 @@ pub(super) fn spawn(
     ]
 }
 
+/// The API server ends each watch before the client's read timeout could.
+fn config(ctx: &Context) -> watcher::Config {
+    let secs = u32::try_from(ctx.settings.watch_timeout.as_secs()).unwrap_or(u32::MAX);
+    watcher::Config::default().timeout(secs.max(1))
+}
+
 async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, intake: Intake) {
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, config(&ctx))
         .default_backoff()
         .modify(|gj| gj.managed_fields_mut().clear());
     let mut events = reflector::reflector(store, stream).boxed();
@@ -72,14 +78,14 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, int
             }
             Err(e) => warn!(
                 "GpuJob watch: {}; retrying with backoff",
-                crate::client::describe_watch(&e)
+                crate::apierror::describe_watch(&e)
             ),
         }
     }
 }
 
 async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
-    let stream = watcher(api, watcher::Config::default().labels(LABEL_UID)).default_backoff();
+    let stream = watcher(api, config(&ctx).labels(LABEL_UID)).default_backoff();
     let mut events = stream.boxed();
     while let Some(event) = events.next().await {
         match event {
@@ -90,7 +96,7 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
             }
             Err(e) => warn!(
                 "Job watch: {}; retrying with backoff",
-                crate::client::describe_watch(&e)
+                crate::apierror::describe_watch(&e)
             ),
         }
     }
