@@ -10,6 +10,7 @@ use crate::controller::{PlanSettings, Settings};
 use crate::lease::Timing;
 use crate::queue::Backoff;
 use crate::quota::{HttpProvider, HttpSettings, Provider};
+use crate::server::Listen;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -66,9 +67,31 @@ pub struct RunArgs {
     /// Every GpuJob is reconciled at least this often, events or not.
     #[arg(long, env = "GPUJOB_RESYNC", default_value = "5m", value_parser = parse_duration)]
     pub resync: Duration,
-    /// Address of the /metrics, /healthz and /readyz server.
+    /// Address of the /metrics, /healthz and /readyz server (with --probe-address:
+    /// of /metrics only).
     #[arg(long, env = "GPUJOB_LISTEN_ADDRESS", default_value = "0.0.0.0:8080")]
     pub listen_address: std::net::SocketAddr,
+    /// Serve /healthz and /readyz on a plain HTTP server of their own at this address
+    /// (default: beside /metrics on --listen-address). Needed with --metrics-secure.
+    #[arg(long, env = "GPUJOB_PROBE_ADDRESS")]
+    pub probe_address: Option<std::net::SocketAddr>,
+    /// Serve /metrics over HTTPS, only to bearer tokens whose user may `get` the
+    /// non-resource URL /metrics (checked with a TokenReview and a SubjectAccessReview;
+    /// bind the ClusterRole gpujob-metrics-reader). Needs --probe-address.
+    #[arg(
+        long,
+        env = "GPUJOB_METRICS_SECURE",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub metrics_secure: bool,
+    /// Folder holding tls.crt and tls.key for --metrics-secure (a mounted
+    /// kubernetes.io/tls Secret; re-read when they change). Default: a self-signed
+    /// certificate made at start.
+    #[arg(long, env = "GPUJOB_METRICS_CERT_DIR")]
+    pub metrics_cert_dir: Option<std::path::PathBuf>,
     /// A GpuJob Pending this long without a running attempt (and not backing off,
     /// refused quota or invalid) counts as unconverged in the metrics.
     #[arg(long, env = "GPUJOB_UNCONVERGED_AFTER", default_value = "10m", value_parser = parse_duration)]
@@ -187,6 +210,38 @@ impl RunArgs {
                     .map_err(|e| e.to_string())
             }
         }
+    }
+
+    /// Where the HTTP servers listen and how, checked; with --metrics-secure this makes
+    /// or reads the certificate.
+    pub fn listen(&self) -> Result<Listen, String> {
+        if self.metrics_cert_dir.is_some() && !self.metrics_secure {
+            return Err(
+                "--metrics-cert-dir is used only with --metrics-secure: add it, or drop the folder"
+                    .to_owned(),
+            );
+        }
+        if self.metrics_secure && self.probe_address.is_none() {
+            return Err("--metrics-secure needs --probe-address (GPUJOB_PROBE_ADDRESS), e.g. 0.0.0.0:8081: the kubelet's probes carry no token, so /healthz and /readyz are served over plain HTTP on a port of their own".to_owned());
+        }
+        if self.probe_address == Some(self.listen_address) && self.listen_address.port() != 0 {
+            return Err(format!(
+                "--probe-address and --listen-address are both {}: give the probes another port",
+                self.listen_address
+            ));
+        }
+        let tls = if self.metrics_secure {
+            Some(crate::server::tls::server_config(
+                self.metrics_cert_dir.as_deref(),
+            )?)
+        } else {
+            None
+        };
+        Ok(Listen {
+            metrics: self.listen_address,
+            probes: self.probe_address,
+            tls,
+        })
     }
 
     pub fn lease_namespace(&self) -> String {
@@ -364,5 +419,46 @@ mod tests {
         let a = parse(&["--api-timeout", "20s"]);
         assert_eq!(a.limits().unwrap().timeout, Duration::from_secs(20));
         assert_eq!(a.settings().unwrap().watch_timeout, Duration::from_secs(15));
+    }
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let mut all = vec!["gpujob-operator", "run"];
+        all.extend_from_slice(args);
+        match Cli::try_parse_from(all).unwrap().command {
+            Command::Run(a) => *a,
+            Command::Crd => panic!("run"),
+        }
+    }
+
+    #[test]
+    fn one_plain_server_unless_asked_otherwise() {
+        let l = run_args(&[]).listen().unwrap();
+        assert_eq!(l.metrics, "0.0.0.0:8080".parse().unwrap());
+        assert!(l.probes.is_none() && l.tls.is_none());
+        let l = run_args(&["--probe-address", "0.0.0.0:8081"])
+            .listen()
+            .unwrap();
+        assert_eq!(l.probes, Some("0.0.0.0:8081".parse().unwrap()));
+        assert!(l.tls.is_none());
+    }
+
+    #[test]
+    fn secure_metrics_need_their_probes_elsewhere() {
+        let err = run_args(&["--metrics-secure"]).listen().unwrap_err();
+        assert!(err.contains("--probe-address"), "{err}");
+        let l = run_args(&["--metrics-secure", "--probe-address", "0.0.0.0:8081"])
+            .listen()
+            .unwrap();
+        assert!(l.tls.is_some(), "self-signed");
+        let l = run_args(&["--metrics-secure=false"]).listen().unwrap();
+        assert!(l.tls.is_none());
+        let err = run_args(&["--metrics-cert-dir", "/certs"])
+            .listen()
+            .unwrap_err();
+        assert!(err.contains("only with --metrics-secure"), "{err}");
+        let err = run_args(&["--probe-address", "0.0.0.0:8080"])
+            .listen()
+            .unwrap_err();
+        assert!(err.contains("another port"), "{err}");
     }
 }
