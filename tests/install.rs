@@ -119,6 +119,7 @@ fn every_tree_renders_with_what_it_should_hold() {
             ("ServiceAccount", "gpujob-operator"),
             ("ClusterRole", "gpujob-operator"),
             ("ClusterRoleBinding", "gpujob-operator"),
+            ("ClusterRole", "gpujob-metrics-reader"),
             ("Role", "gpujob-operator-lease"),
             ("RoleBinding", "gpujob-operator-lease"),
             ("Deployment", "gpujob-operator"),
@@ -376,6 +377,10 @@ async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
         ("jobs.batch", "get list watch create delete"),
         ("pods", "list"),
         ("events.events.k8s.io", "create patch"),
+        // --metrics-secure: is this scraper's token valid, may its user get /metrics?
+        // Questions only; neither changes anything.
+        ("tokenreviews.authentication.k8s.io", "create"),
+        ("subjectaccessreviews.authorization.k8s.io", "create"),
         // Every authenticated user may ask what it may do.
         ("selfsubjectaccessreviews.authorization.k8s.io", "create"),
         ("selfsubjectrulesreviews.authorization.k8s.io", "create"),

@@ -372,9 +372,9 @@ async fn grant_lease_role_to_replicas(admin: &Client, ns: &str) {
 async fn grant_operator_role_to_replicas(admin: &Client) {
     let role: ClusterRole = rbac_docs()
         .into_iter()
-        .find(|d| d["kind"] == "ClusterRole")
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "gpujob-operator")
         .map(|d| serde_json::from_value(d).unwrap())
-        .expect("deploy/operator/rbac.yaml has a ClusterRole");
+        .expect("deploy/operator/rbac.yaml has the ClusterRole gpujob-operator");
     let pp = PatchParams::apply("gpujob-tests").force();
     let roles: Api<ClusterRole> = Api::all(admin.clone());
     roles
