@@ -11,6 +11,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use clap::Parser;
+
 use devcluster::{ControlPlane, Identity, wait};
 use gpujob_operator::api::GpuJob;
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
@@ -38,10 +40,14 @@ fn render(dir: &Path) -> Vec<serde_json::Value> {
     serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap()
 }
 
-/// An overlay in a temporary folder: the operator with the monitoring component, as the
+/// An overlay in a temporary folder: the operator with `components` of deploy/, as the
 /// README shows it. kustomize takes relative paths only.
-fn monitoring_overlay() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gpujob-overlay-{}", std::process::id()));
+fn overlay(components: &[&str]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "gpujob-overlay-{}-{}",
+        std::process::id(),
+        components.join("-")
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let up = "../".repeat(dir.components().count() - 1);
     let deploy = Path::new(DEPLOY)
@@ -49,20 +55,31 @@ fn monitoring_overlay() -> PathBuf {
         .unwrap()
         .display()
         .to_string();
+    let components: Vec<String> = components
+        .iter()
+        .map(|c| format!("{up}{deploy}/{c}"))
+        .collect();
     std::fs::write(
         dir.join("kustomization.yaml"),
         format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{up}{deploy}/operator]\ncomponents: [{up}{deploy}/monitoring]\n"
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{up}{deploy}/operator]\ncomponents: [{}]\n",
+            components.join(", ")
         ),
     )
     .unwrap();
     dir
 }
 
+fn render_overlay(components: &[&str]) -> Vec<serde_json::Value> {
+    let dir = overlay(components);
+    let objects = render(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    objects
+}
+
 fn trees() -> Vec<(&'static str, Vec<serde_json::Value>)> {
-    let overlay = monitoring_overlay();
-    let with_monitoring = render(&overlay);
-    std::fs::remove_dir_all(&overlay).unwrap();
+    let with_monitoring = render_overlay(&["monitoring"]);
+    let secure = render_overlay(&["monitoring", "secure-metrics"]);
     vec![
         ("deploy", render(Path::new(DEPLOY))),
         ("deploy/crd", render(&Path::new(DEPLOY).join("crd"))),
@@ -71,6 +88,7 @@ fn trees() -> Vec<(&'static str, Vec<serde_json::Value>)> {
             render(&Path::new(DEPLOY).join("operator")),
         ),
         ("operator + monitoring", with_monitoring),
+        ("operator + monitoring + secure-metrics", secure),
     ]
 }
 
@@ -95,7 +113,14 @@ fn named<'a>(objects: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Va
 #[test]
 fn every_tree_renders_with_what_it_should_hold() {
     let trees = trees();
-    let [(_, base), (_, crd), (_, operator), (_, monitoring)] = &trees[..] else {
+    let [
+        (_, base),
+        (_, crd),
+        (_, operator),
+        (_, monitoring),
+        (_, secure),
+    ] = &trees[..]
+    else {
         unreachable!()
     };
     let s = |v: &[(&str, &str)]| -> BTreeSet<(String, String)> {
@@ -199,6 +224,54 @@ fn every_tree_renders_with_what_it_should_hold() {
     assert!(
         monitor["spec"].get("namespaceSelector").is_none(),
         "the ServiceMonitor scrapes its own namespace, wherever that is"
+    );
+    assert_eq!(monitor["spec"]["endpoints"][0]["scheme"], "http");
+
+    // The secure-metrics component: the same objects, the operator asked for HTTPS
+    // metrics (flags the real command line accepts) with probes on a port of their own,
+    // and Prometheus asked to scrape it with its token.
+    assert_eq!(kinds(secure), kinds(monitoring));
+    let container = &named(secure, "Deployment")["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let mut argv = vec!["gpujob-operator"];
+    argv.extend(&args);
+    let cli = gpujob_operator::cli::Cli::try_parse_from(argv).unwrap();
+    let gpujob_operator::cli::Command::Run(run) = cli.command else {
+        panic!("{args:?} is not `run`")
+    };
+    let listen = run.listen().unwrap();
+    assert!(listen.tls.is_some(), "{args:?}");
+    let probe_port = listen.probes.expect("a probe address").port();
+    let port_named = |name: &str| {
+        container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no port {name}"))["containerPort"]
+            .clone()
+    };
+    assert_eq!(port_named("probes"), probe_port);
+    assert_eq!(port_named("metrics"), listen.metrics.port());
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["port"], "probes", "{probe}");
+    }
+    let endpoint = &named(secure, "ServiceMonitor")["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(
+        endpoint["bearerTokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    assert_eq!(endpoint["tlsConfig"]["insecureSkipVerify"], true);
+    assert_eq!(
+        render_overlay(&["secure-metrics"]).len(),
+        operator.len(),
+        "without the monitoring component it patches the Deployment alone"
     );
 }
 
