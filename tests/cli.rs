@@ -51,3 +51,20 @@ fn a_quota_token_over_plain_http_is_refused_at_start() {
         "a clear error: {err}"
     );
 }
+
+#[test]
+fn secure_metrics_without_a_probe_address_are_refused_at_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpujob-operator"))
+        .arg("run")
+        .env("GPUJOB_METRICS_SECURE", "true")
+        // Nothing to connect to: the refusal must come before any API call.
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .expect("run gpujob-operator");
+    assert!(!out.status.success(), "refused, not started");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--metrics-secure needs --probe-address"),
+        "a clear error: {err}"
+    );
+}
