@@ -123,90 +123,114 @@ async fn a_successor_with_a_stale_cache_reads_before_it_reserves() {
         h == "replica-1"
     })
     .await;
-    let gj = env
-        .create(
-            "gj",
-            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "1")])}),
-        )
+    // One that will finish before the takeover, one that will still run.
+    let mut uids = Vec::new();
+    for (name, seconds) in [("done", "1"), ("long", "3600")] {
+        let gj = env
+            .create(
+                name,
+                json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", seconds)])}),
+            )
+            .await;
+        uids.push(gj.metadata.uid.clone().unwrap());
+        env.wait_gpujob(name, "QuotaRefused, finalizer held", |g| {
+            g.holds_quota_finalizer() && ready(g).is_some_and(|(_, r, _)| r == "QuotaRefused")
+        })
         .await;
-    let uid = gj.metadata.uid.clone().unwrap();
-    env.wait_gpujob("gj", "QuotaRefused, finalizer held", |g| {
-        g.holds_quota_finalizer() && ready(g).is_some_and(|(_, r, _)| r == "QuotaRefused")
-    })
-    .await;
+    }
 
-    // The standby lists GpuJobs (seeing this one waiting for quota), and then its
-    // GpuJob watch hangs: its cache stays there.
+    // The standby lists GpuJobs and Jobs (seeing both GpuJobs waiting for quota, no
+    // Job), and then its watches hang: its caches stay there.
     let proxy = FaultProxy::start(&env.cluster).unwrap();
-    proxy.set(Faults::new().rule(Rule::new(Fault::Hang).watch(true).resources(["gpujobs"])));
+    proxy.set(Faults::new().rule(Rule::new(Fault::Hang).watch(true)));
     let kubeconfig = proxy
         .kubeconfig(&env.cluster, Identity::Replica(2))
         .unwrap();
-    let second = replicas::start_in_with_kubeconfig(&env.cluster, &env.ns, 2, &flags, kubeconfig);
+    let address = support::prometheus::free_address();
+    let mut flags2 = flags.clone();
+    flags2.extend(["--listen-address", &address]);
+    let second = replicas::start_in_with_kubeconfig(&env.cluster, &env.ns, 2, &flags2, kubeconfig);
     let p = proxy.handle();
     wait::until(
-        "the standby's GpuJob watch to hang after its list",
+        "the standby's watches to hang after its lists",
         Duration::from_secs(30),
         Duration::from_millis(20),
         || {
             let p = p.clone();
-            async move { (p.count("hang") >= 1).then_some(()) }
+            async move { (p.count("hang") >= 2).then_some(()) }
         },
     )
     .await
     .unwrap();
 
-    // Meanwhile the leader reserves, runs, releases and lets the GpuJob go.
+    // Meanwhile the leader reserves and runs both; one finishes, releases and lets go.
     fake.set_reserve(Mode::Ok);
-    env.wait_gpujob("gj", "Succeeded, released, unfinalized", |g| {
+    env.wait_gpujob("done", "Succeeded, released, unfinalized", |g| {
         phase(g) == Some(Phase::Succeeded) && !g.holds_quota_finalizer()
     })
     .await;
-    assert_eq!(fake.granted(&uid).len(), 1);
-    assert!(fake.live().is_empty(), "{:?}", fake.live());
+    env.wait_gpujob("long", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    assert_eq!(fake.granted(&uids[0]).len(), 1);
+    assert_eq!(fake.live().len(), 1, "{:?}", fake.live());
 
-    // The leader dies; the standby takes over, its cache still saying "waiting for
-    // quota". It reconciles every GpuJob of the shard it gained: this one either
-    // reads it first and finds it finished, or (the defect) reserves again.
-    let asked_before = fake.calls("reserve", &uid).len();
+    // The leader dies; the standby takes over, its caches still saying "waiting for
+    // quota, no Job". It reconciles both GpuJobs of the shard it gained: each one either
+    // read first and decided from what is true, or (the defects) reserved again, or
+    // planned from the current GpuJob but the stale Jobs (attempt 1 of "long" taken for
+    // lost).
     first.signal(Signal::SIGKILL);
     wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
         h == "replica-2"
     })
     .await;
-    let quota = fake.clone();
+    let url = format!("http://{address}/metrics");
     wait::until(
-        "the successor to reconcile the GpuJob",
+        "the successor to reconcile both GpuJobs",
         Duration::from_secs(30),
         Duration::from_millis(50),
         || {
-            let (quota, uid) = (quota.clone(), uid.clone());
-            let log = second.log_text();
+            let url = url.clone();
             async move {
-                let asked = quota.calls("reserve", &uid).len() > asked_before;
-                (log.contains("behind the API server") || asked).then_some(())
+                let text = support::prometheus::get_text(&url).await.ok()?;
+                let m = devcluster::metrics::Metrics::parse(&text).ok()?;
+                let done = m.sum(
+                    "controller_runtime_reconcile_total",
+                    &[("result", "success")],
+                );
+                (done >= 2.0).then_some(())
             }
         },
     )
     .await
     .unwrap();
     assert_eq!(
-        fake.granted(&uid).len(),
+        fake.granted(&uids[0]).len(),
         1,
         "reserved again from a stale cache: {:?}",
-        fake.granted(&uid)
-    );
-    assert!(
-        fake.live().is_empty(),
-        "a reservation leaked: {:?}",
-        fake.live()
+        fake.granted(&uids[0])
     );
     assert!(
         !env.gpujobs()
-            .get("gj")
+            .get("done")
             .await
             .unwrap()
             .holds_quota_finalizer()
+    );
+    let long = env.gpujobs().get("long").await.unwrap();
+    let s = long.status.clone().unwrap();
+    assert_eq!(
+        (s.phase, s.attempts, s.failures),
+        (Some(Phase::Running), 1, 0),
+        "the running attempt was taken for lost: {s:?}"
+    );
+    assert_eq!(env.jobs_of(&long).await.len(), 1);
+    assert_eq!(fake.granted(&uids[1]).len(), 1);
+    assert_eq!(fake.live().len(), 1, "{:?}", fake.live());
+    assert!(
+        second.log_text().contains("behind the API server"),
+        "{}",
+        second.log_text()
     );
     proxy.clear();
     drop((first, second));

@@ -211,7 +211,7 @@ impl NameOrEmpty for GpuJob {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::{EnvVar, GpuJobSpec};
 

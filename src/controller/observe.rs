@@ -85,17 +85,10 @@ pub async fn observe(ctx: &Context, key: &Key) -> Result<Option<Snapshot>, Error
     }
 
     let refused = name_still_taken(ctx, key, &gpujob, &mut jobs).await?;
-    let termination = match newest(&jobs) {
-        Some((attempt, job))
-            if matches!(job_state(job), JobState::Failed { .. })
-                && status
-                    .last_failure
-                    .as_ref()
-                    .is_none_or(|f| f.attempt != attempt) =>
-        {
-            termination_of(ctx, &key.namespace, job, attempt).await?
-        }
-        _ => None,
+    let recorded = status.last_failure.as_ref().map(|f| f.attempt);
+    let termination = match unrecorded_failure(&jobs, recorded) {
+        Some((attempt, job)) => termination_of(ctx, &key.namespace, job, attempt).await?,
+        None => None,
     };
     Ok(Some(Snapshot {
         gpujob,
@@ -154,9 +147,16 @@ async fn name_still_taken(
     }
 }
 
-fn newest(jobs: &[Arc<Job>]) -> Option<(i32, &Job)> {
+/// The newest failed attempt whose failure the status does not record yet (`recorded`:
+/// the attempt of `status.lastFailure`). Not simply the newest Job: when the next
+/// attempt's Job already exists (its start was recorded, the failure before it was not),
+/// the failure to record is the one before.
+fn unrecorded_failure(jobs: &[Arc<Job>], recorded: Option<i32>) -> Option<(i32, &Job)> {
     jobs.iter()
         .filter_map(|j| attempt_of(j).map(|a| (a, j.as_ref())))
+        .filter(|(a, j)| {
+            recorded.is_none_or(|r| *a > r) && matches!(job_state(j), JobState::Failed { .. })
+        })
         .max_by_key(|(a, _)| *a)
 }
 
@@ -189,4 +189,47 @@ async fn termination_of(
         reason: t.reason.unwrap_or_else(|| "Error".to_owned()),
         message: t.message.unwrap_or_default(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+
+    use super::*;
+    use crate::controller::job::desired_job;
+    use crate::controller::job::tests::gpujob;
+
+    fn job(attempt: i32, failed: bool) -> Arc<Job> {
+        let mut j = desired_job(&gpujob("train"), attempt);
+        if failed {
+            j.status = Some(JobStatus {
+                conditions: Some(vec![JobCondition {
+                    type_: "Failed".into(),
+                    status: "True".into(),
+                    reason: Some("BackoffLimitExceeded".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            });
+        }
+        Arc::new(j)
+    }
+
+    fn attempt(jobs: &[Arc<Job>], recorded: Option<i32>) -> Option<i32> {
+        unrecorded_failure(jobs, recorded).map(|(a, _)| a)
+    }
+
+    #[test]
+    fn the_pod_read_is_the_newest_failure_not_yet_recorded() {
+        // The newest attempt failed, not recorded: its pod.
+        assert_eq!(attempt(&[job(1, true), job(2, true)], Some(1)), Some(2));
+        // Recorded already: no pod read.
+        assert_eq!(attempt(&[job(1, true), job(2, true)], Some(2)), None);
+        // Attempt 2 runs, attempt 1's failure is not recorded yet: attempt 1's pod (the
+        // newest Job alone would lose its exit code).
+        assert_eq!(attempt(&[job(1, true), job(2, false)], None), Some(1));
+        assert_eq!(attempt(&[job(1, true), job(2, false)], Some(1)), None);
+        assert_eq!(attempt(&[job(1, false)], None), None);
+        assert_eq!(attempt(&[], None), None);
+    }
 }

@@ -36,7 +36,7 @@ impl Heard {
                 self.release_error = Some(e);
             }
             Answer::JobRefused(r) => self.refused = Some(r),
-            // Nothing heard from outside; the plan is made again from the current GpuJob.
+            // Nothing heard from outside (the reconcile observes again).
             Answer::Moved => {}
         }
     }
@@ -60,6 +60,18 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
         );
         let plan = plan(&observed, &ctx.settings.plan);
         match apply::execute(ctx, &fence, key, &mut snap, &plan).await? {
+            Executed::Heard(Answer::Moved) => {
+                // The rest of the snapshot (the Jobs above all) came from caches as far
+                // behind as the GpuJob was: observe again, now from the current GpuJob
+                // (the write memory holds it), so that a running attempt whose Job the
+                // cache has not seen is looked up rather than taken for lost.
+                let current = snap.gpujob.metadata.resource_version.clone();
+                let Some(again) = observe(ctx, key).await? else {
+                    return Ok(Next::Done);
+                };
+                snap = again;
+                snap.confirmed = snap.gpujob.metadata.resource_version == current;
+            }
             Executed::Heard(answer) => heard.record(answer),
             Executed::Gone => return Ok(Next::Done),
             Executed::Done => {

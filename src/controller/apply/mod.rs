@@ -43,8 +43,8 @@ pub enum Answer {
     /// The release failed; the error is reported once the failure is recorded.
     ReleaseFailed(QuotaError),
     JobRefused(Refusal),
-    /// The GpuJob read before a quota call had moved past the plan's view; the
-    /// snapshot now holds it.
+    /// The GpuJob read before a quota call had moved past the plan's view; the write
+    /// memory now holds it, and the rest of the snapshot is as old as the view was.
     Moved,
 }
 
