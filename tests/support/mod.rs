@@ -20,6 +20,7 @@ use gpujob_operator::controller::validate::SpecLimits;
 use gpujob_operator::controller::{self, PlanSettings, Settings};
 use gpujob_operator::metrics::Metrics;
 use gpujob_operator::server::Status;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Client;
@@ -366,6 +367,40 @@ async fn grant_lease_role_to_replicas(admin: &Client, ns: &str) {
         .patch("gpujob-operator-lease", &pp, &Patch::Apply(&binding))
         .await
         .unwrap();
+    wait_replicas_may(admin, Some(ns), "create", "coordination.k8s.io", "leases").await;
+}
+
+/// Waits until the API server's authorizer lets the replica users `verb` `resource`: its
+/// RBAC cache sees a binding just written a moment later (longer on a loaded machine),
+/// and a test's first request must not race it.
+async fn wait_replicas_may(
+    admin: &Client,
+    ns: Option<&str>,
+    verb: &str,
+    group: &str,
+    resource: &str,
+) {
+    let reviews: Api<SubjectAccessReview> = Api::all(admin.clone());
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {
+            "user": "replica-rbac-check",
+            "groups": [REPLICA_GROUP],
+            "resourceAttributes": {"namespace": ns, "verb": verb, "group": group, "resource": resource},
+        },
+    }))
+    .unwrap();
+    wait::until(
+        &format!("the replicas' RBAC to allow {verb} {resource}"),
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async {
+            let answer = reviews.create(&PostParams::default(), &review).await.ok()?;
+            answer.status.is_some_and(|s| s.allowed).then_some(())
+        },
+    )
+    .await
+    .unwrap();
 }
 
 /// Binds the shipped ClusterRole (deploy/operator/rbac.yaml) to the replica users' group.
@@ -397,6 +432,7 @@ async fn grant_operator_role_to_replicas(admin: &Client) {
         )
         .await
         .unwrap();
+    wait_replicas_may(admin, None, "patch", "gpujob.dev", "gpujobs").await;
 }
 
 /// An operator running in this process; aborted when dropped.
