@@ -38,13 +38,13 @@ cargo build --locked --bins
 step "local control plane (a demo already running is stopped first)"
 stop
 rm -f "$state/cluster.json"
-setsid nohup "$bin/devcluster" up --state-dir "$state" --crd deploy/crd.yaml \
+setsid nohup "$bin/devcluster" up --state-dir "$state" --crd deploy/crd/crd.yaml \
   >"$cache/demo-cluster.log" 2>&1 </dev/null &
 wait_cluster "$state" "$cache/demo-cluster.log"
 export KUBECONFIG="$state/kubeconfig/admin.kubeconfig"
 
-step "operator RBAC (deploy/rbac.yaml) and $replicas replicas, as its service account"
-kubectl apply -f deploy/namespace.yaml -f deploy/rbac.yaml >&2
+step "operator RBAC (deploy/operator/rbac.yaml) and $replicas replicas, as its service account"
+kubectl apply -f deploy/operator/namespace.yaml -f deploy/operator/rbac.yaml >&2
 targets=()
 for n in $(seq "$replicas"); do
   addr="127.0.0.1:$((18080 + n))"

@@ -5,10 +5,12 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::client::Limits;
+use crate::controller::validate::{ServiceAccounts, SpecLimits};
 use crate::controller::{PlanSettings, Settings};
 use crate::lease::Timing;
 use crate::queue::Backoff;
 use crate::quota::{HttpProvider, HttpSettings, Provider};
+use crate::server::Listen;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -25,7 +27,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator against the cluster of the current kubeconfig (or in-cluster).
     Run(Box<RunArgs>),
-    /// Print the GpuJob CustomResourceDefinition (what deploy/crd.yaml holds).
+    /// Print the GpuJob CustomResourceDefinition (what deploy/crd/crd.yaml holds).
     Crd,
 }
 
@@ -65,9 +67,31 @@ pub struct RunArgs {
     /// Every GpuJob is reconciled at least this often, events or not.
     #[arg(long, env = "GPUJOB_RESYNC", default_value = "5m", value_parser = parse_duration)]
     pub resync: Duration,
-    /// Address of the /metrics, /healthz and /readyz server.
+    /// Address of the /metrics, /healthz and /readyz server (with --probe-address:
+    /// of /metrics only).
     #[arg(long, env = "GPUJOB_LISTEN_ADDRESS", default_value = "0.0.0.0:8080")]
     pub listen_address: std::net::SocketAddr,
+    /// Serve /healthz and /readyz on a plain HTTP server of their own at this address
+    /// (default: beside /metrics on --listen-address). Needed with --metrics-secure.
+    #[arg(long, env = "GPUJOB_PROBE_ADDRESS")]
+    pub probe_address: Option<std::net::SocketAddr>,
+    /// Serve /metrics over HTTPS, only to bearer tokens whose user may `get` the
+    /// non-resource URL /metrics (checked with a TokenReview and a SubjectAccessReview;
+    /// bind the ClusterRole gpujob-metrics-reader). Needs --probe-address.
+    #[arg(
+        long,
+        env = "GPUJOB_METRICS_SECURE",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub metrics_secure: bool,
+    /// Folder holding tls.crt and tls.key for --metrics-secure (a mounted
+    /// kubernetes.io/tls Secret; re-read when they change). Default: a self-signed
+    /// certificate made at start.
+    #[arg(long, env = "GPUJOB_METRICS_CERT_DIR")]
+    pub metrics_cert_dir: Option<std::path::PathBuf>,
     /// A GpuJob Pending this long without a running attempt (and not backing off,
     /// refused quota or invalid) counts as unconverged in the metrics.
     #[arg(long, env = "GPUJOB_UNCONVERGED_AFTER", default_value = "10m", value_parser = parse_duration)]
@@ -75,6 +99,17 @@ pub struct RunArgs {
     /// Most GPUs one GpuJob may request; a larger request is an invalid spec.
     #[arg(long, env = "GPUJOB_MAX_GPUS_PER_JOB", default_value_t = 64, value_parser = clap::value_parser!(i32).range(1..=64))]
     pub max_gpus_per_job: i32,
+    /// Service accounts a GpuJob's Jobs may run as (comma-separated; `*`: any). A
+    /// GpuJob naming another (or, without `default` here, naming none) is an invalid
+    /// spec. The operator creates the Jobs with its own rights: this list, not the
+    /// user's, decides which service accounts of a namespace GpuJobs can use.
+    #[arg(
+        long,
+        env = "GPUJOB_ALLOWED_SERVICE_ACCOUNTS",
+        value_delimiter = ',',
+        default_value = "default"
+    )]
+    pub allowed_service_accounts: Vec<String>,
     /// Where GPU quota is reserved before a GpuJob runs: `none`, or `http` (the REST
     /// contract of docs/quota-api.md at --quota-url).
     #[arg(long, env = "GPUJOB_QUOTA_PROVIDER", value_enum, default_value_t = QuotaKind::None)]
@@ -177,6 +212,38 @@ impl RunArgs {
         }
     }
 
+    /// Where the HTTP servers listen and how, checked; with --metrics-secure this makes
+    /// or reads the certificate.
+    pub fn listen(&self) -> Result<Listen, String> {
+        if self.metrics_cert_dir.is_some() && !self.metrics_secure {
+            return Err(
+                "--metrics-cert-dir is used only with --metrics-secure: add it, or drop the folder"
+                    .to_owned(),
+            );
+        }
+        if self.metrics_secure && self.probe_address.is_none() {
+            return Err("--metrics-secure needs --probe-address (GPUJOB_PROBE_ADDRESS), e.g. 0.0.0.0:8081: the kubelet's probes carry no token, so /healthz and /readyz are served over plain HTTP on a port of their own".to_owned());
+        }
+        if self.probe_address == Some(self.listen_address) && self.listen_address.port() != 0 {
+            return Err(format!(
+                "--probe-address and --listen-address are both {}: give the probes another port",
+                self.listen_address
+            ));
+        }
+        let tls = if self.metrics_secure {
+            Some(crate::server::tls::server_config(
+                self.metrics_cert_dir.as_deref(),
+            )?)
+        } else {
+            None
+        };
+        Ok(Listen {
+            metrics: self.listen_address,
+            probes: self.probe_address,
+            tls,
+        })
+    }
+
     pub fn lease_namespace(&self) -> String {
         self.lease_namespace
             .clone()
@@ -243,7 +310,10 @@ impl RunArgs {
                 backoff_base: self.retry_backoff_base,
                 backoff_max: self.retry_backoff_max,
                 keep_jobs: self.keep_jobs,
-                max_gpus: self.max_gpus_per_job,
+                limits: SpecLimits {
+                    max_gpus: self.max_gpus_per_job,
+                    service_accounts: ServiceAccounts::parse(&self.allowed_service_accounts)?,
+                },
                 cleanup_timeout: self.cleanup_timeout,
                 default_ttl: self.default_ttl_after_finished,
                 ..PlanSettings::default()
@@ -349,5 +419,46 @@ mod tests {
         let a = parse(&["--api-timeout", "20s"]);
         assert_eq!(a.limits().unwrap().timeout, Duration::from_secs(20));
         assert_eq!(a.settings().unwrap().watch_timeout, Duration::from_secs(15));
+    }
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let mut all = vec!["gpujob-operator", "run"];
+        all.extend_from_slice(args);
+        match Cli::try_parse_from(all).unwrap().command {
+            Command::Run(a) => *a,
+            Command::Crd => panic!("run"),
+        }
+    }
+
+    #[test]
+    fn one_plain_server_unless_asked_otherwise() {
+        let l = run_args(&[]).listen().unwrap();
+        assert_eq!(l.metrics, "0.0.0.0:8080".parse().unwrap());
+        assert!(l.probes.is_none() && l.tls.is_none());
+        let l = run_args(&["--probe-address", "0.0.0.0:8081"])
+            .listen()
+            .unwrap();
+        assert_eq!(l.probes, Some("0.0.0.0:8081".parse().unwrap()));
+        assert!(l.tls.is_none());
+    }
+
+    #[test]
+    fn secure_metrics_need_their_probes_elsewhere() {
+        let err = run_args(&["--metrics-secure"]).listen().unwrap_err();
+        assert!(err.contains("--probe-address"), "{err}");
+        let l = run_args(&["--metrics-secure", "--probe-address", "0.0.0.0:8081"])
+            .listen()
+            .unwrap();
+        assert!(l.tls.is_some(), "self-signed");
+        let l = run_args(&["--metrics-secure=false"]).listen().unwrap();
+        assert!(l.tls.is_none());
+        let err = run_args(&["--metrics-cert-dir", "/certs"])
+            .listen()
+            .unwrap_err();
+        assert!(err.contains("only with --metrics-secure"), "{err}");
+        let err = run_args(&["--probe-address", "0.0.0.0:8080"])
+            .listen()
+            .unwrap_err();
+        assert!(err.contains("another port"), "{err}");
     }
 }

@@ -35,6 +35,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let settings = args.settings().map_err(anyhow::Error::msg)?;
     let timing = args.timing().map_err(anyhow::Error::msg)?;
     let limits = args.limits().map_err(anyhow::Error::msg)?;
+    let listen = args.listen().map_err(anyhow::Error::msg)?;
     let identity = args.identity();
     client::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -49,16 +50,23 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let metrics = status.metrics.clone();
         info!(identity = %identity, version = env!("CARGO_PKG_VERSION"), leader_elect = args.leader_elect,
             shards = args.shards, "gpujob-operator starting");
-        // The server is up before leadership is won, on standbys too, and until the very end.
+        // Secure metrics review each scraper's token: unfenced (standbys serve metrics too),
+        // on a small budget of their own (each token is reviewed once a minute at most),
+        // and given up after 10 s, when a scrape would have timed out anyway.
+        let reviews = match listen.tls {
+            Some(_) => {
+                let review_limits = Limits { qps: 5.0, burst: 10, timeout: std::time::Duration::from_secs(10) };
+                let client = client::build(config.clone(), &identity, review_limits, Some(metrics.clone()), None)
+                    .context("building the client for metrics token reviews")?;
+                Some(client)
+            }
+            None => None,
+        };
+        // The servers are up before leadership is won, on standbys too, and until the very end.
         let (server_stop, server_stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(server::serve(
-            args.listen_address,
-            status.clone(),
-            async move {
-                let _ = server_stopped.await;
-            },
-            |_| {},
-        ));
+        let server = tokio::spawn(server::run(listen, status.clone(), reviews, async move {
+            let _ = server_stopped.await;
+        }));
         let result = if !args.leader_elect {
             let kube_client = client::build(config, &identity, limits, Some(metrics), None)
                 .context("building the API client")?;

@@ -1,13 +1,13 @@
-//! deploy/crd.yaml is exactly what `gpujob-operator crd` prints.
+//! deploy/crd/crd.yaml is exactly what `gpujob-operator crd` prints.
 
 #[test]
 fn deploy_crd_matches_the_generated_crd() {
     let generated = gpujob_operator::api::crd_yaml().expect("generate CRD");
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml");
-    let shipped = std::fs::read_to_string(path).expect("read deploy/crd.yaml");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd/crd.yaml");
+    let shipped = std::fs::read_to_string(path).expect("read deploy/crd/crd.yaml");
     assert!(
         generated == shipped,
-        "deploy/crd.yaml is out of date; regenerate it with `cargo run -- crd > deploy/crd.yaml`"
+        "deploy/crd/crd.yaml is out of date; regenerate it with `cargo run -- crd > deploy/crd/crd.yaml`"
     );
 }
 

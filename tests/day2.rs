@@ -436,7 +436,7 @@ async fn a_missing_lease_namespace_is_said_in_one_line_with_the_fix() {
     let _ = child.wait();
     let line = line.unwrap();
     assert!(
-        line.contains("namespace no-such-namespace not found: apply deploy/namespace.yaml or pass --lease-namespace"),
+        line.contains("namespace no-such-namespace not found: apply deploy/operator/namespace.yaml or pass --lease-namespace"),
         "{line}"
     );
     assert!(

@@ -13,6 +13,7 @@ use devcluster::audit::AuditEvent;
 use devcluster::wait;
 use gpujob_operator::api::{GPU_RESOURCE, GpuJob, LABEL_NAME, Phase};
 use gpujob_operator::controller::plan::{JobState, job_state};
+use gpujob_operator::controller::validate::ServiceAccounts;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -418,6 +419,47 @@ async fn a_253_character_name_gets_valid_unique_job_names_and_labels() {
 }
 
 #[tokio::test]
+async fn an_allowed_service_account_reaches_the_job() {
+    let env = TestEnv::new("service-account").await;
+    let mut settings = env.settings();
+    settings.plan.limits.service_accounts = ServiceAccounts::parse(&["trainer"]).unwrap();
+    let op = env.operator("service-account", settings).await;
+    env.create(
+        "as-trainer",
+        json!({"image": "i", "gpus": 1, "serviceAccountName": "trainer"}),
+    )
+    .await;
+    // `default` is not in this operator's list, so a GpuJob naming none is refused.
+    env.create("as-default", json!({"image": "i", "gpus": 1}))
+        .await;
+    let refused = env
+        .wait_gpujob("as-default", "InvalidSpec", |g| {
+            ready(g).is_some_and(|(_, r, _)| r == "InvalidSpec")
+        })
+        .await;
+    let (_, _, message) = ready(&refused).unwrap();
+    assert!(message.contains("spec.serviceAccountName"), "{message}");
+    let gj = env
+        .wait_gpujob("as-trainer", "a Job exists", |g| {
+            g.status.as_ref().is_some_and(|s| s.attempts == 1)
+        })
+        .await;
+    let jobs = env.jobs_of(&gj).await;
+    assert_eq!(jobs.len(), 1);
+    let pod = jobs[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("trainer"));
+    assert!(env.jobs_of(&refused).await.is_empty());
+    op.stop().await;
+}
+
+#[tokio::test]
 async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed() {
     let env = TestEnv::new("invalid").await;
     let identity = "invalid";
@@ -449,6 +491,13 @@ async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed
             json!({"image": "i", "gpus": 1, "nodeSelector": {"not a label key!": "x"}}),
             "spec.nodeSelector",
             json!({"spec": {"nodeSelector": {"not a label key!": null, "gpu": "a100"}}}),
+        ),
+        (
+            // Not in --allowed-service-accounts (default: only `default`).
+            "service-account",
+            json!({"image": "i", "gpus": 1, "serviceAccountName": "trainer"}),
+            "spec.serviceAccountName",
+            json!({"spec": {"serviceAccountName": "default"}}),
         ),
     ];
     for (name, spec, _, _) in &cases {

@@ -61,6 +61,8 @@ def prometheus_rule() -> str:
         f"  namespace: {NAMESPACE}\n"
         "  labels:\n"
         f"    app.kubernetes.io/name: {NAME}\n"
+        "    app.kubernetes.io/component: monitoring\n"
+        f"    app.kubernetes.io/part-of: {NAME}\n"
         "spec:\n" + indent(body.rstrip("\n") + "\n", "  ")
     )
 
@@ -87,6 +89,8 @@ def dashboard_configmap() -> str:
         f"  namespace: {NAMESPACE}\n"
         "  labels:\n"
         f"    app.kubernetes.io/name: {NAME}\n"
+        "    app.kubernetes.io/component: monitoring\n"
+        f"    app.kubernetes.io/part-of: {NAME}\n"
         '    grafana_dashboard: "1"\n'
         "data:\n"
         f"  {DASHBOARD.name}: |\n" + indent(text, "    ")

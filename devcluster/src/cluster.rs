@@ -326,7 +326,7 @@ impl ControlPlane {
                     "--kubeconfig={}",
                     kubeconfig_path(&state_dir, "kube-controller-manager").display()
                 ),
-                "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token"
+                "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token,clusterrole-aggregation"
                     .to_owned(),
                 "--leader-elect=false".to_owned(),
                 "--port=0".to_owned(),

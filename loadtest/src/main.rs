@@ -99,7 +99,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
     eprintln!("starting a private control plane");
     let cluster = ControlPlane::start(Options {
-        crds: vec![args.deploy.join("crd.yaml")],
+        crds: vec![args.deploy.join("crd/crd.yaml")],
         ..Options::default()
     })
     .await
@@ -314,14 +314,14 @@ fn kubectl_apply(cluster: &ControlPlane, deploy: &std::path::Path) -> anyhow::Re
         .command("kubectl", Identity::Admin)
         .arg("apply")
         .arg("-f")
-        .arg(deploy.join("namespace.yaml"))
+        .arg(deploy.join("operator/namespace.yaml"))
         .arg("-f")
-        .arg(deploy.join("rbac.yaml"))
+        .arg(deploy.join("operator/rbac.yaml"))
         .output()
         .context("running kubectl apply")?;
     if !out.status.success() {
         bail!(
-            "kubectl apply of {}/namespace.yaml and rbac.yaml failed: {}",
+            "kubectl apply of {}/operator/namespace.yaml and rbac.yaml failed: {}",
             deploy.display(),
             String::from_utf8_lossy(&out.stderr)
         );

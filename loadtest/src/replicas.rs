@@ -1,5 +1,5 @@
 //! Operator replicas as processes of the real binary, as the operator's service account
-//! (deploy/rbac.yaml, least privilege), each with its own metrics port and log file.
+//! (deploy/operator/rbac.yaml, least privilege), each with its own metrics port and log file.
 //! With `--shards 1` they contend for one Lease; with more, each shard has a Lease of
 //! its own (`gpujob-operator-shard-<i>`) and the replicas share them out.
 

@@ -2,7 +2,7 @@ use kube::CustomResourceExt;
 
 use super::GpuJob;
 
-/// The CRD manifest, as `gpujob-operator crd` prints it and `deploy/crd.yaml` holds it.
+/// The CRD manifest, as `gpujob-operator crd` prints it and `deploy/crd/crd.yaml` holds it.
 pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
     let body = serde_saphyr::to_string(&GpuJob::crd())?;
     Ok(format!(

@@ -2,7 +2,86 @@
 //! Ready condition says `InvalidSpec` and names the field, and nothing is retried until
 //! the spec changes.
 
+use std::collections::BTreeSet;
+
 use crate::api::GpuJobSpec;
+
+/// The service account a GpuJob's pods run as when `serviceAccountName` is not set.
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+
+/// The service accounts a GpuJob's Jobs may run as (`--allowed-service-accounts`).
+/// The operator creates the Jobs with its own rights, so without this list anyone who
+/// may create a GpuJob could run pods as any service account of that namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceAccounts {
+    /// Any (`*`).
+    All,
+    /// Only these names.
+    Only(BTreeSet<String>),
+}
+
+impl ServiceAccounts {
+    /// From the flag's values: `*` allows every service account; otherwise each value
+    /// must be a service account name.
+    pub fn parse<S: AsRef<str>>(values: &[S]) -> Result<ServiceAccounts, String> {
+        if values.iter().any(|v| v.as_ref() == "*") {
+            if values.len() > 1 {
+                return Err(
+                    "--allowed-service-accounts: `*` allows every service account; list no names beside it".to_owned(),
+                );
+            }
+            return Ok(ServiceAccounts::All);
+        }
+        let mut names = BTreeSet::new();
+        for v in values {
+            let v = v.as_ref();
+            if !is_dns_subdomain(v) {
+                return Err(format!(
+                    "--allowed-service-accounts: {v:?} is not a service account name (lowercase DNS subdomain) or `*`"
+                ));
+            }
+            names.insert(v.to_owned());
+        }
+        if names.is_empty() {
+            return Err(
+                "--allowed-service-accounts: name at least one service account, or `*`".to_owned(),
+            );
+        }
+        Ok(ServiceAccounts::Only(names))
+    }
+
+    fn allows(&self, name: &str) -> bool {
+        match self {
+            ServiceAccounts::All => true,
+            ServiceAccounts::Only(names) => names.contains(name),
+        }
+    }
+}
+
+impl Default for ServiceAccounts {
+    /// Only `default`, the account pods of the namespace run as anyway.
+    fn default() -> ServiceAccounts {
+        ServiceAccounts::Only(BTreeSet::from([DEFAULT_SERVICE_ACCOUNT.to_owned()]))
+    }
+}
+
+/// The operator's limits on what a spec may ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecLimits {
+    /// Most GPUs one GpuJob may request.
+    pub max_gpus: i32,
+    /// The service accounts its Jobs may run as.
+    pub service_accounts: ServiceAccounts,
+}
+
+impl Default for SpecLimits {
+    fn default() -> SpecLimits {
+        SpecLimits {
+            max_gpus: 64,
+            service_accounts: ServiceAccounts::default(),
+        }
+    }
+}
 
 /// A problem with one field of the spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,8 +103,9 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> Result<(), Field
     })
 }
 
-/// Checks the spec; `max_gpus` is the operator's per-GpuJob maximum.
-pub fn validate(spec: &GpuJobSpec, max_gpus: i32) -> Result<(), FieldError> {
+/// Checks the spec against the schema's gaps and the operator's `limits`.
+pub fn validate(spec: &GpuJobSpec, limits: &SpecLimits) -> Result<(), FieldError> {
+    let max_gpus = limits.max_gpus;
     image_reference(&spec.image).or_else(|m| err("spec.image", m))?;
     if spec.gpus > max_gpus {
         return err(
@@ -64,6 +144,22 @@ pub fn validate(spec: &GpuJobSpec, max_gpus: i32) -> Result<(), FieldError> {
         return err(
             "spec.serviceAccountName",
             format!("{sa:?} is not a valid name (lowercase DNS subdomain)"),
+        );
+    }
+    let sa = spec
+        .service_account_name
+        .as_deref()
+        .unwrap_or(DEFAULT_SERVICE_ACCOUNT);
+    if !limits.service_accounts.allows(sa) {
+        let allowed = match &limits.service_accounts {
+            ServiceAccounts::All => String::new(),
+            ServiceAccounts::Only(names) => names.iter().cloned().collect::<Vec<_>>().join(", "),
+        };
+        return err(
+            "spec.serviceAccountName",
+            format!(
+                "service account {sa:?} is not allowed; this operator runs GpuJobs only as: {allowed} (--allowed-service-accounts)"
+            ),
         );
     }
     Ok(())
@@ -266,6 +362,64 @@ mod tests {
         .unwrap()
     }
 
+    fn limits(max_gpus: i32) -> SpecLimits {
+        SpecLimits {
+            max_gpus,
+            ..SpecLimits::default()
+        }
+    }
+
+    #[test]
+    fn only_allowed_service_accounts_run() {
+        let with_sa = |sa: Option<&str>| GpuJobSpec {
+            service_account_name: sa.map(str::to_owned),
+            ..spec()
+        };
+        // Default: only `default`, named or implied.
+        let only_default = SpecLimits::default();
+        assert_eq!(validate(&with_sa(None), &only_default), Ok(()));
+        assert_eq!(validate(&with_sa(Some("default")), &only_default), Ok(()));
+        let e = validate(&with_sa(Some("trainer")), &only_default).unwrap_err();
+        assert_eq!(e.field, "spec.serviceAccountName");
+        assert!(e.message.contains("\"trainer\" is not allowed"), "{e}");
+        assert!(e.message.contains("only as: default"), "{e}");
+
+        let trainer = SpecLimits {
+            service_accounts: ServiceAccounts::parse(&["trainer"]).unwrap(),
+            ..SpecLimits::default()
+        };
+        assert_eq!(validate(&with_sa(Some("trainer")), &trainer), Ok(()));
+        let e = validate(&with_sa(None), &trainer).unwrap_err();
+        assert!(e.message.contains("\"default\" is not allowed"), "{e}");
+
+        let all = SpecLimits {
+            service_accounts: ServiceAccounts::parse(&["*"]).unwrap(),
+            ..SpecLimits::default()
+        };
+        assert_eq!(validate(&with_sa(Some("anything")), &all), Ok(()));
+        // An invalid name is reported as such, even where every account is allowed.
+        assert!(
+            validate(&with_sa(Some("Trainer")), &all)
+                .unwrap_err()
+                .message
+                .contains("not a valid name")
+        );
+    }
+
+    #[test]
+    fn allowed_service_accounts_parse() {
+        assert_eq!(ServiceAccounts::parse(&["*"]), Ok(ServiceAccounts::All));
+        assert_eq!(
+            ServiceAccounts::parse(&["b", "a", "b"]),
+            Ok(ServiceAccounts::Only(
+                ["a".to_owned(), "b".to_owned()].into()
+            ))
+        );
+        assert!(ServiceAccounts::parse(&["*", "a"]).is_err());
+        assert!(ServiceAccounts::parse(&["Not Valid"]).is_err());
+        assert!(ServiceAccounts::parse::<&str>(&[]).is_err());
+    }
+
     #[test]
     fn good_image_references_pass() {
         for image in [
@@ -303,13 +457,13 @@ mod tests {
 
     #[test]
     fn spec_errors_name_the_field() {
-        assert_eq!(validate(&spec(), 8), Ok(()));
+        assert_eq!(validate(&spec(), &limits(8)), Ok(()));
         let mut s = spec();
         s.image = "Bad/Image".into();
-        assert_eq!(validate(&s, 8).unwrap_err().field, "spec.image");
+        assert_eq!(validate(&s, &limits(8)).unwrap_err().field, "spec.image");
         let mut s = spec();
         s.gpus = 16;
-        let e = validate(&s, 8).unwrap_err();
+        let e = validate(&s, &limits(8)).unwrap_err();
         assert_eq!(e.field, "spec.gpus");
         assert!(e.message.contains("at most 8"));
         let mut s = spec();
@@ -323,11 +477,14 @@ mod tests {
                 value: String::new(),
             },
         ];
-        assert_eq!(validate(&s, 8).unwrap_err().field, "spec.env[1].name");
+        assert_eq!(
+            validate(&s, &limits(8)).unwrap_err().field,
+            "spec.env[1].name"
+        );
         let mut s = spec();
         s.node_selector.insert("not a key!".into(), "x".into());
         assert!(
-            validate(&s, 8)
+            validate(&s, &limits(8))
                 .unwrap_err()
                 .field
                 .starts_with("spec.nodeSelector")
@@ -335,11 +492,16 @@ mod tests {
         let mut s = spec();
         s.node_selector
             .insert("gpu.example.com/model".into(), "a100 80g".into());
-        assert!(validate(&s, 8).unwrap_err().message.contains("value"));
+        assert!(
+            validate(&s, &limits(8))
+                .unwrap_err()
+                .message
+                .contains("value")
+        );
         let mut s = spec();
         s.service_account_name = Some("Trainer".into());
         assert_eq!(
-            validate(&s, 8).unwrap_err().field,
+            validate(&s, &limits(8)).unwrap_err().field,
             "spec.serviceAccountName"
         );
     }

@@ -30,12 +30,12 @@ pub fn explain(e: &kube::Error, namespace: &str) -> String {
     if let kube::Error::Api(s) = e {
         if s.code == 404 && s.details.as_ref().is_some_and(|d| d.kind == "namespaces") {
             return format!(
-                "namespace {namespace} not found: apply deploy/namespace.yaml or pass --lease-namespace"
+                "namespace {namespace} not found: apply deploy/operator/namespace.yaml or pass --lease-namespace"
             );
         }
         if s.code == 403 {
             return format!(
-                "{}: the operator may not use Leases in namespace {namespace}: apply deploy/rbac.yaml (Role gpujob-operator-lease) there",
+                "{}: the operator may not use Leases in namespace {namespace}: apply deploy/operator/rbac.yaml (Role gpujob-operator-lease) there",
                 crate::apierror::describe(e)
             );
         }

@@ -64,12 +64,34 @@ struct Refusal {
     message: String,
 }
 
+/// Whether `url`'s host is this machine (or this pod): a token sent there does not
+/// cross a network.
+fn is_loopback(url: &str) -> bool {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return false;
+    };
+    match uri.host() {
+        Some("localhost") => true,
+        Some(host) => host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
 impl HttpProvider {
     pub fn new(settings: HttpSettings) -> Result<HttpProvider, QuotaError> {
         let base = settings.base_url.trim_end_matches('/').to_owned();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(QuotaError::Config(format!(
                 "--quota-url {base:?} must start with http:// or https://"
+            )));
+        }
+        if settings.token_file.is_some() && base.starts_with("http://") && !is_loopback(&base) {
+            return Err(QuotaError::Config(format!(
+                "--quota-token-file with --quota-url {base:?}: the bearer token would cross the network unencrypted; use an https:// URL (plain http:// carries a token only to a loopback address: localhost, 127.0.0.0/8, [::1])"
             )));
         }
         let tls = match &settings.ca_file {
@@ -267,6 +289,52 @@ impl QuotaProvider for HttpProvider {
                 code: code.as_u16(),
                 body: text,
             }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(url: &str, token: bool) -> HttpSettings {
+        HttpSettings {
+            base_url: url.to_owned(),
+            token_file: token.then(|| PathBuf::from("/var/run/secrets/quota/token")),
+            ca_file: None,
+            timeout: std::time::Duration::from_secs(10),
+            user_agent: "test".to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_token_is_refused_for_plain_http_beyond_loopback() {
+        crate::client::install_crypto_provider();
+        for url in [
+            "http://quota.example.com",
+            "http://quota.quota-system.svc:8080/api",
+            "http://10.0.0.7:8080",
+            "http://127.0.0.1.example.com",
+        ] {
+            let e = HttpProvider::new(settings(url, true))
+                .err()
+                .map(|e| e.to_string());
+            assert!(
+                e.as_deref().is_some_and(
+                    |e| e.contains("use an https:// URL") && e.contains("--quota-token-file")
+                ),
+                "{url}: {e:?}"
+            );
+            // Without a token, plain http is the operator's choice.
+            assert!(HttpProvider::new(settings(url, false)).is_ok(), "{url}");
+        }
+        for url in [
+            "https://quota.example.com",
+            "http://127.0.0.1:8080",
+            "http://localhost:9000/x",
+            "http://[::1]:8080",
+        ] {
+            assert!(HttpProvider::new(settings(url, true)).is_ok(), "{url}");
         }
     }
 }

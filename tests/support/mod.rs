@@ -16,9 +16,11 @@ use std::time::Duration;
 use devcluster::identity::REPLICA_GROUP;
 use devcluster::{ControlPlane, Identity, wait};
 use gpujob_operator::api::{GpuJob, LABEL_UID};
+use gpujob_operator::controller::validate::SpecLimits;
 use gpujob_operator::controller::{self, PlanSettings, Settings};
 use gpujob_operator::metrics::Metrics;
 use gpujob_operator::server::Status;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::Client;
@@ -28,8 +30,8 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub const CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml");
-pub const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml");
+pub const CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd/crd.yaml");
+pub const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator/rbac.yaml");
 pub const WAIT: Duration = Duration::from_secs(90);
 pub const POLL: Duration = Duration::from_millis(200);
 
@@ -88,7 +90,10 @@ impl TestEnv {
                 backoff_base: Duration::from_secs(1),
                 backoff_max: Duration::from_secs(4),
                 keep_jobs: 3,
-                max_gpus: 8,
+                limits: SpecLimits {
+                    max_gpus: 8,
+                    ..SpecLimits::default()
+                },
                 name_conflict_retry: Duration::from_secs(2),
                 ..PlanSettings::default()
             },
@@ -337,13 +342,13 @@ fn rbac_docs() -> Vec<serde_json::Value> {
     serde_saphyr::from_multiple(&text).unwrap()
 }
 
-/// The shipped Lease Role (deploy/rbac.yaml), in the test's namespace, bound to the
+/// The shipped Lease Role (deploy/operator/rbac.yaml), in the test's namespace, bound to the
 /// replica users' group: tests put each operator's Lease in their own namespace.
 async fn grant_lease_role_to_replicas(admin: &Client, ns: &str) {
     let mut role = rbac_docs()
         .into_iter()
         .find(|d| d["kind"] == "Role")
-        .expect("deploy/rbac.yaml has the lease Role");
+        .expect("deploy/operator/rbac.yaml has the lease Role");
     role["metadata"]["namespace"] = json!(ns);
     let role: Role = serde_json::from_value(role).unwrap();
     let pp = PatchParams::apply("gpujob-tests").force();
@@ -362,15 +367,49 @@ async fn grant_lease_role_to_replicas(admin: &Client, ns: &str) {
         .patch("gpujob-operator-lease", &pp, &Patch::Apply(&binding))
         .await
         .unwrap();
+    wait_replicas_may(admin, Some(ns), "create", "coordination.k8s.io", "leases").await;
 }
 
-/// Binds the shipped ClusterRole (deploy/rbac.yaml) to the replica users' group.
+/// Waits until the API server's authorizer lets the replica users `verb` `resource`: its
+/// RBAC cache sees a binding just written a moment later (longer on a loaded machine),
+/// and a test's first request must not race it.
+async fn wait_replicas_may(
+    admin: &Client,
+    ns: Option<&str>,
+    verb: &str,
+    group: &str,
+    resource: &str,
+) {
+    let reviews: Api<SubjectAccessReview> = Api::all(admin.clone());
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {
+            "user": "replica-rbac-check",
+            "groups": [REPLICA_GROUP],
+            "resourceAttributes": {"namespace": ns, "verb": verb, "group": group, "resource": resource},
+        },
+    }))
+    .unwrap();
+    wait::until(
+        &format!("the replicas' RBAC to allow {verb} {resource}"),
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async {
+            let answer = reviews.create(&PostParams::default(), &review).await.ok()?;
+            answer.status.is_some_and(|s| s.allowed).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// Binds the shipped ClusterRole (deploy/operator/rbac.yaml) to the replica users' group.
 async fn grant_operator_role_to_replicas(admin: &Client) {
     let role: ClusterRole = rbac_docs()
         .into_iter()
-        .find(|d| d["kind"] == "ClusterRole")
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "gpujob-operator")
         .map(|d| serde_json::from_value(d).unwrap())
-        .expect("deploy/rbac.yaml has a ClusterRole");
+        .expect("deploy/operator/rbac.yaml has the ClusterRole gpujob-operator");
     let pp = PatchParams::apply("gpujob-tests").force();
     let roles: Api<ClusterRole> = Api::all(admin.clone());
     roles
@@ -393,6 +432,7 @@ async fn grant_operator_role_to_replicas(admin: &Client) {
         )
         .await
         .unwrap();
+    wait_replicas_may(admin, None, "patch", "gpujob.dev", "gpujobs").await;
 }
 
 /// An operator running in this process; aborted when dropped.

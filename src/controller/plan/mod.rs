@@ -23,7 +23,7 @@ use super::events::Note;
 use super::job::attempt_of;
 pub use super::status::SPEC_CHANGE_PENDING;
 use super::status::{READY, seconds, set_condition};
-use super::validate::validate;
+use super::validate::{SpecLimits, validate};
 use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::quota::ReserveRequest;
 
@@ -43,8 +43,8 @@ pub struct PlanSettings {
     pub backoff_max: Duration,
     /// Jobs of this many most recent attempts are kept for debugging; older ones deleted.
     pub keep_jobs: i32,
-    /// Most GPUs one GpuJob may ask for (semantic validation).
-    pub max_gpus: i32,
+    /// What a spec may ask for (semantic validation): GPUs, service accounts.
+    pub limits: SpecLimits,
     /// How long releasing quota may keep failing before the GpuJob says CleanupStuck.
     pub cleanup_timeout: Duration,
     /// How often a GpuJob whose next Job name is taken by a foreign Job looks again.
@@ -61,7 +61,7 @@ impl Default for PlanSettings {
             backoff_base: Duration::from_secs(10),
             backoff_max: Duration::from_secs(360),
             keep_jobs: 3,
-            max_gpus: 64,
+            limits: SpecLimits::default(),
             cleanup_timeout: Duration::from_secs(15 * 60),
             name_conflict_retry: Duration::from_secs(60),
             default_ttl: None,
@@ -303,7 +303,7 @@ impl<'a, 'o> Planner<'a, 'o> {
     /// Why attempts cannot start: the spec fails validation, or the API server refused
     /// this generation's Job already (recorded in Ready), or just now.
     fn invalid_reason(&self) -> Option<(&'static str, String)> {
-        if let Err(e) = validate(&self.gj.spec, self.settings.max_gpus) {
+        if let Err(e) = validate(&self.gj.spec, &self.settings.limits) {
             return Some((INVALID_SPEC, format!("invalid spec: {e}")));
         }
         let refused_before = self.current.conditions.iter().find(|c| {

@@ -39,7 +39,10 @@ fn settings() -> PlanSettings {
         backoff_base: Duration::from_secs(10),
         backoff_max: Duration::from_secs(60),
         keep_jobs: 2,
-        max_gpus: 8,
+        limits: SpecLimits {
+            max_gpus: 8,
+            ..Default::default()
+        },
         cleanup_timeout: Duration::from_secs(60),
         name_conflict_retry: Duration::from_secs(30),
         default_ttl: None,

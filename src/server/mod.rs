@@ -1,6 +1,14 @@
 //! The HTTP server of every replica, up before leadership is won and on standbys:
 //! `GET /metrics` (Prometheus text), `GET /healthz` (liveness: the runtime answers and
 //! the lease loop is not wedged), `GET /readyz` (caches synced; standbys are ready too).
+//!
+//! By default one plain HTTP server answers all three. With `--probe-address` the probes
+//! get a server of their own; with `--metrics-secure` (which needs that, as the kubelet
+//! probes without a token) `/metrics` is served over HTTPS to bearer tokens allowed to
+//! `get` it (`auth.rs`, `tls.rs`).
+
+pub mod auth;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -92,9 +100,29 @@ impl Status {
     }
 }
 
+/// All three endpoints, plain (the default: one server).
 pub fn router(status: Arc<Status>) -> Router {
+    metrics_router(status.clone()).merge(probes_router(status))
+}
+
+/// `/metrics` alone.
+pub fn metrics_router(status: Arc<Status>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
+        .with_state(status)
+}
+
+/// `/metrics` alone, answered only to bearer tokens `auth` allows.
+pub fn secure_metrics_router(status: Arc<Status>, auth: Arc<auth::Authorizer>) -> Router {
+    metrics_router(status).route_layer(axum::middleware::from_fn_with_state(
+        auth,
+        auth::require_metrics_reader,
+    ))
+}
+
+/// `/healthz` and `/readyz`.
+pub fn probes_router(status: Arc<Status>) -> Router {
+    Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(status)
@@ -131,21 +159,109 @@ async fn readyz(State(status): State<Arc<Status>>) -> Response {
     }
 }
 
-/// Binds `addr` and serves until `shutdown` resolves. Returns the bound address through
-/// `bound` (useful with port 0).
+/// Where the servers listen and how (from the command line, checked).
+#[derive(Debug, Clone)]
+pub struct Listen {
+    /// `/metrics`, and the probes too when `probes` is None.
+    pub metrics: SocketAddr,
+    /// A plain HTTP server of its own for `/healthz` and `/readyz`.
+    pub probes: Option<SocketAddr>,
+    /// Serve `/metrics` over HTTPS with these settings, to allowed bearer tokens only.
+    /// Always with `probes` set (checked by the command line).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Runs the servers `listen` asks for until `shutdown` resolves. `reviews`: the client
+/// that makes TokenReviews and SubjectAccessReviews, needed when `listen.tls` is set.
+pub async fn run(
+    listen: Listen,
+    status: Arc<Status>,
+    reviews: Option<kube::Client>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    use futures::FutureExt;
+    let shutdown = shutdown.boxed().shared();
+    let probes = async {
+        match listen.probes {
+            Some(addr) => {
+                serve_plain(
+                    addr,
+                    probes_router(status.clone()),
+                    "/healthz and /readyz",
+                    shutdown.clone(),
+                    |_| {},
+                )
+                .await
+            }
+            None => Ok(()),
+        }
+    };
+    let metrics = async {
+        match (listen.tls.clone(), listen.probes) {
+            (Some(tls), _) => {
+                let client = reviews.clone().ok_or_else(|| {
+                    anyhow::anyhow!("secure metrics need a client for TokenReviews")
+                })?;
+                let auth = auth::Authorizer::new(auth::KubeReviewer::new(client), auth::CACHE_TTL);
+                tls::serve(
+                    listen.metrics,
+                    secure_metrics_router(status.clone(), auth),
+                    tls,
+                    shutdown.clone(),
+                    |_| {},
+                )
+                .await
+            }
+            (None, Some(_)) => {
+                serve_plain(
+                    listen.metrics,
+                    metrics_router(status.clone()),
+                    "/metrics",
+                    shutdown.clone(),
+                    |_| {},
+                )
+                .await
+            }
+            (None, None) => serve(listen.metrics, status.clone(), shutdown.clone(), |_| {}).await,
+        }
+    };
+    tokio::try_join!(probes, metrics)?;
+    Ok(())
+}
+
+/// Binds `addr` and serves all three endpoints until `shutdown` resolves. Returns the
+/// bound address through `bound` (useful with port 0).
 pub async fn serve(
     addr: SocketAddr,
     status: Arc<Status>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     bound: impl FnOnce(SocketAddr),
 ) -> anyhow::Result<()> {
+    serve_plain(
+        addr,
+        router(status),
+        "/metrics, /healthz and /readyz",
+        shutdown,
+        bound,
+    )
+    .await
+}
+
+/// Binds `addr` and serves `router` (`what` it answers, for the log) over plain HTTP.
+async fn serve_plain(
+    addr: SocketAddr,
+    router: Router,
+    what: &str,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    bound: impl FnOnce(SocketAddr),
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| anyhow::anyhow!("binding the metrics and probe server to {addr}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("binding the server of {what} to {addr}: {e}"))?;
     let local = listener.local_addr()?;
-    info!(address = %local, "serving /metrics, /healthz and /readyz");
+    info!(address = %local, "serving {what}");
     bound(local);
-    axum::serve(listener, router(status))
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())
