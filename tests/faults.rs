@@ -334,12 +334,7 @@ async fn a_partitioned_leader_steps_down_and_writes_nothing_when_the_partition_h
         "{}",
         rs[i].log_text()
     );
-    let events: Vec<AuditEvent> = audit
-        .since(start)
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.namespace == env.ns && e.succeeded() && e.is_write())
-        .collect();
+    let events = replicas::writes_in(&audit, start, &env.ns);
     replicas::assert_late_writes_are_safe(&events, &leader, &successor, WORKERS);
     rs[i].signal(Signal::SIGCONT);
     drop(rs);

@@ -283,13 +283,7 @@ async fn a_paused_leader_resumed_after_losing_the_lease_sends_only_what_is_safe_
     wait_all_final(&env, 60, Duration::from_secs(90)).await;
     assert_attempts_sound(&env).await;
 
-    // Other tests' replicas use the same user names: this namespace only.
-    let events: Vec<AuditEvent> = audit
-        .since(start)
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.namespace == env.ns && e.succeeded() && e.is_write())
-        .collect();
+    let events = replicas::writes_in(&audit, start, &env.ns);
     let late = replicas::assert_late_writes_are_safe(&events, &leader, &successor, WORKERS);
     println!("the deposed leader's writes received after its successor's first: {late}");
     drop(replicas);

@@ -18,20 +18,28 @@ use gpujob_operator::api::Phase;
 use nix::sys::signal::Signal;
 use serde_json::json;
 use support::quota::{FakeQuota, Mode};
-use support::replicas::{self, wait_holder};
+use support::replicas::{self, Replica, wait_holder};
 use support::{TestEnv, phase, ready, sim_env};
 
-#[tokio::test]
-async fn a_deposed_leader_cannot_bring_back_a_reservation_its_successor_released() {
-    let env = TestEnv::new("quota-fence").await;
+/// A namespace, the fake quota service and the flags that point the binary at it, and
+/// replica 1 of the real binary holding the Lease.
+async fn leader_with_quota(prefix: &str) -> (TestEnv, FakeQuota, Vec<String>, Replica) {
+    let env = TestEnv::new(prefix).await;
     let fake = FakeQuota::start().await;
     let flags = fake.flags(&env.ns);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let first = replicas::start(&env.cluster, &env.ns, 1, &flags);
+    let as_str: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let first = replicas::start(&env.cluster, &env.ns, 1, &as_str);
     wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
         h == "replica-1"
     })
     .await;
+    (env, fake, flags, first)
+}
+
+#[tokio::test]
+async fn a_deposed_leader_cannot_bring_back_a_reservation_its_successor_released() {
+    let (env, fake, flags, first) = leader_with_quota("quota-fence").await;
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let second = replicas::start(&env.cluster, &env.ns, 2, &flags);
 
     // The leader's reserve reaches the service and is held there, unanswered.
@@ -113,16 +121,9 @@ async fn a_deposed_leader_cannot_bring_back_a_reservation_its_successor_released
 
 #[tokio::test]
 async fn a_successor_with_a_stale_cache_reads_before_it_reserves() {
-    let env = TestEnv::new("quota-stale").await;
-    let fake = FakeQuota::start().await;
-    fake.set_reserve(Mode::Refuse);
-    let flags = fake.flags(&env.ns);
+    let (env, fake, flags, first) = leader_with_quota("quota-stale").await;
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let first = replicas::start(&env.cluster, &env.ns, 1, &flags);
-    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
-        h == "replica-1"
-    })
-    .await;
+    fake.set_reserve(Mode::Refuse);
     // One that will finish before the takeover, one that will still run.
     let mut uids = Vec::new();
     for (name, seconds) in [("done", "1"), ("long", "3600")] {

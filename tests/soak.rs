@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use devcluster::Identity;
 use devcluster::audit::AuditEvent;
-use devcluster::faultproxy::{Fault, FaultProxy, Faults, Partition, Rule};
+use devcluster::faultproxy::{Fault, FaultProxy, Faults, Partition, Rule, SplitMix64};
 use gpujob_operator::api::{GpuJob, Phase};
 use http::Method;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -41,16 +41,12 @@ const REPLICAS: u8 = 3;
 /// The operator's default `--workers`.
 const WORKERS: usize = 4;
 
-/// splitmix64: the whole schedule follows from the seed.
-struct Rng(u64);
+/// The whole schedule follows from the seed (the fault proxy's splitmix64).
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     fn below(&mut self, n: u64) -> u64 {
@@ -344,7 +340,7 @@ async fn soak(scale: Scale) {
         "soak {} seed {seed} (GPUJOB_SOAK_SEED={seed} replays it)",
         scale.label
     );
-    let mut rng = Rng(seed);
+    let mut rng = Rng(SplitMix64::new(seed));
     let mut env = TestEnv::private("soak").await;
     let fake = FakeQuota::start().await;
     let mut flags = fake.flags(&env.ns);

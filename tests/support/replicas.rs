@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use devcluster::audit::AuditEvent;
+use devcluster::audit::{AuditEvent, AuditLog, Cursor};
 use devcluster::{ControlPlane, Identity, wait};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -275,6 +275,17 @@ pub async fn wait_holder(
     )
     .await
     .unwrap()
+}
+
+/// The successful writes to namespace `ns` since `start` (other tests' replicas use the
+/// same user names: this namespace only).
+pub fn writes_in(audit: &AuditLog, start: Cursor, ns: &str) -> Vec<AuditEvent> {
+    audit
+        .since(start)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.namespace == ns && e.succeeded() && e.is_write())
+        .collect()
 }
 
 /// What is guaranteed of a leader cut off past its lease (frozen, partitioned) and back

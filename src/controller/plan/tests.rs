@@ -456,6 +456,18 @@ mod quota {
     }
 
     fn quota_plan(g: &GpuJob, jobs: &[Job], answer: Option<QuotaAnswer>, now: &str) -> Plan {
+        plan_from(g, jobs, answer, true, now)
+    }
+
+    /// `confirmed`: whether the view of `g` is known current (else another replica may
+    /// have moved past it).
+    fn plan_from(
+        g: &GpuJob,
+        jobs: &[Job],
+        answer: Option<QuotaAnswer>,
+        confirmed: bool,
+        now: &str,
+    ) -> Plan {
         plan(
             &Observed {
                 gpujob: g,
@@ -464,7 +476,7 @@ mod quota {
                 refused: None,
                 quota_required: true,
                 quota: answer,
-                confirmed: true,
+                confirmed,
                 now: t(now),
             },
             &settings(),
@@ -537,19 +549,7 @@ mod quota {
 
     /// The plan as made from a cached view another replica may have moved past.
     fn cached_plan(g: &GpuJob, jobs: &[Job], now: &str) -> Plan {
-        plan(
-            &Observed {
-                gpujob: g,
-                jobs: jobs.iter().collect(),
-                termination: None,
-                refused: None,
-                quota_required: true,
-                quota: None,
-                confirmed: false,
-                now: t(now),
-            },
-            &settings(),
-        )
+        plan_from(g, jobs, None, false, now)
     }
 
     #[test]
