@@ -50,6 +50,13 @@ impl Entry {
 #[derive(Debug, Default)]
 pub struct WriteMemory {
     entries: Mutex<HashMap<Key, Entry>>,
+    /// Per GpuJob, the resourceVersions known current in this replica's term of its
+    /// shard (the term's epoch, then the versions): read from the API server, or
+    /// produced by this replica's own writes. Within a term only this replica writes a
+    /// GpuJob's status, so a cached view at one of these versions has nothing of
+    /// another replica's missing; any other view may predate the previous holder's
+    /// writes.
+    current: Mutex<HashMap<Key, (u64, HashSet<String>)>>,
 }
 
 impl WriteMemory {
@@ -180,11 +187,36 @@ impl WriteMemory {
     /// hands: another replica may have written them).
     pub fn forget_where(&self, lost: impl Fn(&Key) -> bool) {
         self.lock().retain(|key, _| !lost(key));
+        self.lock_current().retain(|key, _| !lost(key));
     }
 
     /// Drops everything about a GpuJob that is gone.
     pub fn forget(&self, key: &Key) {
         self.lock().remove(key);
+        self.lock_current().remove(key);
+    }
+
+    fn lock_current(&self) -> MutexGuard<'_, HashMap<Key, (u64, HashSet<String>)>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that version `rv` of the GpuJob is current in term `epoch` (read from
+    /// the API server, or written by this replica).
+    pub fn mark_current(&self, key: &Key, epoch: u64, rv: &str) {
+        let mut current = self.lock_current();
+        let (term, versions) = current.entry(key.clone()).or_default();
+        if *term != epoch {
+            *term = epoch;
+            versions.clear();
+        }
+        versions.insert(rv.to_owned());
+    }
+
+    /// Whether version `rv` of the GpuJob is known current in term `epoch`.
+    pub fn is_current(&self, key: &Key, epoch: u64, rv: &str) -> bool {
+        self.lock_current()
+            .get(key)
+            .is_some_and(|(term, versions)| *term == epoch && versions.contains(rv))
     }
 
     /// GpuJobs with something remembered.

@@ -28,8 +28,9 @@ pub struct Snapshot {
     pub termination: Option<Termination>,
     /// A foreign Job still holds the name of the next attempt.
     pub refused: Option<Refusal>,
-    /// `gpujob` is known current: read from the API server, or written by this
-    /// reconcile. From the cache it is not: the cache may lag behind another replica.
+    /// `gpujob` is known current in this term: read from the API server or written by
+    /// this replica at this version. Otherwise the cache may lag behind the previous
+    /// holder of the shard.
     pub confirmed: bool,
 }
 
@@ -55,8 +56,9 @@ impl Snapshot {
     }
 }
 
-/// `None` when the GpuJob is gone.
-pub async fn observe(ctx: &Context, key: &Key) -> Result<Option<Snapshot>, Error> {
+/// `None` when the GpuJob is gone. `epoch`: the term of the GpuJob's shard, in which
+/// the view counts as confirmed if its version is known current.
+pub async fn observe(ctx: &Context, key: &Key, epoch: u64) -> Result<Option<Snapshot>, Error> {
     let Some(cached) = ctx
         .gpujobs
         .get(&ObjectRef::new(&key.name).within(&key.namespace))
@@ -90,12 +92,18 @@ pub async fn observe(ctx: &Context, key: &Key) -> Result<Option<Snapshot>, Error
         Some((attempt, job)) => termination_of(ctx, &key.namespace, job, attempt).await?,
         None => None,
     };
+    let rv = gpujob
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default();
+    let confirmed = ctx.memory.is_current(key, epoch, rv);
     Ok(Some(Snapshot {
         gpujob,
         jobs,
         termination,
         refused,
-        confirmed: false,
+        confirmed,
     }))
 }
 

@@ -45,7 +45,7 @@ impl Heard {
 /// Reconciles one GpuJob.
 pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
     let fence = ctx.writer.fence_for(&key.namespace)?;
-    let Some(mut snap) = observe(ctx, key).await? else {
+    let Some(mut snap) = observe(ctx, key, fence.epoch).await? else {
         return Ok(Next::Done);
     };
     let now = Timestamp::now();
@@ -65,12 +65,10 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
                 // behind as the GpuJob was: observe again, now from the current GpuJob
                 // (the write memory holds it), so that a running attempt whose Job the
                 // cache has not seen is looked up rather than taken for lost.
-                let current = snap.gpujob.metadata.resource_version.clone();
-                let Some(again) = observe(ctx, key).await? else {
+                let Some(again) = observe(ctx, key, fence.epoch).await? else {
                     return Ok(Next::Done);
                 };
                 snap = again;
-                snap.confirmed = snap.gpujob.metadata.resource_version == current;
             }
             Executed::Heard(answer) => heard.record(answer),
             Executed::Gone => return Ok(Next::Done),

@@ -63,7 +63,7 @@ pub async fn execute(
             Action::RecordStatus(status) => write_status(ctx, fence, key, snap, status).await?,
             Action::AddFinalizer => {
                 let updated = w.set_finalizer(fence, &snap.gpujob, true).await?;
-                remember(ctx, key, snap, updated);
+                remember(ctx, fence, key, snap, updated);
             }
             Action::RemoveFinalizer(why) => {
                 match why {
@@ -82,12 +82,12 @@ pub async fn execute(
                     ),
                 }
                 let updated = w.set_finalizer(fence, &snap.gpujob, false).await?;
-                remember(ctx, key, snap, updated);
+                remember(ctx, fence, key, snap, updated);
             }
             Action::Confirm => {
                 if snap.confirmed {
-                    // Written by this reconcile already, with a resourceVersion
-                    // precondition: as current as a read.
+                    // Known current in this term (read, or written by this replica
+                    // with a resourceVersion precondition).
                     continue;
                 }
                 let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
@@ -106,7 +106,7 @@ pub async fn execute(
                     current = current.metadata.resource_version.as_deref().unwrap_or("-"),
                     "the cached GpuJob was behind the API server; deciding again from the current one"
                 );
-                remember(ctx, key, snap, current);
+                remember(ctx, fence, key, snap, current);
                 return Ok(Executed::Heard(Answer::Moved));
             }
             Action::Reserve(req) => {
@@ -284,7 +284,7 @@ async fn write_status(
             .attempts_failed
             .inc_by(u64::try_from(newly_failed).unwrap_or(0));
     }
-    remember(ctx, key, snap, written);
+    remember(ctx, fence, key, snap, written);
     // Only transitions this term recorded, published while it still holds.
     ctx.writer
         .publish(fence, &snap.gpujob, &transitions(&current, status))
@@ -294,13 +294,19 @@ async fn write_status(
 
 /// The snapshot and the write memory follow a GpuJob this replica just wrote or read
 /// from the API server: until the cache catches up, reconciles see this one.
-fn remember(ctx: &Context, key: &Key, snap: &mut Snapshot, written: GpuJob) {
+fn remember(ctx: &Context, fence: &Fence, key: &Key, snap: &mut Snapshot, written: GpuJob) {
     let replaced = snap
         .gpujob
         .metadata
         .resource_version
         .clone()
         .unwrap_or_default();
+    let rv = written
+        .metadata
+        .resource_version
+        .clone()
+        .unwrap_or_default();
+    ctx.memory.mark_current(key, fence.epoch, &rv);
     ctx.memory.status_written(key, replaced, written.clone());
     snap.gpujob = Arc::new(written);
     snap.confirmed = true;

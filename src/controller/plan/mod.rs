@@ -94,9 +94,10 @@ pub struct Observed<'a> {
     pub quota_required: bool,
     /// The quota service's answer to this reconcile's reserve or release.
     pub quota: Option<QuotaAnswer>,
-    /// The GpuJob is known to be current: read from the API server, or written by this
-    /// reconcile (every write carries a resourceVersion precondition). A cached one may
-    /// lag behind another replica's writes.
+    /// The GpuJob is known current in this term of its shard: read from the API server,
+    /// or written by this replica, at this version (every write carries a
+    /// resourceVersion precondition). Another cached view may lag behind the previous
+    /// holder's writes.
     pub confirmed: bool,
     pub now: Timestamp,
 }
@@ -140,11 +141,13 @@ pub enum Action {
     AddFinalizer,
     /// Remove the quota finalizer.
     RemoveFinalizer(FinalizerRemoval),
-    /// Read the GpuJob from the API server before a quota call; when it changed since
-    /// the view this plan was made from, the plan is made again from it. The API
-    /// server refuses a stale write to the cluster (resourceVersion), but the quota
-    /// service cannot refuse a call made from a stale view: a reserve for a GpuJob
-    /// that meanwhile finished or went away would never be released.
+    /// Read the GpuJob from the API server before a quota call or a Job create made
+    /// from a view not known current in this term; when it changed since, the plan is
+    /// made again from it. The API server refuses a stale write of the GpuJob
+    /// (resourceVersion), but the quota service cannot refuse a call made from a stale
+    /// view (a reserve for a GpuJob that meanwhile finished would never be released),
+    /// and a Job create is refused only while the Job exists (one the previous holder
+    /// deleted to replace it would be created again).
     Confirm,
     /// Ask the quota service for a reservation. Ends the plan: the answer comes back.
     Reserve(ReserveRequest),
@@ -209,6 +212,7 @@ impl Plan {
 pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
     let mut p = Planner::new(obs, settings);
     p.run();
+    p.confirm_before_effects();
     Plan {
         actions: p.actions,
         status: p.next,
@@ -350,15 +354,35 @@ impl<'a, 'o> Planner<'a, 'o> {
     }
 
     /// Asks the outside world; nothing else is planned after a question.
-    /// Ends the plan with a quota call, made only from a confirmed view of the GpuJob.
+    /// Ends the plan with a question to the outside.
     fn ask(&mut self, action: Action) {
         debug_assert!(action.asks());
-        // A finalizer added in this plan is a write with a resourceVersion precondition:
-        // it confirms the view already.
-        if !self.obs.confirmed && !self.actions.contains(&Action::AddFinalizer) {
-            self.actions.push(Action::Confirm);
-        }
         self.actions.push(action);
+    }
+
+    /// Puts [`Action::Confirm`] before the first action a stale view could repeat
+    /// (a reserve or release, or a Job create: a stable name protects only while the
+    /// Job exists, and the previous holder may have deleted it to replace it), unless
+    /// the view is confirmed or an earlier action writes the GpuJob with a
+    /// resourceVersion precondition in any case (adding the finalizer).
+    fn confirm_before_effects(&mut self) {
+        if self.obs.confirmed {
+            return;
+        }
+        let first = self.actions.iter().position(|a| {
+            matches!(
+                a,
+                Action::AddFinalizer
+                    | Action::Reserve(_)
+                    | Action::Release
+                    | Action::CreateJob { .. }
+            )
+        });
+        if let Some(i) = first
+            && self.actions[i] != Action::AddFinalizer
+        {
+            self.actions.insert(i, Action::Confirm);
+        }
     }
 
     /// Whether the Ready condition about to be written has this reason.

@@ -401,6 +401,37 @@ fn a_gpujob_being_deleted_starts_nothing() {
 }
 
 #[test]
+fn a_job_is_created_only_from_a_view_known_current_in_the_term() {
+    // A cached view the previous holder of the shard may have moved past: it deleted
+    // attempt 1's Job to replace it, and a create from this view would bring it back.
+    let g = gpujob(3);
+    let unconfirmed = |g: &GpuJob, jobs: &[Job]| {
+        plan(
+            &Observed {
+                gpujob: g,
+                jobs: jobs.iter().collect(),
+                termination: None,
+                refused: None,
+                quota_required: false,
+                quota: None,
+                confirmed: false,
+                now: t(T0),
+            },
+            &settings(),
+        )
+    };
+    let p = unconfirmed(&g, &[]);
+    assert!(matches!(p.actions[0], Action::Confirm), "{:?}", p.actions);
+    assert_eq!(creates(&p), vec![1]);
+    // Known current: no read.
+    assert!(!run(&g, &[], None, T0).actions.contains(&Action::Confirm));
+    // Nothing to create: nothing to confirm (a converged GpuJob costs no read).
+    let running = with_status(g.clone(), &run(&g, &[], None, T0));
+    let jobs = [job(&running, 1, None)];
+    assert!(unconfirmed(&running, &jobs).actions.is_empty());
+}
+
+#[test]
 fn an_invalid_job_waits_for_a_spec_change() {
     let g = gpujob(3);
     let refused = Refusal {
