@@ -85,6 +85,31 @@ fn run(g: &GpuJob, jobs: &[Job], termination: Option<Termination>, now: &str) ->
     )
 }
 
+/// `confirmed`: whether the view of `g` is known current in the term (else the previous
+/// holder of its shard may have moved past it).
+fn plan_from(
+    g: &GpuJob,
+    jobs: &[Job],
+    answer: Option<QuotaAnswer>,
+    quota_required: bool,
+    confirmed: bool,
+    now: &str,
+) -> Plan {
+    plan(
+        &Observed {
+            gpujob: g,
+            jobs: jobs.iter().collect(),
+            termination: None,
+            refused: None,
+            quota_required,
+            quota: answer,
+            confirmed,
+            now: t(now),
+        },
+        &settings(),
+    )
+}
+
 fn ready(p: &Plan) -> (ConditionStatus, String) {
     let c = p.status.condition(READY).unwrap();
     (c.status, c.reason.clone())
@@ -405,21 +430,7 @@ fn a_job_is_created_only_from_a_view_known_current_in_the_term() {
     // A cached view the previous holder of the shard may have moved past: it deleted
     // attempt 1's Job to replace it, and a create from this view would bring it back.
     let g = gpujob(3);
-    let unconfirmed = |g: &GpuJob, jobs: &[Job]| {
-        plan(
-            &Observed {
-                gpujob: g,
-                jobs: jobs.iter().collect(),
-                termination: None,
-                refused: None,
-                quota_required: false,
-                quota: None,
-                confirmed: false,
-                now: t(T0),
-            },
-            &settings(),
-        )
-    };
+    let unconfirmed = |g: &GpuJob, jobs: &[Job]| plan_from(g, jobs, None, false, false, T0);
     let p = unconfirmed(&g, &[]);
     assert!(matches!(p.actions[0], Action::Confirm), "{:?}", p.actions);
     assert_eq!(creates(&p), vec![1]);
@@ -487,31 +498,7 @@ mod quota {
     }
 
     fn quota_plan(g: &GpuJob, jobs: &[Job], answer: Option<QuotaAnswer>, now: &str) -> Plan {
-        plan_from(g, jobs, answer, true, now)
-    }
-
-    /// `confirmed`: whether the view of `g` is known current (else another replica may
-    /// have moved past it).
-    fn plan_from(
-        g: &GpuJob,
-        jobs: &[Job],
-        answer: Option<QuotaAnswer>,
-        confirmed: bool,
-        now: &str,
-    ) -> Plan {
-        plan(
-            &Observed {
-                gpujob: g,
-                jobs: jobs.iter().collect(),
-                termination: None,
-                refused: None,
-                quota_required: true,
-                quota: answer,
-                confirmed,
-                now: t(now),
-            },
-            &settings(),
-        )
+        plan_from(g, jobs, answer, true, true, now)
     }
 
     fn kinds(p: &Plan) -> Vec<&'static str> {
@@ -580,7 +567,7 @@ mod quota {
 
     /// The plan as made from a cached view another replica may have moved past.
     fn cached_plan(g: &GpuJob, jobs: &[Job], now: &str) -> Plan {
-        plan_from(g, jobs, None, false, now)
+        plan_from(g, jobs, None, true, false, now)
     }
 
     #[test]
