@@ -166,6 +166,14 @@ pub struct RunArgs {
     /// Requests allowed in a burst above --api-qps.
     #[arg(long, env = "GPUJOB_API_BURST", default_value_t = 100)]
     pub api_burst: u32,
+    /// Events written per second, on a budget of their own: Events never take requests
+    /// from reconciles. When Events come faster, they queue (up to 1000) and then new
+    /// ones are dropped (gpujob_events_total{result="dropped"}).
+    #[arg(long, env = "GPUJOB_EVENT_QPS", default_value_t = 10.0)]
+    pub event_qps: f64,
+    /// Events allowed in a burst above --event-qps.
+    #[arg(long, env = "GPUJOB_EVENT_BURST", default_value_t = 50)]
+    pub event_burst: u32,
     /// An API request that goes this long without a byte from the API server is
     /// abandoned and its outcome re-read; watches are renewed by the server at 3/4 of it.
     #[arg(long, env = "GPUJOB_API_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
@@ -277,6 +285,18 @@ impl RunArgs {
             qps: self.api_qps,
             burst: self.api_burst,
             timeout: self.api_timeout,
+        })
+    }
+
+    /// The Events client's limits: its own budget, the API client's timeout.
+    pub fn event_limits(&self) -> Result<Limits, String> {
+        if self.event_qps.is_nan() || self.event_qps <= 0.0 || self.event_burst == 0 {
+            return Err("--event-qps and --event-burst must be greater than zero".to_owned());
+        }
+        Ok(Limits {
+            qps: self.event_qps,
+            burst: self.event_burst,
+            ..self.limits()?
         })
     }
 
@@ -415,6 +435,9 @@ mod tests {
         let bad = parse(&["--lease-duration", "5s", "--renew-deadline", "5s"]);
         assert!(bad.timing().unwrap_err().contains("renew deadline"));
         assert!(parse(&["--api-qps", "0"]).limits().is_err());
+        assert!(parse(&["--event-qps", "0"]).event_limits().is_err());
+        let events = parse(&["--event-qps", "3", "--event-burst", "7"]).event_limits();
+        assert_eq!(events.map(|l| (l.qps, l.burst)), Ok((3.0, 7)));
         assert!(parse(&["--api-timeout", "1s"]).limits().is_err());
         let a = parse(&["--api-timeout", "20s"]);
         assert_eq!(a.limits().unwrap().timeout, Duration::from_secs(20));

@@ -35,6 +35,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let settings = args.settings().map_err(anyhow::Error::msg)?;
     let timing = args.timing().map_err(anyhow::Error::msg)?;
     let limits = args.limits().map_err(anyhow::Error::msg)?;
+    let event_limits = args.event_limits().map_err(anyhow::Error::msg)?;
     let listen = args.listen().map_err(anyhow::Error::msg)?;
     let identity = args.identity();
     client::install_crypto_provider();
@@ -68,15 +69,22 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             let _ = server_stopped.await;
         }));
         let result = if !args.leader_elect {
-            let kube_client = client::build(config, &identity, limits, Some(metrics), None)
+            let kube_client = client::build(config.clone(), &identity, limits, Some(metrics.clone()), None)
                 .context("building the API client")?;
-            controller::run_unfenced(kube_client, settings, status, shutdown_signal()).await
+            let events_client = client::build(config, &identity, event_limits, Some(metrics), None)
+                .context("building the Events client")?;
+            controller::run_unfenced(kube_client, events_client, settings, status, shutdown_signal()).await
         } else {
             let (tx, rx) = watch::channel(Ownership::nothing_of(args.shards));
             // Reconcile writes are fenced by the Lease of their shard, right before they are sent.
             let kube_client =
                 client::build(config.clone(), &identity, limits, Some(metrics.clone()), Some(rx.clone()))
                     .context("building the API client")?;
+            // Events have a budget of their own (they never take requests from reconciles),
+            // fenced like every other write.
+            let events_client =
+                client::build(config.clone(), &identity, event_limits, Some(metrics.clone()), Some(rx.clone()))
+                    .context("building the Events client")?;
             // The Leases have their own client and budget: reconcile traffic never starves
             // renewals. Sharded, each replica renews its share plus a heartbeat.
             let lease_limits = Limits { qps: 5.0 + f64::from(args.shards), burst: 10 + args.shards, ..limits };
@@ -102,7 +110,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                     lease::run_sharded(lease_client, leases, &identity, timing, tx, in_flight, status, drained_rx).await;
                 })
             };
-            let result = controller::run(kube_client, settings, rx, status, shutdown_signal()).await;
+            let result = controller::run(kube_client, events_client, settings, rx, status, shutdown_signal()).await;
             // Drained: now the Leases can be released.
             let _ = drained.send(());
             lease_task.await.context("lease task")?;

@@ -17,6 +17,8 @@ use prometheus::{
 pub const CONTROLLER: &str = "gpujob";
 /// The reconcile results of `controller_runtime_reconcile_total`.
 pub const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
+/// `gpujob_events_total` results.
+pub const EVENT_RESULTS: [&str; 4] = ["created", "series", "failed", "dropped"];
 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
 const CODES: [&str; 9] = [
     "200", "201", "404", "409", "422", "429", "500", "503", "<error>",
@@ -61,6 +63,7 @@ pub struct Metrics {
     pub attempts_failed: IntCounter,
     pub quota_refusals: IntCounter,
     pub cleanup_stuck: IntGauge,
+    pub events: IntCounterVec,
 }
 
 fn exp_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
@@ -281,6 +284,11 @@ impl Metrics {
                 "gpujob_cleanup_stuck",
                 "GpuJobs whose quota release keeps failing past its timeout (finalizer held)",
             )?,
+            events: counters(
+                "gpujob_events_total",
+                "Events on GpuJobs: created, counted into a recent identical one (series), failed, or dropped because the Event queue was full",
+                &["result"],
+            )?,
         })
     }
 
@@ -310,6 +318,7 @@ impl Metrics {
             Box::new(self.attempts_failed.clone()),
             Box::new(self.quota_refusals.clone()),
             Box::new(self.cleanup_stuck.clone()),
+            Box::new(self.events.clone()),
         ];
         all.extend(rest);
         all
@@ -339,6 +348,9 @@ impl Metrics {
             }
         }
         self.leader.with_label_values(&[CONTROLLER]);
+        for result in EVENT_RESULTS {
+            self.events.with_label_values(&[result]);
+        }
     }
 
     /// The Prometheus text exposition of every metric.
@@ -370,6 +382,7 @@ mod tests {
             "controller_runtime_reconcile_total{controller=\"gpujob\",result=\"error\"} 0",
             "rest_client_requests_total{code=\"409\",method=\"PATCH\"} 0",
             "leader_election_master_status{name=\"gpujob\"} 0",
+            "gpujob_events_total{result=\"dropped\"} 0",
         ] {
             assert!(text.contains(name), "missing {name}");
         }

@@ -176,7 +176,12 @@ async fn suspend_stops_the_running_attempt_without_a_failure_and_resume_runs_the
     assert_eq!(condition(&done, "Complete").unwrap().0, "True");
     let jobs = env.jobs_of(&gj).await;
     assert_eq!(jobs.len(), 1, "only attempt 2's Job");
-    let seen = env.events_of("train").await;
+    let seen = env
+        .events_of(
+            "train",
+            support::with_reasons(&["Suspended", "Resumed", "AttemptStarted", "Succeeded"]),
+        )
+        .await;
     for reason in ["Suspended", "Resumed", "AttemptStarted", "Succeeded"] {
         assert!(events(&seen).contains(&reason), "{reason}: {seen:?}");
     }
@@ -324,7 +329,10 @@ async fn a_rerun_starts_a_new_run_with_the_next_attempt_number() {
         .map(|j| j.metadata.name.clone().unwrap())
         .collect();
     assert_eq!(names, vec!["nightly-1", "nightly-2"], "names stay unique");
-    assert!(events(&env.events_of("nightly").await).contains(&"Rerun"));
+    let seen = env
+        .events_of("nightly", support::with_reasons(&["Rerun"]))
+        .await;
+    assert!(events(&seen).contains(&"Rerun"));
 
     // The same request again starts nothing.
     let out = kubectl(

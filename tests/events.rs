@@ -23,7 +23,12 @@ async fn each_attempts_events_name_that_attempt() {
         phase(g) == Some(Phase::Succeeded)
     })
     .await;
-    let events = env.events_of("finetune").await;
+    let events = env
+        .events_of("finetune", |events| {
+            let n = |r: &str| events.iter().filter(|e| e.1 == r).count();
+            n("AttemptStarted") >= 3 && n("AttemptFailed") >= 2
+        })
+        .await;
     let of = |reason: &str| -> Vec<(String, i32)> {
         events
             .iter()
@@ -64,8 +69,10 @@ async fn only_identical_events_are_folded_into_one_series() {
         note("InsufficientQuota: 8 GPUs requested, 0 free"),
         note("InsufficientQuota: 8 GPUs requested, 2 free"),
     ];
-    h.ctx.writer.publish(&fence, &gj, &notes).await;
-    let events = env.events_of("gj").await;
+    h.ctx.writer.publish(&fence, &gj, &notes);
+    // All four written (in order, by one task): three counted into one series.
+    let written = |events: &[support::EventSeen]| events.iter().map(|e| e.3).sum::<i32>() >= 4;
+    let events = env.events_of("gj", written).await;
     let seen: Vec<(&str, i32)> = events.iter().map(|e| (e.2.as_str(), e.3)).collect();
     assert_eq!(
         seen,

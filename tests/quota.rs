@@ -146,7 +146,17 @@ async fn reservation_is_recorded_before_the_job_and_released_when_done_or_delete
     )
     .await
     .unwrap();
-    let events = env.events_of("done").await;
+    let events = env
+        .events_of(
+            "done",
+            support::with_reasons(&[
+                "QuotaReserved",
+                "AttemptStarted",
+                "Succeeded",
+                "QuotaReleased",
+            ]),
+        )
+        .await;
     let reasons: Vec<&str> = events.iter().map(|e| e.1.as_str()).collect();
     for r in [
         "QuotaReserved",
@@ -190,7 +200,7 @@ async fn refused_quota_backs_off_and_the_gpujob_starts_once_granted() {
     let calls = fake.calls("reserve", &uid).len();
     assert!((3..=14).contains(&calls), "{calls} reserve calls in ~6 s");
     let warnings: Vec<_> = env
-        .events_of("wait")
+        .events_of("wait", support::with_reasons(&["QuotaRefused"]))
         .await
         .into_iter()
         .filter(|e| e.1 == "QuotaRefused")
@@ -265,7 +275,12 @@ async fn a_release_that_keeps_failing_is_reported_and_can_be_unlocked() {
     .await
     .unwrap();
     assert_eq!(fake.live().get(&uid), Some(&id), "abandoned, not released");
-    let events = env.events_of("stuck").await;
+    let events = env
+        .events_of(
+            "stuck",
+            support::with_reasons(&["QuotaReleaseSkipped", "CleanupStuck"]),
+        )
+        .await;
     let skipped = events
         .iter()
         .find(|e| e.1 == "QuotaReleaseSkipped")

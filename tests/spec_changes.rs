@@ -80,7 +80,9 @@ async fn recreate_replaces_the_running_attempt_without_counting_a_failure() {
         has_env(&jobs[0], "LR", "0.01"),
         "attempt 2 runs the new spec"
     );
-    let events = env.events_of("train").await;
+    let events = env
+        .events_of("train", support::with_reasons(&["SpecChangeApplied"]))
+        .await;
     assert!(
         events.iter().any(|e| e.1 == "SpecChangeApplied"),
         "{events:?}"

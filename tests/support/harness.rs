@@ -42,15 +42,24 @@ impl Harness {
         jobs.apply(&Event::Init);
         jobs.apply(&Event::InitDone);
         let (own, rx) = watch::channel(Ownership::unfenced());
+        let metrics = Metrics::new();
+        let writer = Writer::new(
+            client.clone(),
+            client.clone(),
+            rx,
+            identity,
+            settings.quota.clone(),
+            metrics.events.clone(),
+        );
         let mut h = Harness {
             ctx: Context {
-                writer: Writer::new(client.clone(), rx, identity, settings.quota.clone()),
+                writer,
                 client,
                 gpujobs: store,
                 jobs,
                 memory: WriteMemory::default(),
                 settings,
-                metrics: Metrics::new(),
+                metrics,
             },
             store: store_writer,
             ns: env.ns.clone(),

@@ -35,6 +35,15 @@ pub const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator/rba
 pub const WAIT: Duration = Duration::from_secs(90);
 pub const POLL: Duration = Duration::from_millis(200);
 
+/// An Event as `kubectl describe` shows it: (type, reason, note, count).
+pub type EventSeen = (String, String, String, i32);
+
+/// A predicate for [`TestEnv::events_of`]: every one of `reasons` is there.
+pub fn with_reasons(reasons: &[&str]) -> impl Fn(&[EventSeen]) -> bool {
+    let reasons: Vec<String> = reasons.iter().map(|r| (*r).to_owned()).collect();
+    move |events| reasons.iter().all(|r| events.iter().any(|e| &e.1 == r))
+}
+
 pub struct TestEnv {
     pub cluster: ControlPlane,
     pub ns: String,
@@ -148,7 +157,7 @@ impl TestEnv {
         let (stop, stopped) = oneshot::channel::<()>();
         let run_status = status.clone();
         let handle = tokio::spawn(async move {
-            controller::run_unfenced(client, settings, run_status, async {
+            controller::run_unfenced(client.clone(), client, settings, run_status, async {
                 let _ = stopped.await;
             })
             .await
@@ -215,7 +224,25 @@ impl TestEnv {
     }
 
     /// Events on GpuJob `name` (type, reason, note, count), oldest first.
-    pub async fn events_of(&self, name: &str) -> Vec<(String, String, String, i32)> {
+    /// The Events on GpuJob `name` as (type, reason, note, count), oldest first, once
+    /// `until` holds of them (Events are written in the background, after the status
+    /// they describe), or as they are after 30 s.
+    pub async fn events_of(
+        &self,
+        name: &str,
+        until: impl Fn(&[EventSeen]) -> bool,
+    ) -> Vec<EventSeen> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let events = self.events_now(name).await;
+            if until(&events) || tokio::time::Instant::now() > deadline {
+                return events;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn events_now(&self, name: &str) -> Vec<EventSeen> {
         use k8s_openapi::api::events::v1::Event;
         let api: Api<Event> = Api::namespaced(self.admin.clone(), &self.ns);
         let mut list: Vec<Event> = api

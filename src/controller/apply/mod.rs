@@ -195,8 +195,7 @@ pub async fn execute(
                 return Ok(Executed::Done);
             }
             Action::Publish(note) => {
-                w.publish(fence, &snap.gpujob, std::slice::from_ref(note))
-                    .await;
+                w.publish(fence, &snap.gpujob, std::slice::from_ref(note));
             }
         }
     }
@@ -287,8 +286,7 @@ async fn write_status(
     remember(ctx, fence, key, snap, written);
     // Only transitions this term recorded, published while it still holds.
     ctx.writer
-        .publish(fence, &snap.gpujob, &transitions(&current, status))
-        .await;
+        .publish(fence, &snap.gpujob, &transitions(&current, status));
     Ok(())
 }
 

@@ -77,14 +77,17 @@ pub enum Created {
 }
 
 impl Writer {
+    /// `events`: the client Events are written with, on a budget of its own.
     pub fn new(
         client: Client,
+        events: Client,
         ownership: watch::Receiver<Ownership>,
         identity: &str,
         quota: Provider,
+        event_counts: prometheus::IntCounterVec,
     ) -> Writer {
         Writer {
-            recorder: std::sync::Arc::new(Recorder::new(client.clone(), identity)),
+            recorder: std::sync::Arc::new(Recorder::spawn(events, identity, event_counts)),
             client,
             ownership,
             quota,
@@ -128,20 +131,16 @@ impl Writer {
         }
     }
 
-    /// Publishes Events on the GpuJob. An Event that cannot be written is logged and
-    /// dropped: it must never hold up the work it describes.
-    pub async fn publish(&self, fence: &Fence, gj: &GpuJob, notes: &[Note]) {
+    /// Queues Events on the GpuJob while the term holds; they are written in the
+    /// background (the Events client's fence refuses them once the shard is lost). An
+    /// Event that cannot be written is logged and dropped: it must never hold up the
+    /// work it describes.
+    pub fn publish(&self, fence: &Fence, gj: &GpuJob, notes: &[Note]) {
         for n in notes {
             if self.check(fence).is_err() {
                 return;
             }
-            if let Err(e) = self.recorder.publish(gj, n).await {
-                tracing::warn!(
-                    reason = n.reason,
-                    "cannot record an Event on the GpuJob: {}; continuing without it",
-                    crate::apierror::describe(&e)
-                );
-            }
+            self.recorder.publish(gj, n);
         }
     }
 

@@ -48,6 +48,7 @@ impl Intake {
 /// tests). Same as [`run`] with an ownership that never expires.
 pub async fn run_unfenced(
     client: Client,
+    events: Client,
     settings: Settings,
     status: Arc<Status>,
     shutdown: impl Future<Output = ()>,
@@ -61,7 +62,7 @@ pub async fn run_unfenced(
         .set(1);
     status.metrics.shards_held.set(1);
     status.metrics.shard_owner.with_label_values(&["0"]).set(1);
-    let result = run(client, settings, rx, status, shutdown).await;
+    let result = run(client, events, settings, rx, status, shutdown).await;
     drop(tx);
     result
 }
@@ -70,8 +71,10 @@ pub async fn run_unfenced(
 /// (bounded by `drain_timeout`). Caches stay warm whatever this replica holds; workers
 /// reconcile only keys of held shards, and a reconcile in flight when its shard is lost
 /// (or lost and regained: a new term) is cancelled.
+/// `events`: the client Events are written with, on a budget of its own.
 pub async fn run(
     client: Client,
+    events: Client,
     settings: Settings,
     ownership: watch::Receiver<Ownership>,
     status: Arc<Status>,
@@ -89,9 +92,11 @@ pub async fn run(
         memory: memory::WriteMemory::default(),
         writer: apply::Writer::new(
             client.clone(),
+            events,
             ownership.clone(),
             &settings.identity,
             settings.quota.clone(),
+            metrics.events.clone(),
         ),
         settings,
         metrics,
