@@ -4,6 +4,11 @@
 //! larger of a per-key exponential backoff (reset by `forget`) and an overall token
 //! bucket (`add_rate_limited`, like client-go's default controller rate limiter).
 //!
+//! Two lanes: keys added with [`Queue::add_prompt`] (new work: a GpuJob never looked at,
+//! an attempt that just finished) are handed out before the others (resyncs, retries,
+//! echoes of the operator's own writes), so new work never waits behind a backlog of
+//! looks that change nothing. Within a lane, first in, first out.
+//!
 //! Time is tokio's, so the behaviour is tested on a paused clock.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -48,6 +53,9 @@ impl Backoff {
 
 #[derive(Debug)]
 struct State<K> {
+    /// The prompt lane, handed out first.
+    prompt: VecDeque<K>,
+    /// The normal lane.
     ready: VecDeque<K>,
     dirty: HashSet<K>,
     processing: HashSet<K>,
@@ -95,6 +103,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
             bucket: Arc::new(TokenBucket::new(backoff.qps, backoff.burst)),
             metrics,
             state: Arc::new(Mutex::new(State {
+                prompt: VecDeque::new(),
                 ready: VecDeque::new(),
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
@@ -119,8 +128,18 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
 
     /// Queues `key` now, unless it is queued already.
     pub fn add(&self, key: K) {
+        self.add_in(key, Lane::Normal);
+    }
+
+    /// Queues `key` now in the prompt lane, ahead of every key added otherwise, unless
+    /// it is queued already (then it keeps its place).
+    pub fn add_prompt(&self, key: K) {
+        self.add_in(key, Lane::Prompt);
+    }
+
+    fn add_in(&self, key: K, lane: Lane) {
         let mut s = self.lock();
-        let woke = add_locked(&mut s, key, self.metrics.as_ref());
+        let woke = add_locked(&mut s, key, lane, self.metrics.as_ref());
         drop(s);
         if woke {
             self.notify.notify_one();
@@ -196,7 +215,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
 
     /// Keys ready to be processed now.
     pub fn len(&self) -> usize {
-        self.lock().ready.len()
+        self.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -214,7 +233,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 let mut s = self.lock();
                 let now = Instant::now();
                 promote_due(&mut s, now, self.metrics.as_ref());
-                if let Some(key) = s.ready.pop_front() {
+                if let Some(key) = s.prompt.pop_front().or_else(|| s.ready.pop_front()) {
                     s.dirty.remove(&key);
                     s.processing.insert(key.clone());
                     s.started_at.insert(key.clone(), now);
@@ -223,9 +242,9 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                             m.queue_duration
                                 .observe(now.saturating_duration_since(at).as_secs_f64());
                         }
-                        m.depth.set(gauge(s.ready.len()));
+                        m.depth.set(gauge(s.len()));
                     }
-                    let more = !s.ready.is_empty();
+                    let more = s.len() > 0;
                     drop(s);
                     if more {
                         // Pass the baton: another worker may take the next key.
@@ -264,7 +283,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         if s.dirty.contains(key) && !s.shutting_down {
             s.ready.push_back(key.clone());
             if let Some(m) = &self.metrics {
-                m.depth.set(gauge(s.ready.len()));
+                m.depth.set(gauge(s.len()));
             }
             drop(s);
             self.notify.notify_one();
@@ -287,7 +306,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         m.unfinished_work.set(running.iter().sum());
         m.longest_running
             .set(running.iter().copied().fold(0.0, f64::max));
-        m.depth.set(gauge(s.ready.len()));
+        m.depth.set(gauge(s.len()));
     }
 
     /// Stops handing out keys; `get` returns `None` to every worker, delayed keys are
@@ -295,6 +314,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     pub fn shut_down(&self) {
         let mut s = self.lock();
         s.shutting_down = true;
+        s.prompt.clear();
         s.ready.clear();
         s.dirty.clear();
         s.waiting.clear();
@@ -306,6 +326,18 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Prompt,
+    Normal,
+}
+
+impl<K> State<K> {
+    fn len(&self) -> usize {
+        self.prompt.len() + self.ready.len()
+    }
+}
+
 fn gauge(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -314,6 +346,7 @@ fn gauge(n: usize) -> i64 {
 fn add_locked<K: Clone + Eq + Hash + Ord>(
     s: &mut State<K>,
     key: K,
+    lane: Lane,
     metrics: Option<&QueueMetrics>,
 ) -> bool {
     if s.shutting_down || s.dirty.contains(&key) {
@@ -330,9 +363,12 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
         // Runs again after `done`.
         return false;
     }
-    s.ready.push_back(key);
+    match lane {
+        Lane::Prompt => s.prompt.push_back(key),
+        Lane::Normal => s.ready.push_back(key),
+    }
     if let Some(m) = metrics {
-        m.depth.set(gauge(s.ready.len()));
+        m.depth.set(gauge(s.len()));
     }
     true
 }
@@ -350,7 +386,7 @@ fn promote_due<K: Clone + Eq + Hash + Ord>(
             break;
         };
         s.due_of.remove(&key);
-        add_locked(s, key, metrics);
+        add_locked(s, key, Lane::Normal, metrics);
     }
 }
 

@@ -30,6 +30,25 @@ async fn a_key_is_queued_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn prompt_keys_go_before_the_backlog() {
+    let q = queue();
+    q.add("resync-1");
+    q.add("resync-2");
+    q.add_prompt("new-1");
+    q.add_prompt("new-2");
+    // Already queued: it keeps its place (and is not queued twice).
+    q.add_prompt("resync-2");
+    q.add_prompt("new-1");
+    assert_eq!(q.len(), 4);
+    let mut order = Vec::new();
+    while let Some(k) = next(&q).await {
+        order.push(k);
+        q.done(&k);
+    }
+    assert_eq!(order, ["new-1", "new-2", "resync-1", "resync-2"]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_key_added_while_processing_runs_once_more_after_done() {
     let q = queue();
     q.add("a");
@@ -214,6 +233,7 @@ mod properties {
     #[derive(Debug, Clone)]
     enum Op {
         Add(u8),
+        AddPrompt(u8),
         AddAfter(u8, u16),
         Get,
         Done(u8),
@@ -225,6 +245,7 @@ mod properties {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             3 => (0u8..6).prop_map(Op::Add),
+            2 => (0u8..6).prop_map(Op::AddPrompt),
             1 => ((0u8..6), (1u16..2000)).prop_map(|(k, ms)| Op::AddAfter(k, ms)),
             4 => Just(Op::Get),
             2 => (0u8..6).prop_map(Op::Done),
@@ -261,6 +282,7 @@ mod properties {
                     let now = tokio::time::Instant::now();
                     match op {
                         Op::Add(k) => { q.add(k); owed.entry(k).or_insert(now); }
+                        Op::AddPrompt(k) => { q.add_prompt(k); owed.entry(k).or_insert(now); }
                         Op::AddAfter(k, ms) => {
                             q.add_after(k, Duration::from_millis(u64::from(ms)));
                             owed.entry(k).or_insert(now + Duration::from_millis(u64::from(ms)));

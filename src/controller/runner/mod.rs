@@ -37,6 +37,14 @@ impl Intake {
         }
     }
 
+    /// New work (a GpuJob never looked at, an attempt that just finished): ahead of
+    /// resyncs, retries and the echoes of this replica's own writes.
+    fn add_prompt(&self, key: Key) {
+        if self.own.borrow().holds_namespace(&key.namespace) {
+            self.queue.add_prompt(key);
+        }
+    }
+
     fn resync(&self, key: Key) {
         if self.own.borrow().holds_namespace(&key.namespace) {
             self.queue.add_unless_backing_off(key);

@@ -1,6 +1,8 @@
 //! The two watches: GpuJobs (into the reflector store) and the Jobs they control (into
 //! the Job index). Each event queues the GpuJob it concerns; a relist queues every
 //! GpuJob that was or is there, since anything may have changed while nobody watched.
+//! New work goes to the queue's prompt lane: a GpuJob without a status (never looked at),
+//! and a Job that has finished (its GpuJob's next step is due).
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use tracing::warn;
 
 use super::{Context, Intake, Key};
 use crate::api::{GpuJob, LABEL_UID};
+use crate::controller::plan::{JobState, job_state};
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
@@ -61,6 +64,9 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, int
     let mut before: Vec<Key> = Vec::new();
     while let Some(event) = events.next().await {
         match event {
+            Ok(watcher::Event::Apply(gj)) if gj.status.is_none() => {
+                intake.add_prompt(Key::of(&gj));
+            }
             Ok(watcher::Event::Apply(gj) | watcher::Event::Delete(gj)) => {
                 intake.add(Key::of(&gj));
             }
@@ -90,8 +96,16 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
     while let Some(event) = events.next().await {
         match event {
             Ok(event) => {
+                let finished = matches!(
+                    &event,
+                    watcher::Event::Apply(job) if job_state(job) != JobState::Active
+                );
                 for key in ctx.jobs.apply(&event) {
-                    intake.add(key);
+                    if finished {
+                        intake.add_prompt(key);
+                    } else {
+                        intake.add(key);
+                    }
                 }
             }
             Err(e) => warn!(
