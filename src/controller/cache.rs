@@ -66,7 +66,7 @@ impl JobIndex {
             }
             Event::InitApply(job) => {
                 if let Some(relist) = inner.relist.as_mut() {
-                    relist.push(job.clone());
+                    relist.push(trimmed(job));
                 }
                 Vec::new()
             }
@@ -87,7 +87,7 @@ impl JobIndex {
             Event::Apply(job) => {
                 remove(&mut inner, &job_key(job));
                 let key = owner_of(job).map(|(k, _)| k);
-                insert(&mut inner, job.clone());
+                insert(&mut inner, trimmed(job));
                 key.into_iter().collect()
             }
             Event::Delete(job) => {
@@ -114,12 +114,24 @@ impl JobIndex {
     }
 }
 
-fn insert(inner: &mut Inner, mut job: Job) {
+/// What the plan reads of a Job: its metadata (name, labels, the generation annotation,
+/// owner, deletion) and its status. The pod template and managedFields are most of a
+/// Job's size in memory, and nothing reads them from the cache.
+fn trimmed(job: &Job) -> Job {
+    let mut metadata = job.metadata.clone();
+    metadata.managed_fields = None;
+    Job {
+        metadata,
+        spec: None,
+        status: job.status.clone(),
+    }
+}
+
+/// Indexes `job`, [`trimmed`] already.
+fn insert(inner: &mut Inner, job: Job) {
     let Some((owner, uid)) = owner_of(&job) else {
         return;
     };
-    // Nothing reads managedFields; they are most of a Job's size in memory.
-    job.metadata.managed_fields = None;
     let key = job_key(&job);
     inner.owner_of.insert(key.clone(), (uid.clone(), owner));
     inner
@@ -206,5 +218,51 @@ mod tests {
             vec![Key::new("ns", "b"), Key::new("ns", "c")]
         );
         assert!(idx.jobs_of("u2").is_empty());
+    }
+
+    #[test]
+    fn the_cache_keeps_what_the_plan_reads_and_drops_the_rest() {
+        use crate::api::GpuJob;
+        use crate::controller::job::{attempt_of, desired_job, generation_of};
+        use crate::controller::plan::{JobState, job_state};
+        use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+        let mut gj = GpuJob::new(
+            "a",
+            serde_json::from_value(serde_json::json!({"image": "i", "gpus": 1})).unwrap(),
+        );
+        gj.metadata.namespace = Some("ns".into());
+        gj.metadata.uid = Some("u1".into());
+        gj.metadata.generation = Some(4);
+        let mut full = desired_job(&gj, 2);
+        full.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        full.status = Some(JobStatus {
+            conditions: Some(vec![JobCondition {
+                type_: "Complete".into(),
+                status: "True".into(),
+                ..JobCondition::default()
+            }]),
+            ..JobStatus::default()
+        });
+        assert!(full.spec.is_some());
+        for via_relist in [false, true] {
+            let idx = JobIndex::default();
+            if via_relist {
+                idx.apply(&Event::Init);
+                idx.apply(&Event::InitApply(full.clone()));
+                idx.apply(&Event::InitDone);
+            } else {
+                idx.apply(&Event::Apply(full.clone()));
+            }
+            let cached = idx.jobs_of("u1");
+            let cached = cached.first().expect("indexed by its owner");
+            assert_eq!(cached.spec, None, "the pod template is not kept");
+            assert_eq!(cached.metadata.managed_fields, None);
+            assert_eq!(attempt_of(cached), attempt_of(&full));
+            assert_eq!(generation_of(cached), Some(4));
+            assert_eq!(owner_of(cached), owner_of(&full));
+            assert!(matches!(job_state(cached), JobState::Complete { .. }));
+        }
     }
 }

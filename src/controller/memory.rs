@@ -10,7 +10,7 @@
 //! resourceVersion is one the operator itself replaced is stale, anything else is newer
 //! than the memory and wins.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::batch::v1::Job;
@@ -47,6 +47,10 @@ impl Entry {
     }
 }
 
+/// Versions known current kept per GpuJob: a GpuJob written many times in one term
+/// (retries) keeps only its newest, so the memory stays bounded.
+const CURRENT_KEPT: usize = 4;
+
 #[derive(Debug, Default)]
 pub struct WriteMemory {
     entries: Mutex<HashMap<Key, Entry>>,
@@ -55,8 +59,8 @@ pub struct WriteMemory {
     /// produced by this replica's own writes. Within a term only this replica writes a
     /// GpuJob's status, so a cached view at one of these versions has nothing of
     /// another replica's missing; any other view may predate the previous holder's
-    /// writes.
-    current: Mutex<HashMap<Key, (u64, HashSet<String>)>>,
+    /// writes. Only the newest few are kept: the cache shows one of them or a newer one.
+    current: Mutex<HashMap<Key, (u64, VecDeque<String>)>>,
 }
 
 impl WriteMemory {
@@ -196,7 +200,7 @@ impl WriteMemory {
         self.lock_current().remove(key);
     }
 
-    fn lock_current(&self) -> MutexGuard<'_, HashMap<Key, (u64, HashSet<String>)>> {
+    fn lock_current(&self) -> MutexGuard<'_, HashMap<Key, (u64, VecDeque<String>)>> {
         self.current.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -209,14 +213,19 @@ impl WriteMemory {
             *term = epoch;
             versions.clear();
         }
-        versions.insert(rv.to_owned());
+        if !versions.iter().any(|v| v == rv) {
+            if versions.len() == CURRENT_KEPT {
+                versions.pop_front();
+            }
+            versions.push_back(rv.to_owned());
+        }
     }
 
     /// Whether version `rv` of the GpuJob is known current in term `epoch`.
     pub fn is_current(&self, key: &Key, epoch: u64, rv: &str) -> bool {
         self.lock_current()
             .get(key)
-            .is_some_and(|(term, versions)| *term == epoch && versions.contains(rv))
+            .is_some_and(|(term, versions)| *term == epoch && versions.iter().any(|v| v == rv))
     }
 
     /// GpuJobs with something remembered.
@@ -257,6 +266,34 @@ mod tests {
 
     fn key() -> Key {
         Key::new("ns", "a")
+    }
+
+    #[test]
+    fn versions_are_current_only_in_their_term_and_only_the_newest_are_kept() {
+        let m = WriteMemory::default();
+        assert!(!m.is_current(&key(), 1, "10"), "nothing known: not current");
+        m.mark_current(&key(), 1, "10");
+        assert!(m.is_current(&key(), 1, "10"));
+        assert!(
+            !m.is_current(&key(), 2, "10"),
+            "another term may predate writes"
+        );
+        assert!(!m.is_current(&Key::new("ns", "b"), 1, "10"));
+        for rv in 11..=14 {
+            m.mark_current(&key(), 1, &rv.to_string());
+        }
+        assert!(!m.is_current(&key(), 1, "10"), "bounded: the oldest goes");
+        assert!((11..=14).all(|rv| m.is_current(&key(), 1, &rv.to_string())));
+        // A new term starts from nothing.
+        m.mark_current(&key(), 2, "20");
+        assert!(!m.is_current(&key(), 1, "14") && !m.is_current(&key(), 2, "14"));
+        assert!(m.is_current(&key(), 2, "20"));
+        // Gone, or its shard lost: forgotten.
+        m.forget(&key());
+        assert!(!m.is_current(&key(), 2, "20"));
+        m.mark_current(&key(), 3, "30");
+        m.forget_where(|k| k.namespace == "ns");
+        assert!(!m.is_current(&key(), 3, "30"));
     }
 
     fn job(name: &str, uid: &str) -> Job {
