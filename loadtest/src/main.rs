@@ -10,8 +10,10 @@
 
 mod measure;
 mod replicas;
+mod trickle;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -61,6 +63,13 @@ struct Args {
     /// the replica holding the most shards (ties: the lowest identity).
     #[arg(long)]
     kill_leader_after: Option<usize>,
+    /// Also create this many GpuJobs one by one, in namespace `trickle`, while the
+    /// burst is waiting, and report how long each waited for its first Job.
+    #[arg(long, default_value_t = 0)]
+    trickle: usize,
+    /// Seconds between two trickle GpuJobs.
+    #[arg(long, default_value_t = 1.0)]
+    trickle_every: f64,
     /// The operator binary to run.
     #[arg(long)]
     operator_bin: PathBuf,
@@ -110,7 +119,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .map(|i| format!("{NAMESPACE_PREFIX}-{i}"))
         .collect();
     let namespace_api = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone());
-    for name in &namespaces {
+    let trickle_ns = (args.trickle > 0).then(|| trickle::NAMESPACE.to_owned());
+    for name in namespaces.iter().chain(&trickle_ns) {
         let ns = serde_json::from_value(json!({"metadata": {"name": name}}))?;
         namespace_api
             .create(&PostParams::default(), &ns)
@@ -166,6 +176,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "gpus": 1,
         "env": [{"name": "SIM_DURATION_SECONDS", "value": args.sim_duration_seconds}],
     });
+    let trickle = Arc::new(trickle::Trickle::default());
+    let trickle_tasks = (args.trickle > 0).then(|| {
+        let every = Duration::from_secs_f64(args.trickle_every.max(0.0));
+        (
+            trickle.watch_jobs(&admin),
+            tokio::spawn(
+                trickle
+                    .clone()
+                    .create(admin.clone(), args.trickle, every, spec.clone()),
+            ),
+        )
+    });
+    let total = args.gpujobs + args.trickle;
     let mut created = 0usize;
     let mut creates = futures::stream::iter(0..args.gpujobs)
         .map(|i| {
@@ -230,23 +253,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     .is_some_and(Phase::is_final)
             })
             .count();
-        if started == args.gpujobs && timeline.all_started.is_none() {
+        if started == total && timeline.all_started.is_none() {
             timeline.all_started = Some(start.elapsed());
         }
-        if finished == args.gpujobs {
+        if finished == total {
             timeline.all_finished = start.elapsed();
             break;
         }
         if Instant::now() >= deadline {
             bail!(
-                "gave up after {}s: {started} of {} GpuJobs started, {finished} finished",
+                "gave up after {}s: {started} of {total} GpuJobs started, {finished} finished",
                 args.timeout_seconds,
-                args.gpujobs
             );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     watch.abort();
+    if let Some((watch_jobs, create)) = trickle_tasks {
+        create.await.context("the trickle")??;
+        watch_jobs.abort();
+        let (latencies, created) = trickle.latencies();
+        timeline.trickle = Some(measure::TrickleFigures {
+            created,
+            every: args.trickle_every,
+            latencies,
+        });
+    }
     eprintln!(
         "every GpuJob finished {:.1}s after the first create",
         timeline.all_finished.as_secs_f64()
@@ -295,6 +327,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             profile: &args.profile,
             namespaces: &namespaces,
             cores: std::thread::available_parallelism().map_or(1, usize::from),
+            operator_env: operator_env(),
         },
         &timeline,
         &outcome,
@@ -307,6 +340,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     drop(replicas);
     cluster.shutdown();
     Ok(())
+}
+
+/// The operator's settings from this process's environment (`GPUJOB_*`), which the
+/// replicas inherit: the report says which flags differed from the defaults.
+fn operator_env() -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("GPUJOB_"))
+        .collect();
+    env.sort();
+    env
 }
 
 fn kubectl_apply(cluster: &ControlPlane, deploy: &std::path::Path) -> anyhow::Result<()> {

@@ -25,6 +25,18 @@ pub struct Setup<'a> {
     pub namespaces: &'a [String],
     /// Cores of this machine, shared by the control plane, the pod simulator and the replicas.
     pub cores: usize,
+    /// `GPUJOB_*` variables the replicas inherited (flags other than the defaults).
+    pub operator_env: Vec<(String, String)>,
+}
+
+/// The trickle: GpuJobs created one by one during the burst.
+#[derive(Debug)]
+pub struct TrickleFigures {
+    pub created: usize,
+    /// Seconds between two.
+    pub every: f64,
+    /// Create → first Job, sorted, for those whose Job was seen.
+    pub latencies: Vec<Duration>,
 }
 
 /// Times since the first create.
@@ -45,6 +57,7 @@ pub struct Timeline {
     pub holders_at_start: Option<Vec<String>>,
     /// Sharded: the shard holders at the end.
     pub holders_at_end: Option<Holders>,
+    pub trickle: Option<TrickleFigures>,
 }
 
 #[derive(Debug)]
@@ -134,6 +147,15 @@ fn holders_line<S: AsRef<str>>(holders: &[S]) -> String {
     parts.join("; ")
 }
 
+/// The replicas' flags as the report states them.
+fn flags(env: &[(String, String)]) -> String {
+    if env.is_empty() {
+        return "otherwise default flags: API budget 50 qps / 100 burst per replica".to_owned();
+    }
+    let set: Vec<String> = env.iter().map(|(k, v)| format!("`{k}={v}`")).collect();
+    format!("otherwise default flags except {}", set.join(", "))
+}
+
 fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
@@ -221,8 +243,7 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
     let _ = writeln!(
         r,
         "{} GpuJobs (1 GPU, pods simulated to run {} s and succeed) {namespaces}, created {} at a time, \
-         against {} of the operator ({} build; {sharding}; otherwise default flags: \
-         API budget 50 qps / 100 burst per replica) on a private devcluster (kube-apiserver 1.20 \
+         against {} of the operator ({} build; {sharding}; {}) on a private devcluster (kube-apiserver 1.20 \
          on this machine). What bounds the result on one machine: kube-apiserver, etcd, \
          kube-controller-manager, the pod simulator and every replica share this machine's {} cores.\n",
         setup.gpujobs,
@@ -234,6 +255,7 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
             format!("{} replicas", setup.replicas)
         },
         setup.profile,
+        flags(&setup.operator_env),
         setup.cores
     );
     let _ = writeln!(r, "| measure | value |\n|---|---|");
@@ -254,6 +276,20 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
         secs(t.all_finished),
         n / t.all_finished.as_secs_f64().max(0.001)
     );
+    if let Some(tr) = &t.trickle {
+        let q = |x: f64| crate::trickle::quantile(&tr.latencies, x).map_or("–".to_owned(), secs);
+        let _ = writeln!(
+            r,
+            "| trickle: create → first Job, p50 / p99 / max ({} GpuJobs created one every {} s in namespace {} during the burst; {} Jobs seen) | {} / {} / {} |",
+            tr.created,
+            tr.every,
+            crate::trickle::NAMESPACE,
+            tr.latencies.len(),
+            q(0.5),
+            q(0.99),
+            q(1.0)
+        );
+    }
     let phases: Vec<String> = o.phases.iter().map(|(p, c)| format!("{p} {c}")).collect();
     let _ = writeln!(r, "| phases at the end | {} |", phases.join(", "));
     if let Some((at, killed)) = &t.leader_killed {
@@ -474,6 +510,7 @@ mod tests {
             profile: "dev",
             namespaces: &namespaces,
             cores: 2,
+            operator_env: vec![("GPUJOB_API_QPS".to_owned(), "2000".to_owned())],
         };
         let t = Timeline {
             leader_killed: Some((Duration::from_secs(1), "load-1".to_owned())),
@@ -517,6 +554,10 @@ mod tests {
         assert!(r.contains("share this machine's 2 cores"), "{r}");
         assert!(r.contains("over 3 namespaces (load-0 … load-2)"), "{r}");
         assert!(r.contains("`--shards 2`"), "{r}");
+        assert!(
+            r.contains("default flags except `GPUJOB_API_QPS=2000`"),
+            "{r}"
+        );
         assert!(r.contains("per GpuJob | 1.50 (3) |"), "{r}");
         assert!(r.contains("(1, of which 1 not accepted)"), "{r}");
         assert!(
