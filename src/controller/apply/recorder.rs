@@ -71,7 +71,8 @@ struct Sent {
 pub struct Recorder {
     tx: mpsc::Sender<Pending>,
     counts: IntCounterVec,
-    /// The queue was full at the last Event: warn once per episode, not per Event.
+    /// Events are being dropped: warn once per episode, not per Event. The episode ends
+    /// once the queue is back to half empty.
     dropping: AtomicBool,
 }
 
@@ -115,7 +116,9 @@ impl Recorder {
         };
         match self.tx.try_send(pending) {
             Ok(()) => {
-                self.dropping.store(false, Ordering::Relaxed);
+                if self.tx.capacity() * 2 >= self.tx.max_capacity() {
+                    self.dropping.store(false, Ordering::Relaxed);
+                }
                 true
             }
             Err(e) => {
@@ -305,6 +308,27 @@ mod tests {
         // Room again: queued again.
         assert!(recorder.publish(&g, &note("attempt 5 started")));
         assert_eq!(counts.with_label_values(&["dropped"]).get(), 2);
+    }
+
+    #[test]
+    fn one_warning_per_episode_of_drops_until_the_queue_is_half_empty() {
+        let (recorder, mut rx) = Recorder::new(4, Metrics::new().events);
+        let g = gpujob("a");
+        for i in 0..5 {
+            recorder.publish(&g, &note(&format!("{i}")));
+        }
+        assert!(
+            recorder.dropping.load(Ordering::Relaxed),
+            "the fifth was dropped"
+        );
+        // One slot frees and is taken at once: still the same episode.
+        rx.try_recv().unwrap();
+        assert!(recorder.publish(&g, &note("5")));
+        assert!(recorder.dropping.load(Ordering::Relaxed));
+        // Drained: the episode is over.
+        while rx.try_recv().is_ok() {}
+        assert!(recorder.publish(&g, &note("6")));
+        assert!(!recorder.dropping.load(Ordering::Relaxed));
     }
 
     #[test]
