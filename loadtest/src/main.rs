@@ -8,6 +8,7 @@
 //! It stops by itself: every wait has a deadline, and the control plane and the
 //! replicas end with it, also on error.
 
+mod compare;
 mod measure;
 mod replicas;
 mod trickle;
@@ -70,6 +71,12 @@ struct Args {
     /// Seconds between two trickle GpuJobs.
     #[arg(long, default_value_t = 1.0)]
     trickle_every: f64,
+    /// Run the same GpuJobs three times, each alone: a bare client doing the operator's
+    /// minimal writes (the floor), a stock kube-runtime controller, and the operator;
+    /// report them side by side (converged: observedGeneration current and the first
+    /// attempt's Job created).
+    #[arg(long)]
+    compare: bool,
     /// The operator binary to run.
     #[arg(long)]
     operator_bin: PathBuf,
@@ -128,6 +135,43 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("creating the namespace {name}"))?;
     }
 
+    let spec = json!({
+        "image": "registry.example/train:1",
+        "gpus": 1,
+        "env": [{"name": "SIM_DURATION_SECONDS", "value": args.sim_duration_seconds}],
+    });
+    if args.compare {
+        let reference_bin = std::env::current_exe()?
+            .parent()
+            .context("the load test binary's folder")?
+            .join("gpujob-reference-controller");
+        let plan = compare::Plan {
+            gpujobs: args.gpujobs,
+            concurrency: args.concurrency,
+            namespaces: &namespaces,
+            spec,
+            operator_bin: &args.operator_bin,
+            reference_bin,
+            replicas: args.replicas,
+            shards: args.shards,
+            deadline,
+        };
+        let figures = compare::run(&cluster, &admin, &plan).await?;
+        let flags = format!(
+            "{} build, {}",
+            args.profile,
+            measure::flags(&operator_env())
+        );
+        let report = compare::report(&plan, &figures, &flags);
+        println!("{report}");
+        if let Some(path) = &args.report {
+            std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("report written to {}", path.display());
+        }
+        cluster.shutdown();
+        return Ok(());
+    }
+
     let mut timeline = Timeline::default();
     let mut replicas = Replicas::start(&cluster, &args.operator_bin, args.replicas, args.shards)?;
     if args.shards == 1 {
@@ -171,11 +215,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let cursor = audit.cursor()?;
     let start = Instant::now();
     let mut takeover: Option<tokio::task::JoinHandle<anyhow::Result<Takeover>>> = None;
-    let spec = json!({
-        "image": "registry.example/train:1",
-        "gpus": 1,
-        "env": [{"name": "SIM_DURATION_SECONDS", "value": args.sim_duration_seconds}],
-    });
     let trickle = Arc::new(trickle::Trickle::default());
     let trickle_tasks = (args.trickle > 0).then(|| {
         let every = Duration::from_secs_f64(args.trickle_every.max(0.0));

@@ -148,7 +148,7 @@ fn holders_line<S: AsRef<str>>(holders: &[S]) -> String {
 }
 
 /// The replicas' flags as the report states them.
-fn flags(env: &[(String, String)]) -> String {
+pub fn flags(env: &[(String, String)]) -> String {
     if env.is_empty() {
         return "otherwise default flags: API budget 50 qps / 100 burst per replica".to_owned();
     }

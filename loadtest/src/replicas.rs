@@ -236,6 +236,14 @@ impl Replicas {
         out
     }
 
+    /// Process ids of the live replicas.
+    pub fn pids(&self) -> Vec<u32> {
+        self.0
+            .iter()
+            .filter_map(|r| r.child.as_ref().map(Child::id))
+            .collect()
+    }
+
     /// Peak and current resident memory (KiB) of each replica, from /proc; for a killed
     /// one, as read right before the kill.
     pub fn memory(&self) -> Vec<Memory> {

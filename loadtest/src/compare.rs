@@ -1,0 +1,479 @@
+//! `--compare`: the same N GpuJobs, one phase after the other on one control plane, each
+//! controller alone:
+//!   (a) the floor: no controller; this process does the operator's minimal writes (the
+//!       first attempt's Job create and one status patch per GpuJob) at the same
+//!       concurrency, once every GpuJob is created;
+//!   (b) the reference controller: stock kube-runtime (`gpujob-reference-controller`);
+//!   (c) the operator, `--replicas` of it.
+//! Converged: `status.observedGeneration` is the GpuJob's generation and an attempt has
+//! started (all three create the Job before they write that status). Between phases
+//! everything is deleted and the API server is let go quiet.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use devcluster::identity::OPERATOR_USER;
+use devcluster::metrics::Metrics;
+use devcluster::{ControlPlane, Identity};
+use futures::StreamExt;
+use gpujob_operator::api::GpuJob;
+use gpujob_operator::controller::job::{desired_job, job_name};
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::replicas::Replicas;
+use crate::trickle::quantile;
+
+/// What to run.
+#[derive(Debug)]
+pub struct Plan<'a> {
+    pub gpujobs: usize,
+    pub concurrency: usize,
+    pub namespaces: &'a [String],
+    pub spec: serde_json::Value,
+    pub operator_bin: &'a Path,
+    pub reference_bin: PathBuf,
+    pub replicas: u8,
+    pub shards: u32,
+    pub deadline: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contender {
+    Floor,
+    Reference,
+    Operator,
+}
+
+impl Contender {
+    fn name(self) -> &'static str {
+        match self {
+            Contender::Floor => "floor: a bare client doing the same two writes, no controller",
+            Contender::Reference => {
+                "a stock kube-runtime `Controller` (`Controller::new(..).owns(jobs)`, default config)"
+            }
+            Contender::Operator => "gpujob-operator",
+        }
+    }
+}
+
+/// One phase's figures.
+#[derive(Debug)]
+pub struct Figures {
+    pub who: Contender,
+    /// First create → every GpuJob created.
+    pub created: Duration,
+    /// First create → every GpuJob converged.
+    pub converged: Duration,
+    /// Create answered → converged, sorted.
+    pub latencies: Vec<Duration>,
+    /// Writes to GpuJobs and Jobs by the operator's service account (all three use it).
+    pub writes: usize,
+    pub conflicts: usize,
+    pub events: usize,
+    /// The process doing the work (none for the floor): peak RSS (KiB), CPU seconds.
+    pub worker: Option<(u64, f64)>,
+    /// Standby replicas' peak RSS (KiB).
+    pub standbys: Vec<u64>,
+}
+
+/// Runs the three phases and returns their figures.
+pub async fn run(
+    cluster: &ControlPlane,
+    admin: &Client,
+    plan: &Plan<'_>,
+) -> anyhow::Result<Vec<Figures>> {
+    let mut out = Vec::new();
+    for who in [Contender::Floor, Contender::Reference, Contender::Operator] {
+        eprintln!("phase: {}", who.name());
+        let figures = phase(cluster, admin, plan, who).await?;
+        eprintln!(
+            "  converged {} GpuJobs in {:.1}s; {:.2} writes per GpuJob",
+            plan.gpujobs,
+            figures.converged.as_secs_f64(),
+            figures.writes as f64 / plan.gpujobs as f64
+        );
+        out.push(figures);
+        clean_up(admin, plan).await?;
+        quiesce(admin, plan.deadline).await?;
+    }
+    Ok(out)
+}
+
+enum Running {
+    None,
+    Reference(Child),
+    Operator(Replicas),
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Running::Reference(child) = self {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+async fn phase(
+    cluster: &ControlPlane,
+    admin: &Client,
+    plan: &Plan<'_>,
+    who: Contender,
+) -> anyhow::Result<Figures> {
+    let running = match who {
+        Contender::Floor => Running::None,
+        Contender::Reference => {
+            let child = Command::new(&plan.reference_bin)
+                .env("KUBECONFIG", cluster.kubeconfig(Identity::Operator))
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .with_context(|| format!("starting {}", plan.reference_bin.display()))?;
+            Running::Reference(child)
+        }
+        Contender::Operator => {
+            let replicas = Replicas::start(cluster, plan.operator_bin, plan.replicas, plan.shards)?;
+            if plan.shards == 1 {
+                replicas.wait_leader(admin, None, plan.deadline).await?;
+            } else {
+                replicas
+                    .wait_shards(admin, plan.shards, Duration::from_secs(60), plan.deadline)
+                    .await?;
+            }
+            Running::Operator(replicas)
+        }
+    };
+    let converged_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let observer = tokio::spawn(observe(admin.clone(), converged_at.clone()));
+    let audit = cluster.audit();
+    let cursor = audit.cursor()?;
+    let start = Instant::now();
+    let created_at = create_all(admin, plan).await?;
+    let created = start.elapsed();
+    if who == Contender::Floor {
+        floor_writes(cluster, plan).await?;
+    }
+    loop {
+        let n = converged_at.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if n >= plan.gpujobs {
+            break;
+        }
+        if Instant::now() >= plan.deadline {
+            bail!(
+                "{}: gave up with {n} of {} GpuJobs converged",
+                who.name(),
+                plan.gpujobs
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let converged_map = converged_at
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    observer.abort();
+    let converged = converged_map
+        .values()
+        .max()
+        .map_or(Duration::ZERO, |t| t.saturating_duration_since(start));
+    let mut latencies: Vec<Duration> = created_at
+        .iter()
+        .filter_map(|(k, c)| {
+            converged_map
+                .get(k)
+                .map(|v| v.saturating_duration_since(*c))
+        })
+        .collect();
+    latencies.sort();
+    let (worker, standbys) = match &running {
+        Running::None => (None, Vec::new()),
+        Running::Reference(child) => (usage(child.id()), Vec::new()),
+        Running::Operator(replicas) => {
+            let mut all: Vec<(u64, f64)> = replicas.pids().into_iter().filter_map(usage).collect();
+            // The one that did the work used the most CPU.
+            all.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let worker = all.first().copied();
+            (worker, all.iter().skip(1).map(|u| u.0).collect())
+        }
+    };
+    drop(running);
+    // Let the last writes reach the audit log.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let load: std::collections::BTreeSet<&str> =
+        plan.namespaces.iter().map(String::as_str).collect();
+    let ours: Vec<_> = audit
+        .since(cursor)?
+        .into_iter()
+        .filter(|e| e.user == OPERATOR_USER && e.is_write() && load.contains(e.namespace.as_str()))
+        .collect();
+    let control: Vec<_> = ours
+        .iter()
+        .filter(|e| e.resource == "gpujobs" || e.resource == "jobs")
+        .collect();
+    Ok(Figures {
+        who,
+        created,
+        converged,
+        latencies,
+        writes: control.len(),
+        conflicts: control.iter().filter(|e| e.code == 409).count(),
+        events: ours.iter().filter(|e| e.resource == "events").count(),
+        worker,
+        standbys,
+    })
+}
+
+fn is_converged(gj: &GpuJob) -> bool {
+    gj.status.as_ref().is_some_and(|s| {
+        s.attempts >= 1
+            && s.observed_generation.is_some()
+            && s.observed_generation == gj.metadata.generation
+    })
+}
+
+/// Records when each GpuJob is first seen converged.
+async fn observe(admin: Client, converged_at: Arc<Mutex<HashMap<String, Instant>>>) {
+    let api: Api<GpuJob> = Api::all(admin);
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    while let Some(gj) = events.next().await {
+        let Ok(gj) = gj else { continue };
+        if is_converged(&gj) {
+            let key = format!("{}/{}", gj.namespace().unwrap_or_default(), gj.name_any());
+            converged_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(key)
+                .or_insert_with(Instant::now);
+        }
+    }
+}
+
+/// Creates the N GpuJobs; returns when each create was answered.
+async fn create_all(admin: &Client, plan: &Plan<'_>) -> anyhow::Result<HashMap<String, Instant>> {
+    let mut creates = futures::stream::iter(0..plan.gpujobs)
+        .map(|i| {
+            let ns = plan.namespaces[i % plan.namespaces.len()].clone();
+            let api: Api<GpuJob> = Api::namespaced(admin.clone(), &ns);
+            let spec = plan.spec.clone();
+            async move {
+                let name = format!("load-{i}");
+                let gj: GpuJob = serde_json::from_value(json!({
+                    "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+                    "metadata": {"name": name}, "spec": spec,
+                }))?;
+                api.create(&PostParams::default(), &gj)
+                    .await
+                    .with_context(|| format!("creating GpuJob {ns}/{name}"))?;
+                anyhow::Ok((format!("{ns}/{name}"), Instant::now()))
+            }
+        })
+        .buffer_unordered(plan.concurrency);
+    let mut at = HashMap::new();
+    while let Some(r) = creates.next().await {
+        let (k, t) = r?;
+        at.insert(k, t);
+    }
+    Ok(at)
+}
+
+/// The floor: for every GpuJob, the first attempt's Job and one status patch, as the
+/// operator's service account, with kube's default client (no rate limit).
+async fn floor_writes(cluster: &ControlPlane, plan: &Plan<'_>) -> anyhow::Result<()> {
+    let client = cluster.client(Identity::Operator).await?;
+    let mut writes = futures::stream::iter(0..plan.gpujobs)
+        .map(|i| {
+            let ns = plan.namespaces[i % plan.namespaces.len()].clone();
+            let client = client.clone();
+            async move {
+                let name = format!("load-{i}");
+                let gpujobs: Api<GpuJob> = Api::namespaced(client.clone(), &ns);
+                // Its uid and generation, as a controller's cache would hold them.
+                let gj = gpujobs.get(&name).await?;
+                let jobs: Api<Job> = Api::namespaced(client, &ns);
+                jobs.create(&PostParams::default(), &desired_job(&gj, 1))
+                    .await?;
+                let patch = json!({"status": {
+                    "observedGeneration": gj.metadata.generation, "attempts": 1,
+                    "phase": "Running", "activeJob": job_name(&name, 1),
+                }});
+                gpujobs
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(plan.concurrency);
+    while let Some(r) = writes.next().await {
+        r?;
+    }
+    Ok(())
+}
+
+/// Deletes every GpuJob (their Jobs go by garbage collection) and waits until the load
+/// namespaces hold neither.
+async fn clean_up(admin: &Client, plan: &Plan<'_>) -> anyhow::Result<()> {
+    for ns in plan.namespaces {
+        let api: Api<GpuJob> = Api::namespaced(admin.clone(), ns);
+        api.delete_collection(&DeleteParams::background(), &ListParams::default())
+            .await
+            .with_context(|| format!("deleting the GpuJobs of {ns}"))?;
+    }
+    loop {
+        let gpujobs = Api::<GpuJob>::all(admin.clone())
+            .list_metadata(&ListParams::default().limit(1))
+            .await?;
+        let jobs = Api::<Job>::all(admin.clone())
+            .list_metadata(&ListParams::default().limit(1))
+            .await?;
+        if gpujobs.items.is_empty() && jobs.items.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= plan.deadline {
+            bail!("clean-up: GpuJobs or Jobs still there at the deadline");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Waits until the API server is quiet: fewer than 5 requests per second over 5 s (or
+/// at most 2 minutes).
+async fn quiesce(admin: &Client, deadline: Instant) -> anyhow::Result<()> {
+    let until = (Instant::now() + Duration::from_secs(120)).min(deadline);
+    let mut last = requests(admin).await?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let now = requests(admin).await?;
+        // Our own two scrapes count too.
+        if now - last < 25.0 || Instant::now() >= until {
+            return Ok(());
+        }
+        last = now;
+    }
+}
+
+async fn requests(admin: &Client) -> anyhow::Result<f64> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = admin.request_text(req).await?;
+    Ok(Metrics::parse(&text)?.sum("apiserver_request_total", &[]))
+}
+
+/// Peak RSS (KiB) and CPU seconds of a process, from /proc.
+fn usage(pid: u32) -> Option<(u64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let peak = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): utime and stime are the
+    // 14th and 15th of the whole line, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some((peak, ticks as f64 / 100.0))
+}
+
+fn mib(kib: u64) -> String {
+    format!("{} MiB", kib / 1024)
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+/// The comparison as a Markdown section.
+pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str) -> String {
+    let n = plan.gpujobs as f64;
+    let mut r = String::new();
+    let _ = writeln!(
+        r,
+        "# Load test: the operator against a stock controller and the floor\n\n\
+         {} GpuJobs over {} namespaces, created {} at a time; each controller alone, one \
+         after the other on one private control plane (kube-apiserver 1.20, this machine's {} \
+         cores shared by everything). Converged: `observedGeneration` current and the first \
+         attempt's Job created. The operator: {} replica(s), {flags}.\n",
+        plan.gpujobs,
+        plan.namespaces.len(),
+        plan.concurrency,
+        std::thread::available_parallelism().map_or(1, usize::from),
+        plan.replicas,
+    );
+    let _ = writeln!(
+        r,
+        "| | all created | all converged | create → converged p50 / p99 | control writes per GpuJob (409s) | Events per GpuJob | peak RSS (worker; standbys) | CPU |\n|---|---|---|---|---|---|---|---|"
+    );
+    for f in all {
+        let q = |x: f64| quantile(&f.latencies, x).map_or("–".to_owned(), secs);
+        let rss = match &f.worker {
+            Some((kib, _)) if f.standbys.is_empty() => mib(*kib),
+            Some((kib, _)) => format!(
+                "{}; {}",
+                mib(*kib),
+                f.standbys
+                    .iter()
+                    .map(|k| mib(*k))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None => "–".to_owned(),
+        };
+        let cpu = f
+            .worker
+            .map_or("–".to_owned(), |(_, s)| format!("{s:.1} s"));
+        let _ = writeln!(
+            r,
+            "| {} | {} | {} | {} / {} | {:.2} ({}) | {:.2} | {rss} | {cpu} |",
+            f.who.name(),
+            secs(f.created),
+            secs(f.converged),
+            q(0.5),
+            q(0.99),
+            f.writes as f64 / n,
+            f.conflicts,
+            f.events as f64 / n,
+        );
+    }
+    let find = |w: Contender| all.iter().find(|f| f.who == w);
+    if let (Some(op), Some(floor), Some(reference)) = (
+        find(Contender::Operator),
+        find(Contender::Floor),
+        find(Contender::Reference),
+    ) {
+        let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(0.001);
+        let _ = writeln!(
+            r,
+            "\nTime to all converged: operator / floor {:.2}×, operator / reference {:.2}×.",
+            ratio(op.converged, floor.converged),
+            ratio(op.converged, reference.converged)
+        );
+        if let (Some((o, _)), Some((s, _))) = (op.worker, reference.worker) {
+            let standby = op
+                .standbys
+                .iter()
+                .max()
+                .map(|k| format!(", a standby {:.2}×", *k as f64 / s as f64))
+                .unwrap_or_default();
+            let _ = writeln!(
+                r,
+                "Peak RSS: the operator's working replica / reference {:.2}×{standby}.",
+                o as f64 / s as f64
+            );
+        }
+    }
+    r
+}
