@@ -9,6 +9,12 @@
 #   scripts/loadtest.sh --replicas 3 --shards 6 --kill-leader-after 1000
 #                        # kills the replica holding the most shards, reports how long they were unowned
 #   LOADTEST_PROFILE=release scripts/loadtest.sh ...   # the operator built with --release
+#   scripts/loadtest.sh --gpujobs 10000 --trickle 20      # 20 more, one a second, in namespace trickle:
+#                        # how long new work waits behind the burst for its first Job
+#   LOADTEST_PROFILE=release scripts/loadtest.sh --gpujobs 10000 --replicas 2 --compare
+#                        # the floor, a stock kube-runtime controller and the operator, each alone
+#   GPUJOB_API_QPS=2000 GPUJOB_API_BURST=4000 GPUJOB_WORKERS=32 scripts/loadtest.sh ...
+#                        # operator flags through their environment variables (the report lists them)
 #
 # GpuJobs are spread round-robin over --namespaces K (default 50) namespaces load-0..load-<K-1>;
 # shards are by namespace, so K is what there is to split. --shards N is passed to every replica.

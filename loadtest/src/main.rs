@@ -74,7 +74,8 @@ struct Args {
     /// Run the same GpuJobs three times, each alone: a bare client doing the operator's
     /// minimal writes (the floor), a stock kube-runtime controller, and the operator;
     /// report them side by side (converged: observedGeneration current and the first
-    /// attempt's Job created).
+    /// attempt's Job created; pods run for an hour, so each GpuJob's writes are those to
+    /// Running; --sim-duration-seconds and --kill-leader-after do not apply).
     #[arg(long)]
     compare: bool,
     /// The operator binary to run.
@@ -141,6 +142,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "env": [{"name": "SIM_DURATION_SECONDS", "value": args.sim_duration_seconds}],
     });
     if args.compare {
+        // Attempts run for the whole phase (their pods go with their GpuJobs): each
+        // GpuJob's writes are those that bring it to Running, in all three.
+        let spec = json!({
+            "image": "registry.example/train:1",
+            "gpus": 1,
+            "env": [{"name": "SIM_DURATION_SECONDS", "value": "3600"}],
+        });
         let reference_bin = std::env::current_exe()?
             .parent()
             .context("the load test binary's folder")?
