@@ -108,7 +108,8 @@ pub async fn observe(ctx: &Context, key: &Key, epoch: u64) -> Result<Option<Snap
 }
 
 /// The GpuJob as the API server has it now (a quorum read), before a call to the quota
-/// service; `None` when it is gone, or replaced by a new GpuJob of the same name.
+/// service or a Job create from a view not known current; `None` when it is gone, or
+/// replaced by a new GpuJob of the same name.
 pub async fn confirm(ctx: &Context, key: &Key, uid: &str) -> Result<Option<GpuJob>, Error> {
     let api: Api<GpuJob> = Api::namespaced(ctx.client.clone(), &key.namespace);
     let current = api

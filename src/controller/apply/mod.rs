@@ -92,12 +92,15 @@ pub async fn execute(
                 }
                 let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
                 let Some(current) = observe::confirm(ctx, key, &uid).await? else {
-                    info!("the GpuJob is gone; no quota call for it");
+                    info!("the GpuJob is gone (read from the API server); nothing is done for it");
                     ctx.memory.forget(key);
                     return Ok(Executed::Gone);
                 };
                 let seen = &snap.gpujob.metadata.resource_version;
                 if current.metadata.resource_version == *seen {
+                    // Current: so is this view for the rest of the term.
+                    ctx.memory
+                        .mark_current(key, fence.epoch, seen.as_deref().unwrap_or_default());
                     snap.confirmed = true;
                     continue;
                 }

@@ -1,0 +1,126 @@
+//! A replica that takes a shard over may plan from caches that still show a GpuJob as it
+//! was before its predecessor's writes. A stable Job name refuses a second create only
+//! while the Job exists, so a create from such a view could bring back a Job the
+//! predecessor had deleted (found by the soak: a Job created twice). Here the successor's
+//! GpuJob watch hangs after its list, with the real binary: it must read the GpuJob from
+//! the API server before it creates anything, and create nothing for a GpuJob that is
+//! gone.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod support;
+
+use std::time::Duration;
+
+use devcluster::faultproxy::{Fault, FaultProxy, Faults, Rule};
+use devcluster::{Identity, wait};
+use gpujob_operator::api::Phase;
+use kube::api::DeleteParams;
+use nix::sys::signal::Signal;
+use serde_json::json;
+use support::replicas::{self, wait_holder};
+use support::{TestEnv, phase, sim_env};
+
+#[tokio::test]
+async fn a_successor_with_a_stale_cache_does_not_bring_back_a_deleted_gpujobs_job() {
+    let env = TestEnv::new("stale-takeover").await;
+    // Created before any replica runs: every cache lists it without a status.
+    env.create(
+        "gone",
+        json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
+    )
+    .await;
+
+    // Replica 2 lists it, then its GpuJob watch hangs (its Jobs watch stays live); its
+    // Lease requests are refused for now, so replica 1 leads.
+    let hang = || Rule::new(Fault::Hang).watch(true).resources(["gpujobs"]);
+    let refuse_leases = Rule::new(Fault::Status {
+        code: 503,
+        retry_after: None,
+    })
+    .resources(["leases"]);
+    let proxy = FaultProxy::start(&env.cluster).unwrap();
+    proxy.set(Faults::new().rule(hang()).rule(refuse_leases));
+    let kubeconfig = proxy
+        .kubeconfig(&env.cluster, Identity::Replica(2))
+        .unwrap();
+    let address = support::prometheus::free_address();
+    let second = replicas::start_in_with_kubeconfig(
+        &env.cluster,
+        &env.ns,
+        2,
+        &["--listen-address", &address],
+        kubeconfig,
+    );
+    let p = proxy.handle();
+    wait::until(
+        "the standby's GpuJob watch to hang after its list",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            let p = p.clone();
+            async move { (p.count("hang") >= 1).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    let first = replicas::start(&env.cluster, &env.ns, 1, &[]);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-1"
+    })
+    .await;
+    proxy.set(Faults::new().rule(hang()));
+
+    // The leader starts attempt 1; then the GpuJob is deleted and its Job goes with it.
+    let gj = env
+        .wait_gpujob("gone", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    env.gpujobs()
+        .delete("gone", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait::until(
+        "the GpuJob's Job to be collected",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            let (env, gj) = (&env, &gj);
+            async move { env.jobs_of(gj).await.is_empty().then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+
+    // The leader dies; replica 2 takes over, its cache still showing the GpuJob without a
+    // status and (its Jobs watch being live) without a Job.
+    first.signal(Signal::SIGKILL);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-2"
+    })
+    .await;
+    let url = format!("http://{address}/metrics");
+    wait::until(
+        "the successor to reconcile the GpuJob it still has cached",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            let url = url.clone();
+            async move {
+                let text = support::prometheus::get_text(&url).await.ok()?;
+                let m = devcluster::metrics::Metrics::parse(&text).ok()?;
+                (m.sum("controller_runtime_reconcile_total", &[]) >= 1.0).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let log = second.log_text();
+    assert!(
+        !log.contains("attempt started"),
+        "a Job was created from the stale view: {log}"
+    );
+    assert!(log.contains("the GpuJob is gone"), "{log}");
+    assert!(env.jobs_of(&gj).await.is_empty());
+    proxy.clear();
+    drop((first, second));
+}
