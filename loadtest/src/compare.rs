@@ -93,6 +93,10 @@ pub async fn run(
 ) -> anyhow::Result<Vec<Figures>> {
     let mut out = Vec::new();
     for who in [Contender::Floor, Contender::Reference, Contender::Operator] {
+        if !out.is_empty() {
+            clean_up(admin, plan).await?;
+            quiesce(admin, plan.deadline).await?;
+        }
         eprintln!("phase: {}", who.name());
         let figures = phase(cluster, admin, plan, who).await?;
         eprintln!(
@@ -102,8 +106,6 @@ pub async fn run(
             figures.writes as f64 / plan.gpujobs as f64
         );
         out.push(figures);
-        clean_up(admin, plan).await?;
-        quiesce(admin, plan.deadline).await?;
     }
     Ok(out)
 }
