@@ -180,11 +180,32 @@ impl WriteMemory {
     ) {
         let mut entries = self.lock();
         let entry = entry(&mut entries, key, owner);
+        // No longer a create the cache has yet to show.
+        entry.created.remove(&name);
         if foreground {
             entry.deleting.insert(name, uid);
         } else {
             entry.deleted.insert(name, uid);
         }
+    }
+
+    /// A relist of Jobs is complete: the cache holds what the API server has, so what
+    /// is remembered about Jobs (created, deleted, being deleted) goes. Returns the
+    /// GpuJobs it was about, to be looked at again: a Job may have come and gone
+    /// between two lists, with no event the cache could pass on.
+    pub fn jobs_relisted(&self) -> Vec<Key> {
+        let mut keys = Vec::new();
+        self.lock().retain(|key, e| {
+            if e.created.is_empty() && e.deleted.is_empty() && e.deleting.is_empty() {
+                return true;
+            }
+            keys.push(key.clone());
+            e.created.clear();
+            e.deleted.clear();
+            e.deleting.clear();
+            !e.is_empty()
+        });
+        keys
     }
 
     /// Drops everything about GpuJobs for which `lost` holds (their shard changed
@@ -409,6 +430,39 @@ mod tests {
         let seen = m.jobs(&key(), "u", vec![Arc::new(cached)]);
         assert!(seen[0].metadata.deletion_timestamp.is_some());
         assert_eq!(m.entries(), 0, "the cache caught up: nothing kept");
+    }
+
+    #[test]
+    fn a_job_created_then_deleted_before_the_cache_saw_it_is_not_shown_again() {
+        let m = WriteMemory::default();
+        let owner = gj("1", "u");
+        // Adopted (the cache had not seen it), then deleted to be replaced.
+        m.job_created(&key(), &owner, job("a-1", "j1"));
+        m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), true);
+        // The cache never shows it: it is gone, not still to come.
+        assert!(m.jobs(&key(), "u", vec![]).is_empty());
+        assert_eq!(m.entries(), 0);
+    }
+
+    #[test]
+    fn a_relist_of_jobs_drops_what_is_remembered_about_jobs_and_names_their_gpujobs() {
+        let m = WriteMemory::default();
+        let owner = gj("1", "u");
+        m.job_created(&key(), &owner, job("a-2", "j2"));
+        m.status_written(&key(), "1".into(), gj("2", "u"));
+        let other = Key::new("ns", "b");
+        m.job_deleted(&other, &gj("1", "v"), "b-1".into(), "k1".into(), true);
+        let mut keys = m.jobs_relisted();
+        keys.sort();
+        assert_eq!(keys, vec![key(), other.clone()]);
+        // Jobs as the relist has them (none), not as remembered.
+        assert!(m.jobs(&key(), "u", vec![]).is_empty());
+        assert!(m.jobs(&other, "v", vec![]).is_empty());
+        // The status write is still remembered until the GpuJob cache catches up.
+        let stale = Arc::new(gj("1", "u"));
+        let seen = m.gpujob(&key(), stale);
+        assert_eq!(seen.metadata.resource_version.as_deref(), Some("2"));
+        assert!(m.jobs_relisted().is_empty(), "nothing about Jobs left");
     }
 
     #[test]

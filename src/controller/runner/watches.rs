@@ -1,6 +1,7 @@
 //! The two watches: GpuJobs (into the reflector store) and the Jobs they control (into
 //! the Job index). Each event queues the GpuJob it concerns; a relist queues every
-//! GpuJob that was or is there, since anything may have changed while nobody watched.
+//! GpuJob that was or is there, since anything may have changed while nobody watched
+//! (for Jobs, also every GpuJob whose Jobs the write memory still speaks of).
 //! New work goes to the queue's prompt lane: a GpuJob without a status (never looked at),
 //! and a Job that has finished (its GpuJob's next step is due).
 
@@ -104,6 +105,13 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
                     if finished {
                         intake.add_prompt(key);
                     } else {
+                        intake.add(key);
+                    }
+                }
+                if matches!(event, watcher::Event::InitDone) {
+                    // Jobs this replica created or deleted may have come and gone
+                    // between the two lists, unseen: look at their GpuJobs again.
+                    for key in ctx.memory.jobs_relisted() {
                         intake.add(key);
                     }
                 }
