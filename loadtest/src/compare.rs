@@ -44,6 +44,21 @@ pub struct Plan<'a> {
     pub replicas: u8,
     pub shards: u32,
     pub deadline: Instant,
+    /// The phases to run, in this order.
+    pub phases: Vec<Contender>,
+}
+
+/// `floor`, `reference`, `operator` as phases.
+pub fn contenders(names: &[String]) -> anyhow::Result<Vec<Contender>> {
+    names
+        .iter()
+        .map(|n| match n.as_str() {
+            "floor" => Ok(Contender::Floor),
+            "reference" => Ok(Contender::Reference),
+            "operator" => Ok(Contender::Operator),
+            other => bail!("--phases: unknown phase {other:?} (floor, reference, operator)"),
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +107,7 @@ pub async fn run(
     plan: &Plan<'_>,
 ) -> anyhow::Result<Vec<Figures>> {
     let mut out = Vec::new();
-    for who in [Contender::Floor, Contender::Reference, Contender::Operator] {
+    for &who in &plan.phases {
         if !out.is_empty() {
             clean_up(admin, plan).await?;
             quiesce(admin, plan.deadline).await?;

@@ -78,6 +78,9 @@ struct Args {
     /// Running; --sim-duration-seconds and --kill-leader-after do not apply).
     #[arg(long)]
     compare: bool,
+    /// With --compare: which of floor, reference, operator to run (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values = ["floor", "reference", "operator"])]
+    phases: Vec<String>,
     /// The operator binary to run.
     #[arg(long)]
     operator_bin: PathBuf,
@@ -163,6 +166,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             replicas: args.replicas,
             shards: args.shards,
             deadline,
+            phases: compare::contenders(&args.phases)?,
         };
         let figures = compare::run(&cluster, &admin, &plan).await?;
         let flags = format!(
