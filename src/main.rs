@@ -2,10 +2,6 @@
 
 use std::process::ExitCode;
 
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use anyhow::Context;
 use clap::Parser;
 use gpujob_operator::cli::{Cli, Command, LogFormat, RunArgs};
