@@ -185,26 +185,13 @@ async fn a_successor_with_a_stale_cache_reads_before_it_reserves() {
         h == "replica-2"
     })
     .await;
-    let url = format!("http://{address}/metrics");
-    wait::until(
+    replicas::wait_reconciles(
         "the successor to reconcile both GpuJobs",
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || {
-            let url = url.clone();
-            async move {
-                let text = support::prometheus::get_text(&url).await.ok()?;
-                let m = devcluster::metrics::Metrics::parse(&text).ok()?;
-                let done = m.sum(
-                    "controller_runtime_reconcile_total",
-                    &[("result", "success")],
-                );
-                (done >= 2.0).then_some(())
-            }
-        },
+        &address,
+        &[("result", "success")],
+        2.0,
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         fake.granted(&uids[0]).len(),
         1,

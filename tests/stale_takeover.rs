@@ -98,22 +98,13 @@ async fn a_successor_with_a_stale_cache_does_not_bring_back_a_deleted_gpujobs_jo
         h == "replica-2"
     })
     .await;
-    let url = format!("http://{address}/metrics");
-    wait::until(
+    replicas::wait_reconciles(
         "the successor to reconcile the GpuJob it still has cached",
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || {
-            let url = url.clone();
-            async move {
-                let text = support::prometheus::get_text(&url).await.ok()?;
-                let m = devcluster::metrics::Metrics::parse(&text).ok()?;
-                (m.sum("controller_runtime_reconcile_total", &[]) >= 1.0).then_some(())
-            }
-        },
+        &address,
+        &[],
+        1.0,
     )
-    .await
-    .unwrap();
+    .await;
     let log = second.log_text();
     assert!(
         !log.contains("attempt started"),

@@ -255,6 +255,27 @@ pub fn times(lease: &Lease) -> (Timestamp, Timestamp) {
     )
 }
 
+/// Waits until the replica serving `/metrics` at `address` has counted at least `n`
+/// reconciles whose labels include `labels` (`what` names the wait in a failure).
+pub async fn wait_reconciles(what: &str, address: &str, labels: &[(&str, &str)], n: f64) {
+    let url = format!("http://{address}/metrics");
+    wait::until(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            let url = url.clone();
+            async move {
+                let text = super::prometheus::get_text(&url).await.ok()?;
+                let m = devcluster::metrics::Metrics::parse(&text).ok()?;
+                (m.sum("controller_runtime_reconcile_total", labels) >= n).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// Waits until the Lease is held by someone for whom `pred` holds; returns the holder.
 pub async fn wait_holder(
     admin: &Client,

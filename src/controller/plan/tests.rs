@@ -919,19 +919,7 @@ mod lifecycle {
         let mut g = gpujob(3);
         g.metadata.finalizers = Some(vec![crate::api::FINALIZER_QUOTA.to_owned()]);
         let obs = |g: &GpuJob, answer: Option<QuotaAnswer>, jobs: &[Job]| {
-            plan(
-                &Observed {
-                    gpujob: g,
-                    jobs: jobs.iter().collect(),
-                    termination: None,
-                    refused: None,
-                    quota_required: true,
-                    quota: answer,
-                    confirmed: true,
-                    now: t(T0),
-                },
-                &settings(),
-            )
+            plan_from(g, jobs, answer, true, true, T0)
         };
         let g = with_status(
             g.clone(),
