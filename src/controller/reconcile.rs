@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use super::apply::{self, Answer, Executed};
 use super::error::Error;
 use super::observe::observe;
-use super::plan::{Next, QuotaAnswer, Refusal, plan};
+use super::plan::{Action, Next, QuotaAnswer, Refusal, plan};
 use super::{Context, Key};
 use crate::quota::QuotaError;
 
@@ -59,6 +59,15 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
             now,
         );
         let plan = plan(&observed, &ctx.settings.plan);
+        tracing::debug!(
+            rv = snap.gpujob.metadata.resource_version.as_deref().unwrap_or("-"),
+            confirmed = snap.confirmed,
+            jobs = ?snap.jobs.iter().map(|j| j.metadata.name.as_deref().unwrap_or("-")).collect::<Vec<_>>(),
+            actions = ?plan.actions.iter().map(Action::name).collect::<Vec<_>>(),
+            phase = ?plan.status.phase,
+            next = ?plan.next,
+            "planned"
+        );
         match apply::execute(ctx, &fence, key, &mut snap, &plan).await? {
             Executed::Heard(Answer::Moved) => {
                 // The rest of the snapshot (the Jobs above all) came from caches as far

@@ -216,7 +216,11 @@ fn spawn(
             "KUBECONFIG",
             kubeconfig.unwrap_or_else(|| cluster.kubeconfig(Identity::Replica(n))),
         )
-        .env("RUST_LOG", "info")
+        // GPUJOB_REPLICA_LOG: the replicas' RUST_LOG, to debug a test (default info).
+        .env(
+            "RUST_LOG",
+            std::env::var("GPUJOB_REPLICA_LOG").unwrap_or_else(|_| "info".to_owned()),
+        )
         .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .stdout(out)

@@ -175,6 +175,22 @@ pub enum Action {
 }
 
 impl Action {
+    /// The action's kind, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::RecordStatus(_) => "RecordStatus",
+            Action::AddFinalizer => "AddFinalizer",
+            Action::RemoveFinalizer(_) => "RemoveFinalizer",
+            Action::Confirm => "Confirm",
+            Action::Reserve(_) => "Reserve",
+            Action::Release => "Release",
+            Action::CreateJob { .. } => "CreateJob",
+            Action::DeleteJob { .. } => "DeleteJob",
+            Action::Publish(_) => "Publish",
+            Action::DeleteGpuJob { .. } => "DeleteGpuJob",
+        }
+    }
+
     /// Whether the action's answer is needed before anything else can be decided.
     pub fn asks(&self) -> bool {
         matches!(self, Action::Reserve(_) | Action::Release)

@@ -14,7 +14,7 @@ use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::task::JoinHandle;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{Context, Intake, Key};
 use crate::api::{GpuJob, LABEL_UID};
@@ -102,6 +102,7 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
                     watcher::Event::Apply(job) if job_state(job) != JobState::Active
                 );
                 for key in ctx.jobs.apply(&event) {
+                    debug!(gpujob = %key, event = event_name(&event), finished, "Job event");
                     if finished {
                         intake.add_prompt(key);
                     } else {
@@ -121,5 +122,15 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
                 crate::apierror::describe_watch(&e)
             ),
         }
+    }
+}
+
+fn event_name<K: ResourceExt>(event: &watcher::Event<K>) -> String {
+    match event {
+        watcher::Event::Apply(o) => format!("apply {}", o.name_any()),
+        watcher::Event::Delete(o) => format!("delete {}", o.name_any()),
+        watcher::Event::Init => "relist".to_owned(),
+        watcher::Event::InitApply(o) => format!("relisted {}", o.name_any()),
+        watcher::Event::InitDone => "relist done".to_owned(),
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{debug, error, info};
 
 use super::{Context, Key};
 use crate::controller::error::Error;
@@ -72,6 +72,7 @@ pub(super) async fn run(
 /// What the queue does with `key` after its reconcile.
 fn follow_up(ctx: &Context, queue: &Queue<Key>, key: &Key, result: Result<Next, Error>) {
     let m = &ctx.metrics;
+    debug!(gpujob = %key, outcome = ?result.as_ref().map_err(Error::metric_label), "reconciled");
     match result {
         Ok(Next::Done) => {
             queue.forget(key);
