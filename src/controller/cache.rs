@@ -116,8 +116,9 @@ impl JobIndex {
 
 /// What the plan reads of a Job: its metadata (name, labels, the generation annotation,
 /// owner, deletion) and its status. The pod template and managedFields are most of a
-/// Job's size in memory, and nothing reads them from the cache.
-fn trimmed(job: &Job) -> Job {
+/// Job's size in memory, and nothing reads them from the cache (nor from the write
+/// memory, which keeps created Jobs the same way).
+pub(super) fn trimmed(job: &Job) -> Job {
     let mut metadata = job.metadata.clone();
     metadata.managed_fields = None;
     Job {

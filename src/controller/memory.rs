@@ -159,12 +159,15 @@ impl WriteMemory {
         jobs
     }
 
-    pub fn job_created(&self, key: &Key, owner: &GpuJob, job: Job) {
+    /// Records a Job this operator created, kept as the cache keeps Jobs (metadata and
+    /// status): under a burst thousands wait here for the cache, and a whole Job with
+    /// its pod template and managedFields is several times larger.
+    pub fn job_created(&self, key: &Key, owner: &GpuJob, job: &Job) {
         let mut entries = self.lock();
         if let Some(name) = job.metadata.name.clone() {
             entry(&mut entries, key, owner)
                 .created
-                .insert(name, Arc::new(job));
+                .insert(name, Arc::new(super::cache::trimmed(job)));
         }
     }
 
@@ -396,10 +399,18 @@ mod tests {
     fn created_and_deleted_jobs_show_until_the_cache_agrees() {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
-        m.job_created(&key(), &owner, job("a-2", "j2"));
+        let mut created = job("a-2", "j2");
+        created.spec = Some(Default::default());
+        created.metadata.managed_fields = Some(vec![Default::default()]);
+        m.job_created(&key(), &owner, &created);
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), false);
         let cached = vec![Arc::new(job("a-1", "j1"))];
-        assert_eq!(names(&m.jobs(&key(), "u", cached)), vec!["a-2"]);
+        let shown = m.jobs(&key(), "u", cached);
+        assert_eq!(names(&shown), vec!["a-2"]);
+        assert!(
+            shown[0].spec.is_none() && shown[0].metadata.managed_fields.is_none(),
+            "kept as the cache keeps Jobs: metadata and status"
+        );
         // The cache catches up on both.
         let cached = vec![Arc::new(job("a-2", "j2"))];
         assert_eq!(names(&m.jobs(&key(), "u", cached)), vec!["a-2"]);
@@ -437,7 +448,7 @@ mod tests {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
         // Adopted (the cache had not seen it), then deleted to be replaced.
-        m.job_created(&key(), &owner, job("a-1", "j1"));
+        m.job_created(&key(), &owner, &job("a-1", "j1"));
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), true);
         // The cache never shows it: it is gone, not still to come.
         assert!(m.jobs(&key(), "u", vec![]).is_empty());
@@ -448,7 +459,7 @@ mod tests {
     fn a_relist_of_jobs_drops_what_is_remembered_about_jobs_and_names_their_gpujobs() {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
-        m.job_created(&key(), &owner, job("a-2", "j2"));
+        m.job_created(&key(), &owner, &job("a-2", "j2"));
         m.status_written(&key(), "1".into(), gj("2", "u"));
         let other = Key::new("ns", "b");
         m.job_deleted(&other, &gj("1", "v"), "b-1".into(), "k1".into(), true);
@@ -470,7 +481,7 @@ mod tests {
         let m = WriteMemory::default();
         m.status_written(&key(), "10".into(), gj("11", "u"));
         let other = Key::new("other", "b");
-        m.job_created(&other, &gj("1", "v"), job("b-1", "j"));
+        m.job_created(&other, &gj("1", "v"), &job("b-1", "j"));
         m.forget_where(|k| k.namespace == "ns");
         assert_eq!(m.entries(), 1);
     }

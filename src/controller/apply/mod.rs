@@ -252,7 +252,7 @@ async fn create_job(
         job = job.metadata.name.as_deref().unwrap_or_default(),
         "{how}"
     );
-    ctx.memory.job_created(key, &owner, (*job).clone());
+    ctx.memory.job_created(key, &owner, &job);
     snap.jobs.push(Arc::new(*job));
     Ok(None)
 }
@@ -295,7 +295,9 @@ async fn write_status(
 
 /// The snapshot and the write memory follow a GpuJob this replica just wrote or read
 /// from the API server: until the cache catches up, reconciles see this one.
-fn remember(ctx: &Context, fence: &Fence, key: &Key, snap: &mut Snapshot, written: GpuJob) {
+/// Kept without managedFields, as the cache keeps GpuJobs: nothing reads them.
+fn remember(ctx: &Context, fence: &Fence, key: &Key, snap: &mut Snapshot, mut written: GpuJob) {
+    written.metadata.managed_fields = None;
     let replaced = snap
         .gpujob
         .metadata
