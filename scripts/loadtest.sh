@@ -12,7 +12,9 @@
 #   scripts/loadtest.sh --gpujobs 10000 --trickle 20      # 20 more, one a second, in namespace trickle:
 #                        # how long new work waits behind the burst for its first Job
 #   LOADTEST_PROFILE=release scripts/loadtest.sh --gpujobs 10000 --replicas 2 --compare
-#                        # the floor, a stock kube-runtime controller and the operator, each alone
+#                        # the floor, a stock kube-runtime controller and the operator, each alone;
+#                        # with --report DIR/R.md also DIR/R-converged.png and DIR/R-operator.png
+#                        # (linked from it; without --report, in the replicas' log folder)
 #   GPUJOB_API_QPS=2000 GPUJOB_API_BURST=4000 GPUJOB_WORKERS=32 scripts/loadtest.sh ...
 #                        # operator flags through their environment variables (the report lists them)
 #

@@ -7,7 +7,8 @@
 //!   (c) the operator, `--replicas` of it.
 //! Converged: `status.observedGeneration` is the GpuJob's generation and an attempt has
 //! started (all three create the Job before they write that status). Between phases
-//! everything is deleted and the API server is let go quiet.
+//! everything is deleted and the API server is let go quiet. During the operator's phase its
+//! replicas are sampled every second (RSS, work-queue depth) for the plots (`plots.rs`).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -29,8 +30,12 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::replicas::Replicas;
+use crate::plots::{self, Line};
+use crate::replicas::{Replicas, Trace};
 use crate::trickle::quantile;
+
+/// How often the operator's replicas are sampled (RSS, work-queue depth) for the plot.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 /// What to run.
 #[derive(Debug)]
@@ -78,6 +83,15 @@ impl Contender {
             Contender::Operator => "gpujob-operator",
         }
     }
+
+    /// For a legend.
+    fn short(self) -> &'static str {
+        match self {
+            Contender::Floor => "floor (bare client)",
+            Contender::Reference => "stock kube-runtime controller",
+            Contender::Operator => "gpujob-operator",
+        }
+    }
 }
 
 /// One phase's figures.
@@ -98,6 +112,18 @@ pub struct Figures {
     pub worker: Option<(u64, f64)>,
     /// Standby replicas' peak RSS (KiB).
     pub standbys: Vec<u64>,
+    /// GpuJobs converged against seconds since the first create (a step line).
+    pub converged_over_time: Vec<(f64, f64)>,
+    /// The operator: each replica's samples, with its CPU seconds at the end.
+    pub traces: Vec<(Trace, Option<f64>)>,
+}
+
+/// A plot written for the report: what it shows, the link to it, and how to read it.
+#[derive(Debug)]
+pub struct Plot {
+    pub alt: String,
+    pub link: String,
+    pub note: String,
 }
 
 /// Runs the three phases and returns their figures.
@@ -176,6 +202,10 @@ async fn phase(
     let audit = cluster.audit();
     let cursor = audit.cursor()?;
     let start = Instant::now();
+    let sampler = match &running {
+        Running::Operator(replicas) => Some(replicas.sample(start, SAMPLE_EVERY)),
+        _ => None,
+    };
     let created_at = create_all(admin, plan).await?;
     let created = start.elapsed();
     if who == Contender::Floor {
@@ -200,6 +230,27 @@ async fn phase(
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     observer.abort();
+    let traces = match sampler {
+        Some(sampler) => sampler.stop().await?,
+        None => Vec::new(),
+    };
+    for t in traces.iter().filter(|t| t.failed_scrapes > 0) {
+        eprintln!(
+            "  sampling {}: {} scrapes of /metrics failed, the last: {}",
+            t.identity,
+            t.failed_scrapes,
+            t.last_error.as_deref().unwrap_or_default()
+        );
+    }
+    // CPU seconds now, before the replicas end with `running`.
+    let traces: Vec<(Trace, Option<f64>)> = traces
+        .into_iter()
+        .map(|t| {
+            let cpu = usage(t.pid).map(|u| u.1);
+            (t, cpu)
+        })
+        .collect();
+    let converged_over_time = plots::cumulative(start, converged_map.values().copied());
     let converged = converged_map
         .values()
         .max()
@@ -248,6 +299,8 @@ async fn phase(
         events: ours.iter().filter(|e| e.resource == "events").count(),
         worker,
         standbys,
+        converged_over_time,
+        traces,
     })
 }
 
@@ -405,6 +458,103 @@ fn usage(pid: u32) -> Option<(u64, f64)> {
     Some((peak, ticks as f64 / 100.0))
 }
 
+/// Draws the plots into `dir` as `<stem>-converged.png` and (if the operator ran)
+/// `<stem>-operator.png`; links them by file name (`relative`: the report goes into `dir`)
+/// or by full path. A plot that cannot be drawn is said on stderr and left out.
+pub fn plots(
+    plan: &Plan<'_>,
+    all: &[Figures],
+    dir: &Path,
+    stem: &str,
+    relative: bool,
+) -> Vec<Plot> {
+    let mut out = Vec::new();
+    let mut write =
+        |alt: &str, note: String, name: String, draw: &dyn Fn(&Path) -> anyhow::Result<()>| {
+            let path = dir.join(&name);
+            match draw(&path) {
+                Ok(()) => {
+                    eprintln!("plot written to {}", path.display());
+                    let link = if relative {
+                        name
+                    } else {
+                        path.display().to_string()
+                    };
+                    out.push(Plot {
+                        alt: alt.to_owned(),
+                        link,
+                        note,
+                    });
+                }
+                Err(e) => eprintln!("no plot {}: {e:#}", path.display()),
+            }
+        };
+    let lines: Vec<Line> = all
+        .iter()
+        .map(|f| Line {
+            label: match f.who {
+                Contender::Operator => format!("{} ({} replicas)", f.who.short(), plan.replicas),
+                _ => f.who.short().to_owned(),
+            },
+            points: f.converged_over_time.clone(),
+        })
+        .collect();
+    write(
+        "converged GpuJobs over time",
+        "Each contender's GpuJobs converged against seconds since its phase's first create."
+            .to_owned(),
+        format!("{stem}-converged.png"),
+        &|path| plots::converged(path, &lines),
+    );
+    if let Some(op) = all
+        .iter()
+        .find(|f| f.who == Contender::Operator && !f.traces.is_empty())
+    {
+        let label = |t: &Trace, cpu: Option<f64>| match cpu {
+            Some(cpu) => format!("{}, {cpu:.1} s CPU", t.identity),
+            None => t.identity.clone(),
+        };
+        let rss: Vec<Line> = op
+            .traces
+            .iter()
+            .map(|(t, cpu)| Line {
+                label: label(t, *cpu),
+                points: t
+                    .rss_kib
+                    .iter()
+                    .map(|&(x, kib)| (x, kib as f64 / 1024.0))
+                    .collect(),
+            })
+            .collect();
+        let depth: Vec<Line> = op
+            .traces
+            .iter()
+            .map(|(t, cpu)| Line {
+                label: label(t, *cpu),
+                points: t.depth.clone(),
+            })
+            .collect();
+        let title = format!(
+            "gpujob-operator, {} GpuJobs: each replica, sampled every {} s",
+            plan.gpujobs,
+            SAMPLE_EVERY.as_secs()
+        );
+        let note = format!(
+            "The operator's phase: every {} s, each replica's resident memory (VmRSS, /proc) \
+             and `workqueue_depth` (its `/metrics`); the legend gives each replica's CPU \
+             seconds over the phase (the one with the most did the work).",
+            SAMPLE_EVERY.as_secs()
+        );
+        write(
+            "gpujob-operator: each replica's resident memory and work-queue depth over time",
+            note,
+            format!("{stem}-operator.png"),
+            &|path| plots::operator(path, &title, &rss, &depth),
+        );
+    }
+    out
+}
+
 fn mib(kib: u64) -> String {
     format!("{} MiB", kib / 1024)
 }
@@ -414,7 +564,7 @@ fn secs(d: Duration) -> String {
 }
 
 /// The comparison as a Markdown section.
-pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str) -> String {
+pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> String {
     let n = plan.gpujobs as f64;
     let mut r = String::new();
     let _ = writeln!(
@@ -490,6 +640,12 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str) -> String {
                 "Peak RSS: the operator's working replica / reference {:.2}×{standby}.",
                 o as f64 / s as f64
             );
+        }
+    }
+    if !plots.is_empty() {
+        let _ = writeln!(r, "\n## Plots");
+        for p in plots {
+            let _ = writeln!(r, "\n{}\n\n![{}]({})", p.note, p.alt, p.link);
         }
     }
     r

@@ -10,10 +10,11 @@
 
 mod compare;
 mod measure;
+mod plots;
 mod replicas;
 mod trickle;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -93,7 +94,9 @@ struct Args {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 1800)]
     timeout_seconds: u64,
-    /// Also write the report to this file.
+    /// Also write the report to this file (with --compare, its PNG plots go beside it:
+    /// `<stem>-converged.png`, `<stem>-operator.png`; without --report, into the replicas'
+    /// log folder).
     #[arg(long)]
     report: Option<PathBuf>,
 }
@@ -174,7 +177,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
             args.profile,
             measure::flags(&operator_env())
         );
-        let report = compare::report(&plan, &figures, &flags);
+        // Without a place for them, the report still goes out.
+        let plots = match plot_place(args.report.as_deref()) {
+            Ok((dir, stem, relative)) => compare::plots(&plan, &figures, &dir, &stem, relative),
+            Err(e) => {
+                eprintln!("no plots: {e:#}");
+                Vec::new()
+            }
+        };
+        let report = compare::report(&plan, &figures, &flags, &plots);
         println!("{report}");
         if let Some(path) = &args.report {
             std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
@@ -391,6 +402,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
     drop(replicas);
     cluster.shutdown();
     Ok(())
+}
+
+/// Where `--compare` puts its plots: next to the report (`<report stem>-*.png`, linked by
+/// file name), or without `--report` in the replicas' log folder (`compare-*.png`, linked
+/// by full path).
+fn plot_place(report: Option<&Path>) -> anyhow::Result<(PathBuf, String, bool)> {
+    match report {
+        Some(path) => {
+            let dir = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            let stem = path
+                .file_stem()
+                .with_context(|| format!("--report {}: no file name", path.display()))?;
+            Ok((dir.to_owned(), stem.to_string_lossy().into_owned(), true))
+        }
+        None => {
+            let dir = replicas::log_dir();
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            eprintln!("no --report: the plots go into {}", dir.display());
+            Ok((dir, "compare".to_owned(), false))
+        }
+    }
 }
 
 /// The operator's settings from this process's environment (`GPUJOB_*`), which the

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use devcluster::metrics::Metrics;
 use devcluster::{ControlPlane, Identity};
 use gpujob_operator::lease::ShardLeases;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -18,6 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const LEASE_NAMESPACE: &str = "gpujob-system";
 const LEASE: &str = "gpujob-operator";
+/// The operator's work-queue depth gauge (src/metrics.rs).
+const QUEUE_DEPTH: &str = "workqueue_depth";
 
 #[derive(Debug)]
 pub struct Replica {
@@ -64,7 +67,7 @@ impl Replicas {
         n: u8,
         shards: u32,
     ) -> anyhow::Result<Replicas> {
-        let logs = std::env::temp_dir().join(format!("gpujob-loadtest-{}", std::process::id()));
+        let logs = log_dir();
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         let mut all = Vec::new();
         for i in 1..=n {
@@ -236,6 +239,56 @@ impl Replicas {
         out
     }
 
+    /// Samples every live replica every `every` until [`Sampler::stop`]: its resident
+    /// memory (/proc) and its work-queue depth (`/metrics`), timed from `start`.
+    pub fn sample(&self, start: Instant, every: Duration) -> Sampler {
+        let probes: Vec<(String, u32, std::net::SocketAddr)> = self
+            .0
+            .iter()
+            .filter_map(|r| Some((r.identity.clone(), r.child.as_ref()?.id(), r.addr)))
+            .collect();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut traces: Vec<Trace> = probes
+                .iter()
+                .map(|(identity, pid, _)| Trace {
+                    identity: identity.clone(),
+                    pid: *pid,
+                    rss_kib: Vec::new(),
+                    depth: Vec::new(),
+                    failed_scrapes: 0,
+                    last_error: None,
+                })
+                .collect();
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let round = async {
+                loop {
+                    tick.tick().await;
+                    for (trace, (_, pid, addr)) in traces.iter_mut().zip(&probes) {
+                        let at = start.elapsed().as_secs_f64();
+                        if let Some((_, now)) = rss(*pid) {
+                            trace.rss_kib.push((at, now));
+                        }
+                        match get_metrics(*addr).await.and_then(|t| queue_depth(&t)) {
+                            Ok(depth) => trace.depth.push((at, depth)),
+                            Err(e) => {
+                                trace.failed_scrapes += 1;
+                                trace.last_error = Some(format!("{e:#}"));
+                            }
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                () = round => {}
+                _ = &mut stopped => {}
+            }
+            traces
+        });
+        Sampler { stop, task }
+    }
+
     /// Process ids of the live replicas.
     pub fn pids(&self) -> Vec<u32> {
         self.0
@@ -276,6 +329,51 @@ impl Replica {
         self.child = None;
         Ok(())
     }
+}
+
+/// Where the replicas' logs go (and, without `--report`, the `--compare` plots).
+pub fn log_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("gpujob-loadtest-{}", std::process::id()))
+}
+
+/// One replica's samples, seconds since the start given to [`Replicas::sample`].
+#[derive(Debug, Clone)]
+pub struct Trace {
+    pub identity: String,
+    pub pid: u32,
+    /// Resident memory (VmRSS), KiB.
+    pub rss_kib: Vec<(f64, u64)>,
+    /// `workqueue_depth`, summed over the replica's queues.
+    pub depth: Vec<(f64, f64)>,
+    /// Scrapes of `/metrics` that failed, and the last error.
+    pub failed_scrapes: usize,
+    pub last_error: Option<String>,
+}
+
+/// The sampling started by [`Replicas::sample`].
+#[derive(Debug)]
+pub struct Sampler {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Vec<Trace>>,
+}
+
+impl Sampler {
+    /// Stops sampling (a round under way is cut short) and returns what was sampled.
+    pub async fn stop(self) -> anyhow::Result<Vec<Trace>> {
+        // Err: the task is over already (it only ends when told to); its result says why.
+        let _ = self.stop.send(());
+        self.task.await.context("the replica sampler")
+    }
+}
+
+/// The work-queue depth (`workqueue_depth`, summed over its `name`s) in a `/metrics` text;
+/// an error if there is no such metric, rather than a silent 0.
+pub fn queue_depth(text: &str) -> anyhow::Result<f64> {
+    let metrics = Metrics::parse(text).context("parsing /metrics")?;
+    if !metrics.samples.iter().any(|s| s.name == QUEUE_DEPTH) {
+        bail!("no {QUEUE_DEPTH} in /metrics");
+    }
+    Ok(metrics.sum(QUEUE_DEPTH, &[]))
 }
 
 /// Peak (VmHWM) and current (VmRSS) resident memory of a process, KiB.
@@ -420,4 +518,20 @@ async fn get_metrics(addr: std::net::SocketAddr) -> anyhow::Result<String> {
         bail!("answered {}", head.lines().next().unwrap_or_default());
     }
     Ok(body.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_depth_sums_the_gauge_and_refuses_a_missing_one() {
+        let text = "# TYPE workqueue_depth gauge\n\
+                    workqueue_depth{name=\"gpujob\"} 7\n\
+                    workqueue_depth{name=\"other\"} 2\n\
+                    workqueue_adds_total{name=\"gpujob\"} 40\n";
+        assert_eq!(queue_depth(text).unwrap(), 9.0);
+        let err = queue_depth("workqueue_adds_total{name=\"gpujob\"} 40\n").unwrap_err();
+        assert!(err.to_string().contains("no workqueue_depth"), "{err:#}");
+    }
 }
