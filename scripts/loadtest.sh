@@ -14,7 +14,9 @@
 #   LOADTEST_PROFILE=release scripts/loadtest.sh --gpujobs 10000 --replicas 2 --compare
 #                        # the floor, a stock kube-runtime controller and the operator, each alone;
 #                        # with --report DIR/R.md also DIR/R-converged.png and DIR/R-operator.png
-#                        # (linked from it; without --report, in the replicas' log folder)
+#                        # (linked from it; without --report, in the replicas' log folder);
+#                        # --takeover: then kill -9 of the operator's working replica, and how long
+#                        # a survivor takes to look at every converged GpuJob (and what it writes)
 #   GPUJOB_API_QPS=2000 GPUJOB_API_BURST=4000 GPUJOB_WORKERS=32 scripts/loadtest.sh ...
 #                        # operator flags through their environment variables (the report lists them)
 #

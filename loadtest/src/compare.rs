@@ -32,6 +32,7 @@ use serde_json::json;
 
 use crate::plots::{self, Line};
 use crate::replicas::{Replicas, Trace};
+use crate::takeover::{self, Takeover};
 use crate::trickle::quantile;
 
 /// How often the operator's replicas are sampled (RSS, work-queue depth) for the plot.
@@ -51,6 +52,8 @@ pub struct Plan<'a> {
     pub deadline: Instant,
     /// The phases to run, in this order.
     pub phases: Vec<Contender>,
+    /// After the operator's phase: kill its working replica and measure the takeover.
+    pub takeover: bool,
 }
 
 /// `floor`, `reference`, `operator` as phases.
@@ -116,6 +119,8 @@ pub struct Figures {
     pub converged_over_time: Vec<(f64, f64)>,
     /// The operator: each replica's samples, with its CPU seconds at the end.
     pub traces: Vec<(Trace, Option<f64>)>,
+    /// The operator with `--takeover`.
+    pub takeover: Option<Takeover>,
 }
 
 /// A plot written for the report: what it shows, the link to it, and how to read it.
@@ -275,7 +280,6 @@ async fn phase(
             (worker, all.iter().skip(1).map(|u| u.0).collect())
         }
     };
-    drop(running);
     // Let the last writes reach the audit log.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let load: std::collections::BTreeSet<&str> =
@@ -289,6 +293,30 @@ async fn phase(
         .iter()
         .filter(|e| e.resource == "gpujobs" || e.resource == "jobs")
         .collect();
+    let mut running = running;
+    let takeover = match &mut running {
+        Running::Operator(replicas) if plan.takeover => {
+            eprintln!("  takeover: killing the working replica");
+            let t = takeover::run(
+                cluster,
+                admin,
+                replicas,
+                plan.gpujobs,
+                plan.shards,
+                plan.namespaces,
+                plan.deadline,
+            )
+            .await?;
+            eprintln!(
+                "  takeover: every GpuJob looked at {:.1}s after the kill; {} writes",
+                t.looked_after.as_secs_f64(),
+                t.writes
+            );
+            Some(t)
+        }
+        _ => None,
+    };
+    drop(running);
     Ok(Figures {
         who,
         created,
@@ -301,6 +329,7 @@ async fn phase(
         standbys,
         converged_over_time,
         traces,
+        takeover,
     })
 }
 
@@ -641,6 +670,9 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
                 o as f64 / s as f64
             );
         }
+    }
+    if let Some(t) = all.iter().find_map(|f| f.takeover.as_ref()) {
+        r.push_str(&takeover::report(t));
     }
     if !plots.is_empty() {
         let _ = writeln!(r, "\n## Plots");

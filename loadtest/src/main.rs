@@ -12,6 +12,7 @@ mod compare;
 mod measure;
 mod plots;
 mod replicas;
+mod takeover;
 mod trickle;
 
 use std::path::{Path, PathBuf};
@@ -79,6 +80,11 @@ struct Args {
     /// Running; --sim-duration-seconds and --kill-leader-after do not apply).
     #[arg(long)]
     compare: bool,
+    /// With --compare: once the operator has converged every GpuJob, `kill -9` its
+    /// working replica and report the takeover (time until a survivor has looked at every
+    /// GpuJob, its writes, its memory).
+    #[arg(long, requires = "compare")]
+    takeover: bool,
     /// With --compare: which of floor, reference, operator to run (comma-separated).
     #[arg(long, value_delimiter = ',', default_values = ["floor", "reference", "operator"])]
     phases: Vec<String>,
@@ -106,8 +112,10 @@ fn main() -> anyhow::Result<()> {
     if args.gpujobs == 0 || args.replicas == 0 || args.concurrency == 0 || args.namespaces == 0 {
         bail!("--gpujobs, --replicas, --concurrency and --namespaces must be at least 1");
     }
-    if args.kill_leader_after.is_some() && args.replicas < 2 {
-        bail!("--kill-leader-after needs at least 2 replicas (someone has to take over)");
+    if (args.kill_leader_after.is_some() || args.takeover) && args.replicas < 2 {
+        bail!(
+            "--kill-leader-after and --takeover need at least 2 replicas (someone has to take over)"
+        );
     }
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -170,6 +178,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             shards: args.shards,
             deadline,
             phases: compare::contenders(&args.phases)?,
+            takeover: args.takeover,
         };
         let figures = compare::run(&cluster, &admin, &plan).await?;
         let flags = format!(

@@ -227,6 +227,14 @@ impl Replicas {
             .collect()
     }
 
+    /// Each live replica's peak resident memory (VmHWM), KiB.
+    pub fn peaks(&self) -> BTreeMap<String, u64> {
+        self.0
+            .iter()
+            .filter_map(|r| Some((r.identity.clone(), rss(r.child.as_ref()?.id())?.0)))
+            .collect()
+    }
+
     /// Each live replica's `/metrics` text.
     pub async fn scrape(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
