@@ -4,7 +4,9 @@
 //! just created often comes before the cache has its own status write, and the other way
 //! round. Planning from such a cache would patch the status a second time or try to
 //! create the Job again. So each write is remembered, keyed by the resourceVersion it
-//! replaced, until the cache catches up; reconciles see cache + memory.
+//! replaced, until the cache catches up; reconciles see cache + memory. The watches
+//! forget a write as soon as they deliver what settles it, so under a burst (echoes
+//! waiting behind new work) the memory holds only what the watches lag behind.
 //!
 //! resourceVersions are opaque (compared for equality only): a cached GpuJob whose
 //! resourceVersion is one the operator itself replaced is stale, anything else is newer
@@ -68,31 +70,42 @@ impl WriteMemory {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The freshest view of a GpuJob: the cached one, or what this operator last wrote
-    /// when the cache still holds a version that write replaced.
-    pub fn gpujob(&self, key: &Key, cached: Arc<GpuJob>) -> Arc<GpuJob> {
+    /// The freshest view of a GpuJob: the cached one (`read`), or what this operator
+    /// last wrote when the cache still holds a version that write replaced; `None` when
+    /// the cache has no such GpuJob. The cache is read under this memory's lock: the
+    /// watch forgets a write only once the cache holds what replaced it
+    /// ([`WriteMemory::gpujob_seen`]), so the two reads always agree.
+    pub fn gpujob(
+        &self,
+        key: &Key,
+        read: impl FnOnce() -> Option<Arc<GpuJob>>,
+    ) -> Option<Arc<GpuJob>> {
         let mut entries = self.lock();
-        let uid = cached.metadata.uid.clone().unwrap_or_default();
+        let cached = read()?;
         let Some(entry) = entries.get_mut(key) else {
-            return cached;
+            return Some(cached);
         };
-        if entry.uid != uid {
-            // A new GpuJob with the same name: nothing remembered applies.
-            entries.remove(key);
-            return cached;
-        }
-        let rv = cached.metadata.resource_version.clone().unwrap_or_default();
-        match &entry.latest {
-            Some(latest) if entry.replaced.contains(&rv) => latest.clone(),
-            _ => {
-                // The cache has caught up (or moved past): forget the status writes.
-                entry.replaced.clear();
-                entry.latest = None;
-                if entry.is_empty() {
+        Some(match seen(entry, &cached) {
+            Some(latest) => latest,
+            None => {
+                if entry.is_empty() || entry.uid != uid_of(&cached) {
                     entries.remove(key);
                 }
                 cached
             }
+        })
+    }
+
+    /// The GpuJob watch delivered `gj`, and the cache holds it: the status writes it
+    /// shows (or moved past) are forgotten now rather than at the GpuJob's next
+    /// reconcile, which under a burst waits behind new work for minutes.
+    pub fn gpujob_seen(&self, key: &Key, gj: &GpuJob) {
+        let mut entries = self.lock();
+        let Some(entry) = entries.get_mut(key) else {
+            return;
+        };
+        if seen(entry, gj).is_none() && (entry.is_empty() || entry.uid != uid_of(gj)) {
+            entries.remove(key);
         }
     }
 
@@ -105,11 +118,18 @@ impl WriteMemory {
         entry.latest = Some(Arc::new(written));
     }
 
-    /// The GpuJob's Jobs: the cached ones, plus created and minus deleted ones the
-    /// cache has not seen yet (deletes are remembered only once the API server
-    /// accepted them: a refused one leaves the Job in view, to be decided again).
-    pub fn jobs(&self, key: &Key, uid: &str, cached: Vec<Arc<Job>>) -> Vec<Arc<Job>> {
+    /// The GpuJob's Jobs: the cached ones (`read`, under this memory's lock as for
+    /// [`WriteMemory::gpujob`]), plus created and minus deleted ones the cache has not
+    /// seen yet (deletes are remembered only once the API server accepted them: a
+    /// refused one leaves the Job in view, to be decided again).
+    pub fn jobs(
+        &self,
+        key: &Key,
+        uid: &str,
+        read: impl FnOnce() -> Vec<Arc<Job>>,
+    ) -> Vec<Arc<Job>> {
         let mut entries = self.lock();
+        let cached = read();
         let Some(entry) = entries.get_mut(key).filter(|e| e.uid == uid) else {
             return cached;
         };
@@ -162,6 +182,48 @@ impl WriteMemory {
     /// Records a Job this operator created, kept as the cache keeps Jobs (metadata and
     /// status): under a burst thousands wait here for the cache, and a whole Job with
     /// its pod template and managedFields is several times larger.
+    /// The Job watch delivered `job` (`gone`: its deletion), and the cache holds that:
+    /// what is remembered about it goes now, as [`WriteMemory::jobs`] would drop it at
+    /// the next reconcile.
+    pub fn job_seen(&self, key: &Key, job: &Job, gone: bool) {
+        let mut entries = self.lock();
+        let Some(entry) = entries.get_mut(key) else {
+            return;
+        };
+        let (Some(name), Some(uid)) = (job.metadata.name.as_deref(), job.metadata.uid.as_deref())
+        else {
+            return;
+        };
+        let same = |remembered: &String| remembered == uid;
+        if gone {
+            // Created and deleted before the cache could show it (the created copy is
+            // trimmed but keeps its uid), or a delete the cache now agrees with.
+            if entry
+                .created
+                .get(name)
+                .and_then(|j| j.metadata.uid.as_deref())
+                == Some(uid)
+            {
+                entry.created.remove(name);
+            }
+            entry.deleted.remove(name);
+            entry.deleting.remove(name);
+        } else {
+            entry.created.remove(name);
+            if !entry.deleted.get(name).is_some_and(same) {
+                entry.deleted.remove(name);
+            }
+            if !entry.deleting.get(name).is_some_and(same)
+                || job.metadata.deletion_timestamp.is_some()
+            {
+                entry.deleting.remove(name);
+            }
+        }
+        if entry.is_empty() {
+            entries.remove(key);
+        }
+    }
+
     pub fn job_created(&self, key: &Key, owner: &GpuJob, job: &Job) {
         let mut entries = self.lock();
         if let Some(name) = job.metadata.name.clone() {
@@ -259,6 +321,31 @@ impl WriteMemory {
     }
 }
 
+fn uid_of(gj: &GpuJob) -> &str {
+    gj.metadata.uid.as_deref().unwrap_or_default()
+}
+
+/// What this operator last wrote, when `cached` is a version it replaced; otherwise
+/// (the cache caught up or moved past, or a new GpuJob has the name) the status writes
+/// are forgotten and `None`.
+fn seen(entry: &mut Entry, cached: &GpuJob) -> Option<Arc<GpuJob>> {
+    let rv = cached
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or_default();
+    match &entry.latest {
+        Some(latest) if entry.uid == uid_of(cached) && entry.replaced.contains(rv) => {
+            Some(latest.clone())
+        }
+        _ => {
+            entry.replaced.clear();
+            entry.latest = None;
+            None
+        }
+    }
+}
+
 fn entry<'a>(entries: &'a mut HashMap<Key, Entry>, key: &Key, owner: &GpuJob) -> &'a mut Entry {
     let uid = owner.metadata.uid.clone().unwrap_or_default();
     let entry = entries.entry(key.clone()).or_default();
@@ -341,7 +428,8 @@ mod tests {
         let m = WriteMemory::default();
         m.status_written(&key(), "10".into(), gj("11", "u"));
         assert_eq!(
-            m.gpujob(&key(), Arc::new(gj("10", "u")))
+            m.gpujob(&key(), || Some(Arc::new(gj("10", "u"))))
+                .unwrap()
                 .metadata
                 .resource_version
                 .as_deref(),
@@ -350,14 +438,16 @@ mod tests {
         // A second write computed from the remembered object: both old versions are stale.
         m.status_written(&key(), "11".into(), gj("12", "u"));
         assert_eq!(
-            m.gpujob(&key(), Arc::new(gj("10", "u")))
+            m.gpujob(&key(), || Some(Arc::new(gj("10", "u"))))
+                .unwrap()
                 .metadata
                 .resource_version
                 .as_deref(),
             Some("12")
         );
         assert_eq!(
-            m.gpujob(&key(), Arc::new(gj("11", "u")))
+            m.gpujob(&key(), || Some(Arc::new(gj("11", "u"))))
+                .unwrap()
                 .metadata
                 .resource_version
                 .as_deref(),
@@ -365,14 +455,16 @@ mod tests {
         );
         // Caught up, or someone else wrote: the cache wins and the memory is dropped.
         assert_eq!(
-            m.gpujob(&key(), Arc::new(gj("13", "u")))
+            m.gpujob(&key(), || Some(Arc::new(gj("13", "u"))))
+                .unwrap()
                 .metadata
                 .resource_version
                 .as_deref(),
             Some("13")
         );
         assert_eq!(
-            m.gpujob(&key(), Arc::new(gj("10", "u")))
+            m.gpujob(&key(), || Some(Arc::new(gj("10", "u"))))
+                .unwrap()
                 .metadata
                 .resource_version
                 .as_deref(),
@@ -386,7 +478,8 @@ mod tests {
         let m = WriteMemory::default();
         m.status_written(&key(), "10".into(), gj("11", "old"));
         assert_eq!(
-            m.gpujob(&key(), Arc::new(gj("10", "new")))
+            m.gpujob(&key(), || Some(Arc::new(gj("10", "new"))))
+                .unwrap()
                 .metadata
                 .uid
                 .as_deref(),
@@ -405,7 +498,7 @@ mod tests {
         m.job_created(&key(), &owner, &created);
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), false);
         let cached = vec![Arc::new(job("a-1", "j1"))];
-        let shown = m.jobs(&key(), "u", cached);
+        let shown = m.jobs(&key(), "u", || cached);
         assert_eq!(names(&shown), vec!["a-2"]);
         assert!(
             shown[0].spec.is_none() && shown[0].metadata.managed_fields.is_none(),
@@ -413,18 +506,18 @@ mod tests {
         );
         // The cache catches up on both.
         let cached = vec![Arc::new(job("a-2", "j2"))];
-        assert_eq!(names(&m.jobs(&key(), "u", cached)), vec!["a-2"]);
+        assert_eq!(names(&m.jobs(&key(), "u", || cached)), vec!["a-2"]);
         let cached = vec![
             Arc::new(job("a-1", "j1-recreated")),
             Arc::new(job("a-2", "j2")),
         ];
         assert_eq!(
-            names(&m.jobs(&key(), "u", cached)),
+            names(&m.jobs(&key(), "u", || cached)),
             vec!["a-1", "a-2"],
             "memory was cleared when the cache caught up"
         );
         // Another GpuJob uid sees nothing remembered.
-        assert!(m.jobs(&key(), "other", vec![]).is_empty());
+        assert!(m.jobs(&key(), "other", Vec::new).is_empty());
         assert_eq!(m.entries(), 0, "nothing left to remember, nothing kept");
     }
 
@@ -433,12 +526,12 @@ mod tests {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), true);
-        let seen = m.jobs(&key(), "u", vec![Arc::new(job("a-1", "j1"))]);
+        let seen = m.jobs(&key(), "u", || vec![Arc::new(job("a-1", "j1"))]);
         assert_eq!(names(&seen), vec!["a-1"], "it stays while its pods go");
         assert!(seen[0].metadata.deletion_timestamp.is_some());
         let mut cached = job("a-1", "j1");
         cached.metadata.deletion_timestamp = seen[0].metadata.deletion_timestamp.clone();
-        let seen = m.jobs(&key(), "u", vec![Arc::new(cached)]);
+        let seen = m.jobs(&key(), "u", || vec![Arc::new(cached)]);
         assert!(seen[0].metadata.deletion_timestamp.is_some());
         assert_eq!(m.entries(), 0, "the cache caught up: nothing kept");
     }
@@ -451,7 +544,7 @@ mod tests {
         m.job_created(&key(), &owner, &job("a-1", "j1"));
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), true);
         // The cache never shows it: it is gone, not still to come.
-        assert!(m.jobs(&key(), "u", vec![]).is_empty());
+        assert!(m.jobs(&key(), "u", Vec::new).is_empty());
         assert_eq!(m.entries(), 0);
     }
 
@@ -467,13 +560,65 @@ mod tests {
         keys.sort();
         assert_eq!(keys, vec![key(), other.clone()]);
         // Jobs as the relist has them (none), not as remembered.
-        assert!(m.jobs(&key(), "u", vec![]).is_empty());
-        assert!(m.jobs(&other, "v", vec![]).is_empty());
+        assert!(m.jobs(&key(), "u", Vec::new).is_empty());
+        assert!(m.jobs(&other, "v", Vec::new).is_empty());
         // The status write is still remembered until the GpuJob cache catches up.
         let stale = Arc::new(gj("1", "u"));
-        let seen = m.gpujob(&key(), stale);
+        let seen = m.gpujob(&key(), || Some(stale)).unwrap();
         assert_eq!(seen.metadata.resource_version.as_deref(), Some("2"));
         assert!(m.jobs_relisted().is_empty(), "nothing about Jobs left");
+    }
+
+    #[test]
+    fn the_watch_forgets_writes_once_the_cache_holds_them_without_a_reconcile() {
+        let m = WriteMemory::default();
+        let owner = gj("1", "u");
+        m.status_written(&key(), "1".into(), gj("2", "u"));
+        m.status_written(&key(), "2".into(), gj("3", "u"));
+        // An event of a version this operator replaced changes nothing.
+        m.gpujob_seen(&key(), &gj("2", "u"));
+        let seen = m.gpujob(&key(), || Some(Arc::new(gj("2", "u")))).unwrap();
+        assert_eq!(seen.metadata.resource_version.as_deref(), Some("3"));
+        // The written version (or a newer one) arrives: forgotten.
+        m.gpujob_seen(&key(), &gj("3", "u"));
+        assert_eq!(
+            m.entries(),
+            0,
+            "nothing left once the cache holds the write"
+        );
+
+        m.job_created(&key(), &owner, &job("a-1", "j1"));
+        m.job_deleted(&key(), &owner, "a-0".into(), "j0".into(), false);
+        m.job_deleted(&key(), &owner, "a-2".into(), "j2".into(), true);
+        // Another Job's events, and a still-running view of the one being deleted,
+        // keep what they do not answer.
+        m.job_seen(&key(), &job("a-9", "j9"), false);
+        m.job_seen(&key(), &job("a-2", "j2"), false);
+        m.job_seen(&key(), &job("a-0", "j0"), false);
+        assert_eq!(m.entries(), 1);
+        m.job_seen(&key(), &job("a-1", "j1"), false);
+        let mut deleting = job("a-2", "j2");
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+        );
+        m.job_seen(&key(), &deleting, false);
+        m.job_seen(&key(), &job("a-0", "j0"), true);
+        assert_eq!(
+            m.entries(),
+            0,
+            "each Job's event settled what was remembered of it"
+        );
+
+        // Created and deleted before the cache showed it: the delete event settles it.
+        m.job_created(&key(), &owner, &job("a-3", "j3"));
+        m.job_seen(&key(), &job("a-3", "other-uid"), true);
+        assert_eq!(
+            m.entries(),
+            1,
+            "a delete of another Job of that name settles nothing"
+        );
+        m.job_seen(&key(), &job("a-3", "j3"), true);
+        assert_eq!(m.entries(), 0);
     }
 
     #[test]

@@ -59,16 +59,16 @@ impl Snapshot {
 /// `None` when the GpuJob is gone. `epoch`: the term of the GpuJob's shard, in which
 /// the view counts as confirmed if its version is known current.
 pub async fn observe(ctx: &Context, key: &Key, epoch: u64) -> Result<Option<Snapshot>, Error> {
-    let Some(cached) = ctx
-        .gpujobs
-        .get(&ObjectRef::new(&key.name).within(&key.namespace))
-    else {
+    let cached = || {
+        ctx.gpujobs
+            .get(&ObjectRef::new(&key.name).within(&key.namespace))
+    };
+    let Some(gpujob) = ctx.memory.gpujob(key, cached) else {
         ctx.memory.forget(key);
         return Ok(None);
     };
-    let gpujob = ctx.memory.gpujob(key, cached);
     let uid = gpujob.metadata.uid.clone().unwrap_or_default();
-    let mut jobs = ctx.memory.jobs(key, &uid, ctx.jobs.jobs_of(&uid));
+    let mut jobs = ctx.memory.jobs(key, &uid, || ctx.jobs.jobs_of(&uid));
 
     // The status says attempt k runs but the cache has no Job for it: the cache may
     // simply lag (a restart, a slow watch). Ask the API server before concluding the

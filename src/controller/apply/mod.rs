@@ -182,11 +182,9 @@ pub async fn execute(
                 }
                 ctx.memory
                     .job_deleted(key, &snap.gpujob, name.clone(), uid.clone(), *foreground);
-                snap.jobs = ctx.memory.jobs(
-                    key,
-                    snap.gpujob.metadata.uid.as_deref().unwrap_or_default(),
-                    std::mem::take(&mut snap.jobs),
-                );
+                let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
+                let shown = std::mem::take(&mut snap.jobs);
+                snap.jobs = ctx.memory.jobs(key, &uid, || shown);
             }
             Action::DeleteGpuJob {
                 uid,

@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 
 use super::{Context, Intake, Key};
 use crate::api::{GpuJob, LABEL_UID};
+use crate::controller::cache::owner_of;
 use crate::controller::plan::{JobState, job_state};
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -68,7 +69,13 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, int
             Ok(watcher::Event::Apply(gj)) if gj.status.is_none() => {
                 intake.add_prompt(Key::of(&gj));
             }
-            Ok(watcher::Event::Apply(gj) | watcher::Event::Delete(gj)) => {
+            Ok(watcher::Event::Apply(gj)) => {
+                let key = Key::of(&gj);
+                // The store holds it now (the reflector applies before it yields).
+                ctx.memory.gpujob_seen(&key, &gj);
+                intake.add(key);
+            }
+            Ok(watcher::Event::Delete(gj)) => {
                 intake.add(Key::of(&gj));
             }
             Ok(watcher::Event::Init) => {
@@ -101,7 +108,16 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
                     &event,
                     watcher::Event::Apply(job) if job_state(job) != JobState::Active
                 );
-                for key in ctx.jobs.apply(&event) {
+                let keys = ctx.jobs.apply(&event);
+                // The Job index holds this event now: what the write memory kept about
+                // the Job until then goes.
+                if let watcher::Event::Apply(job) | watcher::Event::Delete(job) = &event
+                    && let Some((key, _)) = owner_of(job)
+                {
+                    let gone = matches!(event, watcher::Event::Delete(_));
+                    ctx.memory.job_seen(&key, job, gone);
+                }
+                for key in keys {
                     debug!(gpujob = %key, event = event_name(&event), finished, "Job event");
                     if finished {
                         intake.add_prompt(key);
