@@ -2,15 +2,17 @@
 //! labelled `gpujob.dev/uid`. Only Jobs with a controller owner reference to a GpuJob
 //! count; labels alone can be copied by anyone.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{Job, JobStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 
 use super::Key;
 use super::job::controller_of;
+use crate::api::{ANNOTATION_GENERATION, LABEL_ATTEMPT};
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -114,17 +116,37 @@ impl JobIndex {
     }
 }
 
-/// What the plan reads of a Job: its metadata (name, labels, the generation annotation,
-/// owner, deletion) and its status. The pod template and managedFields are most of a
-/// Job's size in memory, and nothing reads them from the cache (nor from the write
-/// memory, which keeps created Jobs the same way).
+/// What the plan reads of a Job, and nothing else: name, uid and resourceVersion (delete
+/// preconditions), deletion, the controlling owner, the attempt label, the generation
+/// annotation, and the conditions and completion time. Ten thousand GpuJobs mean ten
+/// thousand cached Jobs; their pod templates, managedFields and the labels the plan
+/// never reads are most of a Job's size in memory. The write memory keeps created Jobs
+/// the same way.
 pub(super) fn trimmed(job: &Job) -> Job {
-    let mut metadata = job.metadata.clone();
-    metadata.managed_fields = None;
+    let m = &job.metadata;
+    let only = |map: &Option<BTreeMap<String, String>>, key: &str| {
+        map.as_ref()
+            .and_then(|map| map.get_key_value(key))
+            .map(|(k, v)| BTreeMap::from([(k.clone(), v.clone())]))
+    };
     Job {
-        metadata,
+        metadata: ObjectMeta {
+            name: m.name.clone(),
+            namespace: m.namespace.clone(),
+            uid: m.uid.clone(),
+            resource_version: m.resource_version.clone(),
+            deletion_timestamp: m.deletion_timestamp.clone(),
+            labels: only(&m.labels, LABEL_ATTEMPT),
+            annotations: only(&m.annotations, ANNOTATION_GENERATION),
+            owner_references: controller_of(job).map(|o| vec![o.clone()]),
+            ..ObjectMeta::default()
+        },
         spec: None,
-        status: job.status.clone(),
+        status: job.status.as_ref().map(|s| JobStatus {
+            conditions: s.conditions.clone(),
+            completion_time: s.completion_time.clone(),
+            ..JobStatus::default()
+        }),
     }
 }
 
@@ -238,6 +260,8 @@ mod tests {
         gj.metadata.generation = Some(4);
         let mut full = desired_job(&gj, 2);
         full.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        full.metadata.uid = Some("j1".into());
+        full.metadata.resource_version = Some("7".into());
         full.status = Some(JobStatus {
             conditions: Some(vec![JobCondition {
                 type_: "Complete".into(),
@@ -260,6 +284,14 @@ mod tests {
             let cached = cached.first().expect("indexed by its owner");
             assert_eq!(cached.spec, None, "the pod template is not kept");
             assert_eq!(cached.metadata.managed_fields, None);
+            assert_eq!(
+                cached.metadata.labels.as_ref().map(BTreeMap::len),
+                Some(1),
+                "of the labels, only the attempt"
+            );
+            assert_eq!(cached.metadata.name, full.metadata.name);
+            assert_eq!(cached.metadata.uid.as_deref(), Some("j1"));
+            assert_eq!(cached.metadata.resource_version.as_deref(), Some("7"));
             assert_eq!(attempt_of(cached), attempt_of(&full));
             assert_eq!(generation_of(cached), Some(4));
             assert_eq!(owner_of(cached), owner_of(&full));
