@@ -59,7 +59,7 @@ fn config(ctx: &Context) -> watcher::Config {
 async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, intake: Intake) {
     let stream = watcher(api, config(&ctx))
         .default_backoff()
-        .modify(|gj| gj.managed_fields_mut().clear());
+        .modify(trim_gpujob);
     let mut events = reflector::reflector(store, stream).boxed();
     // A relist reaches the store only when complete (InitDone); then every GpuJob it had
     // before or has now is looked at.
@@ -148,5 +148,41 @@ fn event_name<K: ResourceExt>(event: &watcher::Event<K>) -> String {
         watcher::Event::Init => "relist".to_owned(),
         watcher::Event::InitApply(o) => format!("relisted {}", o.name_any()),
         watcher::Event::InitDone => "relist done".to_owned(),
+    }
+}
+
+/// What the cache keeps of a GpuJob: all but its managedFields and the copy of the whole
+/// object `kubectl apply` leaves in an annotation (nothing reads either; together they
+/// can be most of a GpuJob's size). Status writes are patches of the status alone, so
+/// nothing written is computed from what is dropped here.
+fn trim_gpujob(gj: &mut GpuJob) {
+    gj.managed_fields_mut().clear();
+    gj.annotations_mut().remove(LAST_APPLIED);
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gpujob_cache_drops_what_nothing_reads() {
+        let mut gj: GpuJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpujob.dev/v1",
+            "kind": "GpuJob",
+            "metadata": {
+                "name": "a",
+                "annotations": {LAST_APPLIED: "{...}", "gpujob.dev/rerun": "1"},
+                "managedFields": [{"manager": "kubectl"}],
+            },
+            "spec": {"image": "i", "gpus": 1},
+        }))
+        .unwrap();
+        trim_gpujob(&mut gj);
+        assert!(gj.metadata.managed_fields.is_none_or(|m| m.is_empty()));
+        let annotations = gj.metadata.annotations.unwrap();
+        assert!(!annotations.contains_key(LAST_APPLIED));
+        assert_eq!(annotations["gpujob.dev/rerun"], "1", "the others stay");
     }
 }
