@@ -31,16 +31,21 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 profile="${LOADTEST_PROFILE:-dev}"
 prepare_machine
 
-step "build ($profile profile for the operator)"
+step "build ($profile profile for the operator and the reference controller)"
+# The stock controller --compare measures is built like the operator: a dev build of
+# one against a release build of the other would compare the builds.
 if [[ "$profile" == "release" ]]; then
   cargo build --locked --release --bin gpujob-operator
-  bin="$CARGO_TARGET_DIR/release/gpujob-operator"
+  cargo build --locked --release -p gpujob-loadtest --bin gpujob-reference-controller
+  out="$CARGO_TARGET_DIR/release"
 else
   cargo build --locked --bin gpujob-operator
-  bin="$CARGO_TARGET_DIR/debug/gpujob-operator"
+  cargo build --locked -p gpujob-loadtest --bin gpujob-reference-controller
+  out="$CARGO_TARGET_DIR/debug"
 fi
-cargo build --locked -p gpujob-loadtest
+cargo build --locked -p gpujob-loadtest --bin gpujob-loadtest
 
 step "load test"
-"$CARGO_TARGET_DIR/debug/gpujob-loadtest" --operator-bin "$bin" --profile "$profile" \
+"$CARGO_TARGET_DIR/debug/gpujob-loadtest" --operator-bin "$out/gpujob-operator" \
+  --reference-bin "$out/gpujob-reference-controller" --profile "$profile" \
   --deploy deploy "$@"

@@ -602,7 +602,8 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
          {} GpuJobs over {} namespaces, created {} at a time; each controller alone, one \
          after the other on one private control plane (kube-apiserver 1.20, this machine's {} \
          cores shared by everything). Converged: `observedGeneration` current and the first \
-         attempt's Job created. The operator: {} replica(s), {flags}.\n",
+         attempt's Job created. The operator: {} replica(s), {flags}; the stock controller \
+         is built the same way.\n",
         plan.gpujobs,
         plan.namespaces.len(),
         plan.concurrency,

@@ -91,6 +91,10 @@ struct Args {
     /// The operator binary to run.
     #[arg(long)]
     operator_bin: PathBuf,
+    /// The stock kube-runtime controller `--compare` runs (built like the operator);
+    /// default: `gpujob-reference-controller` beside this binary.
+    #[arg(long)]
+    reference_bin: Option<PathBuf>,
     /// How the operator binary was built, for the report (e.g. `dev`, `release`).
     #[arg(long, default_value = "dev")]
     profile: String,
@@ -163,10 +167,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "gpus": 1,
             "env": [{"name": "SIM_DURATION_SECONDS", "value": "3600"}],
         });
-        let reference_bin = std::env::current_exe()?
-            .parent()
-            .context("the load test binary's folder")?
-            .join("gpujob-reference-controller");
+        let reference_bin = match &args.reference_bin {
+            Some(path) => path.clone(),
+            None => std::env::current_exe()?
+                .parent()
+                .context("the load test binary's folder")?
+                .join("gpujob-reference-controller"),
+        };
         let plan = compare::Plan {
             gpujobs: args.gpujobs,
             concurrency: args.concurrency,
