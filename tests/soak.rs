@@ -11,8 +11,10 @@
 //!
 //! `soak_short` (about 2.5 minutes) and `soak_long` (30 minutes) run by hand
 //! (`--run-ignored only -E 'test(soak_short)'`): the short form stays out of the test
-//! command until the liveness defect it still finds is fixed (see the README). `GPUJOB_SOAK_SEED` replays a
-//! schedule; `GPUJOB_SOAK_REPORT` writes the report to a file. A failing run keeps the
+//! command until the liveness defect it still finds is fixed (see the README).
+//! `GPUJOB_SOAK_SEED` replays a schedule; `GPUJOB_SOAK_REPORT` writes the report to a
+//! file; `GPUJOB_REPLICA_LOG` sets the replicas' `RUST_LOG`
+//! (`info,gpujob_operator::controller=debug` logs every plan). A failing run keeps the
 //! audit log and the replica logs, and says where.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
