@@ -123,7 +123,7 @@ pub fn shards_held(scrapes: &[(String, String)]) -> BTreeMap<String, f64> {
 }
 
 /// The identity in a replica's User-Agent, `gpujob-operator/<version> (<identity>)`.
-fn identity_of(user_agent: &str) -> &str {
+pub fn identity_of(user_agent: &str) -> &str {
     user_agent
         .rsplit_once('(')
         .and_then(|(_, rest)| rest.strip_suffix(')'))

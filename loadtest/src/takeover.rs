@@ -14,6 +14,7 @@ use devcluster::metrics::Metrics;
 use kube::Client;
 use std::time::Instant;
 
+use crate::measure::identity_of;
 use crate::replicas::{Replicas, queue_depth};
 
 const RECONCILES: &str = "controller_runtime_reconcile_total";
@@ -28,9 +29,13 @@ pub struct Takeover {
     pub looked_after: Duration,
     /// Reconciles the survivors counted meanwhile.
     pub reconciles: f64,
-    /// Writes to GpuJobs and Jobs in the load namespaces after the kill.
+    /// Writes to GpuJobs and Jobs in the load namespaces after the kill, by the survivors.
     pub writes: usize,
+    /// Events the survivors wrote after the kill.
     pub events: usize,
+    /// Events of the killed replica the audit log recorded after the kill began (its
+    /// Events go out on a budget of their own, behind its writes).
+    pub events_of_killed: usize,
     /// Each survivor: identity, peak RSS (KiB) before the kill and at the end.
     pub survivors: Vec<(String, u64, u64)>,
 }
@@ -109,16 +114,17 @@ pub async fn run(
     // Let the last writes, if any, reach the audit log.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let load: BTreeSet<&str> = namespaces.iter().map(String::as_str).collect();
-    let ours: Vec<_> = audit
+    let (theirs, ours): (Vec<_>, Vec<_>) = audit
         .since(cursor)?
         .into_iter()
         .filter(|e| e.user == OPERATOR_USER && e.is_write() && load.contains(e.namespace.as_str()))
-        .collect();
+        .partition(|e| identity_of(&e.user_agent) == killed);
     let writes = ours
         .iter()
         .filter(|e| e.resource == "gpujobs" || e.resource == "jobs")
         .count();
     let events = ours.iter().filter(|e| e.resource == "events").count();
+    let events_of_killed = theirs.iter().filter(|e| e.resource == "events").count();
     let after = replicas.peaks();
     let survivors = after
         .into_iter()
@@ -135,6 +141,7 @@ pub async fn run(
         reconciles: reconciled,
         writes,
         events,
+        events_of_killed,
         survivors,
     })
 }
@@ -169,10 +176,19 @@ pub fn report(t: &Takeover) -> String {
     );
     let _ = writeln!(
         r,
-        "| writes to GpuJobs and Jobs after the kill | {} |",
+        "| writes to GpuJobs and Jobs by the survivors after the kill | {} |",
         t.writes
     );
-    let _ = writeln!(r, "| Events after the kill | {} |", t.events);
+    let _ = writeln!(
+        r,
+        "| Events written by the survivors after the kill | {} |",
+        t.events
+    );
+    let _ = writeln!(
+        r,
+        "| Events of the killed replica recorded after the kill began (its Events queue, behind its writes) | {} |",
+        t.events_of_killed
+    );
     for (who, before, after) in &t.survivors {
         let _ = writeln!(
             r,
