@@ -7,7 +7,10 @@
 //! Two lanes: keys added with [`Queue::add_prompt`] (new work: a GpuJob never looked at,
 //! an attempt that just finished) are handed out before the others (resyncs, retries,
 //! echoes of the operator's own writes), so new work never waits behind a backlog of
-//! looks that change nothing. Within a lane, first in, first out.
+//! looks that change nothing. The normal lane is first in, first out. The prompt lane
+//! takes turns between tenants ([`Queue::fair_by`]: for GpuJobs, their namespace), first
+//! in, first out within each: a burst of ten thousand new GpuJobs in some namespaces does
+//! not make one created meanwhile in another wait behind all of them.
 //!
 //! Time is tokio's, so the behaviour is tested on a paused clock.
 
@@ -51,10 +54,60 @@ impl Backoff {
     }
 }
 
+/// A lane that takes turns between tenants, first in, first out within each.
+#[derive(Debug)]
+struct FairLane<K> {
+    by_tenant: HashMap<String, VecDeque<K>>,
+    /// Tenants with keys waiting, in the order of their next turn.
+    turns: VecDeque<String>,
+    len: usize,
+}
+
+impl<K> FairLane<K> {
+    fn new() -> FairLane<K> {
+        FairLane {
+            by_tenant: HashMap::new(),
+            turns: VecDeque::new(),
+            len: 0,
+        }
+    }
+
+    fn push(&mut self, key: K, tenant: fn(&K) -> &str) {
+        let t = tenant(&key);
+        if let Some(keys) = self.by_tenant.get_mut(t) {
+            keys.push_back(key);
+        } else {
+            let t = t.to_owned();
+            self.turns.push_back(t.clone());
+            self.by_tenant.insert(t, VecDeque::from([key]));
+        }
+        self.len += 1;
+    }
+
+    fn pop(&mut self) -> Option<K> {
+        let tenant = self.turns.pop_front()?;
+        let keys = self.by_tenant.get_mut(&tenant)?;
+        let key = keys.pop_front();
+        if keys.is_empty() {
+            self.by_tenant.remove(&tenant);
+        } else {
+            self.turns.push_back(tenant);
+        }
+        self.len -= usize::from(key.is_some());
+        key
+    }
+
+    fn clear(&mut self) {
+        self.by_tenant.clear();
+        self.turns.clear();
+        self.len = 0;
+    }
+}
+
 #[derive(Debug)]
 struct State<K> {
     /// The prompt lane, handed out first.
-    prompt: VecDeque<K>,
+    prompt: FairLane<K>,
     /// The normal lane.
     ready: VecDeque<K>,
     dirty: HashSet<K>,
@@ -79,6 +132,8 @@ pub struct Queue<K> {
     backoff: Backoff,
     bucket: Arc<TokenBucket>,
     metrics: Option<QueueMetrics>,
+    /// Whose turn a key of the prompt lane waits for.
+    tenant: fn(&K) -> &str,
 }
 
 impl<K> Clone for Queue<K> {
@@ -89,8 +144,14 @@ impl<K> Clone for Queue<K> {
             backoff: self.backoff,
             bucket: self.bucket.clone(),
             metrics: self.metrics.clone(),
+            tenant: self.tenant,
         }
     }
+}
+
+/// Every key in one tenant: the prompt lane is first in, first out.
+fn one_tenant<K>(_: &K) -> &str {
+    ""
 }
 
 impl<K: Clone + Eq + Hash + Ord> Queue<K> {
@@ -103,7 +164,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
             bucket: Arc::new(TokenBucket::new(backoff.qps, backoff.burst)),
             metrics,
             state: Arc::new(Mutex::new(State {
-                prompt: VecDeque::new(),
+                prompt: FairLane::new(),
                 ready: VecDeque::new(),
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
@@ -117,7 +178,14 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
             })),
             notify: Arc::new(Notify::new()),
             backoff,
+            tenant: one_tenant,
         }
+    }
+
+    /// The prompt lane takes turns between the tenants `tenant` names.
+    pub fn fair_by(mut self, tenant: fn(&K) -> &str) -> Queue<K> {
+        self.tenant = tenant;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State<K>> {
@@ -139,7 +207,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
 
     fn add_in(&self, key: K, lane: Lane) {
         let mut s = self.lock();
-        let woke = add_locked(&mut s, key, lane, self.metrics.as_ref());
+        let woke = add_locked(&mut s, key, lane, self.tenant, self.metrics.as_ref());
         drop(s);
         if woke {
             self.notify.notify_one();
@@ -232,8 +300,8 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
             let next_due = {
                 let mut s = self.lock();
                 let now = Instant::now();
-                promote_due(&mut s, now, self.metrics.as_ref());
-                if let Some(key) = s.prompt.pop_front().or_else(|| s.ready.pop_front()) {
+                promote_due(&mut s, now, self.tenant, self.metrics.as_ref());
+                if let Some(key) = s.prompt.pop().or_else(|| s.ready.pop_front()) {
                     s.dirty.remove(&key);
                     s.processing.insert(key.clone());
                     s.started_at.insert(key.clone(), now);
@@ -334,7 +402,7 @@ enum Lane {
 
 impl<K> State<K> {
     fn len(&self) -> usize {
-        self.prompt.len() + self.ready.len()
+        self.prompt.len + self.ready.len()
     }
 }
 
@@ -347,6 +415,7 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
     s: &mut State<K>,
     key: K,
     lane: Lane,
+    tenant: fn(&K) -> &str,
     metrics: Option<&QueueMetrics>,
 ) -> bool {
     if s.shutting_down || s.dirty.contains(&key) {
@@ -364,7 +433,7 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
         return false;
     }
     match lane {
-        Lane::Prompt => s.prompt.push_back(key),
+        Lane::Prompt => s.prompt.push(key, tenant),
         Lane::Normal => s.ready.push_back(key),
     }
     if let Some(m) = metrics {
@@ -376,6 +445,7 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
 fn promote_due<K: Clone + Eq + Hash + Ord>(
     s: &mut State<K>,
     now: Instant,
+    tenant: fn(&K) -> &str,
     metrics: Option<&QueueMetrics>,
 ) {
     while let Some((due, _, _)) = s.waiting.first() {
@@ -386,7 +456,7 @@ fn promote_due<K: Clone + Eq + Hash + Ord>(
             break;
         };
         s.due_of.remove(&key);
-        add_locked(s, key, Lane::Normal, metrics);
+        add_locked(s, key, Lane::Normal, tenant, metrics);
     }
 }
 

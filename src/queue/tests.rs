@@ -49,6 +49,27 @@ async fn prompt_keys_go_before_the_backlog() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_prompt_lane_takes_turns_between_tenants() {
+    let q = queue().fair_by(|k: &&'static str| k.split('/').next().unwrap_or_default());
+    for k in ["a/1", "a/2", "a/3", "b/1", "a/4", "c/1", "b/2"] {
+        q.add_prompt(k);
+    }
+    q.add("a/resync");
+    assert_eq!(q.len(), 8);
+    let mut order = Vec::new();
+    while let Some(k) = next(&q).await {
+        order.push(k);
+        q.done(&k);
+    }
+    // One of each tenant in turn (first come, first served within one), then the
+    // normal lane: a burst in one namespace does not hold back another's new work.
+    assert_eq!(
+        order,
+        ["a/1", "b/1", "c/1", "a/2", "b/2", "a/3", "a/4", "a/resync"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_key_added_while_processing_runs_once_more_after_done() {
     let q = queue();
     q.add("a");

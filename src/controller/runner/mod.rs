@@ -92,7 +92,10 @@ pub async fn run(
     init_metrics(&metrics);
     metrics.init_shards(ownership.borrow().shards);
     let (gpujobs, gj_writer) = kube::runtime::reflector::store();
-    let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()));
+    // New work takes turns by namespace: a burst in some namespaces does not hold back
+    // new GpuJobs in another.
+    let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()))
+        .fair_by(|k: &Key| k.namespace.as_str());
     let ctx = Arc::new(Context {
         client: client.clone(),
         gpujobs,
