@@ -17,11 +17,36 @@ use crate::api::{ANNOTATION_GENERATION, LABEL_ATTEMPT};
 #[derive(Debug, Default)]
 struct Inner {
     /// owner uid → job "ns/name" → Job
-    by_owner: HashMap<String, HashMap<String, Arc<Job>>>,
+    by_owner: HashMap<String, HashMap<String, Cached>>,
     /// job "ns/name" → (owner uid, owner key), to move or drop a Job whose owner changed
     owner_of: HashMap<String, (String, Key)>,
     /// A relist in progress: the new contents, swapped in at InitDone.
-    relist: Option<Vec<Job>>,
+    relist: Option<Vec<Cached>>,
+}
+
+/// A cached Job: what [`trimmed`] keeps, without a `Job`'s inline room for a spec (of
+/// the 2.8 KB a `Job` takes even with no spec, 2.2 KB are that room).
+#[derive(Debug)]
+struct Cached {
+    metadata: ObjectMeta,
+    status: Option<JobStatus>,
+}
+
+impl Cached {
+    fn of(job: Job) -> Cached {
+        Cached {
+            metadata: job.metadata,
+            status: job.status,
+        }
+    }
+
+    fn job(&self) -> Job {
+        Job {
+            metadata: self.metadata.clone(),
+            spec: None,
+            status: self.status.clone(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -68,7 +93,7 @@ impl JobIndex {
             }
             Event::InitApply(job) => {
                 if let Some(relist) = inner.relist.as_mut() {
-                    relist.push(trimmed(job));
+                    relist.push(Cached::of(trimmed(job)));
                 }
                 Vec::new()
             }
@@ -79,7 +104,7 @@ impl JobIndex {
                 inner.by_owner.clear();
                 inner.owner_of.clear();
                 for job in jobs {
-                    insert(&mut inner, job);
+                    insert(&mut inner, job.job());
                 }
                 keys.extend(inner.owner_of.values().map(|(_, k)| k.clone()));
                 drop(inner);
@@ -105,7 +130,7 @@ impl JobIndex {
         inner
             .by_owner
             .get(uid)
-            .map(|jobs| jobs.values().cloned().collect())
+            .map(|jobs| jobs.values().map(|j| Arc::new(j.job())).collect())
             .unwrap_or_default()
     }
 
@@ -161,7 +186,7 @@ fn insert(inner: &mut Inner, job: Job) {
         .by_owner
         .entry(uid)
         .or_default()
-        .insert(key, Arc::new(job));
+        .insert(key, Cached::of(job));
 }
 
 fn remove(inner: &mut Inner, key: &str) {
