@@ -502,21 +502,7 @@ mod quota {
     }
 
     fn kinds(p: &Plan) -> Vec<&'static str> {
-        p.actions
-            .iter()
-            .map(|a| match a {
-                Action::RecordStatus(_) => "RecordStatus",
-                Action::AddFinalizer => "AddFinalizer",
-                Action::Confirm => "Confirm",
-                Action::RemoveFinalizer(_) => "RemoveFinalizer",
-                Action::Reserve(_) => "Reserve",
-                Action::Release => "Release",
-                Action::CreateJob { .. } => "CreateJob",
-                Action::DeleteJob { .. } => "DeleteJob",
-                Action::Publish(_) => "Publish",
-                Action::DeleteGpuJob { .. } => "DeleteGpuJob",
-            })
-            .collect()
+        p.actions.iter().map(Action::name).collect()
     }
 
     fn granted() -> Option<QuotaAnswer> {
