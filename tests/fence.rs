@@ -135,3 +135,63 @@ async fn a_write_computed_in_an_ended_term_is_not_sent() {
     assert_eq!(writes.len(), 1, "only the new term's Event: {writes:#?}");
     assert_eq!(writes[0].resource, "events", "{writes:#?}");
 }
+
+/// A renewal sent before the deadline can land after it (a paused process, a slow
+/// answer) and keep the term: writes in between are refused, but the GpuJobs whose
+/// reconciles they belonged to must not be dropped, since no hand-over (the term never
+/// changed) and no event would bring them back before the periodic resync.
+#[tokio::test]
+async fn a_reconcile_refused_past_the_deadline_runs_again_when_its_term_is_renewed() {
+    let env = TestEnv::new("fence-renewed").await;
+    // Past its deadline from the start: every write is refused until the renewal.
+    let held = BTreeMap::from([(0, Tenure::gained(Some(Instant::now()), None))]);
+    let (own, rx) = watch::channel(Ownership { held, shards: 1 });
+    let config = env.cluster.config(Identity::Replica(1)).await.unwrap();
+    let status = gpujob_operator::server::Status::new(gpujob_operator::metrics::Metrics::new());
+    let client = gpujob_operator::client::build(
+        config,
+        "fence-renewed",
+        Default::default(),
+        Some(status.metrics.clone()),
+        Some(rx.clone()),
+    )
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run_status = status.clone();
+    let settings = env.settings();
+    let operator = tokio::spawn(async move {
+        gpujob_operator::controller::run(client.clone(), client, settings, rx, run_status, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    env.create("gj", json!({"image": "i", "gpus": 1})).await;
+
+    let refused = status
+        .metrics
+        .reconcile_errors_by_kind
+        .with_label_values(&["not_leader"]);
+    let waited = Instant::now() + support::WAIT;
+    while refused.get() < 1 {
+        assert!(Instant::now() < waited, "no reconcile was refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let jobs = env.jobs().list(&ListParams::default()).await.unwrap();
+    assert!(jobs.items.is_empty(), "a refused write made a Job");
+
+    // Renewed: the same term (same epoch), a later deadline.
+    own.send_modify(|o| {
+        if let Some(t) = o.held.get_mut(&0) {
+            t.deadline = Some(Instant::now() + Duration::from_secs(3600));
+        }
+    });
+    env.wait_gpujob("gj", "its first attempt running", |g| {
+        g.status.as_ref().is_some_and(|s| s.attempts == 1)
+    })
+    .await;
+    let jobs = env.jobs().list(&ListParams::default()).await.unwrap();
+    assert_eq!(jobs.items.len(), 1, "one Job for the attempt");
+
+    let _ = stop.send(());
+    operator.await.unwrap().unwrap();
+}

@@ -19,7 +19,8 @@ pub const ERROR_LABELS: [&str; 13] = [
 
 /// Why a reconcile did not finish. Each variant has a stable short label for metrics and
 /// Events. Everything here is retried with per-key backoff, except `NotLeader` (the key
-/// comes back when leadership does); invalid specs are not errors (they become a
+/// looks again after a second: by then its shard's term was renewed, or the shard is
+/// gone and the key comes back with it); invalid specs are not errors (they become a
 /// condition and wait for a spec change).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -2,6 +2,7 @@
 //! (cancelled if the term ends), and tells the queue what comes next.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tracing::{debug, error, info};
@@ -69,6 +70,11 @@ pub(super) async fn run(
     }
 }
 
+/// How soon a key whose writes were refused past its shard's deadline looks again:
+/// within the renew deadline the shard is either renewed (same term) or lost, so a key
+/// costs a few refused looks at most.
+const NOT_LEADER_RECHECK: Duration = Duration::from_secs(1);
+
 /// What the queue does with `key` after its reconcile.
 fn follow_up(ctx: &Context, queue: &Queue<Key>, key: &Key, result: Result<Next, Error>) {
     let m = &ctx.metrics;
@@ -97,8 +103,14 @@ fn follow_up(ctx: &Context, queue: &Queue<Key>, key: &Key, result: Result<Next, 
                 .with_label_values(&[e.metric_label()])
                 .inc();
             match (&e, e.retry_after()) {
-                // Comes back with its shard (the hand-over queues its GpuJobs).
-                (Error::NotLeader, _) => info!(gpujob = %key, "{e}"),
+                // The term may still hold: a renewal sent before the deadline can land
+                // after it (a paused process, a slow answer) and keep the epoch, and then
+                // no hand-over would bring the key back. It looks again shortly; if the
+                // shard went, the worker drops it then (it comes back with the shard).
+                (Error::NotLeader, _) => {
+                    debug!(gpujob = %key, "{e}; looking again in {NOT_LEADER_RECHECK:?}");
+                    queue.add_after(key.clone(), NOT_LEADER_RECHECK);
+                }
                 (_, Some(after)) => {
                     info!(gpujob = %key, "{e}");
                     queue.add_after(key.clone(), after);
