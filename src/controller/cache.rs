@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::batch::v1::{Job, JobStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 
@@ -16,36 +16,115 @@ use crate::api::{ANNOTATION_GENERATION, LABEL_ATTEMPT};
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// owner uid → job "ns/name" → Job
-    by_owner: HashMap<String, HashMap<String, Cached>>,
-    /// job "ns/name" → (owner uid, owner key), to move or drop a Job whose owner changed
-    owner_of: HashMap<String, (String, Key)>,
+    /// owner uid → its Jobs (a handful at most: attempts kept)
+    by_owner: HashMap<Box<str>, Vec<Cached>>,
+    /// job "ns/name" → owner uid, to move or drop a Job whose owner changed
+    owner_of: HashMap<Box<str>, Box<str>>,
     /// A relist in progress: the new contents, swapped in at InitDone.
     relist: Option<Vec<Cached>>,
 }
 
-/// A cached Job: what [`trimmed`] keeps, without a `Job`'s inline room for a spec (of
-/// the 2.8 KB a `Job` takes even with no spec, 2.2 KB are that room).
-#[derive(Debug)]
-struct Cached {
-    metadata: ObjectMeta,
-    status: Option<JobStatus>,
+/// A cached Job: what the plan reads of it (see [`Cached::of`]), in fields of its own
+/// rather than in a `Job`. Ten thousand GpuJobs mean ten thousand of these, and a `Job`,
+/// even trimmed, keeps inline room for a spec (2.2 KB), and its label and annotation
+/// maps a node with room for eleven entries each: 4.8 KB per cached Job, against about
+/// 0.8 KB here (`examples/footprint.rs`).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Cached {
+    name: Box<str>,
+    namespace: Box<str>,
+    uid: Option<Box<str>>,
+    resource_version: Option<Box<str>>,
+    deletion_timestamp: Option<Time>,
+    /// The attempt label's value.
+    attempt: Option<Box<str>>,
+    /// The generation annotation's value.
+    generation: Option<Box<str>>,
+    /// The controlling GpuJob (always there for an indexed Job).
+    owner: Option<Box<OwnerReference>>,
+    /// `None`: the Job had no status; otherwise its conditions and completion time.
+    status: Option<(Box<[JobCondition]>, Option<Time>)>,
 }
 
 impl Cached {
-    fn of(job: Job) -> Cached {
-        Cached {
-            metadata: job.metadata,
-            status: job.status,
+    /// What the plan reads of a Job, and nothing else: name, uid and resourceVersion
+    /// (delete preconditions), deletion, the controlling owner, the attempt label, the
+    /// generation annotation, and the conditions and completion time. `None` for a Job
+    /// without a name.
+    pub(super) fn of(job: &Job) -> Option<Cached> {
+        let m = &job.metadata;
+        let boxed = |s: &Option<String>| s.as_deref().map(Box::from);
+        let value = |map: &Option<BTreeMap<String, String>>, key: &str| {
+            map.as_ref()
+                .and_then(|m| m.get(key))
+                .map(|v| Box::from(v.as_str()))
+        };
+        Some(Cached {
+            name: m.name.as_deref()?.into(),
+            namespace: m.namespace.as_deref().unwrap_or_default().into(),
+            uid: boxed(&m.uid),
+            resource_version: boxed(&m.resource_version),
+            deletion_timestamp: m.deletion_timestamp.clone(),
+            attempt: value(&m.labels, LABEL_ATTEMPT),
+            generation: value(&m.annotations, ANNOTATION_GENERATION),
+            owner: controller_of(job).map(|o| Box::new(o.clone())),
+            status: job.status.as_ref().map(|s| {
+                (
+                    s.conditions.clone().unwrap_or_default().into_boxed_slice(),
+                    s.completion_time.clone(),
+                )
+            }),
+        })
+    }
+
+    /// The Job as the plan sees it (no spec, only the kept metadata and status).
+    pub(super) fn job(&self) -> Job {
+        let one = |key: &str, value: &Option<Box<str>>| {
+            value
+                .as_ref()
+                .map(|v| BTreeMap::from([(key.to_owned(), v.to_string())]))
+        };
+        let string = |s: &Option<Box<str>>| s.as_ref().map(|s| s.to_string());
+        Job {
+            metadata: ObjectMeta {
+                name: Some(self.name.to_string()),
+                namespace: Some(self.namespace.to_string()),
+                uid: string(&self.uid),
+                resource_version: string(&self.resource_version),
+                deletion_timestamp: self.deletion_timestamp.clone(),
+                labels: one(LABEL_ATTEMPT, &self.attempt),
+                annotations: one(ANNOTATION_GENERATION, &self.generation),
+                owner_references: self.owner.as_ref().map(|o| vec![(**o).clone()]),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: self
+                .status
+                .as_ref()
+                .map(|(conditions, completion_time)| JobStatus {
+                    conditions: (!conditions.is_empty()).then(|| conditions.to_vec()),
+                    completion_time: completion_time.clone(),
+                    ..JobStatus::default()
+                }),
         }
     }
 
-    fn job(&self) -> Job {
-        Job {
-            metadata: self.metadata.clone(),
-            spec: None,
-            status: self.status.clone(),
-        }
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(super) fn uid(&self) -> Option<&str> {
+        self.uid.as_deref()
+    }
+
+    /// The GpuJob that controls it.
+    fn owner_key(&self) -> Option<Key> {
+        Some(Key::new(&self.namespace, &self.owner.as_ref()?.name))
+    }
+
+    /// "ns/name"
+    fn key(&self) -> Box<str> {
+        format!("{}/{}", self.namespace, self.name).into()
     }
 }
 
@@ -92,21 +171,31 @@ impl JobIndex {
                 Vec::new()
             }
             Event::InitApply(job) => {
-                if let Some(relist) = inner.relist.as_mut() {
-                    relist.push(Cached::of(trimmed(job)));
+                if let Some((relist, cached)) = inner.relist.as_mut().zip(Cached::of(job)) {
+                    relist.push(cached);
                 }
                 Vec::new()
             }
             Event::InitDone => {
-                let mut keys: BTreeSet<Key> =
-                    inner.owner_of.values().map(|(_, k)| k.clone()).collect();
+                let owners = |inner: &Inner| -> Vec<Key> {
+                    inner
+                        .by_owner
+                        .values()
+                        .flatten()
+                        .filter_map(Cached::owner_key)
+                        .collect()
+                };
+                let mut keys: BTreeSet<Key> = owners(&inner).into_iter().collect();
                 let jobs = inner.relist.take().unwrap_or_default();
                 inner.by_owner.clear();
                 inner.owner_of.clear();
+                // Let go of the room the old contents needed (the relist may be smaller).
+                inner.by_owner.shrink_to_fit();
+                inner.owner_of.shrink_to_fit();
                 for job in jobs {
-                    insert(&mut inner, job.job());
+                    insert(&mut inner, job);
                 }
-                keys.extend(inner.owner_of.values().map(|(_, k)| k.clone()));
+                keys.extend(owners(&inner));
                 drop(inner);
                 self.ready.send_replace(true);
                 keys.into_iter().collect()
@@ -114,7 +203,9 @@ impl JobIndex {
             Event::Apply(job) => {
                 remove(&mut inner, &job_key(job));
                 let key = owner_of(job).map(|(k, _)| k);
-                insert(&mut inner, trimmed(job));
+                if let Some(cached) = Cached::of(job) {
+                    insert(&mut inner, cached);
+                }
                 key.into_iter().collect()
             }
             Event::Delete(job) => {
@@ -130,7 +221,7 @@ impl JobIndex {
         inner
             .by_owner
             .get(uid)
-            .map(|jobs| jobs.values().map(|j| Arc::new(j.job())).collect())
+            .map(|jobs| jobs.iter().map(|j| Arc::new(j.job())).collect())
             .unwrap_or_default()
     }
 
@@ -141,59 +232,22 @@ impl JobIndex {
     }
 }
 
-/// What the plan reads of a Job, and nothing else: name, uid and resourceVersion (delete
-/// preconditions), deletion, the controlling owner, the attempt label, the generation
-/// annotation, and the conditions and completion time. Ten thousand GpuJobs mean ten
-/// thousand cached Jobs; their pod templates, managedFields and the labels the plan
-/// never reads are most of a Job's size in memory. The write memory keeps created Jobs
-/// the same way.
-pub(super) fn trimmed(job: &Job) -> Job {
-    let m = &job.metadata;
-    let only = |map: &Option<BTreeMap<String, String>>, key: &str| {
-        map.as_ref()
-            .and_then(|map| map.get_key_value(key))
-            .map(|(k, v)| BTreeMap::from([(k.clone(), v.clone())]))
-    };
-    Job {
-        metadata: ObjectMeta {
-            name: m.name.clone(),
-            namespace: m.namespace.clone(),
-            uid: m.uid.clone(),
-            resource_version: m.resource_version.clone(),
-            deletion_timestamp: m.deletion_timestamp.clone(),
-            labels: only(&m.labels, LABEL_ATTEMPT),
-            annotations: only(&m.annotations, ANNOTATION_GENERATION),
-            owner_references: controller_of(job).map(|o| vec![o.clone()]),
-            ..ObjectMeta::default()
-        },
-        spec: None,
-        status: job.status.as_ref().map(|s| JobStatus {
-            conditions: s.conditions.clone(),
-            completion_time: s.completion_time.clone(),
-            ..JobStatus::default()
-        }),
-    }
-}
-
-/// Indexes `job`, [`trimmed`] already.
-fn insert(inner: &mut Inner, job: Job) {
-    let Some((owner, uid)) = owner_of(&job) else {
+/// Indexes `job`, if a GpuJob controls it.
+fn insert(inner: &mut Inner, job: Cached) {
+    let Some(uid) = job.owner.as_ref().map(|o| Box::<str>::from(o.uid.as_str())) else {
         return;
     };
-    let key = job_key(&job);
-    inner.owner_of.insert(key.clone(), (uid.clone(), owner));
-    inner
-        .by_owner
-        .entry(uid)
-        .or_default()
-        .insert(key, Cached::of(job));
+    inner.owner_of.insert(job.key(), uid.clone());
+    let jobs = inner.by_owner.entry(uid).or_default();
+    jobs.retain(|j| j.name != job.name);
+    jobs.push(job);
 }
 
 fn remove(inner: &mut Inner, key: &str) {
-    if let Some((uid, _)) = inner.owner_of.remove(key)
+    if let Some(uid) = inner.owner_of.remove(key)
         && let Some(jobs) = inner.by_owner.get_mut(&uid)
     {
-        jobs.remove(key);
+        jobs.retain(|j| j.key().as_ref() != key);
         if jobs.is_empty() {
             inner.by_owner.remove(&uid);
         }

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use k8s_openapi::api::batch::v1::Job;
 
 use super::Key;
+use super::cache::Cached;
 use crate::api::GpuJob;
 
 #[derive(Debug, Default)]
@@ -27,9 +28,8 @@ struct Entry {
     replaced: HashSet<String>,
     /// The GpuJob as the last status write returned it.
     latest: Option<Arc<GpuJob>>,
-    /// Jobs created, by name, until the cache has them. Boxed in an Arc: a Job is a
-    /// few KB inline, and a map node holds room for eleven.
-    created: BTreeMap<String, Arc<Job>>,
+    /// Jobs created, by name, until the cache has them, kept as the cache keeps Jobs.
+    created: BTreeMap<String, Cached>,
     /// Jobs deleted (name → uid), until the cache drops them.
     deleted: BTreeMap<String, String>,
     /// Jobs being deleted in the foreground (name → uid): they stay until their pods
@@ -172,16 +172,13 @@ impl WriteMemory {
                     }
                 })
                 .collect();
-        jobs.extend(entry.created.values().cloned());
+        jobs.extend(entry.created.values().map(|c| Arc::new(c.job())));
         if entry.is_empty() {
             entries.remove(key);
         }
         jobs
     }
 
-    /// Records a Job this operator created, kept as the cache keeps Jobs (metadata and
-    /// status): under a burst thousands wait here for the cache, and a whole Job with
-    /// its pod template and managedFields is several times larger.
     /// The Job watch delivered `job` (`gone`: its deletion), and the cache holds that:
     /// what is remembered about it goes now, as [`WriteMemory::jobs`] would drop it at
     /// the next reconcile.
@@ -198,12 +195,7 @@ impl WriteMemory {
         if gone {
             // Created and deleted before the cache could show it (the created copy is
             // trimmed but keeps its uid), or a delete the cache now agrees with.
-            if entry
-                .created
-                .get(name)
-                .and_then(|j| j.metadata.uid.as_deref())
-                == Some(uid)
-            {
+            if entry.created.get(name).and_then(Cached::uid) == Some(uid) {
                 entry.created.remove(name);
             }
             entry.deleted.remove(name);
@@ -224,12 +216,15 @@ impl WriteMemory {
         }
     }
 
+    /// Records a Job this operator created, kept as the cache keeps Jobs (what the plan
+    /// reads): under a burst thousands wait here for the cache, and a whole Job with
+    /// its pod template and managedFields is several times larger.
     pub fn job_created(&self, key: &Key, owner: &GpuJob, job: &Job) {
         let mut entries = self.lock();
-        if let Some(name) = job.metadata.name.clone() {
+        if let Some(cached) = Cached::of(job) {
             entry(&mut entries, key, owner)
                 .created
-                .insert(name, Arc::new(super::cache::trimmed(job)));
+                .insert(cached.name().to_owned(), cached);
         }
     }
 
