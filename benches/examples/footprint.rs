@@ -8,9 +8,8 @@
 
 #![allow(clippy::unwrap_used)] // a measurement: a panic is the report
 use gpujob_operator::api::GpuJob;
-use gpujob_operator::controller::cache::JobIndex;
+use gpujob_operator::controller::cache::{GpuJobCache, JobIndex};
 use k8s_openapi::api::batch::v1::Job;
-use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
 use serde_json::json;
 
@@ -65,16 +64,16 @@ fn main() {
         .unwrap_or(10000);
     let what = std::env::args().nth(2).unwrap_or_else(|| "both".into());
     let base = rss_kib();
-    let (store, mut writer) = reflector::store::<GpuJob>();
+    let gpujobs = GpuJobCache::default();
     let jobs = JobIndex::default();
     if what == "gpujobs" || what == "both" {
-        writer.apply_watcher_event(&Event::Init);
+        gpujobs.apply(&Event::Init);
         for i in 0..n {
             let mut gj: GpuJob = serde_json::from_value(gpujob(i)).unwrap();
             gj.metadata.managed_fields = None;
-            writer.apply_watcher_event(&Event::InitApply(gj));
+            gpujobs.apply(&Event::InitApply(gj));
         }
-        writer.apply_watcher_event(&Event::InitDone);
+        gpujobs.apply(&Event::InitDone);
     }
     let after_gj = rss_kib();
     if what == "jobs" || what == "both" {
@@ -87,9 +86,9 @@ fn main() {
     }
     let after_jobs = rss_kib();
     println!(
-        "n={n} gpujob store: {:.0} B each; job index: {:.0} B each (store len {})",
+        "n={n} GpuJob cache: {:.0} B each; Job index: {:.0} B each ({} GpuJobs cached)",
         (after_gj - base) as f64 * 1024.0 / n as f64,
         (after_jobs - after_gj) as f64 * 1024.0 / n as f64,
-        store.state().len()
+        gpujobs.len()
     );
 }

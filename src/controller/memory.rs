@@ -172,7 +172,7 @@ impl WriteMemory {
                     }
                 })
                 .collect();
-        jobs.extend(entry.created.values().map(|c| Arc::new(c.job())));
+        jobs.extend(entry.created.values().filter_map(Cached::job).map(Arc::new));
         if entry.is_empty() {
             entries.remove(key);
         }
@@ -195,7 +195,7 @@ impl WriteMemory {
         if gone {
             // Created and deleted before the cache could show it (the created copy is
             // trimmed but keeps its uid), or a delete the cache now agrees with.
-            if entry.created.get(name).and_then(Cached::uid) == Some(uid) {
+            if entry.created.get(name).and_then(Cached::uid).as_deref() == Some(uid) {
                 entry.created.remove(name);
             }
             entry.deleted.remove(name);

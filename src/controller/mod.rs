@@ -20,7 +20,6 @@ pub mod validate;
 use std::fmt;
 use std::time::Duration;
 
-use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
 use crate::api::GpuJob;
@@ -111,7 +110,7 @@ impl Default for Settings {
 pub struct Context {
     /// For reads only; every write goes through `writer`.
     pub client: Client,
-    pub gpujobs: Store<GpuJob>,
+    pub gpujobs: cache::GpuJobCache,
     pub jobs: cache::JobIndex,
     pub memory: memory::WriteMemory,
     pub writer: apply::Writer,

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
-use kube::runtime::reflector::ObjectRef;
 
 use jiff::Timestamp;
 
@@ -59,10 +58,7 @@ impl Snapshot {
 /// `None` when the GpuJob is gone. `epoch`: the term of the GpuJob's shard, in which
 /// the view counts as confirmed if its version is known current.
 pub async fn observe(ctx: &Context, key: &Key, epoch: u64) -> Result<Option<Snapshot>, Error> {
-    let cached = || {
-        ctx.gpujobs
-            .get(&ObjectRef::new(&key.name).within(&key.namespace))
-    };
+    let cached = || ctx.gpujobs.get(key);
     let Some(gpujob) = ctx.memory.gpujob(key, cached) else {
         ctx.memory.forget(key);
         return Ok(None);

@@ -4,7 +4,7 @@
 
 use gpujob_operator::api::{GpuJob, LABEL_UID};
 use gpujob_operator::controller::apply::Writer;
-use gpujob_operator::controller::cache::JobIndex;
+use gpujob_operator::controller::cache::{GpuJobCache, JobIndex};
 use gpujob_operator::controller::error::Error;
 use gpujob_operator::controller::memory::WriteMemory;
 use gpujob_operator::controller::{Context, Key, Next, Settings, reconcile};
@@ -12,7 +12,6 @@ use gpujob_operator::lease::Ownership;
 use gpujob_operator::metrics::Metrics;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::ListParams;
-use kube::runtime::reflector::{self, store::Writer as StoreWriter};
 use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 
@@ -20,7 +19,6 @@ use super::TestEnv;
 
 pub struct Harness {
     pub ctx: Context,
-    store: StoreWriter<GpuJob>,
     ns: String,
     own: watch::Sender<Ownership>,
 }
@@ -37,7 +35,6 @@ impl Harness {
         let client =
             gpujob_operator::client::build(config, identity, Default::default(), None, None)
                 .unwrap();
-        let (store, store_writer) = reflector::store::<GpuJob>();
         let jobs = JobIndex::default();
         jobs.apply(&Event::Init);
         jobs.apply(&Event::InitDone);
@@ -55,13 +52,12 @@ impl Harness {
             ctx: Context {
                 writer,
                 client,
-                gpujobs: store,
+                gpujobs: GpuJobCache::default(),
                 jobs,
                 memory: WriteMemory::default(),
                 settings,
                 metrics,
             },
-            store: store_writer,
             ns: env.ns.clone(),
             own,
         };
@@ -76,11 +72,11 @@ impl Harness {
 
     /// The GpuJob cache holds exactly `objects` (a relist).
     pub fn load_gpujobs(&mut self, objects: &[GpuJob]) {
-        self.store.apply_watcher_event(&Event::Init);
+        self.ctx.gpujobs.apply(&Event::Init);
         for o in objects {
-            self.store.apply_watcher_event(&Event::InitApply(o.clone()));
+            self.ctx.gpujobs.apply(&Event::InitApply(o.clone()));
         }
-        self.store.apply_watcher_event(&Event::InitDone);
+        self.ctx.gpujobs.apply(&Event::InitDone);
     }
 
     /// The Job cache holds exactly `jobs` (a relist).

@@ -63,11 +63,11 @@ pub(super) async fn run(ctx: Arc<Context>, queue: Queue<Key>, mut own: watch::Re
                 .filter_map(|s| now.tenure(*s).map(|t| t.epoch))
                 .collect();
             info!(shards = ?changes.gained, ?epochs, "shards gained: reconciling their GpuJobs");
-            for gj in ctx.gpujobs.state() {
-                let ns = gj.metadata.namespace.as_deref().unwrap_or_default();
-                if changes.gained.contains(&now.shard_of(ns)) {
-                    queue.add(Key::of(&gj));
-                }
+            for key in ctx
+                .gpujobs
+                .keys_where(|ns| changes.gained.contains(&now.shard_of(ns)))
+            {
+                queue.add(key);
             }
         }
         if own.changed().await.is_err() {

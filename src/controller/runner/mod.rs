@@ -16,7 +16,6 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::{Context, Key, Settings, apply, cache, domain, init_metrics, memory};
-use crate::api::GpuJob;
 use crate::lease::Ownership;
 use crate::queue::Queue;
 use crate::server::Status;
@@ -91,14 +90,13 @@ pub async fn run(
     let metrics = status.metrics.clone();
     init_metrics(&metrics);
     metrics.init_shards(ownership.borrow().shards);
-    let (gpujobs, gj_writer) = kube::runtime::reflector::store();
     // New work takes turns by namespace: a burst in some namespaces does not hold back
     // new GpuJobs in another.
     let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()))
         .fair_by(|k: &Key| k.namespace.as_str());
     let ctx = Arc::new(Context {
         client: client.clone(),
-        gpujobs,
+        gpujobs: cache::GpuJobCache::default(),
         jobs: cache::JobIndex::default(),
         memory: memory::WriteMemory::default(),
         writer: apply::Writer::new(
@@ -116,12 +114,12 @@ pub async fn run(
         queue: queue.clone(),
         own: ownership.clone(),
     };
-    let watches = watches::spawn(&client, &ctx, gj_writer, &intake);
+    let watches = watches::spawn(&client, &ctx, &intake);
 
     // Workers start only once both caches hold a full list, so the first reconcile of
     // every GpuJob sees its Jobs.
     let ready = async {
-        let _ = ctx.gpujobs.wait_until_ready().await;
+        ctx.gpujobs.wait_ready().await;
         ctx.jobs.wait_ready().await;
     };
     tokio::pin!(shutdown);
@@ -203,16 +201,14 @@ fn on_scrape(
             }
             return;
         }
-        let all = ctx.gpujobs.state();
+        let held = ctx.gpujobs.decoded_where(|ns| own.holds_namespace(ns));
         let mut per_shard: BTreeMap<u32, i64> = own.held.keys().map(|s| (*s, 0)).collect();
-        let held: Vec<&GpuJob> = all
-            .iter()
-            .map(|g| g.as_ref())
-            .filter(|g| {
-                let shard = own.shard_of(g.metadata.namespace.as_deref().unwrap_or_default());
-                per_shard.get_mut(&shard).map(|n| *n += 1).is_some()
-            })
-            .collect();
+        for g in &held {
+            let shard = own.shard_of(g.metadata.namespace.as_deref().unwrap_or_default());
+            if let Some(n) = per_shard.get_mut(&shard) {
+                *n += 1;
+            }
+        }
         for s in 0..own.shards {
             let n = per_shard.get(&s).copied().unwrap_or(0);
             ctx.metrics
@@ -222,7 +218,7 @@ fn on_scrape(
         }
         let mut seen = first_seen.lock().unwrap_or_else(|p| p.into_inner());
         let snap = domain::snapshot(
-            held,
+            &held,
             jiff::Timestamp::now(),
             ctx.settings.unconverged_after,
             &mut seen,
@@ -238,8 +234,8 @@ async fn resync(ctx: Arc<Context>, intake: Intake) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        for gj in ctx.gpujobs.state() {
-            intake.resync(Key::of(&gj));
+        for key in ctx.gpujobs.keys() {
+            intake.resync(key);
         }
     }
 }

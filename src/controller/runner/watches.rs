@@ -10,7 +10,6 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::Api;
-use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::task::JoinHandle;
@@ -32,18 +31,12 @@ where
 }
 
 /// Starts both watches; they run until aborted.
-pub(super) fn spawn(
-    client: &Client,
-    ctx: &Arc<Context>,
-    store: Writer<GpuJob>,
-    intake: &Intake,
-) -> [JoinHandle<()>; 2] {
+pub(super) fn spawn(client: &Client, ctx: &Arc<Context>, intake: &Intake) -> [JoinHandle<()>; 2] {
     let ns = ctx.settings.namespace.as_deref();
     [
         tokio::spawn(gpujobs(
             api::<GpuJob>(client, ns),
             ctx.clone(),
-            store,
             intake.clone(),
         )),
         tokio::spawn(jobs(api::<Job>(client, ns), ctx.clone(), intake.clone())),
@@ -56,22 +49,25 @@ fn config(ctx: &Context) -> watcher::Config {
     watcher::Config::default().timeout(secs.max(1))
 }
 
-async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, intake: Intake) {
+async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake) {
     let stream = watcher(api, config(&ctx))
         .default_backoff()
         .modify(trim_gpujob);
-    let mut events = reflector::reflector(store, stream).boxed();
+    let mut events = stream.boxed();
     // A relist reaches the store only when complete (InitDone); then every GpuJob it had
     // before or has now is looked at.
     let mut before: Vec<Key> = Vec::new();
     while let Some(event) = events.next().await {
+        if let Ok(event) = &event {
+            ctx.gpujobs.apply(event);
+        }
         match event {
             Ok(watcher::Event::Apply(gj)) if gj.status.is_none() => {
                 intake.add_prompt(Key::of(&gj));
             }
             Ok(watcher::Event::Apply(gj)) => {
                 let key = Key::of(&gj);
-                // The store holds it now (the reflector applies before it yields).
+                // The cache holds it now.
                 ctx.memory.gpujob_seen(&key, &gj);
                 intake.add(key);
             }
@@ -79,15 +75,15 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, store: Writer<GpuJob>, int
                 intake.add(Key::of(&gj));
             }
             Ok(watcher::Event::Init) => {
-                before = ctx.gpujobs.state().iter().map(|g| Key::of(g)).collect();
+                before = ctx.gpujobs.keys();
             }
             Ok(watcher::Event::InitApply(_)) => {}
             Ok(watcher::Event::InitDone) => {
                 for key in std::mem::take(&mut before) {
                     intake.add(key);
                 }
-                for gj in ctx.gpujobs.state() {
-                    intake.add(Key::of(&gj));
+                for key in ctx.gpujobs.keys() {
+                    intake.add(key);
                 }
             }
             Err(e) => warn!(

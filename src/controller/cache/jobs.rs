@@ -5,126 +5,98 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::api::batch::v1::{Job, JobStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::Event;
 use tokio::sync::watch;
+use tracing::error;
 
-use super::Key;
-use super::job::controller_of;
 use crate::api::{ANNOTATION_GENERATION, LABEL_ATTEMPT};
+use crate::controller::Key;
+use crate::controller::job::controller_of;
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// owner uid → its Jobs (a handful at most: attempts kept)
-    by_owner: HashMap<Box<str>, Vec<Cached>>,
+    /// owner uid → the owner and its Jobs (a handful at most: attempts kept)
+    by_owner: HashMap<Box<str>, Owned>,
     /// job "ns/name" → owner uid, to move or drop a Job whose owner changed
     owner_of: HashMap<Box<str>, Box<str>>,
     /// A relist in progress: the new contents, swapped in at InitDone.
-    relist: Option<Vec<Cached>>,
+    relist: Option<Vec<Indexed>>,
 }
 
-/// A cached Job: what the plan reads of it (see [`Cached::of`]), in fields of its own
-/// rather than in a `Job`. Ten thousand GpuJobs mean ten thousand of these, and a `Job`,
-/// even trimmed, keeps inline room for a spec (2.2 KB), and its label and annotation
-/// maps a node with room for eleven entries each: 4.8 KB per cached Job, against about
-/// 0.8 KB here (`examples/footprint.rs`).
+#[derive(Debug)]
+struct Owned {
+    owner: Key,
+    jobs: Vec<Cached>,
+}
+
+/// A Job with what indexes it: its controlling GpuJob (key and uid).
+#[derive(Debug)]
+struct Indexed {
+    owner: Key,
+    uid: Box<str>,
+    job: Cached,
+}
+
+impl Indexed {
+    fn of(job: &Job) -> Option<Indexed> {
+        let (owner, uid) = owner_of(job)?;
+        Some(Indexed {
+            owner,
+            uid: uid.into(),
+            job: Cached::of(job)?,
+        })
+    }
+}
+
+/// A cached Job: what the plan reads of it ([`trimmed`]), kept as its JSON and decoded
+/// when read. Ten thousand GpuJobs mean ten thousand of these; a `Job`, even trimmed,
+/// keeps inline room for a spec (2.2 KB), and its label and annotation maps a node with
+/// room for eleven entries each, and its strings and conditions are small allocations of
+/// their own: 4.8 KB per cached Job as a trimmed `Job`, 1.7 KB in fields of its own, about
+/// 0.8 KB packed (`benches/examples/footprint.rs`).
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Cached {
+pub(in crate::controller) struct Cached {
     name: Box<str>,
-    namespace: Box<str>,
-    uid: Option<Box<str>>,
-    resource_version: Option<Box<str>>,
-    deletion_timestamp: Option<Time>,
-    /// The attempt label's value.
-    attempt: Option<Box<str>>,
-    /// The generation annotation's value.
-    generation: Option<Box<str>>,
-    /// The controlling GpuJob (always there for an indexed Job).
-    owner: Option<Box<OwnerReference>>,
-    /// `None`: the Job had no status; otherwise its conditions and completion time.
-    status: Option<(Box<[JobCondition]>, Option<Time>)>,
+    packed: Box<[u8]>,
 }
 
 impl Cached {
-    /// What the plan reads of a Job, and nothing else: name, uid and resourceVersion
-    /// (delete preconditions), deletion, the controlling owner, the attempt label, the
-    /// generation annotation, and the conditions and completion time. `None` for a Job
-    /// without a name.
-    pub(super) fn of(job: &Job) -> Option<Cached> {
-        let m = &job.metadata;
-        let boxed = |s: &Option<String>| s.as_deref().map(Box::from);
-        let value = |map: &Option<BTreeMap<String, String>>, key: &str| {
-            map.as_ref()
-                .and_then(|m| m.get(key))
-                .map(|v| Box::from(v.as_str()))
-        };
-        Some(Cached {
-            name: m.name.as_deref()?.into(),
-            namespace: m.namespace.as_deref().unwrap_or_default().into(),
-            uid: boxed(&m.uid),
-            resource_version: boxed(&m.resource_version),
-            deletion_timestamp: m.deletion_timestamp.clone(),
-            attempt: value(&m.labels, LABEL_ATTEMPT),
-            generation: value(&m.annotations, ANNOTATION_GENERATION),
-            owner: controller_of(job).map(|o| Box::new(o.clone())),
-            status: job.status.as_ref().map(|s| {
-                (
-                    s.conditions.clone().unwrap_or_default().into_boxed_slice(),
-                    s.completion_time.clone(),
-                )
+    /// `None` for a Job without a name.
+    pub(in crate::controller) fn of(job: &Job) -> Option<Cached> {
+        let name = job.metadata.name.as_deref()?;
+        match serde_json::to_vec(&trimmed(job)) {
+            Ok(bytes) => Some(Cached {
+                name: name.into(),
+                packed: bytes.into_boxed_slice(),
             }),
-        })
-    }
-
-    /// The Job as the plan sees it (no spec, only the kept metadata and status).
-    pub(super) fn job(&self) -> Job {
-        let one = |key: &str, value: &Option<Box<str>>| {
-            value
-                .as_ref()
-                .map(|v| BTreeMap::from([(key.to_owned(), v.to_string())]))
-        };
-        let string = |s: &Option<Box<str>>| s.as_ref().map(|s| s.to_string());
-        Job {
-            metadata: ObjectMeta {
-                name: Some(self.name.to_string()),
-                namespace: Some(self.namespace.to_string()),
-                uid: string(&self.uid),
-                resource_version: string(&self.resource_version),
-                deletion_timestamp: self.deletion_timestamp.clone(),
-                labels: one(LABEL_ATTEMPT, &self.attempt),
-                annotations: one(ANNOTATION_GENERATION, &self.generation),
-                owner_references: self.owner.as_ref().map(|o| vec![(**o).clone()]),
-                ..ObjectMeta::default()
-            },
-            spec: None,
-            status: self
-                .status
-                .as_ref()
-                .map(|(conditions, completion_time)| JobStatus {
-                    conditions: (!conditions.is_empty()).then(|| conditions.to_vec()),
-                    completion_time: completion_time.clone(),
-                    ..JobStatus::default()
-                }),
+            Err(e) => {
+                // Cannot happen for a value that was just decoded; if it did, the Job
+                // would be missing from the cache rather than the process gone.
+                error!(job = name, "cannot cache the Job: {e}");
+                None
+            }
         }
     }
 
-    pub(super) fn name(&self) -> &str {
+    /// The Job as the plan sees it (no spec, only the kept metadata and status).
+    pub(in crate::controller) fn job(&self) -> Option<Job> {
+        match serde_json::from_slice(&self.packed) {
+            Ok(job) => Some(job),
+            Err(e) => {
+                error!(job = %self.name, "cannot read the cached Job: {e}");
+                None
+            }
+        }
+    }
+
+    pub(in crate::controller) fn name(&self) -> &str {
         &self.name
     }
 
-    pub(super) fn uid(&self) -> Option<&str> {
-        self.uid.as_deref()
-    }
-
-    /// The GpuJob that controls it.
-    fn owner_key(&self) -> Option<Key> {
-        Some(Key::new(&self.namespace, &self.owner.as_ref()?.name))
-    }
-
-    /// "ns/name"
-    fn key(&self) -> Box<str> {
-        format!("{}/{}", self.namespace, self.name).into()
+    pub(in crate::controller) fn uid(&self) -> Option<String> {
+        self.job()?.metadata.uid
     }
 }
 
@@ -171,19 +143,14 @@ impl JobIndex {
                 Vec::new()
             }
             Event::InitApply(job) => {
-                if let Some((relist, cached)) = inner.relist.as_mut().zip(Cached::of(job)) {
-                    relist.push(cached);
+                if let Some((relist, indexed)) = inner.relist.as_mut().zip(Indexed::of(job)) {
+                    relist.push(indexed);
                 }
                 Vec::new()
             }
             Event::InitDone => {
                 let owners = |inner: &Inner| -> Vec<Key> {
-                    inner
-                        .by_owner
-                        .values()
-                        .flatten()
-                        .filter_map(Cached::owner_key)
-                        .collect()
+                    inner.by_owner.values().map(|o| o.owner.clone()).collect()
                 };
                 let mut keys: BTreeSet<Key> = owners(&inner).into_iter().collect();
                 let jobs = inner.relist.take().unwrap_or_default();
@@ -203,8 +170,8 @@ impl JobIndex {
             Event::Apply(job) => {
                 remove(&mut inner, &job_key(job));
                 let key = owner_of(job).map(|(k, _)| k);
-                if let Some(cached) = Cached::of(job) {
-                    insert(&mut inner, cached);
+                if let Some(indexed) = Indexed::of(job) {
+                    insert(&mut inner, indexed);
                 }
                 key.into_iter().collect()
             }
@@ -221,7 +188,13 @@ impl JobIndex {
         inner
             .by_owner
             .get(uid)
-            .map(|jobs| jobs.iter().map(|j| Arc::new(j.job())).collect())
+            .map(|o| {
+                o.jobs
+                    .iter()
+                    .filter_map(Cached::job)
+                    .map(Arc::new)
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -232,23 +205,56 @@ impl JobIndex {
     }
 }
 
-/// Indexes `job`, if a GpuJob controls it.
-fn insert(inner: &mut Inner, job: Cached) {
-    let Some(uid) = job.owner.as_ref().map(|o| Box::<str>::from(o.uid.as_str())) else {
-        return;
+/// What the plan reads of a Job, and nothing else: name, uid and resourceVersion (delete
+/// preconditions), deletion, the controlling owner, the attempt label, the generation
+/// annotation, and the conditions and completion time.
+fn trimmed(job: &Job) -> Job {
+    let m = &job.metadata;
+    let only = |map: &Option<BTreeMap<String, String>>, key: &str| {
+        map.as_ref()
+            .and_then(|map| map.get_key_value(key))
+            .map(|(k, v)| BTreeMap::from([(k.clone(), v.clone())]))
     };
-    inner.owner_of.insert(job.key(), uid.clone());
-    let jobs = inner.by_owner.entry(uid).or_default();
-    jobs.retain(|j| j.name != job.name);
-    jobs.push(job);
+    Job {
+        metadata: ObjectMeta {
+            name: m.name.clone(),
+            namespace: m.namespace.clone(),
+            uid: m.uid.clone(),
+            resource_version: m.resource_version.clone(),
+            deletion_timestamp: m.deletion_timestamp.clone(),
+            labels: only(&m.labels, LABEL_ATTEMPT),
+            annotations: only(&m.annotations, ANNOTATION_GENERATION),
+            owner_references: controller_of(job).map(|o| vec![o.clone()]),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: job.status.as_ref().map(|s| JobStatus {
+            conditions: s.conditions.clone(),
+            completion_time: s.completion_time.clone(),
+            ..JobStatus::default()
+        }),
+    }
+}
+
+fn insert(inner: &mut Inner, indexed: Indexed) {
+    let Indexed { owner, uid, job } = indexed;
+    let key: Box<str> = format!("{}/{}", owner.namespace, job.name).into();
+    inner.owner_of.insert(key, uid.clone());
+    let owned = inner.by_owner.entry(uid).or_insert_with(|| Owned {
+        owner,
+        jobs: Vec::new(),
+    });
+    owned.jobs.retain(|j| j.name != job.name);
+    owned.jobs.push(job);
 }
 
 fn remove(inner: &mut Inner, key: &str) {
+    let name = key.split_once('/').map_or(key, |(_, name)| name);
     if let Some(uid) = inner.owner_of.remove(key)
-        && let Some(jobs) = inner.by_owner.get_mut(&uid)
+        && let Some(owned) = inner.by_owner.get_mut(&uid)
     {
-        jobs.retain(|j| j.key().as_ref() != key);
-        if jobs.is_empty() {
+        owned.jobs.retain(|j| &*j.name != name);
+        if owned.jobs.is_empty() {
             inner.by_owner.remove(&uid);
         }
     }
