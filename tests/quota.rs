@@ -250,11 +250,19 @@ async fn a_release_that_keeps_failing_is_reported_and_can_be_unlocked() {
         .await;
     assert!(stuck.metadata.deletion_timestamp.is_some());
     assert!(stuck.holds_quota_finalizer());
-    let rendered = op.status.render_metrics();
-    assert!(
-        rendered.contains("gpujob_cleanup_stuck 1"),
-        "the metric an alert uses"
-    );
+    // The metric an alert uses, once the replica's cache has the condition too.
+    let waited = tokio::time::Instant::now() + support::WAIT;
+    while !op
+        .status
+        .render_metrics()
+        .contains("gpujob_cleanup_stuck 1")
+    {
+        assert!(
+            tokio::time::Instant::now() < waited,
+            "gpujob_cleanup_stuck never became 1"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 
     // The manual unlock: deletion finishes without a release, and says what was abandoned.
     let unlock = json!({"metadata": {"annotations": {"gpujob.dev/skip-quota-release": "true"}}});

@@ -176,6 +176,12 @@ fn abort(tasks: &[JoinHandle<()>]) {
     }
 }
 
+/// How often, at most, the domain gauges are computed again: each time reads (decodes)
+/// every cached GpuJob of the held shards, some 30 ms at ten thousand, while scrapers
+/// may come every second (the load test does). A change of the shards held recomputes
+/// at once.
+const DOMAIN_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Gauges computed at scrape time: queue timings, and the domain view of the GpuJobs of
 /// held shards (so that sums across replicas count each GpuJob once).
 fn on_scrape(
@@ -188,9 +194,23 @@ fn on_scrape(
     let ctx = ctx.clone();
     let own = own.clone();
     let first_seen = std::sync::Mutex::new(domain::FirstSeen::new());
+    // When the domain gauges were last computed, and for which shards.
+    let computed = std::sync::Mutex::new(None::<(tokio::time::Instant, BTreeMap<u32, u64>)>);
     status.on_scrape(move || {
         queue.update_gauges();
         let own = own.borrow().clone();
+        {
+            let mut computed = computed.lock().unwrap_or_else(|p| p.into_inner());
+            let now = tokio::time::Instant::now();
+            let epochs = own.epochs();
+            if let Some((at, held)) = &*computed
+                && *held == epochs
+                && now.saturating_duration_since(*at) < DOMAIN_REFRESH
+            {
+                return;
+            }
+            *computed = Some((now, epochs));
+        }
         if !own.holds_any() {
             domain::publish(&ctx.metrics, None);
             for s in 0..own.shards {
