@@ -240,6 +240,7 @@ pub(crate) mod tests {
                 update_policy: Default::default(),
                 suspend: false,
                 ttl_seconds_after_finished: None,
+                v2: None,
             },
         );
         g.metadata.namespace = Some("team-a".into());

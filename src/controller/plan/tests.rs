@@ -26,6 +26,7 @@ fn gpujob(max_retries: i32) -> GpuJob {
             update_policy: Default::default(),
             suspend: false,
             ttl_seconds_after_finished: None,
+            v2: None,
         },
     );
     g.metadata.namespace = Some("ns".into());
