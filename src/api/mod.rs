@@ -3,7 +3,9 @@
 //! `convert` the lossless conversion between the two (docs/api-versions.md); the
 //! operator works on v1 types, whose `spec.v2` carries what only v2 can say.
 
+pub mod convert;
 mod crd;
+pub mod decode;
 pub mod duration;
 mod spec;
 mod status;
