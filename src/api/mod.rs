@@ -1,12 +1,18 @@
 //! The `GpuJob` API (`gpujobs.gpujob.dev/v1`): spec (the user's intent), status (observed
-//! facts only) and the CRD generated from them.
+//! facts only) and the CRD generated from them. `v2` is the next version's types and
+//! `convert` the lossless conversion between the two (docs/api-versions.md); the
+//! operator works on v1 types, whose `spec.v2` carries what only v2 can say.
 
+pub mod convert;
 mod crd;
+pub mod decode;
+pub mod duration;
 mod spec;
 mod status;
+pub mod v2;
 
 pub use crd::crd_yaml;
-pub use spec::{EnvVar, GpuJob, GpuJobSpec, UpdatePolicy};
+pub use spec::{EnvVar, GpuJob, GpuJobSpec, UpdatePolicy, V2Only};
 pub use status::{Condition, ConditionStatus, FailureRecord, GpuJobStatus, Phase};
 
 /// Label on Jobs and pods: the owning GpuJob's name (hash-truncated to 63 characters).
@@ -27,6 +33,11 @@ pub const ANNOTATION_SKIP_RELEASE: &str = "gpujob.dev/skip-quota-release";
 pub const ANNOTATION_RERUN: &str = "gpujob.dev/rerun";
 /// The extended resource GPUs are requested as.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Node label holding the GPU product name (NVIDIA GPU feature discovery): v2's
+/// `spec.resources.product` becomes a node selector on it.
+pub const LABEL_GPU_PRODUCT: &str = "nvidia.com/gpu.product";
+/// Prefix of the operator's own labels: a pod template may not set these.
+pub const LABEL_PREFIX: &str = "gpujob.dev/";
 
 impl GpuJob {
     /// Whether the GpuJob holds the quota finalizer.

@@ -1,8 +1,9 @@
 use std::collections::BTreeMap;
 
 use kube::CustomResource;
-use schemars::JsonSchema;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::GpuJobStatus;
 
@@ -47,7 +48,8 @@ pub struct GpuJobSpec {
     #[serde(default = "default_max_retries")]
     #[schemars(range(min = 0, max = 100))]
     pub max_retries: i32,
-    /// Wall-clock limit of each attempt, in seconds; an attempt that runs longer fails.
+    /// Deprecated: use spec.attemptDeadline in gpujob.dev/v2. Wall-clock limit of each
+    /// attempt, in seconds; an attempt that runs longer fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub active_deadline_seconds: Option<i64>,
@@ -73,6 +75,52 @@ pub struct GpuJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub ttl_seconds_after_finished: Option<i64>,
+    /// Set by conversion from gpujob.dev/v2: what v1 cannot express. Leave it out of v1
+    /// manifests.
+    // In spec rather than an annotation: the API server bumps metadata.generation only for
+    // changes outside metadata and status (compared in the storage version, v1), so a
+    // template edit kept in an annotation would never count as a spec change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v2: Option<V2Only>,
+}
+
+/// The gpujob.dev/v2 values v1 has no field for (see docs/api-versions.md).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct V2Only {
+    /// v2 `spec.template`: the pod template pass-through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserved_object")]
+    pub template: Option<Value>,
+    /// v2 `spec.resources.product`: the node selector `nvidia.com/gpu.product`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_product: Option<String>,
+    /// v2 `spec.retryPolicy.backoffSeconds`: the first backoff, doubling per failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub backoff_seconds: Option<i64>,
+    /// v2 `spec.attemptDeadline` as written, when it is not the canonical form of
+    /// `activeDeadlineSeconds` (which holds it rounded up to whole seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_deadline: Option<String>,
+}
+
+impl V2Only {
+    /// `None` when no part is set, so that a v1 object without v2 values has no `v2`.
+    pub fn non_empty(self) -> Option<V2Only> {
+        (self != V2Only::default()).then_some(self)
+    }
+}
+
+/// An object the API server keeps as written (`x-kubernetes-preserve-unknown-fields`):
+/// the pod template. A full PodSpec schema would make the CRD too large for
+/// `kubectl apply`'s last-applied annotation; the operator checks the template itself.
+pub(crate) fn preserved_object(_: &mut SchemaGenerator) -> Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "nullable": true,
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -83,12 +131,12 @@ pub enum UpdatePolicy {
 }
 
 impl UpdatePolicy {
-    fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         *self == UpdatePolicy::Recreate
     }
 }
 
-fn default_max_retries() -> i32 {
+pub(crate) fn default_max_retries() -> i32 {
     3
 }
 

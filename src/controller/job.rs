@@ -4,15 +4,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{
-    Container, EnvVar as K8sEnvVar, PodSpec, PodTemplateSpec, ResourceRequirements, Toleration,
-};
+use k8s_openapi::api::core::v1::{Container, EnvVar as K8sEnvVar, PodTemplateSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
+use crate::api::decode::{DecodeError, decode, join};
 use crate::api::{
-    ANNOTATION_GENERATION, ENV_ATTEMPT, GPU_RESOURCE, GpuJob, LABEL_ATTEMPT, LABEL_NAME, LABEL_UID,
+    ANNOTATION_GENERATION, ENV_ATTEMPT, GPU_RESOURCE, GpuJob, GpuJobSpec, LABEL_ATTEMPT,
+    LABEL_GPU_PRODUCT, LABEL_NAME, LABEL_PREFIX, LABEL_UID,
 };
 use crate::hash::fnv1a64;
 
@@ -73,38 +73,42 @@ pub fn labels(gpujob: &GpuJob, attempt: i32) -> BTreeMap<String, String> {
     ])
 }
 
-/// The Job that runs `attempt` of `gpujob`.
+/// The pod template a GpuJob adds to its pods (v2 `spec.template`, kept in v1 as
+/// `spec.v2.template`), decoded; `None` when it has none. The error names the field that
+/// does not decode, from `spec.template`.
+pub fn pod_template(spec: &GpuJobSpec) -> Result<Option<PodTemplateSpec>, DecodeError> {
+    let Some(template) = spec.v2.as_ref().and_then(|v2| v2.template.as_ref()) else {
+        return Ok(None);
+    };
+    decode::<PodTemplateSpec>(template, &serde_json::json!({}))
+        .map(Some)
+        .map_err(|e| DecodeError {
+            path: join(TEMPLATE_FIELD, &e.path),
+            message: e.message,
+        })
+}
+
+/// Where a GpuJob's pod template is, as users write it (v2).
+pub const TEMPLATE_FIELD: &str = "spec.template";
+
+/// The operator's toleration of the GPU nodes' taint.
+fn gpu_toleration() -> Toleration {
+    Toleration {
+        key: Some(GPU_RESOURCE.to_owned()),
+        operator: Some("Exists".to_owned()),
+        effect: Some("NoSchedule".to_owned()),
+        ..Toleration::default()
+    }
+}
+
+/// The Job that runs `attempt` of `gpujob`. Expects a spec that passed validation: a
+/// pod template that does not decode is left out here (validation reports it, and no
+/// Job is made for such a spec), and what validation refuses in a template (the fields
+/// the operator owns) is overwritten.
 pub fn desired_job(gpujob: &GpuJob, attempt: i32) -> Job {
     let spec = &gpujob.spec;
     let labels = labels(gpujob, attempt);
-    let mut env: Vec<K8sEnvVar> = spec
-        .env
-        .iter()
-        .filter(|e| e.name != ENV_ATTEMPT)
-        .map(|e| K8sEnvVar {
-            name: e.name.clone(),
-            value: Some(e.value.clone()),
-            value_from: None,
-        })
-        .collect();
-    env.push(K8sEnvVar {
-        name: ENV_ATTEMPT.to_owned(),
-        value: Some(attempt.to_string()),
-        value_from: None,
-    });
-    let gpus = Quantity(spec.gpus.to_string());
-    let container = Container {
-        name: CONTAINER_NAME.to_owned(),
-        image: Some(spec.image.clone()),
-        command: (!spec.command.is_empty()).then(|| spec.command.clone()),
-        args: (!spec.args.is_empty()).then(|| spec.args.clone()),
-        env: Some(env),
-        resources: Some(ResourceRequirements {
-            limits: Some(BTreeMap::from([(GPU_RESOURCE.to_owned(), gpus)])),
-            ..ResourceRequirements::default()
-        }),
-        ..Container::default()
-    };
+    let template = pod_template(spec).ok().flatten().unwrap_or_default();
     Job {
         metadata: ObjectMeta {
             name: Some(job_name(&gpujob.name_any_or_empty(), attempt)),
@@ -122,29 +126,103 @@ pub fn desired_job(gpujob: &GpuJob, attempt: i32) -> Job {
             // One Job per attempt: retries belong to the GpuJob, not the Job controller.
             backoff_limit: Some(0),
             active_deadline_seconds: spec.active_deadline_seconds,
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".to_owned()),
-                    containers: vec![container],
-                    tolerations: Some(vec![Toleration {
-                        key: Some(GPU_RESOURCE.to_owned()),
-                        operator: Some("Exists".to_owned()),
-                        effect: Some("NoSchedule".to_owned()),
-                        ..Toleration::default()
-                    }]),
-                    node_selector: (!spec.node_selector.is_empty())
-                        .then(|| spec.node_selector.clone()),
-                    service_account_name: spec.service_account_name.clone(),
-                    ..PodSpec::default()
-                }),
-            },
+            template: pod(spec, attempt, labels, template),
             ..JobSpec::default()
         }),
         status: None,
+    }
+}
+
+/// The attempt's pod: the GpuJob's pod template with the operator's part on top (its
+/// labels, restartPolicy, the GPU toleration, node selectors, service account and the
+/// `main` container).
+fn pod(
+    spec: &GpuJobSpec,
+    attempt: i32,
+    labels: BTreeMap<String, String>,
+    template: PodTemplateSpec,
+) -> PodTemplateSpec {
+    let meta = template.metadata.unwrap_or_default();
+    let mut pod_labels: BTreeMap<String, String> = meta
+        .labels
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with(LABEL_PREFIX))
+        .collect();
+    pod_labels.extend(labels);
+    let mut pod = template.spec.unwrap_or_default();
+    let mut containers = std::mem::take(&mut pod.containers);
+    let base = containers
+        .iter()
+        .position(|c| c.name == CONTAINER_NAME)
+        .map(|i| containers.remove(i))
+        .unwrap_or_default();
+    containers.insert(0, main_container(spec, attempt, base));
+    pod.containers = containers;
+    pod.restart_policy = Some("Never".to_owned());
+    let mut tolerations = vec![gpu_toleration()];
+    tolerations.extend(
+        pod.tolerations
+            .take()
+            .into_iter()
+            .flatten()
+            .filter(|t| *t != gpu_toleration()),
+    );
+    pod.tolerations = Some(tolerations);
+    let mut node_selector = pod.node_selector.take().unwrap_or_default();
+    node_selector.extend(spec.node_selector.clone());
+    if let Some(product) = spec.v2.as_ref().and_then(|v2| v2.gpu_product.as_ref()) {
+        node_selector.insert(LABEL_GPU_PRODUCT.to_owned(), product.clone());
+    }
+    pod.node_selector = (!node_selector.is_empty()).then_some(node_selector);
+    pod.service_account_name = spec.service_account_name.clone();
+    pod.service_account = None;
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels),
+            annotations: meta.annotations.filter(|a| !a.is_empty()),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(pod),
+    }
+}
+
+/// The operator's container: `base` (the template's container of that name: volume
+/// mounts, CPU and memory, more env, …) with image, command, args, the GPUs and the
+/// attempt number from the GpuJob.
+fn main_container(spec: &GpuJobSpec, attempt: i32, base: Container) -> Container {
+    let mut env: Vec<K8sEnvVar> = spec
+        .env
+        .iter()
+        .map(|e| K8sEnvVar {
+            name: e.name.clone(),
+            value: Some(e.value.clone()),
+            value_from: None,
+        })
+        .chain(base.env.into_iter().flatten())
+        .filter(|e| e.name != ENV_ATTEMPT)
+        .collect();
+    env.push(K8sEnvVar {
+        name: ENV_ATTEMPT.to_owned(),
+        value: Some(attempt.to_string()),
+        value_from: None,
+    });
+    let mut resources = base.resources.unwrap_or_default();
+    let mut limits = resources.limits.take().unwrap_or_default();
+    limits.insert(GPU_RESOURCE.to_owned(), Quantity(spec.gpus.to_string()));
+    resources.limits = Some(limits);
+    if let Some(requests) = resources.requests.as_mut() {
+        // Only the GPU count of the spec is requested (validation refuses another).
+        requests.remove(GPU_RESOURCE);
+    }
+    Container {
+        name: CONTAINER_NAME.to_owned(),
+        image: Some(spec.image.clone()),
+        command: (!spec.command.is_empty()).then(|| spec.command.clone()),
+        args: (!spec.args.is_empty()).then(|| spec.args.clone()),
+        env: Some(env),
+        resources: Some(resources),
+        ..base
     }
 }
 
@@ -213,7 +291,8 @@ impl NameOrEmpty for GpuJob {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::api::{EnvVar, GpuJobSpec};
+    use crate::api::EnvVar;
+    use serde_json::json;
 
     pub(crate) fn gpujob(name: &str) -> GpuJob {
         let mut g = GpuJob::new(
@@ -240,6 +319,7 @@ pub(crate) mod tests {
                 update_policy: Default::default(),
                 suspend: false,
                 ttl_seconds_after_finished: None,
+                v2: None,
             },
         );
         g.metadata.namespace = Some("team-a".into());
@@ -346,6 +426,139 @@ pub(crate) mod tests {
         );
         assert_eq!(attempt[0].value.as_deref(), Some("2"));
         assert!(env.iter().any(|e| e.name == "EPOCHS"));
+    }
+
+    fn with_template(template: serde_json::Value, product: Option<&str>) -> GpuJob {
+        let mut g = gpujob("train");
+        g.spec.v2 = Some(crate::api::V2Only {
+            template: Some(template),
+            gpu_product: product.map(str::to_owned),
+            ..Default::default()
+        });
+        g
+    }
+
+    #[test]
+    fn an_empty_template_changes_nothing() {
+        let plain = desired_job(&gpujob("train"), 3);
+        assert_eq!(desired_job(&with_template(json!({}), None), 3), plain);
+        assert_eq!(
+            desired_job(&with_template(json!({"metadata": {}, "spec": {}}), None), 3),
+            plain
+        );
+    }
+
+    #[test]
+    fn the_template_adds_to_the_pod_and_the_operator_keeps_its_part() {
+        let template = json!({
+            "metadata": {
+                "labels": {"team": "ml", LABEL_ATTEMPT: "99"},
+                "annotations": {"prometheus.io/scrape": "true"},
+            },
+            "spec": {
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "ds"}}],
+                "tolerations": [
+                    {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+                    {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+                ],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+                "priorityClassName": "high",
+                "imagePullSecrets": [{"name": "regcred"}],
+                "securityContext": {"runAsNonRoot": true},
+                "nodeSelector": {"pool": "gpu"},
+                "initContainers": [{"name": "fetch", "image": "busybox"}],
+                "containers": [
+                    {"name": "sidecar", "image": "log:1"},
+                    {"name": CONTAINER_NAME,
+                     "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                     "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+                     "resources": {"requests": {"cpu": 4, "memory": "32Gi"}, "limits": {"memory": "64Gi"}}},
+                ],
+            },
+        });
+        let job = desired_job(&with_template(template, Some("NVIDIA-A100-SXM4-80GB")), 2);
+        let pod = job.spec.unwrap().template;
+        let meta = pod.metadata.unwrap();
+        let labels = meta.labels.unwrap();
+        assert_eq!(labels["team"], "ml");
+        assert_eq!(labels[LABEL_ATTEMPT], "2", "the operator's labels win");
+        assert_eq!(labels[LABEL_UID], "uid-1");
+        assert_eq!(meta.annotations.unwrap()["prometheus.io/scrape"], "true");
+        let pod = pod.spec.unwrap();
+        assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(pod.volumes.unwrap()[0].name, "data");
+        assert_eq!(pod.priority_class_name.as_deref(), Some("high"));
+        assert_eq!(pod.image_pull_secrets.unwrap()[0].name, "regcred");
+        assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+        assert!(pod.affinity.is_some());
+        let tolerations = pod.tolerations.unwrap();
+        assert_eq!(
+            tolerations.len(),
+            2,
+            "the GPU toleration once: {tolerations:?}"
+        );
+        assert_eq!(tolerations[0].key.as_deref(), Some(GPU_RESOURCE));
+        assert_eq!(tolerations[1].key.as_deref(), Some("dedicated"));
+        let selector = pod.node_selector.unwrap();
+        assert_eq!(
+            selector,
+            BTreeMap::from([
+                ("gpu".to_owned(), "a100".to_owned()),
+                ("pool".to_owned(), "gpu".to_owned()),
+                (
+                    LABEL_GPU_PRODUCT.to_owned(),
+                    "NVIDIA-A100-SXM4-80GB".to_owned()
+                ),
+            ])
+        );
+        assert_eq!(pod.init_containers.unwrap()[0].name, "fetch");
+        let names: Vec<_> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [CONTAINER_NAME, "sidecar"],
+            "the operator's container first"
+        );
+        let main = &pod.containers[0];
+        assert_eq!(main.image.as_deref(), Some("registry.example/train:1"));
+        assert_eq!(main.volume_mounts.as_ref().unwrap()[0].mount_path, "/data");
+        let resources = main.resources.as_ref().unwrap();
+        assert_eq!(resources.requests.as_ref().unwrap()["cpu"].0, "4");
+        let limits = resources.limits.as_ref().unwrap();
+        assert_eq!(
+            (limits["memory"].0.as_str(), limits[GPU_RESOURCE].0.as_str()),
+            ("64Gi", "2")
+        );
+        let env: Vec<_> = main
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        assert_eq!(env, ["EPOCHS", "TOKEN", ENV_ATTEMPT]);
+    }
+
+    #[test]
+    fn the_gpu_product_selects_nodes_without_a_template() {
+        let mut g = gpujob("train");
+        g.spec.v2 = Some(crate::api::V2Only {
+            gpu_product: Some("NVIDIA-H100".into()),
+            ..Default::default()
+        });
+        let pod = desired_job(&g, 1).spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.node_selector.unwrap()[LABEL_GPU_PRODUCT], "NVIDIA-H100");
+    }
+
+    #[test]
+    fn template_decode_errors_name_the_field_under_spec_template() {
+        let g = with_template(json!({"spec": {"tolerations": [{"key": 1}]}}), None);
+        let e = pod_template(&g.spec).unwrap_err();
+        assert_eq!(e.path, "spec.template.spec.tolerations[0].key");
+        assert!(e.message.contains("invalid type: integer `1`"), "{e}");
+        // Such a spec gets no Job from the plan; built anyway, the template is left out.
+        assert_eq!(desired_job(&g, 1), desired_job(&gpujob("train"), 1));
     }
 
     #[test]

@@ -4,7 +4,12 @@
 
 use std::collections::BTreeSet;
 
-use crate::api::GpuJobSpec;
+use k8s_openapi::api::core::v1::{Container, PodTemplateSpec, ResourceRequirements};
+
+use crate::api::convert::deadline_seconds;
+use crate::api::duration::ceil_seconds;
+use crate::api::{ENV_ATTEMPT, GPU_RESOURCE, GpuJobSpec, LABEL_GPU_PRODUCT, LABEL_PREFIX};
+use crate::controller::job::{CONTAINER_NAME, TEMPLATE_FIELD, pod_template};
 
 /// The service account a GpuJob's pods run as when `serviceAccountName` is not set.
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
@@ -161,6 +166,211 @@ pub fn validate(spec: &GpuJobSpec, limits: &SpecLimits) -> Result<(), FieldError
                 "service account {sa:?} is not allowed; this operator runs GpuJobs only as: {allowed} (--allowed-service-accounts)"
             ),
         );
+    }
+    deadline(spec)?;
+    v2_only(spec)
+}
+
+/// The attempt deadline: v2's `attemptDeadline` when it is what `activeDeadlineSeconds`
+/// was converted from (a stale spelling, left behind by a v1 client that changed the
+/// seconds, is not the deadline and is ignored), else the seconds.
+fn deadline(spec: &GpuJobSpec) -> Result<(), FieldError> {
+    let seconds = spec.active_deadline_seconds;
+    let text = spec
+        .v2
+        .as_ref()
+        .and_then(|v2| v2.attempt_deadline.as_deref())
+        .filter(|t| deadline_seconds(t) == seconds);
+    if let Some(Err(m)) = text.map(ceil_seconds) {
+        return err("spec.attemptDeadline", m);
+    }
+    match (seconds, text) {
+        (Some(s), Some(t)) if s < 1 => err(
+            "spec.attemptDeadline",
+            format!("{t:?} is not more than zero"),
+        ),
+        (Some(s), None) if s < 1 => err(
+            "spec.attemptDeadline",
+            format!("must be more than zero (activeDeadlineSeconds: {s})"),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// What only v2 says (v1 `spec.v2`): the GPU product, the backoff and the pod template,
+/// which may not take over what the operator sets.
+fn v2_only(spec: &GpuJobSpec) -> Result<(), FieldError> {
+    let Some(v2) = &spec.v2 else { return Ok(()) };
+    let product = v2.gpu_product.as_deref();
+    if let Some(p) = product {
+        if p.is_empty() {
+            return err(
+                "spec.resources.product",
+                "is empty; leave it out for any GPU",
+            );
+        }
+        label_value(p).or_else(|m| err("spec.resources.product", format!("{p:?} {m}")))?;
+        if let Some(other) = spec.node_selector.get(LABEL_GPU_PRODUCT)
+            && other != p
+        {
+            return err(
+                format!("spec.nodeSelector[{LABEL_GPU_PRODUCT:?}]"),
+                format!("{other:?} disagrees with spec.resources.product {p:?}"),
+            );
+        }
+    }
+    if let Some(b) = v2.backoff_seconds
+        && b < 1
+    {
+        return err(
+            "spec.retryPolicy.backoffSeconds",
+            format!("{b} is less than 1 second"),
+        );
+    }
+    let template = match pod_template(spec) {
+        Ok(Some(t)) => t,
+        Ok(None) => return Ok(()),
+        Err(e) => return err(e.path, format!("not a pod template: {}", e.message)),
+    };
+    template_owned_fields(spec, &template, product)
+}
+
+/// The operator's part of the pod, which a template may not set.
+fn template_owned_fields(
+    spec: &GpuJobSpec,
+    template: &PodTemplateSpec,
+    product: Option<&str>,
+) -> Result<(), FieldError> {
+    let at = |path: &str| format!("{TEMPLATE_FIELD}.{path}");
+    let labels = template.metadata.as_ref().and_then(|m| m.labels.as_ref());
+    if let Some(k) = labels
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| k)
+        .find(|k| k.starts_with(LABEL_PREFIX))
+    {
+        return err(
+            at(&format!("metadata.labels[{k:?}]")),
+            format!("labels under {LABEL_PREFIX} are the operator's"),
+        );
+    }
+    let Some(pod) = &template.spec else {
+        return Ok(());
+    };
+    if let Some(policy) = pod.restart_policy.as_deref().filter(|p| *p != "Never") {
+        return err(
+            at("spec.restartPolicy"),
+            format!("{policy:?}: the operator sets Never (retries are attempts)"),
+        );
+    }
+    if pod.service_account_name.is_some() || pod.service_account.is_some() {
+        let field = if pod.service_account_name.is_some() {
+            "spec.serviceAccountName"
+        } else {
+            "spec.serviceAccount"
+        };
+        return err(
+            at(field),
+            "the operator sets it from spec.serviceAccountName (checked against --allowed-service-accounts)",
+        );
+    }
+    for (k, v) in pod.node_selector.iter().flatten() {
+        let field = at(&format!("spec.nodeSelector[{k:?}]"));
+        if k == LABEL_GPU_PRODUCT
+            && let Some(p) = product
+            && v != p
+        {
+            return err(
+                field,
+                format!("{v:?} disagrees with spec.resources.product {p:?}"),
+            );
+        }
+        if let Some(other) = spec.node_selector.get(k)
+            && other != v
+        {
+            return err(
+                field,
+                format!("{v:?} disagrees with spec.nodeSelector ({other:?})"),
+            );
+        }
+    }
+    let lists = [
+        (
+            "containers",
+            pod.containers
+                .iter()
+                .map(|c| c.resources.as_ref())
+                .collect::<Vec<Option<&ResourceRequirements>>>(),
+        ),
+        (
+            "initContainers",
+            pod.init_containers
+                .iter()
+                .flatten()
+                .map(|c| c.resources.as_ref())
+                .collect(),
+        ),
+        (
+            "ephemeralContainers",
+            pod.ephemeral_containers
+                .iter()
+                .flatten()
+                .map(|c| c.resources.as_ref())
+                .collect(),
+        ),
+    ];
+    for (list, containers) in &lists {
+        for (i, r) in containers.iter().enumerate() {
+            let Some(r) = r else { continue };
+            for (kind, map) in [("requests", &r.requests), ("limits", &r.limits)] {
+                if map.as_ref().is_some_and(|m| m.contains_key(GPU_RESOURCE)) {
+                    return err(
+                        at(&format!(
+                            "spec.{list}[{i}].resources.{kind}[{GPU_RESOURCE:?}]"
+                        )),
+                        "GPUs are requested by spec.resources.gpus",
+                    );
+                }
+            }
+        }
+    }
+    if let Some((i, main)) = pod
+        .containers
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c.name == CONTAINER_NAME)
+    {
+        main_container(spec, &at(&format!("spec.containers[{i}]")), main)?;
+    }
+    Ok(())
+}
+
+/// The template's entry for the operator's container adds to it, but its image, command,
+/// args and attempt number are the operator's.
+fn main_container(spec: &GpuJobSpec, field: &str, c: &Container) -> Result<(), FieldError> {
+    for (name, set, from) in [
+        ("image", c.image.is_some(), "spec.image"),
+        ("command", c.command.is_some(), "spec.command"),
+        ("args", c.args.is_some(), "spec.args"),
+    ] {
+        if set {
+            return err(
+                format!("{field}.{name}"),
+                format!("the operator sets the {CONTAINER_NAME} container's {name} from {from}"),
+            );
+        }
+    }
+    for (j, e) in c.env.iter().flatten().enumerate() {
+        let at = format!("{field}.env[{j}].name");
+        if e.name == ENV_ATTEMPT {
+            return err(
+                at,
+                format!("{ENV_ATTEMPT} is the operator's: the attempt number"),
+            );
+        }
+        if spec.env.iter().any(|s| s.name == e.name) {
+            return err(at, format!("{:?} is set in spec.env already", e.name));
+        }
     }
     Ok(())
 }
@@ -504,6 +714,223 @@ mod tests {
             validate(&s, &limits(8)).unwrap_err().field,
             "spec.serviceAccountName"
         );
+    }
+
+    fn v2_spec(v2: serde_json::Value) -> GpuJobSpec {
+        let mut s = spec();
+        s.v2 = Some(serde_json::from_value(v2).unwrap());
+        s
+    }
+
+    fn field_error(s: &GpuJobSpec) -> FieldError {
+        validate(s, &limits(8)).unwrap_err()
+    }
+
+    fn template_error(template: serde_json::Value) -> FieldError {
+        let mut s = v2_spec(serde_json::json!({"template": template}));
+        s.env = vec![EnvVar {
+            name: "EPOCHS".into(),
+            value: "3".into(),
+        }];
+        field_error(&s)
+    }
+
+    #[test]
+    fn a_good_template_and_v2_values_pass() {
+        let mut s = v2_spec(serde_json::json!({
+            "gpuProduct": "NVIDIA-A100-SXM4-80GB",
+            "backoffSeconds": 30,
+            "attemptDeadline": "90m",
+            "template": {
+                "metadata": {"labels": {"team": "ml"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+                    "volumes": [{"name": "data", "emptyDir": {}}],
+                    "containers": [{"name": "main", "volumeMounts": [{"name": "data", "mountPath": "/d"}],
+                                    "resources": {"requests": {"cpu": "4"}}, "env": [{"name": "X", "value": "1"}]},
+                                   {"name": "side", "image": "s", "command": ["run"]}],
+                },
+            },
+        }));
+        s.active_deadline_seconds = Some(5400);
+        assert_eq!(validate(&s, &limits(8)), Ok(()));
+    }
+
+    #[test]
+    fn the_template_may_not_set_what_the_operator_owns() {
+        use serde_json::json;
+        for (template, field, words) in [
+            (
+                json!({"spec": {"restartPolicy": "OnFailure"}}),
+                "spec.template.spec.restartPolicy",
+                "the operator sets Never",
+            ),
+            (
+                json!({"spec": {"containers": [{"name": "side", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}),
+                "spec.template.spec.containers[0].resources.limits[\"nvidia.com/gpu\"]",
+                "spec.resources.gpus",
+            ),
+            (
+                json!({"spec": {"initContainers": [{"name": "i", "resources": {"requests": {"nvidia.com/gpu": 1}}}]}}),
+                "spec.template.spec.initContainers[0].resources.requests[\"nvidia.com/gpu\"]",
+                "spec.resources.gpus",
+            ),
+            (
+                json!({"spec": {"containers": [{"name": "side"}, {"name": "main", "image": "other"}]}}),
+                "spec.template.spec.containers[1].image",
+                "from spec.image",
+            ),
+            (
+                json!({"spec": {"containers": [{"name": "main", "command": ["sh"]}]}}),
+                "spec.template.spec.containers[0].command",
+                "from spec.command",
+            ),
+            (
+                json!({"spec": {"containers": [{"name": "main", "args": ["-x"]}]}}),
+                "spec.template.spec.containers[0].args",
+                "from spec.args",
+            ),
+            (
+                json!({"spec": {"containers": [{"name": "main", "env": [{"name": "A"}, {"name": "GPUJOB_ATTEMPT", "value": "1"}]}]}}),
+                "spec.template.spec.containers[0].env[1].name",
+                "the attempt number",
+            ),
+            (
+                json!({"spec": {"containers": [{"name": "main", "env": [{"name": "EPOCHS", "value": "9"}]}]}}),
+                "spec.template.spec.containers[0].env[0].name",
+                "set in spec.env",
+            ),
+            (
+                json!({"metadata": {"labels": {"gpujob.dev/attempt": "7"}}}),
+                "spec.template.metadata.labels[\"gpujob.dev/attempt\"]",
+                "are the operator's",
+            ),
+            (
+                json!({"spec": {"serviceAccountName": "admin"}}),
+                "spec.template.spec.serviceAccountName",
+                "--allowed-service-accounts",
+            ),
+            (
+                json!({"spec": {"serviceAccount": "admin"}}),
+                "spec.template.spec.serviceAccount",
+                "--allowed-service-accounts",
+            ),
+            (
+                json!({"spec": {"nodeSelector": {"zone": "b"}}}),
+                "spec.template.spec.nodeSelector[\"zone\"]",
+                "disagrees with spec.nodeSelector",
+            ),
+            (
+                json!({"spec": {"containers": [{"name": "main", "resources": {"limits": {"memory": ["64Gi"]}}}]}}),
+                "spec.template.spec.containers[0].resources.limits.memory",
+                "not a pod template: invalid type: sequence",
+            ),
+            (
+                json!({"spec": {"volumes": "data"}}),
+                "spec.template.spec.volumes",
+                "not a pod template",
+            ),
+        ] {
+            let mut s = v2_spec(json!({"template": template.clone()}));
+            s.env = vec![EnvVar {
+                name: "EPOCHS".into(),
+                value: "3".into(),
+            }];
+            s.node_selector.insert("zone".into(), "a".into());
+            let e = field_error(&s);
+            assert_eq!(e.field, field, "{template}: {e}");
+            assert!(e.message.contains(words), "{template}: {e}");
+        }
+        // The operator's own restartPolicy may be said.
+        let e = validate(
+            &v2_spec(json!({"template": {"spec": {"restartPolicy": "Never"}}})),
+            &limits(8),
+        );
+        assert_eq!(e, Ok(()));
+        // The message names the field as the Ready condition will show it.
+        let e = template_error(json!({"spec": {"restartPolicy": "Always"}}));
+        assert_eq!(
+            e.to_string(),
+            "spec.template.spec.restartPolicy: \"Always\": the operator sets Never (retries are attempts)"
+        );
+    }
+
+    #[test]
+    fn the_gpu_product_must_agree_with_node_selectors() {
+        use serde_json::json;
+        let product = "NVIDIA-A100-SXM4-80GB";
+        let e = field_error(&v2_spec(json!({"gpuProduct": product,
+            "template": {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100"}}}})));
+        assert_eq!(
+            e.field,
+            "spec.template.spec.nodeSelector[\"nvidia.com/gpu.product\"]"
+        );
+        assert!(
+            e.message.contains("disagrees with spec.resources.product"),
+            "{e}"
+        );
+        let mut s = v2_spec(json!({"gpuProduct": product}));
+        s.node_selector
+            .insert(LABEL_GPU_PRODUCT.into(), "NVIDIA-H100".into());
+        assert_eq!(
+            field_error(&s).field,
+            "spec.nodeSelector[\"nvidia.com/gpu.product\"]"
+        );
+        s.node_selector
+            .insert(LABEL_GPU_PRODUCT.into(), product.into());
+        assert_eq!(validate(&s, &limits(8)), Ok(()));
+        let e = field_error(&v2_spec(json!({"gpuProduct": "A100 80GB"})));
+        assert_eq!(e.field, "spec.resources.product");
+        assert!(e.message.contains("not a valid label value"), "{e}");
+        let e = field_error(&v2_spec(json!({"gpuProduct": ""})));
+        assert_eq!(e.field, "spec.resources.product");
+    }
+
+    #[test]
+    fn backoff_seconds_are_at_least_one() {
+        let e = field_error(&v2_spec(serde_json::json!({"backoffSeconds": 0})));
+        assert_eq!(e.field, "spec.retryPolicy.backoffSeconds");
+        assert_eq!(
+            validate(
+                &v2_spec(serde_json::json!({"backoffSeconds": 1})),
+                &limits(8)
+            ),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_attempt_deadline_must_parse_and_be_more_than_zero() {
+        use serde_json::json;
+        // As to_v1 stores v2 values: the seconds, and the spelling when not canonical.
+        let stored = |text: &str| {
+            crate::api::convert::to_v1(&crate::api::v2::GpuJob::new(
+                "t",
+                serde_json::from_value(json!({"image": "busybox", "resources": {"gpus": 1},
+                "attemptDeadline": text}))
+                .unwrap(),
+            ))
+            .spec
+        };
+        for text in ["90m", "1h30m", "2.5s", "500ms"] {
+            assert_eq!(validate(&stored(text), &limits(8)), Ok(()), "{text}");
+        }
+        for (text, words) in [
+            ("soon", "not a duration"),
+            ("0.0s", "\"0.0s\" is not more than zero"),
+            ("0s", "must be more than zero"),
+            ("-5s", "must be more than zero"),
+            ("99999999999999999999999h", "too"),
+        ] {
+            let e = field_error(&stored(text));
+            assert_eq!(e.field, "spec.attemptDeadline", "{text}");
+            assert!(e.message.contains(words), "{text}: {e}");
+        }
+        // A stale spelling (a v1 client changed the seconds since) is not the deadline.
+        let mut s = stored("soon");
+        s.active_deadline_seconds = Some(100);
+        assert_eq!(validate(&s, &limits(8)), Ok(()));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use super::{
     Action, INVALID_SPEC, JOB_NAME_CONFLICT, Next, PlanSettings, Planner, SPEC_CHANGE_PENDING,
     Termination,
 };
-use crate::api::{ConditionStatus, FailureRecord, Phase, UpdatePolicy};
+use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::controller::job::{desired_job, generation_of, job_name};
 use crate::controller::status::{READY, SUSPENDED, remove_condition, seconds};
 
@@ -59,10 +59,29 @@ pub fn job_state(job: &Job) -> JobState {
     JobState::Active
 }
 
-/// Backoff before the attempt that follows failure number `failures` (from 1).
+/// Backoff before the attempt that follows failure number `failures` (from 1), at the
+/// operator's base.
 pub fn backoff(settings: &PlanSettings, failures: i32) -> Duration {
+    exponential_from(settings.backoff_base, settings, failures)
+}
+
+/// Backoff of this GpuJob: from its own base (v2 `retryPolicy.backoffSeconds`, kept in
+/// v1 as `spec.v2.backoffSeconds`) when it sets one, else the operator's; doubling per
+/// failure and capped by the operator's longest backoff either way.
+pub fn backoff_for(settings: &PlanSettings, spec: &GpuJobSpec, failures: i32) -> Duration {
+    let own = spec
+        .v2
+        .as_ref()
+        .and_then(|v2| v2.backoff_seconds)
+        .and_then(|s| u64::try_from(s).ok())
+        .filter(|s| *s >= 1)
+        .map(Duration::from_secs);
+    exponential_from(own.unwrap_or(settings.backoff_base), settings, failures)
+}
+
+fn exponential_from(base: Duration, settings: &PlanSettings, failures: i32) -> Duration {
     crate::backoff::exponential(
-        settings.backoff_base,
+        base,
         settings.backoff_max,
         u32::try_from(failures).unwrap_or(0),
     )
@@ -378,7 +397,7 @@ impl Planner<'_, '_> {
             self.ready(ConditionStatus::False, "RetriesExhausted", message);
             return k;
         }
-        let wait = backoff(self.settings, failures);
+        let wait = backoff_for(self.settings, &self.gj.spec, failures);
         let at = failure
             .time
             .saturating_add(SignedDuration::try_from(wait).unwrap_or(SignedDuration::MAX))

@@ -27,7 +27,7 @@ use super::validate::{SpecLimits, validate};
 use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::quota::ReserveRequest;
 
-pub use attempts::{JobState, backoff, job_state};
+pub use attempts::{JobState, backoff, backoff_for, job_state};
 
 /// Condition reason for a spec the operator cannot run; it waits for a spec change.
 pub const INVALID_SPEC: &str = "InvalidSpec";

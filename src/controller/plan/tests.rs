@@ -26,6 +26,7 @@ fn gpujob(max_retries: i32) -> GpuJob {
             update_policy: Default::default(),
             suspend: false,
             ttl_seconds_after_finished: None,
+            v2: None,
         },
     );
     g.metadata.namespace = Some("ns".into());
@@ -1140,5 +1141,170 @@ mod lifecycle {
             look(&done, None).actions.as_slice(),
             [Action::DeleteGpuJob { .. }]
         ));
+    }
+}
+
+mod v2_values {
+    //! What only v2 says (v1 `spec.v2`) reaches the plan: its own backoff, a template
+    //! that is refused or applied, and a template edit as a spec change.
+
+    use super::*;
+    use crate::api::{UpdatePolicy, V2Only};
+    use serde_json::json;
+
+    fn with_v2(mut g: GpuJob, v2: V2Only) -> GpuJob {
+        g.spec.v2 = Some(v2);
+        g
+    }
+
+    fn template(volume: &str) -> V2Only {
+        V2Only {
+            template: Some(json!({"spec": {"volumes": [{"name": volume, "emptyDir": {}}]}})),
+            ..V2Only::default()
+        }
+    }
+
+    fn created(p: &Plan) -> &Job {
+        p.actions
+            .iter()
+            .find_map(|a| match a {
+                Action::CreateJob { job, .. } => Some(job.as_ref()),
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn a_gpujob_backs_off_from_its_own_base_capped_by_the_operator() {
+        let own = |secs| {
+            with_v2(
+                gpujob(3),
+                V2Only {
+                    backoff_seconds: Some(secs),
+                    ..V2Only::default()
+                },
+            )
+        };
+        let s = settings();
+        let steps: Vec<u64> = (1..=4)
+            .map(|f| backoff_for(&s, &own(25).spec, f).as_secs())
+            .collect();
+        assert_eq!(
+            steps,
+            vec![25, 50, 60, 60],
+            "doubling, capped at the operator's 60 s"
+        );
+        assert_eq!(backoff_for(&s, &own(600).spec, 1), Duration::from_secs(60));
+        assert_eq!(
+            backoff_for(&s, &gpujob(3).spec, 2),
+            backoff(&s, 2),
+            "without its own base: the operator's"
+        );
+
+        let g = own(25);
+        let g = with_status(g.clone(), &run(&g, &[], None, T0));
+        let jobs = [job(
+            &g,
+            1,
+            Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:00:30Z")),
+        )];
+        let p = run(&g, &jobs, exit(1, 1), "2026-11-30T06:00:31Z");
+        assert_eq!(
+            p.status.next_attempt_time,
+            Some(t("2026-11-30T06:00:55Z")),
+            "25 s after the Job failed"
+        );
+        let g = with_status(g, &p);
+        assert!(creates(&run(&g, &jobs, None, "2026-11-30T06:00:54Z")).is_empty());
+        assert_eq!(
+            creates(&run(&g, &jobs, None, "2026-11-30T06:00:55Z")),
+            vec![2]
+        );
+    }
+
+    #[test]
+    fn a_template_the_operator_refuses_starts_nothing_and_says_why() {
+        let g = with_v2(
+            gpujob(3),
+            V2Only {
+                template: Some(json!({"spec": {"restartPolicy": "OnFailure"}})),
+                ..V2Only::default()
+            },
+        );
+        let p = run(&g, &[], None, T0);
+        assert!(creates(&p).is_empty());
+        assert_eq!(ready(&p), (ConditionStatus::False, INVALID_SPEC.into()));
+        assert_eq!(p.next, Next::Done, "waits for a spec change");
+        assert_eq!(
+            p.status.last_error.as_deref(),
+            Some(
+                "invalid spec: spec.template.spec.restartPolicy: \"OnFailure\": the operator sets Never (retries are attempts)"
+            )
+        );
+
+        let mut fixed = with_v2(with_status(g, &p), template("data"));
+        fixed.metadata.generation = Some(2);
+        let p = run(&fixed, &[], None, T0);
+        assert_eq!(creates(&p), vec![1]);
+        let pod = created(&p)
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        assert_eq!(pod.volumes.as_ref().unwrap()[0].name, "data");
+    }
+
+    #[test]
+    fn a_template_edit_is_a_spec_change_under_the_update_policy() {
+        let g = with_v2(gpujob(3), template("data"));
+        let first = run(&g, &[], None, T0);
+        let jobs = [job(&g, 1, None)];
+        let g = with_status(g, &first);
+
+        // The API server bumps the generation for the edit: it is in spec.
+        let mut edited = with_v2(g.clone(), template("scratch"));
+        edited.metadata.generation = Some(2);
+        let p = run(&edited, &jobs, None, "2026-11-30T06:01:00Z");
+        assert!(
+            p.actions.iter().any(|a| matches!(
+                a,
+                Action::DeleteJob {
+                    foreground: true,
+                    ..
+                }
+            )),
+            "Recreate replaces the running attempt: {:?}",
+            p.actions
+        );
+        assert_eq!(p.status.replacing_attempt, Some(1));
+        // Its replacement runs on the new template.
+        let g2 = with_status(edited.clone(), &p);
+        let p = run(&g2, &[], None, "2026-11-30T06:01:10Z");
+        assert_eq!(creates(&p), vec![2]);
+        let pod = created(&p)
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        assert_eq!(pod.volumes.as_ref().unwrap()[0].name, "scratch");
+
+        let mut later = edited;
+        later.spec.update_policy = UpdatePolicy::OnNextAttempt;
+        let p = run(&later, &jobs, None, "2026-11-30T06:01:00Z");
+        assert!(
+            p.actions
+                .iter()
+                .all(|a| !matches!(a, Action::DeleteJob { .. }))
+        );
+        assert_eq!(
+            p.status.condition(SPEC_CHANGE_PENDING).unwrap().reason,
+            "OnNextAttempt"
+        );
     }
 }
