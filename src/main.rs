@@ -16,9 +16,11 @@ use tracing::info;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Crd => api::crd_yaml()
-            .map(|yaml| print!("{yaml}"))
-            .context("generating the CRD"),
+        Command::Crd(args) => args
+            .options()
+            .map_err(anyhow::Error::msg)
+            .and_then(|options| api::crd_yaml_with(&options).context("generating the CRD"))
+            .map(|yaml| print!("{yaml}")),
         Command::Run(args) => run(*args),
     };
     match result {
