@@ -291,7 +291,7 @@ impl RunArgs {
     }
 
     /// Where the HTTP servers listen and how, checked; with --metrics-secure this makes
-    /// or reads the certificate.
+    /// or reads the certificate. The conversion webhook is [`RunArgs::conversion`].
     pub fn listen(&self) -> Result<Listen, String> {
         if self.metrics_cert_dir.is_some() && !self.metrics_secure {
             return Err(
@@ -322,13 +322,6 @@ impl RunArgs {
                 }
             }
         }
-        let conversion = match &self.conversion_cert_dir {
-            Some(dir) => Some(Webhook {
-                address: self.conversion_address,
-                tls: crate::server::tls::webhook_config(dir)?,
-            }),
-            None => None,
-        };
         let tls = if self.metrics_secure {
             Some(crate::server::tls::server_config(
                 self.metrics_cert_dir.as_deref(),
@@ -340,8 +333,20 @@ impl RunArgs {
             metrics: self.listen_address,
             probes: self.probe_address,
             tls,
-            conversion,
+            conversion: None,
         })
+    }
+
+    /// The conversion webhook, when --conversion-cert-dir is given: reads the
+    /// certificate now, so a missing or broken one stops the start with the reason.
+    pub fn conversion(&self) -> Result<Option<Webhook>, String> {
+        match &self.conversion_cert_dir {
+            Some(dir) => Ok(Some(Webhook {
+                address: self.conversion_address,
+                tls: crate::server::tls::webhook_config(dir)?,
+            })),
+            None => Ok(None),
+        }
     }
 
     pub fn lease_namespace(&self) -> String {
@@ -579,10 +584,12 @@ mod tests {
 
     #[test]
     fn the_conversion_webhook_runs_only_with_its_certificate() {
-        let l = run_args(&[]).listen().unwrap();
-        assert!(l.conversion.is_none(), "off without --conversion-cert-dir");
+        assert!(
+            run_args(&[]).conversion().unwrap().is_none(),
+            "off without --conversion-cert-dir"
+        );
         let err = run_args(&["--conversion-cert-dir", "/nonexistent/certs"])
-            .listen()
+            .conversion()
             .unwrap_err();
         assert!(
             err.contains("--conversion-cert-dir /nonexistent/certs"),

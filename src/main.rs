@@ -38,7 +38,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let timing = args.timing().map_err(anyhow::Error::msg)?;
     let limits = args.limits().map_err(anyhow::Error::msg)?;
     let event_limits = args.event_limits().map_err(anyhow::Error::msg)?;
-    let listen = args.listen().map_err(anyhow::Error::msg)?;
+    let mut listen = args.listen().map_err(anyhow::Error::msg)?;
+    listen.conversion = args.conversion().map_err(anyhow::Error::msg)?;
     let identity = args.identity();
     client::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
