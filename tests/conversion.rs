@@ -388,6 +388,87 @@ async fn one_gpujob_read_as_v1_or_v2_with_each_versions_defaults() {
 
     assert!(s.conversions(1, "success").await > 0.0);
     assert_eq!(s.conversions(1, "failed").await, 0.0);
+
+    // Last, as it replaces the CRD's caBundle: scripts/webhook-cert.sh (clusters without
+    // cert-manager) writes the Secret and puts its CA into the CRD, and the API server
+    // then trusts that CA only: the test's own certificate no longer passes.
+    script_makes_the_secret_and_the_ca_bundle(&s).await;
+}
+
+async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let keep = s.cert_dir.join("script");
+    let mut cmd = s.env.cluster.command(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/webhook-cert.sh"),
+        Identity::Admin,
+    );
+    cmd.env("NAMESPACE", &s.env.ns).env("KEEP_DIR", &keep);
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "webhook-cert.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secret = Api::<Secret>::namespaced(s.env.admin.clone(), &s.env.ns)
+        .get("gpujob-operator-webhook-tls")
+        .await
+        .unwrap();
+    assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+    let data = secret.data.unwrap();
+    assert_eq!(
+        data["tls.crt"].0,
+        std::fs::read(keep.join("tls.crt")).unwrap()
+    );
+    assert_eq!(
+        data["tls.key"].0,
+        std::fs::read(keep.join("tls.key")).unwrap()
+    );
+    let crd = Api::<CustomResourceDefinition>::all(s.env.admin.clone())
+        .get("gpujobs.gpujob.dev")
+        .await
+        .unwrap();
+    let bundle = crd
+        .spec
+        .conversion
+        .unwrap()
+        .webhook
+        .unwrap()
+        .client_config
+        .unwrap()
+        .ca_bundle;
+    assert_eq!(
+        bundle.unwrap().0,
+        std::fs::read(keep.join("ca.crt")).unwrap(),
+        "the caBundle is the script's CA"
+    );
+    let text = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in"])
+        .arg(keep.join("tls.crt"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("DNS:gpujob-operator-webhook.{}.svc", s.env.ns)),
+        "for the Service's name: {text}"
+    );
+    let api = s.raw("v2");
+    wait::until(
+        "the API server to refuse the certificate the new caBundle did not sign",
+        WAIT,
+        Duration::from_millis(100),
+        || {
+            let api = api.clone();
+            async move {
+                let err = api.get("from-v1").await.err()?.to_string();
+                err.contains("x509").then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
