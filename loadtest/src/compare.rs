@@ -612,13 +612,18 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
         r,
         "# Load test: the operator against a stock controller and the floor\n\n\
          {} GpuJobs over {} namespaces, created {} at a time; each controller alone, one \
-         after the other on one private control plane (kube-apiserver 1.20, this machine's {} \
+         after the other, {} (kube-apiserver 1.20, this machine's {} \
          cores shared by everything). Converged: `observedGeneration` current and the first \
          attempt's Job created. The operator: {} replica(s), {flags}; the stock controller \
          is built the same way.\n",
         plan.gpujobs,
         plan.namespaces.len(),
         plan.concurrency,
+        if plan.same_control_plane {
+            "on one private control plane, cleaned up in between"
+        } else {
+            "each on a fresh private control plane"
+        },
         std::thread::available_parallelism().map_or(1, usize::from),
         plan.replicas,
     );
