@@ -1,13 +1,13 @@
-//! `--compare`: the same N GpuJobs, one phase after the other on one control plane, each
-//! controller alone:
+//! `--compare`: the same N GpuJobs, one phase after the other, each controller alone on a
+//! fresh control plane of its own (or, `--same-control-plane`, all on one):
 //!   (a) the floor: no controller; this process does the operator's minimal writes (the
 //!       first attempt's Job create and one status patch per GpuJob) at the same
 //!       concurrency, once every GpuJob is created;
 //!   (b) the reference controller: stock kube-runtime (`gpujob-reference-controller`);
 //!   (c) the operator, `--replicas` of it.
 //! Converged: `status.observedGeneration` is the GpuJob's generation and an attempt has
-//! started (all three create the Job before they write that status). Between phases
-//! everything is deleted and the API server is let go quiet. During the operator's phase its
+//! started (all three create the Job before they write that status). On one control
+//! plane, everything is deleted between phases and the API server is let go quiet. During the operator's phase its
 //! replicas are sampled every second (RSS, work-queue depth) for the plots (`plots.rs`).
 
 use std::collections::HashMap;
@@ -30,6 +30,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use crate::cluster;
 use crate::plots::{self, Line};
 use crate::replicas::{Replicas, Trace};
 use crate::takeover::{self, Takeover};
@@ -54,6 +55,13 @@ pub struct Plan<'a> {
     pub phases: Vec<Contender>,
     /// After the operator's phase: kill its working replica and measure the takeover.
     pub takeover: bool,
+    /// Run every phase on the first control plane (cleaning up and letting it go quiet
+    /// in between) rather than each on a fresh one. A control plane that has just
+    /// deleted N GpuJobs, Jobs and pods is slower for whoever comes next: the stock
+    /// controller took 144 s run second and 67 s run first.
+    pub same_control_plane: bool,
+    /// The repository's `deploy/` folder, to set up fresh control planes.
+    pub deploy: &'a Path,
 }
 
 /// `floor`, `reference`, `operator` as phases.
@@ -131,20 +139,23 @@ pub struct Plot {
     pub note: String,
 }
 
-/// Runs the three phases and returns their figures.
-pub async fn run(
-    cluster: &ControlPlane,
-    admin: &Client,
-    plan: &Plan<'_>,
-) -> anyhow::Result<Vec<Figures>> {
+/// Runs the phases and returns their figures; `first` is the control plane the first
+/// phase runs on, set up by [`cluster::start`] (as are the fresh ones), and shut down here.
+pub async fn run(first: (ControlPlane, Client), plan: &Plan<'_>) -> anyhow::Result<Vec<Figures>> {
+    let (mut cluster, mut admin) = first;
     let mut out = Vec::new();
     for &who in &plan.phases {
         if !out.is_empty() {
-            clean_up(admin, plan).await?;
-            quiesce(admin, plan.deadline).await?;
+            if plan.same_control_plane {
+                clean_up(&admin, plan).await?;
+                quiesce(&admin, plan.deadline).await?;
+            } else {
+                cluster.shutdown();
+                (cluster, admin) = cluster::start(plan.deploy, plan.namespaces).await?;
+            }
         }
         eprintln!("phase: {}", who.name());
-        let figures = phase(cluster, admin, plan, who).await?;
+        let figures = phase(&cluster, &admin, plan, who).await?;
         eprintln!(
             "  converged {} GpuJobs in {:.1}s; {:.2} writes per GpuJob",
             plan.gpujobs,
@@ -153,6 +164,7 @@ pub async fn run(
         );
         out.push(figures);
     }
+    cluster.shutdown();
     Ok(out)
 }
 
@@ -600,13 +612,18 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
         r,
         "# Load test: the operator against a stock controller and the floor\n\n\
          {} GpuJobs over {} namespaces, created {} at a time; each controller alone, one \
-         after the other on one private control plane (kube-apiserver 1.20, this machine's {} \
+         after the other, {} (kube-apiserver 1.20, this machine's {} \
          cores shared by everything). Converged: `observedGeneration` current and the first \
          attempt's Job created. The operator: {} replica(s), {flags}; the stock controller \
          is built the same way.\n",
         plan.gpujobs,
         plan.namespaces.len(),
         plan.concurrency,
+        if plan.same_control_plane {
+            "on one private control plane, cleaned up in between"
+        } else {
+            "each on a fresh private control plane"
+        },
         std::thread::available_parallelism().map_or(1, usize::from),
         plan.replicas,
     );

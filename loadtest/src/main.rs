@@ -8,6 +8,7 @@
 //! It stops by itself: every wait has a deadline, and the control plane and the
 //! replicas end with it, also on error.
 
+mod cluster;
 mod compare;
 mod measure;
 mod plots;
@@ -21,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use devcluster::{ControlPlane, Identity, Options};
 use futures::StreamExt;
 use gpujob_operator::api::{GpuJob, Phase};
 use kube::api::{Api, PostParams};
@@ -85,6 +85,11 @@ struct Args {
     /// GpuJob, its writes, its memory).
     #[arg(long, requires = "compare")]
     takeover: bool,
+    /// With --compare: run every phase on one control plane, cleaning up in between,
+    /// instead of each on a fresh one (the phases after the first then run on a control
+    /// plane that has just deleted N GpuJobs, Jobs and pods, and are slower for it).
+    #[arg(long, requires = "compare")]
+    same_control_plane: bool,
     /// With --compare: which of floor, reference, operator to run (comma-separated).
     #[arg(long, value_delimiter = ',', default_values = ["floor", "reference", "operator"])]
     phases: Vec<String>,
@@ -132,27 +137,12 @@ fn main() -> anyhow::Result<()> {
 async fn run(args: Args) -> anyhow::Result<()> {
     gpujob_operator::client::install_crypto_provider();
     let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
-    eprintln!("starting a private control plane");
-    let cluster = ControlPlane::start(Options {
-        crds: vec![args.deploy.join("crd/crd.yaml")],
-        ..Options::default()
-    })
-    .await
-    .context("starting the control plane")?;
-    kubectl_apply(&cluster, &args.deploy)?;
-    let admin = cluster.client(Identity::Admin).await?;
     let namespaces: Vec<String> = (0..args.namespaces)
         .map(|i| format!("{NAMESPACE_PREFIX}-{i}"))
         .collect();
-    let namespace_api = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone());
     let trickle_ns = (args.trickle > 0).then(|| trickle::NAMESPACE.to_owned());
-    for name in namespaces.iter().chain(&trickle_ns) {
-        let ns = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-        namespace_api
-            .create(&PostParams::default(), &ns)
-            .await
-            .with_context(|| format!("creating the namespace {name}"))?;
-    }
+    let all_namespaces: Vec<String> = namespaces.iter().chain(&trickle_ns).cloned().collect();
+    let (cluster, admin) = cluster::start(&args.deploy, &all_namespaces).await?;
 
     let spec = json!({
         "image": "registry.example/train:1",
@@ -186,8 +176,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             deadline,
             phases: compare::contenders(&args.phases)?,
             takeover: args.takeover,
+            same_control_plane: args.same_control_plane,
+            deploy: &args.deploy,
         };
-        let figures = compare::run(&cluster, &admin, &plan).await?;
+        let figures = compare::run((cluster, admin), &plan).await?;
         let flags = format!(
             "{} build, {}",
             args.profile,
@@ -207,7 +199,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
             std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
             eprintln!("report written to {}", path.display());
         }
-        cluster.shutdown();
         return Ok(());
     }
 
@@ -452,24 +443,4 @@ fn operator_env() -> Vec<(String, String)> {
         .collect();
     env.sort();
     env
-}
-
-fn kubectl_apply(cluster: &ControlPlane, deploy: &std::path::Path) -> anyhow::Result<()> {
-    let out = cluster
-        .command("kubectl", Identity::Admin)
-        .arg("apply")
-        .arg("-f")
-        .arg(deploy.join("operator/namespace.yaml"))
-        .arg("-f")
-        .arg(deploy.join("operator/rbac.yaml"))
-        .output()
-        .context("running kubectl apply")?;
-    if !out.status.success() {
-        bail!(
-            "kubectl apply of {}/operator/namespace.yaml and rbac.yaml failed: {}",
-            deploy.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
 }

@@ -39,8 +39,8 @@ pub type FirstSeen = HashMap<String, (i64, Timestamp)>;
 
 /// `threshold`: how long a GpuJob may stay Pending without a running attempt (and
 /// without a deliberate reason) before it counts as unconverged.
-pub fn snapshot<'a>(
-    gpujobs: impl IntoIterator<Item = &'a GpuJob>,
+pub fn snapshot<G: std::borrow::Borrow<GpuJob>>(
+    gpujobs: impl IntoIterator<Item = G>,
     now: Timestamp,
     threshold: Duration,
     first_seen: &mut FirstSeen,
@@ -52,6 +52,7 @@ pub fn snapshot<'a>(
     };
     let mut seen_now = FirstSeen::new();
     for gj in gpujobs {
+        let gj = gj.borrow();
         let stuck = gj.status.as_ref().and_then(|s| s.condition(CLEANUP_STUCK));
         if stuck.is_some_and(|c| c.status == crate::api::ConditionStatus::True) {
             snap.cleanup_stuck += 1;

@@ -91,15 +91,21 @@ impl GpuJobCache {
             .collect()
     }
 
-    /// Every cached GpuJob, decoded, of the namespaces for which `pick` holds.
-    pub fn decoded_where(&self, pick: impl Fn(&str) -> bool) -> Vec<GpuJob> {
+    /// Runs `f` over the cached GpuJobs of the namespaces for which `pick` holds, each
+    /// decoded as the iterator reaches it (never all at once: at ten thousand, decoded
+    /// together they were the replica's largest allocation). Watch events wait meanwhile.
+    pub fn with_each_where<R>(
+        &self,
+        pick: impl Fn(&str) -> bool,
+        f: impl FnOnce(&mut dyn Iterator<Item = GpuJob>) -> R,
+    ) -> R {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        inner
+        let mut each = inner
             .by_key
             .iter()
             .filter(|(k, _)| pick(&k.namespace))
-            .filter_map(|(k, p)| unpack(k, p).map(Arc::unwrap_or_clone))
-            .collect()
+            .filter_map(|(k, p)| unpack(k, p).map(Arc::unwrap_or_clone));
+        f(&mut each)
     }
 
     pub fn len(&self) -> usize {
@@ -206,7 +212,8 @@ mod tests {
         assert_eq!(cache.keys(), vec![Key::new("ns", "c")], "then replaces all");
         assert_eq!(cache.keys_where(|ns| ns == "ns").len(), 1);
         assert!(cache.keys_where(|ns| ns == "other").is_empty());
-        assert_eq!(cache.decoded_where(|_| true), vec![gpujob("c", "4")]);
+        let all: Vec<GpuJob> = cache.with_each_where(|_| true, |each| each.collect());
+        assert_eq!(all, vec![gpujob("c", "4")]);
     }
 
     #[tokio::test]

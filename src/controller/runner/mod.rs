@@ -221,14 +221,25 @@ fn on_scrape(
             }
             return;
         }
-        let held = ctx.gpujobs.decoded_where(|ns| own.holds_namespace(ns));
         let mut per_shard: BTreeMap<u32, i64> = own.held.keys().map(|s| (*s, 0)).collect();
-        for g in &held {
-            let shard = own.shard_of(g.metadata.namespace.as_deref().unwrap_or_default());
-            if let Some(n) = per_shard.get_mut(&shard) {
-                *n += 1;
-            }
-        }
+        let mut seen = first_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let snap = ctx.gpujobs.with_each_where(
+            |ns| own.holds_namespace(ns),
+            |each| {
+                let counted = each.inspect(|g| {
+                    let shard = own.shard_of(g.metadata.namespace.as_deref().unwrap_or_default());
+                    if let Some(n) = per_shard.get_mut(&shard) {
+                        *n += 1;
+                    }
+                });
+                domain::snapshot(
+                    counted,
+                    jiff::Timestamp::now(),
+                    ctx.settings.unconverged_after,
+                    &mut seen,
+                )
+            },
+        );
         for s in 0..own.shards {
             let n = per_shard.get(&s).copied().unwrap_or(0);
             ctx.metrics
@@ -236,13 +247,6 @@ fn on_scrape(
                 .with_label_values(&[s.to_string().as_str()])
                 .set(n);
         }
-        let mut seen = first_seen.lock().unwrap_or_else(|p| p.into_inner());
-        let snap = domain::snapshot(
-            &held,
-            jiff::Timestamp::now(),
-            ctx.settings.unconverged_after,
-            &mut seen,
-        );
         domain::publish(&ctx.metrics, Some(&snap));
     });
 }

@@ -1,0 +1,52 @@
+//! A private control plane set up for a load: the CRD, the operator's namespace and RBAC
+//! (`deploy/`), and the namespaces the GpuJobs go into.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use devcluster::{ControlPlane, Identity, Options};
+use kube::Client;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+/// Starts one and returns it with an admin client.
+pub async fn start(deploy: &Path, namespaces: &[String]) -> anyhow::Result<(ControlPlane, Client)> {
+    eprintln!("starting a private control plane");
+    let cluster = ControlPlane::start(Options {
+        crds: vec![deploy.join("crd/crd.yaml")],
+        ..Options::default()
+    })
+    .await
+    .context("starting the control plane")?;
+    kubectl_apply(&cluster, deploy)?;
+    let admin = cluster.client(Identity::Admin).await?;
+    let namespace_api = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone());
+    for name in namespaces {
+        let ns = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        namespace_api
+            .create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("creating the namespace {name}"))?;
+    }
+    Ok((cluster, admin))
+}
+
+fn kubectl_apply(cluster: &ControlPlane, deploy: &Path) -> anyhow::Result<()> {
+    let out = cluster
+        .command("kubectl", Identity::Admin)
+        .arg("apply")
+        .arg("-f")
+        .arg(deploy.join("operator/namespace.yaml"))
+        .arg("-f")
+        .arg(deploy.join("operator/rbac.yaml"))
+        .output()
+        .context("running kubectl apply")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl apply of {}/operator/namespace.yaml and rbac.yaml failed: {}",
+            deploy.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
