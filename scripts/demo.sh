@@ -38,7 +38,12 @@ cargo build --locked --bins
 step "local control plane (a demo already running is stopped first)"
 stop
 rm -f "$state/cluster.json"
-setsid nohup "$bin/devcluster" up --state-dir "$state" --crd deploy/crd/crd.yaml \
+# gpujob.dev/v1 alone: deploy/crd/crd.yaml also serves v2 through the conversion
+# webhook at the in-cluster Service, which this out-of-cluster demo does not have
+# (kubectl, which reads the preferred version v2, would fail). See tests/conversion.rs
+# for the webhook on a local control plane.
+"$bin/gpujob-operator" crd --v1-only >"$cache/demo-crd.yaml"
+setsid nohup "$bin/devcluster" up --state-dir "$state" --crd "$cache/demo-crd.yaml" \
   >"$cache/demo-cluster.log" 2>&1 </dev/null &
 wait_cluster "$state" "$cache/demo-cluster.log"
 export KUBECONFIG="$state/kubeconfig/admin.kubeconfig"

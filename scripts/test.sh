@@ -44,15 +44,22 @@ step "shared control plane"
 # which is what `devcluster up` does to whatever else runs on the same folder.
 state="$(mktemp -d "$cache/test-cluster-XXXXXX")"
 log="$state.log"
+# gpujob.dev/v1 alone: deploy/crd/crd.yaml serves v2 through the operator's conversion
+# webhook, which nothing runs on the shared control plane (its in-process operators
+# have none), and kubectl, the garbage collector and the namespace controller read
+# the preferred version, v2. tests/conversion.rs starts a control plane of its own
+# with the webhook CRD; tests/install.rs checks deploy/crd/crd.yaml itself.
+crd="$state.crd-v1-only.yaml"
+"$CARGO_TARGET_DIR/debug/gpujob-operator" crd --v1-only >"$crd"
 "$CARGO_TARGET_DIR/debug/devcluster" up --state-dir "$state" \
-  --crd deploy/crd/crd.yaml --crd devcluster/testdata/widget-crd.yaml >"$log" 2>&1 &
+  --crd "$crd" --crd devcluster/testdata/widget-crd.yaml >"$log" 2>&1 &
 up_pid=$!
 stop_cluster() {
   local status=$?
   kill -TERM "$up_pid" 2>/dev/null || true
   wait "$up_pid" 2>/dev/null || true
   if [[ $status -eq 0 ]]; then
-    rm -rf "$state" "$log"
+    rm -rf "$state" "$log" "$crd"
   else
     echo "control plane logs kept for inspection: $state/logs, $log, $state/audit.log" >&2
   fi

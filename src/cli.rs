@@ -10,7 +10,7 @@ use crate::controller::{PlanSettings, Settings};
 use crate::lease::Timing;
 use crate::queue::Backoff;
 use crate::quota::{HttpProvider, HttpSettings, Provider};
-use crate::server::Listen;
+use crate::server::{Listen, Webhook};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -27,8 +27,66 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator against the cluster of the current kubeconfig (or in-cluster).
     Run(Box<RunArgs>),
-    /// Print the GpuJob CustomResourceDefinition (what deploy/crd/crd.yaml holds).
-    Crd,
+    /// Print the GpuJob CustomResourceDefinition (without options: what
+    /// deploy/crd/crd.yaml holds).
+    Crd(CrdArgs),
+}
+
+/// `gpujob-operator crd`: which CRD to print.
+#[derive(Debug, Args)]
+pub struct CrdArgs {
+    /// Send conversions to this URL (https://host:port/convert) instead of the Service
+    /// gpujob-system/gpujob-operator-webhook: an operator running outside the cluster,
+    /// or a test.
+    #[arg(long)]
+    pub webhook_url: Option<String>,
+    /// PEM file of the CA that signed the webhook's serving certificate, written into
+    /// the CRD's caBundle (default: none; cert-manager or scripts/webhook-cert.sh
+    /// injects it).
+    #[arg(long)]
+    pub ca_bundle_file: Option<std::path::PathBuf>,
+    /// gpujob.dev/v1 alone, without conversion: the CRD as it was before v2 was served,
+    /// for an API server no operator webhook answers (the shared test control plane,
+    /// the demo).
+    #[arg(long, conflicts_with_all = ["webhook_url", "ca_bundle_file"])]
+    pub v1_only: bool,
+}
+
+impl CrdArgs {
+    /// The CRD these arguments ask for (reads --ca-bundle-file).
+    pub fn options(&self) -> Result<crate::api::CrdOptions, String> {
+        use crate::api::Conversion;
+        let conversion = match (&self.webhook_url, self.v1_only) {
+            (_, true) => Conversion::V1Only,
+            (Some(url), false) => {
+                if !url.starts_with("https://") {
+                    return Err(format!(
+                        "--webhook-url {url}: the API server calls conversion webhooks over HTTPS only"
+                    ));
+                }
+                Conversion::Url(url.clone())
+            }
+            (None, false) => Conversion::Service,
+        };
+        let ca_bundle = match &self.ca_bundle_file {
+            Some(path) => {
+                let pem = std::fs::read(path)
+                    .map_err(|e| format!("reading --ca-bundle-file {}: {e}", path.display()))?;
+                if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                    return Err(format!(
+                        "--ca-bundle-file {}: no PEM certificate in it",
+                        path.display()
+                    ));
+                }
+                Some(pem)
+            }
+            None => None,
+        };
+        Ok(crate::api::CrdOptions {
+            conversion,
+            ca_bundle,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -92,6 +150,18 @@ pub struct RunArgs {
     /// certificate made at start.
     #[arg(long, env = "GPUJOB_METRICS_CERT_DIR")]
     pub metrics_cert_dir: Option<std::path::PathBuf>,
+    /// Folder holding tls.crt and tls.key of the CRD conversion webhook (a mounted
+    /// kubernetes.io/tls Secret, e.g. from cert-manager; re-read when they change). The
+    /// webhook (POST /convert on --conversion-address) runs only with it.
+    #[arg(long, env = "GPUJOB_CONVERSION_CERT_DIR")]
+    pub conversion_cert_dir: Option<std::path::PathBuf>,
+    /// Address of the conversion webhook's HTTPS server (with --conversion-cert-dir).
+    #[arg(
+        long,
+        env = "GPUJOB_CONVERSION_ADDRESS",
+        default_value = "0.0.0.0:9443"
+    )]
+    pub conversion_address: std::net::SocketAddr,
     /// A GpuJob Pending this long without a running attempt (and not backing off,
     /// refused quota or invalid) counts as unconverged in the metrics.
     #[arg(long, env = "GPUJOB_UNCONVERGED_AFTER", default_value = "10m", value_parser = parse_duration)]
@@ -221,7 +291,7 @@ impl RunArgs {
     }
 
     /// Where the HTTP servers listen and how, checked; with --metrics-secure this makes
-    /// or reads the certificate.
+    /// or reads the certificate. The conversion webhook is [`RunArgs::conversion`].
     pub fn listen(&self) -> Result<Listen, String> {
         if self.metrics_cert_dir.is_some() && !self.metrics_secure {
             return Err(
@@ -238,6 +308,20 @@ impl RunArgs {
                 self.listen_address
             ));
         }
+        let ports = [
+            ("--listen-address", Some(self.listen_address)),
+            ("--probe-address", self.probe_address),
+        ];
+        if self.conversion_cert_dir.is_some() && self.conversion_address.port() != 0 {
+            for (flag, addr) in ports {
+                if addr.map(|a| a.port()) == Some(self.conversion_address.port()) {
+                    return Err(format!(
+                        "--conversion-address and {flag} both use port {}: give the webhook another port",
+                        self.conversion_address.port()
+                    ));
+                }
+            }
+        }
         let tls = if self.metrics_secure {
             Some(crate::server::tls::server_config(
                 self.metrics_cert_dir.as_deref(),
@@ -249,7 +333,20 @@ impl RunArgs {
             metrics: self.listen_address,
             probes: self.probe_address,
             tls,
+            conversion: None,
         })
+    }
+
+    /// The conversion webhook, when --conversion-cert-dir is given: reads the
+    /// certificate now, so a missing or broken one stops the start with the reason.
+    pub fn conversion(&self) -> Result<Option<Webhook>, String> {
+        match &self.conversion_cert_dir {
+            Some(dir) => Ok(Some(Webhook {
+                address: self.conversion_address,
+                tls: crate::server::tls::webhook_config(dir)?,
+            })),
+            None => Ok(None),
+        }
     }
 
     pub fn lease_namespace(&self) -> String {
@@ -425,7 +522,7 @@ mod tests {
             all.extend_from_slice(args);
             match Cli::try_parse_from(all).unwrap().command {
                 Command::Run(a) => *a,
-                Command::Crd => panic!("run"),
+                Command::Crd(_) => panic!("run"),
             }
         };
         let a = parse(&[]);
@@ -449,7 +546,7 @@ mod tests {
         all.extend_from_slice(args);
         match Cli::try_parse_from(all).unwrap().command {
             Command::Run(a) => *a,
-            Command::Crd => panic!("run"),
+            Command::Crd(_) => panic!("run"),
         }
     }
 
@@ -483,5 +580,29 @@ mod tests {
             .listen()
             .unwrap_err();
         assert!(err.contains("another port"), "{err}");
+    }
+
+    #[test]
+    fn the_conversion_webhook_runs_only_with_its_certificate() {
+        assert!(
+            run_args(&[]).conversion().unwrap().is_none(),
+            "off without --conversion-cert-dir"
+        );
+        let err = run_args(&["--conversion-cert-dir", "/nonexistent/certs"])
+            .conversion()
+            .unwrap_err();
+        assert!(
+            err.contains("--conversion-cert-dir /nonexistent/certs"),
+            "{err}"
+        );
+        let err = run_args(&[
+            "--conversion-cert-dir",
+            "/nonexistent/certs",
+            "--conversion-address",
+            "0.0.0.0:8080",
+        ])
+        .listen()
+        .unwrap_err();
+        assert!(err.contains("--listen-address both use port 8080"), "{err}");
     }
 }

@@ -16,9 +16,11 @@ use tracing::info;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Crd => api::crd_yaml()
-            .map(|yaml| print!("{yaml}"))
-            .context("generating the CRD"),
+        Command::Crd(args) => args
+            .options()
+            .map_err(anyhow::Error::msg)
+            .and_then(|options| api::crd_yaml_with(&options).context("generating the CRD"))
+            .map(|yaml| print!("{yaml}")),
         Command::Run(args) => run(*args),
     };
     match result {
@@ -36,7 +38,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let timing = args.timing().map_err(anyhow::Error::msg)?;
     let limits = args.limits().map_err(anyhow::Error::msg)?;
     let event_limits = args.event_limits().map_err(anyhow::Error::msg)?;
-    let listen = args.listen().map_err(anyhow::Error::msg)?;
+    let mut listen = args.listen().map_err(anyhow::Error::msg)?;
+    listen.conversion = args.conversion().map_err(anyhow::Error::msg)?;
     let identity = args.identity();
     client::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()

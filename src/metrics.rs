@@ -19,6 +19,9 @@ pub const CONTROLLER: &str = "gpujob";
 pub const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
 /// `gpujob_events_total` results.
 pub const EVENT_RESULTS: [&str; 4] = ["created", "series", "failed", "dropped"];
+/// `gpujob_conversion_requests_total` results: a ConversionReview answered with every
+/// object converted, or answered with a Failed result.
+pub const CONVERSION_RESULTS: [&str; 2] = ["success", "failed"];
 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
 const CODES: [&str; 9] = [
     "200", "201", "404", "409", "422", "429", "500", "503", "<error>",
@@ -64,6 +67,8 @@ pub struct Metrics {
     pub quota_refusals: IntCounter,
     pub cleanup_stuck: IntGauge,
     pub events: IntCounterVec,
+    pub conversion_requests: IntCounterVec,
+    pub conversion_duration: Histogram,
 }
 
 fn exp_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
@@ -289,6 +294,20 @@ impl Metrics {
                 "Events on GpuJobs: created, counted into a recent identical one (series), failed, or dropped because the Event queue was full",
                 &["result"],
             )?,
+            conversion_requests: counters(
+                "gpujob_conversion_requests_total",
+                "ConversionReviews the conversion webhook answered, by result (success, failed)",
+                &["result"],
+            )?,
+            // A review holds up to a list page of objects: milliseconds normally, and the
+            // API server gives up after 30 s.
+            conversion_duration: Histogram::with_opts(histogram(
+                "gpujob_conversion_duration_seconds",
+                "Time to answer one ConversionReview, from its body read to its answer encoded",
+                vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+                ],
+            ))?,
         })
     }
 
@@ -319,6 +338,8 @@ impl Metrics {
             Box::new(self.quota_refusals.clone()),
             Box::new(self.cleanup_stuck.clone()),
             Box::new(self.events.clone()),
+            Box::new(self.conversion_requests.clone()),
+            Box::new(self.conversion_duration.clone()),
         ];
         all.extend(rest);
         all
@@ -350,6 +371,9 @@ impl Metrics {
         self.leader.with_label_values(&[CONTROLLER]);
         for result in EVENT_RESULTS {
             self.events.with_label_values(&[result]);
+        }
+        for result in CONVERSION_RESULTS {
+            self.conversion_requests.with_label_values(&[result]);
         }
     }
 
@@ -383,6 +407,8 @@ mod tests {
             "rest_client_requests_total{code=\"409\",method=\"PATCH\"} 0",
             "leader_election_master_status{name=\"gpujob\"} 0",
             "gpujob_events_total{result=\"dropped\"} 0",
+            "gpujob_conversion_requests_total{result=\"failed\"} 0",
+            "gpujob_conversion_duration_seconds_count 0",
         ] {
             assert!(text.contains(name), "missing {name}");
         }

@@ -150,6 +150,7 @@ fn every_tree_renders_with_what_it_should_hold() {
             ("Deployment", "gpujob-operator"),
             ("PodDisruptionBudget", "gpujob-operator"),
             ("Service", "gpujob-operator"),
+            ("Service", "gpujob-operator-webhook"),
             ("NetworkPolicy", "gpujob-operator"),
         ]),
         "deploy/operator holds no CRD: uninstalling it keeps every GpuJob"
@@ -272,6 +273,96 @@ fn every_tree_renders_with_what_it_should_hold() {
         render_overlay(&["secure-metrics"]).len(),
         operator.len(),
         "without the monitoring component it patches the Deployment alone"
+    );
+    check_conversion_webhook(crd, operator);
+}
+
+/// The conversion webhook is wired end to end: the CRD names the Service, the Service
+/// the container port the operator's --conversion-address listens on, the Deployment
+/// mounts the Secret at --conversion-cert-dir, and the cert-manager component issues
+/// that Secret for the Service's name and is what the CRD's annotation names.
+fn check_conversion_webhook(crd: &[serde_json::Value], operator: &[serde_json::Value]) {
+    let crd = named(crd, "CustomResourceDefinition");
+    let conversion = &crd["spec"]["conversion"];
+    assert_eq!(conversion["strategy"], "Webhook");
+    let service_ref = &conversion["webhook"]["clientConfig"]["service"];
+    let service = operator
+        .iter()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == service_ref["name"])
+        .unwrap_or_else(|| panic!("no Service {}", service_ref["name"]));
+    assert_eq!(service["metadata"]["namespace"], service_ref["namespace"]);
+    assert_eq!(service["spec"]["ports"][0]["port"], service_ref["port"]);
+    let deployment = named(operator, "Deployment");
+    assert_eq!(
+        service["spec"]["selector"], deployment["spec"]["selector"]["matchLabels"],
+        "every replica answers"
+    );
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let mut argv = vec!["gpujob-operator"];
+    argv.extend(&args);
+    let gpujob_operator::cli::Command::Run(run) = gpujob_operator::cli::Cli::try_parse_from(argv)
+        .unwrap()
+        .command
+    else {
+        panic!("{args:?} is not `run`")
+    };
+    let target = service["spec"]["ports"][0]["targetPort"].as_str().unwrap();
+    let port = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == target)
+        .unwrap_or_else(|| panic!("no container port {target}"));
+    assert_eq!(port["containerPort"], run.conversion_address.port());
+    let cert_dir = run.conversion_cert_dir.expect("--conversion-cert-dir");
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == cert_dir.to_str().unwrap())
+        .expect("the certificate folder is mounted");
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    let secret = volume["secret"]["secretName"].as_str().unwrap();
+
+    let with_cert_manager = render_overlay(&["cert-manager"]);
+    let certificate = named(&with_cert_manager, "Certificate");
+    assert_eq!(certificate["spec"]["secretName"], secret);
+    let dns = format!(
+        "{}.{}.svc",
+        service_ref["name"].as_str().unwrap(),
+        service_ref["namespace"].as_str().unwrap()
+    );
+    assert!(
+        certificate["spec"]["dnsNames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == dns.as_str()),
+        "the certificate is for {dns}"
+    );
+    assert_eq!(
+        crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        format!(
+            "{}/{}",
+            certificate["metadata"]["namespace"].as_str().unwrap(),
+            certificate["metadata"]["name"].as_str().unwrap()
+        )
+    );
+    assert_eq!(
+        named(&with_cert_manager, "Issuer")["metadata"]["name"],
+        certificate["spec"]["issuerRef"]["name"]
     );
 }
 

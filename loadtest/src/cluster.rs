@@ -1,10 +1,13 @@
-//! A private control plane set up for a load: the CRD, the operator's namespace and RBAC
+//! A private control plane set up for a load: the CRD (gpujob.dev/v1 alone: the load
+//! needs no v2, and a CRD serving v2 sends kube-controller-manager's reads of GpuJobs
+//! to a conversion webhook nobody runs here), the operator's namespace and RBAC
 //! (`deploy/`), and the namespaces the GpuJobs go into.
 
 use std::path::Path;
 
 use anyhow::{Context, bail};
 use devcluster::{ControlPlane, Identity, Options};
+use gpujob_operator::api::{Conversion, CrdOptions, crd_yaml_with};
 use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -12,12 +15,20 @@ use serde_json::json;
 /// Starts one and returns it with an admin client.
 pub async fn start(deploy: &Path, namespaces: &[String]) -> anyhow::Result<(ControlPlane, Client)> {
     eprintln!("starting a private control plane");
+    let crd = std::env::temp_dir().join(format!("gpujob-loadtest-crd-{}.yaml", std::process::id()));
+    let v1_only = CrdOptions {
+        conversion: Conversion::V1Only,
+        ..CrdOptions::default()
+    };
+    std::fs::write(&crd, crd_yaml_with(&v1_only)?)
+        .with_context(|| format!("writing {}", crd.display()))?;
     let cluster = ControlPlane::start(Options {
-        crds: vec![deploy.join("crd/crd.yaml")],
+        crds: vec![crd],
         ..Options::default()
     })
     .await
     .context("starting the control plane")?;
+    let _ = std::fs::remove_file(&crd);
     kubectl_apply(&cluster, deploy)?;
     let admin = cluster.client(Identity::Admin).await?;
     let namespace_api = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone());

@@ -1,17 +1,17 @@
-//! The `GpuJob` API (`gpujobs.gpujob.dev/v1`): spec (the user's intent), status (observed
+//! The `GpuJob` API (`gpujobs.gpujob.dev/v1`, and `v2` served beside it): spec (the user's intent), status (observed
 //! facts only) and the CRD generated from them. `v2` is the next version's types and
 //! `convert` the lossless conversion between the two (docs/api-versions.md); the
 //! operator works on v1 types, whose `spec.v2` carries what only v2 can say.
 
 pub mod convert;
-mod crd;
+pub mod crd;
 pub mod decode;
 pub mod duration;
 mod spec;
 mod status;
 pub mod v2;
 
-pub use crd::crd_yaml;
+pub use crd::{Conversion, CrdOptions, crd_yaml, crd_yaml_with};
 pub use spec::{EnvVar, GpuJob, GpuJobSpec, UpdatePolicy, V2Only};
 pub use status::{Condition, ConditionStatus, FailureRecord, GpuJobStatus, Phase};
 

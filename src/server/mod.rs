@@ -6,8 +6,13 @@
 //! get a server of their own; with `--metrics-secure` (which needs that, as the kubelet
 //! probes without a token) `/metrics` is served over HTTPS to bearer tokens allowed to
 //! `get` it (`auth.rs`, `tls.rs`).
+//!
+//! With `--conversion-cert-dir` the CRD conversion webhook (`POST /convert`,
+//! `conversion.rs`) has an HTTPS server of its own, from process start until the end,
+//! whether this replica leads or not.
 
 pub mod auth;
+pub mod conversion;
 pub mod tls;
 
 use std::future::Future;
@@ -169,6 +174,15 @@ pub struct Listen {
     /// Serve `/metrics` over HTTPS with these settings, to allowed bearer tokens only.
     /// Always with `probes` set (checked by the command line).
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The conversion webhook, when it has a certificate (`--conversion-cert-dir`).
+    pub conversion: Option<Webhook>,
+}
+
+/// Where the conversion webhook listens, and its TLS settings.
+#[derive(Debug, Clone)]
+pub struct Webhook {
+    pub address: SocketAddr,
+    pub tls: Arc<rustls::ServerConfig>,
 }
 
 /// Runs the servers `listen` asks for until `shutdown` resolves. `reviews`: the client
@@ -207,6 +221,7 @@ pub async fn run(
                     listen.metrics,
                     secure_metrics_router(status.clone(), auth),
                     tls,
+                    "/metrics, to bearer tokens allowed get /metrics",
                     shutdown.clone(),
                     |_| {},
                 )
@@ -225,7 +240,28 @@ pub async fn run(
             (None, None) => serve(listen.metrics, status.clone(), shutdown.clone(), |_| {}).await,
         }
     };
-    tokio::try_join!(probes, metrics)?;
+    let webhook = async {
+        match listen.conversion.clone() {
+            Some(webhook) => {
+                tls::serve(
+                    webhook.address,
+                    conversion::router(status.metrics.clone()),
+                    webhook.tls,
+                    "the conversion webhook (POST /convert)",
+                    shutdown.clone(),
+                    |_| {},
+                )
+                .await
+            }
+            None => {
+                info!(
+                    "conversion webhook off (no --conversion-cert-dir): only gpujob.dev/v1, the stored version, can be read and written while the CRD asks this operator to convert"
+                );
+                Ok(())
+            }
+        }
+    };
+    tokio::try_join!(probes, metrics, webhook)?;
     Ok(())
 }
 

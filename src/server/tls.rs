@@ -1,11 +1,13 @@
-//! HTTPS for `/metrics` (`--metrics-secure`): the certificate, and the accept loop.
+//! HTTPS for `/metrics` (`--metrics-secure`) and for the conversion webhook
+//! (`--conversion-cert-dir`): the certificate, and the accept loop.
 //!
 //! The certificate is either a self-signed one made at start (Prometheus then scrapes with
 //! `insecureSkipVerify`: the connection is encrypted and the bearer token cannot be
 //! read on the wire, but the scraper does not know it talks to the operator), or
 //! `tls.crt`/`tls.key` from `--metrics-cert-dir` (a mounted `kubernetes.io/tls` Secret,
 //! e.g. from cert-manager), re-read when those files change so a rotated certificate is
-//! served without a restart.
+//! served without a restart. The conversion webhook always takes its certificate from a
+//! folder: the API server verifies it against the CRD's `caBundle`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -37,15 +39,51 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The server's TLS settings: self-signed (`cert_dir` None) or from `cert_dir`.
+/// What a certificate folder serves, for its log lines and errors.
+#[derive(Debug, Clone, Copy)]
+pub struct Purpose {
+    /// `metrics`, `conversion webhook`.
+    pub what: &'static str,
+    /// The flag naming the folder.
+    pub flag: &'static str,
+    /// What else to do when the folder is unusable.
+    pub otherwise: &'static str,
+}
+
+pub const METRICS: Purpose = Purpose {
+    what: "metrics",
+    flag: "--metrics-cert-dir",
+    otherwise: "or leave the flag out for a self-signed certificate",
+};
+
+pub const WEBHOOK: Purpose = Purpose {
+    what: "conversion webhook",
+    flag: "--conversion-cert-dir",
+    otherwise: "or leave the flag out to run without the conversion webhook (then only gpujob.dev/v1, the stored version, can be read)",
+};
+
+/// The metrics server's TLS settings: self-signed (`cert_dir` None) or from `cert_dir`.
 pub fn server_config(cert_dir: Option<&Path>) -> Result<Arc<rustls::ServerConfig>, String> {
     let resolver: Arc<dyn ResolvesServerCert> = match cert_dir {
         None => Arc::new(SingleCertAndKey::from(self_signed()?)),
-        Some(dir) => Arc::new(CertDir::load(dir)?),
+        Some(dir) => Arc::new(CertDir::load(dir, METRICS)?),
     };
+    config_with(resolver, METRICS)
+}
+
+/// The conversion webhook's TLS settings: `tls.crt` and `tls.key` from `cert_dir`,
+/// re-read when they change.
+pub fn webhook_config(cert_dir: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
+    config_with(Arc::new(CertDir::load(cert_dir, WEBHOOK)?), WEBHOOK)
+}
+
+fn config_with(
+    resolver: Arc<dyn ResolvesServerCert>,
+    purpose: Purpose,
+) -> Result<Arc<rustls::ServerConfig>, String> {
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("metrics TLS settings: {e}"))?
+        .map_err(|e| format!("{} TLS settings: {e}", purpose.what))?
         .with_no_client_auth()
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -74,23 +112,30 @@ fn certified(
 struct CertDir {
     cert: PathBuf,
     key: PathBuf,
+    purpose: Purpose,
     current: Mutex<(Stamp, Arc<CertifiedKey>)>,
 }
 
 type Stamp = (Option<SystemTime>, Option<SystemTime>);
 
 impl CertDir {
-    fn load(dir: &Path) -> Result<CertDir, String> {
+    fn load(dir: &Path, purpose: Purpose) -> Result<CertDir, String> {
         let cert = dir.join("tls.crt");
         let key = dir.join("tls.key");
         let stamp = stamp(&cert, &key);
         let loaded = read_pair(&cert, &key).map_err(|e| {
-            format!("--metrics-cert-dir {}: {e}; mount a kubernetes.io/tls Secret there, or leave the flag out for a self-signed certificate", dir.display())
+            format!(
+                "{} {}: {e}; mount a kubernetes.io/tls Secret there, {}",
+                purpose.flag,
+                dir.display(),
+                purpose.otherwise
+            )
         })?;
-        info!(cert = %cert.display(), "serving /metrics with the certificate from --metrics-cert-dir");
+        info!(cert = %cert.display(), "{}: serving the certificate from {}", purpose.what, purpose.flag);
         Ok(CertDir {
             cert,
             key,
+            purpose,
             current: Mutex::new((stamp, Arc::new(loaded))),
         })
     }
@@ -101,13 +146,14 @@ impl CertDir {
         if now != current.0 {
             match read_pair(&self.cert, &self.key) {
                 Ok(loaded) => {
-                    info!(cert = %self.cert.display(), "the metrics certificate changed: serving the new one");
+                    info!(cert = %self.cert.display(), "the {} certificate changed: serving the new one", self.purpose.what);
                     *current = (now, Arc::new(loaded));
                 }
                 // Half-written during a rotation, say: keep serving the one that worked,
                 // and look again on the next connection.
                 Err(e) => warn!(
-                    "metrics certificate: re-reading {} failed: {e}; still serving the previous one",
+                    "{} certificate: re-reading {} failed: {e}; still serving the previous one, and trying again on the next connection",
+                    self.purpose.what,
                     self.cert.display()
                 ),
             }
@@ -146,19 +192,21 @@ fn read_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, String> {
 }
 
 /// Binds `addr` and serves `router` over HTTPS until `shutdown` resolves; then it stops
-/// accepting and drops the connections still open (a scrape is retried by the next one).
+/// accepting and drops the connections still open (a scrape is retried by the next one,
+/// a conversion by the API server's client). `what`: what it serves, for the log.
 pub async fn serve(
     addr: SocketAddr,
     router: Router,
     tls: Arc<rustls::ServerConfig>,
+    what: &'static str,
     shutdown: impl Future<Output = ()> + Send + 'static,
     bound: impl FnOnce(SocketAddr),
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| anyhow::anyhow!("binding the HTTPS metrics server to {addr}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("binding the HTTPS server of {what} to {addr}: {e}"))?;
     let local = listener.local_addr()?;
-    info!(address = %local, "serving /metrics over HTTPS, to bearer tokens allowed get /metrics");
+    info!(address = %local, "serving {what} over HTTPS");
     bound(local);
     let acceptor = TlsAcceptor::from(tls);
     let mut connections = JoinSet::new();
@@ -172,7 +220,7 @@ pub async fn serve(
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: wait instead of spinning.
-                    warn!("metrics server: accepting a connection failed: {e}; trying again in 50ms");
+                    warn!("HTTPS server of {what}: accepting a connection failed: {e}; trying again in 50ms");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
@@ -194,11 +242,11 @@ async fn connection(
         // A port scan, a plain-HTTP client, a client that does not trust the
         // certificate: its problem, said at debug level so it cannot flood the log.
         Ok(Err(e)) => {
-            debug!(%peer, "metrics server: TLS handshake failed: {e}");
+            debug!(%peer, "HTTPS server: TLS handshake failed: {e}");
             return;
         }
         Err(_) => {
-            debug!(%peer, "metrics server: TLS handshake timed out");
+            debug!(%peer, "HTTPS server: TLS handshake timed out");
             return;
         }
     };
@@ -208,7 +256,7 @@ async fn connection(
         .serve_connection(TokioIo::new(stream), TowerToHyperService::new(router))
         .await;
     if let Err(e) = served {
-        debug!(%peer, "metrics server: connection ended: {e}");
+        debug!(%peer, "HTTPS server: connection ended: {e}");
     }
 }
 
@@ -223,6 +271,158 @@ mod tests {
         let err = server_config(Some(&dir)).unwrap_err();
         assert!(err.contains("tls.crt"), "{err}");
         assert!(err.contains("kubernetes.io/tls Secret"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A CA, and serving certificates for 127.0.0.1 it signs.
+    struct Ca {
+        cert: rcgen::Certificate,
+        key: rcgen::KeyPair,
+    }
+
+    impl Ca {
+        fn new() -> Ca {
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = params.self_signed(&key).unwrap();
+            Ca { cert, key }
+        }
+
+        /// (PEM certificate, PEM key) for 127.0.0.1.
+        fn leaf(&self) -> (String, String) {
+            let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+            (
+                pem("CERTIFICATE", cert.der()),
+                pem("PRIVATE KEY", &key.serialize_der()),
+            )
+        }
+    }
+
+    /// PEM of `der` (rcgen is built without its `pem` feature).
+    fn pem(label: &str, der: &[u8]) -> String {
+        const ALPHABET: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut b64 = String::new();
+        for chunk in der.chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    b64.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+                } else {
+                    b64.push('=');
+                }
+            }
+        }
+        let lines: Vec<&str> = b64
+            .as_bytes()
+            .chunks(64)
+            .map(|l| std::str::from_utf8(l).unwrap())
+            .collect();
+        format!(
+            "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+            lines.join("\n")
+        )
+    }
+
+    /// Writes the pair as a Secret update does: new files renamed into place, with a
+    /// modification time of their own (`bump` seconds after the epoch of the test).
+    fn write_pair(dir: &Path, (cert, key): &(String, String), bump: u64) {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + bump);
+        for (name, text) in [("tls.crt", cert), ("tls.key", key)] {
+            let tmp = dir.join(format!(".{name}.tmp"));
+            std::fs::write(&tmp, text).unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&tmp)
+                .unwrap()
+                .set_modified(at)
+                .unwrap();
+            std::fs::rename(&tmp, dir.join(name)).unwrap();
+        }
+    }
+
+    /// The leaf certificate a new TLS handshake with `addr` sees (verified against `ca`).
+    async fn served_cert(addr: SocketAddr, ca: &Ca) -> Vec<u8> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let stream = connector.connect(name, tcp).await.unwrap();
+        stream.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+    }
+
+    fn der_of(pem: &str) -> Vec<u8> {
+        CertificateDer::from_pem_slice(pem.as_bytes())
+            .unwrap()
+            .to_vec()
+    }
+
+    #[tokio::test]
+    async fn a_replaced_certificate_is_served_to_the_next_handshake_without_a_restart() {
+        let dir = std::env::temp_dir().join(format!("gpujob-webhook-certs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = Ca::new();
+        let first = ca.leaf();
+        write_pair(&dir, &first, 0);
+        let config = webhook_config(&dir).unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Router::new(),
+            config,
+            "a test",
+            async {
+                let _ = stopped.await;
+            },
+            move |a| {
+                let _ = tx.send(a);
+            },
+        ));
+        let addr = rx.await.unwrap();
+        assert_eq!(served_cert(addr, &ca).await, der_of(&first.0));
+
+        let second = ca.leaf();
+        write_pair(&dir, &second, 60);
+        assert_eq!(
+            served_cert(addr, &ca).await,
+            der_of(&second.0),
+            "the new certificate, at the next handshake"
+        );
+
+        // Half-written (a key that does not match): the last good pair stays served.
+        let third = ca.leaf();
+        write_pair(&dir, &(third.0.clone(), first.1.clone()), 120);
+        assert_eq!(served_cert(addr, &ca).await, der_of(&second.0));
+        write_pair(&dir, &third, 180);
+        assert_eq!(served_cert(addr, &ca).await, der_of(&third.0));
+
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_webhook_needs_its_files_and_says_how_to_run_without_it() {
+        let dir =
+            std::env::temp_dir().join(format!("gpujob-no-webhook-certs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = webhook_config(&dir).unwrap_err();
+        assert!(err.contains("--conversion-cert-dir"), "{err}");
+        assert!(err.contains("tls.crt"), "{err}");
+        assert!(err.contains("without the conversion webhook"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

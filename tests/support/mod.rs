@@ -10,7 +10,6 @@ pub mod quota;
 pub mod replicas;
 pub mod shards;
 
-use std::path::Path;
 use std::time::Duration;
 
 use devcluster::identity::REPLICA_GROUP;
@@ -31,6 +30,33 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub const CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd/crd.yaml");
+
+/// The CRD most tests run on: gpujob.dev/v1 alone (`gpujob-operator crd --v1-only`), as
+/// scripts/test.sh installs it on the shared control plane. deploy/crd/crd.yaml serves
+/// v2 too, converted by the operator's webhook, which the in-process operators of these
+/// tests do not run: kubectl and kube-controller-manager's garbage collector and
+/// namespace controller read the preferred version (v2) and would fail without it.
+/// tests/conversion.rs installs the webhook CRD on a control plane of its own.
+pub fn test_crd() -> std::path::PathBuf {
+    use std::hash::{Hash, Hasher};
+    let yaml = gpujob_operator::api::crd_yaml_with(&gpujob_operator::api::CrdOptions {
+        conversion: gpujob_operator::api::Conversion::V1Only,
+        ca_bundle: None,
+    })
+    .unwrap();
+    // Named by its content: every test process of a run shares one file, and a changed
+    // CRD gets a new one.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    yaml.hash(&mut hasher);
+    let path =
+        std::env::temp_dir().join(format!("gpujob-crd-v1-only-{:016x}.yaml", hasher.finish()));
+    if !path.exists() {
+        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+        std::fs::write(&tmp, yaml).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    path
+}
 pub const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator/rbac.yaml");
 pub const WAIT: Duration = Duration::from_secs(90);
 pub const POLL: Duration = Duration::from_millis(200);
@@ -54,7 +80,7 @@ impl TestEnv {
     /// A namespace on the shared control plane of the test run.
     pub async fn new(prefix: &str) -> TestEnv {
         gpujob_operator::client::install_crypto_provider();
-        let cluster = ControlPlane::for_tests(&[Path::new(CRD)])
+        let cluster = ControlPlane::for_tests(&[&test_crd()])
             .await
             .expect("control plane");
         Self::on(cluster, prefix).await
@@ -63,9 +89,14 @@ impl TestEnv {
     /// A namespace on a control plane of this test's own (for fault tests that stop
     /// kube-apiserver).
     pub async fn private(prefix: &str) -> TestEnv {
+        Self::private_with_crd(prefix, test_crd()).await
+    }
+
+    /// [`TestEnv::private`] with the CRD in file `crd`.
+    pub async fn private_with_crd(prefix: &str, crd: std::path::PathBuf) -> TestEnv {
         gpujob_operator::client::install_crypto_provider();
         let cluster = ControlPlane::start(devcluster::Options {
-            crds: vec![CRD.into()],
+            crds: vec![crd],
             // Scale-out tests run a fourth replica.
             replicas: 4,
             ..devcluster::Options::default()

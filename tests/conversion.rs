@@ -1,0 +1,558 @@
+//! gpujob.dev/v2 served through the operator's conversion webhook, on a real control
+//! plane of this test's own (the webhook CRD points at a URL on this machine; the
+//! shared control plane keeps the v1-only CRD its other tests need). kube-apiserver
+//! calls `https://127.0.0.1:<port>/convert`; the port is a small TCP forwarder standing
+//! in for the webhook Service, passing each connection to the first replica that
+//! accepts it, as a Service with ready endpoints would.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use devcluster::{Identity, wait};
+use gpujob_operator::api::{Conversion, CrdOptions, GpuJob, Phase, v2};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+use support::prometheus::free_address;
+use support::replicas::{self, Replica};
+use support::{TestEnv, WAIT, phase, sim_env};
+
+/// A CA and a serving certificate for 127.0.0.1 it signed, in `dir` as a
+/// kubernetes.io/tls Secret mounts them; returns the CA's PEM (the CRD's caBundle).
+fn webhook_certs(dir: &Path) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&leaf_key, &ca, &ca_key)
+        .unwrap();
+    std::fs::write(dir.join("tls.crt"), pem("CERTIFICATE", leaf.der())).unwrap();
+    std::fs::write(
+        dir.join("tls.key"),
+        pem("PRIVATE KEY", &leaf_key.serialize_der()),
+    )
+    .unwrap();
+    pem("CERTIFICATE", ca.der())
+}
+
+/// PEM of `der` (rcgen is built without its `pem` feature).
+fn pem(label: &str, der: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = String::new();
+    for chunk in der.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                b64.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                b64.push('=');
+            }
+        }
+    }
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|l| std::str::from_utf8(l).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+        lines.join("\n")
+    )
+}
+
+/// The stand-in for the webhook Service: each connection goes to the first backend that
+/// accepts it; with none up, the connection is closed at once.
+async fn forwarder(backends: Vec<SocketAddr>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                continue;
+            };
+            let backends = backends.clone();
+            tokio::spawn(async move {
+                for backend in backends {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+struct Setup {
+    env: TestEnv,
+    cert_dir: PathBuf,
+    /// Each replica's webhook address (fixed, so a restarted replica comes back there).
+    webhook: Vec<String>,
+    /// Each replica's metrics address.
+    metrics: Vec<String>,
+}
+
+impl Setup {
+    /// A private control plane whose CRD sends conversions to a forwarder in front of
+    /// `replicas` webhook addresses.
+    async fn new(prefix: &str, replicas: usize) -> Setup {
+        let cert_dir =
+            std::env::temp_dir().join(format!("gpujob-webhook-{prefix}-{}", std::process::id()));
+        let ca = webhook_certs(&cert_dir);
+        let webhook: Vec<String> = (0..replicas).map(|_| free_address()).collect();
+        let metrics: Vec<String> = (0..replicas).map(|_| free_address()).collect();
+        let front = forwarder(webhook.iter().map(|a| a.parse().unwrap()).collect()).await;
+        let crd = gpujob_operator::api::crd_yaml_with(&CrdOptions {
+            conversion: Conversion::Url(format!("https://{front}/convert")),
+            ca_bundle: Some(ca.into_bytes()),
+        })
+        .unwrap();
+        let crd_file = cert_dir.join("crd.yaml");
+        std::fs::write(&crd_file, crd).unwrap();
+        let env = TestEnv::private_with_crd(prefix, crd_file).await;
+        Setup {
+            env,
+            cert_dir,
+            webhook,
+            metrics,
+        }
+    }
+
+    /// Replica `n` (from 1) of the real binary, serving the webhook.
+    fn replica(&self, n: u8) -> Replica {
+        let i = usize::from(n - 1);
+        replicas::start(
+            &self.env.cluster,
+            &self.env.ns,
+            n,
+            &[
+                "--conversion-cert-dir",
+                self.cert_dir.to_str().unwrap(),
+                "--conversion-address",
+                &self.webhook[i],
+                "--listen-address",
+                &self.metrics[i],
+            ],
+        )
+    }
+
+    fn v2(&self) -> Api<v2::GpuJob> {
+        Api::namespaced(self.env.admin.clone(), &self.env.ns)
+    }
+
+    /// The raw objects as the API server sends them in `version` (no serde defaults
+    /// filling in what the server left out).
+    fn raw(&self, version: &str) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk("gpujob.dev", version, "GpuJob");
+        let resource = ApiResource::from_gvk_with_plural(&gvk, "gpujobs");
+        Api::namespaced_with(self.env.admin.clone(), &self.env.ns, &resource)
+    }
+
+    /// Waits until the API server can read GpuJobs as v2 (a replica's webhook answers).
+    async fn wait_v2_readable(&self, what: &str) {
+        let api = self.raw("v2");
+        wait::until(what, WAIT, Duration::from_millis(100), || {
+            let api = api.clone();
+            async move { api.list(&ListParams::default()).await.ok().map(|_| ()) }
+        })
+        .await
+        .unwrap();
+    }
+
+    /// GpuJob `name` read as v1 and as v2 at one resourceVersion (the operator may write
+    /// its status between two reads).
+    async fn both(&self, name: &str) -> (GpuJob, v2::GpuJob) {
+        let (v1, v2) = (self.env.gpujobs(), self.v2());
+        wait::until(
+            &format!("GpuJob {name} read as v1 and v2 at one resourceVersion"),
+            WAIT,
+            Duration::from_millis(100),
+            || {
+                let (v1, v2) = (v1.clone(), v2.clone());
+                async move {
+                    let a = v1.get(name).await.ok()?;
+                    let b = v2.get(name).await.ok()?;
+                    (a.metadata.resource_version == b.metadata.resource_version).then_some((a, b))
+                }
+            },
+        )
+        .await
+        .unwrap()
+    }
+
+    /// `gpujob_conversion_requests_total{result}` of replica `n`.
+    async fn conversions(&self, n: usize, result: &str) -> f64 {
+        let text =
+            support::prometheus::get_text(&format!("http://{}/metrics", self.metrics[n - 1]))
+                .await
+                .unwrap();
+        devcluster::metrics::Metrics::parse(&text)
+            .unwrap()
+            .sum("gpujob_conversion_requests_total", &[("result", result)])
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.cert_dir);
+    }
+}
+
+fn spec(object: &DynamicObject) -> &Value {
+    &object.data["spec"]
+}
+
+/// kubectl as the admin in the test's namespace, off the runtime's threads (the
+/// forwarder in front of the webhook runs on them, and kubectl's reads need it).
+async fn kubectl(env: &TestEnv, args: &[&str]) -> std::process::Output {
+    let mut cmd = env.cluster.command("kubectl", Identity::Admin);
+    cmd.arg("-n").arg(&env.ns).args(args);
+    tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_gpujob_read_as_v1_or_v2_with_each_versions_defaults() {
+    let s = Setup::new("conv", 1).await;
+    let env = &s.env;
+    let _replica = s.replica(1);
+    s.wait_v2_readable("the webhook of replica-1 to answer")
+        .await;
+
+    // Created as v1, it reads as v2 (status too, once the operator has run it) and back.
+    env.create(
+        "from-v1",
+        json!({"image": "busybox", "gpus": 2, "maxRetries": 1, "activeDeadlineSeconds": 90,
+               "env": sim_env(&[("SIM_EXIT_CODES", "0")])}),
+    )
+    .await;
+    env.wait_gpujob("from-v1", "Succeeded", |g| {
+        phase(g) == Some(Phase::Succeeded)
+    })
+    .await;
+    let (done, as_v2) = s.both("from-v1").await;
+    assert_eq!(as_v2.spec.resources.gpus, 2);
+    assert_eq!(as_v2.spec.retry_policy.max_retries, 1);
+    assert_eq!(as_v2.spec.attempt_deadline.as_deref(), Some("1m30s"));
+    assert_eq!(as_v2.status, done.status, "the status, converted too");
+    assert_eq!(
+        as_v2.status.as_ref().and_then(|s| s.phase),
+        Some(Phase::Succeeded)
+    );
+    assert_eq!(
+        gpujob_operator::api::convert::to_v1(&as_v2),
+        done,
+        "v1 -> v2 -> v1 is the identity"
+    );
+    assert!(
+        done.spec.v2.is_none(),
+        "a v1 object that never met v2 has no spec.v2"
+    );
+
+    // Created as v2 with what only v2 can say: it survives in v1's spec.v2.
+    let sent = json!({
+        "apiVersion": "gpujob.dev/v2", "kind": "GpuJob",
+        "metadata": {"name": "from-v2"},
+        "spec": {
+            "image": "busybox",
+            "env": sim_env(&[("SIM_EXIT_CODES", "0")]),
+            "resources": {"gpus": 1, "product": "NVIDIA-A100-SXM4-80GB"},
+            "retryPolicy": {"maxRetries": 2, "backoffSeconds": 5},
+            "attemptDeadline": "90m",
+            "template": {"spec": {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}},
+        },
+    });
+    let created = s
+        .raw("v2")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(sent.clone()).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        spec(&created),
+        &sent["spec"],
+        "v2 -> v1 (stored) -> v2 is the identity"
+    );
+    let stored: GpuJob = env.gpujobs().get("from-v2").await.unwrap();
+    assert_eq!(stored.spec.gpus, 1);
+    assert_eq!(stored.spec.max_retries, 2);
+    assert_eq!(stored.spec.active_deadline_seconds, Some(5400));
+    let only = stored
+        .spec
+        .v2
+        .clone()
+        .expect("spec.v2 holds what v1 cannot say");
+    assert_eq!(only.gpu_product.as_deref(), Some("NVIDIA-A100-SXM4-80GB"));
+    assert_eq!(only.backoff_seconds, Some(5));
+    assert_eq!(only.attempt_deadline.as_deref(), Some("90m"));
+    assert_eq!(
+        only.template.unwrap(),
+        sent["spec"]["template"],
+        "the template, as written"
+    );
+    env.wait_gpujob("from-v2", "Succeeded", |g| {
+        phase(g) == Some(Phase::Succeeded)
+    })
+    .await;
+    let (succeeded, read) = s.both("from-v2").await;
+    assert_eq!(serde_json::to_value(&read.spec).unwrap(), sent["spec"]);
+    assert_eq!(
+        read.status, succeeded.status,
+        "the status the operator wrote in v1, read in v2"
+    );
+
+    // Defaults: v2 without optional fields reads back with v2's, and as v1 with v1's.
+    let bare = json!({
+        "apiVersion": "gpujob.dev/v2", "kind": "GpuJob",
+        "metadata": {"name": "bare"},
+        "spec": {"image": "busybox", "resources": {"gpus": 1}, "suspend": true},
+    });
+    s.raw("v2")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(bare).unwrap(),
+        )
+        .await
+        .unwrap();
+    let as_v2 = s.raw("v2").get("bare").await.unwrap();
+    assert_eq!(
+        spec(&as_v2),
+        &json!({"image": "busybox", "resources": {"gpus": 1}, "retryPolicy": {"maxRetries": 3}, "suspend": true}),
+        "v2's defaults"
+    );
+    let as_v1 = s.raw("v1").get("bare").await.unwrap();
+    assert_eq!(
+        spec(&as_v1),
+        &json!({"image": "busybox", "gpus": 1, "maxRetries": 3, "suspend": true}),
+        "v1's defaults, and no spec.v2"
+    );
+
+    // kubectl: the preferred version is v2 (its columns); v1 warns that it is deprecated.
+    let out = kubectl(env, &["get", "gj", "-o", "wide"]).await;
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["from-v1", "from-v2", "bare"] {
+        assert!(table.contains(name), "{table}");
+    }
+    let from_v1_row = table.lines().find(|l| l.starts_with("from-v1")).unwrap();
+    assert!(
+        from_v1_row.split_whitespace().nth(2) == Some("2"),
+        "GPUs from spec.resources.gpus: {table}"
+    );
+    let out = kubectl(
+        env,
+        &["get", "gpujobs.v1.gpujob.dev", "from-v1", "-o", "name"],
+    )
+    .await;
+    assert!(out.status.success());
+    let warning = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        warning.contains("gpujob.dev/v1 GpuJob is deprecated; use gpujob.dev/v2"),
+        "{warning}"
+    );
+    let out = kubectl(
+        env,
+        &[
+            "get",
+            "gj",
+            "from-v2",
+            "-o",
+            "jsonpath={.apiVersion} {.spec.resources.product}",
+        ],
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "gpujob.dev/v2 NVIDIA-A100-SXM4-80GB"
+    );
+
+    assert!(s.conversions(1, "success").await > 0.0);
+    assert_eq!(s.conversions(1, "failed").await, 0.0);
+
+    // Last, as it replaces the CRD's caBundle: scripts/webhook-cert.sh (clusters without
+    // cert-manager) writes the Secret and puts its CA into the CRD, and the API server
+    // then trusts that CA only: the test's own certificate no longer passes.
+    script_makes_the_secret_and_the_ca_bundle(&s).await;
+}
+
+async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let keep = s.cert_dir.join("script");
+    let mut cmd = s.env.cluster.command(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/webhook-cert.sh"),
+        Identity::Admin,
+    );
+    cmd.env("NAMESPACE", &s.env.ns).env("KEEP_DIR", &keep);
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "webhook-cert.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secret = Api::<Secret>::namespaced(s.env.admin.clone(), &s.env.ns)
+        .get("gpujob-operator-webhook-tls")
+        .await
+        .unwrap();
+    assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+    let data = secret.data.unwrap();
+    assert_eq!(
+        data["tls.crt"].0,
+        std::fs::read(keep.join("tls.crt")).unwrap()
+    );
+    assert_eq!(
+        data["tls.key"].0,
+        std::fs::read(keep.join("tls.key")).unwrap()
+    );
+    let crd = Api::<CustomResourceDefinition>::all(s.env.admin.clone())
+        .get("gpujobs.gpujob.dev")
+        .await
+        .unwrap();
+    let bundle = crd
+        .spec
+        .conversion
+        .unwrap()
+        .webhook
+        .unwrap()
+        .client_config
+        .unwrap()
+        .ca_bundle;
+    assert_eq!(
+        bundle.unwrap().0,
+        std::fs::read(keep.join("ca.crt")).unwrap(),
+        "the caBundle is the script's CA"
+    );
+    let text = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in"])
+        .arg(keep.join("tls.crt"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("DNS:gpujob-operator-webhook.{}.svc", s.env.ns)),
+        "for the Service's name: {text}"
+    );
+    let api = s.raw("v2");
+    wait::until(
+        "the API server to refuse the certificate the new caBundle did not sign",
+        WAIT,
+        Duration::from_millis(100),
+        || {
+            let api = api.clone();
+            async move {
+                let err = api.get("from-v1").await.err()?.to_string();
+                err.contains("x509").then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversion_survives_a_leader_kill_and_a_webhook_outage_loses_nothing() {
+    let s = Setup::new("convha", 2).await;
+    let env = &s.env;
+    let mut replicas = vec![s.replica(1), s.replica(2)];
+    s.wait_v2_readable("the webhooks to answer").await;
+    let (leader, _) =
+        replicas::wait_holder(&env.admin, &env.ns, WAIT, |h| h.starts_with("replica-")).await;
+
+    let sent = json!({
+        "apiVersion": "gpujob.dev/v2", "kind": "GpuJob",
+        "metadata": {"name": "kept"},
+        "spec": {"image": "busybox", "resources": {"gpus": 1, "product": "NVIDIA-H100"},
+                 "retryPolicy": {"maxRetries": 1, "backoffSeconds": 2}, "attemptDeadline": "2.5s",
+                 "suspend": true},
+    });
+    s.raw("v2")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(sent.clone()).unwrap(),
+        )
+        .await
+        .unwrap();
+
+    // kill -9 of the leader: the other replica answers every conversion from then on,
+    // and takes over the reconciling.
+    let i = replicas
+        .iter()
+        .position(|r| r.identity() == leader)
+        .unwrap();
+    let mut dead = replicas.remove(i);
+    dead.signal(Signal::SIGKILL);
+    dead.wait_exit(Duration::from_secs(10)).await;
+    for _ in 0..20 {
+        let read = s.raw("v2").get("kept").await.unwrap();
+        assert_eq!(spec(&read), &sent["spec"]);
+    }
+    env.create(
+        "after-kill",
+        json!({"image": "busybox", "gpus": 1, "env": sim_env(&[("SIM_EXIT_CODES", "0")])}),
+    )
+    .await;
+    env.wait_gpujob("after-kill", "Succeeded under the new leader", |g| {
+        phase(g) == Some(Phase::Succeeded)
+    })
+    .await;
+    let read = s.raw("v2").get("after-kill").await.unwrap();
+    assert_eq!(read.data["status"]["phase"], "Succeeded");
+
+    // No replica left: v2 cannot be read, and the error says why; v1 still can.
+    let before: GpuJob = env.gpujobs().get("kept").await.unwrap();
+    let mut last = replicas.pop().unwrap();
+    last.signal(Signal::SIGKILL);
+    last.wait_exit(Duration::from_secs(10)).await;
+    let err = s.raw("v2").get("kept").await.unwrap_err().to_string();
+    assert!(err.contains("conversion webhook"), "{err}");
+    let err = s
+        .raw("v2")
+        .list(&ListParams::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("conversion webhook"), "{err}");
+    let during: GpuJob = env.gpujobs().get("kept").await.unwrap();
+    assert_eq!(during, before, "v1, the stored version, needs no webhook");
+    assert_eq!(
+        env.gpujobs()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
+
+    // A replica comes back: v2 again, nothing lost.
+    drop(dead);
+    let _back = s.replica(1);
+    s.wait_v2_readable("the webhook of the restarted replica-1")
+        .await;
+    let read = s.raw("v2").get("kept").await.unwrap();
+    assert_eq!(spec(&read), &sent["spec"]);
+    let after: GpuJob = env.gpujobs().get("kept").await.unwrap();
+    assert_eq!(after, before);
+}
