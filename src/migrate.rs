@@ -23,6 +23,8 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, P
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
+use crate::apierror::describe;
+
 /// The CRD this tool migrates.
 pub const CRD_NAME: &str = "gpujobs.gpujob.dev";
 /// Field manager of the rewrites and the storedVersions update.
@@ -95,17 +97,13 @@ pub enum MigrateError {
     )]
     NoCrd,
     #[error("reading the CRD {CRD_NAME}: {0}")]
-    ReadCrd(#[source] kube::Error),
+    ReadCrd(String),
     #[error("the CRD {CRD_NAME} has no version marked storage: true; fix the CRD first")]
     NoStorageVersion,
     #[error(
         "listing GpuJobs in {api_version}: {error}; status.storedVersions unchanged, rerun to finish (objects stored in another version are converted by the webhook on this read: it must answer)"
     )]
-    List {
-        api_version: String,
-        #[source]
-        error: kube::Error,
-    },
+    List { api_version: String, error: String },
     #[error(
         "rewriting GpuJob {namespace}/{name} in {api_version}: {error}; status.storedVersions unchanged, rerun to finish"
     )]
@@ -113,8 +111,7 @@ pub enum MigrateError {
         namespace: String,
         name: String,
         api_version: String,
-        #[source]
-        error: kube::Error,
+        error: String,
     },
     #[error(
         "the CRD's storage version changed from {from} to {to} during the run: objects may be stored in either, so status.storedVersions is left as it is; rerun to migrate to {to}"
@@ -123,11 +120,7 @@ pub enum MigrateError {
     #[error(
         "updating status.storedVersions of the CRD {CRD_NAME} to [{storage}]: {error}; every object is migrated, rerun to record it"
     )]
-    StoredVersions {
-        storage: String,
-        #[source]
-        error: kube::Error,
-    },
+    StoredVersions { storage: String, error: String },
 }
 
 impl MigrateError {
@@ -173,7 +166,7 @@ async fn read_crd(
 ) -> Result<CustomResourceDefinition, MigrateError> {
     crds.get_opt(CRD_NAME)
         .await
-        .map_err(MigrateError::ReadCrd)?
+        .map_err(|e| MigrateError::ReadCrd(describe(&e)))?
         .ok_or(MigrateError::NoCrd)
 }
 
@@ -230,7 +223,7 @@ pub async fn run(client: Client, options: &Options) -> Result<Report, MigrateErr
             Err(error) => {
                 return Err(MigrateError::List {
                     api_version: resource.api_version.clone(),
-                    error,
+                    error: describe(&error),
                 });
             }
         };
@@ -305,7 +298,7 @@ async fn rewrite(
             namespace,
             name,
             api_version: resource.api_version.clone(),
-            error,
+            error: describe(&error),
         }),
     }
 }
@@ -345,7 +338,7 @@ async fn set_stored_versions(
             Err(error) => {
                 return Err(MigrateError::StoredVersions {
                     storage: storage.to_owned(),
-                    error,
+                    error: describe(&error),
                 });
             }
         }
