@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use devcluster::identity::OPERATOR_USER;
 use devcluster::{Identity, wait};
+use futures::{StreamExt, TryStreamExt};
 use gpujob_operator::api::{Conversion, CrdOptions, GpuJob, Phase, StorageVersion};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
@@ -27,7 +28,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams,
+    PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use serde_json::{Value, json};
 use support::prometheus::free_address;
@@ -671,19 +672,53 @@ async fn a_v1_only_operator_runs_a_gpujob_written_through_v2_as_its_v1_fields_sa
         "image": "busybox",
         "env": sim_env(&[("SIM_FAIL_ATTEMPTS", "1")]),
         "resources": {"gpus": 1, "product": "NVIDIA-H100"},
-        // Ten minutes of backoff of its own: the operator's (1 s in the tests) applies.
-        "retryPolicy": {"maxRetries": 2, "backoffSeconds": 600},
+        // A backoff of its own (3 s, under the test replicas' 4 s cap): the operator's
+        // (1 s in the tests) applies instead.
+        "retryPolicy": {"maxRetries": 2, "backoffSeconds": 3},
         "template": template,
     });
-    s.create_v2("from-v2", sent.clone()).await;
-    let done = env
-        .wait_gpujob(
-            "from-v2",
-            "Succeeded on attempt 2, after the operator's backoff",
-            |g| phase(g) == Some(Phase::Succeeded),
+    // Every status the GpuJob goes through, from a watch started before it exists.
+    let api = env.gpujobs();
+    let from = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut events = api
+        .watch(
+            &WatchParams::default().fields("metadata.name=from-v2"),
+            &from,
         )
-        .await;
+        .await
+        .unwrap()
+        .boxed();
+    s.create_v2("from-v2", sent.clone()).await;
+    let mut backoffs = Vec::new();
+    let done = tokio::time::timeout(WAIT, async {
+        while let Some(event) = events.try_next().await.unwrap() {
+            let (WatchEvent::Added(g) | WatchEvent::Modified(g)) = event else {
+                continue;
+            };
+            let status = g.status.clone().unwrap_or_default();
+            if let (Some(next), Some(failed)) = (status.next_attempt_time, &status.last_failure) {
+                backoffs.push(next.duration_since(failed.time).as_secs());
+            }
+            if status.phase == Some(Phase::Succeeded) {
+                return g;
+            }
+        }
+        panic!("the watch ended")
+    })
+    .await
+    .expect("from-v2 Succeeded");
     assert_eq!(done.status.as_ref().unwrap().attempts, 2);
+    assert!(!backoffs.is_empty(), "a backoff was recorded");
+    assert!(
+        backoffs.iter().all(|b| *b == 1),
+        "the operator's 1 s backoff, not the GpuJob's 3 s: {backoffs:?}"
+    );
 
     let jobs = env.jobs_of(&done).await;
     assert_eq!(jobs.len(), 2);
