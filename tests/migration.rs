@@ -33,7 +33,7 @@ use kube::api::{
 use serde_json::{Value, json};
 use support::prometheus::free_address;
 use support::replicas::{self, Replica};
-use support::{TestEnv, WAIT, phase, sim_env};
+use support::{TestEnv, WAIT, sim_env};
 
 const CRD_NAME: &str = "gpujobs.gpujob.dev";
 const MIGRATE_ROLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd/migrate-role.yaml");
