@@ -5,7 +5,8 @@
 //!   shipped role deploy/crd/migrate-role.yaml) after the CRD switched to storing v2:
 //!   every GpuJob ends up stored as v2 (read from etcd itself), reads the same in v1 and
 //!   v2 as before, `status.storedVersions` becomes `["v2"]`; a run stopped early changes
-//!   only what it rewrote, a second run nothing; it refuses without the CRD;
+//!   only what it rewrote, a second run nothing; back to storing v1 the same way; it
+//!   refuses without its role and without the CRD;
 //! - `run --api-versions=v1`: a GpuJob written through v2 with a template runs as its v1
 //!   fields say.
 
@@ -549,6 +550,21 @@ async fn migrate_storage_moves_every_gpujob_to_v2_losing_nothing_and_resumes() {
         "objects of v1 remain"
     );
 
+    let first_run = |list: Vec<DynamicObject>| -> Vec<(Option<String>, Option<String>)> {
+        list.into_iter()
+            .filter(|o| o.metadata.name.as_deref() < Some("a-v1-5"))
+            .map(|o| (o.metadata.name, o.metadata.resource_version))
+            .collect()
+    };
+    let migrated = first_run(
+        s.raw("v2")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items,
+    );
+    assert_eq!(migrated.len(), 5);
+
     // Run again: it finishes, in pages of 5, with progress lines.
     let (ok, log) = s
         .migrate(&["--page-size", "5", "--progress-every", "4"])
@@ -566,6 +582,17 @@ async fn migrate_storage_moves_every_gpujob_to_v2_losing_nothing_and_resumes() {
         "{stored:?}"
     );
     assert_eq!(s.stored_versions().await, ["v2"]);
+    assert_eq!(
+        first_run(
+            s.raw("v2")
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+        ),
+        migrated,
+        "objects stored as v2 already are not written again"
+    );
 
     // Nothing lost: each object reads as before, in both versions (generation too: the
     // rewrite changed no spec).
@@ -626,6 +653,45 @@ async fn migrate_storage_moves_every_gpujob_to_v2_losing_nothing_and_resumes() {
         .to_string();
     assert!(err.contains("conversion webhook"), "{err}");
     drop(r);
+
+    // And back: storage v1 again, migrated again, nothing lost on the way.
+    let _replica = s.replica(1, &[]);
+    s.wait_webhook("the webhook of the restarted replica-1")
+        .await;
+    s.store(StorageVersion::V1).await;
+    assert_eq!(s.stored_versions().await, ["v2", "v1"]);
+    let mut n = 0;
+    wait::until(
+        "a write stored as v1",
+        WAIT,
+        Duration::from_millis(100),
+        || {
+            n += 1;
+            let (probes, n) = (probes.clone(), n);
+            async move {
+                let patch = json!({"metadata": {"labels": {"probe": format!("back-{n}")}}});
+                probes
+                    .patch("probe", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .ok()?;
+                (setup.stored().await["probe"] == "gpujob.dev/v1").then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let (ok, log) = s.migrate(&[]).await;
+    assert!(ok, "{log}");
+    let stored = s.stored().await;
+    assert_eq!(
+        (stored.len(), count(&stored, "gpujob.dev/v1")),
+        (13, 13),
+        "{stored:?}"
+    );
+    assert_eq!(s.stored_versions().await, ["v1"]);
+    let mut back = s.snapshot().await;
+    back.remove("probe");
+    assert_eq!(back, before, "v1 -> v2 -> v1 storage loses nothing");
 
     // Without the CRD there is nothing to migrate, and the tool says so.
     s.crds()
