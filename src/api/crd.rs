@@ -1,4 +1,5 @@
-//! The CRD: `gpujob.dev/v1` (storage, deprecated) and `gpujob.dev/v2`, converted by the
+//! The CRD: `gpujob.dev/v1` (deprecated) and `gpujob.dev/v2`, either one stored (v1 by
+//! default; v2 from step 2 of the upgrade, `crd --storage-version v2`), converted by the
 //! operator's webhook (src/server/conversion.rs). `deploy/crd/crd.yaml` is
 //! [`crd_yaml`]; [`crd_yaml_with`] points the webhook elsewhere (a URL, for tests and
 //! a webhook outside the cluster) or leaves v2 out.
