@@ -281,19 +281,23 @@ impl Setup {
         let mut end = prefix.clone().into_bytes();
         *end.last_mut().unwrap() += 1;
         let body = json!({"key": b64(prefix.as_bytes()), "range_end": b64(&end)}).to_string();
-        let out = tokio::task::spawn_blocking(move || {
-            std::process::Command::new("curl")
-                .args(["-sS", "--fail", "-X", "POST", "-d", &body])
-                .arg(format!("{url}/v3/kv/range"))
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap();
+        // etcd's JSON gateway, over plain HTTP on 127.0.0.1 (no curl on a fresh machine).
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Full<bytes::Bytes>>();
+        let request = http::Request::post(format!("{url}/v3/kv/range"))
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        let status = response.status();
+        let out = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
         assert!(
-            out.status.success(),
-            "etcd: {}",
-            String::from_utf8_lossy(&out.stderr)
+            status.is_success(),
+            "etcd: {status} {}",
+            String::from_utf8_lossy(&out)
         );
         #[derive(serde::Deserialize)]
         struct Range {
@@ -305,7 +309,7 @@ impl Setup {
             key: ByteString,
             value: ByteString,
         }
-        let range: Range = serde_json::from_slice(&out.stdout).unwrap();
+        let range: Range = serde_json::from_slice(&out).unwrap();
         range
             .kvs
             .into_iter()
