@@ -23,7 +23,7 @@ pub async fn start(deploy: &Path, namespaces: &[String]) -> anyhow::Result<(Cont
     std::fs::write(&crd, crd_yaml_with(&v1_only)?)
         .with_context(|| format!("writing {}", crd.display()))?;
     let cluster = ControlPlane::start(Options {
-        crds: vec![crd],
+        crds: vec![crd.clone()],
         ..Options::default()
     })
     .await
