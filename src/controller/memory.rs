@@ -28,7 +28,9 @@ struct Entry {
     replaced: HashSet<String>,
     /// The GpuJob as the last status write returned it.
     latest: Option<Arc<GpuJob>>,
-    /// Jobs created, by name, until the cache has them, kept as the cache keeps Jobs.
+    /// Jobs created, or read from the API server, that the cache has not shown yet, by
+    /// name, until it does (or a relist or their deletion says they are gone), kept as
+    /// the cache keeps Jobs.
     created: BTreeMap<String, Cached>,
     /// Jobs deleted (name → uid), until the cache drops them.
     deleted: BTreeMap<String, String>,
@@ -225,6 +227,27 @@ impl WriteMemory {
             entry(&mut entries, key, owner)
                 .created
                 .insert(cached.name().to_owned(), cached);
+        }
+    }
+
+    /// Records a Job read from the API server because the cache did not have it (its
+    /// watch lags or is relisting). Kept like a created one: if the Job goes before the
+    /// cache ever shows it, no watch event will say so, but the relist that ends the
+    /// lag names this GpuJob ([`WriteMemory::jobs_relisted`]), so it is looked at again.
+    pub fn job_read(&self, key: &Key, owner: &GpuJob, job: &Job) {
+        self.job_created(key, owner, job);
+    }
+
+    /// A delete of Job `name` was refused for its resourceVersion: a copy kept here is
+    /// stale. It goes, so the next look reads the Job again instead of retrying the
+    /// same version until the watch catches up.
+    pub fn job_stale(&self, key: &Key, name: &str) {
+        let mut entries = self.lock();
+        if let Some(entry) = entries.get_mut(key) {
+            entry.created.remove(name);
+            if entry.is_empty() {
+                entries.remove(key);
+            }
         }
     }
 
@@ -562,6 +585,41 @@ mod tests {
         let seen = m.gpujob(&key(), || Some(stale)).unwrap();
         assert_eq!(seen.metadata.resource_version.as_deref(), Some("2"));
         assert!(m.jobs_relisted().is_empty(), "nothing about Jobs left");
+    }
+
+    #[test]
+    fn a_job_read_past_a_lagging_cache_shows_until_the_cache_or_a_relist_speaks() {
+        // The soak's stuck `Replacing`: the Job was read (the cache, relisting, did not
+        // have it), deleted, and gone before the relist ended; with no event for a Job
+        // the cache never had, only this memory could name the GpuJob again.
+        let m = WriteMemory::default();
+        let owner = gj("1", "u");
+        m.job_read(&key(), &owner, &job("a-1", "j1"));
+        let names = |jobs: Vec<Arc<Job>>| -> Vec<String> {
+            jobs.iter()
+                .filter_map(|j| j.metadata.name.clone())
+                .collect()
+        };
+        assert_eq!(
+            names(m.jobs(&key(), "u", Vec::new)),
+            vec!["a-1"],
+            "shown without a second read"
+        );
+        assert_eq!(
+            m.jobs_relisted(),
+            vec![key()],
+            "the relist names its GpuJob"
+        );
+        assert!(
+            m.jobs(&key(), "u", Vec::new).is_empty(),
+            "as the relist has it"
+        );
+
+        // A delete refused for its resourceVersion drops the copy: read again next time.
+        m.job_read(&key(), &owner, &job("a-1", "j1"));
+        m.job_stale(&key(), "a-1");
+        assert!(m.jobs(&key(), "u", Vec::new).is_empty());
+        assert_eq!(m.entries(), 0);
     }
 
     #[test]

@@ -78,6 +78,9 @@ pub async fn observe(ctx: &Context, key: &Key, epoch: u64) -> Result<Option<Snap
         if let Some(job) = api.get_opt(&name).await.map_err(Error::kube("read_job"))?
             && is_controlled_by(&job, &uid)
         {
+            // Remembered until the cache has it: should it go before then, only the
+            // relist ending the lag can say so, and it names GpuJobs by this memory.
+            ctx.memory.job_read(key, &gpujob, &job);
             jobs.push(Arc::new(job));
         }
     }

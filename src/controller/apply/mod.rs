@@ -166,15 +166,22 @@ pub async fn execute(
                 resource_version,
                 foreground,
             } => {
-                w.delete_job(
-                    fence,
-                    &key.namespace,
-                    name,
-                    uid,
-                    resource_version,
-                    *foreground,
-                )
-                .await?;
+                let deleted = w
+                    .delete_job(
+                        fence,
+                        &key.namespace,
+                        name,
+                        uid,
+                        resource_version,
+                        *foreground,
+                    )
+                    .await;
+                if let Err(e) = deleted {
+                    if matches!(e, Error::Conflict { .. }) {
+                        ctx.memory.job_stale(key, name);
+                    }
+                    return Err(e);
+                }
                 if *foreground {
                     info!(job = %name, "deleting the running attempt's Job to replace it (spec changed)");
                 } else {
