@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::client::Limits;
 use crate::controller::validate::{ServiceAccounts, SpecLimits};
-use crate::controller::{PlanSettings, Settings};
+use crate::controller::{ApiVersions, PlanSettings, Settings};
 use crate::lease::Timing;
 use crate::queue::Backoff;
 use crate::quota::{HttpProvider, HttpSettings, Provider};
@@ -30,6 +30,74 @@ pub enum Command {
     /// Print the GpuJob CustomResourceDefinition (without options: what
     /// deploy/crd/crd.yaml holds).
     Crd(CrdArgs),
+    /// Rewrite every stored GpuJob in the CRD's storage version, then set the CRD's
+    /// status.storedVersions to just that version (README, "Upgrading the API", step 2).
+    /// Safe to interrupt and to run again.
+    MigrateStorage(MigrateArgs),
+}
+
+/// `gpujob-operator migrate-storage`.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// API requests per second (list pages and rewrites), so the API server and etcd
+    /// keep serving everyone else.
+    #[arg(long, env = "GPUJOB_MIGRATE_QPS", default_value_t = 10.0)]
+    pub qps: f64,
+    /// GpuJobs per list page.
+    #[arg(long, env = "GPUJOB_MIGRATE_PAGE_SIZE", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub page_size: u32,
+    /// Stop after this many GpuJobs, leaving status.storedVersions as it is (a careful
+    /// first run; running again without it finishes).
+    #[arg(long, env = "GPUJOB_MIGRATE_LIMIT")]
+    pub limit: Option<u64>,
+    /// A progress line every this many GpuJobs...
+    #[arg(long, env = "GPUJOB_MIGRATE_PROGRESS_EVERY", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub progress_every: u64,
+    /// ...or after this long, whichever comes first.
+    #[arg(long, env = "GPUJOB_MIGRATE_PROGRESS_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub progress_interval: Duration,
+    /// An API request that goes this long without a byte is abandoned (the run fails
+    /// and can be run again).
+    #[arg(long, env = "GPUJOB_API_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub api_timeout: Duration,
+    /// Log format.
+    #[arg(long, env = "GPUJOB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl MigrateArgs {
+    /// The run's options and its client limits, checked.
+    pub fn options(&self) -> Result<(crate::migrate::Options, Limits), String> {
+        if self.qps.is_nan() || self.qps <= 0.0 {
+            return Err(format!("--qps {} must be greater than zero", self.qps));
+        }
+        if self.api_timeout < Duration::from_secs(1) {
+            return Err(format!(
+                "--api-timeout ({:?}) must be at least 1s",
+                self.api_timeout
+            ));
+        }
+        let options = crate::migrate::Options {
+            page_size: self.page_size,
+            limit: self.limit,
+            progress_every: self.progress_every,
+            progress_interval: self.progress_interval,
+        };
+        // No bursts: the pace is the rate asked for, from the first request.
+        let limits = Limits {
+            qps: self.qps,
+            burst: 1,
+            timeout: self.api_timeout,
+        };
+        Ok((options, limits))
+    }
+}
+
+/// `gpujob-operator crd --storage-version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StorageArg {
+    V1,
+    V2,
 }
 
 /// `gpujob-operator crd`: which CRD to print.
@@ -48,8 +116,12 @@ pub struct CrdArgs {
     /// gpujob.dev/v1 alone, without conversion: the CRD as it was before v2 was served,
     /// for an API server no operator webhook answers (the shared test control plane,
     /// the demo).
-    #[arg(long, conflicts_with_all = ["webhook_url", "ca_bundle_file"])]
+    #[arg(long, conflicts_with_all = ["webhook_url", "ca_bundle_file", "storage_version"])]
     pub v1_only: bool,
+    /// The version GpuJobs are stored in: v1 (step 1 of the upgrade) or v2 (step 2:
+    /// then run `gpujob-operator migrate-storage`). v1 stays served, deprecated.
+    #[arg(long, value_enum, default_value_t = StorageArg::V1)]
+    pub storage_version: StorageArg,
 }
 
 impl CrdArgs {
@@ -85,6 +157,10 @@ impl CrdArgs {
         Ok(crate::api::CrdOptions {
             conversion,
             ca_bundle,
+            storage: match self.storage_version {
+                StorageArg::V1 => crate::api::StorageVersion::V1,
+                StorageArg::V2 => crate::api::StorageVersion::V2,
+            },
         })
     }
 }
@@ -254,6 +330,27 @@ pub struct RunArgs {
     /// Retries allowed in a burst above --retry-qps.
     #[arg(long, env = "GPUJOB_RETRY_BURST", default_value_t = 100)]
     pub retry_burst: u32,
+    /// The GpuJob API versions whose meaning the operator applies: `v1,v2`, or `v1` (the
+    /// rollback mode: spec.v2, where a v1 object keeps what was written through v2, is
+    /// ignored: no template, no GPU product, no per-GpuJob backoff; each Job is built as
+    /// before v2 existed). The conversion webhook runs with --conversion-cert-dir either
+    /// way.
+    #[arg(long, env = "GPUJOB_API_VERSIONS", default_value = "v1,v2", value_parser = parse_api_versions)]
+    pub api_versions: ApiVersions,
+}
+
+/// `v1,v2` (any order) or `v1`.
+pub fn parse_api_versions(s: &str) -> Result<ApiVersions, String> {
+    let mut versions: Vec<&str> = s.split(',').map(str::trim).collect();
+    versions.sort_unstable();
+    versions.dedup();
+    match versions[..] {
+        ["v1"] => Ok(ApiVersions::V1),
+        ["v1", "v2"] => Ok(ApiVersions::V1AndV2),
+        _ => Err(format!(
+            "{s:?}: the operator knows `v1,v2` or, rolled back, `v1` (it works on v1 objects, so v1 is always in)"
+        )),
+    }
 }
 
 impl RunArgs {
@@ -433,6 +530,7 @@ impl RunArgs {
                 },
                 cleanup_timeout: self.cleanup_timeout,
                 default_ttl: self.default_ttl_after_finished,
+                api_versions: self.api_versions,
                 ..PlanSettings::default()
             },
             identity: self.identity(),
@@ -522,7 +620,7 @@ mod tests {
             all.extend_from_slice(args);
             match Cli::try_parse_from(all).unwrap().command {
                 Command::Run(a) => *a,
-                Command::Crd(_) => panic!("run"),
+                _ => panic!("run"),
             }
         };
         let a = parse(&[]);
@@ -546,7 +644,7 @@ mod tests {
         all.extend_from_slice(args);
         match Cli::try_parse_from(all).unwrap().command {
             Command::Run(a) => *a,
-            Command::Crd(_) => panic!("run"),
+            _ => panic!("run"),
         }
     }
 
@@ -604,5 +702,64 @@ mod tests {
         .listen()
         .unwrap_err();
         assert!(err.contains("--listen-address both use port 8080"), "{err}");
+    }
+
+    #[test]
+    fn api_versions_are_v1_and_v2_unless_rolled_back() {
+        let s = |args: &[&str]| run_args(args).settings().unwrap().plan.api_versions;
+        assert_eq!(s(&[]), ApiVersions::V1AndV2);
+        assert_eq!(s(&["--api-versions=v1"]), ApiVersions::V1);
+        assert_eq!(s(&["--api-versions", "v2,v1"]), ApiVersions::V1AndV2);
+        for bad in ["v2", "v3", "", "v1,v3"] {
+            let err = Cli::try_parse_from(["gpujob-operator", "run", "--api-versions", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("v1"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_crd_of_step_two_stores_v2() {
+        let crd = |args: &[&str]| {
+            let mut all = vec!["gpujob-operator", "crd"];
+            all.extend_from_slice(args);
+            match Cli::try_parse_from(all).map(|c| c.command) {
+                Ok(Command::Crd(a)) => a.options(),
+                Ok(_) => panic!("crd"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        use crate::api::StorageVersion;
+        assert_eq!(crd(&[]).unwrap().storage, StorageVersion::V1);
+        assert_eq!(
+            crd(&["--storage-version", "v2"]).unwrap().storage,
+            StorageVersion::V2
+        );
+        assert!(crd(&["--storage-version", "v2", "--v1-only"]).is_err());
+    }
+
+    #[test]
+    fn migrate_storage_is_paced_and_checked() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["gpujob-operator", "migrate-storage"];
+            all.extend_from_slice(args);
+            match Cli::try_parse_from(all).unwrap().command {
+                Command::MigrateStorage(a) => a,
+                _ => panic!("migrate-storage"),
+            }
+        };
+        let (options, limits) = parse(&[]).options().unwrap();
+        assert_eq!((limits.qps, limits.burst), (10.0, 1));
+        assert_eq!((options.page_size, options.limit), (100, None));
+        let (options, _) = parse(&["--limit", "3", "--page-size", "2"])
+            .options()
+            .unwrap();
+        assert_eq!((options.page_size, options.limit), (2, Some(3)));
+        assert!(
+            parse(&["--qps", "0"])
+                .options()
+                .unwrap_err()
+                .contains("--qps")
+        );
     }
 }

@@ -14,6 +14,7 @@ pub mod failpoint;
 mod hash;
 pub mod lease;
 pub mod metrics;
+pub mod migrate;
 pub mod queue;
 pub mod quota;
 pub mod ratelimit;

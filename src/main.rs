@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use gpujob_operator::cli::{Cli, Command, LogFormat, RunArgs};
+use gpujob_operator::cli::{Cli, Command, LogFormat, MigrateArgs, RunArgs};
 use gpujob_operator::client::Limits;
 use gpujob_operator::lease::{self, Elector, Ownership, ShardLeases};
 use gpujob_operator::metrics::Metrics;
@@ -22,6 +22,7 @@ fn main() -> ExitCode {
             .and_then(|options| api::crd_yaml_with(&options).context("generating the CRD"))
             .map(|yaml| print!("{yaml}")),
         Command::Run(args) => run(*args),
+        Command::MigrateStorage(args) => migrate_storage(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -54,6 +55,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let metrics = status.metrics.clone();
         info!(identity = %identity, version = env!("CARGO_PKG_VERSION"), leader_elect = args.leader_elect,
             shards = args.shards, "gpujob-operator starting");
+        if settings.plan.api_versions == controller::ApiVersions::V1 {
+            tracing::warn!(
+                "--api-versions=v1 (rollback mode): spec.v2 of every GpuJob is ignored (no pod template, GPU product or per-GpuJob backoff; Jobs are built as before v2 existed) and left as it is; the conversion webhook runs if --conversion-cert-dir is given"
+            );
+        }
         // Secure metrics review each scraper's token: unfenced (standbys serve metrics too),
         // on a small budget of their own (each token is reviewed once a minute at most),
         // and given up after 10 s, when a scrape would have timed out anyway.
@@ -125,6 +131,27 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             Ok(Err(e)) => result.and(Err(e)),
             Err(e) => result.and(Err(e.into())),
         }
+    })
+}
+
+fn migrate_storage(args: &MigrateArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    let (options, limits) = args.options().map_err(anyhow::Error::msg)?;
+    client::install_crypto_provider();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let config = kube::Config::infer()
+            .await
+            .context("loading the kubeconfig (KUBECONFIG, ~/.kube/config or in-cluster)")?;
+        let client = client::build(config, "migrate-storage", limits, None, None)
+            .context("building the API client")?;
+        gpujob_operator::migrate::run(client, &options)
+            .await
+            .context("migrate-storage")?;
+        Ok(())
     })
 }
 

@@ -118,6 +118,7 @@ impl Setup {
         let crd = gpujob_operator::api::crd_yaml_with(&CrdOptions {
             conversion: Conversion::Url(format!("https://{front}/convert")),
             ca_bundle: Some(ca.into_bytes()),
+            ..CrdOptions::default()
         })
         .unwrap();
         let crd_file = cert_dir.join("crd.yaml");

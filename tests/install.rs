@@ -134,8 +134,9 @@ fn every_tree_renders_with_what_it_should_hold() {
             ("CustomResourceDefinition", "gpujobs.gpujob.dev"),
             ("ClusterRole", "gpujob-view"),
             ("ClusterRole", "gpujob-edit"),
+            ("ClusterRole", "gpujob-migrate-storage"),
         ]),
-        "deploy/crd holds the API and its user roles only"
+        "deploy/crd holds the API, its user roles and the migration's role only"
     );
     assert_eq!(
         kinds(operator),

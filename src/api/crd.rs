@@ -1,4 +1,5 @@
-//! The CRD: `gpujob.dev/v1` (storage, deprecated) and `gpujob.dev/v2`, converted by the
+//! The CRD: `gpujob.dev/v1` (deprecated) and `gpujob.dev/v2`, either one stored (v1 by
+//! default; v2 from step 2 of the upgrade, `crd --storage-version v2`), converted by the
 //! operator's webhook (src/server/conversion.rs). `deploy/crd/crd.yaml` is
 //! [`crd_yaml`]; [`crd_yaml_with`] points the webhook elsewhere (a URL, for tests and
 //! a webhook outside the cluster) or leaves v2 out.
@@ -32,6 +33,28 @@ pub struct CrdOptions {
     /// PEM of the CA that signed the webhook's serving certificate (`caBundle`). None:
     /// injected later (cert-manager, scripts/webhook-cert.sh).
     pub ca_bundle: Option<Vec<u8>>,
+    /// Which version the API server stores objects in.
+    pub storage: StorageVersion,
+}
+
+/// The version GpuJobs are stored in (README, "Upgrading the API": step 1 stores v1,
+/// step 2 stores v2 and runs `gpujob-operator migrate-storage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StorageVersion {
+    #[default]
+    V1,
+    /// v2 stored, v1 still served (deprecated), both converted by the webhook.
+    V2,
+}
+
+impl StorageVersion {
+    /// `v1` or `v2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageVersion::V1 => "v1",
+            StorageVersion::V2 => "v2",
+        }
+    }
 }
 
 /// Who converts between v1 and v2.
@@ -58,6 +81,8 @@ pub enum CrdError {
     Yaml(#[from] serde_saphyr::SerializeError),
     #[error("--ca-bundle-file is only for a CRD with a conversion webhook")]
     CaBundleWithoutWebhook,
+    #[error("a v1-only CRD cannot store v2: storing v2 needs both versions and the webhook")]
+    V2StorageWithoutV2,
 }
 
 /// The CRD manifest, as `gpujob-operator crd` prints it and `deploy/crd/crd.yaml` holds it.
@@ -73,17 +98,26 @@ pub fn crd_yaml_with(options: &CrdOptions) -> Result<String, CrdError> {
     ))
 }
 
-/// The CRD for `options`: v1 (storage, deprecated) and v2, or v1 alone.
+/// The CRD for `options`: v1 (deprecated) and v2, either one stored, or v1 alone.
 pub fn crd(options: &CrdOptions) -> Result<CustomResourceDefinition, CrdError> {
     let url = match &options.conversion {
         Conversion::V1Only if options.ca_bundle.is_some() => {
             return Err(CrdError::CaBundleWithoutWebhook);
         }
+        Conversion::V1Only if options.storage == StorageVersion::V2 => {
+            return Err(CrdError::V2StorageWithoutV2);
+        }
         Conversion::V1Only => return Ok(GpuJob::crd()),
         Conversion::Service => None,
         Conversion::Url(url) => Some(url.clone()),
     };
-    let mut crd = merge_crds(vec![GpuJob::crd(), v2::GpuJob::crd()], "v1")?;
+    let mut crd = merge_crds(
+        vec![GpuJob::crd(), v2::GpuJob::crd()],
+        options.storage.name(),
+    )?;
+    // merge_crds lists the storage version first; keep v1, v2 whichever is stored, so
+    // the two manifests differ only where they must.
+    crd.spec.versions.sort_by(|a, b| a.name.cmp(&b.name));
     for version in &mut crd.spec.versions {
         if version.name == "v1" {
             version.deprecated = Some(true);
@@ -174,6 +208,7 @@ mod tests {
         let crd = crd(&CrdOptions {
             conversion: Conversion::Url("https://127.0.0.1:9443/convert".to_owned()),
             ca_bundle: Some(b"-----BEGIN CERTIFICATE-----\n".to_vec()),
+            ..CrdOptions::default()
         })
         .unwrap();
         assert!(crd.metadata.annotations.is_none(), "no cert-manager here");
@@ -200,7 +235,7 @@ mod tests {
     fn v1_only_is_the_crd_before_v2() {
         let crd = crd(&CrdOptions {
             conversion: Conversion::V1Only,
-            ca_bundle: None,
+            ..CrdOptions::default()
         })
         .unwrap();
         assert_eq!(versions(&crd), [("v1".to_owned(), true, true, None)]);
@@ -208,9 +243,35 @@ mod tests {
         assert!(
             super::crd(&CrdOptions {
                 conversion: Conversion::V1Only,
-                ca_bundle: Some(Vec::new())
+                ca_bundle: Some(Vec::new()),
+                ..CrdOptions::default()
             })
             .is_err()
         );
+        assert!(
+            super::crd(&CrdOptions {
+                conversion: Conversion::V1Only,
+                storage: StorageVersion::V2,
+                ..CrdOptions::default()
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn step_two_stores_v2_and_still_serves_v1_deprecated_through_the_webhook() {
+        let crd = crd(&CrdOptions {
+            storage: StorageVersion::V2,
+            ..CrdOptions::default()
+        })
+        .unwrap();
+        assert_eq!(
+            versions(&crd),
+            [
+                ("v1".to_owned(), true, false, Some(true)),
+                ("v2".to_owned(), true, true, None)
+            ]
+        );
+        assert_eq!(crd.spec.conversion.unwrap().strategy, "Webhook");
     }
 }

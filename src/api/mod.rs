@@ -11,7 +11,7 @@ mod spec;
 mod status;
 pub mod v2;
 
-pub use crd::{Conversion, CrdOptions, crd_yaml, crd_yaml_with};
+pub use crd::{Conversion, CrdOptions, StorageVersion, crd_yaml, crd_yaml_with};
 pub use spec::{EnvVar, GpuJob, GpuJobSpec, UpdatePolicy, V2Only};
 pub use status::{Condition, ConditionStatus, FailureRecord, GpuJobStatus, Phase};
 

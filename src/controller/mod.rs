@@ -27,7 +27,7 @@ use crate::lease::InFlight;
 use crate::metrics::Metrics;
 use crate::queue::Backoff;
 use crate::quota::Provider;
-pub use plan::{Next, PlanSettings};
+pub use plan::{ApiVersions, Next, PlanSettings};
 pub use reconcile::reconcile;
 pub use runner::{run, run_unfenced};
 

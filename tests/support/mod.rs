@@ -42,6 +42,7 @@ pub fn test_crd() -> std::path::PathBuf {
     let yaml = gpujob_operator::api::crd_yaml_with(&gpujob_operator::api::CrdOptions {
         conversion: gpujob_operator::api::Conversion::V1Only,
         ca_bundle: None,
+        ..Default::default()
     })
     .unwrap();
     // Named by its content: every test process of a run shares one file, and a changed

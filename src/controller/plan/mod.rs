@@ -52,6 +52,21 @@ pub struct PlanSettings {
     /// Finished GpuJobs without `ttlSecondsAfterFinished` are deleted this long after
     /// they finished; `None`: kept.
     pub default_ttl: Option<Duration>,
+    /// The API versions whose meaning the operator applies (`--api-versions`).
+    pub api_versions: ApiVersions,
+}
+
+/// What the operator knows of the GpuJob API (`--api-versions`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ApiVersions {
+    /// v1 and v2: `spec.v2` (template, GPU product, per-GpuJob backoff, deadline as
+    /// written) shapes each attempt.
+    #[default]
+    V1AndV2,
+    /// The rollback mode: v1 as it was before v2 existed. `spec.v2` is ignored (never
+    /// removed: the plan reads a copy without it, and no write touches the spec), so a
+    /// GpuJob written through v2 runs as its v1 fields say.
+    V1,
 }
 
 impl Default for PlanSettings {
@@ -65,6 +80,7 @@ impl Default for PlanSettings {
             cleanup_timeout: Duration::from_secs(15 * 60),
             name_conflict_retry: Duration::from_secs(60),
             default_ttl: None,
+            api_versions: ApiVersions::default(),
         }
     }
 }
@@ -226,6 +242,29 @@ impl Plan {
 }
 
 pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
+    // The rollback mode plans on a copy without spec.v2: validation, the Job and the
+    // backoff then see only what v1 said before v2 existed.
+    let v1_only;
+    let stripped;
+    let obs = match settings.api_versions {
+        ApiVersions::V1 if obs.gpujob.spec.v2.is_some() => {
+            let mut gj = obs.gpujob.clone();
+            gj.spec.v2 = None;
+            v1_only = gj;
+            stripped = Observed {
+                gpujob: &v1_only,
+                jobs: obs.jobs.clone(),
+                termination: obs.termination.clone(),
+                refused: obs.refused.clone(),
+                quota_required: obs.quota_required,
+                quota: obs.quota.clone(),
+                confirmed: obs.confirmed,
+                now: obs.now,
+            };
+            &stripped
+        }
+        _ => obs,
+    };
     let mut p = Planner::new(obs, settings);
     p.run();
     p.confirm_before_effects();

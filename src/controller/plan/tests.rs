@@ -47,6 +47,7 @@ fn settings() -> PlanSettings {
         cleanup_timeout: Duration::from_secs(60),
         name_conflict_retry: Duration::from_secs(30),
         default_ttl: None,
+        api_versions: ApiVersions::V1AndV2,
     }
 }
 
@@ -1220,6 +1221,88 @@ mod v2_values {
             creates(&run(&g, &jobs, None, "2026-11-30T06:00:55Z")),
             vec![2]
         );
+    }
+
+    #[test]
+    fn the_v1_rollback_mode_runs_the_job_as_v1_says_and_ignores_spec_v2() {
+        let g = with_v2(
+            gpujob(3),
+            V2Only {
+                template: Some(json!({"spec": {"volumes": [{"name": "data", "emptyDir": {}}]}})),
+                gpu_product: Some("NVIDIA-H100".into()),
+                backoff_seconds: Some(25),
+                attempt_deadline: Some("90m".into()),
+            },
+        );
+        let v1 = PlanSettings {
+            api_versions: ApiVersions::V1,
+            ..settings()
+        };
+        let plan_v1 = |g: &GpuJob, jobs: &[Job], termination, now| {
+            plan(
+                &Observed {
+                    gpujob: g,
+                    jobs: jobs.iter().collect(),
+                    termination,
+                    refused: None,
+                    quota_required: false,
+                    quota: None,
+                    confirmed: true,
+                    now: t(now),
+                },
+                &v1,
+            )
+        };
+        let p = plan_v1(&g, &[], None, T0);
+        let mut without = g.clone();
+        without.spec.v2 = None;
+        assert_eq!(
+            created(&p),
+            created(&run(&without, &[], None, T0)),
+            "the Job of the same GpuJob before v2 existed"
+        );
+        let pod = created(&p)
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        assert!(pod.volumes.is_none(), "no template");
+        assert!(
+            !pod.node_selector
+                .iter()
+                .flatten()
+                .any(|(k, _)| k == crate::api::LABEL_GPU_PRODUCT),
+            "no product"
+        );
+        assert_ne!(
+            created(&p),
+            created(&run(&g, &[], None, T0)),
+            "v1 and v2 mode differ"
+        );
+
+        // The backoff is the operator's (10 s), not the GpuJob's 25 s.
+        let g = with_status(g.clone(), &p);
+        let jobs = [job(
+            &g,
+            1,
+            Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:00:30Z")),
+        )];
+        let p = plan_v1(&g, &jobs, exit(1, 1), "2026-11-30T06:00:31Z");
+        assert_eq!(p.status.next_attempt_time, Some(t("2026-11-30T06:00:40Z")));
+
+        // A v2-only value the operator would refuse does not stop a v1 run either.
+        let bad = with_v2(
+            gpujob(3),
+            V2Only {
+                template: Some(json!({"spec": {"restartPolicy": "OnFailure"}})),
+                ..V2Only::default()
+            },
+        );
+        assert_eq!(creates(&plan_v1(&bad, &[], None, T0)), vec![1]);
+        assert!(creates(&run(&bad, &[], None, T0)).is_empty());
     }
 
     #[test]

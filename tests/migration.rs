@@ -1,0 +1,834 @@
+//! Step 2 of the API upgrade and its rollback, on a real control plane of this test's own
+//! (set up as tests/conversion.rs does: the webhook CRD points at a forwarder on this
+//! machine in front of the replicas' webhooks):
+//! - `gpujob-operator migrate-storage` (the real binary, as a user holding only the
+//!   shipped role deploy/crd/migrate-role.yaml) after the CRD switched to storing v2:
+//!   every GpuJob ends up stored as v2 (read from etcd itself), reads the same in v1 and
+//!   v2 as before, `status.storedVersions` becomes `["v2"]`; a run stopped early changes
+//!   only what it rewrote, a second run nothing; back to storing v1 the same way; it
+//!   refuses without its role and without the CRD;
+//! - `run --api-versions=v1`: a GpuJob written through v2 with a template runs as its v1
+//!   fields say.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use devcluster::identity::OPERATOR_USER;
+use devcluster::{Identity, wait};
+use futures::{StreamExt, TryStreamExt};
+use gpujob_operator::api::{Conversion, CrdOptions, GpuJob, Phase, StorageVersion};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use serde_json::{Value, json};
+use support::prometheus::free_address;
+use support::replicas::{self, Replica};
+use support::{TestEnv, WAIT, sim_env};
+
+const CRD_NAME: &str = "gpujobs.gpujob.dev";
+const MIGRATE_ROLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd/migrate-role.yaml");
+
+/// A CA and a serving certificate for 127.0.0.1 it signed, in `dir` as a
+/// kubernetes.io/tls Secret mounts them; returns the CA's PEM (the CRD's caBundle).
+fn webhook_certs(dir: &Path) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&leaf_key, &ca, &ca_key)
+        .unwrap();
+    std::fs::write(dir.join("tls.crt"), pem("CERTIFICATE", leaf.der())).unwrap();
+    std::fs::write(
+        dir.join("tls.key"),
+        pem("PRIVATE KEY", &leaf_key.serialize_der()),
+    )
+    .unwrap();
+    pem("CERTIFICATE", ca.der())
+}
+
+/// PEM of `der` (rcgen is built without its `pem` feature).
+fn pem(label: &str, der: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = String::new();
+    for chunk in der.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                b64.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                b64.push('=');
+            }
+        }
+    }
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|l| std::str::from_utf8(l).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+        lines.join("\n")
+    )
+}
+
+/// The stand-in for the webhook Service: each connection goes to the first backend that
+/// accepts it; with none up, the connection is closed at once.
+async fn forwarder(backends: Vec<SocketAddr>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                continue;
+            };
+            let backends = backends.clone();
+            tokio::spawn(async move {
+                for backend in backends {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Standard base64 of `bytes` (the etcd gateway's JSON carries keys so).
+fn b64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+struct Setup {
+    env: TestEnv,
+    cert_dir: PathBuf,
+    /// The CRD's webhook URL and CA, to make the CRD again with another storage version.
+    url: String,
+    ca: String,
+    webhook: Vec<String>,
+}
+
+impl Setup {
+    async fn new(prefix: &str, replicas: usize) -> Setup {
+        let cert_dir =
+            std::env::temp_dir().join(format!("gpujob-webhook-{prefix}-{}", std::process::id()));
+        let ca = webhook_certs(&cert_dir);
+        let webhook: Vec<String> = (0..replicas).map(|_| free_address()).collect();
+        let front = forwarder(webhook.iter().map(|a| a.parse().unwrap()).collect()).await;
+        let url = format!("https://{front}/convert");
+        let crd = gpujob_operator::api::crd_yaml_with(&CrdOptions {
+            conversion: Conversion::Url(url.clone()),
+            ca_bundle: Some(ca.clone().into_bytes()),
+            storage: StorageVersion::V1,
+        })
+        .unwrap();
+        let crd_file = cert_dir.join("crd.yaml");
+        std::fs::write(&crd_file, crd).unwrap();
+        let env = TestEnv::private_with_crd(prefix, crd_file).await;
+        Setup {
+            env,
+            cert_dir,
+            url,
+            ca,
+            webhook,
+        }
+    }
+
+    /// Replica `n` (from 1) of the real binary, serving the webhook, with `extra` flags.
+    fn replica(&self, n: u8, extra: &[&str]) -> Replica {
+        let i = usize::from(n - 1);
+        let mut args = vec![
+            "--conversion-cert-dir",
+            self.cert_dir.to_str().unwrap(),
+            "--conversion-address",
+            &self.webhook[i],
+        ];
+        args.extend_from_slice(extra);
+        replicas::start(&self.env.cluster, &self.env.ns, n, &args)
+    }
+
+    fn raw(&self, version: &str) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk("gpujob.dev", version, "GpuJob");
+        let resource = ApiResource::from_gvk_with_plural(&gvk, "gpujobs");
+        Api::namespaced_with(self.env.admin.clone(), &self.env.ns, &resource)
+    }
+
+    fn crds(&self) -> Api<CustomResourceDefinition> {
+        Api::all(self.env.admin.clone())
+    }
+
+    /// Waits until a replica's webhook converts (a dry-run create of a v2 object: an
+    /// empty list would not need the webhook at all).
+    async fn wait_webhook(&self, what: &str) {
+        let api = self.raw("v2");
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "gpujob.dev/v2", "kind": "GpuJob",
+            "metadata": {"name": "webhook-check"},
+            "spec": {"image": "busybox", "resources": {"gpus": 1}},
+        }))
+        .unwrap();
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        wait::until(what, WAIT, Duration::from_millis(100), || {
+            let (api, object, dry_run) = (api.clone(), object.clone(), dry_run.clone());
+            async move { api.create(&dry_run, &object).await.ok().map(|_| ()) }
+        })
+        .await
+        .unwrap();
+    }
+
+    async fn create_v2(&self, name: &str, spec: Value) -> DynamicObject {
+        let sent = json!({
+            "apiVersion": "gpujob.dev/v2", "kind": "GpuJob",
+            "metadata": {"name": name}, "spec": spec,
+        });
+        self.raw("v2")
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(sent).unwrap(),
+            )
+            .await
+            .unwrap()
+    }
+
+    /// Every GpuJob read as v1 and as v2 at one resourceVersion, without what a write
+    /// changes by itself (resourceVersion, managedFields).
+    async fn snapshot(&self) -> BTreeMap<String, (Value, Value)> {
+        let (v1, v2) = (self.raw("v1"), self.raw("v2"));
+        wait::until(
+            "every GpuJob read as v1 and v2 at one resourceVersion",
+            WAIT,
+            Duration::from_millis(200),
+            || {
+                let (v1, v2) = (v1.clone(), v2.clone());
+                async move {
+                    let a = v1.list(&ListParams::default()).await.ok()?.items;
+                    let b = v2.list(&ListParams::default()).await.ok()?.items;
+                    let rv = |o: &DynamicObject| {
+                        (o.metadata.name.clone(), o.metadata.resource_version.clone())
+                    };
+                    if a.iter().map(rv).collect::<Vec<_>>() != b.iter().map(rv).collect::<Vec<_>>()
+                    {
+                        return None;
+                    }
+                    Some(
+                        a.into_iter()
+                            .zip(b)
+                            .map(|(a, b)| {
+                                (
+                                    a.metadata.name.clone().unwrap(),
+                                    (comparable(a), comparable(b)),
+                                )
+                            })
+                            .collect(),
+                    )
+                }
+            },
+        )
+        .await
+        .unwrap()
+    }
+
+    /// apiVersion of each GpuJob of the namespace as stored in etcd, by name.
+    async fn stored(&self) -> BTreeMap<String, String> {
+        let pid = self.env.cluster.info().pids["etcd"];
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let url = cmdline
+            .split(|b| *b == 0)
+            .filter_map(|a| std::str::from_utf8(a).ok())
+            .find_map(|a| a.strip_prefix("--listen-client-urls="))
+            .expect("etcd's client URL")
+            .to_owned();
+        let prefix = format!("/registry/gpujob.dev/gpujobs/{}/", self.env.ns);
+        // Every key under the prefix: up to (not including) the prefix with its last
+        // byte ('/') raised by one.
+        let mut end = prefix.clone().into_bytes();
+        *end.last_mut().unwrap() += 1;
+        let body = json!({"key": b64(prefix.as_bytes()), "range_end": b64(&end)}).to_string();
+        // etcd's JSON gateway, over plain HTTP on 127.0.0.1 (no curl on a fresh machine).
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Full<bytes::Bytes>>();
+        let request = http::Request::post(format!("{url}/v3/kv/range"))
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        let status = response.status();
+        let out = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert!(
+            status.is_success(),
+            "etcd: {status} {}",
+            String::from_utf8_lossy(&out)
+        );
+        #[derive(serde::Deserialize)]
+        struct Range {
+            #[serde(default)]
+            kvs: Vec<Kv>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Kv {
+            key: ByteString,
+            value: ByteString,
+        }
+        let range: Range = serde_json::from_slice(&out).unwrap();
+        range
+            .kvs
+            .into_iter()
+            .map(|kv| {
+                let key = String::from_utf8(kv.key.0).unwrap();
+                let object: Value = serde_json::from_slice(&kv.value.0).unwrap();
+                (
+                    key.strip_prefix(&prefix).unwrap().to_owned(),
+                    object["apiVersion"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    async fn stored_versions(&self) -> Vec<String> {
+        let crd = self.crds().get(CRD_NAME).await.unwrap();
+        crd.status.unwrap().stored_versions.unwrap_or_default()
+    }
+
+    /// Replaces the CRD by the one storing `storage` (step 2: `crd --storage-version v2`).
+    async fn store(&self, storage: StorageVersion) {
+        let mut crd = gpujob_operator::api::crd::crd(&CrdOptions {
+            conversion: Conversion::Url(self.url.clone()),
+            ca_bundle: Some(self.ca.clone().into_bytes()),
+            storage,
+        })
+        .unwrap();
+        let current = self.crds().get(CRD_NAME).await.unwrap();
+        crd.metadata.resource_version = current.metadata.resource_version;
+        self.crds()
+            .replace(CRD_NAME, &PostParams::default(), &crd)
+            .await
+            .unwrap();
+    }
+
+    /// `gpujob-operator migrate-storage <args>` as the operator's service-account user
+    /// (bound to the migration's role only): exit status and log.
+    async fn migrate(&self, args: &[&str]) -> (bool, String) {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gpujob-operator"));
+        cmd.arg("migrate-storage")
+            .args(["--qps", "50"])
+            .args(args)
+            .env(
+                "KUBECONFIG",
+                self.env.cluster.kubeconfig(Identity::Operator),
+            )
+            .env("RUST_LOG", "info");
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        eprintln!("--- migrate-storage {args:?} ---\n{log}");
+        (out.status.success(), log)
+    }
+
+    /// The shipped role of the migration, bound to the operator's service-account user
+    /// (granted nothing else on this control plane).
+    async fn grant_migrate_role(&self) {
+        let admin = &self.env.admin;
+        let text = std::fs::read_to_string(MIGRATE_ROLE).unwrap();
+        let role: ClusterRole = serde_saphyr::from_str(&text).unwrap();
+        let pp = PatchParams::apply("gpujob-tests").force();
+        Api::<ClusterRole>::all(admin.clone())
+            .patch("gpujob-migrate-storage", &pp, &Patch::Apply(&role))
+            .await
+            .unwrap();
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "gpujob-migrate-storage-test"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpujob-migrate-storage"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
+        }))
+        .unwrap();
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .patch("gpujob-migrate-storage-test", &pp, &Patch::Apply(&binding))
+            .await
+            .unwrap();
+        // The authorizer's cache sees the binding a moment later.
+        let review: SubjectAccessReview = serde_json::from_value(json!({
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": OPERATOR_USER, "resourceAttributes": {
+                "verb": "update", "group": "apiextensions.k8s.io",
+                "resource": "customresourcedefinitions", "subresource": "status", "name": CRD_NAME}},
+        }))
+        .unwrap();
+        let reviews: Api<SubjectAccessReview> = Api::all(admin.clone());
+        wait::until(
+            "the migration role to be in force",
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            || async {
+                let answer = reviews.create(&PostParams::default(), &review).await.ok()?;
+                answer.status.is_some_and(|s| s.allowed).then_some(())
+            },
+        )
+        .await
+        .unwrap();
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.cert_dir);
+    }
+}
+
+/// An object without what every write changes by itself.
+fn comparable(o: DynamicObject) -> Value {
+    let mut v = serde_json::to_value(o).unwrap();
+    let meta = v["metadata"].as_object_mut().unwrap();
+    meta.remove("resourceVersion");
+    meta.remove("managedFields");
+    v
+}
+
+fn count(stored: &BTreeMap<String, String>, api_version: &str) -> usize {
+    stored.values().filter(|v| *v == api_version).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_storage_moves_every_gpujob_to_v2_losing_nothing_and_resumes() {
+    let s = Setup::new("migr", 1).await;
+    let env = &s.env;
+    let mut replica = Some(s.replica(1, &[]));
+    s.wait_webhook("the webhook of replica-1 to answer").await;
+
+    // Without its role the tool may not even read the CRD, and says so.
+    let (ok, log) = s.migrate(&[]).await;
+    assert!(!ok);
+    assert!(
+        log.contains("reading the CRD gpujobs.gpujob.dev") && log.contains("forbidden"),
+        "{log}"
+    );
+    s.grant_migrate_role().await;
+
+    // Six GpuJobs written as v1, six as v2 with what only v2 can say. Suspended: the
+    // operator records a status once and then leaves them alone.
+    for i in 0..6 {
+        env.create(
+            &format!("a-v1-{i}"),
+            json!({"image": "busybox", "gpus": 1 + i % 2, "maxRetries": i,
+                   "activeDeadlineSeconds": 60 * (i + 1), "nodeSelector": {"zone": "a"},
+                   "env": sim_env(&[("EPOCHS", "3")]), "suspend": true}),
+        )
+        .await;
+    }
+    for i in 0..6 {
+        s.create_v2(
+            &format!("b-v2-{i}"),
+            json!({
+                "image": "busybox",
+                "resources": {"gpus": 1, "product": "NVIDIA-A100-SXM4-80GB"},
+                "retryPolicy": {"maxRetries": 2, "backoffSeconds": 5 + i},
+                "attemptDeadline": if i % 2 == 0 { "90m" } else { "2.5s" },
+                "template": {
+                    "metadata": {"labels": {"team": "vision"}},
+                    "spec": {
+                        "volumes": [{"name": "data", "emptyDir": {}}],
+                        "containers": [{"name": "main", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                        "someFutureField": {"kept": i},
+                    },
+                },
+                "suspend": true,
+            }),
+        )
+        .await;
+    }
+    env.wait_gpujobs("every GpuJob's status recorded", WAIT, |all| {
+        all.len() == 12
+            && all.iter().all(|g: &GpuJob| {
+                g.status.as_ref().and_then(|s| s.observed_generation) == g.metadata.generation
+            })
+    })
+    .await
+    .unwrap();
+    let before = s.snapshot().await;
+    assert_eq!(before.len(), 12);
+    let stored = s.stored().await;
+    assert_eq!(
+        (stored.len(), count(&stored, "gpujob.dev/v1")),
+        (12, 12),
+        "{stored:?}"
+    );
+    assert_eq!(s.stored_versions().await, ["v1"]);
+
+    // Step 2's CRD. The API server adds v2 to storedVersions at once, and stores new
+    // writes as v2 once its handler has the new CRD: a probe written until it lands so.
+    s.store(StorageVersion::V2).await;
+    assert_eq!(s.stored_versions().await, ["v1", "v2"]);
+    env.create(
+        "probe",
+        json!({"image": "busybox", "gpus": 1, "suspend": true}),
+    )
+    .await;
+    let probes = env.gpujobs();
+    let setup = &s;
+    let mut n = 0;
+    wait::until(
+        "a write stored as v2",
+        WAIT,
+        Duration::from_millis(100),
+        || {
+            n += 1;
+            let (probes, n) = (probes.clone(), n);
+            async move {
+                let patch = json!({"metadata": {"labels": {"probe": n.to_string()}}});
+                probes
+                    .patch("probe", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .ok()?;
+                (setup.stored().await["probe"] == "gpujob.dev/v2").then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        count(&s.stored().await, "gpujob.dev/v1"),
+        12,
+        "nothing else moved yet"
+    );
+
+    // Stopped after 5 (two per page): a-v1-0..4, the first in list order (the probe
+    // was stored as v2 already); nothing else changed, and storedVersions still names v1.
+    let (ok, log) = s.migrate(&["--limit", "5", "--page-size", "2"]).await;
+    assert!(ok, "{log}");
+    assert!(log.contains("stopped after 5 GpuJobs (--limit)"), "{log}");
+    let stored = s.stored().await;
+    let v2: Vec<&String> = stored
+        .iter()
+        .filter(|(_, v)| *v == "gpujob.dev/v2")
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(
+        v2,
+        ["a-v1-0", "a-v1-1", "a-v1-2", "a-v1-3", "a-v1-4", "probe"],
+        "{stored:?}"
+    );
+    assert_eq!(
+        s.stored_versions().await,
+        ["v1", "v2"],
+        "objects of v1 remain"
+    );
+
+    let first_run = |list: Vec<DynamicObject>| -> Vec<(Option<String>, Option<String>)> {
+        list.into_iter()
+            .filter(|o| o.metadata.name.as_deref() < Some("a-v1-5"))
+            .map(|o| (o.metadata.name, o.metadata.resource_version))
+            .collect()
+    };
+    let migrated = first_run(
+        s.raw("v2")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items,
+    );
+    assert_eq!(migrated.len(), 5);
+
+    // Run again: it finishes, in pages of 5, with progress lines.
+    let (ok, log) = s
+        .migrate(&["--page-size", "5", "--progress-every", "4"])
+        .await;
+    assert!(ok, "{log}");
+    assert!(
+        log.contains("4/13 GpuJobs") && log.contains("13/13 GpuJobs"),
+        "{log}"
+    );
+    assert!(log.contains("status.storedVersions is now [v2]"), "{log}");
+    let stored = s.stored().await;
+    assert_eq!(
+        (stored.len(), count(&stored, "gpujob.dev/v2")),
+        (13, 13),
+        "{stored:?}"
+    );
+    assert_eq!(s.stored_versions().await, ["v2"]);
+    assert_eq!(
+        first_run(
+            s.raw("v2")
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+        ),
+        migrated,
+        "objects stored as v2 already are not written again"
+    );
+
+    // Nothing lost: each object reads as before, in both versions (generation too: the
+    // rewrite changed no spec).
+    let mut after = s.snapshot().await;
+    after.remove("probe");
+    for (name, (v1, v2)) in &before {
+        assert_eq!(&after[name].0, v1, "{name} as v1");
+        assert_eq!(&after[name].1, v2, "{name} as v2");
+    }
+    assert_eq!(after.len(), before.len());
+    assert_eq!(
+        after["b-v2-1"].1["spec"]["template"]["spec"]["someFutureField"],
+        json!({"kept": 1})
+    );
+    assert_eq!(after["b-v2-1"].1["spec"]["attemptDeadline"], "2.5s");
+
+    // A second run changes nothing: no object written, storedVersions as it was.
+    let rvs = |list: Vec<DynamicObject>| -> Vec<(Option<String>, Option<String>)> {
+        list.into_iter()
+            .map(|o| (o.metadata.name, o.metadata.resource_version))
+            .collect()
+    };
+    let rv_before = rvs(s
+        .raw("v2")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items);
+    let (ok, log) = s.migrate(&[]).await;
+    assert!(ok, "{log}");
+    assert!(
+        log.contains("already [v2]") && log.contains("nothing to do"),
+        "{log}"
+    );
+    assert_eq!(
+        rvs(s
+            .raw("v2")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items),
+        rv_before
+    );
+    assert_eq!(s.stored_versions().await, ["v2"]);
+
+    // Stored as v2 for the API server too: with no webhook answering, v2 reads still
+    // work (nothing to convert) and v1 reads fail.
+    let mut r = replica.take().unwrap();
+    r.signal(nix::sys::signal::Signal::SIGKILL);
+    r.wait_exit(Duration::from_secs(10)).await;
+    let list = s.raw("v2").list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 13);
+    let err = s
+        .raw("v1")
+        .list(&ListParams::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("conversion webhook"), "{err}");
+    drop(r);
+
+    // And back: storage v1 again, migrated again, nothing lost on the way.
+    let _replica = s.replica(1, &[]);
+    s.wait_webhook("the webhook of the restarted replica-1")
+        .await;
+    s.store(StorageVersion::V1).await;
+    assert_eq!(s.stored_versions().await, ["v2", "v1"]);
+    let mut n = 0;
+    wait::until(
+        "a write stored as v1",
+        WAIT,
+        Duration::from_millis(100),
+        || {
+            n += 1;
+            let (probes, n) = (probes.clone(), n);
+            async move {
+                let patch = json!({"metadata": {"labels": {"probe": format!("back-{n}")}}});
+                probes
+                    .patch("probe", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .ok()?;
+                (setup.stored().await["probe"] == "gpujob.dev/v1").then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let (ok, log) = s.migrate(&[]).await;
+    assert!(ok, "{log}");
+    let stored = s.stored().await;
+    assert_eq!(
+        (stored.len(), count(&stored, "gpujob.dev/v1")),
+        (13, 13),
+        "{stored:?}"
+    );
+    assert_eq!(s.stored_versions().await, ["v1"]);
+    let mut back = s.snapshot().await;
+    back.remove("probe");
+    assert_eq!(back, before, "v1 -> v2 -> v1 storage loses nothing");
+
+    // Without the CRD there is nothing to migrate, and the tool says so.
+    s.crds()
+        .delete(CRD_NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    let crds = s.crds();
+    wait::until(
+        "the CRD to be gone",
+        WAIT,
+        Duration::from_millis(200),
+        || {
+            let crds = crds.clone();
+            async move { crds.get_opt(CRD_NAME).await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    let (ok, log) = s.migrate(&[]).await;
+    assert!(!ok);
+    assert!(
+        log.contains("the CRD gpujobs.gpujob.dev does not exist"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1_only_operator_runs_a_gpujob_written_through_v2_as_its_v1_fields_say() {
+    let s = Setup::new("rollb", 1).await;
+    let env = &s.env;
+    let replica = s.replica(1, &["--api-versions=v1"]);
+    // The rolled-back operator still serves the webhook: v2 is readable through it.
+    s.wait_webhook("the webhook of the v1-only replica to answer")
+        .await;
+
+    let template = json!({
+        "metadata": {"labels": {"team": "vision"}},
+        "spec": {
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [{"name": "main", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+        },
+    });
+    let sent = json!({
+        "image": "busybox",
+        "env": sim_env(&[("SIM_FAIL_ATTEMPTS", "1")]),
+        "resources": {"gpus": 1, "product": "NVIDIA-H100"},
+        // A backoff of its own (3 s, under the test replicas' 4 s cap): the operator's
+        // (1 s in the tests) applies instead.
+        "retryPolicy": {"maxRetries": 2, "backoffSeconds": 3},
+        "template": template,
+    });
+    // Every status the GpuJob goes through, from a watch started before it exists.
+    let api = env.gpujobs();
+    let from = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut events = api
+        .watch(
+            &WatchParams::default().fields("metadata.name=from-v2"),
+            &from,
+        )
+        .await
+        .unwrap()
+        .boxed();
+    s.create_v2("from-v2", sent.clone()).await;
+    let mut backoffs = Vec::new();
+    let done = tokio::time::timeout(WAIT, async {
+        while let Some(event) = events.try_next().await.unwrap() {
+            let (WatchEvent::Added(g) | WatchEvent::Modified(g)) = event else {
+                continue;
+            };
+            let status = g.status.clone().unwrap_or_default();
+            if let (Some(next), Some(failed)) = (status.next_attempt_time, &status.last_failure) {
+                backoffs.push(next.duration_since(failed.time).as_secs());
+            }
+            if status.phase == Some(Phase::Succeeded) {
+                return g;
+            }
+        }
+        panic!("the watch ended")
+    })
+    .await
+    .expect("from-v2 Succeeded");
+    assert_eq!(done.status.as_ref().unwrap().attempts, 2);
+    assert!(!backoffs.is_empty(), "a backoff was recorded");
+    assert!(
+        backoffs.iter().all(|b| *b == 1),
+        "the operator's 1 s backoff, not the GpuJob's 3 s: {backoffs:?}"
+    );
+
+    let jobs = env.jobs_of(&done).await;
+    assert_eq!(jobs.len(), 2);
+    for job in &jobs {
+        let pod = &job.spec.as_ref().unwrap().template;
+        let spec = pod.spec.as_ref().unwrap();
+        let name = job.metadata.name.as_deref().unwrap();
+        assert!(spec.volumes.is_none(), "{name}: no template volumes");
+        assert!(
+            spec.containers[0].volume_mounts.is_none(),
+            "{name}: no template mounts"
+        );
+        assert!(
+            !pod.metadata
+                .as_ref()
+                .unwrap()
+                .labels
+                .as_ref()
+                .unwrap()
+                .contains_key("team"),
+            "{name}: no template labels"
+        );
+        assert!(
+            !spec
+                .node_selector
+                .iter()
+                .flatten()
+                .any(|(k, _)| k == "nvidia.com/gpu.product"),
+            "{name}: no GPU product"
+        );
+        assert_eq!(spec.containers[0].image.as_deref(), Some("busybox"));
+    }
+    // Ignored, not removed: what was written through v2 is all still there.
+    let read = s.raw("v2").get("from-v2").await.unwrap();
+    assert_eq!(read.data["spec"], sent);
+    let stored: GpuJob = env.gpujobs().get("from-v2").await.unwrap();
+    assert_eq!(stored.spec.v2.unwrap().template.unwrap(), template);
+    assert!(
+        replica
+            .log_text()
+            .contains("--api-versions=v1 (rollback mode)")
+    );
+}
