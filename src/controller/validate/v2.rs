@@ -1,0 +1,186 @@
+//! What only v2 says (v1 `spec.v2`): the GPU product, the backoff and the pod template,
+//! which may not take over what the operator sets.
+
+use k8s_openapi::api::core::v1::{Container, PodTemplateSpec, ResourceRequirements};
+
+use super::{FieldError, err, label_value};
+use crate::api::{ENV_ATTEMPT, GPU_RESOURCE, GpuJobSpec, LABEL_GPU_PRODUCT, LABEL_PREFIX};
+use crate::controller::job::{CONTAINER_NAME, TEMPLATE_FIELD, pod_template};
+
+/// What only v2 says (v1 `spec.v2`): the GPU product, the backoff and the pod template,
+/// which may not take over what the operator sets.
+pub(super) fn v2_only(spec: &GpuJobSpec) -> Result<(), FieldError> {
+    let Some(v2) = &spec.v2 else { return Ok(()) };
+    let product = v2.gpu_product.as_deref();
+    if let Some(p) = product {
+        if p.is_empty() {
+            return err(
+                "spec.resources.product",
+                "is empty; leave it out for any GPU",
+            );
+        }
+        label_value(p).or_else(|m| err("spec.resources.product", format!("{p:?} {m}")))?;
+        if let Some(other) = spec.node_selector.get(LABEL_GPU_PRODUCT)
+            && other != p
+        {
+            return err(
+                format!("spec.nodeSelector[{LABEL_GPU_PRODUCT:?}]"),
+                format!("{other:?} disagrees with spec.resources.product {p:?}"),
+            );
+        }
+    }
+    if let Some(b) = v2.backoff_seconds
+        && b < 1
+    {
+        return err(
+            "spec.retryPolicy.backoffSeconds",
+            format!("{b} is less than 1 second"),
+        );
+    }
+    let template = match pod_template(spec) {
+        Ok(Some(t)) => t,
+        Ok(None) => return Ok(()),
+        Err(e) => return err(e.path, format!("not a pod template: {}", e.message)),
+    };
+    template_owned_fields(spec, &template, product)
+}
+
+/// The operator's part of the pod, which a template may not set.
+fn template_owned_fields(
+    spec: &GpuJobSpec,
+    template: &PodTemplateSpec,
+    product: Option<&str>,
+) -> Result<(), FieldError> {
+    let at = |path: &str| format!("{TEMPLATE_FIELD}.{path}");
+    let labels = template.metadata.as_ref().and_then(|m| m.labels.as_ref());
+    if let Some(k) = labels
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| k)
+        .find(|k| k.starts_with(LABEL_PREFIX))
+    {
+        return err(
+            at(&format!("metadata.labels[{k:?}]")),
+            format!("labels under {LABEL_PREFIX} are the operator's"),
+        );
+    }
+    let Some(pod) = &template.spec else {
+        return Ok(());
+    };
+    if let Some(policy) = pod.restart_policy.as_deref().filter(|p| *p != "Never") {
+        return err(
+            at("spec.restartPolicy"),
+            format!("{policy:?}: the operator sets Never (retries are attempts)"),
+        );
+    }
+    if pod.service_account_name.is_some() || pod.service_account.is_some() {
+        let field = if pod.service_account_name.is_some() {
+            "spec.serviceAccountName"
+        } else {
+            "spec.serviceAccount"
+        };
+        return err(
+            at(field),
+            "the operator sets it from spec.serviceAccountName (checked against --allowed-service-accounts)",
+        );
+    }
+    for (k, v) in pod.node_selector.iter().flatten() {
+        let field = at(&format!("spec.nodeSelector[{k:?}]"));
+        if k == LABEL_GPU_PRODUCT
+            && let Some(p) = product
+            && v != p
+        {
+            return err(
+                field,
+                format!("{v:?} disagrees with spec.resources.product {p:?}"),
+            );
+        }
+        if let Some(other) = spec.node_selector.get(k)
+            && other != v
+        {
+            return err(
+                field,
+                format!("{v:?} disagrees with spec.nodeSelector ({other:?})"),
+            );
+        }
+    }
+    let lists = [
+        (
+            "containers",
+            pod.containers
+                .iter()
+                .map(|c| c.resources.as_ref())
+                .collect::<Vec<Option<&ResourceRequirements>>>(),
+        ),
+        (
+            "initContainers",
+            pod.init_containers
+                .iter()
+                .flatten()
+                .map(|c| c.resources.as_ref())
+                .collect(),
+        ),
+        (
+            "ephemeralContainers",
+            pod.ephemeral_containers
+                .iter()
+                .flatten()
+                .map(|c| c.resources.as_ref())
+                .collect(),
+        ),
+    ];
+    for (list, containers) in &lists {
+        for (i, r) in containers.iter().enumerate() {
+            let Some(r) = r else { continue };
+            for (kind, map) in [("requests", &r.requests), ("limits", &r.limits)] {
+                if map.as_ref().is_some_and(|m| m.contains_key(GPU_RESOURCE)) {
+                    return err(
+                        at(&format!(
+                            "spec.{list}[{i}].resources.{kind}[{GPU_RESOURCE:?}]"
+                        )),
+                        "GPUs are requested by spec.resources.gpus",
+                    );
+                }
+            }
+        }
+    }
+    if let Some((i, main)) = pod
+        .containers
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c.name == CONTAINER_NAME)
+    {
+        main_container(spec, &at(&format!("spec.containers[{i}]")), main)?;
+    }
+    Ok(())
+}
+
+/// The template's entry for the operator's container adds to it, but its image, command,
+/// args and attempt number are the operator's.
+fn main_container(spec: &GpuJobSpec, field: &str, c: &Container) -> Result<(), FieldError> {
+    for (name, set, from) in [
+        ("image", c.image.is_some(), "spec.image"),
+        ("command", c.command.is_some(), "spec.command"),
+        ("args", c.args.is_some(), "spec.args"),
+    ] {
+        if set {
+            return err(
+                format!("{field}.{name}"),
+                format!("the operator sets the {CONTAINER_NAME} container's {name} from {from}"),
+            );
+        }
+    }
+    for (j, e) in c.env.iter().flatten().enumerate() {
+        let at = format!("{field}.env[{j}].name");
+        if e.name == ENV_ATTEMPT {
+            return err(
+                at,
+                format!("{ENV_ATTEMPT} is the operator's: the attempt number"),
+            );
+        }
+        if spec.env.iter().any(|s| s.name == e.name) {
+            return err(at, format!("{:?} is set in spec.env already", e.name));
+        }
+    }
+    Ok(())
+}
