@@ -15,8 +15,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use devcluster::identity::OPERATOR_USER;
@@ -34,104 +33,11 @@ use kube::api::{
 use serde_json::{Value, json};
 use support::prometheus::free_address;
 use support::replicas::{self, Replica};
+use support::webhook::{b64, forwarder, webhook_certs};
 use support::{TestEnv, WAIT, sim_env};
 
 const CRD_NAME: &str = "gpujobs.gpujob.dev";
 const MIGRATE_ROLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd/migrate-role.yaml");
-
-/// A CA and a serving certificate for 127.0.0.1 it signed, in `dir` as a
-/// kubernetes.io/tls Secret mounts them; returns the CA's PEM (the CRD's caBundle).
-fn webhook_certs(dir: &Path) -> String {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&leaf_key, &ca, &ca_key)
-        .unwrap();
-    std::fs::write(dir.join("tls.crt"), pem("CERTIFICATE", leaf.der())).unwrap();
-    std::fs::write(
-        dir.join("tls.key"),
-        pem("PRIVATE KEY", &leaf_key.serialize_der()),
-    )
-    .unwrap();
-    pem("CERTIFICATE", ca.der())
-}
-
-/// PEM of `der` (rcgen is built without its `pem` feature).
-fn pem(label: &str, der: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut b64 = String::new();
-    for chunk in der.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                b64.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
-            } else {
-                b64.push('=');
-            }
-        }
-    }
-    let lines: Vec<&str> = b64
-        .as_bytes()
-        .chunks(64)
-        .map(|l| std::str::from_utf8(l).unwrap())
-        .collect();
-    format!(
-        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
-        lines.join("\n")
-    )
-}
-
-/// The stand-in for the webhook Service: each connection goes to the first backend that
-/// accepts it; with none up, the connection is closed at once.
-async fn forwarder(backends: Vec<SocketAddr>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut client, _)) = listener.accept().await else {
-                continue;
-            };
-            let backends = backends.clone();
-            tokio::spawn(async move {
-                for backend in backends {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
-/// Standard base64 of `bytes` (the etcd gateway's JSON carries keys so).
-fn b64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
 
 struct Setup {
     env: TestEnv,

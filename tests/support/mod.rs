@@ -9,6 +9,7 @@ pub mod prometheus;
 pub mod quota;
 pub mod replicas;
 pub mod shards;
+pub mod webhook;
 
 use std::time::Duration;
 

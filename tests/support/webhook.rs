@@ -1,0 +1,86 @@
+//! The conversion webhook's stand-ins for the tests that run it on a control plane of
+//! their own (tests/conversion.rs, tests/migration.rs): its certificates, and a TCP
+//! forwarder in the place of its Service.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// A CA and a serving certificate for 127.0.0.1 it signed, in `dir` as a
+/// kubernetes.io/tls Secret mounts them; returns the CA's PEM (the CRD's caBundle).
+pub fn webhook_certs(dir: &Path) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&leaf_key, &ca, &ca_key)
+        .unwrap();
+    std::fs::write(dir.join("tls.crt"), pem("CERTIFICATE", leaf.der())).unwrap();
+    std::fs::write(
+        dir.join("tls.key"),
+        pem("PRIVATE KEY", &leaf_key.serialize_der()),
+    )
+    .unwrap();
+    pem("CERTIFICATE", ca.der())
+}
+
+/// PEM of `der` (rcgen is built without its `pem` feature).
+pub fn pem(label: &str, der: &[u8]) -> String {
+    let b64 = b64(der);
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|l| std::str::from_utf8(l).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+        lines.join("\n")
+    )
+}
+
+/// The stand-in for the webhook Service: each connection goes to the first backend that
+/// accepts it; with none up, the connection is closed at once.
+pub async fn forwarder(backends: Vec<SocketAddr>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                continue;
+            };
+            let backends = backends.clone();
+            tokio::spawn(async move {
+                for backend in backends {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Standard base64 of `bytes` (the etcd gateway's JSON carries keys so).
+pub fn b64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
