@@ -11,12 +11,14 @@ use std::time::Duration;
 
 use devcluster::audit::AuditEvent;
 use devcluster::wait;
+use futures::StreamExt;
 use gpujob_operator::api::{GPU_RESOURCE, GpuJob, LABEL_NAME, Phase};
 use gpujob_operator::controller::plan::{JobState, job_state};
 use gpujob_operator::controller::validate::ServiceAccounts;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use support::{POLL, TestEnv, WAIT, phase, ready, sim_env};
 
@@ -24,33 +26,66 @@ fn created(job: &Job) -> Timestamp {
     job.metadata.creation_timestamp.as_ref().unwrap().0
 }
 
-/// Records the most Jobs of one GpuJob seen active at the same time.
-fn watch_concurrency(
-    env: &TestEnv,
-    gj: GpuJob,
-) -> (Arc<Mutex<usize>>, tokio::task::JoinHandle<()>) {
-    let most = Arc::new(Mutex::new(0));
+/// Records the most Jobs of one GpuJob active at the same time, from a watch of its
+/// Jobs: every change of every Job arrives, in order, so no active spell is missed (a
+/// poll every 100 ms missed a 0.5 s attempt under load). [`Concurrency::most`] waits
+/// until the watch has seen `jobs` Jobs finish, then stops it.
+struct Concurrency {
+    state: Arc<Mutex<(usize, BTreeSet<String>)>>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Concurrency {
+    async fn most(self, jobs: usize) -> usize {
+        let state = self.state.clone();
+        wait::until(
+            &format!("the watch to see {jobs} Jobs finish"),
+            WAIT,
+            POLL,
+            || {
+                let state = state.clone();
+                async move { (state.lock().unwrap().1.len() >= jobs).then_some(()) }
+            },
+        )
+        .await
+        .unwrap();
+        self.handle.abort();
+        self.state.lock().unwrap().0
+    }
+}
+
+fn watch_concurrency(env: &TestEnv, gj: GpuJob) -> Concurrency {
+    let state = Arc::new(Mutex::new((0, BTreeSet::new())));
     let jobs = env.jobs();
     let uid = gj.metadata.uid.clone().unwrap();
-    let m = most.clone();
+    let s = state.clone();
     let handle = tokio::spawn(async move {
-        loop {
-            if let Ok(list) = jobs
-                .list(&kube::api::ListParams::default().labels(&format!("gpujob.dev/uid={uid}")))
-                .await
-            {
-                let active = list
-                    .items
-                    .iter()
-                    .filter(|j| job_state(j) == JobState::Active)
-                    .count();
-                let mut most = m.lock().unwrap();
-                *most = (*most).max(active);
+        let config = watcher::Config::default().labels(&format!("gpujob.dev/uid={uid}"));
+        let mut events = watcher(jobs, config).default_backoff().boxed();
+        let mut active: BTreeMap<String, bool> = BTreeMap::new();
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            match event {
+                watcher::Event::Init => active.clear(),
+                watcher::Event::Apply(j) | watcher::Event::InitApply(j) => {
+                    let name = j.metadata.name.clone().unwrap_or_default();
+                    let is_active = job_state(&j) == JobState::Active;
+                    if !is_active {
+                        s.lock().unwrap().1.insert(name.clone());
+                    }
+                    active.insert(name, is_active);
+                }
+                watcher::Event::Delete(j) => {
+                    active.remove(&j.metadata.name.clone().unwrap_or_default());
+                }
+                watcher::Event::InitDone => {}
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = active.values().filter(|a| **a).count();
+            let mut state = s.lock().unwrap();
+            state.0 = state.0.max(now);
         }
     });
-    (most, handle)
+    Concurrency { state, handle }
 }
 
 fn operator_writes(events: &[AuditEvent], agent: &str, ns: &str) -> Vec<AuditEvent> {
@@ -146,12 +181,11 @@ async fn failures_retry_in_order_with_backoff_then_fail_with_the_exit_code() {
                    "env": sim_env(&[("SIM_EXIT_CODE", "1"), ("SIM_DURATION_SECONDS", "0.5")])}),
         )
         .await;
-    let (most, watcher) = watch_concurrency(&env, gj.clone());
+    let concurrency = watch_concurrency(&env, gj.clone());
 
     let failed = env
         .wait_gpujob("flaky", "Failed", |g| phase(g) == Some(Phase::Failed))
         .await;
-    watcher.abort();
     let status = failed.status.clone().unwrap();
     assert_eq!((status.attempts, status.failures), (3, 3));
     let (s, reason, message) = ready(&failed).unwrap();
@@ -162,7 +196,11 @@ async fn failures_retry_in_order_with_backoff_then_fail_with_the_exit_code() {
 
     let jobs = env.jobs_of(&gj).await;
     env.assert_attempts_sequential("flaky", &jobs, 3).await;
-    assert_eq!(*most.lock().unwrap(), 1, "two attempts were active at once");
+    assert_eq!(
+        concurrency.most(3).await,
+        1,
+        "two attempts were active at once"
+    );
     // Backoff 1 s after the first failure, 2 s after the second (second precision),
     // measured from when each attempt's pod ended.
     let mut ended = Vec::new();
@@ -352,8 +390,7 @@ async fn killed_and_restarted_operators_never_skip_repeat_or_overlap_attempts() 
         "the test should kill the operator mid-flight several times"
     );
 
-    for ((name, gj), (most, watcher)) in names.iter().zip(&gjs).zip(watchers) {
-        watcher.abort();
+    for ((name, gj), concurrency) in names.iter().zip(&gjs).zip(watchers) {
         let now = env.gpujobs().get(name).await.unwrap();
         let status = now.status.unwrap();
         assert_eq!(status.phase, Some(Phase::Succeeded), "{name}");
@@ -361,7 +398,7 @@ async fn killed_and_restarted_operators_never_skip_repeat_or_overlap_attempts() 
         env.assert_attempts_sequential(name, &env.jobs_of(gj).await, 4)
             .await;
         assert_eq!(
-            *most.lock().unwrap(),
+            concurrency.most(4).await,
             1,
             "{name}: two attempts active at once"
         );
