@@ -223,10 +223,19 @@ impl WriteMemory {
     /// its pod template and managedFields is several times larger.
     pub fn job_created(&self, key: &Key, owner: &GpuJob, job: &Job) {
         let mut entries = self.lock();
-        if let Some(cached) = Cached::of(job) {
-            entry(&mut entries, key, owner)
-                .created
-                .insert(cached.name().to_owned(), cached);
+        match Cached::of(job) {
+            Some(cached) => {
+                entry(&mut entries, key, owner)
+                    .created
+                    .insert(cached.name().to_owned(), cached);
+            }
+            // Every Job this operator creates or reads past the cache is controlled by
+            // its GpuJob; one that is not would have to wait for the cache.
+            None => tracing::error!(
+                gpujob = %key,
+                job = job.metadata.name.as_deref().unwrap_or_default(),
+                "a Job without a GpuJob controller reference cannot be remembered; the GpuJob waits for its cache"
+            ),
         }
     }
 
@@ -425,10 +434,22 @@ mod tests {
         assert!(!m.is_current(&key(), 3, "30"));
     }
 
+    /// A Job as the operator creates them: controlled by a GpuJob.
     fn job(name: &str, uid: &str) -> Job {
         let mut j = Job::default();
         j.metadata.name = Some(name.into());
+        j.metadata.namespace = Some("ns".into());
         j.metadata.uid = Some(uid.into());
+        j.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "gpujob.dev/v1".into(),
+                kind: "GpuJob".into(),
+                name: "a".into(),
+                uid: "gpujob-uid".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        ]);
         j
     }
 

@@ -1,18 +1,20 @@
 //! The GpuJob cache: every GpuJob the watch delivered, as it was last delivered, each
 //! kept as its JSON (without managedFields and kubectl's last-applied copy: see the
-//! watch) and decoded when read. A decoded `GpuJob` is 0.9 KB inline before its strings,
-//! maps and conditions, most of them small allocations of their own: about 1.9 KB per
-//! GpuJob in a kube-runtime store against 0.8 KB here. Reads are per reconcile (one
+//! watch) behind its namespace and name, in one allocation, and decoded when read. A
+//! decoded `GpuJob` is 0.9 KB inline before its strings, maps and conditions, most of
+//! them small allocations of their own: about 1.9 KB per GpuJob in a kube-runtime store. Reads are per reconcile (one
 //! GpuJob) or a pass over all of them (a resync, a hand-over, a metrics scrape); a
 //! decode costs microseconds.
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, RwLock};
 
+use hashbrown::HashTable;
 use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 use tracing::error;
 
+use super::record;
 use crate::api::GpuJob;
 use crate::controller::Key;
 
@@ -24,9 +26,65 @@ pub struct GpuJobCache {
 
 #[derive(Debug, Default)]
 struct Inner {
-    by_key: HashMap<Key, Box<[u8]>>,
+    table: Table,
     /// A relist in progress: the new contents, swapped in at InitDone.
-    relist: Option<HashMap<Key, Box<[u8]>>>,
+    relist: Option<Table>,
+}
+
+/// The GpuJobs, each one allocation ([`record`]): namespace and name, then the JSON.
+#[derive(Debug, Default)]
+struct Table {
+    records: HashTable<Box<[u8]>>,
+    hasher: RandomState,
+}
+
+/// A record's namespace, name and JSON.
+fn fields(record: &[u8]) -> Option<(&str, &str, &[u8])> {
+    let ([namespace, name], json) = record::unpack(record)?;
+    Some((namespace, name, json))
+}
+
+fn key_hash(hasher: &RandomState, namespace: &str, name: &str) -> u64 {
+    hasher.hash_one((namespace, name))
+}
+
+fn record_hash(hasher: &RandomState, record: &[u8]) -> u64 {
+    fields(record).map_or(0, |(ns, name, _)| key_hash(hasher, ns, name))
+}
+
+fn is_key(record: &[u8], key: &Key) -> bool {
+    fields(record).is_some_and(|(ns, name, _)| ns == key.namespace && name == key.name)
+}
+
+impl Table {
+    fn insert(&mut self, key: &Key, record: Box<[u8]>) {
+        let Table { records, hasher } = self;
+        let hash = key_hash(hasher, &key.namespace, &key.name);
+        match records.entry(hash, |r| is_key(r, key), |r| record_hash(hasher, r)) {
+            hashbrown::hash_table::Entry::Occupied(mut old) => *old.get_mut() = record,
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                slot.insert(record);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &Key) {
+        let hash = key_hash(&self.hasher, &key.namespace, &key.name);
+        if let Ok(found) = self.records.find_entry(hash, |r| is_key(r, key)) {
+            found.remove();
+        }
+    }
+
+    fn get(&self, key: &Key) -> Option<&[u8]> {
+        let hash = key_hash(&self.hasher, &key.namespace, &key.name);
+        let record = self.records.find(hash, |r| is_key(r, key))?;
+        fields(record).map(|(_, _, json)| json)
+    }
+
+    /// Every GpuJob as (namespace, name, JSON).
+    fn iter(&self) -> impl Iterator<Item = (&str, &str, &[u8])> {
+        self.records.iter().filter_map(|r| fields(r))
+    }
 }
 
 impl Default for GpuJobCache {
@@ -44,50 +102,51 @@ impl GpuJobCache {
     pub fn apply(&self, event: &Event<GpuJob>) {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         match event {
-            Event::Init => inner.relist = Some(HashMap::new()),
+            Event::Init => inner.relist = Some(Table::default()),
             Event::InitApply(gj) => {
-                if let Some((relist, packed)) = inner.relist.as_mut().zip(pack(gj)) {
-                    relist.insert(Key::of(gj), packed);
+                let key = Key::of(gj);
+                if let Some((relist, packed)) = inner.relist.as_mut().zip(pack(&key, gj)) {
+                    relist.insert(&key, packed);
                 }
             }
             Event::InitDone => {
-                if let Some(relist) = inner.relist.take() {
-                    inner.by_key = relist;
+                if let Some(mut relist) = inner.relist.take() {
+                    let Table { records, hasher } = &mut relist;
+                    records.shrink_to_fit(|r| record_hash(hasher, r));
+                    inner.table = relist;
                 }
                 drop(inner);
                 self.ready.send_replace(true);
             }
             Event::Apply(gj) => {
-                if let Some(packed) = pack(gj) {
-                    inner.by_key.insert(Key::of(gj), packed);
+                let key = Key::of(gj);
+                if let Some(packed) = pack(&key, gj) {
+                    inner.table.insert(&key, packed);
                 }
             }
-            Event::Delete(gj) => {
-                inner.by_key.remove(&Key::of(gj));
-            }
+            Event::Delete(gj) => inner.table.remove(&Key::of(gj)),
         }
     }
 
     /// The GpuJob as last delivered.
     pub fn get(&self, key: &Key) -> Option<Arc<GpuJob>> {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        inner.by_key.get(key).and_then(|p| unpack(key, p))
+        inner.table.get(key).and_then(|p| unpack(key, p))
     }
 
     /// Every cached GpuJob's key.
     pub fn keys(&self) -> Vec<Key> {
-        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        inner.by_key.keys().cloned().collect()
+        self.keys_where(|_| true)
     }
 
     /// Keys of the GpuJobs in namespaces for which `pick` holds.
     pub fn keys_where(&self, pick: impl Fn(&str) -> bool) -> Vec<Key> {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         inner
-            .by_key
-            .keys()
-            .filter(|k| pick(&k.namespace))
-            .cloned()
+            .table
+            .iter()
+            .filter(|(ns, _, _)| pick(ns))
+            .map(|(ns, name, _)| Key::new(ns, name))
             .collect()
     }
 
@@ -101,16 +160,16 @@ impl GpuJobCache {
     ) -> R {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         let mut each = inner
-            .by_key
+            .table
             .iter()
-            .filter(|(k, _)| pick(&k.namespace))
-            .filter_map(|(k, p)| unpack(k, p).map(Arc::unwrap_or_clone));
+            .filter(|(ns, _, _)| pick(ns))
+            .filter_map(|(ns, name, p)| unpack(&Key::new(ns, name), p).map(Arc::unwrap_or_clone));
         f(&mut each)
     }
 
     pub fn len(&self) -> usize {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        inner.by_key.len()
+        inner.table.records.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -124,20 +183,26 @@ impl GpuJobCache {
     }
 }
 
-fn pack(gj: &GpuJob) -> Option<Box<[u8]>> {
-    match serde_json::to_vec(gj) {
-        Ok(bytes) => Some(bytes.into_boxed_slice()),
+fn pack(key: &Key, gj: &GpuJob) -> Option<Box<[u8]>> {
+    let packed = serde_json::to_vec(gj)
+        .map_err(|e| e.to_string())
+        .and_then(|json| {
+            record::pack([&key.namespace, &key.name], &json)
+                .ok_or_else(|| "a name longer than 64 KiB".to_owned())
+        });
+    match packed {
+        Ok(packed) => Some(packed),
         Err(e) => {
             // Cannot happen for a value that was just decoded; if it did, the GpuJob
             // would be missing from the cache rather than the process gone.
-            error!(gpujob = %Key::of(gj), "cannot cache the GpuJob: {e}; it is looked at again with its next event");
+            error!(gpujob = %key, "cannot cache the GpuJob: {e}; it is looked at again with its next event");
             None
         }
     }
 }
 
-fn unpack(key: &Key, packed: &[u8]) -> Option<Arc<GpuJob>> {
-    match serde_json::from_slice(packed) {
+fn unpack(key: &Key, json: &[u8]) -> Option<Arc<GpuJob>> {
+    match serde_json::from_slice(json) {
         Ok(gj) => Some(Arc::new(gj)),
         Err(e) => {
             error!(gpujob = %key, "cannot read the cached GpuJob: {e}");

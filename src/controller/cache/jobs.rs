@@ -2,101 +2,307 @@
 //! labelled `gpujob.dev/uid`. Only Jobs with a controller owner reference to a GpuJob
 //! count; labels alone can be copied by anyone.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::batch::v1::{Job, JobStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use hashbrown::HashTable;
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::runtime::watcher::Event;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::error;
 
+use super::record;
 use crate::api::{ANNOTATION_GENERATION, LABEL_ATTEMPT};
 use crate::controller::Key;
 use crate::controller::job::controller_of;
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// owner uid → the owner and its Jobs (a handful at most: attempts kept)
-    by_owner: HashMap<Box<str>, Owned>,
-    /// job "ns/name" → owner uid, to move or drop a Job whose owner changed
-    owner_of: HashMap<Box<str>, Box<str>>,
+    table: Table,
     /// A relist in progress: the new contents, swapped in at InitDone.
-    relist: Option<Vec<Indexed>>,
+    relist: Option<Table>,
 }
 
-#[derive(Debug)]
-struct Owned {
-    owner: Key,
-    jobs: Vec<Cached>,
+/// The indexed Jobs, one record each in `slots`, found by their controlling GpuJob's uid
+/// (`by_owner`) and by their own namespace and name (`by_name`, to move or drop a Job
+/// whose owner changed or that went). The two tables hold slot numbers, 4 bytes each,
+/// not copies of the keys.
+#[derive(Debug, Default)]
+struct Table {
+    slots: Vec<Option<Cached>>,
+    /// Slots emptied by a removal, reused first.
+    free: Vec<u32>,
+    by_owner: HashTable<u32>,
+    by_name: HashTable<u32>,
+    hasher: RandomState,
 }
 
-/// A Job with what indexes it: its controlling GpuJob (key and uid).
-#[derive(Debug)]
-struct Indexed {
-    owner: Key,
-    uid: Box<str>,
-    job: Cached,
-}
-
-impl Indexed {
-    fn of(job: &Job) -> Option<Indexed> {
-        let (owner, uid) = owner_of(job)?;
-        Some(Indexed {
-            owner,
-            uid: uid.into(),
-            job: Cached::of(job)?,
-        })
-    }
-}
-
-/// A cached Job: what the plan reads of it ([`trimmed`]), kept as its JSON and decoded
-/// when read. Ten thousand GpuJobs mean ten thousand of these; a `Job`, even trimmed,
-/// keeps inline room for a spec (2.2 KB), and its label and annotation maps a node with
-/// room for eleven entries each, and its strings and conditions are small allocations of
-/// their own: 4.8 KB per cached Job as a trimmed `Job`, 1.7 KB in fields of its own, about
-/// 0.8 KB packed (`benches/examples/footprint.rs`).
+/// A cached Job controlled by a GpuJob, in one allocation ([`record`]): the owner's uid,
+/// the namespace, the owner's name and the Job's name, then the JSON of the rest of what
+/// the plan reads ([`Kept`]). About 180 bytes for a running Job, where a trimmed `Job`
+/// is 4.8 KB (inline room for a spec, label and annotation maps, a small allocation per
+/// string). `benches/examples/footprint.rs` measures the index whole.
 #[derive(Debug, Clone, PartialEq)]
-pub(in crate::controller) struct Cached {
-    name: Box<str>,
-    packed: Box<[u8]>,
+pub(in crate::controller) struct Cached(Box<[u8]>);
+
+/// The identifying strings of a [`Cached`] Job.
+struct Names<'a> {
+    owner_uid: &'a str,
+    namespace: &'a str,
+    owner: &'a str,
+    name: &'a str,
+}
+
+/// What the plan reads of a Job besides its names: uid and resourceVersion (delete
+/// preconditions), deletion, the attempt label, the generation annotation, how the
+/// controller reference was written, and the conditions and completion time.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Kept {
+    #[serde(rename = "u", default, skip_serializing_if = "Option::is_none")]
+    uid: Option<String>,
+    #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
+    resource_version: Option<String>,
+    #[serde(rename = "d", default, skip_serializing_if = "Option::is_none")]
+    deletion_timestamp: Option<Time>,
+    #[serde(rename = "a", default, skip_serializing_if = "Option::is_none")]
+    attempt: Option<String>,
+    #[serde(rename = "g", default, skip_serializing_if = "Option::is_none")]
+    generation: Option<String>,
+    #[serde(rename = "v")]
+    owner_api_version: String,
+    #[serde(rename = "b", default, skip_serializing_if = "Option::is_none")]
+    block_owner_deletion: Option<bool>,
+    #[serde(rename = "s", default, skip_serializing_if = "Option::is_none")]
+    status: Option<KeptStatus>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct KeptStatus {
+    #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
+    conditions: Option<Vec<JobCondition>>,
+    #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
+    completion_time: Option<Time>,
 }
 
 impl Cached {
-    /// `None` for a Job without a name.
+    /// `None` for a Job without a name or namespace, or not controlled by a GpuJob.
     pub(in crate::controller) fn of(job: &Job) -> Option<Cached> {
-        let name = job.metadata.name.as_deref()?;
-        match serde_json::to_vec(&trimmed(job)) {
-            Ok(bytes) => Some(Cached {
-                name: name.into(),
-                packed: bytes.into_boxed_slice(),
+        let m = &job.metadata;
+        let name = m.name.as_deref()?;
+        let namespace = m.namespace.as_deref()?;
+        let owner = controller_of(job)?;
+        let value = |map: &Option<BTreeMap<String, String>>, key: &str| {
+            map.as_ref().and_then(|map| map.get(key)).cloned()
+        };
+        let kept = Kept {
+            uid: m.uid.clone(),
+            resource_version: m.resource_version.clone(),
+            deletion_timestamp: m.deletion_timestamp.clone(),
+            attempt: value(&m.labels, LABEL_ATTEMPT),
+            generation: value(&m.annotations, ANNOTATION_GENERATION),
+            owner_api_version: owner.api_version.clone(),
+            block_owner_deletion: owner.block_owner_deletion,
+            status: job.status.as_ref().map(|s| KeptStatus {
+                conditions: s.conditions.clone(),
+                completion_time: s.completion_time.clone(),
             }),
+        };
+        let packed = serde_json::to_vec(&kept)
+            .map_err(|e| e.to_string())
+            .and_then(|json| {
+                record::pack([&owner.uid, namespace, &owner.name, name], &json)
+                    .ok_or_else(|| "a name or uid longer than 64 KiB".to_owned())
+            });
+        match packed {
+            Ok(packed) => Some(Cached(packed)),
             Err(e) => {
-                // Cannot happen for a value that was just decoded; if it did, the Job
+                // Cannot happen for a value the API server accepted; if it did, the Job
                 // would be missing from the cache rather than the process gone.
-                error!(job = name, "cannot cache the Job: {e}");
+                error!(job = name, namespace, "cannot cache the Job: {e}");
                 None
             }
         }
+    }
+
+    fn names(&self) -> Option<(Names<'_>, &[u8])> {
+        let ([owner_uid, namespace, owner, name], kept) = record::unpack(&self.0)?;
+        Some((
+            Names {
+                owner_uid,
+                namespace,
+                owner,
+                name,
+            },
+            kept,
+        ))
     }
 
     /// The Job as the plan sees it (no spec, only the kept metadata and status).
     pub(in crate::controller) fn job(&self) -> Option<Job> {
-        match serde_json::from_slice(&self.packed) {
-            Ok(job) => Some(job),
+        let (names, kept) = self.names()?;
+        let kept: Kept = match serde_json::from_slice(kept) {
+            Ok(kept) => kept,
             Err(e) => {
-                error!(job = %self.name, "cannot read the cached Job: {e}");
-                None
+                error!(
+                    job = names.name,
+                    namespace = names.namespace,
+                    "cannot read the cached Job: {e}"
+                );
+                return None;
             }
-        }
+        };
+        let only =
+            |key: &str, value: Option<String>| value.map(|v| BTreeMap::from([(key.to_owned(), v)]));
+        Some(Job {
+            metadata: ObjectMeta {
+                name: Some(names.name.to_owned()),
+                namespace: Some(names.namespace.to_owned()),
+                uid: kept.uid,
+                resource_version: kept.resource_version,
+                deletion_timestamp: kept.deletion_timestamp,
+                labels: only(LABEL_ATTEMPT, kept.attempt),
+                annotations: only(ANNOTATION_GENERATION, kept.generation),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: kept.owner_api_version,
+                    kind: "GpuJob".to_owned(),
+                    name: names.owner.to_owned(),
+                    uid: names.owner_uid.to_owned(),
+                    controller: Some(true),
+                    block_owner_deletion: kept.block_owner_deletion,
+                }]),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: kept.status.map(|s| JobStatus {
+                conditions: s.conditions,
+                completion_time: s.completion_time,
+                ..JobStatus::default()
+            }),
+        })
     }
 
     pub(in crate::controller) fn name(&self) -> &str {
-        &self.name
+        self.names().map_or("", |(n, _)| n.name)
     }
 
     pub(in crate::controller) fn uid(&self) -> Option<String> {
         self.job()?.metadata.uid
+    }
+
+    fn owner(&self) -> Option<Key> {
+        self.names().map(|(n, _)| Key::new(n.namespace, n.owner))
+    }
+}
+
+/// The names of the Job in `slot`.
+fn names_at(slots: &[Option<Cached>], slot: u32) -> Option<Names<'_>> {
+    let (names, _) = slots.get(slot as usize)?.as_ref()?.names()?;
+    Some(names)
+}
+
+fn owner_hash(hasher: &RandomState, owner_uid: &str) -> u64 {
+    hasher.hash_one(owner_uid)
+}
+
+fn name_hash(hasher: &RandomState, namespace: &str, name: &str) -> u64 {
+    hasher.hash_one((namespace, name))
+}
+
+/// The hash `by_owner` files `slot` under.
+fn owner_hash_at(hasher: &RandomState, slots: &[Option<Cached>], slot: u32) -> u64 {
+    names_at(slots, slot).map_or(0, |n| owner_hash(hasher, n.owner_uid))
+}
+
+/// The hash `by_name` files `slot` under.
+fn name_hash_at(hasher: &RandomState, slots: &[Option<Cached>], slot: u32) -> u64 {
+    names_at(slots, slot).map_or(0, |n| name_hash(hasher, n.namespace, n.name))
+}
+
+impl Table {
+    /// Files `job`, replacing a Job of the same namespace and name.
+    fn insert(&mut self, job: Cached) {
+        let Some((names, _)) = job.names() else {
+            return;
+        };
+        let by_owner_hash = owner_hash(&self.hasher, names.owner_uid);
+        let by_name_hash = name_hash(&self.hasher, names.namespace, names.name);
+        let (namespace, name) = (names.namespace.to_owned(), names.name.to_owned());
+        self.remove(&namespace, &name);
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(job);
+                slot
+            }
+            None => {
+                // Four billion Jobs in one replica's memory is not a case to handle.
+                let slot = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+                self.slots.push(Some(job));
+                slot
+            }
+        };
+        let Table {
+            slots,
+            by_owner,
+            by_name,
+            hasher,
+            ..
+        } = self;
+        by_owner.insert_unique(by_owner_hash, slot, |s| owner_hash_at(hasher, slots, *s));
+        by_name.insert_unique(by_name_hash, slot, |s| name_hash_at(hasher, slots, *s));
+    }
+
+    /// Drops the Job `namespace/name`; returns it if it was there.
+    fn remove(&mut self, namespace: &str, name: &str) -> Option<Cached> {
+        let slots = &self.slots;
+        let found = self
+            .by_name
+            .find_entry(name_hash(&self.hasher, namespace, name), |s| {
+                names_at(slots, *s).is_some_and(|n| n.namespace == namespace && n.name == name)
+            });
+        let slot = found.ok()?.remove().0;
+        let cached = self.slots.get_mut(slot as usize)?.take()?;
+        if let Some((names, _)) = cached.names()
+            && let Ok(entry) = self
+                .by_owner
+                .find_entry(owner_hash(&self.hasher, names.owner_uid), |s| *s == slot)
+        {
+            entry.remove();
+        }
+        self.free.push(slot);
+        Some(cached)
+    }
+
+    /// The Jobs controlled by the GpuJob with `uid`.
+    fn of_owner(&self, uid: &str) -> impl Iterator<Item = &Cached> {
+        self.by_owner
+            .iter_hash(owner_hash(&self.hasher, uid))
+            .filter(move |s| names_at(&self.slots, **s).is_some_and(|n| n.owner_uid == uid))
+            .filter_map(|s| self.slots.get(*s as usize)?.as_ref())
+    }
+
+    /// Every GpuJob that controls a Job here.
+    fn owners(&self) -> impl Iterator<Item = Key> {
+        self.slots.iter().flatten().filter_map(Cached::owner)
+    }
+
+    /// Lets go of the room a relist's growth left over.
+    fn shrink(&mut self) {
+        let Table {
+            slots,
+            free,
+            by_owner,
+            by_name,
+            hasher,
+        } = self;
+        // Slot numbers must stay; only the unused tail goes.
+        if free.is_empty() {
+            slots.shrink_to_fit();
+        }
+        by_owner.shrink_to_fit(|s| owner_hash_at(hasher, slots, *s));
+        by_name.shrink_to_fit(|s| name_hash_at(hasher, slots, *s));
     }
 }
 
@@ -122,14 +328,6 @@ pub fn owner_of(job: &Job) -> Option<(Key, String)> {
     Some((Key::new(ns, &owner.name), owner.uid.clone()))
 }
 
-fn job_key(job: &Job) -> String {
-    format!(
-        "{}/{}",
-        job.metadata.namespace.as_deref().unwrap_or_default(),
-        job.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
 impl JobIndex {
     /// Applies one watch event; returns the GpuJobs to reconcile because of it. A relist
     /// (after a watch could not resume, e.g. kube-apiserver restarted) is applied at
@@ -139,45 +337,42 @@ impl JobIndex {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         match event {
             Event::Init => {
-                inner.relist = Some(Vec::new());
+                inner.relist = Some(Table::default());
                 Vec::new()
             }
             Event::InitApply(job) => {
-                if let Some((relist, indexed)) = inner.relist.as_mut().zip(Indexed::of(job)) {
-                    relist.push(indexed);
+                if let Some((relist, cached)) = inner.relist.as_mut().zip(Cached::of(job)) {
+                    relist.insert(cached);
                 }
                 Vec::new()
             }
             Event::InitDone => {
-                let owners = |inner: &Inner| -> Vec<Key> {
-                    inner.by_owner.values().map(|o| o.owner.clone()).collect()
-                };
-                let mut keys: BTreeSet<Key> = owners(&inner).into_iter().collect();
-                let jobs = inner.relist.take().unwrap_or_default();
-                inner.by_owner.clear();
-                inner.owner_of.clear();
-                // Let go of the room the old contents needed (the relist may be smaller).
-                inner.by_owner.shrink_to_fit();
-                inner.owner_of.shrink_to_fit();
-                for job in jobs {
-                    insert(&mut inner, job);
+                let mut keys: BTreeSet<Key> = inner.table.owners().collect();
+                if let Some(mut table) = inner.relist.take() {
+                    table.shrink();
+                    inner.table = table;
                 }
-                keys.extend(owners(&inner));
+                keys.extend(inner.table.owners());
                 drop(inner);
                 self.ready.send_replace(true);
                 keys.into_iter().collect()
             }
-            Event::Apply(job) => {
-                remove(&mut inner, &job_key(job));
-                let key = owner_of(job).map(|(k, _)| k);
-                if let Some(indexed) = Indexed::of(job) {
-                    insert(&mut inner, indexed);
+            Event::Apply(job) | Event::Delete(job) => {
+                let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
+                let name = job.metadata.name.as_deref().unwrap_or_default();
+                // The GpuJob that had it (an owner reference can be rewritten) and the
+                // one that has it now.
+                let mut keys: BTreeSet<Key> = inner
+                    .table
+                    .remove(namespace, name)
+                    .and_then(|c| c.owner())
+                    .into_iter()
+                    .collect();
+                keys.extend(owner_of(job).map(|(k, _)| k));
+                if let (Event::Apply(_), Some(cached)) = (event, Cached::of(job)) {
+                    inner.table.insert(cached);
                 }
-                key.into_iter().collect()
-            }
-            Event::Delete(job) => {
-                remove(&mut inner, &job_key(job));
-                owner_of(job).map(|(k, _)| k).into_iter().collect()
+                keys.into_iter().collect()
             }
         }
     }
@@ -186,77 +381,17 @@ impl JobIndex {
     pub fn jobs_of(&self, uid: &str) -> Vec<Arc<Job>> {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         inner
-            .by_owner
-            .get(uid)
-            .map(|o| {
-                o.jobs
-                    .iter()
-                    .filter_map(Cached::job)
-                    .map(Arc::new)
-                    .collect()
-            })
-            .unwrap_or_default()
+            .table
+            .of_owner(uid)
+            .filter_map(Cached::job)
+            .map(Arc::new)
+            .collect()
     }
 
     /// Resolves once the first list has been loaded.
     pub async fn wait_ready(&self) {
         let mut rx = self.ready.subscribe();
         let _ = rx.wait_for(|ready| *ready).await;
-    }
-}
-
-/// What the plan reads of a Job, and nothing else: name, uid and resourceVersion (delete
-/// preconditions), deletion, the controlling owner, the attempt label, the generation
-/// annotation, and the conditions and completion time.
-fn trimmed(job: &Job) -> Job {
-    let m = &job.metadata;
-    let only = |map: &Option<BTreeMap<String, String>>, key: &str| {
-        map.as_ref()
-            .and_then(|map| map.get_key_value(key))
-            .map(|(k, v)| BTreeMap::from([(k.clone(), v.clone())]))
-    };
-    Job {
-        metadata: ObjectMeta {
-            name: m.name.clone(),
-            namespace: m.namespace.clone(),
-            uid: m.uid.clone(),
-            resource_version: m.resource_version.clone(),
-            deletion_timestamp: m.deletion_timestamp.clone(),
-            labels: only(&m.labels, LABEL_ATTEMPT),
-            annotations: only(&m.annotations, ANNOTATION_GENERATION),
-            owner_references: controller_of(job).map(|o| vec![o.clone()]),
-            ..ObjectMeta::default()
-        },
-        spec: None,
-        status: job.status.as_ref().map(|s| JobStatus {
-            conditions: s.conditions.clone(),
-            completion_time: s.completion_time.clone(),
-            ..JobStatus::default()
-        }),
-    }
-}
-
-fn insert(inner: &mut Inner, indexed: Indexed) {
-    let Indexed { owner, uid, job } = indexed;
-    let key: Box<str> = format!("{}/{}", owner.namespace, job.name).into();
-    inner.owner_of.insert(key, uid.clone());
-    let owned = inner.by_owner.entry(uid).or_insert_with(|| Owned {
-        owner,
-        jobs: Vec::new(),
-    });
-    owned.jobs.retain(|j| j.name != job.name);
-    owned.jobs.push(job);
-}
-
-fn remove(inner: &mut Inner, key: &str) {
-    let name = key.split_once('/').map_or(key, |(_, name)| name);
-    if let Some(uid) = inner.owner_of.remove(key)
-        && let Some(owned) = inner.by_owner.get_mut(&uid)
-    {
-        owned.jobs.retain(|j| &*j.name != name);
-        if owned.jobs.is_empty() {
-            inner.by_owner.remove(&uid);
-        }
     }
 }
 
@@ -326,6 +461,94 @@ mod tests {
             vec![Key::new("ns", "b"), Key::new("ns", "c")]
         );
         assert!(idx.jobs_of("u2").is_empty());
+    }
+
+    /// What the plan reads of a Job, as a trimmed `Job`: the definition a cached Job
+    /// must read back as.
+    fn trimmed(job: &Job) -> Job {
+        let m = &job.metadata;
+        let only = |map: &Option<BTreeMap<String, String>>, key: &str| {
+            map.as_ref()
+                .and_then(|map| map.get_key_value(key))
+                .map(|(k, v)| BTreeMap::from([(k.clone(), v.clone())]))
+        };
+        Job {
+            metadata: ObjectMeta {
+                name: m.name.clone(),
+                namespace: m.namespace.clone(),
+                uid: m.uid.clone(),
+                resource_version: m.resource_version.clone(),
+                deletion_timestamp: m.deletion_timestamp.clone(),
+                labels: only(&m.labels, LABEL_ATTEMPT),
+                annotations: only(&m.annotations, ANNOTATION_GENERATION),
+                owner_references: controller_of(job).map(|o| vec![o.clone()]),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: job.status.as_ref().map(|s| JobStatus {
+                conditions: s.conditions.clone(),
+                completion_time: s.completion_time.clone(),
+                ..JobStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_cached_job_reads_back_as_what_the_plan_reads_of_it() {
+        let time = |s: &str| Time(s.parse().unwrap());
+        let mut plain = job("a-1", Some(("a", "u1")));
+        let mut full = plain.clone();
+        full.metadata.uid = Some("j1".into());
+        full.metadata.resource_version = Some("7".into());
+        full.metadata.deletion_timestamp = Some(time("2026-12-01T10:00:03Z"));
+        full.metadata.labels = Some(BTreeMap::from([
+            (LABEL_ATTEMPT.into(), "1".into()),
+            ("team".into(), "a".into()),
+        ]));
+        full.metadata.annotations = Some(BTreeMap::from([
+            (ANNOTATION_GENERATION.into(), "3".into()),
+            ("note".into(), "x".into()),
+        ]));
+        if let Some(owners) = full.metadata.owner_references.as_mut() {
+            owners[0].api_version = "gpujob.dev/v2".into();
+            owners[0].block_owner_deletion = Some(true);
+            owners.insert(
+                0,
+                OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    name: "c".into(),
+                    uid: "u9".into(),
+                    ..OwnerReference::default()
+                },
+            );
+        }
+        full.status = Some(JobStatus {
+            active: Some(1),
+            completion_time: Some(time("2026-12-01T10:00:02Z")),
+            conditions: Some(vec![JobCondition {
+                type_: "Failed".into(),
+                status: "True".into(),
+                reason: Some("BackoffLimitExceeded".into()),
+                message: Some("Job has reached the specified backoff limit".into()),
+                last_transition_time: Some(time("2026-12-01T10:00:01Z")),
+                ..JobCondition::default()
+            }]),
+            ..JobStatus::default()
+        });
+        plain.status = Some(JobStatus::default());
+        let no_status = job("a-2", Some(("a", "u1")));
+        for j in [full, plain, no_status] {
+            let cached = Cached::of(&j).expect("controlled by a GpuJob");
+            assert_eq!(cached.job(), Some(trimmed(&j)));
+            assert_eq!(cached.name(), j.metadata.name.as_deref().unwrap());
+            assert_eq!(cached.uid(), j.metadata.uid);
+        }
+        assert_eq!(
+            Cached::of(&job("stray", None)),
+            None,
+            "not controlled by a GpuJob"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 mod gpujobs;
 mod jobs;
+mod record;
 
 pub use gpujobs::GpuJobCache;
 pub(super) use jobs::Cached;
