@@ -9,83 +9,34 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use devcluster::{Identity, wait};
-use gpujob_operator::api::{Conversion, CrdOptions, GpuJob, Phase, v2};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use gpujob_operator::api::{GpuJob, Phase, StorageVersion, v2};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
-use support::prometheus::free_address;
-use support::replicas::{self, Replica};
-use support::webhook::{forwarder, webhook_certs};
+use support::replicas;
+use support::webhook::WebhookCluster;
 use support::{TestEnv, WAIT, phase, sim_env};
 
-struct Setup {
-    env: TestEnv,
-    cert_dir: PathBuf,
-    /// Each replica's webhook address (fixed, so a restarted replica comes back there).
-    webhook: Vec<String>,
-    /// Each replica's metrics address.
-    metrics: Vec<String>,
+/// The control plane of tests/support/webhook.rs, with this file's reads.
+struct Setup(WebhookCluster);
+
+impl std::ops::Deref for Setup {
+    type Target = WebhookCluster;
+    fn deref(&self) -> &WebhookCluster {
+        &self.0
+    }
 }
 
 impl Setup {
-    /// A private control plane whose CRD sends conversions to a forwarder in front of
-    /// `replicas` webhook addresses.
     async fn new(prefix: &str, replicas: usize) -> Setup {
-        let cert_dir =
-            std::env::temp_dir().join(format!("gpujob-webhook-{prefix}-{}", std::process::id()));
-        let ca = webhook_certs(&cert_dir);
-        let webhook: Vec<String> = (0..replicas).map(|_| free_address()).collect();
-        let metrics: Vec<String> = (0..replicas).map(|_| free_address()).collect();
-        let front = forwarder(webhook.iter().map(|a| a.parse().unwrap()).collect()).await;
-        let crd = gpujob_operator::api::crd_yaml_with(&CrdOptions {
-            conversion: Conversion::Url(format!("https://{front}/convert")),
-            ca_bundle: Some(ca.into_bytes()),
-            ..CrdOptions::default()
-        })
-        .unwrap();
-        let crd_file = cert_dir.join("crd.yaml");
-        std::fs::write(&crd_file, crd).unwrap();
-        let env = TestEnv::private_with_crd(prefix, crd_file).await;
-        Setup {
-            env,
-            cert_dir,
-            webhook,
-            metrics,
-        }
-    }
-
-    /// Replica `n` (from 1) of the real binary, serving the webhook.
-    fn replica(&self, n: u8) -> Replica {
-        let i = usize::from(n - 1);
-        replicas::start(
-            &self.env.cluster,
-            &self.env.ns,
-            n,
-            &[
-                "--conversion-cert-dir",
-                self.cert_dir.to_str().unwrap(),
-                "--conversion-address",
-                &self.webhook[i],
-                "--listen-address",
-                &self.metrics[i],
-            ],
-        )
+        Setup(WebhookCluster::new(prefix, replicas, StorageVersion::V1).await)
     }
 
     fn v2(&self) -> Api<v2::GpuJob> {
         Api::namespaced(self.env.admin.clone(), &self.env.ns)
-    }
-
-    /// The raw objects as the API server sends them in `version` (no serde defaults
-    /// filling in what the server left out).
-    fn raw(&self, version: &str) -> Api<DynamicObject> {
-        let gvk = GroupVersionKind::gvk("gpujob.dev", version, "GpuJob");
-        let resource = ApiResource::from_gvk_with_plural(&gvk, "gpujobs");
-        Api::namespaced_with(self.env.admin.clone(), &self.env.ns, &resource)
     }
 
     /// Waits until the API server can read GpuJobs as v2 (a replica's webhook answers).
@@ -132,12 +83,6 @@ impl Setup {
     }
 }
 
-impl Drop for Setup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.cert_dir);
-    }
-}
-
 fn spec(object: &DynamicObject) -> &Value {
     &object.data["spec"]
 }
@@ -156,7 +101,7 @@ async fn kubectl(env: &TestEnv, args: &[&str]) -> std::process::Output {
 async fn one_gpujob_read_as_v1_or_v2_with_each_versions_defaults() {
     let s = Setup::new("conv", 1).await;
     let env = &s.env;
-    let _replica = s.replica(1);
+    let _replica = s.replica(1, &[]);
     s.wait_v2_readable("the webhook of replica-1 to answer")
         .await;
 
@@ -402,7 +347,7 @@ async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
 async fn conversion_survives_a_leader_kill_and_a_webhook_outage_loses_nothing() {
     let s = Setup::new("convha", 2).await;
     let env = &s.env;
-    let mut replicas = vec![s.replica(1), s.replica(2)];
+    let mut replicas = vec![s.replica(1, &[]), s.replica(2, &[])];
     s.wait_v2_readable("the webhooks to answer").await;
     let (leader, _) =
         replicas::wait_holder(&env.admin, &env.ns, WAIT, |h| h.starts_with("replica-")).await;
@@ -475,7 +420,7 @@ async fn conversion_survives_a_leader_kill_and_a_webhook_outage_loses_nothing() 
 
     // A replica comes back: v2 again, nothing lost.
     drop(dead);
-    let _back = s.replica(1);
+    let _back = s.replica(1, &[]);
     s.wait_v2_readable("the webhook of the restarted replica-1")
         .await;
     let read = s.raw("v2").get("kept").await.unwrap();

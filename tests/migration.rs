@@ -1,5 +1,5 @@
 //! Step 2 of the API upgrade and its rollback, on a real control plane of this test's own
-//! (set up as tests/conversion.rs does: the webhook CRD points at a forwarder on this
+//! (tests/support/webhook.rs's `WebhookCluster`: the webhook CRD points at a forwarder on this
 //! machine in front of the replicas' webhooks):
 //! - `gpujob-operator migrate-storage` (the real binary, as a user holding only the
 //!   shipped role deploy/crd/migrate-role.yaml) after the CRD switched to storing v2:
@@ -15,7 +15,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use devcluster::identity::OPERATOR_USER;
@@ -27,70 +26,29 @@ use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams, WatchEvent, WatchParams,
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchEvent,
+    WatchParams,
 };
 use serde_json::{Value, json};
-use support::prometheus::free_address;
-use support::replicas::{self, Replica};
-use support::webhook::{b64, forwarder, webhook_certs};
-use support::{TestEnv, WAIT, sim_env};
+use support::webhook::{WebhookCluster, b64};
+use support::{WAIT, sim_env};
 
 const CRD_NAME: &str = "gpujobs.gpujob.dev";
 const MIGRATE_ROLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd/migrate-role.yaml");
 
-struct Setup {
-    env: TestEnv,
-    cert_dir: PathBuf,
-    /// The CRD's webhook URL and CA, to make the CRD again with another storage version.
-    url: String,
-    ca: String,
-    webhook: Vec<String>,
+/// The control plane of tests/support/webhook.rs, with this file's reads.
+struct Setup(WebhookCluster);
+
+impl std::ops::Deref for Setup {
+    type Target = WebhookCluster;
+    fn deref(&self) -> &WebhookCluster {
+        &self.0
+    }
 }
 
 impl Setup {
     async fn new(prefix: &str, replicas: usize) -> Setup {
-        let cert_dir =
-            std::env::temp_dir().join(format!("gpujob-webhook-{prefix}-{}", std::process::id()));
-        let ca = webhook_certs(&cert_dir);
-        let webhook: Vec<String> = (0..replicas).map(|_| free_address()).collect();
-        let front = forwarder(webhook.iter().map(|a| a.parse().unwrap()).collect()).await;
-        let url = format!("https://{front}/convert");
-        let crd = gpujob_operator::api::crd_yaml_with(&CrdOptions {
-            conversion: Conversion::Url(url.clone()),
-            ca_bundle: Some(ca.clone().into_bytes()),
-            storage: StorageVersion::V1,
-        })
-        .unwrap();
-        let crd_file = cert_dir.join("crd.yaml");
-        std::fs::write(&crd_file, crd).unwrap();
-        let env = TestEnv::private_with_crd(prefix, crd_file).await;
-        Setup {
-            env,
-            cert_dir,
-            url,
-            ca,
-            webhook,
-        }
-    }
-
-    /// Replica `n` (from 1) of the real binary, serving the webhook, with `extra` flags.
-    fn replica(&self, n: u8, extra: &[&str]) -> Replica {
-        let i = usize::from(n - 1);
-        let mut args = vec![
-            "--conversion-cert-dir",
-            self.cert_dir.to_str().unwrap(),
-            "--conversion-address",
-            &self.webhook[i],
-        ];
-        args.extend_from_slice(extra);
-        replicas::start(&self.env.cluster, &self.env.ns, n, &args)
-    }
-
-    fn raw(&self, version: &str) -> Api<DynamicObject> {
-        let gvk = GroupVersionKind::gvk("gpujob.dev", version, "GpuJob");
-        let resource = ApiResource::from_gvk_with_plural(&gvk, "gpujobs");
-        Api::namespaced_with(self.env.admin.clone(), &self.env.ns, &resource)
+        Setup(WebhookCluster::new(prefix, replicas, StorageVersion::V1).await)
     }
 
     fn crds(&self) -> Api<CustomResourceDefinition> {
@@ -313,12 +271,6 @@ impl Setup {
         )
         .await
         .unwrap();
-    }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.cert_dir);
     }
 }
 

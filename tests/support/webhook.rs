@@ -1,9 +1,89 @@
 //! The conversion webhook's stand-ins for the tests that run it on a control plane of
-//! their own (tests/conversion.rs, tests/migration.rs): its certificates, and a TCP
-//! forwarder in the place of its Service.
+//! their own (tests/conversion.rs, tests/migration.rs): its certificates, a TCP
+//! forwarder in the place of its Service, and the control plane whose CRD calls it
+//! ([`WebhookCluster`]).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use gpujob_operator::api::{Conversion, CrdOptions, StorageVersion};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+
+use super::TestEnv;
+use super::prometheus::free_address;
+use super::replicas::{self, Replica};
+
+/// A private control plane whose CRD sends conversions to a [`forwarder`] in front of
+/// the replicas' webhook addresses (fixed, so a restarted replica comes back there).
+pub struct WebhookCluster {
+    pub env: TestEnv,
+    pub cert_dir: PathBuf,
+    /// The CRD's webhook URL and CA, to make the CRD again (another storage version).
+    pub url: String,
+    pub ca: String,
+    /// Each replica's webhook address.
+    pub webhook: Vec<String>,
+    /// Each replica's metrics address.
+    pub metrics: Vec<String>,
+}
+
+impl WebhookCluster {
+    pub async fn new(prefix: &str, replicas: usize, storage: StorageVersion) -> WebhookCluster {
+        let cert_dir =
+            std::env::temp_dir().join(format!("gpujob-webhook-{prefix}-{}", std::process::id()));
+        let ca = webhook_certs(&cert_dir);
+        let webhook: Vec<String> = (0..replicas).map(|_| free_address()).collect();
+        let metrics: Vec<String> = (0..replicas).map(|_| free_address()).collect();
+        let front = forwarder(webhook.iter().map(|a| a.parse().unwrap()).collect()).await;
+        let url = format!("https://{front}/convert");
+        let crd = gpujob_operator::api::crd_yaml_with(&CrdOptions {
+            conversion: Conversion::Url(url.clone()),
+            ca_bundle: Some(ca.clone().into_bytes()),
+            storage,
+        })
+        .unwrap();
+        let crd_file = cert_dir.join("crd.yaml");
+        std::fs::write(&crd_file, crd).unwrap();
+        let env = TestEnv::private_with_crd(prefix, crd_file).await;
+        WebhookCluster {
+            env,
+            cert_dir,
+            url,
+            ca,
+            webhook,
+            metrics,
+        }
+    }
+
+    /// Replica `n` (from 1) of the real binary, serving the webhook, with `extra` flags.
+    pub fn replica(&self, n: u8, extra: &[&str]) -> Replica {
+        let i = usize::from(n - 1);
+        let mut args = vec![
+            "--conversion-cert-dir",
+            self.cert_dir.to_str().unwrap(),
+            "--conversion-address",
+            &self.webhook[i],
+            "--listen-address",
+            &self.metrics[i],
+        ];
+        args.extend_from_slice(extra);
+        replicas::start(&self.env.cluster, &self.env.ns, n, &args)
+    }
+
+    /// The raw objects as the API server sends them in `version` (no serde defaults
+    /// filling in what the server left out).
+    pub fn raw(&self, version: &str) -> Api<DynamicObject> {
+        let gvk = GroupVersionKind::gvk("gpujob.dev", version, "GpuJob");
+        let resource = ApiResource::from_gvk_with_plural(&gvk, "gpujobs");
+        Api::namespaced_with(self.env.admin.clone(), &self.env.ns, &resource)
+    }
+}
+
+impl Drop for WebhookCluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.cert_dir);
+    }
+}
 
 /// A CA and a serving certificate for 127.0.0.1 it signed, in `dir` as a
 /// kubernetes.io/tls Secret mounts them; returns the CA's PEM (the CRD's caBundle).
