@@ -4,7 +4,7 @@
 //! its own (`gpujob-operator-shard-<i>`) and the replicas share them out.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -58,7 +58,13 @@ pub struct Takeover {
 
 /// Ended (SIGKILL) when dropped.
 #[derive(Debug)]
-pub struct Replicas(Vec<Replica>);
+pub struct Replicas {
+    all: Vec<Replica>,
+    /// How they were started, to start one again ([`Replicas::restart`]).
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    shards: u32,
+}
 
 impl Replicas {
     pub fn start(
@@ -69,34 +75,70 @@ impl Replicas {
     ) -> anyhow::Result<Replicas> {
         let logs = log_dir();
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-        let mut all = Vec::new();
+        let mut replicas = Replicas {
+            all: Vec::new(),
+            bin: bin.to_owned(),
+            kubeconfig: cluster.kubeconfig(Identity::Operator),
+            shards,
+        };
         for i in 1..=n {
-            let identity = format!("load-{i}");
-            // A free port now; the replica binds it a moment later.
-            let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-            let log = logs.join(format!("{identity}.log"));
-            let out = std::fs::File::create(&log)?;
-            let child = Command::new(bin)
-                .args(["run", "--identity", &identity])
-                .args(["--lease-namespace", LEASE_NAMESPACE])
-                .args(["--listen-address", &addr.to_string()])
-                .args(["--shards", &shards.to_string()])
-                .env("KUBECONFIG", cluster.kubeconfig(Identity::Operator))
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::null())
-                .stdout(out.try_clone()?)
-                .stderr(out)
-                .spawn()
-                .with_context(|| format!("starting {}", bin.display()))?;
-            all.push(Replica {
-                identity,
-                addr,
-                child: Some(child),
-                at_kill: None,
-            });
+            let replica = replicas.spawn(&format!("load-{i}"))?;
+            replicas.all.push(replica);
         }
         eprintln!("replica logs in {}", logs.display());
-        Ok(Replicas(all))
+        Ok(replicas)
+    }
+
+    /// Replica `identity`, a new process; its log is appended to.
+    fn spawn(&self, identity: &str) -> anyhow::Result<Replica> {
+        // A free port now; the replica binds it a moment later.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let log = log_dir().join(format!("{identity}.log"));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        let child = Command::new(&self.bin)
+            .args(["run", "--identity", identity])
+            .args(["--lease-namespace", LEASE_NAMESPACE])
+            .args(["--listen-address", &addr.to_string()])
+            .args(["--shards", &self.shards.to_string()])
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {}", self.bin.display()))?;
+        Ok(Replica {
+            identity: identity.to_owned(),
+            addr,
+            child: Some(child),
+            at_kill: None,
+        })
+    }
+
+    /// Starts the killed replica `identity` again, and waits until it is ready (its
+    /// caches loaded). Returns how long that took.
+    pub async fn restart(&mut self, identity: &str, deadline: Instant) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        let fresh = self.spawn(identity)?;
+        let addr = fresh.addr;
+        let slot = self
+            .all
+            .iter_mut()
+            .find(|r| r.identity == identity && r.child.is_none())
+            .with_context(|| format!("no killed replica {identity} to start again"))?;
+        *slot = fresh;
+        loop {
+            if get(addr, "/readyz").await.is_ok() {
+                return Ok(started.elapsed());
+            }
+            if Instant::now() >= deadline {
+                bail!("{identity}, started again, was not ready before the deadline");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The Lease holder once there is one (other than `not`).
@@ -125,7 +167,7 @@ impl Replicas {
         let leases: Api<Lease> = Api::namespaced(admin.clone(), LEASE_NAMESPACE);
         let holder = holder(&leases).await.context("no leader to kill")?;
         let replica = self
-            .0
+            .all
             .iter_mut()
             .find(|r| r.identity == holder)
             .with_context(|| format!("the Lease names {holder}, not one of ours"))?;
@@ -200,7 +242,7 @@ impl Replicas {
         // Replicas are numbered load-1, load-2, ... in start order: on equal counts the
         // earlier one (the lowest identity) wins.
         let (_, replica) = self
-            .0
+            .all
             .iter_mut()
             .enumerate()
             .filter(|(_, r)| r.child.is_some())
@@ -220,7 +262,7 @@ impl Replicas {
 
     /// Identities of the replicas not killed.
     pub fn live(&self) -> BTreeSet<String> {
-        self.0
+        self.all
             .iter()
             .filter(|r| r.child.is_some())
             .map(|r| r.identity.clone())
@@ -229,7 +271,7 @@ impl Replicas {
 
     /// Each live replica's peak resident memory (VmHWM), KiB.
     pub fn peaks(&self) -> BTreeMap<String, u64> {
-        self.0
+        self.all
             .iter()
             .filter_map(|r| Some((r.identity.clone(), rss(r.child.as_ref()?.id())?.0)))
             .collect()
@@ -238,7 +280,7 @@ impl Replicas {
     /// Each live replica's `/metrics` text.
     pub async fn scrape(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        for r in self.0.iter().filter(|r| r.child.is_some()) {
+        for r in self.all.iter().filter(|r| r.child.is_some()) {
             match get_metrics(r.addr).await {
                 Ok(text) => out.push((r.identity.clone(), text)),
                 Err(e) => eprintln!("scraping {} at {}: {e:#}", r.identity, r.addr),
@@ -251,7 +293,7 @@ impl Replicas {
     /// memory (/proc) and its work-queue depth (`/metrics`), timed from `start`.
     pub fn sample(&self, start: Instant, every: Duration) -> Sampler {
         let probes: Vec<(String, u32, std::net::SocketAddr)> = self
-            .0
+            .all
             .iter()
             .filter_map(|r| Some((r.identity.clone(), r.child.as_ref()?.id(), r.addr)))
             .collect();
@@ -299,7 +341,7 @@ impl Replicas {
 
     /// Process ids of the live replicas.
     pub fn pids(&self) -> Vec<u32> {
-        self.0
+        self.all
             .iter()
             .filter_map(|r| r.child.as_ref().map(Child::id))
             .collect()
@@ -308,7 +350,7 @@ impl Replicas {
     /// Peak and current resident memory (KiB) of each replica, from /proc; for a killed
     /// one, as read right before the kill.
     pub fn memory(&self) -> Vec<Memory> {
-        self.0
+        self.all
             .iter()
             .filter_map(|r| {
                 let (peak_kib, now_kib) = match &r.child {
@@ -486,7 +528,7 @@ pub async fn watch_takeover(
 
 impl Drop for Replicas {
     fn drop(&mut self) {
-        for r in &mut self.0 {
+        for r in &mut self.all {
             if let Some(mut child) = r.child.take() {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -508,9 +550,14 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
 
 /// A plain HTTP/1.0 GET: the body of `/metrics`.
 async fn get_metrics(addr: std::net::SocketAddr) -> anyhow::Result<String> {
+    get(addr, "/metrics").await
+}
+
+/// The body of `GET path` from a replica's HTTP server; an error unless 200.
+async fn get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
     let exchange = async {
         let mut tcp = tokio::net::TcpStream::connect(addr).await?;
-        tcp.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        tcp.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
             .await?;
         let mut text = String::new();
         tcp.read_to_string(&mut text).await?;

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use devcluster::ControlPlane;
 use devcluster::identity::OPERATOR_USER;
 use devcluster::metrics::Metrics;
@@ -38,6 +38,9 @@ pub struct Takeover {
     pub events_of_killed: usize,
     /// Each survivor: identity, peak RSS (KiB) before the kill and at the end.
     pub survivors: Vec<(String, u64, u64)>,
+    /// The killed replica started again afterwards: start → ready (its caches loaded by
+    /// a list of every GpuJob and Job), its peak RSS and its RSS 5 s after ready (KiB).
+    pub restarted: (Duration, u64, u64),
 }
 
 /// Waits for the working replica's queue to drain, kills it, and measures the takeover.
@@ -133,6 +136,17 @@ pub async fn run(
             (who, was, peak)
         })
         .collect();
+    // Started again, the killed replica loads every converged GpuJob and Job by a list,
+    // as any replica (re)started in a running installation does: a standby's memory
+    // there, which a replica that grew with the load does not show.
+    let ready_after = replicas.restart(&killed, deadline).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let restarted = replicas
+        .memory()
+        .into_iter()
+        .find(|m| m.identity == killed && !m.killed)
+        .map(|m| (ready_after, m.peak_kib, m.now_kib))
+        .context("the restarted replica's memory")?;
     Ok(Takeover {
         gpujobs,
         killed,
@@ -143,6 +157,7 @@ pub async fn run(
         events,
         events_of_killed,
         survivors,
+        restarted,
     })
 }
 
@@ -197,5 +212,14 @@ pub fn report(t: &Takeover) -> String {
             after / 1024
         );
     }
+    let (ready, peak, now) = t.restarted;
+    let _ = writeln!(
+        r,
+        "| {} started again, a standby loading every GpuJob and Job by a list: start → ready; peak RSS; RSS 5 s later | {:.1} s; {} MiB; {} MiB |",
+        t.killed,
+        ready.as_secs_f64(),
+        peak / 1024,
+        now / 1024
+    );
     r
 }
