@@ -134,7 +134,10 @@ impl GpuJobCache {
     /// The GpuJob as last delivered.
     pub fn get(&self, key: &Key) -> Option<Arc<GpuJob>> {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        inner.table.get(key).and_then(|p| unpack(key, p))
+        inner
+            .table
+            .get(key)
+            .and_then(|p| unpack(&key.namespace, &key.name, p))
     }
 
     /// Every cached GpuJob's key.
@@ -166,7 +169,7 @@ impl GpuJobCache {
             .table
             .iter()
             .filter(|(ns, _, _)| pick(ns))
-            .filter_map(|(ns, name, p)| unpack(&Key::new(ns, name), p).map(Arc::unwrap_or_clone));
+            .filter_map(|(ns, name, p)| unpack(ns, name, p).map(Arc::unwrap_or_clone));
         f(&mut each)
     }
 
@@ -205,14 +208,17 @@ fn pack(key: &Key, gj: &GpuJob) -> Option<Box<[u8]>> {
     }
 }
 
-fn unpack(key: &Key, compressed: &[u8]) -> Option<Arc<GpuJob>> {
+fn unpack(namespace: &str, name: &str, compressed: &[u8]) -> Option<Arc<GpuJob>> {
     let decoded = lz4_flex::block::decompress_size_prepended_with_dict(compressed, &DICTIONARY)
         .map_err(|e| e.to_string())
         .and_then(|json| serde_json::from_slice(&json).map_err(|e| e.to_string()));
     match decoded {
         Ok(gj) => Some(Arc::new(gj)),
         Err(e) => {
-            error!(gpujob = %key, "cannot read the cached GpuJob: {e}");
+            error!(
+                gpujob = format_args!("{namespace}/{name}"),
+                "cannot read the cached GpuJob: {e}"
+            );
             None
         }
     }

@@ -141,19 +141,24 @@ impl Cached {
     }
 
     /// The Job as the plan sees it (no spec, only the kept metadata and status).
-    pub(in crate::controller) fn job(&self) -> Option<Job> {
+    /// The names and the decoded rest.
+    fn kept(&self) -> Option<(Names<'_>, Kept)> {
         let (names, kept) = self.names()?;
-        let kept: Kept = match serde_json::from_slice(kept) {
-            Ok(kept) => kept,
+        match serde_json::from_slice(kept) {
+            Ok(kept) => Some((names, kept)),
             Err(e) => {
                 error!(
                     job = names.name,
                     namespace = names.namespace,
                     "cannot read the cached Job: {e}"
                 );
-                return None;
+                None
             }
-        };
+        }
+    }
+
+    pub(in crate::controller) fn job(&self) -> Option<Job> {
+        let (names, kept) = self.kept()?;
         let only =
             |key: &str, value: Option<String>| value.map(|v| BTreeMap::from([(key.to_owned(), v)]));
         Some(Job {
@@ -189,7 +194,7 @@ impl Cached {
     }
 
     pub(in crate::controller) fn uid(&self) -> Option<String> {
-        self.job()?.metadata.uid
+        self.kept()?.1.uid
     }
 
     fn owner(&self) -> Option<Key> {
@@ -229,8 +234,7 @@ impl Table {
         };
         let by_owner_hash = owner_hash(&self.hasher, names.owner_uid);
         let by_name_hash = name_hash(&self.hasher, names.namespace, names.name);
-        let (namespace, name) = (names.namespace.to_owned(), names.name.to_owned());
-        self.remove(&namespace, &name);
+        self.remove(names.namespace, names.name);
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(job);
