@@ -17,6 +17,8 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use devcluster::identity::OPERATOR_USER;
 use devcluster::{Identity, wait};
 use futures::{StreamExt, TryStreamExt};
@@ -30,7 +32,7 @@ use kube::api::{
     WatchParams,
 };
 use serde_json::{Value, json};
-use support::webhook::{WebhookCluster, b64};
+use support::webhook::WebhookCluster;
 use support::{WAIT, sim_env};
 
 const CRD_NAME: &str = "gpujobs.gpujob.dev";
@@ -144,7 +146,9 @@ impl Setup {
         // byte ('/') raised by one.
         let mut end = prefix.clone().into_bytes();
         *end.last_mut().unwrap() += 1;
-        let body = json!({"key": b64(prefix.as_bytes()), "range_end": b64(&end)}).to_string();
+        let body =
+            json!({"key": BASE64.encode(prefix.as_bytes()), "range_end": BASE64.encode(&end)})
+                .to_string();
         // etcd's JSON gateway, over plain HTTP on 127.0.0.1 (no curl on a fresh machine).
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())

@@ -294,40 +294,8 @@ mod tests {
             let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
             let key = rcgen::KeyPair::generate().unwrap();
             let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-            (
-                pem("CERTIFICATE", cert.der()),
-                pem("PRIVATE KEY", &key.serialize_der()),
-            )
+            (cert.pem(), key.serialize_pem())
         }
-    }
-
-    /// PEM of `der` (rcgen is built without its `pem` feature).
-    fn pem(label: &str, der: &[u8]) -> String {
-        const ALPHABET: &[u8; 64] =
-            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut b64 = String::new();
-        for chunk in der.chunks(3) {
-            let n = chunk
-                .iter()
-                .enumerate()
-                .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-            for i in 0..4 {
-                if i <= chunk.len() {
-                    b64.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
-                } else {
-                    b64.push('=');
-                }
-            }
-        }
-        let lines: Vec<&str> = b64
-            .as_bytes()
-            .chunks(64)
-            .map(|l| std::str::from_utf8(l).unwrap())
-            .collect();
-        format!(
-            "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
-            lines.join("\n")
-        )
     }
 
     /// Writes the pair as a Secret update does: new files renamed into place, with a

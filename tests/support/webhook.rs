@@ -98,27 +98,9 @@ pub fn webhook_certs(dir: &Path) -> String {
         .unwrap()
         .signed_by(&leaf_key, &ca, &ca_key)
         .unwrap();
-    std::fs::write(dir.join("tls.crt"), pem("CERTIFICATE", leaf.der())).unwrap();
-    std::fs::write(
-        dir.join("tls.key"),
-        pem("PRIVATE KEY", &leaf_key.serialize_der()),
-    )
-    .unwrap();
-    pem("CERTIFICATE", ca.der())
-}
-
-/// PEM of `der` (rcgen is built without its `pem` feature).
-pub fn pem(label: &str, der: &[u8]) -> String {
-    let b64 = b64(der);
-    let lines: Vec<&str> = b64
-        .as_bytes()
-        .chunks(64)
-        .map(|l| std::str::from_utf8(l).unwrap())
-        .collect();
-    format!(
-        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
-        lines.join("\n")
-    )
+    std::fs::write(dir.join("tls.crt"), leaf.pem()).unwrap();
+    std::fs::write(dir.join("tls.key"), leaf_key.serialize_pem()).unwrap();
+    ca.pem()
 }
 
 /// The stand-in for the webhook Service: each connection goes to the first backend that
@@ -143,24 +125,4 @@ pub async fn forwarder(backends: Vec<SocketAddr>) -> SocketAddr {
         }
     });
     addr
-}
-
-/// Standard base64 of `bytes` (the etcd gateway's JSON carries keys so).
-pub fn b64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
