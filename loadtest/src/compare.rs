@@ -10,7 +10,7 @@
 //! plane, everything is deleted between phases and the API server is let go quiet. During the operator's phase its
 //! replicas are sampled every second (RSS, work-queue depth) for the plots (`plots.rs`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -129,6 +129,11 @@ pub struct Figures {
     pub traces: Vec<(Trace, Option<f64>)>,
     /// The operator with `--takeover`.
     pub takeover: Option<Takeover>,
+    /// Where the machine's CPU went from the first create to all converged: seconds per
+    /// process (the control plane's components, this load generator, the contender's).
+    pub machine_cpu: Vec<(&'static str, f64)>,
+    /// The API server's requests over the same span (`apiserver_request_total`), by verb.
+    pub requests: BTreeMap<String, f64>,
 }
 
 /// A plot written for the report: what it shows, the link to it, and how to read it.
@@ -218,6 +223,8 @@ async fn phase(
     let observer = tokio::spawn(observe(admin.clone(), converged_at.clone()));
     let audit = cluster.audit();
     let cursor = audit.cursor()?;
+    let cpu_before = machine_cpu(cluster, &running);
+    let requests_before = requests_by_verb(admin).await?;
     let start = Instant::now();
     let sampler = match &running {
         Running::Operator(replicas) => Some(replicas.sample(start, SAMPLE_EVERY)),
@@ -267,6 +274,16 @@ async fn phase(
             (t, cpu)
         })
         .collect();
+    let machine_cpu = machine_cpu(cluster, &running)
+        .into_iter()
+        .zip(&cpu_before)
+        .map(|((who, after), (_, before))| (who, after - before))
+        .collect();
+    let mut requests = requests_by_verb(admin).await?;
+    for (verb, n) in &mut requests {
+        *n -= requests_before.get(verb).copied().unwrap_or(0.0);
+    }
+    requests.retain(|_, n| *n > 0.0);
     let converged_over_time = plots::cumulative(start, converged_map.values().copied());
     let converged = converged_map
         .values()
@@ -342,7 +359,45 @@ async fn phase(
         converged_over_time,
         traces,
         takeover,
+        machine_cpu,
+        requests,
     })
+}
+
+/// CPU seconds so far of each process sharing the machine during a phase, in a fixed
+/// order (0 for one that is not there).
+fn machine_cpu(cluster: &ControlPlane, running: &Running) -> Vec<(&'static str, f64)> {
+    let pids = &cluster.info().pids;
+    let cpu = |pid: Option<u32>| pid.and_then(usage).map_or(0.0, |u| u.1);
+    let contender = match running {
+        Running::None => 0.0,
+        Running::Reference(child) => cpu(Some(child.id())),
+        Running::Operator(replicas) => replicas.pids().into_iter().map(|p| cpu(Some(p))).sum(),
+    };
+    vec![
+        ("kube-apiserver", cpu(pids.get("kube-apiserver").copied())),
+        ("etcd", cpu(pids.get("etcd").copied())),
+        (
+            "kube-controller-manager",
+            cpu(pids.get("kube-controller-manager").copied()),
+        ),
+        ("load generator", cpu(Some(std::process::id()))),
+        ("controller (all replicas)", contender),
+    ]
+}
+
+/// The API server's `apiserver_request_total` so far, by verb.
+async fn requests_by_verb(admin: &Client) -> anyhow::Result<BTreeMap<String, f64>> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = admin.request_text(req).await?;
+    let mut by_verb = BTreeMap::new();
+    for s in Metrics::parse(&text)?.samples {
+        if s.name == "apiserver_request_total" {
+            let verb = s.labels.get("verb").cloned().unwrap_or_default();
+            *by_verb.entry(verb).or_insert(0.0) += s.value;
+        }
+    }
+    Ok(by_verb)
 }
 
 fn is_converged(gj: &GpuJob) -> bool {
@@ -689,6 +744,7 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
             );
         }
     }
+    r.push_str(&machine_report(all, n));
     if let Some(t) = all.iter().find_map(|f| f.takeover.as_ref()) {
         r.push_str(&takeover::report(t));
     }
@@ -697,6 +753,44 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
         for p in plots {
             let _ = writeln!(r, "\n{}\n\n![{}]({})", p.note, p.alt, p.link);
         }
+    }
+    r
+}
+
+/// Where each phase's CPU went, and the API server's requests by verb: on a machine the
+/// phases saturate, time to converged follows the CPU all processes spend per GpuJob.
+fn machine_report(all: &[Figures], n: f64) -> String {
+    let Some(first) = all.first() else {
+        return String::new();
+    };
+    let mut r = String::from(
+        "\n## Where the machine's CPU went\n\nCPU seconds of each process from the first \
+         create to all converged; API server requests per GpuJob by verb over the same span \
+         (`apiserver_request_total`; a watch counts once, not per event).\n\n|",
+    );
+    for (who, _) in &first.machine_cpu {
+        let _ = write!(r, " | {who}");
+    }
+    r.push_str(" | all | cores busy | requests per GpuJob |\n|---|");
+    r.push_str(&"---|".repeat(first.machine_cpu.len() + 3));
+    r.push('\n');
+    for f in all {
+        let _ = write!(r, "| {}", f.who.short());
+        for (_, s) in &f.machine_cpu {
+            let _ = write!(r, " | {s:.1} s");
+        }
+        let total: f64 = f.machine_cpu.iter().map(|(_, s)| s).sum();
+        let requests = f
+            .requests
+            .iter()
+            .map(|(verb, k)| format!("{verb} {:.2}", k / n))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(
+            r,
+            " | {total:.1} s | {:.2} | {requests} |",
+            total / f.converged.as_secs_f64().max(0.001)
+        );
     }
     r
 }
