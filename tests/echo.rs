@@ -1,14 +1,18 @@
 //! The operator's own writes come back as watch events in any order. Here the order is
 //! forced: reconcile runs with caches that lag its own writes (the Job event first, the
 //! status write not yet seen; then the other way round), against the real API server.
-//! Neither may cost a second status patch or a create conflict.
+//! Neither may cost a second status patch, a create conflict or a second Event.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 mod support;
 
+use std::time::Duration;
+
+use devcluster::wait;
 use gpujob_operator::api::GpuJob;
 use gpujob_operator::controller::Next;
+use gpujob_operator::controller::events::transitions;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::watcher::Event;
 use serde_json::json;
@@ -47,6 +51,14 @@ async fn writes_echoed_out_of_order_cost_no_second_patch_and_no_conflict() {
         // Exactly one of the two echoes reaches the caches; the other lags.
         let job: Job = env.jobs().get(&format!("{name}-1")).await.unwrap();
         let fresh: GpuJob = env.gpujobs().get(&name).await.unwrap();
+        // The first reconcile's Events are written in the background: let them land
+        // before the writes of the next reconciles are counted.
+        let published = transitions(&Default::default(), fresh.status.as_ref().unwrap()).len();
+        assert!(
+            published >= 1,
+            "{order}: starting attempt 1 publishes an Event"
+        );
+        settled(&h, published as u64).await;
         if order == "job-event-first" {
             h.ctx.jobs.apply(&Event::Apply(job));
         } else {
@@ -67,4 +79,23 @@ async fn writes_echoed_out_of_order_cost_no_second_patch_and_no_conflict() {
             "{order}: a lagging cache cost writes: {writes:#?}"
         );
     }
+}
+
+/// Waits until `n` Events have left the harness' Event queue (written, counted into a
+/// series, failed or dropped).
+async fn settled(h: &Harness, n: u64) {
+    wait::until(
+        "the first reconcile's Events to be written",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || async {
+            let done: u64 = ["created", "series", "failed", "dropped"]
+                .iter()
+                .map(|r| h.ctx.metrics.events.with_label_values(&[r]).get())
+                .sum();
+            (done >= n).then_some(())
+        },
+    )
+    .await
+    .unwrap();
 }
