@@ -4,13 +4,16 @@
 //! predecessor had deleted (found by the soak: a Job created twice). Here the successor's
 //! GpuJob watch hangs after its list, with the real binary: it must read the GpuJob from
 //! the API server before it creates anything, and create nothing for a GpuJob that is
-//! gone.
+//! gone. The read is owed only by views older than the term: a GpuJob created after the
+//! replica took its shard costs none.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 mod support;
 
 use std::time::Duration;
+
+use http::Method;
 
 use devcluster::faultproxy::{Fault, FaultProxy, Faults, Rule};
 use devcluster::{Identity, wait};
@@ -114,4 +117,59 @@ async fn a_successor_with_a_stale_cache_does_not_bring_back_a_deleted_gpujobs_jo
     assert!(env.jobs_of(&gj).await.is_empty());
     proxy.clear();
     drop((first, second));
+}
+
+#[tokio::test]
+async fn a_gpujob_created_during_the_term_is_not_read_before_its_job() {
+    let env = TestEnv::new("term-reads").await;
+    let spec =
+        || json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])});
+    // Created before the replica runs: older than its term, so read before its Job.
+    env.create("before", spec()).await;
+    // The proxy counts the replica's reads of GpuJobs (lists and gets, not watches): a
+    // zero delay that fires for each of them.
+    let proxy = FaultProxy::start(&env.cluster).unwrap();
+    proxy.set(
+        Faults::new().rule(
+            Rule::new(Fault::Latency {
+                fixed: Duration::ZERO,
+                jitter: Duration::ZERO,
+            })
+            .methods([Method::GET])
+            .resources(["gpujobs"])
+            .watch(false),
+        ),
+    );
+    let kubeconfig = proxy
+        .kubeconfig(&env.cluster, Identity::Replica(1))
+        .unwrap();
+    let replica = replicas::start_in_with_kubeconfig(&env.cluster, &env.ns, 1, &[], kubeconfig);
+    env.wait_gpujob("before", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    let log = replica.log_text();
+    assert!(
+        proxy.count("latency") >= 2,
+        "the list and the confirming read of the GpuJob older than the term went unseen: {:?}\n{log}",
+        proxy.counts()
+    );
+
+    proxy.reset_counts();
+    for i in 0..5 {
+        env.create(&format!("after-{i}"), spec()).await;
+    }
+    for i in 0..5 {
+        env.wait_gpujob(&format!("after-{i}"), "Running", |g| {
+            phase(g) == Some(Phase::Running)
+        })
+        .await;
+    }
+    let log = replica.log_text();
+    assert_eq!(
+        proxy.count("latency"),
+        0,
+        "GpuJobs created during the term were read before their Jobs: {:?}\n{log}",
+        proxy.counts()
+    );
+    assert!(proxy.count("requests") > 0, "{:?}", proxy.counts());
+    drop(replica);
 }

@@ -15,6 +15,7 @@ pub mod plan;
 mod reconcile;
 mod runner;
 pub mod status;
+pub mod term_start;
 pub mod validate;
 
 use std::fmt;
@@ -113,6 +114,7 @@ pub struct Context {
     pub gpujobs: cache::GpuJobCache,
     pub jobs: cache::JobIndex,
     pub memory: memory::WriteMemory,
+    pub term_starts: term_start::TermStarts,
     pub writer: apply::Writer,
     pub settings: Settings,
     pub metrics: Metrics,

@@ -1,7 +1,7 @@
 //! Reads: what the operator knows of one GpuJob, from the caches and its write memory,
 //! with the direct reads the caches cannot answer (a Job the cache has not seen, the
-//! exit code of a failed attempt's pod, and whether a foreign Job still holds the next
-//! attempt's name).
+//! exit code of a failed attempt's pod, whether a foreign Job still holds the next
+//! attempt's name, and where the shard's term began: `term_start.rs`).
 
 use std::sync::Arc;
 
@@ -11,6 +11,7 @@ use kube::api::{Api, ListParams};
 
 use jiff::Timestamp;
 
+use super::apply::Fence;
 use super::error::Error;
 use super::job::{attempt_of, is_controlled_by, job_name, name_taken};
 use super::plan::{
@@ -55,9 +56,10 @@ impl Snapshot {
     }
 }
 
-/// `None` when the GpuJob is gone. `epoch`: the term of the GpuJob's shard, in which
-/// the view counts as confirmed if its version is known current.
-pub async fn observe(ctx: &Context, key: &Key, epoch: u64) -> Result<Option<Snapshot>, Error> {
+/// `None` when the GpuJob is gone. `fence`: the term of the GpuJob's shard, in which the
+/// view counts as confirmed if its version is known current, or at or past the term's
+/// start.
+pub async fn observe(ctx: &Context, key: &Key, fence: &Fence) -> Result<Option<Snapshot>, Error> {
     let cached = || ctx.gpujobs.get(key);
     let Some(gpujob) = ctx.memory.gpujob(key, cached) else {
         ctx.memory.forget(key);
@@ -96,7 +98,11 @@ pub async fn observe(ctx: &Context, key: &Key, epoch: u64) -> Result<Option<Snap
         .resource_version
         .as_deref()
         .unwrap_or_default();
-    let confirmed = ctx.memory.is_current(key, epoch, rv);
+    let confirmed = ctx.memory.is_current(key, fence.epoch, rv)
+        || ctx
+            .term_starts
+            .covers(fence.shard, fence.epoch, &key.namespace, rv)
+            .await;
     Ok(Some(Snapshot {
         gpujob,
         jobs,

@@ -45,7 +45,7 @@ impl Heard {
 /// Reconciles one GpuJob.
 pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
     let fence = ctx.writer.fence_for(&key.namespace)?;
-    let Some(mut snap) = observe(ctx, key, fence.epoch).await? else {
+    let Some(mut snap) = observe(ctx, key, &fence).await? else {
         return Ok(Next::Done);
     };
     let now = Timestamp::now();
@@ -74,7 +74,7 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
                 // behind as the GpuJob was: observe again, now from the current GpuJob
                 // (the write memory holds it), so that a running attempt whose Job the
                 // cache has not seen is looked up rather than taken for lost.
-                let Some(again) = observe(ctx, key, fence.epoch).await? else {
+                let Some(again) = observe(ctx, key, &fence).await? else {
                     return Ok(Next::Done);
                 };
                 snap = again;

@@ -7,6 +7,7 @@ use gpujob_operator::controller::apply::Writer;
 use gpujob_operator::controller::cache::{GpuJobCache, JobIndex};
 use gpujob_operator::controller::error::Error;
 use gpujob_operator::controller::memory::WriteMemory;
+use gpujob_operator::controller::term_start::TermStarts;
 use gpujob_operator::controller::{Context, Key, Next, Settings, reconcile};
 use gpujob_operator::lease::Ownership;
 use gpujob_operator::metrics::Metrics;
@@ -51,6 +52,7 @@ impl Harness {
         let mut h = Harness {
             ctx: Context {
                 writer,
+                term_starts: TermStarts::new(client.clone()),
                 client,
                 gpujobs: GpuJobCache::default(),
                 jobs,

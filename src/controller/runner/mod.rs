@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use super::term_start::TermStarts;
 use super::{Context, Key, Settings, apply, cache, domain, init_metrics, memory};
 use crate::lease::Ownership;
 use crate::queue::Queue;
@@ -99,6 +100,7 @@ pub async fn run(
         gpujobs: cache::GpuJobCache::default(),
         jobs: cache::JobIndex::default(),
         memory: memory::WriteMemory::default(),
+        term_starts: TermStarts::new(client.clone()),
         writer: apply::Writer::new(
             client.clone(),
             events,

@@ -1,0 +1,141 @@
+//! Where this replica's term of each shard began, as a resourceVersion: read once per term
+//! by a quorum list, after the term was gained. Every write of the shard's previous holder
+//! was started before its lease ran out, so before this term began, and committed before
+//! this read (the same lease timing every fence relies on). So a cached GpuJob whose
+//! resourceVersion is at or past the term's start already shows all of them: it needs no
+//! confirming read before its first effect (`Action::Confirm`). That is every GpuJob
+//! created or changed after a replica took its shard: a burst of new GpuJobs costs no
+//! read each. Only GpuJobs last changed before the term are read first.
+//!
+//! resourceVersions are compared as numbers, which kube-apiserver's own watch cache does
+//! (they are etcd revisions, one sequence for the whole store). One that is not a number
+//! is never taken for current: the GpuJob is read first, as before.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::api::{Api, ListParams};
+use tracing::warn;
+
+use crate::api::GpuJob;
+
+/// After a failed read of a term's start, GpuJobs are confirmed one by one for this long
+/// before it is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    Known(u64),
+    /// One reconcile is reading it; the others confirm their GpuJob meanwhile.
+    Reading,
+    Failed(Instant),
+}
+
+/// The start of each shard's current term, by shard: `(epoch, start)`.
+pub struct TermStarts {
+    client: Client,
+    by_shard: Mutex<HashMap<u32, (u64, Start)>>,
+}
+
+impl std::fmt::Debug for TermStarts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TermStarts")
+            .field("by_shard", &*self.lock())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TermStarts {
+    pub fn new(client: Client) -> TermStarts {
+        TermStarts {
+            client,
+            by_shard: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u32, (u64, Start)>> {
+        self.by_shard.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether version `rv` of a GpuJob in `namespace` is at or past the start of term
+    /// `epoch` of `shard`. `false` while the start is unknown (being read, or its read
+    /// failed): the caller then reads the GpuJob itself.
+    pub async fn covers(&self, shard: u32, epoch: u64, namespace: &str, rv: &str) -> bool {
+        match self.start(shard, epoch, namespace).await {
+            Some(start) => at_or_past(rv, start),
+            None => false,
+        }
+    }
+
+    async fn start(&self, shard: u32, epoch: u64, namespace: &str) -> Option<u64> {
+        {
+            let mut by_shard = self.lock();
+            match by_shard.get(&shard) {
+                Some((e, Start::Known(start))) if *e == epoch => return Some(*start),
+                Some((e, Start::Reading)) if *e == epoch => return None,
+                Some((e, Start::Failed(at))) if *e == epoch && at.elapsed() < RETRY_AFTER => {
+                    return None;
+                }
+                _ => {
+                    by_shard.insert(shard, (epoch, Start::Reading));
+                }
+            }
+        }
+        // Any namespace will do (one sequence for the whole store); the GpuJob's own is
+        // one this replica may list whatever its install's scope.
+        let api: Api<GpuJob> = Api::namespaced(self.client.clone(), namespace);
+        // No resourceVersion: a quorum read, whose list version is the store's now.
+        let read = api.list_metadata(&ListParams::default().limit(1)).await;
+        let start = match read {
+            Ok(list) => list
+                .metadata
+                .resource_version
+                .and_then(|v| v.parse::<u64>().ok()),
+            Err(e) => {
+                warn!(
+                    shard,
+                    error = %e,
+                    "could not read where this term of the shard began; its GpuJobs are read from the API server before their first Job or quota call until it is known (next try in {}s)",
+                    RETRY_AFTER.as_secs()
+                );
+                None
+            }
+        };
+        let mut by_shard = self.lock();
+        // Only this term's entry: a newer term may have begun meanwhile.
+        if by_shard.get(&shard).is_some_and(|(e, _)| *e == epoch) {
+            let state = start.map_or(Start::Failed(Instant::now()), Start::Known);
+            by_shard.insert(shard, (epoch, state));
+        }
+        start
+    }
+}
+
+/// Whether resourceVersion `rv` is at or past `start` (never, when `rv` is not a number).
+pub fn at_or_past(rv: &str, start: u64) -> bool {
+    rv.parse::<u64>().is_ok_and(|v| v >= start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::at_or_past;
+
+    #[test]
+    fn versions_at_or_past_the_start_are_covered() {
+        assert!(at_or_past("120", 120));
+        assert!(at_or_past("121", 120));
+        assert!(!at_or_past("119", 120));
+        // Compared as numbers, not as text.
+        assert!(at_or_past("1000", 999));
+        assert!(!at_or_past("999", 1000));
+    }
+
+    #[test]
+    fn a_version_that_is_not_a_number_is_never_covered() {
+        assert!(!at_or_past("", 0));
+        assert!(!at_or_past("abc", 0));
+        assert!(!at_or_past("-1", 0));
+    }
+}
