@@ -78,6 +78,35 @@ pub struct TestEnv {
     pub admin: Client,
 }
 
+/// What tests leave in the temporary folder under this namespace's name: replica logs,
+/// quota tokens, the day-2 error files, metrics certificates.
+const NAMESPACE_FILES: [&str; 4] = [
+    "gpujob-replicas",
+    "gpujob-quota-token",
+    "gpujob-day2-errors",
+    "gpujob-metrics-certs",
+];
+
+/// Like the control plane's own folder: kept when the test failed (its logs are the
+/// evidence), removed when it passed, so that repeated runs do not fill the disk.
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        for name in NAMESPACE_FILES {
+            let path = std::env::temp_dir().join(format!("{name}-{}", self.ns));
+            if !path.exists() {
+                continue;
+            }
+            if std::thread::panicking() {
+                eprintln!("keeping {} for the failed test", path.display());
+            } else if path.is_dir() {
+                let _ = std::fs::remove_dir_all(&path);
+            } else {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+}
+
 impl TestEnv {
     /// A namespace on the shared control plane of the test run.
     pub async fn new(prefix: &str) -> TestEnv {
