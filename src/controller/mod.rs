@@ -32,6 +32,15 @@ pub use plan::{ApiVersions, Next, PlanSettings};
 pub use reconcile::reconcile;
 pub use runner::{run, run_unfenced};
 
+/// The term a reconcile runs in: its writes are valid only while `shard` is still held
+/// with this `epoch`, before that tenure's deadline. What it reads counts as current
+/// against the same term (`observe.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub shard: u32,
+    pub epoch: u64,
+}
+
 /// A GpuJob's namespace and name: the unit of work.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key {

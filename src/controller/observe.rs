@@ -11,14 +11,13 @@ use kube::api::{Api, ListParams};
 
 use jiff::Timestamp;
 
-use super::apply::Fence;
 use super::error::Error;
 use super::job::{attempt_of, is_controlled_by, job_name, name_taken};
 use super::plan::{
     JOB_NAME_CONFLICT, JobState, Observed, QuotaAnswer, Refusal, Termination, job_state,
 };
 use super::status::READY;
-use super::{Context, Key};
+use super::{Context, Fence, Key};
 use crate::api::{GpuJob, Phase};
 
 #[derive(Debug)]

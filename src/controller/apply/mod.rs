@@ -19,11 +19,11 @@ use super::observe::{self, Snapshot};
 use super::plan::{
     Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Plan, QuotaAnswer, Refusal,
 };
-use super::{Context, Key};
+use super::{Context, Fence, Key};
 use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
 use crate::failpoint;
 use crate::quota::{QuotaError, Reserve};
-pub use writes::{Created, Fence, Writer};
+pub use writes::{Created, Writer};
 
 /// How far a plan got.
 #[derive(Debug)]

@@ -23,20 +23,13 @@ use tokio::time::Instant;
 use super::recorder::Recorder;
 use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
 use crate::client::FIELD_MANAGER;
+use crate::controller::Fence;
 use crate::controller::error::{Error, api_code};
 use crate::controller::events::Note;
 use crate::controller::job::{is_controlled_by, name_taken};
 use crate::controller::status::merge_patch;
 use crate::lease::{Ownership, Tenure};
 use crate::quota::{Call, Provider, QuotaProvider, Reserve, ReserveRequest};
-
-/// The term a reconcile runs in: its writes are valid only while `shard` is still held
-/// with this `epoch`, before that tenure's deadline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fence {
-    pub shard: u32,
-    pub epoch: u64,
-}
 
 #[derive(Clone)]
 pub struct Writer {
