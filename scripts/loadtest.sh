@@ -8,7 +8,7 @@
 #   scripts/loadtest.sh --replicas 3 --shards 6                 # sharded: ~2 shards per replica
 #   scripts/loadtest.sh --replicas 3 --shards 6 --kill-leader-after 1000
 #                        # kills the replica holding the most shards, reports how long they were unowned
-#   LOADTEST_PROFILE=release scripts/loadtest.sh ...   # the operator built with --release
+#   LOADTEST_PROFILE=release scripts/loadtest.sh ...   # everything built with --release
 #   scripts/loadtest.sh --gpujobs 10000 --trickle 20      # 20 more, one a second, in namespace trickle:
 #                        # how long new work waits behind the burst for its first Job
 #   LOADTEST_PROFILE=release scripts/loadtest.sh --gpujobs 10000 --replicas 2 --compare
@@ -31,21 +31,21 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 profile="${LOADTEST_PROFILE:-dev}"
 prepare_machine
 
-step "build ($profile profile for the operator and the reference controller)"
+step "build ($profile profile for the operator, the reference controller and the load generator)"
 # The stock controller --compare measures is built like the operator: a dev build of
-# one against a release build of the other would compare the builds.
+# one against a release build of the other would compare the builds. The load
+# generator too: it shares the 2 cores with them, and --compare's floor is its writes.
 if [[ "$profile" == "release" ]]; then
   cargo build --locked --release --bin gpujob-operator
-  cargo build --locked --release -p gpujob-loadtest --bin gpujob-reference-controller
+  cargo build --locked --release -p gpujob-loadtest --bin gpujob-reference-controller --bin gpujob-loadtest
   out="$CARGO_TARGET_DIR/release"
 else
   cargo build --locked --bin gpujob-operator
-  cargo build --locked -p gpujob-loadtest --bin gpujob-reference-controller
+  cargo build --locked -p gpujob-loadtest --bin gpujob-reference-controller --bin gpujob-loadtest
   out="$CARGO_TARGET_DIR/debug"
 fi
-cargo build --locked -p gpujob-loadtest --bin gpujob-loadtest
 
 step "load test"
-"$CARGO_TARGET_DIR/debug/gpujob-loadtest" --operator-bin "$out/gpujob-operator" \
+"$out/gpujob-loadtest" --operator-bin "$out/gpujob-operator" \
   --reference-bin "$out/gpujob-reference-controller" --profile "$profile" \
   --deploy deploy "$@"
