@@ -83,11 +83,19 @@ impl TermStarts {
                 }
             }
         }
+        // A reconcile cancelled mid-read (its term ended) leaves no `Reading` behind.
+        let mut reading = Unread {
+            starts: self,
+            shard,
+            epoch,
+            ended: false,
+        };
         // Any namespace will do (one sequence for the whole store); the GpuJob's own is
         // one this replica may list whatever its install's scope.
         let api: Api<GpuJob> = Api::namespaced(self.client.clone(), namespace);
         // No resourceVersion: a quorum read, whose list version is the store's now.
         let read = api.list_metadata(&ListParams::default().limit(1)).await;
+        reading.ended = true;
         let start = match read {
             Ok(list) => list
                 .metadata
@@ -113,6 +121,26 @@ impl TermStarts {
     }
 }
 
+/// Clears a term's `Reading` when the read is dropped before it ends.
+struct Unread<'a> {
+    starts: &'a TermStarts,
+    shard: u32,
+    epoch: u64,
+    ended: bool,
+}
+
+impl Drop for Unread<'_> {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let mut by_shard = self.starts.lock();
+        if matches!(by_shard.get(&self.shard), Some((e, Start::Reading)) if *e == self.epoch) {
+            by_shard.remove(&self.shard);
+        }
+    }
+}
+
 /// Whether resourceVersion `rv` is at or past `start` (never, when `rv` is not a number).
 pub fn at_or_past(rv: &str, start: u64) -> bool {
     rv.parse::<u64>().is_ok_and(|v| v >= start)
@@ -120,7 +148,48 @@ pub fn at_or_past(rv: &str, start: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::at_or_past;
+    use std::time::Duration;
+
+    use kube::Client;
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+
+    use super::{TermStarts, at_or_past};
+
+    #[tokio::test]
+    async fn a_read_cancelled_with_its_reconcile_is_made_again_by_the_next() {
+        // An API server that accepts connections and never answers; each connection is
+        // one read of a term's start.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, mut reads) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                open.push(conn);
+                let _ = tx.send(());
+            }
+        });
+        let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let starts = std::sync::Arc::new(TermStarts::new(client));
+        {
+            let first = starts.covers(0, 1, "ns", "10");
+            tokio::pin!(first);
+            tokio::select! {
+                _ = &mut first => panic!("nothing answers the read"),
+                _ = reads.recv() => {}
+            }
+            // Dropped here, as a reconcile is when its term ends.
+        }
+        let s = starts.clone();
+        let second = tokio::spawn(async move { s.covers(0, 1, "ns", "10").await });
+        let again = tokio::time::timeout(Duration::from_secs(30), reads.recv()).await;
+        second.abort();
+        assert!(
+            again.is_ok(),
+            "the next reconcile took the cancelled read for one still running"
+        );
+    }
 
     #[test]
     fn versions_at_or_past_the_start_are_covered() {
