@@ -140,7 +140,6 @@ impl Cached {
         ))
     }
 
-    /// The Job as the plan sees it (no spec, only the kept metadata and status).
     /// The names and the decoded rest.
     fn kept(&self) -> Option<(Names<'_>, Kept)> {
         let (names, kept) = self.names()?;
@@ -157,6 +156,7 @@ impl Cached {
         }
     }
 
+    /// The Job as the plan sees it (no spec, only the kept metadata and status).
     pub(in crate::controller) fn job(&self) -> Option<Job> {
         let (names, kept) = self.kept()?;
         let only =
