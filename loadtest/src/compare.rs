@@ -532,9 +532,7 @@ async fn quiesce(admin: &Client, deadline: Instant) -> anyhow::Result<()> {
 }
 
 async fn requests(admin: &Client) -> anyhow::Result<f64> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = admin.request_text(req).await?;
-    Ok(Metrics::parse(&text)?.sum("apiserver_request_total", &[]))
+    Ok(requests_by_verb(admin).await?.values().sum())
 }
 
 /// Peak RSS (KiB) and CPU seconds of a process, from /proc.

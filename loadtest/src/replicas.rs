@@ -281,7 +281,7 @@ impl Replicas {
     pub async fn scrape(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
         for r in self.all.iter().filter(|r| r.child.is_some()) {
-            match get_metrics(r.addr).await {
+            match get(r.addr, "/metrics").await {
                 Ok(text) => out.push((r.identity.clone(), text)),
                 Err(e) => eprintln!("scraping {} at {}: {e:#}", r.identity, r.addr),
             }
@@ -320,7 +320,7 @@ impl Replicas {
                         if let Some((_, now)) = rss(*pid) {
                             trace.rss_kib.push((at, now));
                         }
-                        match get_metrics(*addr).await.and_then(|t| queue_depth(&t)) {
+                        match get(*addr, "/metrics").await.and_then(|t| queue_depth(&t)) {
                             Ok(depth) => trace.depth.push((at, depth)),
                             Err(e) => {
                                 trace.failed_scrapes += 1;
@@ -548,12 +548,8 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-/// A plain HTTP/1.0 GET: the body of `/metrics`.
-async fn get_metrics(addr: std::net::SocketAddr) -> anyhow::Result<String> {
-    get(addr, "/metrics").await
-}
-
-/// The body of `GET path` from a replica's HTTP server; an error unless 200.
+/// The body of `GET path` from a replica's HTTP server (plain HTTP/1.0); an error
+/// unless 200.
 async fn get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
     let exchange = async {
         let mut tcp = tokio::net::TcpStream::connect(addr).await?;
