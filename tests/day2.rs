@@ -232,7 +232,7 @@ async fn a_suspend_during_backoff_holds_the_next_attempt_until_resumed() {
 async fn a_suspended_gpujob_holds_no_quota_and_can_be_deleted() {
     let env = TestEnv::new("day2-quota").await;
     let fake = FakeQuota::start().await;
-    let token = std::env::temp_dir().join(format!("gpujob-quota-token-{}", env.ns));
+    let token = support::namespace_temp(support::QUOTA_TOKEN, &env.ns);
     let mut settings = env.settings();
     settings.quota = fake.provider(&token);
     let op = env.operator("day2-quota", settings).await;
@@ -408,7 +408,7 @@ async fn finished_gpujobs_go_after_their_time_to_live_and_running_ones_stay() {
 #[tokio::test]
 async fn a_missing_lease_namespace_is_said_in_one_line_with_the_fix() {
     let env = TestEnv::new("day2-errors").await;
-    let dir = std::env::temp_dir().join(format!("gpujob-day2-errors-{}", env.ns));
+    let dir = support::namespace_temp(support::DAY2_ERRORS, &env.ns);
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("operator.log");
     let out = std::fs::File::create(&log).unwrap();

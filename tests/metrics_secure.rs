@@ -107,7 +107,7 @@ async fn service_account_token(admin: &Client, ns: &str, name: &str) -> String {
 /// the control plane's serving pair (for 127.0.0.1, signed by its CA).
 fn cert_dir(cluster: &devcluster::ControlPlane, ns: &str) -> PathBuf {
     let pki = cluster.info().state_dir.join("pki");
-    let dir = std::env::temp_dir().join(format!("gpujob-metrics-certs-{ns}"));
+    let dir = support::namespace_temp(support::METRICS_CERTS, ns);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(pki.join("apiserver.crt"), dir.join("tls.crt")).unwrap();
     std::fs::copy(pki.join("apiserver.key"), dir.join("tls.key")).unwrap();

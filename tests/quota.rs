@@ -18,7 +18,7 @@ use support::{TestEnv, condition, phase, ready, sim_env};
 async fn setup(prefix: &str) -> (TestEnv, FakeQuota, Settings) {
     let env = TestEnv::new(prefix).await;
     let fake = FakeQuota::start().await;
-    let token = std::env::temp_dir().join(format!("gpujob-quota-token-{}", env.ns));
+    let token = support::namespace_temp(support::QUOTA_TOKEN, &env.ns);
     let mut settings = env.settings();
     settings.quota = fake.provider(&token);
     settings.plan.cleanup_timeout = Duration::from_secs(2);

@@ -530,9 +530,7 @@ async fn soak(scale: Scale) {
             panic!(
                 "{why}\n(seed {seed}; audit log kept in {}, replica logs in {})",
                 keep.display(),
-                std::env::temp_dir()
-                    .join(format!("gpujob-replicas-{}", env.ns))
-                    .display()
+                support::namespace_temp(support::REPLICA_LOGS, &env.ns).display()
             );
         }
     };
@@ -623,9 +621,7 @@ async fn soak(scale: Scale) {
             "{} invariant violations (seed {seed}); audit log kept in {}, replica logs in {}",
             report.violations.len(),
             keep.display(),
-            std::env::temp_dir()
-                .join(format!("gpujob-replicas-{}", env.ns))
-                .display()
+            support::namespace_temp(support::REPLICA_LOGS, &env.ns).display()
         );
     }
     drop(rs);

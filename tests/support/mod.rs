@@ -78,21 +78,30 @@ pub struct TestEnv {
     pub admin: Client,
 }
 
-/// What tests leave in the temporary folder under this namespace's name: replica logs,
-/// quota tokens, the day-2 error files, metrics certificates.
-const NAMESPACE_FILES: [&str; 4] = [
-    "gpujob-replicas",
-    "gpujob-quota-token",
-    "gpujob-day2-errors",
-    "gpujob-metrics-certs",
-];
+/// Replica logs ([`namespace_temp`]).
+pub const REPLICA_LOGS: &str = "gpujob-replicas";
+/// The fake quota service's token file.
+pub const QUOTA_TOKEN: &str = "gpujob-quota-token";
+/// The day-2 tests' error files.
+pub const DAY2_ERRORS: &str = "gpujob-day2-errors";
+/// The secure-metrics tests' certificates.
+pub const METRICS_CERTS: &str = "gpujob-metrics-certs";
+
+/// What tests leave in the temporary folder under a namespace's name.
+const NAMESPACE_FILES: [&str; 4] = [REPLICA_LOGS, QUOTA_TOKEN, DAY2_ERRORS, METRICS_CERTS];
+
+/// File or folder `kind` (one of [`NAMESPACE_FILES`]) of the test in namespace `ns`, in
+/// the temporary folder; [`TestEnv`] removes it when the test passes.
+pub fn namespace_temp(kind: &str, ns: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{kind}-{ns}"))
+}
 
 /// Like the control plane's own folder: kept when the test failed (its logs are the
 /// evidence), removed when it passed, so that repeated runs do not fill the disk.
 impl Drop for TestEnv {
     fn drop(&mut self) {
-        for name in NAMESPACE_FILES {
-            let path = std::env::temp_dir().join(format!("{name}-{}", self.ns));
+        for kind in NAMESPACE_FILES {
+            let path = namespace_temp(kind, &self.ns);
             if !path.exists() {
                 continue;
             }

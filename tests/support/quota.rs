@@ -136,7 +136,7 @@ impl FakeQuota {
     /// The flags that point the real binary at this service, with the test token
     /// written to a file named after `ns`.
     pub fn flags(&self, ns: &str) -> Vec<String> {
-        let token = std::env::temp_dir().join(format!("gpujob-quota-token-{ns}"));
+        let token = super::namespace_temp(super::QUOTA_TOKEN, ns);
         std::fs::write(&token, TOKEN).unwrap();
         [
             "--quota-provider",

@@ -174,7 +174,7 @@ fn spawn(
     kubeconfig: Option<PathBuf>,
 ) -> Replica {
     let ns = lease_ns;
-    let dir = std::env::temp_dir().join(format!("gpujob-replicas-{ns}"));
+    let dir = super::namespace_temp(super::REPLICA_LOGS, ns);
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join(format!("replica-{n}.log"));
     // A restarted replica appends: its earlier life's log stays readable.
