@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: everything CI checks, from a fresh machine.
 #
-# 1. installs what is missing (Debian packages; kube-apiserver and
-#    kube-controller-manager are built once from Debian's source and cached),
+# 1. installs what is missing (Debian packages, cargo-nextest; etcd, kube-apiserver,
+#    kube-controller-manager and kube-scheduler are built once with Go from the Go
+#    module proxy and cached),
 # 2. checks the alert rules with promtool, deploy/ and the Dockerfile with checkov
 #    (installed from PyPI into the cache when missing), formatting and clippy,
 # 3. starts one shared control plane (devcluster) for the integration tests,
@@ -51,7 +52,9 @@ log="$state.log"
 # with the webhook CRD; tests/install.rs checks deploy/crd/crd.yaml itself.
 crd="$state.crd-v1-only.yaml"
 "$CARGO_TARGET_DIR/debug/gpujob-operator" crd --v1-only >"$crd"
-"$CARGO_TARGET_DIR/debug/devcluster" up --state-dir "$state" \
+# 64 fake nodes of 8 GPUs (GpuNodes::for_tests): tests running at once never wait on
+# each other's GPUs.
+"$CARGO_TARGET_DIR/debug/devcluster" up --state-dir "$state" --gpu-nodes 64 \
   --crd "$crd" --crd devcluster/testdata/widget-crd.yaml >"$log" 2>&1 &
 up_pid=$!
 stop_cluster() {

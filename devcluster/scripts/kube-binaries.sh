@@ -1,37 +1,45 @@
 #!/usr/bin/env bash
-# Provides etcd, kube-apiserver and kube-controller-manager v1.20.2 in one folder
-# (the envtest KUBEBUILDER_ASSETS layout) and prints that folder's path on stdout.
+# Provides etcd, kube-apiserver, kube-controller-manager and kube-scheduler in one
+# folder (the envtest KUBEBUILDER_ASSETS layout, plus the scheduler) and prints that
+# folder's path on stdout.
 #
 # Order: $KUBEBUILDER_ASSETS if set; else a cached build under $GPUJOB_CACHE_DIR
-# (default ~/.cache/gpujob-operator); else build from Debian's `kubernetes` source
-# package with Debian's Go, then cache. No registry ships these binaries, so this is
-# the only way to get them from the registries reachable here.
+# (default ~/.cache/gpujob-operator); else build them with Go from the Go module proxy,
+# then cache:
+#   - Kubernetes from the module k8s.io/kubernetes, through the small module in
+#     devcluster/kube/kubernetes (its go.mod pins every k8s.io/* staging module to the
+#     matching v0.x release with a `replace`: k8s.io/kubernetes' own go.mod points them
+#     at ./staging, which a dependency does not see);
+#   - etcd from the module go.etcd.io/etcd/server/v3, through devcluster/kube/etcd.
+# Both go.sum files are committed, so the build is the one that was reviewed.
 #
 # The cache folder's name is the recipe: change anything below that changes the
-# binaries and bump RECIPE, so an old build is never reused. A build is written to a
-# temporary folder and renamed into place only when complete (marked by
-# `.complete`), so a half-written cache is never used.
+# binaries (versions, flags, the modules' go.mod) and bump RECIPE, so an old build is
+# never reused. A build is written to a temporary folder and renamed into place only
+# when complete (marked by `.complete`), so a half-written cache is never used.
 #
-# Usage: kube-binaries.sh            locate, or install and build what is missing
+# Usage: kube-binaries.sh            locate, or build what is missing
 #        kube-binaries.sh --locate   locate only; exit 3 when nothing usable is there
+# DEVCLUSTER_KUBE_MODULES names the folder holding the two modules when the script is
+# not run from its place in the repository (devcluster runs it from its own source).
 set -euo pipefail
 MODE="${1:-prepare}"
 
-KUBE_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
-KUBE_UPSTREAM="1.20.2"
-# r2: vendored modern-go/reflect2 1.0.1 replaced by Debian's 1.0.2 (1.0.1 faults
-# under Go >= 1.18: kube-apiserver dies in UnsafeMapType.UnsafeIterate on the first
-# custom-resource writes).
-RECIPE="kube-${KUBE_UPSTREAM}-deb-${KUBE_SRC_VERSION//+/_}-reflect2-1.0.2-cgo0-r2"
-PACKAGES=(etcd-server golang-go rsync make dpkg-dev golang-github-modern-go-reflect2-dev)
-REFLECT2_SRC=/usr/share/gocode/src/github.com/modern-go/reflect2
+KUBE_VERSION="v1.37.2"
+ETCD_VERSION="v3.6.16"
+# Go 1.26 builds both (their go.mod files say `go 1.26.0`). Should a newer release
+# need Go 1.27, GOTOOLCHAIN=go1.27.3 is the approved way to it (the go command fetches
+# that toolchain from the module proxy); until then nothing is downloaded behind our back.
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+RECIPE="kube-${KUBE_VERSION}-etcd-${ETCD_VERSION}-gomod-cgo0-r1"
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 
 log() { echo "kube-binaries: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
-  for b in etcd kube-apiserver kube-controller-manager; do
-    [[ -x "$KUBEBUILDER_ASSETS/$b" ]] || die "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has no executable '$b'"
+  for b in "${BINARIES[@]}"; do
+    [[ -x "$KUBEBUILDER_ASSETS/$b" ]] || die "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has no executable '$b' (devcluster needs ${BINARIES[*]})"
   done
   echo "$KUBEBUILDER_ASSETS"
   exit 0
@@ -40,90 +48,69 @@ fi
 CACHE_ROOT="${GPUJOB_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpujob-operator}"
 DEST="$CACHE_ROOT/$RECIPE"
 
-missing_packages() {
-  local p
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
-  done
+complete() {
+  local b
+  [[ -f "$DEST/.complete" ]] || return 1
+  for b in "${BINARIES[@]}"; do [[ -x "$DEST/$b" ]] || return 1; done
 }
 
-ensure_packages() {
-  local missing
-  mapfile -t missing < <(missing_packages "$@")
-  ((${#missing[@]} == 0)) && return 0
-  if [[ $(id -u) -ne 0 ]]; then
-    die "missing Debian packages; install them with: sudo apt-get update && sudo apt-get install -y ${missing[*]}"
-  fi
-  log "installing Debian packages: ${missing[*]}"
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-}
-
-if [[ "$MODE" == "--locate" ]]; then
-  if [[ -f "$DEST/.complete" && -x "$DEST/etcd" ]]; then
-    echo "$DEST"
-    exit 0
-  fi
-  log "no usable binaries: KUBEBUILDER_ASSETS is unset and $DEST is not complete; run $0 to install and build them"
-  exit 3
-fi
-
-# etcd comes from Debian in every case; the folder links to it.
-ensure_packages etcd-server
-[[ -x /usr/bin/etcd ]] || die "/usr/bin/etcd missing although etcd-server is installed"
-
-if [[ -f "$DEST/.complete" ]]; then
+if complete; then
   echo "$DEST"
   exit 0
 fi
+if [[ "$MODE" == "--locate" ]]; then
+  log "no usable binaries: KUBEBUILDER_ASSETS is unset and $DEST is not complete; run $0 to build them"
+  exit 3
+fi
 
-ensure_packages "${PACKAGES[@]}"
-[[ -d "$REFLECT2_SRC" ]] || die "$REFLECT2_SRC missing (package golang-github-modern-go-reflect2-dev)"
+if [[ -n "${DEVCLUSTER_KUBE_MODULES:-}" ]]; then
+  MODULES="$DEVCLUSTER_KUBE_MODULES"
+else
+  MODULES="$(cd "$(dirname "${BASH_SOURCE[0]}")/../kube" && pwd)"
+fi
+for m in kubernetes etcd; do
+  [[ -f "$MODULES/$m/go.mod" && -f "$MODULES/$m/go.sum" ]] || die "$MODULES/$m/go.mod or go.sum missing"
+done
+command -v go >/dev/null || die "no go on PATH: Go 1.26 or later builds the control plane (https://go.dev/dl/, or /usr/local/go/bin)"
+go_version="$(go env GOVERSION)"
+case "$go_version" in
+  go1.2[6-9]* | go1.[3-9]*) ;;
+  *) die "$(command -v go) is $go_version; the Kubernetes $KUBE_VERSION build needs Go 1.26 or later (put /usr/local/go/bin first on PATH)" ;;
+esac
 
 mkdir -p "$CACHE_ROOT"
 WORK="$(mktemp -d "$CACHE_ROOT/.build-$RECIPE.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
-log "building kube-apiserver and kube-controller-manager $KUBE_UPSTREAM in $WORK (6-8 minutes on 2 cores; cached afterwards in $DEST)"
+log "building Kubernetes $KUBE_VERSION (kube-apiserver, kube-controller-manager, kube-scheduler) and etcd $ETCD_VERSION with $go_version in $WORK; cached afterwards in $DEST (the README says how long a first build takes)"
+started=$SECONDS
 
-# apt-get source needs a deb-src entry for bookworm main.
-if ! apt-get source --download-only --print-uris "kubernetes=$KUBE_SRC_VERSION" >/dev/null 2>&1; then
-  [[ $(id -u) -eq 0 ]] || die "no deb-src entry for Debian bookworm main; add one (Types: deb-src, URIs: http://deb.debian.org/debian, Suites: bookworm, Components: main) and run apt-get update"
-  log "adding a deb-src entry for bookworm main"
-  cat >/etc/apt/sources.list.d/gpujob-operator-src.sources <<'SRC'
-Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: bookworm
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-  apt-get update -qq >&2
-fi
-
+mkdir -p "$WORK/assets"
+# The version the binaries report (/version, kubectl version): without these a module
+# build calls itself v0.0.0-master.
+pkg=k8s.io/component-base/version
+minor="${KUBE_VERSION#v1.}"
+minor="${minor%%.*}"
+ldflags="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+# -mod=readonly: built in place, the modules' go.mod and go.sum are never rewritten.
 (
-  cd "$WORK"
-  apt-get source --download-only "kubernetes=$KUBE_SRC_VERSION" >&2 2>/dev/null \
-    || die "apt-get source kubernetes=$KUBE_SRC_VERSION failed (is that version still in bookworm?)"
-  orig=(kubernetes_*.orig.tar.gz)
-  [[ -f "${orig[0]}" ]] || die "orig tarball not found after apt-get source"
-  mkdir -p gopath/src/k8s.io
-  tar -xzf "${orig[0]}" -C gopath/src/k8s.io
-  mv "gopath/src/k8s.io/kubernetes-$KUBE_UPSTREAM" gopath/src/k8s.io/kubernetes
-  vendored=gopath/src/k8s.io/kubernetes/vendor/github.com/modern-go/reflect2
-  rm -rf "$vendored"
-  cp -r "$REFLECT2_SRC" "$vendored"
-  # GOPATH mode, as Debian's rules build it.
-  cd gopath/src/k8s.io/kubernetes
-  env GOPATH="$WORK/gopath" GO111MODULE=off GOFLAGS=-mod=vendor CGO_ENABLED=0 \
-    GOCACHE="$WORK/gocache" HOME="$WORK" \
-    make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >&2
-  out=_output/bin
-  [[ -x $out/kube-apiserver && -x $out/kube-controller-manager ]] || die "build finished without binaries"
-  mkdir -p "$WORK/assets"
-  cp "$out/kube-apiserver" "$out/kube-controller-manager" "$WORK/assets/"
-  ln -s /usr/bin/etcd "$WORK/assets/etcd"
-  echo "$RECIPE" >"$WORK/assets/.complete"
-)
+  cd "$MODULES/kubernetes"
+  CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "$ldflags" -o "$WORK/assets/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler >&2
+) || die "building Kubernetes $KUBE_VERSION failed"
+(
+  cd "$MODULES/etcd"
+  CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" -o "$WORK/assets/etcd" \
+    go.etcd.io/etcd/server/v3 >&2
+) || die "building etcd $ETCD_VERSION failed"
+for b in "${BINARIES[@]}"; do
+  [[ -x "$WORK/assets/$b" ]] || die "build finished without $b"
+done
+"$WORK/assets/kube-apiserver" --version | grep -qx "Kubernetes $KUBE_VERSION" \
+  || die "kube-apiserver reports '$("$WORK/assets/kube-apiserver" --version)', not Kubernetes $KUBE_VERSION"
+echo "$RECIPE" >"$WORK/assets/.complete"
 rm -rf "$DEST"
 mv "$WORK/assets" "$DEST"
-log "cached in $DEST"
+log "built in $((SECONDS - started)) s; cached in $DEST"
 echo "$DEST"

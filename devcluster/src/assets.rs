@@ -2,8 +2,9 @@
 //!
 //! The recipe lives in one place, `scripts/kube-binaries.sh` (compiled into this crate):
 //! `KUBEBUILDER_ASSETS` first, as envtest users expect; else a cached build of
-//! kube-apiserver and kube-controller-manager v1.20.2 from Debian's source package, with
-//! etcd from Debian's `etcd-server`.
+//! kube-apiserver, kube-controller-manager and kube-scheduler from the Go module
+//! `k8s.io/kubernetes`, and of etcd from `go.etcd.io/etcd/server/v3`, through the two
+//! small modules under `devcluster/kube/`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -11,8 +12,11 @@ use std::process::{Command, Stdio};
 use crate::Error;
 
 const SCRIPT: &str = include_str!("../scripts/kube-binaries.sh");
+/// The Go modules the script builds from; it is run from this crate's text, not its file.
+const MODULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/kube");
 
-/// A folder holding `etcd`, `kube-apiserver` and `kube-controller-manager`.
+/// A folder holding `etcd`, `kube-apiserver`, `kube-controller-manager` and
+/// `kube-scheduler`.
 #[derive(Debug, Clone)]
 pub struct Assets {
     dir: PathBuf,
@@ -24,8 +28,8 @@ impl Assets {
         run_script(&["--locate"], false)
     }
 
-    /// Finds the binaries, installing Debian packages (as root) and building
-    /// kube-apiserver and kube-controller-manager (6–8 minutes, once) when missing.
+    /// Finds the binaries, building them with Go from the module proxy when missing
+    /// (once; the README says how long that takes).
     pub fn prepare() -> Result<Assets, Error> {
         run_script(&[], true)
     }
@@ -45,6 +49,10 @@ impl Assets {
     pub fn kube_controller_manager(&self) -> PathBuf {
         self.dir.join("kube-controller-manager")
     }
+
+    pub fn kube_scheduler(&self) -> PathBuf {
+        self.dir.join("kube-scheduler")
+    }
 }
 
 fn run_script(args: &[&str], show_progress: bool) -> Result<Assets, Error> {
@@ -58,6 +66,7 @@ fn run_script(args: &[&str], show_progress: bool) -> Result<Assets, Error> {
         .arg(SCRIPT)
         .arg("kube-binaries.sh")
         .args(args)
+        .env("DEVCLUSTER_KUBE_MODULES", MODULES)
         .stdin(Stdio::null())
         .stderr(stderr)
         .output()
@@ -68,8 +77,8 @@ fn run_script(args: &[&str], show_progress: bool) -> Result<Assets, Error> {
         let detail = String::from_utf8_lossy(&output.stderr).trim().to_owned();
         return Err(Error::Assets(format!(
             "control-plane binaries unavailable ({}){}{}; `cargo run -p devcluster -- assets` \
-             installs and builds them, or point KUBEBUILDER_ASSETS at a folder holding etcd, \
-             kube-apiserver and kube-controller-manager",
+             builds them, or point KUBEBUILDER_ASSETS at a folder holding etcd, \
+             kube-apiserver, kube-controller-manager and kube-scheduler",
             output.status,
             if detail.is_empty() { "" } else { ": " },
             detail

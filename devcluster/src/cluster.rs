@@ -1,5 +1,6 @@
-//! The control plane: etcd, kube-apiserver and kube-controller-manager as child
-//! processes on free loopback ports, plus the pod simulator.
+//! The control plane: etcd, kube-apiserver, kube-controller-manager and kube-scheduler
+//! as child processes on free loopback ports, fake GPU nodes for the scheduler to place
+//! pods on, and the pod simulator that plays their kubelet.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -18,6 +19,7 @@ use crate::assets::Assets;
 use crate::audit::{AuditLog, POLICY};
 use crate::identity::Identity;
 use crate::metrics::Metrics;
+use crate::nodes::GpuNodes;
 use crate::pki::Pki;
 use crate::podsim::PodSimulator;
 use crate::process::{self, GRACE, Guard, Supervised};
@@ -31,6 +33,7 @@ const FIELD_MANAGER: &str = "devcluster";
 /// Users that are not [`Identity`]s but get their own token, so the audit log tells
 /// their writes apart from everyone else's.
 const KCM_USER: &str = "system:kube-controller-manager";
+const SCHEDULER_USER: &str = "system:kube-scheduler";
 const PODSIM_USER: &str = "devcluster:pod-simulator";
 
 /// How to start a control plane.
@@ -47,6 +50,8 @@ pub struct Options {
     pub replicas: u8,
     /// Run the pod simulator (in this process, on its own thread).
     pub pod_simulator: bool,
+    /// The fake GPU nodes kube-scheduler places pods on.
+    pub gpu_nodes: GpuNodes,
     /// Upper bound for the whole start-up.
     pub startup_timeout: Duration,
 }
@@ -58,6 +63,7 @@ impl Default for Options {
             crds: Vec::new(),
             replicas: 3,
             pod_simulator: true,
+            gpu_nodes: GpuNodes::default(),
             startup_timeout: Duration::from_secs(120),
         }
     }
@@ -73,7 +79,8 @@ pub struct ClusterInfo {
     pub ca_file: PathBuf,
     pub audit_log: PathBuf,
     pub replicas: u8,
-    /// Process ids of etcd, kube-apiserver, kube-controller-manager and the guard.
+    /// Process ids of etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+    /// the guard.
     pub pids: BTreeMap<String, u32>,
     /// Seconds from start to ready.
     pub startup_seconds: f64,
@@ -103,6 +110,7 @@ pub struct ControlPlane {
 struct Owned {
     // Field order is drop order: simulator first, guard last.
     podsim: Option<PodSimulator>,
+    scheduler: Option<Supervised>,
     kcm: Option<Supervised>,
     apiserver: Supervised,
     apiserver_args: Vec<OsString>,
@@ -149,6 +157,7 @@ impl ControlPlane {
             None => {
                 ControlPlane::start(Options {
                     crds: crds.iter().map(|p| p.to_path_buf()).collect(),
+                    gpu_nodes: GpuNodes::for_tests(),
                     ..Options::default()
                 })
                 .await
@@ -215,6 +224,11 @@ impl ControlPlane {
             vec!["system:masters"],
         ));
         users.push((
+            "kube-scheduler".into(),
+            SCHEDULER_USER.into(),
+            vec!["system:masters"],
+        ));
+        users.push((
             "pod-simulator".into(),
             PODSIM_USER.into(),
             vec!["system:masters"],
@@ -260,7 +274,6 @@ impl ControlPlane {
             format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
             "--bind-address=127.0.0.1".to_owned(),
             format!("--secure-port={apiserver_port}"),
-            "--insecure-port=0".to_owned(),
             format!("--cert-dir={}", state_dir.join("pki").display()),
             format!("--tls-cert-file={}", pki.serving_cert.display()),
             format!("--tls-private-key-file={}", pki.serving_key.display()),
@@ -292,6 +305,7 @@ impl ControlPlane {
 
         let owned = Owned {
             podsim: None,
+            scheduler: None,
             kcm: None,
             apiserver,
             apiserver_args,
@@ -329,7 +343,6 @@ impl ControlPlane {
                 "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token,clusterrole-aggregation"
                     .to_owned(),
                 "--leader-elect=false".to_owned(),
-                "--port=0".to_owned(),
                 "--secure-port=0".to_owned(),
                 format!(
                     "--service-account-private-key-file={}",
@@ -357,6 +370,35 @@ impl ControlPlane {
             .wait_default_service_account(remaining(deadline))
             .await?;
 
+        // The nodes exist before the scheduler starts, so its first pass sees them.
+        opts.gpu_nodes
+            .apply(cluster.client(Identity::Admin).await?)
+            .await?;
+        let scheduler_config = state_dir.join("kube-scheduler.yaml");
+        write(
+            &scheduler_config,
+            &scheduler_config_yaml(&kubeconfig_path(&state_dir, "kube-scheduler")),
+        )?;
+        let scheduler_cmd = {
+            let mut c = Command::new(cluster.owned()?.assets.kube_scheduler());
+            c.args([
+                format!("--config={}", scheduler_config.display()),
+                // No serving port: nothing scrapes it, and a fixed default port would
+                // collide with a second control plane on the machine.
+                "--secure-port=0".to_owned(),
+            ]);
+            c
+        };
+        {
+            let owned = cluster.owned_mut()?;
+            owned.scheduler = Some(Supervised::spawn(
+                "kube-scheduler",
+                scheduler_cmd,
+                &state_dir,
+                &owned.guard,
+            )?);
+        }
+
         if opts.pod_simulator {
             let config = cluster
                 .config_for(
@@ -369,9 +411,14 @@ impl ControlPlane {
         let pids = {
             let o = cluster.owned()?;
             let mut pids = BTreeMap::new();
-            for s in [Some(&o.etcd), Some(&o.apiserver), o.kcm.as_ref()]
-                .into_iter()
-                .flatten()
+            for s in [
+                Some(&o.etcd),
+                Some(&o.apiserver),
+                o.kcm.as_ref(),
+                o.scheduler.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
             {
                 pids.insert(s.name().to_owned(), s.pid());
             }
@@ -511,6 +558,9 @@ impl ControlPlane {
             return;
         };
         drop(owned.podsim.take());
+        if let Some(scheduler) = owned.scheduler.as_mut() {
+            scheduler.stop(&owned.guard, GRACE);
+        }
         if let Some(kcm) = owned.kcm.as_mut() {
             kcm.stop(&owned.guard, GRACE);
         }
@@ -549,6 +599,7 @@ impl ControlPlane {
                 Some(&mut owned.etcd),
                 Some(&mut owned.apiserver),
                 owned.kcm.as_mut(),
+                owned.scheduler.as_mut(),
             ];
             for s in all.into_iter().flatten() {
                 if let Some(status) = s.exited() {
@@ -632,15 +683,15 @@ impl ControlPlane {
         let deadline = Instant::now() + timeout;
         loop {
             self.check_alive()?;
-            // The token controller must have run too, or pods are refused ("No API token found").
-            if let Ok(Some(sa)) = api.get_opt("default").await
-                && sa.secrets.is_some_and(|s| !s.is_empty())
-            {
+            // Pods are refused until their service account exists; their token is
+            // projected (TokenRequest), so no token Secret is waited for.
+            if let Ok(Some(_)) = api.get_opt("default").await {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
-                    what: "kube-controller-manager to create the default service account and its token".to_owned(),
+                    what: "kube-controller-manager to create the default service account"
+                        .to_owned(),
                     seconds: timeout.as_secs(),
                 });
             }
@@ -753,6 +804,24 @@ fn write_atomic(path: &Path, text: &str) -> Result<(), Error> {
     let tmp = path.with_extension("tmp");
     write(&tmp, text)?;
     std::fs::rename(&tmp, path).map_err(Error::io(format!("renaming {} into place", tmp.display())))
+}
+
+/// kube-scheduler's configuration: its client budget raised like the controller
+/// manager's (the default 50 qps binds a few hundred pods a second at best), no leader
+/// election.
+fn scheduler_config_yaml(kubeconfig: &Path) -> String {
+    format!(
+        "apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: {kubeconfig}
+  qps: 300
+  burst: 600
+leaderElection:
+  leaderElect: false
+",
+        kubeconfig = kubeconfig.display()
+    )
 }
 
 fn kubeconfig_yaml(server: &str, ca: &Path, user: &str, token: &str) -> String {

@@ -1,8 +1,9 @@
 //! devcluster: a real local Kubernetes control plane for tests, the demo and the load test.
 //!
-//! etcd, kube-apiserver and kube-controller-manager run as child processes on loopback
-//! ports; a pod simulator plays the kubelet so that the real Job controller drives Jobs to
-//! Complete or Failed. Everything the API server decides (validation, conflicts, garbage
+//! etcd, kube-apiserver, kube-controller-manager and kube-scheduler run as child
+//! processes on loopback ports; the scheduler places pods on fake GPU nodes
+//! ([`nodes::GpuNodes`]) and a pod simulator plays their kubelet, so that the real Job
+//! controller drives Jobs to Complete or Failed. Everything the API server decides (validation, conflicts, garbage
 //! collection, watches, RBAC) is therefore decided by the real thing.
 //!
 //! Typical use in a test:
@@ -28,6 +29,7 @@ mod error;
 pub mod faultproxy;
 pub mod identity;
 pub mod metrics;
+pub mod nodes;
 pub mod pki;
 pub mod podsim;
 mod process;

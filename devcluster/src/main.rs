@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use devcluster::assets::Assets;
+use devcluster::nodes::GpuNodes;
 use devcluster::{ControlPlane, Identity, Options};
 
 #[derive(Debug, Parser)]
@@ -22,8 +23,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Print the folder holding etcd, kube-apiserver and kube-controller-manager,
-    /// installing Debian packages and building the Kubernetes binaries when missing.
+    /// Print the folder holding etcd, kube-apiserver, kube-controller-manager and
+    /// kube-scheduler, building them with Go when missing.
     Assets,
     /// Start a control plane and keep it running until SIGINT or SIGTERM.
     Up {
@@ -39,6 +40,15 @@ enum Cmd {
         /// Do not run the pod simulator.
         #[arg(long)]
         no_pod_simulator: bool,
+        /// Fake GPU nodes for kube-scheduler to place pods on.
+        #[arg(long, default_value_t = GpuNodes::default().count)]
+        gpu_nodes: u16,
+        /// `nvidia.com/gpu` each fake node has.
+        #[arg(long, default_value_t = GpuNodes::default().gpus_per_node)]
+        gpus_per_node: u16,
+        /// GPU products (node label `nvidia.com/gpu.product`) the nodes take in turn.
+        #[arg(long, value_delimiter = ',', default_values_t = GpuNodes::default().products)]
+        gpu_products: Vec<String>,
     },
     /// Stop the control plane whose state folder this is (its `up` process, or processes
     /// left behind by one that was killed).
@@ -71,11 +81,19 @@ fn main() -> ExitCode {
             crds,
             replicas,
             no_pod_simulator,
+            gpu_nodes,
+            gpus_per_node,
+            gpu_products,
         } => up(Options {
             state_dir: Some(state_dir),
             crds,
             replicas,
             pod_simulator: !no_pod_simulator,
+            gpu_nodes: GpuNodes {
+                count: gpu_nodes,
+                gpus_per_node,
+                products: gpu_products,
+            },
             ..Options::default()
         }),
         Cmd::Down { state_dir } => down(&state_dir),

@@ -1,7 +1,13 @@
-//! The pod simulator plays the kubelet: there is no scheduler or kubelet in devcluster, so
-//! it moves every Pod to Running and then to Succeeded or Failed by patching the `status`
-//! subresource, with a terminated container status carrying an exit code and a reason.
-//! The real Job controller then marks the Job Complete or Failed.
+//! The pod simulator plays the kubelet of devcluster's fake GPU nodes: once
+//! kube-scheduler has bound a pod to one, it moves the pod to Running and then to
+//! Succeeded or Failed by patching the `status` subresource, with a terminated container
+//! status carrying an exit code and a reason. The real Job controller then marks the Job
+//! Complete or Failed. A pod that is not bound is the scheduler's and is left alone, so a
+//! pod that fits no node stays Pending, as on a real cluster.
+//!
+//! A bound pod being deleted ends as a kubelet ends it: its containers stop (exit code
+//! 143, phase Failed, unless it had already finished), then the pod is removed with a
+//! zero grace period. Until then it is Terminating, like a real pod shutting down.
 //!
 //! Each pod says how it should behave through its first container's env:
 //! - `SIM_DURATION_SECONDS` (default 1, fractions allowed): time from Running to the end;
@@ -9,7 +15,9 @@
 //! - `SIM_FAIL_ATTEMPTS=n`: attempts 1..=n fail (with `SIM_EXIT_CODE`, or 1 when that is
 //!   0), later attempts succeed; the attempt is read from env `GPUJOB_ATTEMPT` or the label
 //!   `gpujob.dev/attempt`;
-//! - `SIM_REASON`: the terminated reason (default `Completed` for 0, `Error` otherwise).
+//! - `SIM_REASON`: the terminated reason (default `Completed` for 0, `Error` otherwise);
+//! - `SIM_TERMINATION_SECONDS` (default 0, fractions allowed): how long a deleted pod takes
+//!   to stop, at most its grace period (`terminationGracePeriodSeconds`).
 //!
 //! The simulator runs on a thread with its own runtime, so it is not tied to any test's
 //! runtime, and it derives everything from the pod (start time included): restarting it
@@ -31,6 +39,8 @@ use crate::Error;
 
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(1);
 const ATTEMPT_LABEL: &str = "gpujob.dev/attempt";
+/// The exit code of a container stopped by SIGTERM.
+pub const TERMINATED_EXIT_CODE: i32 = 143;
 
 /// How a pod is to end, read from its env.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +48,8 @@ pub struct Behaviour {
     pub duration: Duration,
     pub exit_code: i32,
     pub reason: String,
+    /// From deletion to stopped (bounded by the grace period).
+    pub termination: Duration,
 }
 
 impl Behaviour {
@@ -51,6 +63,7 @@ impl Behaviour {
                 duration: Duration::ZERO,
                 exit_code: 128,
                 reason: format!("InvalidSimulatorEnv: {message}"),
+                termination: Duration::ZERO,
             },
         }
     }
@@ -68,17 +81,19 @@ impl Behaviour {
                 .value
                 .clone()
         };
-        let duration = match env("SIM_DURATION_SECONDS") {
-            Some(v) => v
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                .ok_or_else(|| {
-                    format!("SIM_DURATION_SECONDS={v:?} is not a non-negative number")
-                })?,
-            None => DEFAULT_DURATION,
+        let seconds = |name: &str, default: Duration| -> Result<Duration, String> {
+            match env(name) {
+                Some(v) => v
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                    .ok_or_else(|| format!("{name}={v:?} is not a non-negative number")),
+                None => Ok(default),
+            }
         };
+        let duration = seconds("SIM_DURATION_SECONDS", DEFAULT_DURATION)?;
+        let termination = seconds("SIM_TERMINATION_SECONDS", Duration::ZERO)?;
         let exit_code = match env("SIM_EXIT_CODE") {
             Some(v) => v
                 .trim()
@@ -107,6 +122,7 @@ impl Behaviour {
             duration,
             exit_code,
             reason,
+            termination,
         })
     }
 }
@@ -128,18 +144,33 @@ fn attempt_of(pod: &Pod, env: Option<String>) -> Result<u32, String> {
 /// What the simulator does next with a pod.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
-    /// Finished, being deleted, or otherwise not ours to move.
+    /// Finished, not bound to a node yet, or otherwise not ours to move.
     Ignore,
-    /// Pending: mark it Running now.
+    /// Bound and Pending: mark it Running now.
     Start,
     /// Running: end it at this time.
     FinishAt(Timestamp),
+    /// Bound and being deleted: stop it (unless finished) and remove it at this time.
+    TerminateAt(Timestamp),
 }
 
 /// Pure decision for one observed pod.
 pub fn step(pod: &Pod, now: Timestamp) -> Step {
-    if pod.metadata.deletion_timestamp.is_some() {
+    let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+    if !bound {
+        // The scheduler's; an unbound pod's delete takes effect at once.
         return Step::Ignore;
+    }
+    if let Some(deadline) = &pod.metadata.deletion_timestamp {
+        let deadline = deadline.0;
+        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
+        let asked = deadline
+            .checked_sub(SignedDuration::from_secs(grace))
+            .unwrap_or(deadline);
+        let stop =
+            SignedDuration::try_from(Behaviour::of(pod).termination).unwrap_or(SignedDuration::MAX);
+        let at = asked.saturating_add(stop).unwrap_or(deadline);
+        return Step::TerminateAt(at.min(deadline));
     }
     let status = pod.status.as_ref();
     match status.and_then(|s| s.phase.as_deref()) {
@@ -213,6 +244,49 @@ pub fn finished_patch(pod: &Pod, behaviour: &Behaviour, now: Timestamp) -> serde
         ],
         "containerStatuses": statuses,
     }})
+}
+
+fn finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// What a kubelet does with a deleted pod: stop its containers (as by SIGTERM) unless
+/// they had finished, then remove the pod with a zero grace period. Finalizers (the Job
+/// controller's tracking finalizer) may keep it a little longer; that is theirs to lift.
+async fn terminate(api: &Api<Pod>, pod: &Pod) -> Result<(), kube::Error> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    if !finished(pod) {
+        let stopped = Behaviour {
+            duration: Duration::ZERO,
+            exit_code: TERMINATED_EXIT_CODE,
+            reason: "Error".to_owned(),
+            termination: Duration::ZERO,
+        };
+        let patch = finished_patch(pod, &stopped, Timestamp::now());
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+    }
+    let params = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: pod
+            .metadata
+            .uid
+            .clone()
+            .map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+        ..Default::default()
+    };
+    match api.delete(&name, &params).await {
+        Ok(_) => Ok(()),
+        // Gone already, or a new pod of the same name: nothing of this one is left.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 fn containers(pod: &Pod) -> impl Iterator<Item = (String, String)> + '_ {
@@ -315,6 +389,8 @@ struct Simulator {
     started: Claims,
     /// The end is scheduled or its patch was accepted.
     ending: Claims,
+    /// Its removal after a delete is scheduled or was accepted.
+    terminating: Claims,
 }
 
 async fn run(config: kube::Config) -> Result<(), Error> {
@@ -325,6 +401,7 @@ async fn run(config: kube::Config) -> Result<(), Error> {
         client,
         started: Claims::default(),
         ending: Claims::default(),
+        terminating: Claims::default(),
     };
     let mut events = reflector::reflector(
         writer,
@@ -349,6 +426,7 @@ async fn run(config: kube::Config) -> Result<(), Error> {
                 let live: HashSet<&str> = pods.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
                 sim.started.retain(&live);
                 sim.ending.retain(&live);
+                sim.terminating.retain(&live);
                 for pod in &pods {
                     sim.act((**pod).clone());
                 }
@@ -390,6 +468,24 @@ impl Simulator {
                             );
                             sim.started.release(&uid);
                         }
+                    }
+                });
+            }
+            Step::TerminateAt(at) => {
+                if !self.terminating.claim(&uid) {
+                    return;
+                }
+                let terminating = self.terminating.clone();
+                tokio::spawn(async move {
+                    let wait = Timestamp::now().duration_until(at);
+                    if let Ok(wait) = Duration::try_from(wait) {
+                        tokio::time::sleep(wait).await;
+                    }
+                    if let Err(e) = terminate(&api, &pod).await {
+                        tracing::warn!(
+                            "pod simulator: cannot remove deleted pod {ns}/{name}: {e}; retrying on the next pass"
+                        );
+                        terminating.release(&uid);
                     }
                 });
             }
@@ -466,7 +562,8 @@ mod tests {
             Behaviour {
                 duration: DEFAULT_DURATION,
                 exit_code: 0,
-                reason: "Completed".into()
+                reason: "Completed".into(),
+                termination: Duration::ZERO,
             }
         );
     }
@@ -517,6 +614,7 @@ mod tests {
             ("SIM_EXIT_CODE", "three"),
             ("SIM_DURATION_SECONDS", "-1"),
             ("SIM_FAIL_ATTEMPTS", "1"),
+            ("SIM_TERMINATION_SECONDS", "soon"),
         ] {
             let b = Behaviour::of(&pod(&[env], &[], None));
             assert_eq!(b.exit_code, 128, "{env:?}");
@@ -528,9 +626,49 @@ mod tests {
         }
     }
 
+    fn bound(mut p: Pod) -> Pod {
+        p.spec.as_mut().unwrap().node_name = Some("gpu-node-0".into());
+        p
+    }
+
+    #[test]
+    fn unbound_pods_are_the_schedulers() {
+        let now: Timestamp = "2026-11-30T06:00:00Z".parse().unwrap();
+        assert_eq!(step(&pod(&[], &[], None), now), Step::Ignore);
+        assert_eq!(step(&pod(&[], &[], Some("Pending")), now), Step::Ignore);
+        let mut deleted = pod(&[], &[], Some("Pending"));
+        deleted.metadata.deletion_timestamp = Some(Time(now));
+        assert_eq!(step(&deleted, now), Step::Ignore);
+    }
+
+    #[test]
+    fn a_deleted_pod_stops_after_its_termination_time_within_its_grace() {
+        let now: Timestamp = "2026-11-30T06:00:00Z".parse().unwrap();
+        let deleted = |env: &[(&str, &str)], grace: i64| {
+            let mut p = bound(pod(env, &[], Some("Running")));
+            p.metadata.deletion_grace_period_seconds = Some(grace);
+            p.metadata.deletion_timestamp = Some(Time(
+                now.checked_add(SignedDuration::from_secs(grace)).unwrap(),
+            ));
+            step(&p, now)
+        };
+        assert_eq!(deleted(&[], 30), Step::TerminateAt(now));
+        assert_eq!(
+            deleted(&[("SIM_TERMINATION_SECONDS", "5")], 30),
+            Step::TerminateAt("2026-11-30T06:00:05Z".parse().unwrap())
+        );
+        // A kubelet kills what outlives the grace period.
+        assert_eq!(
+            deleted(&[("SIM_TERMINATION_SECONDS", "60")], 10),
+            Step::TerminateAt("2026-11-30T06:00:10Z".parse().unwrap())
+        );
+    }
+
     #[test]
     fn steps_follow_the_phase() {
         let now: Timestamp = "2026-11-30T06:00:00Z".parse().unwrap();
+        let pod =
+            |env: &[(&str, &str)], labels: &[(&str, &str)], phase| bound(pod(env, labels, phase));
         assert_eq!(step(&pod(&[], &[], None), now), Step::Start);
         assert_eq!(step(&pod(&[], &[], Some("Pending")), now), Step::Start);
         assert_eq!(step(&pod(&[], &[], Some("Succeeded")), now), Step::Ignore);
@@ -546,7 +684,7 @@ mod tests {
         );
 
         running.metadata.deletion_timestamp = Some(Time(now));
-        assert_eq!(step(&running, now), Step::Ignore);
+        assert_eq!(step(&running, now), Step::TerminateAt(now));
     }
 
     #[test]

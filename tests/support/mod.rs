@@ -139,6 +139,7 @@ impl TestEnv {
             crds: vec![crd],
             // Scale-out tests run a fourth replica.
             replicas: 4,
+            gpu_nodes: devcluster::nodes::GpuNodes::for_tests(),
             ..devcluster::Options::default()
         })
         .await

@@ -1,0 +1,169 @@
+//! Fake GPU nodes: Node objects that advertise `nvidia.com/gpu`, so the real
+//! kube-scheduler places pods by their GPU requests (and leaves them Pending, with its
+//! own `Unschedulable` reason, when no node has room). No kubelet runs behind them: the
+//! pod simulator plays it for the pods bound to them.
+//!
+//! No node-lifecycle controller runs either, so a node stays Ready without heartbeats;
+//! devcluster lifts the not-ready taint admission gives a new node, as that controller
+//! would.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use crate::Error;
+
+/// The GPU products (label `nvidia.com/gpu.product`) the nodes carry, in turn.
+pub const DEFAULT_PRODUCTS: [&str; 2] = ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100"];
+/// Marks the nodes devcluster made.
+pub const FAKE_NODE_LABEL: &str = "devcluster.dev/fake-node";
+const FIELD_MANAGER: &str = "devcluster";
+
+/// The fake nodes of a control plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuNodes {
+    /// How many nodes.
+    pub count: u16,
+    /// `nvidia.com/gpu` each node has.
+    pub gpus_per_node: u16,
+    /// Node `i` gets `products[i % len]`; empty: no product label.
+    pub products: Vec<String>,
+}
+
+impl Default for GpuNodes {
+    /// Four nodes of eight GPUs, A100 and H100 in turn.
+    fn default() -> GpuNodes {
+        GpuNodes {
+            count: 4,
+            gpus_per_node: 8,
+            products: DEFAULT_PRODUCTS.iter().map(|p| (*p).to_owned()).collect(),
+        }
+    }
+}
+
+impl GpuNodes {
+    /// The pool of the test control planes: more GPUs than the tests running at once
+    /// ask for, so no test waits on another's GPUs. A test about scarcity makes a node
+    /// of its own with a product label nothing else asks for.
+    pub fn for_tests() -> GpuNodes {
+        GpuNodes {
+            count: 64,
+            ..GpuNodes::default()
+        }
+    }
+
+    /// The name of node `i`.
+    pub fn name(i: u16) -> String {
+        format!("gpu-node-{i}")
+    }
+
+    /// The Node object (status included) for node `i`.
+    pub fn node(&self, i: u16) -> serde_json::Value {
+        let name = Self::name(i);
+        let mut labels = json!({
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "nvidia.com/gpu.count": self.gpus_per_node.to_string(),
+            FAKE_NODE_LABEL: "true",
+        });
+        if !self.products.is_empty() {
+            let product = &self.products[usize::from(i) % self.products.len()];
+            labels["nvidia.com/gpu.product"] = json!(product);
+        }
+        // CPU, memory and pod slots far beyond what tests ask for: only GPUs are scarce.
+        let resources = json!({
+            "cpu": "256",
+            "memory": "2Ti",
+            "pods": "5000",
+            "ephemeral-storage": "10Ti",
+            "nvidia.com/gpu": self.gpus_per_node.to_string(),
+        });
+        json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {},
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [{
+                    "type": "Ready", "status": "True", "reason": "DevclusterFakeNode",
+                    "message": "a devcluster fake node: the pod simulator plays its kubelet",
+                }],
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                "nodeInfo": {
+                    "architecture": "amd64", "operatingSystem": "linux",
+                    "kubeletVersion": "devcluster", "kubeProxyVersion": "",
+                    "containerRuntimeVersion": "devcluster://pod-simulator",
+                    "bootID": "", "kernelVersion": "", "machineID": "", "osImage": "",
+                    "systemUUID": "",
+                },
+            },
+        })
+    }
+
+    /// Creates (or updates) every node and its status.
+    pub async fn apply(&self, client: kube::Client) -> Result<(), Error> {
+        let api: Api<Node> = Api::all(client);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for i in 0..self.count {
+            let node = self.node(i);
+            let name = Self::name(i);
+            api.patch(&name, &params, &Patch::Apply(&node))
+                .await
+                .map_err(Error::kube(format!("creating fake node {name}")))?;
+            // The status of an existing Node is only written through its subresource.
+            api.patch_status(&name, &params, &Patch::Apply(&node))
+                .await
+                .map_err(Error::kube(format!(
+                    "setting the status of fake node {name}"
+                )))?;
+            // Admission (TaintNodesByCondition) taints a new node not-ready; the
+            // node-lifecycle controller, which does not run here, would lift it once the
+            // node reports Ready. It is, so lift it here.
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": null}})),
+            )
+            .await
+            .map_err(Error::kube(format!("untainting fake node {name}")))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_take_products_in_turn_and_advertise_their_gpus() {
+        let nodes = GpuNodes::default();
+        let labels = |i| nodes.node(i)["metadata"]["labels"]["nvidia.com/gpu.product"].clone();
+        assert_eq!(labels(0), "NVIDIA-A100-SXM4-80GB");
+        assert_eq!(labels(1), "NVIDIA-H100");
+        assert_eq!(labels(2), "NVIDIA-A100-SXM4-80GB");
+        let n = nodes.node(3);
+        assert_eq!(n["metadata"]["name"], "gpu-node-3");
+        assert_eq!(n["status"]["allocatable"]["nvidia.com/gpu"], "8");
+        assert_eq!(n["status"]["capacity"]["nvidia.com/gpu"], "8");
+    }
+
+    #[test]
+    fn no_products_no_product_label() {
+        let nodes = GpuNodes {
+            count: 1,
+            gpus_per_node: 2,
+            products: vec![],
+        };
+        let n = nodes.node(0);
+        assert!(
+            n["metadata"]["labels"]
+                .get("nvidia.com/gpu.product")
+                .is_none()
+        );
+        assert_eq!(n["status"]["allocatable"]["nvidia.com/gpu"], "2");
+    }
+}
