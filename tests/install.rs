@@ -546,9 +546,12 @@ async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
         // Questions only; neither changes anything.
         ("tokenreviews.authentication.k8s.io", "create"),
         ("subjectaccessreviews.authorization.k8s.io", "create"),
-        // Every authenticated user may ask what it may do.
+        // Every authenticated user may ask what it may do and who it is, and read the
+        // cluster's trust bundles (Kubernetes' default bindings, not the operator's).
         ("selfsubjectaccessreviews.authorization.k8s.io", "create"),
         ("selfsubjectrulesreviews.authorization.k8s.io", "create"),
+        ("selfsubjectreviews.authentication.k8s.io", "create"),
+        ("clustertrustbundles.certificates.k8s.io", "get list watch"),
     ]
     .into();
     let leases = ("leases.coordination.k8s.io", "get list create update");

@@ -527,7 +527,8 @@ async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed
             "selector",
             json!({"image": "i", "gpus": 1, "nodeSelector": {"not a label key!": "x"}}),
             "spec.nodeSelector",
-            json!({"spec": {"nodeSelector": {"not a label key!": null, "gpu": "a100"}}}),
+            // A selector the fake GPU nodes match, so the fixed attempt is scheduled.
+            json!({"spec": {"nodeSelector": {"not a label key!": null, "kubernetes.io/os": "linux"}}}),
         ),
         (
             // Not in --allowed-service-accounts (default: only `default`).
