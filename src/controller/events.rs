@@ -113,6 +113,16 @@ fn attempts(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
             ),
         ));
     }
+    // Once per wait (not again when the scheduler's wording changes).
+    let unschedulable = |s: &GpuJobStatus| matches!(cond(s, READY), Some((_, r, _)) if r == crate::controller::plan::UNSCHEDULABLE);
+    if unschedulable(after) && !unschedulable(before) {
+        let message = cond(after, READY).map(|(_, _, m)| m.to_owned());
+        out.push(note(
+            Kind::Warning,
+            "Unschedulable",
+            message.unwrap_or_default(),
+        ));
+    }
     if let Some((_, "BackingOff", message)) = cond(after, READY)
         && after.next_attempt_time != before.next_attempt_time
     {

@@ -1,7 +1,8 @@
 //! Reads: what the operator knows of one GpuJob, from the caches and its write memory,
 //! with the direct reads the caches cannot answer (a Job the cache has not seen, the
-//! exit code of a failed attempt's pod, whether a foreign Job still holds the next
-//! attempt's name, and where the shard's term began: `term_start.rs`).
+//! exit code of a failed attempt's pod, why a running attempt's pod is not placed,
+//! whether a foreign Job still holds the next attempt's name, and where the shard's term
+//! began: `term_start.rs`).
 
 use std::sync::Arc;
 
@@ -14,7 +15,8 @@ use jiff::Timestamp;
 use super::error::Error;
 use super::job::{attempt_of, is_controlled_by, job_name, name_taken};
 use super::plan::{
-    JOB_NAME_CONFLICT, JobState, Observed, QuotaAnswer, Refusal, Termination, job_state,
+    JOB_NAME_CONFLICT, JobState, Observed, PodsWaiting, QuotaAnswer, Refusal, Termination,
+    Unschedulable, job_state, pods_waiting,
 };
 use super::status::READY;
 use super::{Context, Fence, Key};
@@ -25,6 +27,7 @@ pub struct Snapshot {
     pub gpujob: Arc<GpuJob>,
     pub jobs: Vec<Arc<Job>>,
     pub termination: Option<Termination>,
+    pub unschedulable: Option<Unschedulable>,
     /// A foreign Job still holds the name of the next attempt.
     pub refused: Option<Refusal>,
     /// `gpujob` is known current in this term: read from the API server or written by
@@ -46,6 +49,7 @@ impl Snapshot {
             gpujob: &self.gpujob,
             jobs: self.jobs.iter().map(AsRef::as_ref).collect(),
             termination: self.termination.clone(),
+            unschedulable: self.unschedulable.clone(),
             refused: refused.or_else(|| self.refused.clone()),
             quota_required,
             quota,
@@ -92,6 +96,10 @@ pub async fn observe(ctx: &Context, key: &Key, fence: &Fence) -> Result<Option<S
         Some((attempt, job)) => termination_of(ctx, &key.namespace, job, attempt).await?,
         None => None,
     };
+    let unschedulable = match waiting_for_a_node(&jobs, Timestamp::now()) {
+        Some((attempt, job)) => unschedulable_of(ctx, &key.namespace, job, attempt).await?,
+        None => None,
+    };
     let rv = gpujob
         .metadata
         .resource_version
@@ -106,6 +114,7 @@ pub async fn observe(ctx: &Context, key: &Key, fence: &Fence) -> Result<Option<S
         gpujob,
         jobs,
         termination,
+        unschedulable,
         refused,
         confirmed,
     }))
@@ -171,6 +180,49 @@ fn unrecorded_failure(jobs: &[Arc<Job>], recorded: Option<i32>) -> Option<(i32, 
             recorded.is_none_or(|r| *a > r) && matches!(job_state(j), JobState::Failed { .. })
         })
         .max_by_key(|(a, _)| *a)
+}
+
+/// The newest attempt, when its Job is active with no pod running past the scheduler's
+/// grace ([`pods_waiting`]): its pod says why.
+fn waiting_for_a_node(jobs: &[Arc<Job>], now: Timestamp) -> Option<(i32, &Job)> {
+    let (attempt, job) = jobs
+        .iter()
+        .filter_map(|j| attempt_of(j).map(|a| (a, j.as_ref())))
+        .max_by_key(|(a, _)| *a)?;
+    (pods_waiting(job, now) == PodsWaiting::ReadPod).then_some((attempt, job))
+}
+
+/// The scheduler's reason for not placing the attempt's pod, from the pod's
+/// `PodScheduled` condition; `None` when it is placed or not yet tried.
+async fn unschedulable_of(
+    ctx: &Context,
+    ns: &str,
+    job: &Job,
+    attempt: i32,
+) -> Result<Option<Unschedulable>, Error> {
+    let Some(job_uid) = job.metadata.uid.as_deref() else {
+        return Ok(None);
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("controller-uid={job_uid}")))
+        .await
+        .map_err(Error::kube("read_pods"))?;
+    Ok(list.items.iter().find_map(|pod| {
+        let c = pod
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "PodScheduled")?;
+        (c.status == "False" && c.reason.as_deref() == Some("Unschedulable")).then(|| {
+            Unschedulable {
+                attempt,
+                message: c.message.clone().unwrap_or_default(),
+            }
+        })
+    }))
 }
 
 /// How the failed attempt's container ended, from its pod (found by the Job's

@@ -58,7 +58,8 @@ struct Names<'a> {
 
 /// What the plan reads of a Job besides its names: uid and resourceVersion (delete
 /// preconditions), deletion, the attempt label, the generation annotation, how the
-/// controller reference was written, and the conditions and completion time.
+/// controller reference was written, the conditions and completion time, and the pod
+/// counts and start that say whether an attempt waits for a node.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Kept {
     #[serde(rename = "u", default, skip_serializing_if = "Option::is_none")]
@@ -85,6 +86,12 @@ struct KeptStatus {
     conditions: Option<Vec<JobCondition>>,
     #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
     completion_time: Option<Time>,
+    #[serde(rename = "n", default, skip_serializing_if = "Option::is_none")]
+    active: Option<i32>,
+    #[serde(rename = "y", default, skip_serializing_if = "Option::is_none")]
+    ready: Option<i32>,
+    #[serde(rename = "st", default, skip_serializing_if = "Option::is_none")]
+    start_time: Option<Time>,
 }
 
 impl Cached {
@@ -108,6 +115,9 @@ impl Cached {
             status: job.status.as_ref().map(|s| KeptStatus {
                 conditions: s.conditions.clone(),
                 completion_time: s.completion_time.clone(),
+                active: s.active,
+                ready: s.ready,
+                start_time: s.start_time.clone(),
             }),
         };
         let packed = serde_json::to_vec(&kept)
@@ -184,6 +194,9 @@ impl Cached {
             status: kept.status.map(|s| JobStatus {
                 conditions: s.conditions,
                 completion_time: s.completion_time,
+                active: s.active,
+                ready: s.ready,
+                start_time: s.start_time,
                 ..JobStatus::default()
             }),
         })
@@ -492,6 +505,9 @@ mod tests {
             status: job.status.as_ref().map(|s| JobStatus {
                 conditions: s.conditions.clone(),
                 completion_time: s.completion_time.clone(),
+                active: s.active,
+                ready: s.ready,
+                start_time: s.start_time.clone(),
                 ..JobStatus::default()
             }),
         }
@@ -529,6 +545,10 @@ mod tests {
         }
         full.status = Some(JobStatus {
             active: Some(1),
+            ready: Some(0),
+            // Not kept: must not read back.
+            failed: Some(1),
+            start_time: Some(time("2026-12-01T10:00:00Z")),
             completion_time: Some(time("2026-12-01T10:00:02Z")),
             conditions: Some(vec![JobCondition {
                 type_: "Failed".into(),

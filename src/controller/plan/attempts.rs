@@ -6,8 +6,8 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
 
 use super::{
-    Action, INVALID_SPEC, JOB_NAME_CONFLICT, Next, PlanSettings, Planner, SPEC_CHANGE_PENDING,
-    Termination,
+    Action, INVALID_SPEC, JOB_NAME_CONFLICT, Next, PlanSettings, Planner, SCHEDULING_GRACE,
+    SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE,
 };
 use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::controller::job::{desired_job, generation_of, job_name};
@@ -57,6 +57,39 @@ pub fn job_state(job: &Job) -> JobState {
         }
     }
     JobState::Active
+}
+
+/// Whether an active Job's pods wait to run, and when to ask why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodsWaiting {
+    /// A pod runs, the Job is not active, or the API server does not count ready pods.
+    No,
+    /// No pod is ready yet; the scheduler gets this much longer before the pod is read.
+    Grace(Duration),
+    /// No pod is ready, past the grace: read the pod for the scheduler's reason.
+    ReadPod,
+}
+
+/// Whether `job`'s pods wait for a node (or anything else before running) at `now`,
+/// judged from the Job alone: `active` pods with none `ready` (a count the API server
+/// gives from Kubernetes 1.24), since `startTime`.
+pub fn pods_waiting(job: &Job, now: Timestamp) -> PodsWaiting {
+    if job.metadata.deletion_timestamp.is_some() || job_state(job) != JobState::Active {
+        return PodsWaiting::No;
+    }
+    let Some(status) = job.status.as_ref() else {
+        return PodsWaiting::No;
+    };
+    let waiting = status.active.unwrap_or(0) > 0 && status.ready == Some(0);
+    if !waiting {
+        return PodsWaiting::No;
+    }
+    let since = status.start_time.as_ref().map_or(now, |t| t.0);
+    let waited = Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO);
+    match SCHEDULING_GRACE.checked_sub(waited) {
+        Some(left) if !left.is_zero() => PodsWaiting::Grace(left),
+        _ => PodsWaiting::ReadPod,
+    }
 }
 
 /// Backoff before the attempt that follows failure number `failures` (from 1), at the
@@ -288,14 +321,35 @@ impl Planner<'_, '_> {
             self.stopped(k);
             return;
         }
-        self.next.phase = Some(Phase::Running);
         self.next.active_job = Some(job_name(&self.name, k));
         self.next.next_attempt_time = None;
-        self.ready(
-            ConditionStatus::False,
-            "JobRunning",
-            running_message(&self.name, k),
-        );
+        let waiting = job.map_or(PodsWaiting::No, |j| pods_waiting(j, self.obs.now));
+        let unschedulable = self
+            .obs
+            .unschedulable
+            .as_ref()
+            .filter(|u| u.attempt == k && waiting == PodsWaiting::ReadPod);
+        if let Some(u) = unschedulable {
+            // Its Job runs, but nothing of it does: Pending, as its pod is. When a pod
+            // is placed and runs, the Job's ready count changes and says so.
+            self.next.phase = Some(Phase::Pending);
+            let message = format!("attempt {k} waits for a node: {}", u.message);
+            self.ready(ConditionStatus::False, UNSCHEDULABLE, message);
+            // The reason may change without the Job changing (another pod placed
+            // first); look again, less often the longer it waits.
+            self.requeue = Next::Backoff;
+        } else {
+            self.next.phase = Some(Phase::Running);
+            self.ready(
+                ConditionStatus::False,
+                "JobRunning",
+                running_message(&self.name, k),
+            );
+            if let PodsWaiting::Grace(left) = waiting {
+                // Nothing tells the operator when the scheduler gives up on a pod.
+                self.requeue_within(left);
+            }
+        }
         let built_from = job.and_then(generation_of);
         let changed = matches!((built_from, self.generation), (Some(b), Some(g)) if b < g);
         if !changed {

@@ -27,12 +27,19 @@ use super::validate::{SpecLimits, validate};
 use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::quota::ReserveRequest;
 
-pub use attempts::{JobState, backoff, backoff_for, job_state};
+pub use attempts::{JobState, PodsWaiting, backoff, backoff_for, job_state, pods_waiting};
 
 /// Condition reason for a spec the operator cannot run; it waits for a spec change.
 pub const INVALID_SPEC: &str = "InvalidSpec";
 /// Condition reason: a Job this GpuJob does not control holds the next attempt's name.
 pub const JOB_NAME_CONFLICT: &str = "JobNameConflict";
+/// Condition reason: kube-scheduler finds no node for the running attempt's pod (too
+/// few free GPUs, a selector nothing matches); the GpuJob is Pending until one frees up.
+pub const UNSCHEDULABLE: &str = "Unschedulable";
+/// How long a new attempt's pods get to be placed before the operator reads why not:
+/// the scheduler's first pass takes milliseconds, and most attempts are running by then,
+/// so most never cost a pod read.
+pub const SCHEDULING_GRACE: Duration = Duration::from_secs(5);
 
 /// Operator settings the plan depends on.
 #[derive(Debug, Clone)]
@@ -103,6 +110,8 @@ pub struct Observed<'a> {
     pub jobs: Vec<&'a Job>,
     /// The pod outcome of the newest failed Job, when its failure is not recorded yet.
     pub termination: Option<Termination>,
+    /// The running attempt's pod cannot be placed (read once [`pods_waiting`] says so).
+    pub unschedulable: Option<Unschedulable>,
     /// The next attempt's Job cannot be created: the API server refused it just now, or
     /// a foreign Job still holds its name. Plan as if it was not started.
     pub refused: Option<Refusal>,
@@ -116,6 +125,14 @@ pub struct Observed<'a> {
     /// holder's writes.
     pub confirmed: bool,
     pub now: Timestamp,
+}
+
+/// The running attempt's pod that kube-scheduler could not place, and its reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unschedulable {
+    pub attempt: i32,
+    /// The scheduler's message (`0/4 nodes are available: 4 Insufficient nvidia.com/gpu`).
+    pub message: String,
 }
 
 /// A Job create the API server refused for a reason that retrying soon will not fix.
@@ -255,6 +272,7 @@ pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
                 gpujob: &v1_only,
                 jobs: obs.jobs.clone(),
                 termination: obs.termination.clone(),
+                unschedulable: obs.unschedulable.clone(),
                 refused: obs.refused.clone(),
                 quota_required: obs.quota_required,
                 quota: obs.quota.clone(),

@@ -77,6 +77,7 @@ fn run(g: &GpuJob, jobs: &[Job], termination: Option<Termination>, now: &str) ->
             gpujob: g,
             jobs: jobs.iter().collect(),
             termination,
+            unschedulable: None,
             refused: None,
             quota_required: false,
             quota: None,
@@ -102,6 +103,7 @@ fn plan_from(
             gpujob: g,
             jobs: jobs.iter().collect(),
             termination: None,
+            unschedulable: None,
             refused: None,
             quota_required,
             quota: answer,
@@ -456,6 +458,7 @@ fn an_invalid_job_waits_for_a_spec_change() {
         gpujob: &g,
         jobs: vec![],
         termination: None,
+        unschedulable: None,
         refused: Some(refused),
         quota_required: false,
         quota: None,
@@ -606,6 +609,7 @@ mod quota {
             gpujob: &g,
             jobs: vec![],
             termination: None,
+            unschedulable: None,
             refused: Some(Refusal {
                 attempt: 1,
                 reason: JOB_NAME_CONFLICT,
@@ -1063,6 +1067,7 @@ mod lifecycle {
                 gpujob: &plain,
                 jobs: ok.iter().collect(),
                 termination: None,
+                unschedulable: None,
                 refused: None,
                 quota_required: false,
                 quota: None,
@@ -1078,6 +1083,7 @@ mod lifecycle {
                 gpujob: &plain,
                 jobs: ok.iter().collect(),
                 termination: None,
+                unschedulable: None,
                 refused: None,
                 quota_required: false,
                 quota: None,
@@ -1112,6 +1118,7 @@ mod lifecycle {
                     gpujob: done,
                     jobs: vec![],
                     termination: None,
+                    unschedulable: None,
                     refused: None,
                     quota_required: true,
                     quota: answer,
@@ -1244,6 +1251,7 @@ mod v2_values {
                     gpujob: g,
                     jobs: jobs.iter().collect(),
                     termination,
+                    unschedulable: None,
                     refused: None,
                     quota_required: false,
                     quota: None,
@@ -1390,4 +1398,103 @@ mod v2_values {
             "OnNextAttempt"
         );
     }
+}
+
+/// Attempt 1's Job, active since `started`, with `ready` of its one pod ready.
+fn waiting_job(g: &GpuJob, started: &str, ready: i32) -> Job {
+    let mut j = job(g, 1, None);
+    j.status = Some(JobStatus {
+        active: Some(1),
+        ready: Some(ready),
+        start_time: Some(Time(t(started))),
+        ..Default::default()
+    });
+    j
+}
+
+fn with_unschedulable(g: &GpuJob, jobs: &[Job], u: Option<Unschedulable>, now: &str) -> Plan {
+    plan(
+        &Observed {
+            gpujob: g,
+            jobs: jobs.iter().collect(),
+            termination: None,
+            unschedulable: u,
+            refused: None,
+            quota_required: false,
+            quota: None,
+            confirmed: true,
+            now: t(now),
+        },
+        &settings(),
+    )
+}
+
+#[test]
+fn a_pod_not_ready_is_read_only_after_the_schedulers_grace() {
+    let g = gpujob(0);
+    let now = t("2026-11-30T06:00:10Z");
+    // Started 2 s ago: 3 s of grace left.
+    let young = waiting_job(&g, "2026-11-30T06:00:08Z", 0);
+    assert_eq!(
+        pods_waiting(&young, now),
+        PodsWaiting::Grace(Duration::from_secs(3))
+    );
+    let old = waiting_job(&g, "2026-11-30T06:00:05Z", 0);
+    assert_eq!(pods_waiting(&old, now), PodsWaiting::ReadPod);
+    // A pod runs: nothing to ask.
+    assert_eq!(
+        pods_waiting(&waiting_job(&g, "2026-11-30T06:00:00Z", 1), now),
+        PodsWaiting::No
+    );
+    // No ready count (an API server before 1.24): nothing is guessed.
+    let mut unknown = old.clone();
+    unknown.status.as_mut().unwrap().ready = None;
+    assert_eq!(pods_waiting(&unknown, now), PodsWaiting::No);
+    // Finished or being deleted: not waiting to run.
+    let done = job(&g, 1, Some(("Complete", "", T0)));
+    assert_eq!(pods_waiting(&done, now), PodsWaiting::No);
+    let mut deleting = old;
+    deleting.metadata.deletion_timestamp = Some(Time(now));
+    assert_eq!(pods_waiting(&deleting, now), PodsWaiting::No);
+}
+
+#[test]
+fn a_running_attempt_whose_pod_fits_no_node_is_pending_with_the_schedulers_reason() {
+    let g = running(&gpujob(0), 1, 0);
+    let jobs = [waiting_job(&g, T0, 0)];
+    let message = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.";
+    let u = Unschedulable {
+        attempt: 1,
+        message: message.into(),
+    };
+    let p = with_unschedulable(&g, &jobs, Some(u.clone()), "2026-11-30T06:01:00Z");
+    assert_eq!(p.status.phase, Some(Phase::Pending));
+    assert_eq!(
+        ready(&p),
+        (ConditionStatus::False, UNSCHEDULABLE.to_owned())
+    );
+    let c = p.status.condition(READY).unwrap();
+    assert!(c.message.contains(message), "{}", c.message);
+    // The attempt keeps its Job: nothing is created or deleted, no failure counted.
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert_eq!(p.status.attempts, 1);
+    assert_eq!(p.status.active_job.as_deref(), Some("train-1"));
+    assert_eq!(p.next, Next::Backoff);
+
+    // Placed and running: Running again, whatever an older read said.
+    let placed = [waiting_job(&g, T0, 1)];
+    let p = with_unschedulable(&g, &placed, Some(u.clone()), "2026-11-30T06:01:00Z");
+    assert_eq!(p.status.phase, Some(Phase::Running));
+    assert_eq!(ready(&p).1, "JobRunning");
+    assert_eq!(p.next, Next::Done);
+
+    // Within the grace the pod is not judged: Running, and a look when the grace ends.
+    let p = with_unschedulable(&g, &jobs, None, "2026-11-30T06:00:02Z");
+    assert_eq!(p.status.phase, Some(Phase::Running));
+    assert_eq!(p.next, Next::After(Duration::from_secs(3)));
+
+    // Another attempt's reading does not apply.
+    let other = Unschedulable { attempt: 2, ..u };
+    let p = with_unschedulable(&g, &jobs, Some(other), "2026-11-30T06:01:00Z");
+    assert_eq!(p.status.phase, Some(Phase::Running));
 }
