@@ -1,19 +1,29 @@
 //! A private control plane set up for a load: the CRD (gpujob.dev/v1 alone: the load
 //! needs no v2, and a CRD serving v2 sends kube-controller-manager's reads of GpuJobs
 //! to a conversion webhook nobody runs here), the operator's namespace and RBAC
-//! (`deploy/`), and the namespaces the GpuJobs go into.
+//! (`deploy/`), the namespaces the GpuJobs go into, and fake GPU nodes with room for
+//! every GpuJob at once (the load measures the operator, not a GPU queue).
 
 use std::path::Path;
 
 use anyhow::{Context, bail};
+use devcluster::nodes::GpuNodes;
 use devcluster::{ControlPlane, Identity, Options};
 use gpujob_operator::api::{Conversion, CrdOptions, crd_yaml_with};
 use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-/// Starts one and returns it with an admin client.
-pub async fn start(deploy: &Path, namespaces: &[String]) -> anyhow::Result<(ControlPlane, Client)> {
+/// GPUs per fake node of a load's control plane.
+const GPUS_PER_NODE: u16 = 64;
+
+/// Starts one with room for `gpujobs` one-GPU GpuJobs running at once and returns it
+/// with an admin client.
+pub async fn start(
+    deploy: &Path,
+    namespaces: &[String],
+    gpujobs: usize,
+) -> anyhow::Result<(ControlPlane, Client)> {
     eprintln!("starting a private control plane");
     let crd = std::env::temp_dir().join(format!("gpujob-loadtest-crd-{}.yaml", std::process::id()));
     let v1_only = CrdOptions {
@@ -22,8 +32,14 @@ pub async fn start(deploy: &Path, namespaces: &[String]) -> anyhow::Result<(Cont
     };
     std::fs::write(&crd, crd_yaml_with(&v1_only)?)
         .with_context(|| format!("writing {}", crd.display()))?;
+    let nodes = gpujobs.div_ceil(usize::from(GPUS_PER_NODE)).max(1);
     let cluster = ControlPlane::start(Options {
         crds: vec![crd.clone()],
+        gpu_nodes: GpuNodes {
+            count: u16::try_from(nodes).context("too many GpuJobs for the fake nodes")?,
+            gpus_per_node: GPUS_PER_NODE,
+            ..GpuNodes::default()
+        },
         ..Options::default()
     })
     .await

@@ -156,7 +156,8 @@ pub async fn run(first: (ControlPlane, Client), plan: &Plan<'_>) -> anyhow::Resu
                 quiesce(&admin, plan.deadline).await?;
             } else {
                 cluster.shutdown();
-                (cluster, admin) = cluster::start(plan.deploy, plan.namespaces).await?;
+                (cluster, admin) =
+                    cluster::start(plan.deploy, plan.namespaces, plan.gpujobs).await?;
             }
         }
         eprintln!("phase: {}", who.name());
@@ -665,7 +666,7 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
         r,
         "# Load test: the operator against a stock controller and the floor\n\n\
          {} GpuJobs over {} namespaces, created {} at a time; each controller alone, one \
-         after the other, {} (kube-apiserver 1.20, this machine's {} \
+         after the other, {} (Kubernetes v1.37, this machine's {} \
          cores shared by everything). Converged: `observedGeneration` current and the first \
          attempt's Job created. The operator: {} replica(s), {flags}; the stock controller \
          is built the same way.\n",

@@ -142,7 +142,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .collect();
     let trickle_ns = (args.trickle > 0).then(|| trickle::NAMESPACE.to_owned());
     let all_namespaces: Vec<String> = namespaces.iter().chain(&trickle_ns).cloned().collect();
-    let (cluster, admin) = cluster::start(&args.deploy, &all_namespaces).await?;
+    let (cluster, admin) =
+        cluster::start(&args.deploy, &all_namespaces, args.gpujobs + args.trickle).await?;
 
     let spec = json!({
         "image": "registry.example/train:1",

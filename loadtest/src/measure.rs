@@ -243,9 +243,9 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
     let _ = writeln!(
         r,
         "{} GpuJobs (1 GPU, pods simulated to run {} s and succeed) {namespaces}, created {} at a time, \
-         against {} of the operator ({} build; {sharding}; {}) on a private devcluster (kube-apiserver 1.20 \
+         against {} of the operator ({} build; {sharding}; {}) on a private devcluster (Kubernetes v1.37, fake GPU nodes with room for every GpuJob, \
          on this machine). What bounds the result on one machine: kube-apiserver, etcd, \
-         kube-controller-manager, the pod simulator and every replica share this machine's {} cores.\n",
+         kube-controller-manager, kube-scheduler, the pod simulator and every replica share this machine's {} cores.\n",
         setup.gpujobs,
         setup.sim_duration_seconds,
         setup.concurrency,
