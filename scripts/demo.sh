@@ -4,13 +4,18 @@
 # the script ends; `scripts/demo.sh stop` stops them.
 #
 # On a fresh machine it does its own set-up, like scripts/test.sh (Debian packages,
-# Kubernetes binaries built once and cached in ~/.cache/gpujob-operator).
+# Kubernetes binaries built once and cached in ~/.cache/gpujob-operator). The control
+# plane has devcluster's default fake GPU nodes: 4 nodes of 8 GPUs, scheduled by the
+# real kube-scheduler.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 state="$cache/demo-cluster"
 bin="$CARGO_TARGET_DIR/debug"
 replicas=3
+# As deploy/operator/deployment.yaml runs them: GpuJobs split by namespace into 6
+# shards, one Lease each, shared out over the replicas.
+shards=6
 ns=demo
 
 stop() {
@@ -48,14 +53,14 @@ setsid nohup "$bin/devcluster" up --state-dir "$state" --crd "$cache/demo-crd.ya
 wait_cluster "$state" "$cache/demo-cluster.log"
 export KUBECONFIG="$state/kubeconfig/admin.kubeconfig"
 
-step "operator RBAC (deploy/operator/rbac.yaml) and $replicas replicas, as its service account"
+step "operator RBAC (deploy/operator/rbac.yaml) and $replicas replicas sharing $shards shards, as its service account"
 kubectl apply -f deploy/operator/namespace.yaml -f deploy/operator/rbac.yaml >&2
 targets=()
 for n in $(seq "$replicas"); do
   addr="127.0.0.1:$((18080 + n))"
   targets+=("\"$addr\"")
   KUBECONFIG="$state/kubeconfig/operator.kubeconfig" setsid nohup "$bin/gpujob-operator" run \
-    --identity "demo-$n" --lease-namespace gpujob-system --retry-backoff-base 3s \
+    --identity "demo-$n" --lease-namespace gpujob-system --shards "$shards" --retry-backoff-base 3s \
     --listen-address "$addr" >"$cache/demo-replica-$n.log" 2>&1 </dev/null &
   echo $! >"$cache/demo-replica-$n.pid"
   echo "demo-$n: metrics at http://$addr/metrics" >&2
@@ -87,30 +92,40 @@ kubectl create namespace "$ns" >&2
 kubectl -n "$ns" apply -f examples/ >&2
 
 step "watching them converge"
-deadline=$((SECONDS + 180))
+total="$(grep -c '^kind: GpuJob' examples/*.yaml | awk -F: '{n += $2} END {print n}')"
+# The shard of namespace $ns: fnv1a64(namespace) mod shards (README, "Sharding").
+shard="$(python3 -c 'import sys
+h = 0xcbf29ce484222325
+for b in sys.argv[1].encode():
+    h = ((h ^ b) * 0x100000001b3) % 2**64
+print(h % int(sys.argv[2]))' "$ns" "$shards")"
+deadline=$((SECONDS + 240))
 while :; do
-  leader="$(kubectl -n gpujob-system get lease gpujob-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
-  table="$(echo "leader: ${leader:-(electing)} of demo-1..demo-$replicas"; echo
-    kubectl -n "$ns" get gpujobs -o wide 2>&1; echo; kubectl -n "$ns" get jobs 2>&1)"
+  table="$(echo "namespace $ns is shard $shard of $shards; who holds each shard:"
+    kubectl -n gpujob-system get leases -l gpujob.dev/lease-role=shard \
+      -o custom-columns='SHARD:.metadata.name,HOLDER:.spec.holderIdentity' --no-headers 2>&1 | sed 's/^/  /'
+    echo; kubectl -n "$ns" get gpujobs -o wide 2>&1
+    echo; kubectl -n "$ns" get pods -o custom-columns='POD:.metadata.name,PHASE:.status.phase,NODE:.spec.nodeName,GPUS:.spec.containers[0].resources.limits.nvidia\.com/gpu' 2>&1)"
   if [[ -t 1 ]]; then clear; fi
   printf '%s\n' "$table"
   phases="$(kubectl -n "$ns" get gpujobs -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}')"
   done_count="$(grep -cE '^(Succeeded|Failed)$' <<<"$phases" || true)"
-  if [[ "$done_count" -eq 3 || $SECONDS -ge $deadline ]]; then break; fi
+  if [[ "$done_count" -eq "$total" || $SECONDS -ge $deadline ]]; then break; fi
   sleep 2
 done
 
 echo
 kubectl -n "$ns" get gpujobs -o custom-columns='NAME:.metadata.name,PHASE:.status.phase,ATTEMPTS:.status.attempts,READY:.status.conditions[0].reason,MESSAGE:.status.conditions[0].message'
-leader="$(kubectl -n gpujob-system get lease gpujob-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
+holder="$(kubectl -n gpujob-system get lease "gpujob-operator-shard-$shard" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
 cat <<MSG
 
 The cluster and $replicas operator replicas are still running.
   kubeconfig:    export KUBECONFIG=$KUBECONFIG
   try:           kubectl -n $ns get gj; kubectl -n $ns describe gj finetune-llm
-  who leads:     kubectl -n gpujob-system get lease gpujob-operator -o jsonpath='{.spec.holderIdentity}'
-  fail over:     kill -9 \$(cat $cache/demo-replica-${leader#demo-}.pid)   # the leader, ${leader:-?}
-                 kubectl -n gpujob-system get lease gpujob-operator -w   # a standby takes over in ~15 s
+  who holds what: kubectl -n gpujob-system get leases -l gpujob.dev/lease-role=shard
+  fail over:     kill -9 \$(cat $cache/demo-replica-${holder#demo-}.pid)   # ${holder:-?}, holder of $ns's shard $shard
+                 kubectl -n gpujob-system get leases -w   # the others take its shards in ~15 s
+  GPUs:          kubectl get nodes -o custom-columns='NODE:.metadata.name,GPUS:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'
   metrics:       http://127.0.0.1:18081/metrics … 1808$replicas/metrics (also /healthz, /readyz)
   prometheus:    ${prometheus_url:-not installed (Debian package prometheus)}
   replica logs:  $cache/demo-replica-N.log
