@@ -417,10 +417,10 @@ fn kubectl_apply(cluster: &ControlPlane, objects: &[serde_json::Value], extra: &
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// What this 1.20 control plane cannot take as written, and why that is fine: the
-/// PodDisruptionBudget is policy/v1 (served from Kubernetes 1.21; the same fields are
-/// checked as policy/v1beta1), and the Prometheus Operator's kinds need its CRDs, which
-/// are not installed here (rendered and checked above, not sent).
+/// What the control plane cannot take as written, and why that is fine: on a server
+/// before Kubernetes 1.21 the PodDisruptionBudget (policy/v1) is checked as
+/// policy/v1beta1 (the same fields), and the Prometheus Operator's kinds need its CRDs,
+/// which are not installed here (rendered and checked above, not sent).
 fn for_this_control_plane(
     objects: &[serde_json::Value],
     served: &BTreeSet<String>,
