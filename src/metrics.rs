@@ -55,6 +55,7 @@ pub struct Metrics {
     pub lease_transitions: IntCounter,
     pub shards_held: IntGauge,
     pub shards: IntGauge,
+    pub shard_count_conflict: IntGauge,
     pub shard_owner: IntGaugeVec,
     pub shard_transitions: IntCounter,
     pub gpujobs_per_shard: IntGaugeVec,
@@ -236,6 +237,10 @@ impl Metrics {
                 "Shards whose lease this replica holds",
             )?,
             shards: gauge("gpujob_shards", "Shards GpuJobs are split into (--shards)")?,
+            shard_count_conflict: gauge(
+                "gpujob_shard_count_conflict",
+                "1 while another live replica of this replica's lease group runs with a different --shards (this replica then holds no shard), else 0",
+            )?,
             shard_owner: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_shard_owner",
@@ -326,6 +331,7 @@ impl Metrics {
             Box::new(self.lease_transitions.clone()),
             Box::new(self.shards_held.clone()),
             Box::new(self.shards.clone()),
+            Box::new(self.shard_count_conflict.clone()),
             Box::new(self.shard_owner.clone()),
             Box::new(self.shard_transitions.clone()),
             Box::new(self.gpujobs_per_shard.clone()),

@@ -253,3 +253,37 @@ async fn a_frozen_holder_writes_nothing_for_its_lost_shards_and_does_not_take_th
     shards::assert_no_shard_taken_from_a_live_holder(&events, 6, LEASE_DURATION);
     drop(rs);
 }
+
+#[tokio::test]
+async fn replicas_with_different_shard_counts_hold_nothing_and_say_so_until_they_agree() {
+    let env = TestEnv::private("shards-mixed").await;
+    let three = replica(&env, 1, 3);
+    wait_balanced(&env, 3, &["replica-1"], 3, Duration::from_secs(30)).await;
+    // A replica with another count joins, as in a rollout that changes --shards: one
+    // namespace would have two owners, so neither holds any shard.
+    let mut six = replica(&env, 2, 6);
+    devcluster::wait::until(
+        "no shard of either count held",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let h3 = shards::holders(&env.admin, &env.ns, 3).await;
+            let h6 = shards::holders(&env.admin, &env.ns, 6).await;
+            (h3.iter().chain(&h6).all(Option::is_none)).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    for r in [&three, &six] {
+        let log = r.log_text();
+        assert!(
+            log.contains("another live replica runs with a different --shards"),
+            "{}: {log}",
+            r.identity()
+        );
+    }
+    // The 6-shard replica goes (its member Lease expires): the other takes its 3 again.
+    six.signal(Signal::SIGKILL);
+    six.wait_exit(Duration::from_secs(10)).await;
+    wait_balanced(&env, 3, &["replica-1"], 3, Duration::from_secs(30)).await;
+}

@@ -22,7 +22,7 @@ use kube::api::{Api, ListParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::balance::{self, Holder, View};
 use super::{
@@ -35,6 +35,10 @@ use crate::server::Status;
 pub const LABEL_GROUP: &str = "gpujob.dev/lease-group";
 /// Label on every Lease of one operator: `shard` or `member`.
 pub const LABEL_ROLE: &str = "gpujob.dev/lease-role";
+/// On every shard and member Lease: the `--shards` of the replica that wrote it. Lease
+/// names do not carry it, so without it replicas with different counts would split
+/// namespaces differently under the same names, and one namespace would have two owners.
+pub const LABEL_SHARDS: &str = "gpujob.dev/shards";
 
 /// Where the Leases live and how many shards there are.
 #[derive(Debug, Clone)]
@@ -57,8 +61,27 @@ impl ShardLeases {
         BTreeMap::from([
             (LABEL_GROUP.to_owned(), self.lease_name.clone()),
             (LABEL_ROLE.to_owned(), role.to_owned()),
+            (LABEL_SHARDS.to_owned(), self.shards.to_string()),
         ])
     }
+}
+
+/// A live member (by its member Lease) whose `--shards` differs from `ours`, with its
+/// count. Member Leases written before the label existed say nothing and are skipped.
+fn other_shard_count(
+    leases: &[Lease],
+    ours: u32,
+    live: &BTreeSet<String>,
+) -> Option<(String, u32)> {
+    leases.iter().find_map(|lease| {
+        let labels = lease.metadata.labels.as_ref()?;
+        if labels.get(LABEL_ROLE).map(String::as_str) != Some("member") {
+            return None;
+        }
+        let count: u32 = labels.get(LABEL_SHARDS)?.parse().ok()?;
+        let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
+        (count != ours && live.contains(holder)).then(|| (holder.to_owned(), count))
+    })
 }
 
 /// Holds shards until `stop`, publishing them on `tx`; then drains and releases every
@@ -194,6 +217,25 @@ impl Coordinator {
         }
         let now = Instant::now();
         let members = self.live_members(&leases, now);
+        if let Some((other, count)) = other_shard_count(&leases, self.leases.shards, &members) {
+            // Two counts split namespaces differently under the same Lease names: hold
+            // nothing until every live replica agrees (the alert says so meanwhile).
+            if self.status.metrics.shard_count_conflict.get() == 0 {
+                error!(
+                    replica = %other,
+                    its_shards = count,
+                    our_shards = self.leases.shards,
+                    "another live replica runs with a different --shards; holding no shard until all replicas run with the same count (README, Sharding)"
+                );
+            }
+            self.status.metrics.shard_count_conflict.set(1);
+            let held: Vec<u32> = self.tx.borrow().held.keys().copied().collect();
+            for s in held {
+                self.give_up(s, members.len()).await;
+            }
+            return;
+        }
+        self.status.metrics.shard_count_conflict.set(0);
         let holders = self.holders(&leases, now).await;
         let decision = balance::decide(&View {
             me: &self.me,
@@ -548,5 +590,50 @@ fn update(seen: &mut Observed, lease: &Lease, now: Instant) {
     let rv = lease.metadata.resource_version.clone().unwrap_or_default();
     if seen.resource_version != rv {
         *seen = observed(lease, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(holder: &str, shards: Option<&str>) -> Lease {
+        let mut labels = BTreeMap::from([(LABEL_ROLE.to_owned(), "member".to_owned())]);
+        if let Some(n) = shards {
+            labels.insert(LABEL_SHARDS.to_owned(), n.to_owned());
+        }
+        let mut lease = Lease::default();
+        lease.metadata.labels = Some(labels);
+        lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(holder.to_owned()),
+            ..Default::default()
+        });
+        lease
+    }
+
+    #[test]
+    fn a_live_member_with_another_shard_count_is_a_conflict() {
+        let live = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
+        let same = [member("a", Some("6")), member("b", Some("6"))];
+        assert_eq!(other_shard_count(&same, 6, &live), None);
+        let mixed = [member("a", Some("6")), member("b", Some("3"))];
+        assert_eq!(
+            other_shard_count(&mixed, 6, &live),
+            Some(("b".to_owned(), 3))
+        );
+        // A member that is gone, or that predates the label, says nothing.
+        let gone = [member("a", Some("6")), member("c", Some("3"))];
+        assert_eq!(other_shard_count(&gone, 6, &live), None);
+        let unlabelled = [member("b", None)];
+        assert_eq!(other_shard_count(&unlabelled, 6, &live), None);
+        // Shard Leases are not members.
+        let mut shard = member("b", Some("3"));
+        shard
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(LABEL_ROLE.to_owned(), "shard".to_owned());
+        assert_eq!(other_shard_count(&[shard], 6, &live), None);
     }
 }
