@@ -200,15 +200,7 @@ async fn unschedulable_of(
     job: &Job,
     attempt: i32,
 ) -> Result<Option<Unschedulable>, Error> {
-    let Some(job_uid) = job.metadata.uid.as_deref() else {
-        return Ok(None);
-    };
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let list = pods
-        .list(&ListParams::default().labels(&format!("controller-uid={job_uid}")))
-        .await
-        .map_err(Error::kube("read_pods"))?;
-    Ok(list.items.iter().find_map(|pod| {
+    Ok(pods_of(ctx, ns, job).await?.iter().find_map(|pod| {
         let c = pod
             .status
             .as_ref()?
@@ -225,6 +217,19 @@ async fn unschedulable_of(
     }))
 }
 
+/// The pods of `job`, found by its `controller-uid` label (none for a Job without uid).
+async fn pods_of(ctx: &Context, ns: &str, job: &Job) -> Result<Vec<Pod>, Error> {
+    let Some(job_uid) = job.metadata.uid.as_deref() else {
+        return Ok(Vec::new());
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("controller-uid={job_uid}")))
+        .await
+        .map_err(Error::kube("read_pods"))?;
+    Ok(list.items)
+}
+
 /// How the failed attempt's container ended, from its pod (found by the Job's
 /// `controller-uid` label; on Kubernetes 1.20 the Job itself only says
 /// `BackoffLimitExceeded`).
@@ -234,15 +239,7 @@ async fn termination_of(
     job: &Job,
     attempt: i32,
 ) -> Result<Option<Termination>, Error> {
-    let Some(job_uid) = job.metadata.uid.as_deref() else {
-        return Ok(None);
-    };
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let list = pods
-        .list(&ListParams::default().labels(&format!("controller-uid={job_uid}")))
-        .await
-        .map_err(Error::kube("read_pods"))?;
-    let terminated = list.items.iter().find_map(|pod| {
+    let terminated = pods_of(ctx, ns, job).await?.into_iter().find_map(|pod| {
         let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
         statuses
             .iter()

@@ -72,12 +72,23 @@ fn job(g: &GpuJob, attempt: i32, state: Option<(&str, &str, &str)>) -> Job {
 }
 
 fn run(g: &GpuJob, jobs: &[Job], termination: Option<Termination>, now: &str) -> Plan {
+    run_with(g, jobs, termination, None, now)
+}
+
+/// [`run`] with what the attempt's pod said of its scheduling.
+fn run_with(
+    g: &GpuJob,
+    jobs: &[Job],
+    termination: Option<Termination>,
+    unschedulable: Option<Unschedulable>,
+    now: &str,
+) -> Plan {
     plan(
         &Observed {
             gpujob: g,
             jobs: jobs.iter().collect(),
             termination,
-            unschedulable: None,
+            unschedulable,
             refused: None,
             quota_required: false,
             quota: None,
@@ -1412,23 +1423,6 @@ fn waiting_job(g: &GpuJob, started: &str, ready: i32) -> Job {
     j
 }
 
-fn with_unschedulable(g: &GpuJob, jobs: &[Job], u: Option<Unschedulable>, now: &str) -> Plan {
-    plan(
-        &Observed {
-            gpujob: g,
-            jobs: jobs.iter().collect(),
-            termination: None,
-            unschedulable: u,
-            refused: None,
-            quota_required: false,
-            quota: None,
-            confirmed: true,
-            now: t(now),
-        },
-        &settings(),
-    )
-}
-
 #[test]
 fn a_pod_not_ready_is_read_only_after_the_schedulers_grace() {
     let g = gpujob(0);
@@ -1467,7 +1461,7 @@ fn a_running_attempt_whose_pod_fits_no_node_is_pending_with_the_schedulers_reaso
         attempt: 1,
         message: message.into(),
     };
-    let p = with_unschedulable(&g, &jobs, Some(u.clone()), "2026-11-30T06:01:00Z");
+    let p = run_with(&g, &jobs, None, Some(u.clone()), "2026-11-30T06:01:00Z");
     assert_eq!(p.status.phase, Some(Phase::Pending));
     assert_eq!(
         ready(&p),
@@ -1483,18 +1477,18 @@ fn a_running_attempt_whose_pod_fits_no_node_is_pending_with_the_schedulers_reaso
 
     // Placed and running: Running again, whatever an older read said.
     let placed = [waiting_job(&g, T0, 1)];
-    let p = with_unschedulable(&g, &placed, Some(u.clone()), "2026-11-30T06:01:00Z");
+    let p = run_with(&g, &placed, None, Some(u.clone()), "2026-11-30T06:01:00Z");
     assert_eq!(p.status.phase, Some(Phase::Running));
     assert_eq!(ready(&p).1, "JobRunning");
     assert_eq!(p.next, Next::Done);
 
     // Within the grace the pod is not judged: Running, and a look when the grace ends.
-    let p = with_unschedulable(&g, &jobs, None, "2026-11-30T06:00:02Z");
+    let p = run_with(&g, &jobs, None, None, "2026-11-30T06:00:02Z");
     assert_eq!(p.status.phase, Some(Phase::Running));
     assert_eq!(p.next, Next::After(Duration::from_secs(3)));
 
     // Another attempt's reading does not apply.
     let other = Unschedulable { attempt: 2, ..u };
-    let p = with_unschedulable(&g, &jobs, Some(other), "2026-11-30T06:01:00Z");
+    let p = run_with(&g, &jobs, None, Some(other), "2026-11-30T06:01:00Z");
     assert_eq!(p.status.phase, Some(Phase::Running));
 }
