@@ -13,6 +13,7 @@ use devcluster::wait;
 use gpujob_operator::api::GpuJob;
 use gpujob_operator::controller::Next;
 use gpujob_operator::controller::events::transitions;
+use gpujob_operator::controller::plan::SCHEDULING_GRACE;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::watcher::Event;
 use serde_json::json;
@@ -66,7 +67,13 @@ async fn writes_echoed_out_of_order_cost_no_second_patch_and_no_conflict() {
         }
         let again = audit.cursor().unwrap();
         for _ in 0..3 {
-            assert_eq!(h.reconcile(&name).await.unwrap(), Next::Done, "{order}");
+            // Done, or a look when the scheduler's grace for the attempt's pod ends
+            // (its pod may not be running yet): a timer, not a write.
+            let next = h.reconcile(&name).await.unwrap();
+            assert!(
+                next == Next::Done || matches!(next, Next::After(d) if d <= SCHEDULING_GRACE),
+                "{order}: {next:?}"
+            );
         }
         let writes: Vec<_> = audit
             .since(again)

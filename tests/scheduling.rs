@@ -6,6 +6,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use devcluster::nodes::GpuNodes;
 use gpujob_operator::api::Phase;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -108,12 +110,27 @@ async fn an_attempt_queued_for_gpus_runs_once_another_frees_them() {
     let env = TestEnv::new("sched-queue").await;
     let product = own_node(&env, 2).await;
     let op = env.operator("sched-queue", env.settings()).await;
-    // Long enough that the second is judged (after the scheduler's grace) while the
-    // first holds the node's two GPUs.
-    env.create("first", on_own_node(&env, &product, 2, "12"))
+    // The first holds the node's two GPUs until the test suspends it: no race between
+    // its end and the second being judged.
+    env.create("first", on_own_node(&env, &product, 2, "3600"))
         .await;
-    env.wait_gpujob("first", "Running", |g| phase(g) == Some(Phase::Running))
-        .await;
+    // Its pod running on the node (the GpuJob says Running a little earlier, while the
+    // scheduler has its grace): only then is the second sure to be the one that waits.
+    let jobs = env.jobs();
+    devcluster::wait::until(
+        "first's pod running",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            let jobs = jobs.clone();
+            async move {
+                let job = jobs.get_opt("first-1").await.ok()??;
+                (job.status?.ready? == 1).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
     env.create("second", on_own_node(&env, &product, 2, "1"))
         .await;
     let queued = env
@@ -127,19 +144,30 @@ async fn an_attempt_queued_for_gpus_runs_once_another_frees_them() {
     let first = env.gpujobs().get("first").await.unwrap();
     assert_eq!(phase(&first), Some(Phase::Running), "the GPUs' holder");
 
-    // The first ends, its GPUs free up, the second is placed and runs to the end.
-    for name in ["first", "second"] {
-        let done = env
-            .wait_gpujob(name, "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
-            .await;
-        let s = done.status.unwrap();
-        assert_eq!((s.attempts, s.failures), (1, 0), "{name}");
-    }
-    // On the node, one after the other: the second's container started only after
-    // the first's ended.
-    let first_end = env
-        .ended_at(&env.jobs().get("first-1").await.unwrap())
+    // The first stops (suspended: its Job and pod go), its GPUs free up, and the second
+    // is placed and runs to the end.
+    let freed_from = jiff::Timestamp::now();
+    env.gpujobs()
+        .patch(
+            "first",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .unwrap();
+    let done = env
+        .wait_gpujob("second", "Succeeded", |g| {
+            phase(g) == Some(Phase::Succeeded)
+        })
         .await;
+    let s = done.status.unwrap();
+    assert_eq!((s.attempts, s.failures), (1, 0));
+    let first = env
+        .wait_gpujob("first", "Suspended", |g| phase(g) == Some(Phase::Suspended))
+        .await;
+    assert_eq!(first.status.unwrap().failures, 0);
+    // On the node, one after the other: the second's pod started only once the first
+    // was being stopped (times in whole seconds, as the API keeps them).
     let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
     let second = pods
         .list(&ListParams::default().labels("job-name=second-1"))
@@ -151,9 +179,10 @@ async fn an_attempt_queued_for_gpus_runs_once_another_frees_them() {
         .filter_map(|p| p.status.as_ref()?.start_time.as_ref().map(|t| t.0))
         .min()
         .unwrap();
+    let freed_from = jiff::Timestamp::from_second(freed_from.as_second()).unwrap();
     assert!(
-        second_start >= first_end,
-        "the second started at {second_start}, before the first ended at {first_end}"
+        second_start >= freed_from,
+        "the second started at {second_start}, before the first was stopped at {freed_from}"
     );
     op.stop().await;
     remove_own_node(&env).await;
