@@ -188,8 +188,9 @@ pub enum Action {
     Reserve(ReserveRequest),
     /// Release the GpuJob's reservation. Ends the plan: the answer comes back.
     Release,
-    /// Create the Job of `attempt` (stable name: a second create is refused). The API
-    /// server may refuse it; then the plan is made again with the refusal.
+    /// Create the Job of `attempt` (stable name: a second create is refused while the
+    /// first Job exists). The API server may refuse it; then the plan is made again with
+    /// the refusal.
     CreateJob { attempt: i32, job: Box<Job> },
     /// Delete a Job, with uid and resourceVersion preconditions; `why` decides how.
     DeleteJob {
