@@ -33,6 +33,24 @@ fn cond<'a>(s: &'a GpuJobStatus, t: &str) -> Option<(&'a ConditionStatus, &'a st
         .map(|c| (&c.status, c.reason.as_str(), c.message.as_str()))
 }
 
+/// A Job deleted because it is not the current attempt's (`current`; `None`: the
+/// GpuJob has finished) and had not finished: it would run beside another attempt, or
+/// after the end. Not a status transition: published by the plan with the delete.
+pub fn stray_job_deleted(job: &str, attempt: Option<i32>, current: Option<i32>) -> Note {
+    let of = attempt.map_or_else(String::new, |a| format!(" (attempt {a})"));
+    let instead = match current {
+        Some(c) => format!("attempt {c} is the current one"),
+        None => "the GpuJob has finished".to_owned(),
+    };
+    note(
+        Kind::Warning,
+        "StrayJobDeleted",
+        format!(
+            "deleting Job {job}{of}: it has not finished, but {instead}, and attempts run one at a time (a Job create delivered late, after another operator replica took over, can bring back an attempt that had ended)"
+        ),
+    )
+}
+
 /// The Events for the change from `before` to `after`.
 pub fn transitions(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
     let mut out = lifecycle(before, after);

@@ -273,8 +273,20 @@ impl WriteMemory {
         let mut entries = self.lock();
         let entry = entry(&mut entries, key, owner);
         // No longer a create the cache has yet to show.
-        entry.created.remove(&name);
+        let unseen = entry.created.remove(&name);
         if foreground {
+            // Not gone while its pods stop, and no attempt starts until it is: a copy
+            // the cache has yet to show stays, deleting, until the cache shows the Job,
+            // its deletion event arrives, or a relist says how things are.
+            let deleting = unseen.and_then(|c| c.job()).and_then(|mut j| {
+                j.metadata.deletion_timestamp = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+                );
+                Cached::of(&j)
+            });
+            if let Some(deleting) = deleting {
+                entry.created.insert(name.clone(), deleting);
+            }
             entry.deleting.insert(name, uid);
         } else {
             entry.deleted.insert(name, uid);
@@ -576,15 +588,31 @@ mod tests {
     }
 
     #[test]
-    fn a_job_created_then_deleted_before_the_cache_saw_it_is_not_shown_again() {
+    fn a_job_deleted_in_the_foreground_before_the_cache_saw_it_shows_as_deleting_until_it_is_gone()
+    {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
-        // Adopted (the cache had not seen it), then deleted to be replaced.
+        // Adopted (the cache had not seen it), then deleted to be replaced: its pods are
+        // still stopping, so the next attempt must not take it for gone.
         m.job_created(&key(), &owner, &job("a-1", "j1"));
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), true);
-        // The cache never shows it: it is gone, not still to come.
+        let seen = m.jobs(&key(), "u", Vec::new);
+        assert_eq!(names(&seen), vec!["a-1"]);
+        assert!(seen[0].metadata.deletion_timestamp.is_some(), "deleting");
+        // Its deletion event says it is gone.
+        m.job_seen(&key(), &job("a-1", "j1"), true);
         assert!(m.jobs(&key(), "u", Vec::new).is_empty());
         assert_eq!(m.entries(), 0);
+        // Or a relist, when the watch missed it.
+        m.job_created(&key(), &owner, &job("a-1", "j1"));
+        m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), true);
+        assert_eq!(m.jobs_relisted(), vec![key()]);
+        assert!(m.jobs(&key(), "u", Vec::new).is_empty());
+        assert_eq!(m.entries(), 0);
+        // A Job deleted in the background (finished) is gone at once.
+        m.job_created(&key(), &owner, &job("a-1", "j1"));
+        m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), false);
+        assert!(m.jobs(&key(), "u", Vec::new).is_empty());
     }
 
     #[test]

@@ -17,7 +17,8 @@ use super::error::Error;
 use super::events::transitions;
 use super::observe::{self, Snapshot};
 use super::plan::{
-    Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Plan, QuotaAnswer, Refusal,
+    Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, Plan, QuotaAnswer,
+    Refusal,
 };
 use super::{Context, Fence, Key};
 use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
@@ -164,8 +165,9 @@ pub async fn execute(
                 name,
                 uid,
                 resource_version,
-                foreground,
+                why,
             } => {
+                let foreground = why.foreground();
                 let deleted = w
                     .delete_job(
                         fence,
@@ -173,7 +175,7 @@ pub async fn execute(
                         name,
                         uid,
                         resource_version,
-                        *foreground,
+                        foreground,
                     )
                     .await;
                 if let Err(e) = deleted {
@@ -182,13 +184,20 @@ pub async fn execute(
                     }
                     return Err(e);
                 }
-                if *foreground {
-                    info!(job = %name, "deleting the running attempt's Job to replace it (spec changed)");
-                } else {
-                    info!(job = %name, "deleted an old attempt's Job");
+                match why {
+                    JobDeletion::Replaced => {
+                        info!(job = %name, "deleting the running attempt's Job to replace it (spec changed)")
+                    }
+                    JobDeletion::Suspended => {
+                        info!(job = %name, "deleting the running attempt's Job to stop it (suspended)")
+                    }
+                    JobDeletion::Stray => {
+                        warn!(job = %name, "deleting a Job that is not the current attempt's and has not finished (attempts run one at a time; a create delivered late can bring one back); no attempt starts until its pods are gone")
+                    }
+                    JobDeletion::Old => info!(job = %name, "deleted an old attempt's Job"),
                 }
                 ctx.memory
-                    .job_deleted(key, &snap.gpujob, name.clone(), uid.clone(), *foreground);
+                    .job_deleted(key, &snap.gpujob, name.clone(), uid.clone(), foreground);
                 let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
                 let shown = std::mem::take(&mut snap.jobs);
                 snap.jobs = ctx.memory.jobs(key, &uid, || shown);

@@ -5,11 +5,16 @@
 //! Which writes are safe when late (sent after the deadline anyway, by a process paused
 //! between the last fence check and the socket): status and finalizer patches carry the
 //! resourceVersion they were computed from; deletes carry uid and resourceVersion
-//! preconditions; Job creates use stable names (adopted only when the controller owner
-//! uid matches); Event series updates carry the Event's resourceVersion; quota calls
-//! carry the fencing token. A late write therefore either fails, or lands on an object
-//! no other replica has written since it was read (a new Event is such an object: it
-//! reports a transition this replica recorded while it held the shard).
+//! preconditions; Event series updates carry the Event's resourceVersion; quota calls
+//! carry the fencing token. Such a late write either fails, or lands on an object no
+//! other replica has written since it was read (a new Event is such an object: it
+//! reports a transition this replica recorded while it held the shard). Job creates use
+//! stable names (adopted only when the controller owner uid matches) but carry no
+//! precondition: a name refuses a second create only while the first Job exists, so a
+//! late create can bring back the Job of an attempt that the successor ended and
+//! deleted. The plan undoes that: it deletes every Job that is not the current
+//! attempt's and has not finished, and starts no attempt while an earlier attempt's
+//! Job may still have pods.
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::Client;
@@ -249,10 +254,10 @@ impl Writer {
         }
     }
 
-    /// Deletes a Job with uid and resourceVersion preconditions: an old attempt's Job
+    /// Deletes a Job with uid and resourceVersion preconditions: a finished attempt's Job
     /// with background propagation (batch/v1 would orphan its pods otherwise), a running
-    /// attempt's Job being replaced or stopped in the foreground (the Job stays until its
-    /// pods are gone). Gone already: done. Changed since it was read (409, precondition
+    /// attempt's Job being replaced or stopped, or a stray one, in the foreground (the Job
+    /// stays until its pods are gone). Gone already: done. Changed since it was read (409, precondition
     /// failed): `Conflict`, so the GpuJob is read again and decided again; never "done".
     pub async fn delete_job(
         &self,

@@ -58,8 +58,8 @@ struct Names<'a> {
 
 /// What the plan reads of a Job besides its names: uid and resourceVersion (delete
 /// preconditions), deletion, the attempt label, the generation annotation, how the
-/// controller reference was written, the conditions and completion time, and the pod
-/// counts and start that say whether an attempt waits for a node.
+/// controller reference was written, the conditions and completion time, the pod
+/// counts and start that say whether an attempt waits for a node, and terminating pods.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Kept {
     #[serde(rename = "u", default, skip_serializing_if = "Option::is_none")]
@@ -92,6 +92,9 @@ struct KeptStatus {
     ready: Option<i32>,
     #[serde(rename = "st", default, skip_serializing_if = "Option::is_none")]
     start_time: Option<Time>,
+    /// Only when some are: zero is what nearly every Job says.
+    #[serde(rename = "m", default, skip_serializing_if = "Option::is_none")]
+    terminating: Option<i32>,
 }
 
 impl Cached {
@@ -118,6 +121,7 @@ impl Cached {
                 active: s.active,
                 ready: s.ready,
                 start_time: s.start_time.clone(),
+                terminating: s.terminating.filter(|n| *n > 0),
             }),
         };
         let packed = serde_json::to_vec(&kept)
@@ -197,6 +201,7 @@ impl Cached {
                 active: s.active,
                 ready: s.ready,
                 start_time: s.start_time,
+                terminating: s.terminating,
                 ..JobStatus::default()
             }),
         })
@@ -508,6 +513,7 @@ mod tests {
                 active: s.active,
                 ready: s.ready,
                 start_time: s.start_time.clone(),
+                terminating: s.terminating.filter(|n| *n > 0),
                 ..JobStatus::default()
             }),
         }
@@ -549,6 +555,7 @@ mod tests {
             // Not kept: must not read back.
             failed: Some(1),
             start_time: Some(time("2026-12-01T10:00:00Z")),
+            terminating: Some(2),
             completion_time: Some(time("2026-12-01T10:00:02Z")),
             conditions: Some(vec![JobCondition {
                 type_: "Failed".into(),
@@ -560,7 +567,10 @@ mod tests {
             }]),
             ..JobStatus::default()
         });
-        plain.status = Some(JobStatus::default());
+        plain.status = Some(JobStatus {
+            terminating: Some(0),
+            ..JobStatus::default()
+        });
         let no_status = job("a-2", Some(("a", "u1")));
         for j in [full, plain, no_status] {
             let cached = Cached::of(&j).expect("controlled by a GpuJob");

@@ -6,11 +6,12 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
 
 use super::{
-    Action, INVALID_SPEC, JOB_NAME_CONFLICT, Next, PlanSettings, Planner, SCHEDULING_GRACE,
-    SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE,
+    Action, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, Next, OLD_ATTEMPT_STOPPING, PlanSettings,
+    Planner, SCHEDULING_GRACE, SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE,
 };
 use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
-use crate::controller::job::{desired_job, generation_of, job_name};
+use crate::controller::events::stray_job_deleted;
+use crate::controller::job::{attempt_of, desired_job, generation_of, job_name};
 use crate::controller::status::{READY, SUSPENDED, remove_condition, seconds};
 
 /// What a Job's conditions say.
@@ -92,6 +93,21 @@ pub fn pods_waiting(job: &Job, now: Timestamp) -> PodsWaiting {
     }
 }
 
+/// Whether `job` may still have pods that run or are stopping: it has not finished, or
+/// it is being deleted (deleted in the foreground, a Job goes only once its pods are
+/// gone, terminating ones included), or it counts terminating pods (Kubernetes before
+/// the terminal condition waited for them could mark a Job finished while its pods
+/// still stopped).
+pub(super) fn live(job: &Job) -> bool {
+    job_state(job) == JobState::Active
+        || job.metadata.deletion_timestamp.is_some()
+        || job
+            .status
+            .as_ref()
+            .and_then(|s| s.terminating)
+            .is_some_and(|n| n > 0)
+}
+
 /// Backoff before the attempt that follows failure number `failures` (from 1), at the
 /// operator's base.
 pub fn backoff(settings: &PlanSettings, failures: i32) -> Duration {
@@ -152,10 +168,18 @@ impl Planner<'_, '_> {
     /// Whether a Job of this GpuJob still runs (its pods may hold GPUs), including one
     /// being deleted.
     pub(super) fn holds_gpus(&self) -> bool {
+        self.obs.jobs.iter().any(|j| live(j))
+    }
+
+    /// The Job, other than `attempt`'s, whose pods may still run or be stopping: the
+    /// oldest, so that the words in Ready stay the same from one look to the next.
+    fn live_job(&self, attempt: i32) -> Option<&Job> {
         self.obs
             .jobs
             .iter()
-            .any(|j| job_state(j) == JobState::Active)
+            .copied()
+            .filter(|j| attempt_of(j) != Some(attempt) && live(j))
+            .min_by_key(|j| (attempt_of(j), j.metadata.name.clone()))
     }
 
     /// Why a new attempt cannot start now, if something forbids it.
@@ -168,6 +192,25 @@ impl Planner<'_, '_> {
         }
         if let Some(inv) = &self.invalid {
             return Some(inv.clone());
+        }
+        if let Some(job) = self.live_job(attempt) {
+            // Two attempts' pods at once would break a distributed run (duplicate
+            // ranks). The Job's deletion or end is an event: no timer is needed.
+            let name = job.metadata.name.as_deref().unwrap_or_default();
+            let how = if job.metadata.deletion_timestamp.is_some() {
+                "is being deleted"
+            } else if job_state(job) == JobState::Active {
+                "has not finished"
+            } else {
+                "has pods still terminating"
+            };
+            let of = attempt_of(job).map_or_else(String::new, |a| format!(" (attempt {a})"));
+            return Some((
+                OLD_ATTEMPT_STOPPING,
+                format!(
+                    "attempt {attempt} starts once the pods of Job {name}{of} are gone: it {how}"
+                ),
+            ));
         }
         if self.obs.quota_required && self.next.reservation_id.is_none() {
             return Some(self.quota_blocker());
@@ -192,6 +235,8 @@ impl Planner<'_, '_> {
                 JOB_NAME_CONFLICT => Next::After(self.settings.name_conflict_retry),
                 INVALID_SPEC => Next::Done,
                 SUSPENDED => Next::Done,
+                // The Job watch says when it is gone.
+                OLD_ATTEMPT_STOPPING => Next::Done,
                 // Waiting for quota: ask again with backoff.
                 _ => Next::Backoff,
             };
@@ -317,7 +362,7 @@ impl Planner<'_, '_> {
                     s.conditions.push(c.clone());
                 }
             });
-            self.delete_for_replacement(job);
+            self.delete_for_replacement(job, JobDeletion::Suspended);
             self.stopped(k);
             return;
         }
@@ -368,7 +413,7 @@ impl Planner<'_, '_> {
                 // Record the replacement before deleting, so that a crash in between
                 // never counts the deleted attempt as failed.
                 self.checkpoint(|s| s.replacing_attempt = Some(k));
-                self.delete_for_replacement(job);
+                self.delete_for_replacement(job, JobDeletion::Replaced);
                 self.next.phase = Some(Phase::Pending);
                 self.next.active_job = None;
                 let message = format!("attempt {k} is being replaced: the spec changed");
@@ -380,10 +425,9 @@ impl Planner<'_, '_> {
         self.condition(SPEC_CHANGE_PENDING, ConditionStatus::True, reason, message);
     }
 
-    fn delete_for_replacement(&mut self, job: Option<&Job>) {
+    fn delete_for_replacement(&mut self, job: Option<&Job>, why: JobDeletion) {
         let job = job.filter(|j| j.metadata.deletion_timestamp.is_none());
-        self.actions
-            .extend(job.and_then(|j| delete_action(j, true)));
+        self.actions.extend(job.and_then(|j| delete_action(j, why)));
     }
 
     /// Attempt `k` is being replaced after a spec change: once its Job (and pods) are
@@ -392,7 +436,12 @@ impl Planner<'_, '_> {
         match job {
             Some(j) => {
                 // Still there (deleting, or the delete did not happen yet).
-                self.delete_for_replacement(Some(j));
+                let why = if self.gj.spec.suspend {
+                    JobDeletion::Suspended
+                } else {
+                    JobDeletion::Replaced
+                };
+                self.delete_for_replacement(Some(j), why);
                 if self.gj.spec.suspend {
                     self.stopped(k);
                     return k;
@@ -480,14 +529,50 @@ impl Planner<'_, '_> {
         self.ready(ConditionStatus::False, SUSPENDED, message);
     }
 
-    /// Old attempts: keep the newest `keep_jobs` for debugging, delete the rest.
+    /// Old attempts: keep the newest `keep_jobs` for debugging, delete the rest once
+    /// their pods have ended (a Job that may still have live pods is a stray's case, or
+    /// is going already).
     pub(super) fn collect_old_jobs(&mut self, attempt: i32) {
         let oldest_kept = attempt - self.settings.keep_jobs.max(1) + 1;
         for (a, job) in &self.by_attempt {
-            if *a >= oldest_kept || job.metadata.deletion_timestamp.is_some() {
+            if *a >= oldest_kept || live(job) {
                 continue;
             }
-            self.actions.extend(delete_action(job, false));
+            self.actions.extend(delete_action(job, JobDeletion::Old));
+        }
+    }
+
+    /// Deletes every Job that is not `current`'s (`None`: the GpuJob has finished, so
+    /// none is) and has not finished: attempts run one at a time. A stable name refuses
+    /// a second create only while the first Job exists, so a create sent by a replica
+    /// that then lost the shard can land after its successor ended that attempt (after
+    /// a replacement or a suspend) and run it again, beside the next one. Deleted in the
+    /// foreground: no further attempt starts until its pods are gone.
+    pub(super) fn stop_strays(&mut self, current: Option<i32>) {
+        let mut strays: Vec<&Job> = self
+            .obs
+            .jobs
+            .iter()
+            .copied()
+            .filter(|j| {
+                let a = attempt_of(j);
+                (current.is_none() || a != current)
+                    && j.metadata.deletion_timestamp.is_none()
+                    && job_state(j) == JobState::Active
+            })
+            .collect();
+        strays.sort_by_key(|j| (attempt_of(j), j.metadata.name.clone()));
+        for job in strays {
+            let Some(delete) = delete_action(job, JobDeletion::Stray) else {
+                continue;
+            };
+            self.actions.push(delete);
+            let name = job.metadata.name.as_deref().unwrap_or_default();
+            self.actions.push(Action::Publish(stray_job_deleted(
+                name,
+                attempt_of(job),
+                current,
+            )));
         }
     }
 }
@@ -497,13 +582,13 @@ fn suspended_message() -> String {
 }
 
 /// Deleting `job` with uid and resourceVersion preconditions.
-fn delete_action(job: &Job, foreground: bool) -> Option<Action> {
+fn delete_action(job: &Job, why: JobDeletion) -> Option<Action> {
     let m = &job.metadata;
     Some(Action::DeleteJob {
         name: m.name.clone()?,
         uid: m.uid.clone()?,
         resource_version: m.resource_version.clone()?,
-        foreground,
+        why,
     })
 }
 

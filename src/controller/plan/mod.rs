@@ -40,6 +40,8 @@ pub const UNSCHEDULABLE: &str = "Unschedulable";
 /// the scheduler's first pass takes milliseconds, and most attempts are running by then,
 /// so most never cost a pod read.
 pub const SCHEDULING_GRACE: Duration = Duration::from_secs(5);
+/// Condition reason: the next attempt waits until an earlier attempt's pods are gone.
+pub const OLD_ATTEMPT_STOPPING: &str = "OldAttemptStopping";
 
 /// Operator settings the plan depends on.
 #[derive(Debug, Clone)]
@@ -186,16 +188,16 @@ pub enum Action {
     Reserve(ReserveRequest),
     /// Release the GpuJob's reservation. Ends the plan: the answer comes back.
     Release,
-    /// Create the Job of `attempt` (stable name: a second create is refused). The API
-    /// server may refuse it; then the plan is made again with the refusal.
+    /// Create the Job of `attempt` (stable name: a second create is refused while the
+    /// first Job exists). The API server may refuse it; then the plan is made again with
+    /// the refusal.
     CreateJob { attempt: i32, job: Box<Job> },
-    /// Delete a Job, with uid and resourceVersion preconditions. `foreground`: the Job
-    /// stays (deleting) until its pods are gone, so a replacement never overlaps them.
+    /// Delete a Job, with uid and resourceVersion preconditions; `why` decides how.
     DeleteJob {
         name: String,
         uid: String,
         resource_version: String,
-        foreground: bool,
+        why: JobDeletion,
     },
     /// An Event that no status transition carries.
     Publish(Note),
@@ -227,6 +229,30 @@ impl Action {
     /// Whether the action's answer is needed before anything else can be decided.
     pub fn asks(&self) -> bool {
         matches!(self, Action::Reserve(_) | Action::Release)
+    }
+}
+
+/// Why a Job is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobDeletion {
+    /// The running attempt, replaced after a spec change (`Recreate`).
+    Replaced,
+    /// The running attempt, stopped by `spec.suspend`.
+    Suspended,
+    /// Not the current attempt's Job, and not finished: attempts run one at a time. A
+    /// create sent by a replica that then lost the shard can land late and bring back
+    /// the Job of an attempt its successor had already ended.
+    Stray,
+    /// A finished attempt's Job beyond the `keep_jobs` most recent.
+    Old,
+}
+
+impl JobDeletion {
+    /// In the foreground, the Job stays (deleting) until its pods are gone, so the
+    /// next attempt, which waits for it, never overlaps them. A finished Job's pods have
+    /// ended: it goes at once (background; batch/v1 would orphan its pods otherwise).
+    pub fn foreground(self) -> bool {
+        !matches!(self, JobDeletion::Old)
     }
 }
 
@@ -361,13 +387,17 @@ impl<'a, 'o> Planner<'a, 'o> {
         }
         let attempt = if final_(&self.current) {
             self.finished();
+            // Nothing of a finished GpuJob runs.
+            self.stop_strays(None);
             self.current.attempts.max(newest_job)
         } else {
             self.suspension();
             if self.obs.quota_required && !self.reserve_first() {
                 return;
             }
-            self.attempts(newest_job)
+            let attempt = self.attempts(newest_job);
+            self.stop_strays(Some(attempt));
+            attempt
         };
         self.collect_old_jobs(attempt);
         self.terminal_conditions();

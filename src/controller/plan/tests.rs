@@ -409,7 +409,7 @@ fn old_jobs_beyond_the_kept_few_are_deleted() {
                 name,
                 uid,
                 resource_version,
-                foreground: false,
+                why: JobDeletion::Old,
             } => Some((name.clone(), uid.clone(), resource_version.clone())),
             _ => None,
         })
@@ -833,9 +833,7 @@ mod lifecycle {
         p.actions
             .iter()
             .filter_map(|a| match a {
-                Action::DeleteJob {
-                    name, foreground, ..
-                } => Some((name.clone(), *foreground)),
+                Action::DeleteJob { name, why, .. } => Some((name.clone(), why.foreground())),
                 _ => None,
             })
             .collect()
@@ -1374,7 +1372,7 @@ mod v2_values {
             p.actions.iter().any(|a| matches!(
                 a,
                 Action::DeleteJob {
-                    foreground: true,
+                    why: JobDeletion::Replaced,
                     ..
                 }
             )),
@@ -1491,4 +1489,241 @@ fn a_running_attempt_whose_pod_fits_no_node_is_pending_with_the_schedulers_reaso
     let other = Unschedulable { attempt: 2, ..u };
     let p = run_with(&g, &jobs, None, Some(other), "2026-11-30T06:01:00Z");
     assert_eq!(p.status.phase, Some(Phase::Running));
+}
+
+mod strays {
+    //! A Job create carries no precondition: one sent by a replica that then lost the
+    //! shard can land after its successor ended that attempt, and bring it back.
+
+    use super::*;
+    use crate::controller::events::Kind;
+
+    const LATE: &str = "late-uid";
+
+    /// Attempt 1 ran on generation 1 and was replaced (Recreate) by attempt 2, which
+    /// runs on generation 2; returns the GpuJob and attempt 2's Job.
+    fn replaced_once() -> (GpuJob, Job) {
+        let g = gpujob(3);
+        let g1 = with_status(g.clone(), &run(&g, &[], None, T0));
+        let mut g2 = g1.clone();
+        g2.metadata.generation = Some(2);
+        let p = run(&g2, &[job(&g1, 1, None)], None, "2026-11-30T06:00:10Z");
+        assert_eq!(p.status.replacing_attempt, Some(1));
+        let g2 = with_status(g2, &p);
+        let p = run(&g2, &[], None, "2026-11-30T06:00:20Z");
+        assert_eq!(creates(&p), vec![2]);
+        let g2 = with_status(g2, &p);
+        let two = job(&g2, 2, None);
+        (g2, two)
+    }
+
+    /// Attempt `attempt`'s Job as the late create brings it back: a new object, built
+    /// from generation 1.
+    fn late(attempt: i32) -> Job {
+        let mut j = job(&gpujob(3), attempt, None);
+        j.metadata.uid = Some(LATE.into());
+        j.metadata.resource_version = Some("900".into());
+        j
+    }
+
+    fn deleting(mut j: Job) -> Job {
+        j.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:00:31Z")));
+        j
+    }
+
+    fn failed(mut j: Job, at: &str) -> Job {
+        j.status = job(&gpujob(3), 1, Some(("Failed", "BackoffLimitExceeded", at))).status;
+        j
+    }
+
+    fn stray_delete(name: &str) -> Action {
+        Action::DeleteJob {
+            name: name.into(),
+            uid: LATE.into(),
+            resource_version: "900".into(),
+            why: JobDeletion::Stray,
+        }
+    }
+
+    fn announced(p: &Plan) -> Vec<&crate::controller::events::Note> {
+        p.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Publish(n) => Some(n),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_late_job_of_an_ended_attempt_is_deleted_in_the_foreground_and_announced() {
+        let (g, two) = replaced_once();
+        let p = run(&g, &[late(1), two.clone()], None, "2026-11-30T06:00:30Z");
+        assert_eq!(p.actions.len(), 2, "{:?}", p.actions);
+        assert_eq!(p.actions[0], stray_delete("train-1"));
+        assert!(
+            JobDeletion::Stray.foreground(),
+            "its pods go before it does"
+        );
+        let notes = announced(&p);
+        assert_eq!(
+            (notes[0].kind, notes[0].reason),
+            (Kind::Warning, "StrayJobDeleted")
+        );
+        assert!(
+            notes[0].note.contains("Job train-1 (attempt 1)")
+                && notes[0].note.contains("attempt 2 is the current one"),
+            "{}",
+            notes[0].note
+        );
+        // Attempt 2 runs on, untouched.
+        assert_eq!(Some(&p.status), g.status.as_ref());
+
+        // Being deleted: no second delete, no second Event, nothing to write.
+        let p = run(&g, &[deleting(late(1)), two], None, "2026-11-30T06:00:31Z");
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(Some(&p.status), g.status.as_ref());
+    }
+
+    #[test]
+    fn nothing_a_late_create_brings_back_runs_after_the_gpujob_finished() {
+        let (g, _) = replaced_once();
+        let done = job(&g, 2, Some(("Complete", "", "2026-11-30T06:01:00Z")));
+        let g = with_status(
+            g.clone(),
+            &run(
+                &g,
+                std::slice::from_ref(&done),
+                None,
+                "2026-11-30T06:01:01Z",
+            ),
+        );
+        assert_eq!(g.status.as_ref().unwrap().phase, Some(Phase::Succeeded));
+        let p = run(&g, &[late(1), done], None, "2026-11-30T06:01:10Z");
+        assert_eq!(p.actions[0], stray_delete("train-1"));
+        assert!(
+            announced(&p)[0].note.contains("the GpuJob has finished"),
+            "{:?}",
+            p.actions
+        );
+    }
+
+    #[test]
+    fn a_stray_beyond_the_kept_few_is_deleted_once_in_the_foreground() {
+        // Attempts 2 and 3 failed, 4 runs; attempt 1 came back late. Keep 2: attempt 2
+        // (finished) goes in the background, attempt 1 as a stray, and only so.
+        let g = gpujob(10);
+        let g4 = running(&g, 4, 3);
+        let f = Some(("Failed", "BackoffLimitExceeded", T0));
+        let jobs = [late(1), job(&g, 2, f), job(&g, 3, f), job(&g, 4, None)];
+        let p = run(&g4, &jobs, None, "2026-11-30T06:10:00Z");
+        let deletes: Vec<_> = p
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::DeleteJob { name, why, .. } => Some((name.as_str(), *why)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            deletes,
+            vec![
+                ("train-1", JobDeletion::Stray),
+                ("train-2", JobDeletion::Old)
+            ]
+        );
+    }
+
+    #[test]
+    fn no_attempt_starts_while_an_older_attempts_job_may_still_have_pods() {
+        // Attempt 2 failed and its backoff is over, but attempt 1 came back late.
+        let (g, two) = replaced_once();
+        let two = failed(two, "2026-11-30T06:01:00Z");
+        let g = with_status(
+            g.clone(),
+            &run(
+                &g,
+                std::slice::from_ref(&two),
+                exit(2, 1),
+                "2026-11-30T06:01:01Z",
+            ),
+        );
+        let due = "2026-11-30T06:01:20Z";
+        assert_eq!(
+            creates(&run(&g, std::slice::from_ref(&two), None, due)),
+            vec![3],
+            "without it"
+        );
+
+        let waits = |jobs: &[Job]| {
+            let p = run(&g, jobs, None, due);
+            assert!(creates(&p).is_empty(), "{:?}", p.actions);
+            assert_eq!(p.status.phase, Some(Phase::Pending));
+            assert_eq!(p.status.active_job, None);
+            assert_eq!(p.next, Next::Done, "the Job watch says when it is gone");
+            let c = p.status.condition(READY).unwrap();
+            assert_eq!(c.reason, OLD_ATTEMPT_STOPPING);
+            assert!(c.message.contains("attempt 3 starts once"), "{}", c.message);
+            assert!(
+                c.message.contains("Job train-1 (attempt 1)"),
+                "{}",
+                c.message
+            );
+            p
+        };
+        // Still running: deleted now, and attempt 3 waits.
+        let p = waits(&[late(1), two.clone()]);
+        assert_eq!(p.actions.first(), Some(&stray_delete("train-1")));
+        // Being deleted, its pods stopping (with the foreground delete, the Job goes
+        // only once they are gone): attempt 3 still waits.
+        let p = waits(&[deleting(late(1)), two.clone()]);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        // Its pods killed, the Job failed, but it is still there.
+        waits(&[
+            deleting(failed(late(1), "2026-11-30T06:01:15Z")),
+            two.clone(),
+        ]);
+        // Finished, but counting pods still terminating (older Kubernetes set the
+        // terminal condition before they had stopped).
+        let mut terminating = failed(late(1), "2026-11-30T06:01:15Z");
+        if let Some(s) = terminating.status.as_mut() {
+            s.terminating = Some(1);
+        }
+        waits(&[terminating, two.clone()]);
+        // Gone: attempt 3 starts.
+        let p = run(&g, &[two], None, due);
+        assert_eq!(creates(&p), vec![3]);
+        assert_eq!(ready(&p).1, "JobRunning");
+    }
+
+    #[test]
+    fn a_replacement_waits_for_an_older_attempts_pods_too() {
+        // Attempt 2 is being replaced (its Job is gone), but attempt 1's late Job is
+        // still being deleted.
+        let (g, two) = replaced_once();
+        let mut g3 = g.clone();
+        g3.metadata.generation = Some(3);
+        let g3 = with_status(g3.clone(), &run(&g3, &[two], None, "2026-11-30T06:00:40Z"));
+        assert_eq!(g3.status.as_ref().unwrap().replacing_attempt, Some(2));
+        let p = run(&g3, &[deleting(late(1))], None, "2026-11-30T06:00:41Z");
+        assert!(creates(&p).is_empty(), "{:?}", p.actions);
+        assert_eq!(ready(&p).1, OLD_ATTEMPT_STOPPING);
+        assert_eq!(p.status.replacing_attempt, Some(2), "still replacing");
+        let p = run(&g3, &[], None, "2026-11-30T06:00:42Z");
+        assert_eq!(creates(&p), vec![3]);
+    }
+
+    #[test]
+    fn finished_jobs_kept_for_debugging_do_not_hold_the_next_attempt() {
+        // Attempts 1 and 2 failed; their Jobs are kept (keep_jobs 2) and hold nothing.
+        let g = gpujob(5);
+        let g2 = running(&g, 2, 2);
+        let jobs = [
+            job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0))),
+            job(&g, 2, Some(("Failed", "BackoffLimitExceeded", T0))),
+        ];
+        let p = run(&g2, &jobs, None, "2026-11-30T06:10:00Z");
+        assert_eq!(creates(&p), vec![3]);
+        assert_eq!(ready(&p).1, "JobRunning");
+    }
 }

@@ -1,0 +1,413 @@
+//! A Job create carries no precondition: a stable name refuses a second create only while
+//! the first Job exists. A leader whose create of attempt k is still in flight when it
+//! is frozen and deposed can therefore bring attempt k back, on its old spec, after its
+//! successor has created attempt k, replaced it (a spec change under `Recreate`) and
+//! started k + 1. Here with the real binary: the fault proxy holds the leader's Job
+//! creates longer than a takeover and a replacement, then delivers them. The successor
+//! must delete the returned Job at once, before any of its pods runs, and at no moment
+//! may two attempts' Jobs have live pods (seen through watches of the GpuJob's pods and
+//! Jobs, in the order the API server committed them).
+//!
+//! The GpuJob runs on a node of its own with room for one attempt (a GPU cluster at
+//! capacity): what keeps a late Job's pod from running meanwhile is the scheduler, and
+//! what the test checks of the operator is that the late Job is taken away rather than
+//! left waiting for the GPU. With room to spare, its pod could start before the
+//! successor's delete lands (the Job controller creates it at once) and would run until
+//! that delete stops it.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use devcluster::faultproxy::{Fault, FaultProxy, Faults, Rule};
+use devcluster::nodes::GpuNodes;
+use devcluster::{Identity, wait};
+use futures::StreamExt;
+use gpujob_operator::api::{GpuJob, LABEL_UID, Phase};
+use http::Method;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use nix::sys::signal::Signal;
+use serde_json::json;
+use support::replicas::{self, wait_holder};
+use support::{TestEnv, phase, sim_env, with_reasons};
+use tokio::sync::watch;
+
+/// How long the deposed leader's Job creates are held in flight: longer than a takeover
+/// (3 s leases) and a replacement take here, with room for a loaded machine. The test
+/// checks that they did take less.
+const HOLD: Duration = Duration::from_secs(30);
+/// How long the successor may take to see the returned Job and have it gone.
+const UNDO: Duration = Duration::from_secs(30);
+
+/// What the watches saw of the GpuJob's Jobs and pods.
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    /// Jobs by uid, in the order they appeared: name, and whether it is gone.
+    jobs: Vec<(String, String, bool)>,
+    /// Pods that are live (bound to a node, not terminated, not gone): pod uid → the
+    /// uid of its Job.
+    live: BTreeMap<String, String>,
+    /// Jobs (uids) with a pod that was ever bound to a node.
+    bound: BTreeSet<String>,
+    /// Each moment at which pods of more than one Job were live: those Jobs' names.
+    overlaps: Vec<Vec<String>>,
+}
+
+impl Seen {
+    fn name_of(&self, uid: &str) -> String {
+        self.jobs
+            .iter()
+            .find(|(u, _, _)| u == uid)
+            .map_or_else(|| format!("(Job {uid})"), |(_, n, _)| n.clone())
+    }
+
+    /// The Jobs with live pods, by name.
+    fn live_jobs(&self) -> BTreeSet<String> {
+        self.live.values().map(|u| self.name_of(u)).collect()
+    }
+
+    /// Uids of the Jobs named `name`, oldest first.
+    fn uids_named(&self, name: &str) -> Vec<String> {
+        self.jobs
+            .iter()
+            .filter(|(_, n, _)| n == name)
+            .map(|(u, _, _)| u.clone())
+            .collect()
+    }
+
+    fn gone(&self, uid: &str) -> bool {
+        self.jobs.iter().any(|(u, _, gone)| u == uid && *gone)
+    }
+
+    fn job(&mut self, job: &Job, gone: bool) {
+        let (Some(uid), Some(name)) = (job.metadata.uid.clone(), job.metadata.name.clone()) else {
+            return;
+        };
+        match self.jobs.iter_mut().find(|(u, _, _)| *u == uid) {
+            Some(entry) => entry.2 |= gone,
+            None => self.jobs.push((uid, name, gone)),
+        }
+    }
+
+    fn pod(&mut self, pod: &Pod, gone: bool) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        let job = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "Job" && o.controller == Some(true))
+            .map(|o| o.uid.clone())
+            .unwrap_or_default();
+        let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+        let terminated = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        if bound {
+            self.bound.insert(job.clone());
+        }
+        if bound && !terminated && !gone {
+            self.live.insert(uid, job);
+        } else {
+            self.live.remove(&uid);
+        }
+        let owners: BTreeSet<&String> = self.live.values().collect();
+        if owners.len() > 1 {
+            let names = owners.iter().map(|u| self.name_of(u)).collect();
+            self.overlaps.push(names);
+        }
+    }
+}
+
+/// Watches the Jobs and pods of `gj` into a [`Seen`]; each watch applies its events in
+/// the order the API server committed them.
+fn watch_attempts(env: &TestEnv, gj: &GpuJob) -> watch::Receiver<Seen> {
+    let selector = format!("{LABEL_UID}={}", gj.metadata.uid.clone().unwrap());
+    let config = watcher::Config::default().labels(&selector);
+    let jobs = watcher(
+        Api::<Job>::namespaced(env.admin.clone(), &env.ns),
+        config.clone(),
+    )
+    .map(|e| e.map(|e| Either::Job(Box::new(e))));
+    let pods = watcher(Api::<Pod>::namespaced(env.admin.clone(), &env.ns), config)
+        .map(|e| e.map(|e| Either::Pod(Box::new(e))));
+    let (tx, rx) = watch::channel(Seen::default());
+    tokio::spawn(async move {
+        let mut events = futures::stream::select(jobs.boxed(), pods.boxed());
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            // The watches start before the GpuJob's first Job and run for a minute or
+            // two: a relist would only repeat what they saw.
+            tx.send_modify(|seen| match event {
+                Either::Job(e) => match *e {
+                    watcher::Event::Apply(j) | watcher::Event::InitApply(j) => seen.job(&j, false),
+                    watcher::Event::Delete(j) => seen.job(&j, true),
+                    _ => {}
+                },
+                Either::Pod(e) => match *e {
+                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => seen.pod(&p, false),
+                    watcher::Event::Delete(p) => seen.pod(&p, true),
+                    _ => {}
+                },
+            });
+        }
+    });
+    rx
+}
+
+enum Either {
+    Job(Box<watcher::Event<Job>>),
+    Pod(Box<watcher::Event<Pod>>),
+}
+
+/// Waits, without polling, until what the watches saw satisfies `pred`.
+async fn until(
+    seen: &mut watch::Receiver<Seen>,
+    what: &str,
+    within: Duration,
+    pred: impl Fn(&Seen) -> bool,
+) -> Seen {
+    let found = match tokio::time::timeout(within, seen.wait_for(|s| pred(s))).await {
+        Ok(Ok(s)) => Some(s.clone()),
+        _ => None,
+    };
+    found.unwrap_or_else(|| {
+        panic!(
+            "{what}: not within {}s; the watches saw {:#?}",
+            within.as_secs(),
+            *seen.borrow()
+        )
+    })
+}
+
+/// A node of the test's own with one GPU, labelled and tainted so that only this test's
+/// pods go there (the test control plane is shared).
+async fn node_for_one_attempt(env: &TestEnv) -> String {
+    let name = format!("one-gpu-{}", env.ns);
+    let mut node = GpuNodes {
+        count: 1,
+        gpus_per_node: 1,
+        products: vec![name.clone()],
+    }
+    .node(0);
+    node["metadata"]["name"] = json!(name);
+    node["metadata"]["labels"]["kubernetes.io/hostname"] = json!(name);
+    let api: Api<Node> = Api::all(env.admin.clone());
+    let params = PatchParams::apply("gpujob-tests").force();
+    api.patch(&name, &params, &Patch::Apply(&node))
+        .await
+        .unwrap();
+    api.patch_status(&name, &params, &Patch::Apply(&node))
+        .await
+        .unwrap();
+    // In place of the not-ready taint admission gives a new node (devcluster's nodes
+    // lift it the same way): only pods that tolerate this one go there.
+    let taints = json!({"spec": {"taints": [
+        {"key": "gpujob.dev/test-node", "value": name, "effect": "NoSchedule"},
+    ]}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&taints))
+        .await
+        .unwrap();
+    name
+}
+
+/// The GpuJob's spec: one GPU on `node`, a long run, `edit` to make a spec change.
+fn spec(node: &str, edit: &str) -> serde_json::Value {
+    json!({
+        "image": "i", "gpus": 1,
+        "nodeSelector": {"nvidia.com/gpu.product": node},
+        "v2": {"template": {"spec": {"tolerations": [
+            {"key": "gpujob.dev/test-node", "operator": "Equal", "value": node, "effect": "NoSchedule"},
+        ]}}},
+        "env": sim_env(&[("SIM_DURATION_SECONDS", "3600"), ("EDIT", edit)]),
+    })
+}
+
+async fn edit(env: &TestEnv, node: &str, edit: &str) {
+    env.gpujobs()
+        .patch(
+            "train",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": spec(node, edit)})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_late_job_create_never_runs_beside_the_next_attempt() {
+    let env = TestEnv::new("late-create").await;
+    let node = node_for_one_attempt(&env).await;
+
+    // Replica 1 leads, through the fault proxy; replica 2 stands by.
+    let proxy = FaultProxy::start(&env.cluster).unwrap();
+    let kubeconfig = proxy
+        .kubeconfig(&env.cluster, Identity::Replica(1))
+        .unwrap();
+    let first = replicas::start_in_with_kubeconfig(&env.cluster, &env.ns, 1, &[], kubeconfig);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-1"
+    })
+    .await;
+    let second = replicas::start(&env.cluster, &env.ns, 2, &[]);
+    let audit = env.cluster.audit();
+    let start = audit.cursor().unwrap();
+
+    let gj = env.create("train", spec(&node, "1")).await;
+    let mut seen = watch_attempts(&env, &gj);
+    until(
+        &mut seen,
+        "attempt 1 to run",
+        Duration::from_secs(60),
+        |s| s.live_jobs() == BTreeSet::from(["train-1".to_owned()]),
+    )
+    .await;
+
+    // From now on the leader's Job creates wait in the proxy. A spec change: the leader
+    // replaces attempt 1, and its create of attempt 2 is held.
+    proxy.set(
+        Faults::new().rule(
+            Rule::new(Fault::Latency {
+                fixed: HOLD,
+                jitter: Duration::ZERO,
+            })
+            .methods([Method::POST])
+            .resources(["jobs"]),
+        ),
+    );
+    edit(&env, &node, "2").await;
+    let p = proxy.handle();
+    wait::until(
+        "the leader's create of attempt 2 to be held",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || {
+            let p = p.clone();
+            async move { (p.count("latency") >= 1).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    let held = tokio::time::Instant::now();
+    // Frozen with it in flight; replica 2 takes over and runs attempt 2 itself.
+    first.signal(Signal::SIGSTOP);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-2"
+    })
+    .await;
+    let s = until(
+        &mut seen,
+        "the successor's attempt 2 to run",
+        Duration::from_secs(60),
+        |s| s.live_jobs() == BTreeSet::from(["train-2".to_owned()]),
+    )
+    .await;
+    let successors_two = s.uids_named("train-2");
+    assert_eq!(successors_two.len(), 1, "{s:#?}");
+
+    // Another spec change: the successor replaces attempt 2 by attempt 3.
+    edit(&env, &node, "3").await;
+    let s = until(
+        &mut seen,
+        "attempt 3 to run",
+        Duration::from_secs(60),
+        |s| s.live_jobs() == BTreeSet::from(["train-3".to_owned()]),
+    )
+    .await;
+    assert!(
+        held.elapsed() < HOLD && s.uids_named("train-2").len() == 1,
+        "the takeover and the replacement took longer than the create was held ({}s): raise HOLD; {s:#?}",
+        HOLD.as_secs()
+    );
+
+    // The held create lands: attempt 2 again, on the spec of generation 2.
+    let s = until(
+        &mut seen,
+        "the deposed leader's create of attempt 2 to land",
+        HOLD + Duration::from_secs(30),
+        |s| s.uids_named("train-2").len() == 2,
+    )
+    .await;
+    let late = s.uids_named("train-2")[1].clone();
+    let s = until(
+        &mut seen,
+        "the successor to delete the returned Job of attempt 2",
+        UNDO,
+        |s| s.gone(&late),
+    )
+    .await;
+
+    assert!(
+        s.overlaps.is_empty(),
+        "two attempts had live pods at once: {:?}",
+        s.overlaps
+    );
+    assert!(
+        !s.bound.contains(&late),
+        "a pod of the returned attempt 2 ran: {s:#?}"
+    );
+    assert_eq!(
+        s.live_jobs(),
+        BTreeSet::from(["train-3".to_owned()]),
+        "attempt 3 runs on"
+    );
+    let writes = replicas::writes_in(&audit, start, &env.ns);
+    let created = |user: &str, name: &str| {
+        writes
+            .iter()
+            .filter(|e| e.user == user && e.verb == "create" && e.resource == "jobs")
+            .filter(|e| e.name == name)
+            .map(|e| e.received.clone())
+            .max()
+    };
+    let (late_create, three) = (
+        created("replica-1", "train-2").unwrap(),
+        created("replica-2", "train-3").unwrap(),
+    );
+    assert!(
+        late_create.parse::<jiff::Timestamp>().unwrap() > three.parse().unwrap(),
+        "the deposed leader's create landed after attempt 3 was created: {late_create} vs {three}"
+    );
+    let events = env
+        .events_of("train", with_reasons(&["StrayJobDeleted"]))
+        .await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.1 == "StrayJobDeleted" && e.2.contains("Job train-2 (attempt 2)")),
+        "{events:#?}"
+    );
+    let gj = env.gpujobs().get("train").await.unwrap();
+    let status = gj.status.clone().unwrap();
+    assert_eq!(
+        (phase(&gj), status.attempts, status.failures),
+        (Some(Phase::Running), 3, 0),
+        "{status:#?}"
+    );
+    assert_eq!(status.active_job.as_deref(), Some("train-3"));
+    let log = second.log_text();
+    assert!(
+        log.contains("deleting a Job that is not the current attempt's"),
+        "{log}"
+    );
+
+    first.signal(Signal::SIGCONT);
+    drop((first, second));
+    env.gpujobs()
+        .delete("train", &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<Node>::all(env.admin.clone())
+        .delete(&node, &DeleteParams::default())
+        .await
+        .unwrap();
+}
