@@ -4,7 +4,9 @@
 
 use crate::api::{ConditionStatus, GpuJobStatus, Phase};
 
-use super::status::{CLEANUP_STUCK, QUOTA_RESERVED, READY, SPEC_CHANGE_PENDING, SUSPENDED};
+use super::status::{
+    CLEANUP_STUCK, QUOTA_RESERVED, READY, SPEC_CHANGE_PENDING, SUSPENDED, UNSCHEDULABLE,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
@@ -132,7 +134,8 @@ fn attempts(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
         ));
     }
     // Once per wait (not again when the scheduler's wording changes).
-    let unschedulable = |s: &GpuJobStatus| matches!(cond(s, READY), Some((_, r, _)) if r == crate::controller::plan::UNSCHEDULABLE);
+    let unschedulable =
+        |s: &GpuJobStatus| matches!(cond(s, READY), Some((_, r, _)) if r == UNSCHEDULABLE);
     if unschedulable(after) && !unschedulable(before) {
         let message = cond(after, READY).map(|(_, _, m)| m.to_owned());
         out.push(note(

@@ -19,6 +19,9 @@ pub const COMPLETE: &str = "Complete";
 pub const FAILED: &str = "Failed";
 /// True while `spec.suspend` holds the GpuJob; False (reason Resumed) afterwards.
 pub const SUSPENDED: &str = "Suspended";
+/// Ready reason: kube-scheduler finds no node for the running attempt's pod (too few
+/// free GPUs, a selector nothing matches); the GpuJob is Pending until one frees up.
+pub const UNSCHEDULABLE: &str = "Unschedulable";
 
 /// Sets condition `type_`, keeping `lastTransitionTime` unless the status flips, so a
 /// recomputation of an unchanged state produces an identical status (and no write).

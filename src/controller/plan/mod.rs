@@ -21,8 +21,8 @@ use k8s_openapi::api::batch::v1::Job;
 
 use super::events::Note;
 use super::job::attempt_of;
-pub use super::status::SPEC_CHANGE_PENDING;
 use super::status::{READY, seconds, set_condition};
+pub use super::status::{SPEC_CHANGE_PENDING, UNSCHEDULABLE};
 use super::validate::{SpecLimits, validate};
 use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::quota::ReserveRequest;
@@ -33,9 +33,6 @@ pub use attempts::{JobState, PodsWaiting, backoff, backoff_for, job_state, pods_
 pub const INVALID_SPEC: &str = "InvalidSpec";
 /// Condition reason: a Job this GpuJob does not control holds the next attempt's name.
 pub const JOB_NAME_CONFLICT: &str = "JobNameConflict";
-/// Condition reason: kube-scheduler finds no node for the running attempt's pod (too
-/// few free GPUs, a selector nothing matches); the GpuJob is Pending until one frees up.
-pub const UNSCHEDULABLE: &str = "Unschedulable";
 /// How long a new attempt's pods get to be placed before the operator reads why not:
 /// the scheduler's first pass takes milliseconds, and most attempts are running by then,
 /// so most never cost a pod read.
