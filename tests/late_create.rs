@@ -23,17 +23,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use devcluster::faultproxy::{Fault, FaultProxy, Faults, Rule};
-use devcluster::nodes::GpuNodes;
 use devcluster::{Identity, wait};
 use futures::StreamExt;
 use gpujob_operator::api::{GpuJob, LABEL_UID, Phase};
 use http::Method;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use nix::sys::signal::Signal;
 use serde_json::json;
+use support::nodes::OwnNode;
 use support::replicas::{self, wait_holder};
 use support::{TestEnv, phase, sim_env, with_reasons};
 use tokio::sync::watch;
@@ -189,50 +189,15 @@ async fn until(
     })
 }
 
-/// A node of the test's own with one GPU, labelled and tainted so that only this test's
-/// pods go there (the test control plane is shared).
-async fn node_for_one_attempt(env: &TestEnv) -> String {
-    let name = format!("one-gpu-{}", env.ns);
-    let mut node = GpuNodes {
-        count: 1,
-        gpus_per_node: 1,
-        products: vec![name.clone()],
-    }
-    .node(0);
-    node["metadata"]["name"] = json!(name);
-    node["metadata"]["labels"]["kubernetes.io/hostname"] = json!(name);
-    let api: Api<Node> = Api::all(env.admin.clone());
-    let params = PatchParams::apply("gpujob-tests").force();
-    api.patch(&name, &params, &Patch::Apply(&node))
-        .await
-        .unwrap();
-    api.patch_status(&name, &params, &Patch::Apply(&node))
-        .await
-        .unwrap();
-    // In place of the not-ready taint admission gives a new node (devcluster's nodes
-    // lift it the same way): only pods that tolerate this one go there.
-    let taints = json!({"spec": {"taints": [
-        {"key": "gpujob.dev/test-node", "value": name, "effect": "NoSchedule"},
-    ]}});
-    api.patch(&name, &PatchParams::default(), &Patch::Merge(&taints))
-        .await
-        .unwrap();
-    name
-}
-
 /// The GpuJob's spec: one GPU on `node`, a long run, `edit` to make a spec change.
-fn spec(node: &str, edit: &str) -> serde_json::Value {
-    json!({
+fn spec(node: &OwnNode, edit: &str) -> serde_json::Value {
+    node.place(json!({
         "image": "i", "gpus": 1,
-        "nodeSelector": {"nvidia.com/gpu.product": node},
-        "v2": {"template": {"spec": {"tolerations": [
-            {"key": "gpujob.dev/test-node", "operator": "Equal", "value": node, "effect": "NoSchedule"},
-        ]}}},
         "env": sim_env(&[("SIM_DURATION_SECONDS", "3600"), ("EDIT", edit)]),
-    })
+    }))
 }
 
-async fn edit(env: &TestEnv, node: &str, edit: &str) {
+async fn edit(env: &TestEnv, node: &OwnNode, edit: &str) {
     env.gpujobs()
         .patch(
             "train",
@@ -246,7 +211,7 @@ async fn edit(env: &TestEnv, node: &str, edit: &str) {
 #[tokio::test]
 async fn a_late_job_create_never_runs_beside_the_next_attempt() {
     let env = TestEnv::new("late-create").await;
-    let node = node_for_one_attempt(&env).await;
+    let node = OwnNode::create(&env, 1).await;
 
     // Replica 1 leads, through the fault proxy; replica 2 stands by.
     let proxy = FaultProxy::start(&env.cluster).unwrap();
@@ -406,8 +371,5 @@ async fn a_late_job_create_never_runs_beside_the_next_attempt() {
         .delete("train", &DeleteParams::default())
         .await
         .unwrap();
-    Api::<Node>::all(env.admin.clone())
-        .delete(&node, &DeleteParams::default())
-        .await
-        .unwrap();
+    node.remove(&env).await;
 }

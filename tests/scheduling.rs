@@ -8,61 +8,19 @@ mod support;
 
 use std::time::Duration;
 
-use devcluster::nodes::GpuNodes;
 use gpujob_operator::api::Phase;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
+use support::nodes::OwnNode;
 use support::{TestEnv, phase, ready, sim_env, with_reasons};
 
-const DEDICATED: &str = "devcluster.dev/dedicated";
-
-/// A fake node of `gpus` GPUs for this test alone: a product label nothing else asks
-/// for, and a taint only this test's pods tolerate, so no other test's pod takes its
-/// GPUs. Returns its product.
-async fn own_node(env: &TestEnv, gpus: u16) -> String {
-    let product = format!("test-{}", env.ns);
-    let nodes = GpuNodes {
-        count: 1,
-        gpus_per_node: gpus,
-        products: vec![product.clone()],
-    };
-    let mut node = nodes.node(0);
-    let name = format!("gpu-{}", env.ns);
-    node["metadata"]["name"] = json!(name);
-    node["metadata"]["labels"]["kubernetes.io/hostname"] = json!(name);
-    let api: Api<Node> = Api::all(env.admin.clone());
-    let pp = PatchParams::apply("scheduling-test").force();
-    api.patch(&name, &pp, &Patch::Apply(&node)).await.unwrap();
-    api.patch_status(&name, &pp, &Patch::Apply(&node))
-        .await
-        .unwrap();
-    // Only the dedication: admission's not-ready taint goes, as the node is Ready.
-    let taints =
-        json!({"spec": {"taints": [{"key": DEDICATED, "value": env.ns, "effect": "NoSchedule"}]}});
-    api.patch(&name, &PatchParams::default(), &Patch::Merge(taints))
-        .await
-        .unwrap();
-    product
-}
-
-async fn remove_own_node(env: &TestEnv) {
-    let api: Api<Node> = Api::all(env.admin.clone());
-    let _ = api
-        .delete(&format!("gpu-{}", env.ns), &DeleteParams::default())
-        .await;
-}
-
-/// A GpuJob spec for the test's own node: its product, tolerating its taint.
-fn on_own_node(env: &TestEnv, product: &str, gpus: i32, seconds: &str) -> serde_json::Value {
-    json!({
+/// A GpuJob spec for `node`: `gpus` GPUs, running `seconds`.
+fn on(node: &OwnNode, gpus: i32, seconds: &str) -> serde_json::Value {
+    node.place(json!({
         "image": "i", "gpus": gpus,
-        "nodeSelector": {"nvidia.com/gpu.product": product},
         "env": sim_env(&[("SIM_DURATION_SECONDS", seconds)]),
-        "v2": {"template": {"spec": {"tolerations": [
-            {"key": DEDICATED, "operator": "Equal", "value": env.ns, "effect": "NoSchedule"},
-        ]}}},
-    })
+    }))
 }
 
 fn reason(g: &gpujob_operator::api::GpuJob) -> String {
@@ -108,12 +66,11 @@ async fn a_gpujob_asking_for_more_gpus_than_any_node_has_stays_pending_saying_wh
 #[tokio::test]
 async fn an_attempt_queued_for_gpus_runs_once_another_frees_them() {
     let env = TestEnv::new("sched-queue").await;
-    let product = own_node(&env, 2).await;
+    let node = OwnNode::create(&env, 2).await;
     let op = env.operator("sched-queue", env.settings()).await;
     // The first holds the node's two GPUs until the test suspends it: no race between
     // its end and the second being judged.
-    env.create("first", on_own_node(&env, &product, 2, "3600"))
-        .await;
+    env.create("first", on(&node, 2, "3600")).await;
     // Its pod running on the node (the GpuJob says Running a little earlier, while the
     // scheduler has its grace): only then is the second sure to be the one that waits.
     let jobs = env.jobs();
@@ -131,8 +88,7 @@ async fn an_attempt_queued_for_gpus_runs_once_another_frees_them() {
     )
     .await
     .unwrap();
-    env.create("second", on_own_node(&env, &product, 2, "1"))
-        .await;
+    env.create("second", on(&node, 2, "1")).await;
     let queued = env
         .wait_gpujob("second", "Pending: Unschedulable", |g| {
             reason(g) == "Unschedulable"
@@ -185,5 +141,5 @@ async fn an_attempt_queued_for_gpus_runs_once_another_frees_them() {
         "the second started at {second_start}, before the first was stopped at {freed_from}"
     );
     op.stop().await;
-    remove_own_node(&env).await;
+    node.remove(&env).await;
 }

@@ -3,8 +3,9 @@
 //! etcd, kube-apiserver, kube-controller-manager and kube-scheduler run as child
 //! processes on loopback ports; the scheduler places pods on fake GPU nodes
 //! ([`nodes::GpuNodes`]) and a pod simulator plays their kubelet, so that the real Job
-//! controller drives Jobs to Complete or Failed. Everything the API server decides (validation, conflicts, garbage
-//! collection, watches, RBAC) is therefore decided by the real thing.
+//! controller drives Jobs to Complete or Failed. Everything the API server decides
+//! (validation, conflicts, garbage collection, watches, RBAC) is therefore decided by the
+//! real thing.
 //!
 //! Typical use in a test:
 //!

@@ -105,33 +105,40 @@ impl GpuNodes {
 
     /// Creates (or updates) every node and its status.
     pub async fn apply(&self, client: kube::Client) -> Result<(), Error> {
-        let api: Api<Node> = Api::all(client);
-        let params = PatchParams::apply(FIELD_MANAGER).force();
         for i in 0..self.count {
-            let node = self.node(i);
-            let name = Self::name(i);
-            api.patch(&name, &params, &Patch::Apply(&node))
-                .await
-                .map_err(Error::kube(format!("creating fake node {name}")))?;
-            // The status of an existing Node is only written through its subresource.
-            api.patch_status(&name, &params, &Patch::Apply(&node))
-                .await
-                .map_err(Error::kube(format!(
-                    "setting the status of fake node {name}"
-                )))?;
-            // Admission (TaintNodesByCondition) taints a new node not-ready; the
-            // node-lifecycle controller, which does not run here, would lift it once the
-            // node reports Ready. It is, so lift it here.
-            api.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"taints": null}})),
-            )
-            .await
-            .map_err(Error::kube(format!("untainting fake node {name}")))?;
+            put(client.clone(), &self.node(i)).await?;
         }
         Ok(())
     }
+}
+
+/// Creates (or updates) one fake node from its object ([`GpuNodes::node`], changed as a
+/// caller needs): the object, its status, and exactly the taints its `spec.taints` lists.
+pub async fn put(client: kube::Client, node: &serde_json::Value) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(client);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let name = node["metadata"]["name"].as_str().unwrap_or_default();
+    api.patch(name, &params, &Patch::Apply(node))
+        .await
+        .map_err(Error::kube(format!("creating fake node {name}")))?;
+    // The status of an existing Node is only written through its subresource.
+    api.patch_status(name, &params, &Patch::Apply(node))
+        .await
+        .map_err(Error::kube(format!(
+            "setting the status of fake node {name}"
+        )))?;
+    // Admission (TaintNodesByCondition) taints a new node not-ready; the node-lifecycle
+    // controller, which does not run here, would lift it once the node reports Ready. It
+    // is, so lift it here, keeping only the node's own.
+    let taints = node["spec"].get("taints").cloned().unwrap_or(json!(null));
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"taints": taints}})),
+    )
+    .await
+    .map_err(Error::kube(format!("untainting fake node {name}")))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 #![allow(dead_code, clippy::unwrap_used)] // test support: not every test uses every helper
 
 pub mod harness;
+pub mod nodes;
 pub mod prometheus;
 pub mod quota;
 pub mod replicas;
