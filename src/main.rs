@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Parser;
 use gpujob_operator::cli::{Cli, Command, LogFormat, MigrateArgs, RunArgs};
 use gpujob_operator::client::Limits;
-use gpujob_operator::lease::{self, Elector, Ownership, ShardLeases};
+use gpujob_operator::lease::{self, Elector, Ownership, ShardLeases, ShardedPeers};
 use gpujob_operator::metrics::Metrics;
 use gpujob_operator::server::{self, Status};
 use gpujob_operator::{api, client, controller};
@@ -105,8 +105,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             };
             let in_flight = settings.in_flight.clone();
             let lease_task = if args.shards == 1 {
+                let peers = ShardedPeers::new(lease_client.clone(), &args.lease_namespace(), &args.lease_name);
                 let elector = Elector::new(lease_client, &args.lease_namespace(), &args.lease_name, &identity, timing);
-                tokio::spawn(lease::run(elector, tx, status.clone(), drained_rx))
+                tokio::spawn(lease::run(elector, peers, tx, status.clone(), drained_rx))
             } else {
                 let leases = ShardLeases {
                     lease_name: args.lease_name.clone(),

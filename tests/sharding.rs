@@ -3,7 +3,9 @@
 //! split evenly, only a shard's holder writes its GpuJobs, a killed replica's shards
 //! move to the survivors and back with no more moves than balance needs, a scale-out
 //! moves only the surplus, and a frozen holder neither writes for its lost shards nor
-//! takes them back. Short timings: 3 s lease, 2 s renew deadline, 0.5 s retry period.
+//! takes them back; replicas with different counts, and a rolling update from
+//! `--shards 1` to many, never give one namespace two writers. Short timings: 3 s
+//! lease, 2 s renew deadline, 0.5 s retry period.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -286,4 +288,179 @@ async fn replicas_with_different_shard_counts_hold_nothing_and_say_so_until_they
     six.signal(Signal::SIGKILL);
     six.wait_exit(Duration::from_secs(10)).await;
     wait_balanced(&env, 3, &["replica-1"], 3, Duration::from_secs(30)).await;
+}
+
+/// Waits until `replica`'s log contains one of `any`.
+async fn wait_log(replica: &Replica, any: &[&str]) {
+    devcluster::wait::until(
+        &format!("{} to log one of {any:?}", replica.identity()),
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let log = replica.log_text();
+            any.iter().any(|s| log.contains(s)).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// A rolling update from `--shards 1` to `--shards 6`, as a Deployment's RollingUpdate
+/// runs it: an old leader and an old standby (`--shards 1`) beside a new replica
+/// (`--shards 6`); the old leader stops gracefully and releases the single Lease. The
+/// new replica holds nothing while the old leader leads, then takes all six shards; the
+/// old standby never leads beside it, and no namespace is written by two replicas.
+/// `standby_first`: the old standby starts (and looks at the Lease) before the new
+/// replica exists, so it meets the sharded replica only after acquiring the released
+/// Lease; otherwise it sees the sharded replica before it ever campaigns.
+async fn rolling_update_from_one_shard_to_six(tag: &str, standby_first: bool) {
+    let env = TestEnv::private(tag).await;
+    let namespaces = shards::namespaces(&env, 6, 1).await;
+    let mut old_leader = replica(&env, 1, 1);
+    replicas::wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-1"
+    })
+    .await;
+    // The standby has looked at the single Lease (it names the old leader, or the
+    // sharded replica it defers to).
+    let standby_looked = ["this replica stands by", "more than one shard is live"];
+    let (old_standby, new) = if standby_first {
+        let standby = replica(&env, 2, 1);
+        wait_log(&standby, &standby_looked).await;
+        let new = replica(&env, 3, 6);
+        (standby, new)
+    } else {
+        let new = replica(&env, 3, 6);
+        let standby = replica(&env, 2, 1);
+        wait_log(&standby, &standby_looked).await;
+        (standby, new)
+    };
+    wait_log(
+        &new,
+        &["a replica running with --shards 1 holds the single Lease"],
+    )
+    .await;
+    let held = shards::holders(&env.admin, &env.ns, 6).await;
+    assert!(
+        held.iter().all(Option::is_none),
+        "the new replica took shards while the old leader led: {held:?}"
+    );
+
+    // The rolling update stops the old leader: it drains and releases the single Lease.
+    let handover = env.cluster.audit().cursor().unwrap();
+    old_leader.signal(Signal::SIGTERM);
+    old_leader.wait_exit(Duration::from_secs(30)).await;
+    wait_balanced(&env, 6, &["replica-3"], 6, Duration::from_secs(30)).await;
+    create_gpujobs(&env, &namespaces, 3, "after").await;
+    wait_all_final_and_sound(&env, &namespaces, Duration::from_secs(120)).await;
+
+    let events = audit_since(&env, handover);
+    for (ns, writers) in shards::writers_by_namespace(&events) {
+        let replicas: Vec<&String> = writers
+            .iter()
+            .filter(|u| u.starts_with("replica-"))
+            .collect();
+        assert_eq!(
+            replicas,
+            vec!["replica-3"],
+            "namespace {ns} written by {replicas:?} after the old leader stopped"
+        );
+    }
+    let single = replicas::lease(&env.admin, &env.ns).await.unwrap();
+    assert_ne!(
+        replicas::holder(&single).as_deref(),
+        Some("replica-2"),
+        "the old standby holds the single Lease beside the sharded replica"
+    );
+    let log = old_standby.log_text();
+    assert!(
+        log.contains("a replica running with more than one shard is live"),
+        "the old standby does not say why it does not lead: {log}"
+    );
+    drop((old_standby, new));
+}
+
+#[tokio::test]
+async fn one_to_six_shards_standby_looks_first_never_two_writers() {
+    rolling_update_from_one_shard_to_six("shards-roll-a", true).await;
+}
+
+#[tokio::test]
+async fn one_to_six_shards_new_replica_looks_first_never_two_writers() {
+    rolling_update_from_one_shard_to_six("shards-roll-b", false).await;
+}
+
+/// A `--shards 1` leader this replica cannot talk to (an older release, which does not
+/// look for sharded replicas, took the released single Lease): the sharded replica gives
+/// up every shard it holds while that Lease is renewed, and takes them back once it
+/// expires. The test writes the old leader's Lease itself.
+#[tokio::test]
+async fn a_sharded_replica_gives_up_its_shards_while_a_one_shard_leader_renews() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let env = TestEnv::private("shards-legacy").await;
+    let new = replica(&env, 3, 6);
+    wait_balanced(&env, 6, &["replica-3"], 6, Duration::from_secs(30)).await;
+
+    let leases: Api<Lease> = Api::namespaced(env.admin.clone(), &env.ns);
+    let record = |rv: Option<String>| {
+        let mut l = Lease::default();
+        l.metadata.name = Some(replicas::LEASE.to_owned());
+        l.metadata.resource_version = rv;
+        l.spec = Some(LeaseSpec {
+            holder_identity: Some("old-release".to_owned()),
+            lease_duration_seconds: Some(3),
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        });
+        l
+    };
+    leases
+        .create(&PostParams::default(), &record(None))
+        .await
+        .unwrap();
+    // The old leader renews every 0.5 s until told to stop.
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let renewer = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = &mut stopped => return,
+                }
+                let rv = leases
+                    .get(replicas::LEASE)
+                    .await
+                    .unwrap()
+                    .metadata
+                    .resource_version;
+                leases
+                    .replace(replicas::LEASE, &PostParams::default(), &record(rv))
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    devcluster::wait::until(
+        "every shard given up",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let h = shards::holders(&env.admin, &env.ns, 6).await;
+            h.iter().all(Option::is_none).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let log = new.log_text();
+    assert!(
+        log.contains("a replica running with --shards 1 holds the single Lease"),
+        "{log}"
+    );
+    // The old leader goes silent: after its lease duration the shards come back.
+    stop.send(()).unwrap();
+    renewer.await.unwrap();
+    wait_balanced(&env, 6, &["replica-3"], 6, Duration::from_secs(30)).await;
+    drop(new);
 }

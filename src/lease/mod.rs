@@ -6,11 +6,13 @@
 //! deadline; no write starts after it), an epoch that changes on every gain, and the
 //! fencing token sent to the outside world. One shard is plain leader election
 //! (`single.rs`); more shards have a Lease each, balanced across live replicas
-//! (`sharded.rs`, decisions in `balance.rs`).
+//! (`sharded.rs`, decisions in `balance.rs`). The two modes exclude each other while a
+//! rolling update changes `--shards` (`modes.rs`).
 
 pub mod balance;
 mod decide;
 mod elector;
+mod modes;
 mod ownership;
 mod sharded;
 mod single;
@@ -20,6 +22,7 @@ use std::time::Duration;
 use crate::metrics::{CONTROLLER, Metrics};
 pub use decide::{Observed, Timing};
 pub use elector::{Attempt, Elector};
+pub use modes::{ShardedPeer, ShardedPeers};
 pub use ownership::{InFlight, InFlightGuard, Ownership, Tenure};
 pub use sharded::{LABEL_GROUP, LABEL_ROLE, ShardLeases, run as run_sharded};
 pub use single::run;

@@ -7,6 +7,9 @@
 //! is renewed by a task of its own (its own timer and deadline), so renewing many shards
 //! never starves one.
 //!
+//! While a `--shards 1` replica holds the single Lease, a sharded replica holds no shard;
+//! how the two modes exclude each other during a rolling update is in `modes.rs`.
+//!
 //! Giving a shard up drains it: it leaves the published ownership (no new keys, its
 //! reconciles are cancelled, its writes fenced), the coordinator waits until none of its
 //! reconciles runs, then releases the Lease with an empty holder, so another replica
@@ -25,6 +28,7 @@ use tokio::time::{Instant, timeout};
 use tracing::{error, info, warn};
 
 use super::balance::{self, Holder, View};
+use super::modes::{observed, update};
 use super::{
     Attempt, Elector, InFlight, Observed, Ownership, Tenure, Timing, beat_limit, explain,
     gained_or_lost, jitter, report,
@@ -110,6 +114,16 @@ pub async fn run(
     c.shut_down().await;
 }
 
+/// The single Lease of `--shards 1`, as one look saw it.
+enum Legacy {
+    /// Free, expired, released or missing.
+    None,
+    /// Held by this live replica.
+    Leads(String),
+    /// The read failed.
+    Unknown(String),
+}
+
 struct Coordinator {
     api: Api<Lease>,
     leases: ShardLeases,
@@ -126,6 +140,8 @@ struct Coordinator {
     free_since: BTreeMap<u32, Instant>,
     /// The single Lease of `--shards 1`, as last seen.
     legacy_seen: Option<Observed>,
+    /// Whether the current wait behind a `--shards 1` leader has been logged.
+    legacy_logged: bool,
     /// Looks taken so far: the first only registers this replica, so that replicas
     /// starting together see each other before anyone takes a shard.
     looks: u64,
@@ -181,6 +197,7 @@ impl Coordinator {
             members_seen: BTreeMap::new(),
             free_since: BTreeMap::new(),
             legacy_seen: None,
+            legacy_logged: false,
             looks: 0,
             in_flight,
             status,
@@ -191,7 +208,9 @@ impl Coordinator {
     async fn tick(&mut self) {
         self.status.beat(beat_limit(&self.timing));
         self.renewers.retain(|_, h| !h.is_finished());
-        self.heartbeat().await;
+        // The heartbeat is written before the single Lease is read (modes.rs): a shard
+        // is taken only in a look whose heartbeat went through.
+        let registered = self.heartbeat().await;
         let list =
             ListParams::default().labels(&format!("{LABEL_GROUP}={}", self.leases.lease_name));
         let leases = match timeout(self.timing.renew_deadline, self.api.list(&list)).await {
@@ -212,11 +231,38 @@ impl Coordinator {
                 return;
             }
         };
-        if self.legacy_leader().await {
-            return;
-        }
         let now = Instant::now();
         let members = self.live_members(&leases, now);
+        match self.legacy_leader().await {
+            Legacy::None => self.legacy_logged = false,
+            Legacy::Leads(holder) => {
+                // It works on every GpuJob: hold nothing beside it.
+                if !self.legacy_logged {
+                    warn!(
+                        lease = %self.leases.lease_name,
+                        holder = %holder,
+                        "a replica running with --shards 1 holds the single Lease; holding no shard until it is released or expires"
+                    );
+                    self.legacy_logged = true;
+                }
+                self.status.metrics.shard_count_conflict.set(1);
+                let held: Vec<u32> = self.tx.borrow().held.keys().copied().collect();
+                for s in held {
+                    self.give_up(s, members.len()).await;
+                }
+                return;
+            }
+            Legacy::Unknown(why) => {
+                // Whether a --shards 1 replica leads is unknown: take nothing. Shards
+                // already held stay: a --shards 1 replica that acquires the single
+                // Lease sees them and steps back before it writes (modes.rs).
+                warn!(
+                    lease = %self.leases.lease_name,
+                    "reading the single Lease failed: {why}; taking no shard in this look"
+                );
+                return;
+            }
+        }
         if let Some((other, count)) = other_shard_count(&leases, self.leases.shards, &members) {
             // Two counts split namespaces differently under the same Lease names: hold
             // nothing until every live replica agrees (the alert says so meanwhile).
@@ -247,7 +293,7 @@ impl Coordinator {
             self.give_up(s, members.len()).await;
         }
         self.looks += 1;
-        if self.looks == 1 {
+        if self.looks == 1 || !registered {
             return;
         }
         for s in decision.take {
@@ -257,44 +303,48 @@ impl Coordinator {
         }
     }
 
-    /// A replica still running with `--shards 1` holds the single Lease and works on
-    /// every GpuJob: take nothing until it is gone (a rolling update from one shard to
-    /// many never has two writers).
-    async fn legacy_leader(&mut self) -> bool {
-        let api = &self.api;
-        let legacy = match timeout(
+    /// Whether a replica running with `--shards 1` holds the single Lease (and so works
+    /// on every GpuJob). A failed read is no answer, not "nobody".
+    async fn legacy_leader(&mut self) -> Legacy {
+        let read = timeout(
             self.timing.renew_deadline,
-            api.get_opt(&self.leases.lease_name),
+            self.api.get_opt(&self.leases.lease_name),
         )
-        .await
-        {
-            Ok(Ok(l)) => l,
-            _ => return false,
+        .await;
+        let lease = match read {
+            Ok(Ok(Some(lease))) => lease,
+            Ok(Ok(None)) => return Legacy::None,
+            Ok(Err(e)) => return Legacy::Unknown(explain(&e, &self.leases.namespace)),
+            Err(_) => {
+                return Legacy::Unknown(format!(
+                    "no answer within {:?}",
+                    self.timing.renew_deadline
+                ));
+            }
         };
-        let Some(lease) = legacy else { return false };
+        let now = Instant::now();
         let seen = self
             .legacy_seen
-            .get_or_insert_with(|| observed(&lease, Instant::now()));
-        update(seen, &lease, Instant::now());
-        if seen.held_by_other(&self.me, Instant::now()) {
-            warn!(
-                lease = %self.leases.lease_name,
-                holder = seen.holder().unwrap_or_default(),
-                "a replica running with --shards 1 holds the single Lease; taking no shard until it is released or expires"
-            );
-            return true;
+            .get_or_insert_with(|| observed(&lease, now));
+        update(seen, &lease, now);
+        match seen.holder() {
+            Some(holder) if seen.held_by_other(&self.me, now) => Legacy::Leads(holder.to_owned()),
+            _ => Legacy::None,
         }
-        false
     }
 
-    async fn heartbeat(&mut self) {
+    /// Renews (or first takes) this replica's member Lease; whether that went through.
+    async fn heartbeat(&mut self) -> bool {
         let attempt = if self.member_held {
             self.member.renew().await
         } else {
             self.member.acquire().await
         };
         match attempt {
-            Ok(Attempt::Held { .. }) => self.member_held = true,
+            Ok(Attempt::Held { .. }) => {
+                self.member_held = true;
+                return true;
+            }
             Ok(Attempt::Lost) => {
                 self.member_held = false;
                 warn!(
@@ -303,11 +353,12 @@ impl Coordinator {
                 );
             }
             Err(e) => warn!(
-                "member heartbeat {}: {}; retrying in a retry period",
+                "member heartbeat {}: {}; taking no shard until it goes through; retrying in a retry period",
                 self.leases.member(&self.me),
                 explain(&e, &self.leases.namespace)
             ),
         }
+        false
     }
 
     /// Replicas whose member heartbeat changed within a lease duration (on this
@@ -574,22 +625,6 @@ async fn renew(
             epoch, "shard lost: its reconciles stop, its writes are fenced"
         );
         gained_or_lost(&status.metrics, &tx.borrow());
-    }
-}
-
-fn observed(lease: &Lease, at: Instant) -> Observed {
-    Observed {
-        spec: lease.spec.clone().unwrap_or_default(),
-        resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
-        at,
-    }
-}
-
-/// The expiry clock restarts only when the record changed.
-fn update(seen: &mut Observed, lease: &Lease, now: Instant) {
-    let rv = lease.metadata.resource_version.clone().unwrap_or_default();
-    if seen.resource_version != rv {
-        *seen = observed(lease, now);
     }
 }
 

@@ -9,7 +9,8 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::{
-    Attempt, Elector, Ownership, Tenure, beat_limit, explain, gained_or_lost, jitter, report,
+    Attempt, Elector, Ownership, ShardedPeers, Tenure, beat_limit, explain, gained_or_lost, jitter,
+    report,
 };
 use crate::server::Status;
 
@@ -19,6 +20,7 @@ use crate::server::Status;
 /// nothing writes after the release).
 pub async fn run(
     elector: Elector,
+    mut peers: ShardedPeers,
     tx: watch::Sender<Ownership>,
     status: std::sync::Arc<Status>,
     stop: impl Future<Output = ()>,
@@ -31,14 +33,60 @@ pub async fn run(
     let beat_limit = beat_limit(&timing);
     // Every line names the Lease it is about.
     let lease = format!("{}/{}", elector.namespace(), elector.name());
+    // Whether the current wait behind sharded replicas has been logged.
+    let mut logged = false;
+    // The leader this standby last said it waits on.
+    let mut standing_by: Option<String> = None;
     'campaign: loop {
         // Standby: try every retry period (jittered) until the Lease is ours.
         let (mut sent, transitions) = loop {
             status.beat(beat_limit);
+            // Sharded replicas of this group (a rolling update changing --shards) win:
+            // look before campaigning (unless the last look at the Lease saw a live
+            // leader: then the acquire cannot succeed anyway, and one GET is cheaper than
+            // a list), and again after acquiring, before any write.
+            let leader_live = elector
+                .seen()
+                .await
+                .is_some_and(|o| o.held_by_other(elector.identity(), Instant::now()));
+            if !leader_live && sharded_live(&mut peers, &elector, &status, &mut logged).await {
+                tokio::select! {
+                    _ = tokio::time::sleep(jitter(timing.retry_period)) => continue,
+                    _ = &mut shutdown => break 'campaign,
+                }
+            }
             let attempt = tokio::time::timeout(timing.renew_deadline, elector.acquire());
             match attempt.await {
-                Ok(Ok(Attempt::Held { sent, transitions })) => break (sent, transitions),
-                Ok(Ok(Attempt::Lost)) => {}
+                Ok(Ok(Attempt::Held { sent, transitions })) => {
+                    if !sharded_live(&mut peers, &elector, &status, &mut logged).await {
+                        break (sent, transitions);
+                    }
+                    // Nothing was written in this term: hand the Lease straight back.
+                    match tokio::time::timeout(timing.renew_deadline, elector.release()).await {
+                        Ok(Ok(_)) => {
+                            info!(lease = %lease, "lease handed back unused: sharded replicas are live")
+                        }
+                        Ok(Err(e)) => warn!(lease = %lease,
+                            "lease: handing it back failed: {}; it expires after the lease duration (this replica does not lead)",
+                            explain(&e, elector.namespace())
+                        ),
+                        Err(_) => warn!(lease = %lease,
+                            "lease: no answer to handing it back; it expires after the lease duration (this replica does not lead)"
+                        ),
+                    }
+                }
+                Ok(Ok(Attempt::Lost)) => {
+                    // Said once per leader, so the log shows who this standby waits on.
+                    let holder = elector
+                        .seen()
+                        .await
+                        .and_then(|o| o.holder().map(str::to_owned));
+                    if holder.is_some() && holder != standing_by {
+                        info!(lease = %lease, leader = holder.as_deref().unwrap_or_default(),
+                            "lease held by another replica: this replica stands by");
+                        standing_by = holder;
+                    }
+                }
                 Ok(Err(e)) => warn!(lease = %lease,
                     "lease: acquiring failed: {}; retrying in {:?}",
                     explain(&e, elector.namespace()),
@@ -135,6 +183,48 @@ pub async fn run(
                     explain(&e, elector.namespace())
                 )
             }
+        }
+    }
+}
+
+/// Whether a sharded replica of this lease group is live, or whether that is unknown (the
+/// list failed): either way this replica must not lead. The wait is logged once and
+/// shown as `gpujob_shard_count_conflict` (its alert fires if it lasts).
+async fn sharded_live(
+    peers: &mut ShardedPeers,
+    elector: &Elector,
+    status: &Status,
+    logged: &mut bool,
+) -> bool {
+    let conflict = &status.metrics.shard_count_conflict;
+    match peers
+        .look(elector.identity(), elector.timing().renew_deadline)
+        .await
+    {
+        Ok(None) => {
+            conflict.set(0);
+            *logged = false;
+            false
+        }
+        Ok(Some(peer)) => {
+            if !*logged {
+                warn!(
+                    lease = %format!("{}/{}", elector.namespace(), elector.name()),
+                    replica = %peer.identity,
+                    its_shards = peer.shards.map(|n| n.to_string()).unwrap_or_else(|| "unknown".to_owned()),
+                    "a replica running with more than one shard is live; this --shards 1 replica takes no Lease until every sharded replica is gone (README, Sharding)"
+                );
+                *logged = true;
+            }
+            conflict.set(1);
+            true
+        }
+        Err(why) => {
+            warn!(
+                lease = %format!("{}/{}", elector.namespace(), elector.name()),
+                "lease: listing the group's shard Leases failed: {why}; not leading in this look"
+            );
+            true
         }
     }
 }
