@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 /// Every label [`Error::metric_label`] can return; metrics are created with these at zero.
-pub const ERROR_LABELS: [&str; 13] = [
+pub const ERROR_LABELS: [&str; 14] = [
     "read_gpujob",
     "read_job",
     "read_pods",
@@ -15,6 +15,7 @@ pub const ERROR_LABELS: [&str; 13] = [
     "patch_finalizers",
     "undecided",
     "delete_gpujob",
+    "unconditioned",
 ];
 
 /// Why a reconcile did not finish. Each variant has a stable short label for metrics and
@@ -39,6 +40,13 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// The view of an object has no resourceVersion, so a write computed from it could
+    /// not carry one: never sent (a late write without a precondition could overwrite
+    /// a newer holder's); the object is read again.
+    #[error(
+        "{what} has no resourceVersion in this replica's view; the write was not sent, re-reading"
+    )]
+    Unconditioned { what: String },
     #[error("not leader (lease lost or past its renew deadline); the write was not sent")]
     NotLeader,
     #[error("{0}")]
@@ -74,6 +82,7 @@ impl Error {
             Error::Kube { action, .. } => action,
             Error::Conflict { .. } => "conflict",
             Error::Serialize { .. } => "serialize",
+            Error::Unconditioned { .. } => "unconditioned",
             Error::NotLeader => "not_leader",
             Error::Quota(_) => "quota",
             Error::Undecided { .. } => "undecided",

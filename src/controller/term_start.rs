@@ -1,11 +1,31 @@
-//! Where this replica's term of each shard began, as a resourceVersion: read once per term
-//! by a quorum list, after the term was gained. Every write of the shard's previous holder
-//! was started before its lease ran out, so before this term began, and committed before
-//! this read (the same lease timing every fence relies on). So a cached GpuJob whose
-//! resourceVersion is at or past the term's start already shows all of them: it needs no
-//! confirming read before its first effect (`Action::Confirm`). That is every GpuJob
-//! created or changed after a replica took its shard: a burst of new GpuJobs costs no
-//! read each. Only GpuJobs last changed before the term are read first.
+//! Where this replica's term of each shard began, as a resourceVersion `T`: read once
+//! per term by a quorum list, after the term was gained. A cached GpuJob whose
+//! resourceVersion is past `T` needs no confirming read before its first effect
+//! (`Action::Confirm`): that is every GpuJob created or changed after a replica took its
+//! shard, so a burst of new GpuJobs costs no read each. Only GpuJobs last changed at or
+//! before `T` are read first.
+//!
+//! Why that is sound. A confirming read exists so that an effect is not decided on a
+//! GpuJob that an earlier holder of the shard has changed since. An earlier holder's
+//! writes can arrive late (queued, connecting, frozen past its lease), so "they were all
+//! committed before the term began" would be false. What holds instead:
+//!
+//! 1. Every GpuJob write carries the resourceVersion `p` of the version it was computed
+//!    from (status and finalizer patches; deletes carry uid and resourceVersion): the
+//!    API server applies it only while the GpuJob is still at `p`. `Writer` refuses to
+//!    send one without it.
+//! 2. The earlier holder read version `p` before its lease deadline, so before this term
+//!    began, so before the read of `T`: `p <= T` (etcd revisions grow with time, and a
+//!    quorum list's version is at least every revision committed before it).
+//! 3. A cached version `v` with `v > T` is newer than `p`. A GpuJob's resourceVersion
+//!    only grows, so once it is at `v` it is never at `p` again: no late write of an
+//!    earlier holder can ever apply on top of `v`. Whatever of theirs did commit, did so
+//!    before `v`, and `v` shows it.
+//!
+//! Strictly past: `v == T` is read first, so the argument needs no assumption about
+//! where the term's own Lease write was stored. Writes the view does not take from
+//! GpuJobs are outside this argument: a late Job create is found by the Job watch and
+//! undone (`JobDeletion::Stray`), and quota calls are fenced by the provider's token.
 //!
 //! resourceVersions are compared as numbers, which kube-apiserver's own watch cache does
 //! (they are etcd revisions, one sequence for the whole store). One that is not a number
@@ -59,12 +79,12 @@ impl TermStarts {
         self.by_shard.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether version `rv` of a GpuJob in `namespace` is at or past the start of term
-    /// `epoch` of `shard`. `false` while the start is unknown (being read, or its read
-    /// failed): the caller then reads the GpuJob itself.
+    /// Whether version `rv` of a GpuJob in `namespace` is past the start of term `epoch`
+    /// of `shard`. `false` while the start is unknown (being read, or its read failed):
+    /// the caller then reads the GpuJob itself.
     pub async fn covers(&self, shard: u32, epoch: u64, namespace: &str, rv: &str) -> bool {
         match self.start(shard, epoch, namespace).await {
-            Some(start) => at_or_past(rv, start),
+            Some(start) => past(rv, start),
             None => false,
         }
     }
@@ -141,9 +161,9 @@ impl Drop for Unread<'_> {
     }
 }
 
-/// Whether resourceVersion `rv` is at or past `start` (never, when `rv` is not a number).
-pub fn at_or_past(rv: &str, start: u64) -> bool {
-    rv.parse::<u64>().is_ok_and(|v| v >= start)
+/// Whether resourceVersion `rv` is past `start` (never, when `rv` is not a number).
+pub fn past(rv: &str, start: u64) -> bool {
+    rv.parse::<u64>().is_ok_and(|v| v > start)
 }
 
 #[cfg(test)]
@@ -154,7 +174,7 @@ mod tests {
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
 
-    use super::{TermStarts, at_or_past};
+    use super::{TermStarts, past};
 
     #[tokio::test]
     async fn a_read_cancelled_with_its_reconcile_is_made_again_by_the_next() {
@@ -192,19 +212,21 @@ mod tests {
     }
 
     #[test]
-    fn versions_at_or_past_the_start_are_covered() {
-        assert!(at_or_past("120", 120));
-        assert!(at_or_past("121", 120));
-        assert!(!at_or_past("119", 120));
+    fn versions_past_the_start_are_covered() {
+        assert!(past("121", 120));
+        assert!(!past("119", 120));
+        // The start itself may be the very version an earlier holder computed a late
+        // write from (module docs): read first.
+        assert!(!past("120", 120));
         // Compared as numbers, not as text.
-        assert!(at_or_past("1000", 999));
-        assert!(!at_or_past("999", 1000));
+        assert!(past("1000", 999));
+        assert!(!past("999", 1000));
     }
 
     #[test]
     fn a_version_that_is_not_a_number_is_never_covered() {
-        assert!(!at_or_past("", 0));
-        assert!(!at_or_past("abc", 0));
-        assert!(!at_or_past("-1", 0));
+        assert!(!past("", 0));
+        assert!(!past("abc", 0));
+        assert!(!past("-1", 0));
     }
 }

@@ -155,10 +155,8 @@ impl Writer {
         if present {
             finalizers.push(FINALIZER_QUOTA.to_owned());
         }
-        let patch = json!({
-            "metadata": {"resourceVersion": gj.metadata.resource_version, "finalizers": finalizers},
-        });
-        self.patch_gpujob(fence, gj, &patch, false).await
+        let patch = json!({"metadata": {"finalizers": finalizers}});
+        self.patch_gpujob(fence, gj, patch, false).await
     }
 
     /// One merge patch of the status subresource turning `from.status` into `status`,
@@ -177,24 +175,26 @@ impl Writer {
         let old =
             serde_json::to_value(from.status.clone().unwrap_or_default()).map_err(serialize)?;
         let new = serde_json::to_value(status).map_err(serialize)?;
-        let patch = json!({
-            "metadata": {"resourceVersion": from.metadata.resource_version},
-            "status": merge_patch(&old, &new),
-        });
-        self.patch_gpujob(fence, from, &patch, true).await
+        let patch = json!({"status": merge_patch(&old, &new)});
+        self.patch_gpujob(fence, from, patch, true).await
     }
 
-    /// One fenced merge patch of GpuJob `gj`, or of its status subresource. A 409 means
-    /// the GpuJob moved on: re-read, never overwrite.
+    /// One fenced merge patch of GpuJob `gj`, or of its status subresource, always with
+    /// `gj`'s resourceVersion as its precondition (term_start.rs relies on every GpuJob
+    /// write carrying one). A 409 means the GpuJob moved on: re-read, never overwrite.
     async fn patch_gpujob(
         &self,
         fence: &Fence,
         gj: &GpuJob,
-        patch: &serde_json::Value,
+        patch: serde_json::Value,
         status: bool,
     ) -> Result<GpuJob, Error> {
         let ns = gj.metadata.namespace.as_deref().unwrap_or_default();
         let name = gj.metadata.name.as_deref().unwrap_or_default();
+        let rv = gj.metadata.resource_version.as_deref();
+        let patch = with_precondition(rv, patch).ok_or_else(|| Error::Unconditioned {
+            what: format!("GpuJob {ns}/{name}"),
+        })?;
         let api: Api<GpuJob> = Api::namespaced(self.client.clone(), ns);
         let pp = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
@@ -202,9 +202,9 @@ impl Writer {
         };
         self.check(fence)?;
         let sent = if status {
-            api.patch_status(name, &pp, &Patch::Merge(patch)).await
+            api.patch_status(name, &pp, &Patch::Merge(&patch)).await
         } else {
-            api.patch(name, &pp, &Patch::Merge(patch)).await
+            api.patch(name, &pp, &Patch::Merge(&patch)).await
         };
         match sent {
             Ok(updated) => Ok(updated),
@@ -364,5 +364,45 @@ impl Writer {
     pub async fn release(&self, fence: &Fence, uid: &str) -> Result<(), Error> {
         let call = self.call(fence)?;
         Ok(self.quota.release(uid, &call).await?)
+    }
+}
+
+/// `patch` with `metadata.resourceVersion` set to `rv`, the version of the GpuJob it was
+/// computed from: the API server applies it only while the GpuJob is still at that
+/// version. `None` without a version (a view that did not come from the API server):
+/// such a patch would apply to any version.
+fn with_precondition(rv: Option<&str>, mut patch: serde_json::Value) -> Option<serde_json::Value> {
+    let rv = rv.filter(|v| !v.is_empty())?;
+    let body = patch.as_object_mut()?;
+    let metadata = body
+        .entry("metadata")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()?;
+    metadata.insert("resourceVersion".to_owned(), json!(rv));
+    Some(patch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_gpujob_patch_carries_the_version_it_was_computed_from() {
+        let status = with_precondition(Some("42"), json!({"status": {"attempts": 2}}));
+        assert_eq!(
+            status,
+            Some(json!({"metadata": {"resourceVersion": "42"}, "status": {"attempts": 2}}))
+        );
+        let finalizers = with_precondition(Some("43"), json!({"metadata": {"finalizers": ["f"]}}));
+        assert_eq!(
+            finalizers,
+            Some(json!({"metadata": {"finalizers": ["f"], "resourceVersion": "43"}}))
+        );
+    }
+
+    #[test]
+    fn a_view_without_a_version_is_never_patched() {
+        assert_eq!(with_precondition(None, json!({"status": {}})), None);
+        assert_eq!(with_precondition(Some(""), json!({"status": {}})), None);
     }
 }
