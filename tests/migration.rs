@@ -8,7 +8,9 @@
 //!   only what it rewrote, a second run nothing; back to storing v1 the same way; it
 //!   refuses without its role and without the CRD;
 //! - `run --api-versions=v1`: a GpuJob written through v2 with a template runs as its v1
-//!   fields say.
+//!   fields say;
+//! - with v2 stored and conversions routed only to ready replicas (as the webhook
+//!   Service does), replicas all killed and started together still become ready.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -694,4 +696,80 @@ async fn a_v1_only_operator_runs_a_gpujob_written_through_v2_as_its_v1_fields_sa
             .log_text()
             .contains("--api-versions=v1 (rollback mode)")
     );
+}
+
+/// With v2 stored, every replica killed and started again at once (a node drain, a
+/// crash loop, a `kubectl rollout restart` with a large surge): each replica lists
+/// GpuJobs as v1, which needs the conversion webhook, which the webhook Service routes
+/// only to ready replicas. Readiness used to wait for that very list, so none ever
+/// became ready. Here the stand-in Service routes only to ready replicas, as deploy/'s
+/// does; the replicas must still become ready and run the GpuJobs.
+#[tokio::test]
+async fn with_v2_stored_replicas_restarted_together_become_ready_and_run_gpujobs() {
+    let s = Setup(WebhookCluster::new("cold", 2, StorageVersion::V2).await);
+    s.ready_only
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    // Ready on an empty list, as before the fix: nothing to convert yet.
+    let ready = |what: &'static str| {
+        let urls: Vec<String> = s
+            .metrics
+            .iter()
+            .map(|m| format!("http://{m}/readyz"))
+            .collect();
+        async move {
+            wait::until(what, WAIT, Duration::from_millis(100), || {
+                let urls = urls.clone();
+                async move {
+                    for url in &urls {
+                        support::prometheus::get_text(url).await.ok()?;
+                    }
+                    Some(())
+                }
+            })
+            .await
+            .unwrap();
+        }
+    };
+    let mut first = [s.replica(1, &[]), s.replica(2, &[])];
+    ready("both replicas ready").await;
+    s.create_v2(
+        "before",
+        json!({"image": "busybox", "resources": {"gpus": 1}}),
+    )
+    .await;
+    let finished = |name: &'static str| {
+        let api = s.raw("v2");
+        async move {
+            wait::until(
+                &format!("GpuJob {name} Succeeded (read as v2: no conversion)"),
+                WAIT,
+                Duration::from_millis(200),
+                || {
+                    let api = api.clone();
+                    async move {
+                        let o = api.get(name).await.ok()?;
+                        (o.data["status"]["phase"] == "Succeeded").then_some(())
+                    }
+                },
+            )
+            .await
+            .unwrap();
+        }
+    };
+    finished("before").await;
+
+    // Every replica goes at once; a GpuJob arrives while none runs.
+    for r in &mut first {
+        r.signal(nix::sys::signal::Signal::SIGKILL);
+        r.wait_exit(Duration::from_secs(10)).await;
+    }
+    drop(first);
+    s.create_v2(
+        "after",
+        json!({"image": "busybox", "resources": {"gpus": 1}}),
+    )
+    .await;
+    let _again = [s.replica(1, &[]), s.replica(2, &[])];
+    finished("after").await;
+    ready("both restarted replicas ready").await;
 }

@@ -1,6 +1,7 @@
 //! The HTTP server of every replica, up before leadership is won and on standbys:
 //! `GET /metrics` (Prometheus text), `GET /healthz` (liveness: the runtime answers and
-//! the lease loop is not wedged), `GET /readyz` (caches synced; standbys are ready too).
+//! the lease loop is not wedged), `GET /readyz` (caches synced; standbys are ready too;
+//! see [`Status::readiness`] for the one exception).
 //!
 //! By default one plain HTTP server answers all three. With `--probe-address` the probes
 //! get a server of their own; with `--metrics-secure` (which needs that, as the kubelet
@@ -37,6 +38,10 @@ type Hook = Box<dyn Fn() + Send + Sync>;
 pub struct Status {
     pub metrics: Metrics,
     ready: AtomicBool,
+    /// The conversion webhook of this replica answers.
+    serves_conversions: AtomicBool,
+    /// Listing GpuJobs has failed at least once before the caches synced.
+    list_failed: AtomicBool,
     /// Last sign of life of the lease loop, and how old it may get (None: no election).
     heartbeat: Mutex<Option<(Instant, Duration)>>,
     before_scrape: Mutex<Vec<Hook>>,
@@ -55,6 +60,8 @@ impl Status {
         Arc::new(Status {
             metrics,
             ready: AtomicBool::new(false),
+            serves_conversions: AtomicBool::new(false),
+            list_failed: AtomicBool::new(false),
             heartbeat: Mutex::new(None),
             before_scrape: Mutex::new(Vec::new()),
         })
@@ -67,6 +74,35 @@ impl Status {
 
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+
+    /// This replica's conversion webhook is bound and answers.
+    pub fn set_serves_conversions(&self) {
+        self.serves_conversions.store(true, Ordering::Relaxed);
+    }
+
+    /// A list of GpuJobs failed (the watch retries it with backoff).
+    pub fn gpujob_list_failed(&self) {
+        self.list_failed.store(true, Ordering::Relaxed);
+    }
+
+    /// Why `/readyz` answers ok, or `Err` why not. Ready means the caches are synced,
+    /// with one exception that breaks a cycle: a replica that serves the conversion
+    /// webhook and cannot list GpuJobs is ready too. With v2 stored, listing GpuJobs
+    /// as v1 needs the webhook, which the webhook Service routes only to ready pods; if
+    /// every replica (re)starts at once, none could ever become ready otherwise.
+    pub fn readiness(&self) -> Result<&'static str, &'static str> {
+        if self.is_ready() {
+            return Ok("caches synced");
+        }
+        if self.serves_conversions.load(Ordering::Relaxed)
+            && self.list_failed.load(Ordering::Relaxed)
+        {
+            return Ok(
+                "serving conversions; GpuJobs cannot be listed yet (the list may need this replica's conversion webhook)",
+            );
+        }
+        Err("caches not synced yet")
     }
 
     /// The lease loop is alive; it must beat again within `limit`.
@@ -157,10 +193,10 @@ async fn healthz(State(status): State<Arc<Status>>) -> Response {
 }
 
 async fn readyz(State(status): State<Arc<Status>>) -> Response {
-    if status.is_ready() {
-        (StatusCode::OK, "ok\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet\n").into_response()
+    match status.readiness() {
+        Ok("caches synced") => (StatusCode::OK, "ok\n").into_response(),
+        Ok(why) => (StatusCode::OK, format!("ok: {why}\n")).into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
 }
 
@@ -249,7 +285,7 @@ pub async fn run(
                     webhook.tls,
                     "the conversion webhook (POST /convert)",
                     shutdown.clone(),
-                    |_| {},
+                    |_| status.set_serves_conversions(),
                 )
                 .await
             }
@@ -334,6 +370,28 @@ mod tests {
             get_path(&status, "/readyz").await,
             (StatusCode::OK, "ok\n".into())
         );
+    }
+
+    #[tokio::test]
+    async fn a_replica_serving_conversions_that_cannot_list_gpujobs_is_ready() {
+        // Each half alone is not enough: a failed list without the webhook (nothing
+        // depends on this replica's readiness), or the webhook while the list works.
+        let status = Status::new(Metrics::new());
+        status.set_serves_conversions();
+        assert_eq!(
+            get_path(&status, "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        let other = Status::new(Metrics::new());
+        other.gpujob_list_failed();
+        assert_eq!(
+            get_path(&other, "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        status.gpujob_list_failed();
+        let (code, body) = get_path(&status, "/readyz").await;
+        assert_eq!(code, StatusCode::OK);
+        assert!(body.contains("serving conversions"), "{body}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,12 +5,14 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpujob_operator::api::{Conversion, CrdOptions, StorageVersion};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 
 use super::TestEnv;
-use super::prometheus::free_address;
+use super::prometheus::{free_address, get_text};
 use super::replicas::{self, Replica};
 
 /// A private control plane whose CRD sends conversions to a [`forwarder`] in front of
@@ -25,6 +27,9 @@ pub struct WebhookCluster {
     pub webhook: Vec<String>,
     /// Each replica's metrics address.
     pub metrics: Vec<String>,
+    /// Route conversions only to replicas whose `/readyz` answers ok, as the webhook
+    /// Service of deploy/ does (its endpoints are the ready pods). Off by default.
+    pub ready_only: Arc<AtomicBool>,
 }
 
 impl WebhookCluster {
@@ -34,7 +39,16 @@ impl WebhookCluster {
         let ca = webhook_certs(&cert_dir);
         let webhook: Vec<String> = (0..replicas).map(|_| free_address()).collect();
         let metrics: Vec<String> = (0..replicas).map(|_| free_address()).collect();
-        let front = forwarder(webhook.iter().map(|a| a.parse().unwrap()).collect()).await;
+        let ready_only = Arc::new(AtomicBool::new(false));
+        let backends = webhook
+            .iter()
+            .zip(&metrics)
+            .map(|(w, m)| Backend {
+                address: w.parse().unwrap(),
+                readyz: format!("http://{m}/readyz"),
+            })
+            .collect();
+        let front = forwarder(backends, ready_only.clone()).await;
         let url = format!("https://{front}/convert");
         let crd = gpujob_operator::api::crd_yaml_with(&CrdOptions {
             conversion: Conversion::Url(url.clone()),
@@ -52,6 +66,7 @@ impl WebhookCluster {
             ca,
             webhook,
             metrics,
+            ready_only,
         }
     }
 
@@ -103,9 +118,18 @@ pub fn webhook_certs(dir: &Path) -> String {
     ca.pem()
 }
 
+/// One replica behind the [`forwarder`].
+#[derive(Debug, Clone)]
+pub struct Backend {
+    pub address: SocketAddr,
+    /// Its readiness probe.
+    pub readyz: String,
+}
+
 /// The stand-in for the webhook Service: each connection goes to the first backend that
-/// accepts it; with none up, the connection is closed at once.
-pub async fn forwarder(backends: Vec<SocketAddr>) -> SocketAddr {
+/// accepts it (with `ready_only` set, the first whose `/readyz` answers ok, as a
+/// Service's endpoints are its ready pods); with none, the connection is closed at once.
+pub async fn forwarder(backends: Vec<Backend>, ready_only: Arc<AtomicBool>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -114,9 +138,13 @@ pub async fn forwarder(backends: Vec<SocketAddr>) -> SocketAddr {
                 continue;
             };
             let backends = backends.clone();
+            let ready_only = ready_only.load(Ordering::Relaxed);
             tokio::spawn(async move {
                 for backend in backends {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
+                    if ready_only && get_text(&backend.readyz).await.is_err() {
+                        continue;
+                    }
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(backend.address).await {
                         let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
                         return;
                     }

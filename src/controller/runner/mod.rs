@@ -116,7 +116,7 @@ pub async fn run(
         queue: queue.clone(),
         own: ownership.clone(),
     };
-    let watches = watches::spawn(&client, &ctx, &intake);
+    let watches = watches::spawn(&client, &ctx, &intake, &status);
 
     // Workers start only once both caches hold a full list, so the first reconcile of
     // every GpuJob sees its Jobs.

@@ -19,6 +19,7 @@ use super::{Context, Intake, Key};
 use crate::api::{GpuJob, LABEL_UID};
 use crate::controller::cache::owner_of;
 use crate::controller::plan::{JobState, job_state};
+use crate::server::Status;
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
@@ -30,14 +31,21 @@ where
     }
 }
 
-/// Starts both watches; they run until aborted.
-pub(super) fn spawn(client: &Client, ctx: &Arc<Context>, intake: &Intake) -> [JoinHandle<()>; 2] {
+/// Starts both watches; they run until aborted. `status` learns of GpuJob lists that
+/// fail before the caches synced (see `Status::readiness`).
+pub(super) fn spawn(
+    client: &Client,
+    ctx: &Arc<Context>,
+    intake: &Intake,
+    status: &Arc<Status>,
+) -> [JoinHandle<()>; 2] {
     let ns = ctx.settings.namespace.as_deref();
     [
         tokio::spawn(gpujobs(
             api::<GpuJob>(client, ns),
             ctx.clone(),
             intake.clone(),
+            status.clone(),
         )),
         tokio::spawn(jobs(api::<Job>(client, ns), ctx.clone(), intake.clone())),
     ]
@@ -60,7 +68,7 @@ fn config(ctx: &Context) -> watcher::Config {
 /// for 100 list requests per 10,000 objects instead of 20.
 const LIST_PAGE: u32 = 100;
 
-async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake) {
+async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake, status: Arc<Status>) {
     let stream = watcher(api, config(&ctx))
         .default_backoff()
         .modify(trim_gpujob);
@@ -97,10 +105,15 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake) {
                     intake.add(key);
                 }
             }
-            Err(e) => warn!(
-                "GpuJob watch: {}; retrying with backoff",
-                crate::apierror::describe_watch(&e)
-            ),
+            Err(e) => {
+                if !status.is_ready() {
+                    status.gpujob_list_failed();
+                }
+                warn!(
+                    "GpuJob watch: {}; retrying with backoff",
+                    crate::apierror::describe_watch(&e)
+                );
+            }
         }
     }
 }
