@@ -405,3 +405,87 @@ async fn gpujobs_that_cannot_run_hold_no_quota() {
     assert!(fake.live().is_empty(), "{:?}", fake.live());
     op.stop().await;
 }
+
+/// Waits until the fake service holds `n` calls answered with a timeout and not applied.
+async fn wait_late(fake: &FakeQuota, n: usize, what: &str) {
+    let quota = fake.clone();
+    wait::until(what, support::WAIT, Duration::from_millis(20), || {
+        let quota = quota.clone();
+        async move { (quota.late() >= n).then_some(()) }
+    })
+    .await
+    .unwrap();
+}
+
+async fn wait_gone(env: &TestEnv, name: &str) {
+    let api = env.gpujobs();
+    wait::until(
+        &format!("GpuJob {name} to go"),
+        support::WAIT,
+        Duration::from_millis(100),
+        || {
+            let api = api.clone();
+            async move { api.get_opt(name).await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// Issue 25 (4c): quota is released only once the deleted GpuJob's pods have stopped.
+#[tokio::test]
+async fn deleting_a_running_gpujob_releases_its_quota_only_after_its_pods_stopped() {
+    let (env, fake, settings) = setup("quota-delete-running").await;
+    let op = env.operator("quota-delete-running", settings).await;
+    let gj = env
+        .create(
+            "doomed",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[
+                ("SIM_DURATION_SECONDS", "3600"),
+                ("SIM_TERMINATION_SECONDS", "2"),
+            ])}),
+        )
+        .await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    env.wait_gpujob("doomed", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(env.admin.clone(), &env.ns);
+    let of_the_job =
+        kube::api::ListParams::default().labels("batch.kubernetes.io/job-name=doomed-1");
+    assert!(!pods.list(&of_the_job).await.unwrap().items.is_empty());
+
+    // The release is answered with a timeout (and kept), so the GpuJob and everything
+    // it owns stay where they were when the release was sent.
+    fake.set_release(Mode::ApplyLate);
+    env.gpujobs()
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_late(&fake, 1, "the release to be sent").await;
+    let left: Vec<String> = pods
+        .list(&of_the_job)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {:?}",
+                p.metadata.name.as_deref().unwrap_or("-"),
+                p.status.as_ref().and_then(|s| s.phase.clone())
+            )
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "quota released while the attempt's pods still exist: {left:?}"
+    );
+    assert!(fake.live().contains_key(&uid), "not applied yet");
+
+    fake.set_release(Mode::Ok);
+    fake.apply_late();
+    wait_gone(&env, "doomed").await;
+    assert!(!fake.live().contains_key(&uid));
+    op.stop().await;
+}

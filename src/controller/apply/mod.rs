@@ -195,6 +195,9 @@ pub async fn execute(
                         warn!(job = %name, "deleting a Job that is not the current attempt's and has not finished (attempts run one at a time; a create delivered late can bring one back); no attempt starts until its pods are gone")
                     }
                     JobDeletion::Old => info!(job = %name, "deleted an old attempt's Job"),
+                    JobDeletion::GpuJobDeleted => {
+                        info!(job = %name, "deleting the running attempt's Job (the GpuJob is being deleted); GPU quota is released once its pods are gone")
+                    }
                 }
                 ctx.memory
                     .job_deleted(key, &snap.gpujob, name.clone(), uid.clone(), foreground);

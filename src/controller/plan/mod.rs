@@ -242,6 +242,8 @@ pub enum JobDeletion {
     Stray,
     /// A finished attempt's Job beyond the `keep_jobs` most recent.
     Old,
+    /// A running Job of a GpuJob being deleted: its quota is released once it is gone.
+    GpuJobDeleted,
 }
 
 impl JobDeletion {

@@ -154,6 +154,10 @@ impl Planner<'_, '_> {
                 .push(Action::RemoveFinalizer(FinalizerRemoval::ReleaseSkipped));
             return;
         }
+        // The reservation covers the attempt's pods: it goes only once they are gone.
+        if self.stop_jobs_of_deleted() {
+            return;
+        }
         self.settle_release(true, "GPU quota released".to_owned());
     }
 

@@ -801,6 +801,37 @@ mod quota {
     }
 
     #[test]
+    fn a_gpujob_deleted_while_running_stops_its_job_before_it_releases() {
+        let g = reserved_and_running(&gpujob(3));
+        let done = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
+        let running = job(&g, 2, None);
+        let mut g = g;
+        g.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:05:00Z")));
+        let now = "2026-11-30T06:05:00Z";
+        // The running attempt's Job goes first, in the foreground (once its pods have
+        // stopped); the finished one holds nothing. No release yet.
+        let p = quota_plan(&g, &[done.clone(), running.clone()], None, now);
+        let deleted: Vec<_> = p
+            .actions
+            .iter()
+            .map(|a| match a {
+                Action::DeleteJob { name, why, .. } => Some((name.as_str(), *why)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deleted, vec![Some(("train-2", JobDeletion::GpuJobDeleted))]);
+        assert!(JobDeletion::GpuJobDeleted.foreground());
+        // Being deleted (its pods stopping): wait, ask nothing.
+        let mut stopping = running.clone();
+        stopping.metadata.deletion_timestamp = Some(Time(t(now)));
+        let p = quota_plan(&g, &[done.clone(), stopping], None, now);
+        assert!(p.actions.is_empty(), "{:?}", kinds(&p));
+        // Gone: now the release.
+        let p = quota_plan(&g, &[done], None, now);
+        assert_eq!(kinds(&p), vec!["Release"]);
+    }
+
+    #[test]
     fn quota_switched_off_drops_the_finalizer() {
         let g = reserved_and_running(&gpujob(3));
         let jobs = [job(&g, 1, None)];
