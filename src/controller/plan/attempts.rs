@@ -212,7 +212,7 @@ impl Planner<'_, '_> {
                 ),
             ));
         }
-        if self.obs.quota_required && self.next.reservation_id.is_none() {
+        if self.obs.quota_required && !super::reservation::usable(&self.next) {
             return Some(self.quota_blocker());
         }
         None
