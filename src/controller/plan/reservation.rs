@@ -106,7 +106,20 @@ impl Planner<'_, '_> {
             sequence,
             pending: true,
         };
-        self.checkpoint(|s| s.quota_call = Some(call.clone()));
+        match op {
+            // Asked before the attempts are planned: the plan made again with the
+            // answer decides them.
+            QuotaOp::Reserve => self.checkpoint(|s| s.quota_call = Some(call.clone())),
+            // Asked last, because of what this plan decided (a final phase, a suspend, a
+            // spec that cannot run): recorded with it, so that the plan made again with
+            // the answer starts from there, not from a GpuJob that still wants quota.
+            QuotaOp::Release => {
+                self.next.quota_call = Some(call);
+                self.recorded = self.next.clone();
+                self.actions
+                    .push(Action::RecordStatus(Box::new(self.next.clone())));
+            }
+        }
         sequence
     }
 

@@ -749,6 +749,10 @@ mod quota {
         let done = [job(&g, 1, Some(("Complete", "", "2026-11-30T06:01:00Z")))];
         let p = quota_plan(&g, &done, None, "2026-11-30T06:01:01Z");
         assert_eq!(kinds(&p), vec!["RecordStatus", "Release"]);
+        // The release is recorded with the phase that asks for it: the plan made again
+        // with the answer starts from a finished GpuJob, not one that wants quota.
+        let g = with_recorded(g, &p);
+        assert_eq!(g.status.as_ref().unwrap().phase, Some(Phase::Succeeded));
         let p = quota_plan(
             &g,
             &done,
