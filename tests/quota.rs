@@ -405,3 +405,248 @@ async fn gpujobs_that_cannot_run_hold_no_quota() {
     assert!(fake.live().is_empty(), "{:?}", fake.live());
     op.stop().await;
 }
+
+/// Waits until the fake service holds `n` calls answered with a timeout and not applied.
+async fn wait_late(fake: &FakeQuota, n: usize, what: &str) {
+    let quota = fake.clone();
+    wait::until(what, support::WAIT, Duration::from_millis(20), || {
+        let quota = quota.clone();
+        async move { (quota.late() >= n).then_some(()) }
+    })
+    .await
+    .unwrap();
+}
+
+async fn wait_gone(env: &TestEnv, name: &str) {
+    let api = env.gpujobs();
+    wait::until(
+        &format!("GpuJob {name} to go"),
+        support::WAIT,
+        Duration::from_millis(100),
+        || {
+            let api = api.clone();
+            async move { api.get_opt(name).await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+async fn set_suspend(env: &TestEnv, name: &str, on: bool) {
+    let patch = json!({"spec": {"suspend": on}});
+    env.gpujobs()
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+}
+
+/// Issue 25 (4a): a release that timed out may still land; the next attempt must not
+/// run on the reservation it may free.
+#[tokio::test]
+async fn a_release_that_timed_out_cannot_free_the_reservation_of_the_next_attempt() {
+    let (env, fake, settings) = setup("quota-late-release").await;
+    let op = env.operator("quota-late-release", settings).await;
+    let gj = env
+        .create(
+            "gj",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
+        )
+        .await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    env.wait_gpujob("gj", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+
+    // Suspended: its Job stops, then the release times out; the service applies it
+    // later.
+    fake.set_release(Mode::ApplyLate);
+    set_suspend(&env, "gj", true).await;
+    wait_late(&fake, 1, "the release to time out").await;
+    env.wait_gpujob("gj", "the failing release recorded", |g| {
+        g.status
+            .as_ref()
+            .is_some_and(|s| s.release_failing_since.is_some())
+    })
+    .await;
+    let reserves = fake.calls("reserve", &uid).len();
+
+    // Resumed: the next attempt runs; then the late release lands.
+    set_suspend(&env, "gj", false).await;
+    env.wait_gpujob("gj", "attempt 2 running", |g| {
+        phase(g) == Some(Phase::Running) && g.status.as_ref().is_some_and(|s| s.attempts == 2)
+    })
+    .await;
+    assert!(
+        fake.calls("reserve", &uid).len() > reserves,
+        "attempt 2 started on a reservation whose release had not confirmed"
+    );
+    fake.apply_late();
+    assert!(
+        fake.live().contains_key(&uid),
+        "the late release freed the reservation of the running attempt: {:#?}",
+        fake.calls("release", &uid)
+    );
+    assert!(
+        fake.calls("release", &uid).iter().all(|c| c.code == 412),
+        "{:#?}",
+        fake.calls("release", &uid)
+    );
+    let running = env.gpujobs().get("gj").await.unwrap();
+    assert_eq!(phase(&running), Some(Phase::Running));
+    op.stop().await;
+}
+
+/// Issue 25 (4b): a reserve that timed out, applied by the service after the release of
+/// a deleted GpuJob, must not leak (within one term: same lease, same holder).
+#[tokio::test]
+async fn a_reserve_that_timed_out_cannot_leak_after_the_release_of_a_deleted_gpujob() {
+    let (env, fake, settings) = setup("quota-late-reserve").await;
+    let op = env.operator("quota-late-reserve", settings).await;
+    fake.set_reserve(Mode::ApplyLate);
+    let gj = env.create("gj", json!({"image": "i", "gpus": 1})).await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    wait_late(&fake, 1, "a reserve to time out").await;
+
+    env.gpujobs()
+        .delete("gj", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&env, "gj").await;
+    assert!(!fake.calls("release", &uid).is_empty(), "released first");
+
+    // Now the service gets to the reserves its caller gave up on.
+    fake.apply_late();
+    assert!(
+        !fake.live().contains_key(&uid),
+        "a late reserve brought back a reservation for a deleted GpuJob: {:#?}",
+        fake.calls("reserve", &uid)
+    );
+    op.stop().await;
+}
+
+/// Issue 25 (4c): quota is released only once the deleted GpuJob's pods have stopped.
+#[tokio::test]
+async fn deleting_a_running_gpujob_releases_its_quota_only_after_its_pods_stopped() {
+    let (env, fake, settings) = setup("quota-delete-running").await;
+    let op = env.operator("quota-delete-running", settings).await;
+    let gj = env
+        .create(
+            "doomed",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[
+                ("SIM_DURATION_SECONDS", "3600"),
+                ("SIM_TERMINATION_SECONDS", "2"),
+            ])}),
+        )
+        .await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    env.wait_gpujob("doomed", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(env.admin.clone(), &env.ns);
+    let of_the_job =
+        kube::api::ListParams::default().labels("batch.kubernetes.io/job-name=doomed-1");
+    assert!(!pods.list(&of_the_job).await.unwrap().items.is_empty());
+
+    // The release is answered with a timeout (and kept), so the GpuJob and everything
+    // it owns stay where they were when the release was sent.
+    fake.set_release(Mode::ApplyLate);
+    env.gpujobs()
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_late(&fake, 1, "the release to be sent").await;
+    let left: Vec<String> = pods
+        .list(&of_the_job)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {:?}",
+                p.metadata.name.as_deref().unwrap_or("-"),
+                p.status.as_ref().and_then(|s| s.phase.clone())
+            )
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "quota released while the attempt's pods still exist: {left:?}"
+    );
+    assert!(fake.live().contains_key(&uid), "not applied yet");
+
+    fake.set_release(Mode::Ok);
+    fake.apply_late();
+    wait_gone(&env, "doomed").await;
+    assert!(!fake.live().contains_key(&uid));
+    op.stop().await;
+}
+
+/// Issue 25 (4e): a grant whose answer was lost holds quota; a GpuJob that then cannot
+/// run (suspended, or its spec made invalid) releases it all the same.
+#[tokio::test]
+async fn a_grant_whose_answer_was_lost_is_released_when_the_gpujob_cannot_run() {
+    let (env, fake, settings) = setup("quota-answer-lost").await;
+    let op = env.operator("quota-answer-lost", settings).await;
+    fake.set_reserve(Mode::AnswerLost);
+    let mut uids = Vec::new();
+    for name in ["suspended", "invalid"] {
+        let gj = env
+            .create(
+                name,
+                json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
+            )
+            .await;
+        uids.push(gj.metadata.uid.clone().unwrap());
+    }
+    let quota = fake.clone();
+    let held = uids.clone();
+    wait::until(
+        "both grants to be applied",
+        support::WAIT,
+        Duration::from_millis(20),
+        || {
+            let (quota, held) = (quota.clone(), held.clone());
+            async move {
+                held.iter()
+                    .all(|u| quota.live().contains_key(u))
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    set_suspend(&env, "suspended", true).await;
+    let invalid = json!({"spec": {"image": "Not A Valid Image"}});
+    env.gpujobs()
+        .patch("invalid", &PatchParams::default(), &Patch::Merge(invalid))
+        .await
+        .unwrap();
+    let quota = fake.clone();
+    let held = uids.clone();
+    let released = wait::until(
+        "the lost grants to be released",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            let (quota, held) = (quota.clone(), held.clone());
+            async move {
+                held.iter()
+                    .all(|u| !quota.live().contains_key(u))
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    assert!(
+        released.is_ok(),
+        "quota nobody sees is held: {:?}",
+        fake.live()
+    );
+    for name in ["suspended", "invalid"] {
+        let g = env.gpujobs().get(name).await.unwrap();
+        assert!(g.holds_quota_finalizer(), "{name}: the finalizer stays");
+        assert!(env.jobs_of(&g).await.is_empty(), "{name}: no Job ran");
+    }
+    op.stop().await;
+}

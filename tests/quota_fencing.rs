@@ -1,10 +1,13 @@
 //! Calls to the quota service are fenced end to end, with the real binary: a leader
 //! whose reserve is still in flight when it is frozen (SIGSTOP) and deposed cannot
 //! bring back a reservation its successor has since released, because every call
-//! carries the caller's fencing token and the service refuses an older one. And a
-//! replica that takes over with a cache far behind (its GpuJob watch hangs) reads the
-//! GpuJob before it calls the quota service, so a GpuJob that finished meanwhile is not
-//! reserved again.
+//! carries the GpuJob's fencing token (a sequence recorded in its status before the
+//! call) and the service refuses an older one. The token does not come from the Lease,
+//! so a Lease deleted and created again (an uninstall deletes its namespace) does not
+//! make the holder's calls look older than those it made before. And a replica that
+//! takes over with a cache far behind (its GpuJob watch hangs) reads the GpuJob before
+//! it calls the quota service, so a GpuJob that finished meanwhile is not reserved
+//! again.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -110,10 +113,11 @@ async fn a_deposed_leader_cannot_bring_back_a_reservation_its_successor_released
             .and_then(|(_, n)| n.parse().ok())
             .unwrap()
     };
-    let successor = calls.iter().find(|c| c.code == 200).unwrap();
+    let released = fake.calls("release", &uid);
+    let successor = released.iter().find(|c| c.code == 204).unwrap();
     assert!(
         number(&late.token) < number(&successor.token),
-        "older term, smaller token: {calls:#?}"
+        "older call, smaller token: {calls:#?} {released:#?}"
     );
     first.signal(Signal::SIGCONT);
     drop((first, second));
@@ -222,4 +226,81 @@ async fn a_successor_with_a_stale_cache_reads_before_it_reserves() {
     );
     proxy.clear();
     drop((first, second));
+}
+
+/// Issue 25 (4d): the quota service keeps the newest token per GpuJob. Had the token
+/// been the Lease's `leaseTransitions`, a Lease deleted and created again would start
+/// from 0 under it, and the legitimate holder would be refused for good.
+#[tokio::test]
+async fn a_recreated_lease_does_not_make_the_holders_calls_look_stale() {
+    let (env, fake, flags, mut first) = leader_with_quota("quota-lease-again").await;
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(env.admin.clone(), &env.ns);
+    let transitions = |l: &k8s_openapi::api::coordination::v1::Lease| {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.lease_transitions)
+            .unwrap_or(0)
+    };
+
+    // A restart of the holder is a new term of the Lease: its transitions count up.
+    first.signal(Signal::SIGTERM);
+    first.wait_exit(Duration::from_secs(30)).await;
+    let first = replicas::start(&env.cluster, &env.ns, 1, &flags);
+    let (_, lease) = wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-1"
+    })
+    .await;
+    assert!(transitions(&lease) >= 1, "{lease:?}");
+    let gj = env
+        .create(
+            "gj",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
+        )
+        .await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    env.wait_gpujob("gj", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    assert!(fake.live().contains_key(&uid));
+
+    // Uninstalled and installed again: the Lease goes with its namespace and comes
+    // back from 0.
+    let mut first = first;
+    first.signal(Signal::SIGTERM);
+    first.wait_exit(Duration::from_secs(30)).await;
+    leases
+        .delete(replicas::LEASE, &Default::default())
+        .await
+        .unwrap();
+    let again = replicas::start(&env.cluster, &env.ns, 1, &flags);
+    let (_, lease) = wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-1"
+    })
+    .await;
+    assert_eq!(transitions(&lease), 0, "{lease:?}");
+
+    // The legitimate holder releases what its earlier term reserved.
+    env.gpujobs()
+        .delete("gj", &Default::default())
+        .await
+        .unwrap();
+    let api = env.gpujobs();
+    let gone = wait::until(
+        "the deleted GpuJob to go",
+        support::WAIT,
+        Duration::from_millis(200),
+        || {
+            let api = api.clone();
+            async move { api.get_opt("gj").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await;
+    assert!(
+        gone.is_ok(),
+        "the holder's release was refused: {:#?}",
+        fake.calls("release", &uid)
+    );
+    assert!(!fake.live().contains_key(&uid), "{:?}", fake.live());
+    drop(again);
 }

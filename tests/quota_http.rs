@@ -192,21 +192,21 @@ async fn calls_carry_the_fencing_token_and_end_by_the_lease_deadline() {
         let token = dir.join("token");
         std::fs::write(&token, TOKEN).unwrap();
         let p = provider(&quota.url, &token, None);
-        let call = |n: u32| Call {
-            token: Some(format!("gpujob-operator/{n}")),
+        let call = |n: i64| Call {
+            token: Some(format!("u1/{n}")),
             deadline: None,
         };
 
         p.reserve(&request("u1"), &call(4)).await.unwrap();
         assert_eq!(
             quota.calls("reserve", "u1")[0].token.as_deref(),
-            Some("gpujob-operator/4")
+            Some("u1/4")
         );
-        // A newer holder released it; an older holder's late reserve is refused.
+        // A later call released it; an earlier call's reserve, landing late, is refused.
         p.release("u1", &call(5)).await.unwrap();
         match p.reserve(&request("u1"), &call(4)).await {
             Err(e @ QuotaError::Fenced { .. }) => {
-                assert!(e.to_string().contains("gpujob-operator/4"), "{e}");
+                assert!(e.to_string().contains("u1/4"), "{e}");
             }
             other => panic!("expected a fenced refusal, got {other:?}"),
         }
@@ -217,7 +217,7 @@ async fn calls_carry_the_fencing_token_and_end_by_the_lease_deadline() {
         quota.set_reserve(Mode::Hang);
         let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
         let capped = Call {
-            token: Some("gpujob-operator/6".into()),
+            token: Some("u2/6".into()),
             deadline: Some(deadline),
         };
         match p.reserve(&request("u2"), &capped).await {

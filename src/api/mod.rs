@@ -13,7 +13,9 @@ pub mod v2;
 
 pub use crd::{Conversion, CrdOptions, StorageVersion, crd_yaml, crd_yaml_with};
 pub use spec::{EnvVar, GpuJob, GpuJobSpec, UpdatePolicy, V2Only};
-pub use status::{Condition, ConditionStatus, FailureRecord, GpuJobStatus, Phase};
+pub use status::{
+    Condition, ConditionStatus, FailureRecord, GpuJobStatus, Phase, QuotaCall, QuotaOp,
+};
 
 /// Label on Jobs and pods: the owning GpuJob's name (hash-truncated to 63 characters).
 pub const LABEL_NAME: &str = "gpujob.dev/name";

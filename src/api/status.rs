@@ -39,6 +39,13 @@ pub struct GpuJobStatus {
     /// exists; cleared once released).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation_id: Option<String>,
+    /// The last call to the quota service for this GpuJob, recorded before it was sent
+    /// (docs/quota-api.md, "Fencing tokens"). Its number is the fencing sequence: a
+    /// later call never carries a smaller one, so a call that lands late is refused by
+    /// a service that honours it; and a reserve whose answer was never recorded may have
+    /// taken effect, so it is released when the GpuJob no longer needs quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_call: Option<QuotaCall>,
     /// Since when releasing the reservation has been failing (cleanup is retried; past
     /// the cleanup timeout, condition CleanupStuck).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -67,6 +74,25 @@ pub struct GpuJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>")]
     pub completion_time: Option<Timestamp>,
+}
+
+/// A call to the quota service, as recorded before it was sent.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaCall {
+    pub op: QuotaOp,
+    /// Sent as `Gpujob-Fencing-Token: <uid>/<sequence>`. A repeat of the same call whose
+    /// answer is not recorded reuses it; any other call takes the next number.
+    pub sequence: i64,
+    /// Its answer is not recorded: it may or may not have taken effect on the service.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum QuotaOp {
+    Reserve,
+    Release,
 }
 
 /// Pending: no attempt is running (waiting for the first Job, or backing off before the

@@ -93,8 +93,8 @@ impl Observed {
 
 /// The record this replica writes to take (`new_term`) or renew the Lease. Every new
 /// term counts as a transition, also when the record still names this replica (it
-/// restarted, or stepped down and came back): `leaseTransitions` then orders terms, and
-/// serves as the fencing token sent to the outside world.
+/// restarted, or stepped down and came back): `leaseTransitions` then orders the terms
+/// of one Lease object (a recreated Lease starts again from 0).
 pub fn claim(
     previous: Option<&LeaseSpec>,
     me: &str,
@@ -226,7 +226,7 @@ mod tests {
         assert_eq!(first.lease_transitions, Some(0));
 
         // The same replica taking it again (restarted, or after stepping down) starts a
-        // new term: its fencing token must beat the old term's.
+        // new term: it must order after the old term.
         let again = claim(Some(&renewed), "replica-1", &timing(), later, true);
         assert_eq!(again.lease_transitions, Some(6));
         assert_eq!(again.acquire_time, Some(MicroTime(later)));

@@ -98,8 +98,8 @@ impl Elector {
 
     /// Takes the Lease if it is free or expired: a new term, counted in
     /// `leaseTransitions` even when the record still names this replica (a restart, or a
-    /// step-down after a missed renew deadline), so the fencing token of every term is
-    /// greater than that of any term before it.
+    /// step-down after a missed renew deadline), so every term of this Lease object
+    /// counts higher than any term before it.
     pub async fn acquire(&self) -> Result<Attempt, kube::Error> {
         self.try_acquire_or_renew(true).await
     }

@@ -4,10 +4,11 @@
 //! Ownership is published as a watch channel of shards held, each with its tenure: the
 //! local lease deadline (monotonic time the last successful renewal was sent + renew
 //! deadline; no write starts after it), an epoch that changes on every gain, and the
-//! fencing token sent to the outside world. One shard is plain leader election
-//! (`single.rs`); more shards have a Lease each, balanced across live replicas
-//! (`sharded.rs`, decisions in `balance.rs`). The two modes exclude each other while a
-//! rolling update changes `--shards` (`modes.rs`).
+//! term's name for logs (quota calls are fenced per GpuJob instead:
+//! `quota::fencing_token`). One shard is plain leader election (`single.rs`); more
+//! shards have a Lease each, balanced across live replicas (`sharded.rs`, decisions in
+//! `balance.rs`). The two modes exclude each other while a rolling update changes
+//! `--shards` (`modes.rs`).
 
 pub mod balance;
 mod decide;

@@ -20,9 +20,10 @@ pub struct Tenure {
     /// Changes on every gain, so a loss followed by a regain is never "unchanged"
     /// (unique within this process).
     pub epoch: u64,
-    /// Sent with every call to the outside world (the quota service) so it can refuse a
-    /// deposed holder: `<lease name>/<leaseTransitions>`, which grows with every gain.
-    /// `None` without election.
+    /// The term, for logs: `<lease name>/<leaseTransitions>`, which grows with every
+    /// gain of one Lease object. Not a fencing token: recreating the Lease (an uninstall
+    /// deletes its namespace) starts it again from 0, so quota calls carry a sequence of
+    /// the GpuJob's own (`quota::fencing_token`). `None` without election.
     pub token: Option<String>,
 }
 

@@ -17,12 +17,21 @@ pub struct ReserveRequest {
     pub gpus: i32,
 }
 
-/// Who is calling, and until when: every call carries the caller's fencing token (a
-/// provider that honours it refuses a token older than the newest it has seen for that
-/// reservation) and ends, answered or not, by the caller's lease deadline.
+/// The fencing token of a GpuJob's quota call: `<uid>/<sequence>`, the sequence as
+/// recorded in the GpuJob's `status.quotaCall` before the call (docs/quota-api.md).
+/// Per GpuJob, never per Lease: a Lease can be deleted and recreated (an uninstall
+/// deletes its namespace) and its `leaseTransitions` start again from 0, while a
+/// GpuJob's status lives as long as any reservation of it can.
+pub fn fencing_token(uid: &str, sequence: i64) -> String {
+    format!("{uid}/{sequence}")
+}
+
+/// How a call is made: with the GpuJob's fencing token (a provider that honours it
+/// refuses a token older than the newest it has seen for that reservation), ending,
+/// answered or not, by the caller's lease deadline.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Call {
-    /// `<lease name>/<leaseTransitions>`; `None` without election (one replica).
+    /// [`fencing_token`]; `None`: no header.
     pub token: Option<String>,
     /// The caller's lease deadline; `None`: only the provider's own timeout applies.
     pub deadline: Option<tokio::time::Instant>,
@@ -65,10 +74,11 @@ pub enum QuotaError {
         /// Cut short by the lease deadline rather than `--quota-timeout`.
         capped: bool,
     },
-    /// 412: the service has seen a newer fencing token for this reservation; another
-    /// replica holds the lease now.
+    /// 412: the service has seen a newer fencing token for this reservation: a later
+    /// call for the GpuJob (from another replica, or recorded since this one was
+    /// decided). The GpuJob is read and decided again.
     #[error(
-        "quota service {op} {url} refused this replica's fencing token {token:?}: a newer lease holder has called ({body})"
+        "quota service {op} {url} refused the fencing token {token:?}: it has seen a later call for this GpuJob ({body})"
     )]
     Fenced {
         op: &'static str,

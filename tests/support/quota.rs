@@ -1,8 +1,9 @@
 //! A fake external quota service (docs/quota-api.md) for tests: it grants, refuses,
-//! fails or hangs on command, honours fencing tokens (a call with a token older than the
-//! newest seen for its reservation is refused with 412), can hold a reserve in flight
-//! until the test lets it go, and records every call and every live reservation, so
-//! tests count effects, not calls.
+//! fails or hangs on command, applies a call but loses its answer, or answers a timeout
+//! and applies the call later (when the test says), honours fencing tokens (a call with
+//! a token older than the newest seen for its reservation is refused with 412), can hold
+//! a reserve in flight until the test lets it go, and records every call and every live
+//! reservation, so tests count effects, not calls.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -26,6 +27,28 @@ pub enum Mode {
     Fail,
     /// Never answers.
     Hang,
+    /// Applies the call as `Ok` would, then the answer is lost: the caller gets 504 (a
+    /// gateway that gave up waiting), as after a timeout or a reset connection.
+    AnswerLost,
+    /// Answers 504 at once and applies the call later, when the test calls
+    /// [`FakeQuota::apply_late`]: a request stuck in a queue or a slow network that
+    /// reaches the service after its caller gave up. Fencing tokens are checked when it
+    /// is applied, against the newest token seen by then.
+    ApplyLate,
+}
+
+/// A call answered with a timeout and not applied yet ([`Mode::ApplyLate`]).
+#[derive(Debug)]
+enum Late {
+    Reserve {
+        uid: String,
+        headers: HeaderMap,
+        body: String,
+    },
+    Release {
+        uid: String,
+        headers: HeaderMap,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -52,6 +75,8 @@ struct Inner {
     /// The next reserve waits for this before it is processed.
     hold_next: Option<tokio::sync::oneshot::Receiver<()>>,
     held: usize,
+    /// Calls answered with a timeout, to be applied by [`FakeQuota::apply_late`].
+    late: Vec<Late>,
 }
 
 pub const TOKEN: &str = "test-token";
@@ -108,6 +133,7 @@ impl FakeQuota {
             newest: BTreeMap::new(),
             hold_next: None,
             held: 0,
+            late: Vec::new(),
         }));
         let app = Router::new()
             .route("/v1/reservations/{uid}", put(reserve).delete(release))
@@ -157,6 +183,27 @@ impl FakeQuota {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.inner.lock().unwrap().hold_next = Some(rx);
         tx
+    }
+
+    /// Calls answered with a timeout ([`Mode::ApplyLate`]) and not applied yet.
+    pub fn late(&self) -> usize {
+        self.inner.lock().unwrap().late.len()
+    }
+
+    /// Applies the calls of [`Mode::ApplyLate`] now, in the order they arrived, as
+    /// `Ok` would have on arrival (the fencing token is checked now).
+    pub fn apply_late(&self) {
+        let late = std::mem::take(&mut self.inner.lock().unwrap().late);
+        for call in late {
+            match call {
+                Late::Reserve { uid, headers, body } => {
+                    process_reserve(&self.inner, Mode::Ok, uid, &headers, &body);
+                }
+                Late::Release { uid, headers } => {
+                    process_release(&self.inner, Mode::Ok, uid, &headers);
+                }
+            }
+        }
     }
 
     /// Reserves received and held, not yet processed.
@@ -240,8 +287,10 @@ fn fencing_token(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// A provider that honours fencing tokens: `<lease>/<n>` older than the newest seen for
-/// this uid (same lease) is stale. Calls without a token are let through.
+/// A provider that honours fencing tokens as docs/quota-api.md says: per uid, a token
+/// `<name>/<n>` with the same name as the newest seen and a smaller number is stale
+/// (the operator's name part is the uid itself; another name, from an operator before
+/// per-GpuJob tokens, replaces it). Calls without a token are let through.
 fn stale(inner: &mut Inner, uid: &str, token: Option<&str>) -> bool {
     let Some((lease, n)) = token
         .and_then(|t| t.rsplit_once('/'))
@@ -275,6 +324,13 @@ async fn reserve(
     if mode == Mode::Hang {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
+    if mode == Mode::ApplyLate {
+        s.lock()
+            .unwrap()
+            .late
+            .push(Late::Reserve { uid, headers, body });
+        return StatusCode::GATEWAY_TIMEOUT.into_response();
+    }
     // Processed in a task of its own: a held request goes on when let go even if its
     // caller has given up (the connection closed).
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -286,6 +342,7 @@ async fn reserve(
         let _ = tx.send(process_reserve(&s, mode, uid, &headers, &body));
     });
     match rx.await {
+        Ok(_) if mode == Mode::AnswerLost => StatusCode::GATEWAY_TIMEOUT.into_response(),
         Ok((code, reply)) => (code, reply.to_string()).into_response(),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
@@ -314,7 +371,7 @@ fn process_reserve(
     } else if stale(&mut inner, &uid, token.as_deref()) {
         (
             StatusCode::PRECONDITION_FAILED,
-            serde_json::json!({"reason": "StaleFencingToken", "message": "a newer lease holder has called"}),
+            serde_json::json!({"reason": "StaleFencingToken", "message": "a later call for this reservation has arrived"}),
         )
     } else {
         match mode {
@@ -359,12 +416,27 @@ fn process_reserve(
 
 async fn release(State(s): State<Shared>, Path(uid): Path<String>, headers: HeaderMap) -> Response {
     let mode = s.lock().unwrap().release;
-    if mode == Mode::Hang {
-        tokio::time::sleep(Duration::from_secs(3600)).await;
+    match mode {
+        Mode::Hang => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            StatusCode::GATEWAY_TIMEOUT.into_response()
+        }
+        Mode::ApplyLate => {
+            s.lock().unwrap().late.push(Late::Release { uid, headers });
+            StatusCode::GATEWAY_TIMEOUT.into_response()
+        }
+        Mode::AnswerLost => {
+            process_release(&s, mode, uid, &headers);
+            StatusCode::GATEWAY_TIMEOUT.into_response()
+        }
+        _ => process_release(&s, mode, uid, &headers).into_response(),
     }
-    let token = fencing_token(&headers);
+}
+
+fn process_release(s: &Shared, mode: Mode, uid: String, headers: &HeaderMap) -> StatusCode {
+    let token = fencing_token(headers);
     let mut inner = s.lock().unwrap();
-    let code = if !authorized(&headers) {
+    let code = if !authorized(headers) {
         StatusCode::UNAUTHORIZED
     } else if stale(&mut inner, &uid, token.as_deref()) {
         StatusCode::PRECONDITION_FAILED
@@ -381,5 +453,5 @@ async fn release(State(s): State<Shared>, Path(uid): Path<String>, headers: Head
         code: code.as_u16(),
         token,
     });
-    code.into_response()
+    code
 }

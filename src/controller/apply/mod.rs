@@ -113,10 +113,10 @@ pub async fn execute(
                 remember(ctx, fence, key, snap, current);
                 return Ok(Executed::Heard(Answer::Moved));
             }
-            Action::Reserve(req) => {
+            Action::Reserve(req, sequence) => {
                 failpoint::hit("before-reserve");
                 return Ok(Executed::Heard(Answer::Quota(
-                    match w.reserve(fence, req).await? {
+                    match w.reserve(fence, req, *sequence).await? {
                         Reserve::Granted { id } => {
                             failpoint::hit("after-reserve");
                             info!(reservation = %id, gpus = req.gpus, "GPU quota reserved");
@@ -130,14 +130,14 @@ pub async fn execute(
                     },
                 )));
             }
-            Action::Release => {
+            Action::Release(sequence) => {
                 let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
                 let reservation = snap
                     .gpujob
                     .status
                     .as_ref()
                     .and_then(|s| s.reservation_id.clone());
-                return match w.release(fence, &uid).await {
+                return match w.release(fence, &uid, *sequence).await {
                     Ok(()) => {
                         failpoint::hit("after-release");
                         info!(
@@ -195,6 +195,9 @@ pub async fn execute(
                         warn!(job = %name, "deleting a Job that is not the current attempt's and has not finished (attempts run one at a time; a create delivered late can bring one back); no attempt starts until its pods are gone")
                     }
                     JobDeletion::Old => info!(job = %name, "deleted an old attempt's Job"),
+                    JobDeletion::GpuJobDeleted => {
+                        info!(job = %name, "deleting the running attempt's Job (the GpuJob is being deleted); GPU quota is released once its pods are gone")
+                    }
                 }
                 ctx.memory
                     .job_deleted(key, &snap.gpujob, name.clone(), uid.clone(), foreground);

@@ -6,9 +6,11 @@
 //! between the last fence check and the socket): status and finalizer patches carry the
 //! resourceVersion they were computed from; deletes carry uid and resourceVersion
 //! preconditions; Event series updates carry the Event's resourceVersion; quota calls
-//! carry the fencing token. Such a late write either fails, or lands on an object no
-//! other replica has written since it was read (a new Event is such an object: it
-//! reports a transition this replica recorded while it held the shard). Job creates use
+//! carry the GpuJob's fencing token (a sequence recorded in its status, with a
+//! resourceVersion precondition, before the call). Such a late write either fails, or
+//! lands on an object no other replica has written since it was read (a new Event is
+//! such an object: it reports a transition this replica recorded while it held the
+//! shard). Job creates use
 //! stable names (adopted only when the controller owner uid matches) but carry no
 //! precondition: a name refuses a second create only while the first Job exists, so a
 //! late create can bring back the Job of an attempt that the successor ended and
@@ -34,7 +36,7 @@ use crate::controller::events::Note;
 use crate::controller::job::{is_controlled_by, name_taken};
 use crate::controller::status::merge_patch;
 use crate::lease::{Ownership, Tenure};
-use crate::quota::{Call, Provider, QuotaProvider, Reserve, ReserveRequest};
+use crate::quota::{Call, Provider, QuotaProvider, Reserve, ReserveRequest, fencing_token};
 
 #[derive(Clone)]
 pub struct Writer {
@@ -346,23 +348,28 @@ impl Writer {
         }
     }
 
-    /// The quota call context of `fence`'s term: its token, and its deadline (a call
-    /// still unanswered then is abandoned).
-    fn call(&self, fence: &Fence) -> Result<Call, Error> {
+    /// The quota call context: the GpuJob's fencing token for this call, and the
+    /// term's deadline (a call still unanswered then is abandoned).
+    fn call(&self, fence: &Fence, uid: &str, sequence: i64) -> Result<Call, Error> {
         let tenure = self.check(fence)?;
         Ok(Call {
-            token: tenure.token,
+            token: Some(fencing_token(uid, sequence)),
             deadline: tenure.deadline,
         })
     }
 
-    pub async fn reserve(&self, fence: &Fence, req: &ReserveRequest) -> Result<Reserve, Error> {
-        let call = self.call(fence)?;
+    pub async fn reserve(
+        &self,
+        fence: &Fence,
+        req: &ReserveRequest,
+        sequence: i64,
+    ) -> Result<Reserve, Error> {
+        let call = self.call(fence, &req.uid, sequence)?;
         Ok(self.quota.reserve(req, &call).await?)
     }
 
-    pub async fn release(&self, fence: &Fence, uid: &str) -> Result<(), Error> {
-        let call = self.call(fence)?;
+    pub async fn release(&self, fence: &Fence, uid: &str, sequence: i64) -> Result<(), Error> {
+        let call = self.call(fence, uid, sequence)?;
         Ok(self.quota.release(uid, &call).await?)
     }
 }

@@ -212,7 +212,7 @@ impl Planner<'_, '_> {
                 ),
             ));
         }
-        if self.obs.quota_required && self.next.reservation_id.is_none() {
+        if self.obs.quota_required && !super::reservation::usable(&self.next) {
             return Some(self.quota_blocker());
         }
         None
@@ -527,6 +527,22 @@ impl Planner<'_, '_> {
         self.next.next_attempt_time = None;
         let message = format!("attempt {k} is being stopped: {}", suspended_message());
         self.ready(ConditionStatus::False, SUSPENDED, message);
+    }
+
+    /// A GpuJob being deleted whose Jobs may still have pods: each running one is
+    /// deleted in the foreground (it goes once its pods are gone), and true until none
+    /// is left that may still run. The garbage collector takes Jobs only once the
+    /// GpuJob is gone, which the quota finalizer holds until after the release.
+    pub(super) fn stop_jobs_of_deleted(&mut self) -> bool {
+        let live: Vec<&Job> = self.obs.jobs.iter().copied().filter(|j| live(j)).collect();
+        for job in &live {
+            if job.metadata.deletion_timestamp.is_none() && job_state(job) == JobState::Active {
+                self.actions
+                    .extend(delete_action(job, JobDeletion::GpuJobDeleted));
+            }
+        }
+        // The Job watch says when they are gone.
+        !live.is_empty()
     }
 
     /// Old attempts: keep the newest `keep_jobs` for debugging, delete the rest once

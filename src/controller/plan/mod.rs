@@ -181,10 +181,12 @@ pub enum Action {
     /// and a Job create is refused only while the Job exists (one the previous holder
     /// deleted to replace it would be created again).
     Confirm,
-    /// Ask the quota service for a reservation. Ends the plan: the answer comes back.
-    Reserve(ReserveRequest),
-    /// Release the GpuJob's reservation. Ends the plan: the answer comes back.
-    Release,
+    /// Ask the quota service for a reservation, with this fencing sequence (recorded in
+    /// `status.quotaCall` before). Ends the plan: the answer comes back.
+    Reserve(ReserveRequest, i64),
+    /// Release the GpuJob's reservation, with this fencing sequence (recorded in
+    /// `status.quotaCall` before). Ends the plan: the answer comes back.
+    Release(i64),
     /// Create the Job of `attempt` (stable name: a second create is refused while the
     /// first Job exists). The API server may refuse it; then the plan is made again with
     /// the refusal.
@@ -214,8 +216,8 @@ impl Action {
             Action::AddFinalizer => "AddFinalizer",
             Action::RemoveFinalizer(_) => "RemoveFinalizer",
             Action::Confirm => "Confirm",
-            Action::Reserve(_) => "Reserve",
-            Action::Release => "Release",
+            Action::Reserve(..) => "Reserve",
+            Action::Release(_) => "Release",
             Action::CreateJob { .. } => "CreateJob",
             Action::DeleteJob { .. } => "DeleteJob",
             Action::Publish(_) => "Publish",
@@ -225,7 +227,7 @@ impl Action {
 
     /// Whether the action's answer is needed before anything else can be decided.
     pub fn asks(&self) -> bool {
-        matches!(self, Action::Reserve(_) | Action::Release)
+        matches!(self, Action::Reserve(..) | Action::Release(_))
     }
 }
 
@@ -242,6 +244,8 @@ pub enum JobDeletion {
     Stray,
     /// A finished attempt's Job beyond the `keep_jobs` most recent.
     Old,
+    /// A running Job of a GpuJob being deleted: its quota is released once it is gone.
+    GpuJobDeleted,
 }
 
 impl JobDeletion {
@@ -473,8 +477,8 @@ impl<'a, 'o> Planner<'a, 'o> {
             matches!(
                 a,
                 Action::AddFinalizer
-                    | Action::Reserve(_)
-                    | Action::Release
+                    | Action::Reserve(..)
+                    | Action::Release(_)
                     | Action::CreateJob { .. }
             )
         });

@@ -6,6 +6,15 @@
 //! (kept while the GpuJob lives on). Every call is idempotent by GpuJob UID, so a
 //! repeated step never doubles or leaks a reservation.
 //!
+//! Every call is recorded in `status.quotaCall` before it is sent, with a fencing
+//! sequence that only grows: a repeat of a call whose answer is unknown reuses it, any
+//! other call takes the next. So a call that lands late (a timed-out release after the
+//! next reserve, a timed-out reserve after the release, a deposed replica's call) is
+//! older than the last one and refused by the service; and a reserve whose answer was
+//! lost is known to the plan, which releases it when the GpuJob stops needing quota. A
+//! reservation is used only while no call is pending: after a release that did not
+//! confirm, the next attempt reserves again first.
+//!
 //! Decisions only: the executor makes the calls and feeds the answers back
 //! ([`super::Observed::quota`]).
 
@@ -14,7 +23,9 @@ use jiff::SignedDuration;
 use super::{
     Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Next, Planner, QuotaAnswer,
 };
-use crate::api::{ANNOTATION_SKIP_RELEASE, ConditionStatus, Phase};
+use crate::api::{
+    ANNOTATION_SKIP_RELEASE, ConditionStatus, GpuJobStatus, Phase, QuotaCall, QuotaOp,
+};
 use crate::controller::events::{Kind, Note};
 use crate::controller::status::{CLEANUP_STUCK, QUOTA_RESERVED, remove_condition, set_condition};
 use crate::quota::ReserveRequest;
@@ -23,7 +34,7 @@ impl Planner<'_, '_> {
     /// Before the attempts of a GpuJob that is not final: make sure a reservation is
     /// recorded. Returns false when the plan ends here (the reserve is asked).
     pub(super) fn reserve_first(&mut self) -> bool {
-        if self.current.reservation_id.is_some() || !self.may_start() {
+        if usable(&self.current) || !self.may_start() {
             // Held already, or nothing could start: an invalid spec or a taken Job name
             // reserves nothing.
             return true;
@@ -34,6 +45,12 @@ impl Planner<'_, '_> {
                 // Recorded before any Job exists: the attempts below depend on it.
                 self.checkpoint(|s| {
                     s.reservation_id = Some(id.clone());
+                    if let Some(c) = s.quota_call.as_mut() {
+                        c.pending = false;
+                    }
+                    // A release that kept failing is superseded by this grant.
+                    s.release_failing_since = None;
+                    remove_condition(&mut s.conditions, CLEANUP_STUCK);
                     s.observed_generation = generation;
                     set_condition(
                         &mut s.conditions,
@@ -49,7 +66,9 @@ impl Planner<'_, '_> {
             }
             Some(QuotaAnswer::Refused { reason, message }) => {
                 // No new attempt starts (a running one goes on); the attempts below
-                // say so in Ready and ask again with backoff.
+                // say so in Ready and ask again with backoff. The call stays pending:
+                // the next ask repeats it without another status write, and a GpuJob
+                // that stops needing quota releases (a cheap 404) rather than guess.
                 self.condition(QUOTA_RESERVED, ConditionStatus::False, &reason, message);
                 true
             }
@@ -58,15 +77,50 @@ impl Planner<'_, '_> {
                     // Before anything exists outside the cluster, so that deletion waits.
                     self.actions.push(Action::AddFinalizer);
                 }
-                self.ask(Action::Reserve(ReserveRequest {
-                    uid: self.gj.metadata.uid.clone().unwrap_or_default(),
-                    namespace: self.gj.metadata.namespace.clone().unwrap_or_default(),
-                    name: self.name.clone(),
-                    gpus: self.gj.spec.gpus,
-                }));
+                let sequence = self.record_call(QuotaOp::Reserve);
+                self.ask(Action::Reserve(
+                    ReserveRequest {
+                        uid: self.gj.metadata.uid.clone().unwrap_or_default(),
+                        namespace: self.gj.metadata.namespace.clone().unwrap_or_default(),
+                        name: self.name.clone(),
+                        gpus: self.gj.spec.gpus,
+                    },
+                    sequence,
+                ));
                 false
             }
         }
+    }
+
+    /// The fencing sequence of a call `op`: the recorded one when it repeats the recorded
+    /// call whose answer is unknown, else the next, recorded (pending) before the call is
+    /// sent so that no later call, on any replica, can carry a smaller one.
+    fn record_call(&mut self, op: QuotaOp) -> i64 {
+        let sequence = match &self.recorded.quota_call {
+            Some(c) if c.op == op && c.pending => return c.sequence,
+            Some(c) => c.sequence.saturating_add(1),
+            None => 1,
+        };
+        let call = QuotaCall {
+            op,
+            sequence,
+            pending: true,
+        };
+        match op {
+            // Asked before the attempts are planned: the plan made again with the
+            // answer decides them.
+            QuotaOp::Reserve => self.checkpoint(|s| s.quota_call = Some(call.clone())),
+            // Asked last, because of what this plan decided (a final phase, a suspend, a
+            // spec that cannot run): recorded with it, so that the plan made again with
+            // the answer starts from there, not from a GpuJob that still wants quota.
+            QuotaOp::Release => {
+                self.next.quota_call = Some(call);
+                self.recorded = self.next.clone();
+                self.actions
+                    .push(Action::RecordStatus(Box::new(self.next.clone())));
+            }
+        }
+        sequence
     }
 
     /// Whether a new attempt could start once quota is granted.
@@ -93,7 +147,7 @@ impl Planner<'_, '_> {
     /// keeps the finalizer: a fixed spec reserves again).
     pub(super) fn release_when_done_or_blocked(&mut self) {
         if self.next.phase.is_some_and(Phase::is_final) {
-            if self.next.reservation_id.is_some() || self.gj.holds_quota_finalizer() {
+            if may_hold(&self.next) || self.gj.holds_quota_finalizer() {
                 self.settle_release(true, "GPU quota released".to_owned());
             }
             return;
@@ -110,7 +164,8 @@ impl Planner<'_, '_> {
         };
         let idle = matches!(self.next.phase, Some(Phase::Pending | Phase::Suspended))
             && !self.holds_gpus();
-        if idle && self.next.reservation_id.is_some() {
+        // A reserve whose answer was lost may hold quota too: released all the same.
+        if idle && may_hold(&self.next) {
             self.settle_release(
                 false,
                 format!("GPU quota released: no attempt can start ({why})"),
@@ -154,6 +209,10 @@ impl Planner<'_, '_> {
                 .push(Action::RemoveFinalizer(FinalizerRemoval::ReleaseSkipped));
             return;
         }
+        // The reservation covers the attempt's pods: it goes only once they are gone.
+        if self.stop_jobs_of_deleted() {
+            return;
+        }
         self.settle_release(true, "GPU quota released".to_owned());
     }
 
@@ -165,6 +224,9 @@ impl Planner<'_, '_> {
             Some(QuotaAnswer::Released) => {
                 self.next.release_failing_since = None;
                 remove_condition(&mut self.next.conditions, CLEANUP_STUCK);
+                if let Some(c) = self.next.quota_call.as_mut() {
+                    c.pending = false;
+                }
                 if self.next.reservation_id.take().is_some() {
                     self.condition(QUOTA_RESERVED, ConditionStatus::False, "Released", message);
                 }
@@ -195,7 +257,26 @@ impl Planner<'_, '_> {
                 }
                 self.requeue = Next::Backoff;
             }
-            _ => self.ask(Action::Release),
+            _ => {
+                let sequence = self.record_call(QuotaOp::Release);
+                self.ask(Action::Release(sequence));
+            }
         }
     }
+}
+
+/// A granted reservation no call since may have undone: attempts may run on it. After a
+/// release that did not confirm, it may be gone (or go late): reserve again first.
+pub(super) fn usable(s: &GpuJobStatus) -> bool {
+    s.reservation_id.is_some() && !pending(s)
+}
+
+/// Whether the service may hold quota for this GpuJob: a reservation recorded, or a call
+/// whose outcome is unknown (a reserve may have landed, a release may not have).
+fn may_hold(s: &GpuJobStatus) -> bool {
+    s.reservation_id.is_some() || pending(s)
+}
+
+fn pending(s: &GpuJobStatus) -> bool {
+    s.quota_call.as_ref().is_some_and(|c| c.pending)
 }

@@ -505,7 +505,7 @@ mod quota {
     //! The quota protocol, step by step, with the answers fed back as the executor does.
 
     use super::*;
-    use crate::api::{ANNOTATION_SKIP_RELEASE, FINALIZER_QUOTA};
+    use crate::api::{ANNOTATION_SKIP_RELEASE, FINALIZER_QUOTA, QuotaCall, QuotaOp};
     use crate::controller::status::{CLEANUP_STUCK, QUOTA_RESERVED};
 
     fn with_finalizer(mut g: GpuJob) -> GpuJob {
@@ -536,12 +536,24 @@ mod quota {
     fn finalizer_then_reserve_then_record_then_the_job() {
         let g = gpujob(3);
         let p = quota_plan(&g, &[], None, T0);
-        assert_eq!(kinds(&p), vec!["AddFinalizer", "Reserve"]);
+        assert_eq!(kinds(&p), vec!["AddFinalizer", "RecordStatus", "Reserve"]);
         assert!(p.asks(), "the reserve's answer decides what follows");
-        let Some(Action::Reserve(req)) = p.actions.last() else {
+        let Some(Action::Reserve(req, sequence)) = p.actions.last() else {
             panic!("reserve")
         };
-        assert_eq!((req.uid.as_str(), req.gpus), ("uid-1", 1));
+        assert_eq!((req.uid.as_str(), req.gpus, *sequence), ("uid-1", 1, 1));
+        // The call is recorded before it is sent: a lost answer is still known.
+        let Action::RecordStatus(recorded) = &p.actions[1] else {
+            panic!("record")
+        };
+        assert_eq!(
+            recorded.quota_call,
+            Some(QuotaCall {
+                op: QuotaOp::Reserve,
+                sequence: 1,
+                pending: true
+            })
+        );
 
         // Granted: the id is recorded before the Job is created.
         let g = with_finalizer(g);
@@ -577,14 +589,19 @@ mod quota {
         // The finalizer is there already: nothing in the plan writes the GpuJob before
         // the reserve, so it is read first (the quota service cannot refuse a reserve
         // for a GpuJob that finished or went away meanwhile; it would leak).
+        // (Recording the call is such a write too; the executor skips the Confirm once
+        // a write has confirmed the view.)
         let g = with_finalizer(gpujob(3));
-        assert_eq!(kinds(&cached_plan(&g, &[], T0)), vec!["Confirm", "Reserve"]);
+        assert_eq!(
+            kinds(&cached_plan(&g, &[], T0)),
+            vec!["RecordStatus", "Confirm", "Reserve"]
+        );
         // Adding the finalizer is a write with a resourceVersion precondition: it
         // confirms the view by itself.
         let fresh = gpujob(3);
         assert_eq!(
             kinds(&cached_plan(&fresh, &[], T0)),
-            vec!["AddFinalizer", "Reserve"]
+            vec!["AddFinalizer", "RecordStatus", "Reserve"]
         );
         // The release when the attempt succeeded (a stale view could release the
         // reservation of a rerun).
@@ -592,7 +609,7 @@ mod quota {
         let done = [job(&g, 1, Some(("Complete", "", "2026-11-30T06:05:00Z")))];
         assert_eq!(
             kinds(&cached_plan(&g, &done, "2026-11-30T06:05:01Z")),
-            vec!["Confirm", "Release"]
+            vec!["RecordStatus", "Confirm", "Release"]
         );
         // Nothing asked, nothing confirmed: a converged GpuJob costs no read.
         let jobs = [job(&g, 1, None)];
@@ -654,7 +671,7 @@ mod quota {
         g.metadata.generation = Some(2);
         g.spec.image = "Not A Valid Image".into();
         let p = quota_plan(&g, &failed, None, "2026-11-30T06:00:32Z");
-        assert_eq!(kinds(&p), vec!["Release"]);
+        assert_eq!(kinds(&p), vec!["RecordStatus", "Release"]);
         let p = quota_plan(
             &g,
             &failed,
@@ -678,7 +695,11 @@ mod quota {
         g.metadata.generation = Some(3);
         g.spec.image = "img".into();
         let p = quota_plan(&g, &failed, None, "2026-11-30T06:01:00Z");
-        assert_eq!(kinds(&p), vec!["Reserve"], "the finalizer is still there");
+        assert_eq!(
+            kinds(&p),
+            vec!["RecordStatus", "Reserve"],
+            "the finalizer is still there"
+        );
         let p = quota_plan(&g, &failed, granted(), "2026-11-30T06:01:00Z");
         assert_eq!(kinds(&p), vec!["RecordStatus", "CreateJob"]);
     }
@@ -727,7 +748,11 @@ mod quota {
         let g = reserved_and_running(&gpujob(3));
         let done = [job(&g, 1, Some(("Complete", "", "2026-11-30T06:01:00Z")))];
         let p = quota_plan(&g, &done, None, "2026-11-30T06:01:01Z");
-        assert_eq!(kinds(&p), vec!["Release"]);
+        assert_eq!(kinds(&p), vec!["RecordStatus", "Release"]);
+        // The release is recorded with the phase that asks for it: the plan made again
+        // with the answer starts from a finished GpuJob, not one that wants quota.
+        let g = with_recorded(g, &p);
+        assert_eq!(g.status.as_ref().unwrap().phase, Some(Phase::Succeeded));
         let p = quota_plan(
             &g,
             &done,
@@ -756,7 +781,7 @@ mod quota {
             })
         };
         let p = quota_plan(&g, &[], None, T0);
-        assert_eq!(kinds(&p), vec!["Release"]);
+        assert_eq!(kinds(&p), vec!["RecordStatus", "Release"]);
         let p = quota_plan(&g, &[], failed(), T0);
         assert!(p.actions.is_empty());
         assert_eq!(p.status.release_failing_since, Some(t(T0)));
@@ -809,6 +834,164 @@ mod quota {
             p.actions,
             vec![Action::RemoveFinalizer(FinalizerRemoval::QuotaDisabled)]
         );
+    }
+
+    /// The status as the plan's last `RecordStatus` left it (what the API server has
+    /// when the call that follows is sent).
+    fn with_recorded(mut g: GpuJob, p: &Plan) -> GpuJob {
+        let last = p.actions.iter().rev().find_map(|a| match a {
+            Action::RecordStatus(s) => Some((**s).clone()),
+            _ => None,
+        });
+        g.status = Some(last.expect("a recorded status"));
+        g
+    }
+
+    fn call(p: &Plan) -> Option<(QuotaOp, i64)> {
+        match p.actions.last() {
+            Some(Action::Reserve(_, n)) => Some((QuotaOp::Reserve, *n)),
+            Some(Action::Release(n)) => Some((QuotaOp::Release, *n)),
+            _ => None,
+        }
+    }
+
+    fn suspended(mut g: GpuJob, on: bool) -> GpuJob {
+        g.spec.suspend = on;
+        g.metadata.generation = Some(g.metadata.generation.unwrap_or(1) + 1);
+        g
+    }
+
+    #[test]
+    fn a_release_that_did_not_confirm_is_never_built_on_the_next_attempt_reserves_again() {
+        // Running on r-1 (reserved with call 1); suspended; the Job is gone: release.
+        let g = with_finalizer(gpujob(3));
+        let p = quota_plan(&g, &[], None, T0);
+        let g = with_recorded(g, &p);
+        let g = with_status(g.clone(), &quota_plan(&g, &[], granted(), T0));
+        let g = suspended(g, true);
+        let p = quota_plan(&g, &[], None, "2026-11-30T06:01:00Z");
+        assert_eq!(call(&p), Some((QuotaOp::Release, 2)));
+        // It timed out: it may land at any time later.
+        let g = with_recorded(g, &p);
+        let failed = Some(QuotaAnswer::ReleaseFailed {
+            message: "timed out".into(),
+        });
+        let g = with_status(
+            g.clone(),
+            &quota_plan(&g, &[], failed, "2026-11-30T06:01:00Z"),
+        );
+        assert_eq!(
+            g.status.as_ref().unwrap().reservation_id.as_deref(),
+            Some("r-1"),
+            "kept: it may still be held"
+        );
+        // Resumed: no attempt on r-1; a new reserve, with a number the late release
+        // cannot beat, comes first.
+        let g = suspended(g, false);
+        let p = quota_plan(&g, &[], None, "2026-11-30T06:02:00Z");
+        assert!(creates(&p).is_empty(), "{:?}", kinds(&p));
+        assert_eq!(kinds(&p), vec!["RecordStatus", "Reserve"]);
+        assert_eq!(call(&p), Some((QuotaOp::Reserve, 3)));
+        let g = with_recorded(g, &p);
+        let p = quota_plan(&g, &[], granted(), "2026-11-30T06:02:00Z");
+        assert_eq!(creates(&p), vec![2]);
+        let c = p.status.quota_call.clone().unwrap();
+        assert_eq!((c.op, c.sequence, c.pending), (QuotaOp::Reserve, 3, false));
+    }
+
+    #[test]
+    fn a_call_repeats_with_its_number_and_any_other_call_takes_a_larger_one() {
+        let g = with_finalizer(gpujob(3));
+        let p = quota_plan(&g, &[], None, T0);
+        assert_eq!(call(&p), Some((QuotaOp::Reserve, 1)));
+        // No answer (timed out): the reconcile fails, the status keeps the call pending.
+        let g = with_recorded(g, &p);
+        let again = quota_plan(&g, &[], None, "2026-11-30T06:00:01Z");
+        assert_eq!(kinds(&again), vec!["Reserve"], "a repeat: no new record");
+        assert_eq!(call(&again), Some((QuotaOp::Reserve, 1)));
+        // Deleted now: the release outnumbers the reserve, so the reserve, should it
+        // land late, is refused by the service instead of leaking.
+        let mut g = g;
+        g.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:00:02Z")));
+        let p = quota_plan(&g, &[], None, "2026-11-30T06:00:02Z");
+        assert_eq!(kinds(&p), vec!["RecordStatus", "Release"]);
+        assert_eq!(call(&p), Some((QuotaOp::Release, 2)));
+        // Confirmed: recorded (no longer pending) before the finalizer goes.
+        let g = with_recorded(g, &p);
+        let p = quota_plan(&g, &[], Some(QuotaAnswer::Released), "2026-11-30T06:00:02Z");
+        assert_eq!(kinds(&p), vec!["RecordStatus", "RemoveFinalizer"]);
+        let c = with_recorded(g, &p).status.unwrap().quota_call.unwrap();
+        assert_eq!((c.op, c.sequence, c.pending), (QuotaOp::Release, 2, false));
+    }
+
+    #[test]
+    fn a_gpujob_deleted_while_running_stops_its_job_before_it_releases() {
+        let g = reserved_and_running(&gpujob(3));
+        let done = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
+        let running = job(&g, 2, None);
+        let mut g = g;
+        g.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:05:00Z")));
+        let now = "2026-11-30T06:05:00Z";
+        // The running attempt's Job goes first, in the foreground (once its pods have
+        // stopped); the finished one holds nothing. No release yet.
+        let p = quota_plan(&g, &[done.clone(), running.clone()], None, now);
+        let deleted: Vec<_> = p
+            .actions
+            .iter()
+            .map(|a| match a {
+                Action::DeleteJob { name, why, .. } => Some((name.as_str(), *why)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deleted, vec![Some(("train-2", JobDeletion::GpuJobDeleted))]);
+        assert!(JobDeletion::GpuJobDeleted.foreground());
+        // Being deleted (its pods stopping): wait, ask nothing.
+        let mut stopping = running.clone();
+        stopping.metadata.deletion_timestamp = Some(Time(t(now)));
+        let p = quota_plan(&g, &[done.clone(), stopping], None, now);
+        assert!(p.actions.is_empty(), "{:?}", kinds(&p));
+        // Gone: now the release.
+        let p = quota_plan(&g, &[done], None, now);
+        assert_eq!(kinds(&p), vec!["RecordStatus", "Release"]);
+    }
+
+    #[test]
+    fn a_reserve_whose_answer_was_lost_is_released_once_the_gpujob_cannot_run() {
+        for stop in ["suspend", "invalid"] {
+            let g = with_finalizer(gpujob(3));
+            let p = quota_plan(&g, &[], None, T0);
+            // Sent; the answer never came. No reservation id, but quota may be held.
+            let mut g = with_recorded(g, &p);
+            assert_eq!(g.status.as_ref().unwrap().reservation_id, None);
+            g.metadata.generation = Some(2);
+            match stop {
+                "suspend" => g.spec.suspend = true,
+                _ => g.spec.image = "Not A Valid Image".into(),
+            }
+            let p = quota_plan(&g, &[], None, "2026-11-30T06:00:10Z");
+            assert_eq!(kinds(&p), vec!["RecordStatus", "Release"], "{stop}");
+            assert_eq!(call(&p), Some((QuotaOp::Release, 2)), "{stop}");
+            let g = with_recorded(g, &p);
+            let p = quota_plan(&g, &[], Some(QuotaAnswer::Released), "2026-11-30T06:00:10Z");
+            assert!(p.actions.is_empty(), "the finalizer stays: {:?}", kinds(&p));
+            // Settled: looking again asks nothing.
+            let g = with_status(g, &p);
+            let again = quota_plan(&g, &[], None, "2026-11-30T06:00:20Z");
+            assert!(again.actions.is_empty(), "{stop}: {:?}", kinds(&again));
+            assert_eq!(Some(&again.status), g.status.as_ref());
+        }
+    }
+
+    #[test]
+    fn a_reservation_recorded_before_calls_were_numbered_is_used_and_released() {
+        // Recorded by an operator that did not record its calls.
+        let g = reserved_and_running(&gpujob(3));
+        assert_eq!(g.status.as_ref().unwrap().quota_call, None);
+        let running = [job(&g, 1, None)];
+        assert!(quota_plan(&g, &running, None, T0).actions.is_empty());
+        let done = [job(&g, 1, Some(("Complete", "", "2026-11-30T06:01:00Z")))];
+        let p = quota_plan(&g, &done, None, "2026-11-30T06:01:01Z");
+        assert_eq!(call(&p), Some((QuotaOp::Release, 1)));
     }
 }
 
@@ -929,14 +1112,18 @@ mod lifecycle {
         let g = suspend(g, true);
         // The attempt's Job is gone; nothing runs: release.
         let p = obs(&g, None, &[]);
-        assert_eq!(p.actions, vec![Action::Release]);
+        let [Action::RecordStatus(recorded), Action::Release(1)] = p.actions.as_slice() else {
+            panic!("{:?}", p.actions)
+        };
+        let mut g = g;
+        g.status = Some((**recorded).clone());
         let p = obs(&g, Some(QuotaAnswer::Released), &[]);
         assert_eq!(p.status.reservation_id, None);
         assert_eq!(p.status.phase, Some(Phase::Suspended));
         let g = suspend(with_status(g, &p), false);
         let p = obs(&g, None, &[]);
         assert!(
-            matches!(p.actions.last(), Some(Action::Reserve(_))),
+            matches!(p.actions.last(), Some(Action::Reserve(_, 2))),
             "{:?}",
             p.actions
         );
@@ -1137,9 +1324,11 @@ mod lifecycle {
                 &settings(),
             )
         };
-        assert_eq!(
-            look(&done, None).actions,
-            vec![Action::Release],
+        assert!(
+            matches!(
+                look(&done, None).actions.as_slice(),
+                [Action::RecordStatus(_), Action::Release(_)]
+            ),
             "release first"
         );
         let released = look(&done, Some(QuotaAnswer::Released));
