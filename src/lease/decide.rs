@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use tokio::time::Instant;
 
@@ -130,6 +130,23 @@ pub fn release(previous: &LeaseSpec, wall: Timestamp) -> LeaseSpec {
         renew_time: Some(MicroTime(wall)),
         lease_transitions: previous.lease_transitions,
         ..LeaseSpec::default()
+    }
+}
+
+/// A Lease as seen at `at`.
+pub(super) fn observed(lease: &Lease, at: Instant) -> Observed {
+    Observed {
+        spec: lease.spec.clone().unwrap_or_default(),
+        resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
+        at,
+    }
+}
+
+/// The expiry clock restarts only when the record changed.
+pub(super) fn update(seen: &mut Observed, lease: &Lease, now: Instant) {
+    let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+    if seen.resource_version != rv {
+        *seen = observed(lease, now);
     }
 }
 

@@ -9,7 +9,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::decide::{Observed, Timing, claim, release};
+use super::decide::{self, Observed, Timing, claim, release};
 
 /// Outcome of one attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +135,7 @@ impl Elector {
             let sent = Instant::now();
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(created) => {
-                    *observed = Some(observe(&created, sent));
+                    *observed = Some(decide::observed(&created, sent));
                     Ok(held(sent, &created))
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Lost),
@@ -169,7 +169,7 @@ impl Elector {
             .await
         {
             Ok(updated) => {
-                *observed = Some(observe(&updated, sent));
+                *observed = Some(decide::observed(&updated, sent));
                 Ok(held(sent, &updated))
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Lost),
@@ -195,7 +195,7 @@ impl Elector {
             .await
         {
             Ok(updated) => {
-                *observed = Some(observe(&updated, Instant::now()));
+                *observed = Some(decide::observed(&updated, Instant::now()));
                 Ok(true)
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
@@ -227,12 +227,4 @@ fn held(sent: Instant, lease: &Lease) -> Attempt {
         .and_then(|s| s.lease_transitions)
         .unwrap_or(0);
     Attempt::Held { sent, transitions }
-}
-
-fn observe(lease: &Lease, at: Instant) -> Observed {
-    Observed {
-        spec: lease.spec.clone().unwrap_or_default(),
-        resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
-        at,
-    }
 }

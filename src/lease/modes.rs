@@ -29,7 +29,7 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use tokio::time::{Duration, Instant, timeout};
 
-use super::Observed;
+use super::decide::{Observed, observed, update};
 use super::sharded::{LABEL_GROUP, LABEL_ROLE, LABEL_SHARDS};
 
 /// A live sharded replica, as a `--shards 1` replica sees it.
@@ -118,22 +118,6 @@ pub fn live_sharded(
         }
     }
     found
-}
-
-pub(super) fn observed(lease: &Lease, at: Instant) -> Observed {
-    Observed {
-        spec: lease.spec.clone().unwrap_or_default(),
-        resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
-        at,
-    }
-}
-
-/// The expiry clock restarts only when the record changed.
-pub(super) fn update(seen: &mut Observed, lease: &Lease, now: Instant) {
-    let rv = lease.metadata.resource_version.clone().unwrap_or_default();
-    if seen.resource_version != rv {
-        *seen = observed(lease, now);
-    }
 }
 
 #[cfg(test)]

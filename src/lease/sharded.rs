@@ -28,7 +28,7 @@ use tokio::time::{Instant, timeout};
 use tracing::{error, info, warn};
 
 use super::balance::{self, Holder, View};
-use super::modes::{observed, update};
+use super::decide::{observed, update};
 use super::{
     Attempt, Elector, InFlight, Observed, Ownership, Tenure, Timing, beat_limit, explain,
     gained_or_lost, jitter, report,
