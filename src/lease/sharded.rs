@@ -246,10 +246,7 @@ impl Coordinator {
                     self.legacy_logged = true;
                 }
                 self.status.metrics.shard_count_conflict.set(1);
-                let held: Vec<u32> = self.tx.borrow().held.keys().copied().collect();
-                for s in held {
-                    self.give_up(s, members.len()).await;
-                }
+                self.give_up_all(members.len()).await;
                 return;
             }
             Legacy::Unknown(why) => {
@@ -275,10 +272,7 @@ impl Coordinator {
                 );
             }
             self.status.metrics.shard_count_conflict.set(1);
-            let held: Vec<u32> = self.tx.borrow().held.keys().copied().collect();
-            for s in held {
-                self.give_up(s, members.len()).await;
-            }
+            self.give_up_all(members.len()).await;
             return;
         }
         self.status.metrics.shard_count_conflict.set(0);
@@ -514,6 +508,14 @@ impl Coordinator {
                 shard,
                 "releasing the shard: no answer; it expires after the lease duration"
             ),
+        }
+    }
+
+    /// Drains and releases every held shard (another writer may be live beside this one).
+    async fn give_up_all(&mut self, live: usize) {
+        let held: Vec<u32> = self.tx.borrow().held.keys().copied().collect();
+        for s in held {
+            self.give_up(s, live).await;
         }
     }
 

@@ -49,7 +49,9 @@ pub async fn run(
                 .seen()
                 .await
                 .is_some_and(|o| o.held_by_other(elector.identity(), Instant::now()));
-            if !leader_live && sharded_live(&mut peers, &elector, &status, &mut logged).await {
+            if !leader_live
+                && sharded_live(&mut peers, &elector, &lease, &status, &mut logged).await
+            {
                 tokio::select! {
                     _ = tokio::time::sleep(jitter(timing.retry_period)) => continue,
                     _ = &mut shutdown => break 'campaign,
@@ -58,7 +60,7 @@ pub async fn run(
             let attempt = tokio::time::timeout(timing.renew_deadline, elector.acquire());
             match attempt.await {
                 Ok(Ok(Attempt::Held { sent, transitions })) => {
-                    if !sharded_live(&mut peers, &elector, &status, &mut logged).await {
+                    if !sharded_live(&mut peers, &elector, &lease, &status, &mut logged).await {
                         break (sent, transitions);
                     }
                     // Nothing was written in this term: hand the Lease straight back.
@@ -193,6 +195,7 @@ pub async fn run(
 async fn sharded_live(
     peers: &mut ShardedPeers,
     elector: &Elector,
+    lease: &str,
     status: &Status,
     logged: &mut bool,
 ) -> bool {
@@ -209,7 +212,7 @@ async fn sharded_live(
         Ok(Some(peer)) => {
             if !*logged {
                 warn!(
-                    lease = %format!("{}/{}", elector.namespace(), elector.name()),
+                    lease = %lease,
                     replica = %peer.identity,
                     its_shards = peer.shards.map(|n| n.to_string()).unwrap_or_else(|| "unknown".to_owned()),
                     "a replica running with more than one shard is live; this --shards 1 replica takes no Lease until every sharded replica is gone (README, Sharding)"
@@ -221,7 +224,7 @@ async fn sharded_live(
         }
         Err(why) => {
             warn!(
-                lease = %format!("{}/{}", elector.namespace(), elector.name()),
+                lease = %lease,
                 "lease: listing the group's shard Leases failed: {why}; not leading in this look"
             );
             true

@@ -81,9 +81,12 @@ impl Status {
         self.serves_conversions.store(true, Ordering::Relaxed);
     }
 
-    /// A list of GpuJobs failed (the watch retries it with backoff).
+    /// A list of GpuJobs failed (the watch retries it with backoff). Counts only before
+    /// the caches synced: only then does readiness depend on it.
     pub fn gpujob_list_failed(&self) {
-        self.list_failed.store(true, Ordering::Relaxed);
+        if !self.is_ready() {
+            self.list_failed.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Why `/readyz` answers ok, or `Err` why not. Ready means the caches are synced,

@@ -106,9 +106,7 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake, status: Ar
                 }
             }
             Err(e) => {
-                if !status.is_ready() {
-                    status.gpujob_list_failed();
-                }
+                status.gpujob_list_failed();
                 warn!(
                     "GpuJob watch: {}; retrying with backoff",
                     crate::apierror::describe_watch(&e)
