@@ -16,6 +16,7 @@ use std::time::Duration;
 use devcluster::audit::AuditEvent;
 use gpujob_operator::api::{GpuJob, Phase};
 use gpujob_operator::controller::job::attempt_of;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, PostParams};
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -288,6 +289,60 @@ async fn replicas_with_different_shard_counts_hold_nothing_and_say_so_until_they
     six.signal(Signal::SIGKILL);
     six.wait_exit(Duration::from_secs(10)).await;
     wait_balanced(&env, 3, &["replica-1"], 3, Duration::from_secs(30)).await;
+}
+
+#[tokio::test]
+async fn replicas_restarted_under_the_same_names_with_a_new_count_take_the_shards() {
+    // Stable identities (a StatefulSet, or `--identity`): the member Leases outlive the
+    // processes and must come to say the new count, or each replica keeps seeing the
+    // others' (and its own) old count and nobody takes anything.
+    let env = TestEnv::private("shards-renamed").await;
+    let mut old = vec![replica(&env, 1, 3), replica(&env, 2, 3)];
+    // 3 shards over 2 replicas: 2 and 1.
+    devcluster::wait::until(
+        "all 3 shards held",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let h = shards::holders(&env.admin, &env.ns, 3).await;
+            h.iter().all(Option::is_some).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let mut new = Vec::new();
+    for (n, mut r) in (1..).zip(old.drain(..)) {
+        r.signal(Signal::SIGTERM);
+        r.wait_exit(Duration::from_secs(30)).await;
+        new.push(replica(&env, n, 4));
+    }
+    wait_balanced(
+        &env,
+        4,
+        &["replica-1", "replica-2"],
+        2,
+        Duration::from_secs(60),
+    )
+    .await;
+    let leases: Api<Lease> = Api::namespaced(env.admin.clone(), &env.ns);
+    for l in leases.list(&Default::default()).await.unwrap().items {
+        let labels = l.metadata.labels.clone().unwrap_or_default();
+        let name = l.metadata.name.clone().unwrap_or_default();
+        if name.contains("-member-")
+            || ["0", "1", "2", "3"]
+                .iter()
+                .any(|i| name.ends_with(&format!("-shard-{i}")))
+        {
+            assert_eq!(
+                labels
+                    .get(gpujob_operator::lease::LABEL_SHARDS)
+                    .map(String::as_str),
+                Some("4"),
+                "{name}: {labels:?}"
+            );
+        }
+    }
+    drop(new);
 }
 
 /// Waits until `replica`'s log contains one of `any`.

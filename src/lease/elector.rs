@@ -62,7 +62,7 @@ impl Elector {
         }
     }
 
-    /// The Lease is created with these labels.
+    /// The Lease is created with these labels, and every acquire and renew writes them.
     pub fn with_labels(mut self, labels: std::collections::BTreeMap<String, String>) -> Elector {
         self.labels = labels;
         self
@@ -161,6 +161,12 @@ impl Elector {
             Timestamp::now(),
             new_term,
         ));
+        // The labels say who writes the Lease now (a replica restarted under the same
+        // name with another `--shards` must not go on showing the old count).
+        if !self.labels.is_empty() {
+            let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+            labels.extend(self.labels.clone());
+        }
         let sent = Instant::now();
         // A replace carries the resourceVersion it read: a compare-and-swap.
         match self
