@@ -228,8 +228,8 @@ async fn cut_and_expired_watches_recover_without_redoing_work() {
         .filter(|e| e.user_agent == agent && e.succeeded())
         .filter(|e| e.resource == "gpujobs" || e.resource == "jobs")
         .collect();
-    // One Job create and two status patches (Running, Succeeded) per GpuJob.
-    assert_eq!(writes.len(), 30, "{writes:#?}");
+    // One Job create, its start and two status patches (Running, Succeeded) per GpuJob.
+    assert_eq!(writes.len(), 40, "{writes:#?}");
     op.stop().await;
 }
 

@@ -539,7 +539,7 @@ async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
         ("gpujobs.gpujob.dev", "get list watch patch delete"),
         ("gpujobs.gpujob.dev/status", "patch"),
         ("gpujobs.gpujob.dev/finalizers", "update"),
-        ("jobs.batch", "get list watch create delete"),
+        ("jobs.batch", "get list watch create patch delete"),
         ("pods", "list"),
         ("events.events.k8s.io", "create patch"),
         // --metrics-secure: is this scraper's token valid, may its user get /metrics?

@@ -256,7 +256,7 @@ async fn a_failed_first_attempt_then_success() {
 }
 
 #[tokio::test]
-async fn two_writes_per_gpujob_to_running_and_none_when_converged() {
+async fn three_writes_per_gpujob_to_running_and_none_when_converged() {
     let env = TestEnv::new("writes").await;
     let identity = "writes";
     let agent = TestEnv::agent(identity);
@@ -277,6 +277,18 @@ async fn two_writes_per_gpujob_to_running_and_none_when_converged() {
         })
         .await;
     }
+    // Every Job created suspended and started.
+    wait::until("every Job started", WAIT, POLL, || async {
+        let jobs = env.jobs().list(&Default::default()).await.ok()?;
+        let started = jobs
+            .items
+            .iter()
+            .filter(|j| j.spec.as_ref().and_then(|s| s.suspend) == Some(false))
+            .count();
+        (started == N).then_some(())
+    })
+    .await
+    .unwrap();
     // Let late events (the Job controller's status updates, our own echoes) settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let writes = operator_writes(&audit.since(start).unwrap(), &agent, &env.ns);
@@ -284,14 +296,18 @@ async fn two_writes_per_gpujob_to_running_and_none_when_converged() {
         .iter()
         .filter(|e| e.resource == "jobs" && e.verb == "create")
         .count();
+    let starts = writes
+        .iter()
+        .filter(|e| e.resource == "jobs" && e.verb == "patch")
+        .count();
     let patches = writes
         .iter()
         .filter(|e| e.resource == "gpujobs" && e.subresource == "status" && e.verb == "patch")
         .count();
     let conflicts = writes.iter().filter(|e| e.code == 409).count();
     assert_eq!(
-        (creates, patches, conflicts),
-        (N, N, 0),
+        (creates, starts, patches, conflicts),
+        (N, N, N, 0),
         "writes: {writes:#?}"
     );
     // Besides those, only the "AttemptStarted" Event of each GpuJob (Events are for
@@ -299,8 +315,8 @@ async fn two_writes_per_gpujob_to_running_and_none_when_converged() {
     let (events, control): (Vec<_>, Vec<_>) = writes.iter().partition(|e| e.resource == "events");
     assert_eq!(
         control.len(),
-        2 * N,
-        "2.0 writes per GpuJob, nothing else: {control:#?}"
+        3 * N,
+        "3.0 writes per GpuJob (create, start, status), nothing else: {control:#?}"
     );
     assert_eq!(
         events.len(),

@@ -1,11 +1,12 @@
 use std::time::Duration;
 
 /// Every label [`Error::metric_label`] can return; metrics are created with these at zero.
-pub const ERROR_LABELS: [&str; 14] = [
+pub const ERROR_LABELS: [&str; 15] = [
     "read_gpujob",
     "read_job",
     "read_pods",
     "create_job",
+    "start_job",
     "delete_job",
     "patch_status",
     "conflict",
@@ -63,6 +64,7 @@ fn describe(action: &str) -> &'static str {
         "read_job" => "reading the attempt's Job",
         "read_pods" => "reading the failed attempt's pod",
         "create_job" => "creating the attempt's Job",
+        "start_job" => "starting the attempt's Job (created suspended)",
         "delete_job" => "deleting an attempt's Job",
         "delete_gpujob" => "deleting the finished GpuJob (its time to live is over)",
         "patch_status" => "patching the GpuJob status",
@@ -117,6 +119,7 @@ mod tests {
             "read_job",
             "read_pods",
             "create_job",
+            "start_job",
             "delete_job",
             "patch_status",
             "patch_finalizers",

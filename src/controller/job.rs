@@ -101,7 +101,10 @@ fn gpu_toleration() -> Toleration {
     }
 }
 
-/// The Job that runs `attempt` of `gpujob`. Expects a spec that passed validation: a
+/// The Job that runs `attempt` of `gpujob`, created suspended: its pods exist only once
+/// the shard's holder starts it ([`started`]), so a create delivered late (sent by a
+/// replica that then lost the shard) brings back a Job that runs nothing until the plan
+/// deletes it as a stray. Expects a spec that passed validation: a
 /// pod template that does not decode is left out here (validation reports it, and no
 /// Job is made for such a spec), and what validation refuses in a template (the fields
 /// the operator owns) is overwritten.
@@ -125,12 +128,31 @@ pub fn desired_job(gpujob: &GpuJob, attempt: i32) -> Job {
         spec: Some(JobSpec {
             // One Job per attempt: retries belong to the GpuJob, not the Job controller.
             backoff_limit: Some(0),
+            suspend: Some(true),
             active_deadline_seconds: spec.active_deadline_seconds,
             template: pod(spec, attempt, labels, template),
             ..JobSpec::default()
         }),
         status: None,
     }
+}
+
+/// Whether the holder has started `job` (or it was made before Jobs were created
+/// suspended): `spec.suspend` is not true.
+pub fn started(job: &Job) -> bool {
+    job.spec.as_ref().and_then(|s| s.suspend) != Some(true)
+}
+
+/// Whether the Job controller has seen `job` suspended (its `Suspended` condition):
+/// after that it writes nothing to the Job until it is started, so a start sent with
+/// the resourceVersion seen then is rarely refused.
+pub fn suspension_seen(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Suspended" && c.status == "True")
 }
 
 /// The attempt's pod: the GpuJob's pod template with the operator's part on top (its

@@ -37,6 +37,9 @@ struct Entry {
     /// Jobs being deleted in the foreground (name → uid): they stay until their pods
     /// are gone; shown as deleting until the cache says so.
     deleting: BTreeMap<String, String>,
+    /// Jobs started (name → the resourceVersion the start replaced): a cached copy at
+    /// that version is shown started, until the cache shows a newer one.
+    started: BTreeMap<String, String>,
 }
 
 impl Entry {
@@ -48,6 +51,7 @@ impl Entry {
             && self.created.is_empty()
             && self.deleted.is_empty()
             && self.deleting.is_empty()
+            && self.started.is_empty()
     }
 }
 
@@ -152,6 +156,12 @@ impl WriteMemory {
                     && j.metadata.deletion_timestamp.is_none()
             })
         });
+        entry.started.retain(|name, rv| {
+            cached.iter().any(|j| {
+                j.metadata.name.as_deref() == Some(name.as_str())
+                    && j.metadata.resource_version.as_deref() == Some(rv.as_str())
+            })
+        });
         let mut jobs: Vec<Arc<Job>> =
             cached
                 .into_iter()
@@ -161,17 +171,24 @@ impl WriteMemory {
                 })
                 .map(|j| {
                     let name = j.metadata.name.as_deref().unwrap_or_default();
-                    if entry.deleting.contains_key(name) {
+                    let deleting = entry.deleting.contains_key(name);
+                    let started = entry.started.contains_key(name);
+                    if !deleting && !started {
+                        return j;
+                    }
+                    let mut shown = (*j).clone();
+                    if deleting {
                         // Accepted as deleting; the cache has not seen it yet.
-                        let mut deleting = (*j).clone();
-                        deleting.metadata.deletion_timestamp =
+                        shown.metadata.deletion_timestamp =
                             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                                 jiff::Timestamp::now(),
                             ));
-                        Arc::new(deleting)
-                    } else {
-                        j
                     }
+                    if started {
+                        // Started; the cache still shows the version the start replaced.
+                        shown.spec = None;
+                    }
+                    Arc::new(shown)
                 })
                 .collect();
         jobs.extend(entry.created.values().filter_map(Cached::job).map(Arc::new));
@@ -202,6 +219,7 @@ impl WriteMemory {
             }
             entry.deleted.remove(name);
             entry.deleting.remove(name);
+            entry.started.remove(name);
         } else {
             entry.created.remove(name);
             if !entry.deleted.get(name).is_some_and(same) {
@@ -211,6 +229,11 @@ impl WriteMemory {
                 || job.metadata.deletion_timestamp.is_some()
             {
                 entry.deleting.remove(name);
+            }
+            if entry.started.get(name).map(String::as_str)
+                != job.metadata.resource_version.as_deref()
+            {
+                entry.started.remove(name);
             }
         }
         if entry.is_empty() {
@@ -260,6 +283,16 @@ impl WriteMemory {
         }
     }
 
+    /// Records a start (unsuspend) the API server accepted, of the Job `name` at
+    /// resourceVersion `replaced`: until the cache shows a newer version, the Job is
+    /// shown started (else the next look would start it again, and be refused).
+    pub fn job_started(&self, key: &Key, owner: &GpuJob, name: String, replaced: String) {
+        let mut entries = self.lock();
+        entry(&mut entries, key, owner)
+            .started
+            .insert(name, replaced);
+    }
+
     /// Records a delete the API server accepted. `foreground`: the Job stays, deleting,
     /// until its pods are gone.
     pub fn job_deleted(
@@ -294,19 +327,24 @@ impl WriteMemory {
     }
 
     /// A relist of Jobs is complete: the cache holds what the API server has, so what
-    /// is remembered about Jobs (created, deleted, being deleted) goes. Returns the
+    /// is remembered about Jobs (created, deleted, being deleted, started) goes. Returns the
     /// GpuJobs it was about, to be looked at again: a Job may have come and gone
     /// between two lists, with no event the cache could pass on.
     pub fn jobs_relisted(&self) -> Vec<Key> {
         let mut keys = Vec::new();
         self.lock().retain(|key, e| {
-            if e.created.is_empty() && e.deleted.is_empty() && e.deleting.is_empty() {
+            if e.created.is_empty()
+                && e.deleted.is_empty()
+                && e.deleting.is_empty()
+                && e.started.is_empty()
+            {
                 return true;
             }
             keys.push(key.clone());
             e.created.clear();
             e.deleted.clear();
             e.deleting.clear();
+            e.started.clear();
             !e.is_empty()
         });
         keys
@@ -613,6 +651,42 @@ mod tests {
         m.job_created(&key(), &owner, &job("a-1", "j1"));
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), false);
         assert!(m.jobs(&key(), "u", Vec::new).is_empty());
+    }
+
+    #[test]
+    fn a_started_job_shows_started_until_the_cache_shows_a_newer_version() {
+        let m = WriteMemory::default();
+        let owner = gj("1", "u");
+        let suspended = |rv: &str| {
+            let mut j = job("a-1", "j1");
+            j.metadata.resource_version = Some(rv.into());
+            j.spec = Some(k8s_openapi::api::batch::v1::JobSpec {
+                suspend: Some(true),
+                ..Default::default()
+            });
+            Arc::new(j)
+        };
+        m.job_started(&key(), &owner, "a-1".into(), "5".into());
+        let seen = m.jobs(&key(), "u", || vec![suspended("5")]);
+        assert_eq!(seen[0].spec, None, "started, though the cache lags");
+        assert_eq!(seen[0].metadata.resource_version.as_deref(), Some("5"));
+        // A newer version (suspended again by someone, say) is the cache's word.
+        let seen = m.jobs(&key(), "u", || vec![suspended("6")]);
+        assert!(seen[0].spec.is_some());
+        assert_eq!(m.entries(), 0, "nothing left to remember");
+        // The watch delivering a newer version forgets it too, as does its deletion.
+        m.job_started(&key(), &owner, "a-1".into(), "5".into());
+        m.job_seen(&key(), &suspended("5"), false);
+        assert_eq!(
+            m.entries(),
+            1,
+            "the version the start replaced settles nothing"
+        );
+        m.job_seen(&key(), &suspended("7"), false);
+        assert_eq!(m.entries(), 0);
+        m.job_started(&key(), &owner, "a-1".into(), "5".into());
+        m.job_seen(&key(), &suspended("5"), true);
+        assert_eq!(m.entries(), 0);
     }
 
     #[test]

@@ -15,12 +15,12 @@ use jiff::Timestamp;
 use super::error::Error;
 use super::job::{attempt_of, is_controlled_by, job_name, name_taken};
 use super::plan::{
-    JOB_NAME_CONFLICT, JobState, Observed, PodsWaiting, QuotaAnswer, Refusal, Termination,
+    JOB_NAME_CONFLICT, JobState, LivePod, Observed, PodsWaiting, QuotaAnswer, Refusal, Termination,
     Unschedulable, job_state, pods_waiting,
 };
 use super::status::READY;
 use super::{Context, Fence, Key};
-use crate::api::{GpuJob, Phase};
+use crate::api::{GpuJob, LABEL_ATTEMPT, LABEL_UID, Phase};
 
 #[derive(Debug)]
 pub struct Snapshot {
@@ -43,6 +43,7 @@ impl Snapshot {
         quota_required: bool,
         quota: Option<QuotaAnswer>,
         refused: Option<Refusal>,
+        pods: Option<Vec<LivePod>>,
         now: Timestamp,
     ) -> Observed<'_> {
         Observed {
@@ -53,6 +54,7 @@ impl Snapshot {
             refused: refused.or_else(|| self.refused.clone()),
             quota_required,
             quota,
+            pods,
             confirmed: self.confirmed,
             now,
         }
@@ -215,6 +217,35 @@ async fn unschedulable_of(
             }
         })
     }))
+}
+
+/// The GpuJob's pods (label `gpujob.dev/uid`) that have not terminated, read from the
+/// API server (a pod may outlive its Job: [`crate::controller::plan::Action::CheckPods`]).
+pub async fn live_pods(ctx: &Context, ns: &str, uid: &str) -> Result<Vec<LivePod>, Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("{LABEL_UID}={uid}")))
+        .await
+        .map_err(Error::kube("read_pods"))?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+        .map(|p| LivePod {
+            attempt: p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_ATTEMPT))
+                .and_then(|a| a.parse().ok()),
+            name: p.metadata.name.unwrap_or_default(),
+        })
+        .collect())
 }
 
 /// The pods of `job`, found by its `controller-uid` label (none for a Job without uid).

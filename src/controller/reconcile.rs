@@ -8,19 +8,20 @@ use jiff::Timestamp;
 use super::apply::{self, Answer, Executed};
 use super::error::Error;
 use super::observe::observe;
-use super::plan::{Action, Next, QuotaAnswer, Refusal, plan};
+use super::plan::{Action, LivePod, Next, QuotaAnswer, Refusal, plan};
 use super::{Context, Key};
 use crate::quota::QuotaError;
 
 /// A plan asks at most: a read that finds the GpuJob moved on, reserve, (a Job
-/// refused), release; more means a planning bug, which must not loop.
-const MAX_PLANS: usize = 6;
+/// refused), the pods, release; more means a planning bug, which must not loop.
+const MAX_PLANS: usize = 7;
 
 /// What the outside answered during one reconcile.
 #[derive(Debug, Default)]
 struct Heard {
     quota: Option<QuotaAnswer>,
     refused: Option<Refusal>,
+    pods: Option<Vec<LivePod>>,
     /// A failed release, reported as this reconcile's error once recorded in status.
     release_error: Option<QuotaError>,
 }
@@ -36,6 +37,7 @@ impl Heard {
                 self.release_error = Some(e);
             }
             Answer::JobRefused(r) => self.refused = Some(r),
+            Answer::Pods(p) => self.pods = Some(p),
             // Nothing heard from outside (the reconcile observes again).
             Answer::Moved => {}
         }
@@ -56,6 +58,7 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
             quota_required,
             heard.quota.clone(),
             heard.refused.clone(),
+            heard.pods.clone(),
             now,
         );
         let plan = plan(&observed, &ctx.settings.plan);

@@ -44,6 +44,8 @@ pub enum Answer {
     /// The release failed; the error is reported once the failure is recorded.
     ReleaseFailed(QuotaError),
     JobRefused(Refusal),
+    /// The GpuJob's pods that have not terminated.
+    Pods(Vec<super::plan::LivePod>),
     /// The GpuJob read before a quota call had moved past the plan's view; the write
     /// memory now holds it, and the rest of the snapshot is as old as the view was.
     Moved,
@@ -156,10 +158,35 @@ pub async fn execute(
                     Err(e) => Err(e),
                 };
             }
+            Action::CheckPods => {
+                let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
+                let pods = observe::live_pods(ctx, &key.namespace, &uid).await?;
+                return Ok(Executed::Heard(Answer::Pods(pods)));
+            }
             Action::CreateJob { attempt, job } => {
                 if let Some(refusal) = create_job(ctx, fence, key, snap, *attempt, job).await? {
                     return Ok(Executed::Heard(Answer::JobRefused(refusal)));
                 }
+            }
+            Action::StartJob {
+                name,
+                resource_version,
+            } => {
+                let started = w
+                    .start_job(fence, &key.namespace, name, resource_version)
+                    .await;
+                if let Err(e) = started {
+                    if matches!(e, Error::Conflict { .. }) {
+                        ctx.memory.job_stale(key, name);
+                    }
+                    return Err(e);
+                }
+                info!(job = %name, "started the attempt's Job (created suspended)");
+                ctx.memory
+                    .job_started(key, &snap.gpujob, name.clone(), resource_version.clone());
+                let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
+                let shown = std::mem::take(&mut snap.jobs);
+                snap.jobs = ctx.memory.jobs(key, &uid, || shown);
             }
             Action::DeleteJob {
                 name,

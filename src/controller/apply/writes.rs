@@ -10,13 +10,14 @@
 //! resourceVersion precondition, before the call). Such a late write either fails, or
 //! lands on an object no other replica has written since it was read (a new Event is
 //! such an object: it reports a transition this replica recorded while it held the
-//! shard). Job creates use
-//! stable names (adopted only when the controller owner uid matches) but carry no
-//! precondition: a name refuses a second create only while the first Job exists, so a
-//! late create can bring back the Job of an attempt that the successor ended and
-//! deleted. The plan undoes that: it deletes every Job that is not the current
-//! attempt's and has not finished, and starts no attempt while an earlier attempt's
-//! Job may still have pods.
+//! shard); a Job start (unsuspend) carries the resourceVersion the plan saw. Job
+//! creates use stable names (adopted only when the controller owner uid matches) but
+//! carry no precondition: a name refuses a second create only while the first Job
+//! exists, so a late create can bring back the Job of an attempt that the successor
+//! ended and deleted. Every Job is therefore created suspended, and runs nothing until
+//! the holder starts it as the current attempt's; the plan deletes every Job that is
+//! not the current attempt's and has not finished, and starts no attempt while an
+//! earlier attempt's Job may still have pods.
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::Client;
@@ -253,6 +254,35 @@ impl Writer {
             }
             Err(kube::Error::Api(s)) if s.code == 422 => Ok(Created::Invalid(s.message)),
             Err(e) => Err(self.failed(fence, "create_job", e)),
+        }
+    }
+
+    /// Starts a Job that was created suspended, with a resourceVersion precondition:
+    /// the Job as the plan saw it, not one created since under the same name. Changed
+    /// or gone since it was read: `Conflict`, so it is looked at again.
+    pub async fn start_job(
+        &self,
+        fence: &Fence,
+        ns: &str,
+        name: &str,
+        resource_version: &str,
+    ) -> Result<(), Error> {
+        let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let patch = json!({
+            "metadata": {"resourceVersion": resource_version},
+            "spec": {"suspend": false},
+        });
+        self.check(fence)?;
+        match api.patch(name, &pp, &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(api_code(&e), Some(404 | 409)) => Err(Error::Conflict {
+                what: format!("Job {ns}/{name}"),
+            }),
+            Err(e) => Err(self.failed(fence, "start_job", e)),
         }
     }
 

@@ -7,7 +7,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, RwLock};
 
 use hashbrown::HashTable;
-use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec, JobStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::runtime::watcher::Event;
 use serde::{Deserialize, Serialize};
@@ -17,7 +17,7 @@ use tracing::error;
 use super::record;
 use crate::api::{ANNOTATION_GENERATION, LABEL_ATTEMPT};
 use crate::controller::Key;
-use crate::controller::job::controller_of;
+use crate::controller::job::{controller_of, started};
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -57,7 +57,8 @@ struct Names<'a> {
 }
 
 /// What the plan reads of a Job besides its names: uid and resourceVersion (delete
-/// preconditions), deletion, the attempt label, the generation annotation, how the
+/// and start preconditions), deletion, whether it is still suspended (not started), the
+/// attempt label, the generation annotation, how the
 /// controller reference was written, the conditions and completion time, the pod
 /// counts and start that say whether an attempt waits for a node, and terminating pods.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -68,6 +69,9 @@ struct Kept {
     resource_version: Option<String>,
     #[serde(rename = "d", default, skip_serializing_if = "Option::is_none")]
     deletion_timestamp: Option<Time>,
+    /// Only while true: a started Job says nothing.
+    #[serde(rename = "p", default, skip_serializing_if = "Option::is_none")]
+    suspended: Option<bool>,
     #[serde(rename = "a", default, skip_serializing_if = "Option::is_none")]
     attempt: Option<String>,
     #[serde(rename = "g", default, skip_serializing_if = "Option::is_none")]
@@ -111,6 +115,7 @@ impl Cached {
             uid: m.uid.clone(),
             resource_version: m.resource_version.clone(),
             deletion_timestamp: m.deletion_timestamp.clone(),
+            suspended: (!started(job)).then_some(true),
             attempt: value(&m.labels, LABEL_ATTEMPT),
             generation: value(&m.annotations, ANNOTATION_GENERATION),
             owner_api_version: owner.api_version.clone(),
@@ -170,7 +175,8 @@ impl Cached {
         }
     }
 
-    /// The Job as the plan sees it (no spec, only the kept metadata and status).
+    /// The Job as the plan sees it (of the spec only `suspend`, when true; the kept
+    /// metadata and status).
     pub(in crate::controller) fn job(&self) -> Option<Job> {
         let (names, kept) = self.kept()?;
         let only =
@@ -194,7 +200,10 @@ impl Cached {
                 }]),
                 ..ObjectMeta::default()
             },
-            spec: None,
+            spec: kept.suspended.filter(|s| *s).map(|_| JobSpec {
+                suspend: Some(true),
+                ..JobSpec::default()
+            }),
             status: kept.status.map(|s| JobStatus {
                 conditions: s.conditions,
                 completion_time: s.completion_time,
@@ -506,7 +515,14 @@ mod tests {
                 owner_references: controller_of(job).map(|o| vec![o.clone()]),
                 ..ObjectMeta::default()
             },
-            spec: None,
+            spec: job
+                .spec
+                .as_ref()
+                .filter(|s| s.suspend == Some(true))
+                .map(|_| JobSpec {
+                    suspend: Some(true),
+                    ..JobSpec::default()
+                }),
             status: job.status.as_ref().map(|s| JobStatus {
                 conditions: s.conditions.clone(),
                 completion_time: s.completion_time.clone(),
@@ -571,8 +587,20 @@ mod tests {
             terminating: Some(0),
             ..JobStatus::default()
         });
-        let no_status = job("a-2", Some(("a", "u1")));
-        for j in [full, plain, no_status] {
+        let mut no_status = job("a-2", Some(("a", "u1")));
+        // Created suspended and not started yet: kept; started: the same as no spec.
+        let mut started = no_status.clone();
+        no_status.spec = Some(JobSpec {
+            suspend: Some(true),
+            parallelism: Some(1),
+            ..JobSpec::default()
+        });
+        started.spec = Some(JobSpec {
+            suspend: Some(false),
+            ..JobSpec::default()
+        });
+        assert_eq!(Cached::of(&started).unwrap().job().unwrap().spec, None);
+        for j in [full, plain, no_status, started] {
             let cached = Cached::of(&j).expect("controlled by a GpuJob");
             assert_eq!(cached.job(), Some(trimmed(&j)));
             assert_eq!(cached.name(), j.metadata.name.as_deref().unwrap());
@@ -624,7 +652,14 @@ mod tests {
             }
             let cached = idx.jobs_of("u1");
             let cached = cached.first().expect("indexed by its owner");
-            assert_eq!(cached.spec, None, "the pod template is not kept");
+            assert_eq!(
+                cached.spec,
+                Some(k8s_openapi::api::batch::v1::JobSpec {
+                    suspend: Some(true),
+                    ..Default::default()
+                }),
+                "of the spec, only that it is not started: the pod template is not kept"
+            );
             assert_eq!(cached.metadata.managed_fields, None);
             assert_eq!(
                 cached.metadata.labels.as_ref().map(BTreeMap::len),

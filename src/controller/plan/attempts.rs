@@ -11,7 +11,9 @@ use super::{
 };
 use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::controller::events::stray_job_deleted;
-use crate::controller::job::{attempt_of, desired_job, generation_of, job_name};
+use crate::controller::job::{
+    attempt_of, desired_job, generation_of, job_name, started, suspension_seen,
+};
 use crate::controller::status::{READY, SUSPENDED, remove_condition, seconds};
 
 /// What a Job's conditions say.
@@ -182,6 +184,26 @@ impl Planner<'_, '_> {
             .min_by_key(|j| (attempt_of(j), j.metadata.name.clone()))
     }
 
+    /// Why `attempt` cannot start while another attempt's Job may still have pods.
+    fn old_attempt_stopping(&self, attempt: i32) -> Option<(&'static str, String)> {
+        // Two attempts' pods at once would break a distributed run (duplicate ranks).
+        // The Job's deletion or end is an event: no timer is needed.
+        let job = self.live_job(attempt)?;
+        let name = job.metadata.name.as_deref().unwrap_or_default();
+        let how = if job.metadata.deletion_timestamp.is_some() {
+            "is being deleted"
+        } else if job_state(job) == JobState::Active {
+            "has not finished"
+        } else {
+            "has pods still terminating"
+        };
+        let of = attempt_of(job).map_or_else(String::new, |a| format!(" (attempt {a})"));
+        Some((
+            OLD_ATTEMPT_STOPPING,
+            format!("attempt {attempt} starts once the pods of Job {name}{of} are gone: it {how}"),
+        ))
+    }
+
     /// Why a new attempt cannot start now, if something forbids it.
     fn blocker(&self, attempt: i32) -> Option<(&'static str, String)> {
         if self.gj.spec.suspend {
@@ -193,24 +215,8 @@ impl Planner<'_, '_> {
         if let Some(inv) = &self.invalid {
             return Some(inv.clone());
         }
-        if let Some(job) = self.live_job(attempt) {
-            // Two attempts' pods at once would break a distributed run (duplicate
-            // ranks). The Job's deletion or end is an event: no timer is needed.
-            let name = job.metadata.name.as_deref().unwrap_or_default();
-            let how = if job.metadata.deletion_timestamp.is_some() {
-                "is being deleted"
-            } else if job_state(job) == JobState::Active {
-                "has not finished"
-            } else {
-                "has pods still terminating"
-            };
-            let of = attempt_of(job).map_or_else(String::new, |a| format!(" (attempt {a})"));
-            return Some((
-                OLD_ATTEMPT_STOPPING,
-                format!(
-                    "attempt {attempt} starts once the pods of Job {name}{of} are gone: it {how}"
-                ),
-            ));
+        if let Some(why) = self.old_attempt_stopping(attempt) {
+            return Some(why);
         }
         if self.obs.quota_required && !super::reservation::usable(&self.next) {
             return Some(self.quota_blocker());
@@ -399,6 +405,7 @@ impl Planner<'_, '_> {
         let changed = matches!((built_from, self.generation), (Some(b), Some(g)) if b < g);
         if !changed {
             remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+            self.start(k, job);
             return;
         }
         let (reason, message) = match (&self.invalid, self.gj.spec.update_policy) {
@@ -423,6 +430,47 @@ impl Planner<'_, '_> {
             }
         };
         self.condition(SPEC_CHANGE_PENDING, ConditionStatus::True, reason, message);
+        self.start(k, job);
+    }
+
+    /// Attempt `k`'s Job was created suspended: it is started (unsuspended) here, by
+    /// the shard's holder, once the Job controller has seen it suspended and no other
+    /// attempt's pods may still run (its Job, or, from attempt 2, any pod a pod read
+    /// finds). A Job created late by a deposed replica is never started: it is a stray,
+    /// or, when it is attempt `k`'s, it is started only as the current attempt, once.
+    fn start(&mut self, k: i32, job: Option<&Job>) {
+        let Some(job) = job.filter(|j| !started(j) && j.metadata.deletion_timestamp.is_none())
+        else {
+            return;
+        };
+        if let Some((reason, message)) = self.old_attempt_stopping(k) {
+            self.next.phase = Some(Phase::Pending);
+            self.ready(ConditionStatus::False, reason, message);
+            return;
+        }
+        if !suspension_seen(job) {
+            // The Job controller's status write is an event: no timer is needed.
+            return;
+        }
+        // An earlier attempt's Job gone does not prove its pods are: read them (no pod
+        // of another attempt can exist before attempt 2).
+        if k > 1
+            && let Err(why) = self.no_pods_left(Some(k))
+        {
+            if !why.is_empty() {
+                self.next.phase = Some(Phase::Pending);
+                let message =
+                    format!("attempt {k} starts once the earlier attempts' pods are gone: {why}");
+                self.ready(ConditionStatus::False, OLD_ATTEMPT_STOPPING, message);
+            }
+            return;
+        }
+        if let (Some(name), Some(rv)) = (&job.metadata.name, &job.metadata.resource_version) {
+            self.actions.push(Action::StartJob {
+                name: name.clone(),
+                resource_version: rv.clone(),
+            });
+        }
     }
 
     fn delete_for_replacement(&mut self, job: Option<&Job>, why: JobDeletion) {

@@ -118,12 +118,23 @@ pub struct Observed<'a> {
     pub quota_required: bool,
     /// The quota service's answer to this reconcile's reserve or release.
     pub quota: Option<QuotaAnswer>,
+    /// The GpuJob's pods that have not terminated, read from the API server in this
+    /// reconcile ([`Action::CheckPods`]); `None` when not read.
+    pub pods: Option<Vec<LivePod>>,
     /// The GpuJob is known current in this term of its shard: read from the API server,
     /// or written by this replica, at this version (every write carries a
     /// resourceVersion precondition). Another cached view may lag behind the previous
     /// holder's writes.
     pub confirmed: bool,
     pub now: Timestamp,
+}
+
+/// A pod of the GpuJob that has not terminated (it may run, or still be stopping).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LivePod {
+    pub name: String,
+    /// Its attempt label.
+    pub attempt: Option<i32>,
 }
 
 /// The running attempt's pod that kube-scheduler could not place, and its reason.
@@ -187,10 +198,22 @@ pub enum Action {
     /// Release the GpuJob's reservation, with this fencing sequence (recorded in
     /// `status.quotaCall` before). Ends the plan: the answer comes back.
     Release(i64),
+    /// Read which of the GpuJob's pods have not terminated, before an attempt starts or
+    /// its quota is released: a Job gone (deleted in the foreground) does not prove its
+    /// pods are (the garbage collector can miss a pod created as the delete began).
+    /// Ends the plan: the answer comes back.
+    CheckPods,
     /// Create the Job of `attempt` (stable name: a second create is refused while the
     /// first Job exists). The API server may refuse it; then the plan is made again with
     /// the refusal.
     CreateJob { attempt: i32, job: Box<Job> },
+    /// Start the current attempt's Job, created suspended (`spec.suspend: false`), with
+    /// a resourceVersion precondition: only the Job as it was seen, never a Job of the
+    /// same name created since (by a create delivered late).
+    StartJob {
+        name: String,
+        resource_version: String,
+    },
     /// Delete a Job, with uid and resourceVersion preconditions; `why` decides how.
     DeleteJob {
         name: String,
@@ -218,7 +241,9 @@ impl Action {
             Action::Confirm => "Confirm",
             Action::Reserve(..) => "Reserve",
             Action::Release(_) => "Release",
+            Action::CheckPods => "CheckPods",
             Action::CreateJob { .. } => "CreateJob",
+            Action::StartJob { .. } => "StartJob",
             Action::DeleteJob { .. } => "DeleteJob",
             Action::Publish(_) => "Publish",
             Action::DeleteGpuJob { .. } => "DeleteGpuJob",
@@ -227,7 +252,10 @@ impl Action {
 
     /// Whether the action's answer is needed before anything else can be decided.
     pub fn asks(&self) -> bool {
-        matches!(self, Action::Reserve(..) | Action::Release(_))
+        matches!(
+            self,
+            Action::Reserve(..) | Action::Release(_) | Action::CheckPods
+        )
     }
 }
 
@@ -303,6 +331,7 @@ pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
                 refused: obs.refused.clone(),
                 quota_required: obs.quota_required,
                 quota: obs.quota.clone(),
+                pods: obs.pods.clone(),
                 confirmed: obs.confirmed,
                 now: obs.now,
             };
@@ -312,6 +341,10 @@ pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
     };
     let mut p = Planner::new(obs, settings);
     p.run();
+    // A question ends the plan: what follows is decided again with its answer.
+    if let Some(i) = p.actions.iter().position(Action::asks) {
+        p.actions.truncate(i + 1);
+    }
     p.confirm_before_effects();
     Plan {
         actions: p.actions,
@@ -455,6 +488,29 @@ impl<'a, 'o> Planner<'a, 'o> {
             Next::After(x) => Next::After(x.min(d)),
             Next::Backoff => Next::Backoff,
         };
+    }
+
+    /// Whether none of the GpuJob's pods other than `except`'s may still run, from a pod
+    /// read of this reconcile; without one, asks for it ([`Action::CheckPods`]) and says
+    /// no. Pods are not watched: while some remain, the GpuJob looks again with backoff.
+    fn no_pods_left(&mut self, except: Option<i32>) -> Result<(), String> {
+        let Some(pods) = &self.obs.pods else {
+            self.ask(Action::CheckPods);
+            return Err(String::new());
+        };
+        match pods
+            .iter()
+            .find(|p| except.is_none() || p.attempt != except)
+        {
+            None => Ok(()),
+            Some(p) => {
+                self.requeue = Next::Backoff;
+                let of = p
+                    .attempt
+                    .map_or_else(String::new, |a| format!(" (attempt {a})"));
+                Err(format!("pod {}{of} has not stopped", p.name))
+            }
+        }
     }
 
     /// Asks the outside world; nothing else is planned after a question.

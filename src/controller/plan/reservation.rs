@@ -165,7 +165,7 @@ impl Planner<'_, '_> {
         let idle = matches!(self.next.phase, Some(Phase::Pending | Phase::Suspended))
             && !self.holds_gpus();
         // A reserve whose answer was lost may hold quota too: released all the same.
-        if idle && may_hold(&self.next) {
+        if idle && may_hold(&self.next) && self.no_pods_left(None).is_ok() {
             self.settle_release(
                 false,
                 format!("GPU quota released: no attempt can start ({why})"),
@@ -209,8 +209,9 @@ impl Planner<'_, '_> {
                 .push(Action::RemoveFinalizer(FinalizerRemoval::ReleaseSkipped));
             return;
         }
-        // The reservation covers the attempt's pods: it goes only once they are gone.
-        if self.stop_jobs_of_deleted() {
+        // The reservation covers the attempt's pods: it goes only once they are gone
+        // (their Jobs first, then the pods themselves, read).
+        if self.stop_jobs_of_deleted() || self.no_pods_left(None).is_err() {
             return;
         }
         self.settle_release(true, "GPU quota released".to_owned());

@@ -51,8 +51,12 @@ fn settings() -> PlanSettings {
     }
 }
 
+/// Attempt `attempt`'s Job as the API server has it once the holder started it.
 fn job(g: &GpuJob, attempt: i32, state: Option<(&str, &str, &str)>) -> Job {
     let mut j = desired_job(g, attempt);
+    if let Some(spec) = j.spec.as_mut() {
+        spec.suspend = Some(false);
+    }
     j.metadata.uid = Some(format!("job-uid-{attempt}"));
     j.metadata.resource_version = Some(format!("{attempt}00"));
     if let Some((type_, reason, time)) = state {
@@ -92,6 +96,7 @@ fn run_with(
             refused: None,
             quota_required: false,
             quota: None,
+            pods: Some(Vec::new()),
             confirmed: true,
             now: t(now),
         },
@@ -118,6 +123,7 @@ fn plan_from(
             refused: None,
             quota_required,
             quota: answer,
+            pods: Some(Vec::new()),
             confirmed,
             now: t(now),
         },
@@ -473,6 +479,7 @@ fn an_invalid_job_waits_for_a_spec_change() {
         refused: Some(refused),
         quota_required: false,
         quota: None,
+        pods: Some(Vec::new()),
         confirmed: true,
         now: t(T0),
     };
@@ -645,6 +652,7 @@ mod quota {
             }),
             quota_required: true,
             quota: None,
+            pods: Some(Vec::new()),
             confirmed: true,
             now: t(T0),
         };
@@ -953,6 +961,43 @@ mod quota {
         // Gone: now the release.
         let p = quota_plan(&g, &[done], None, now);
         assert_eq!(kinds(&p), vec!["RecordStatus", "Release"]);
+    }
+
+    #[test]
+    fn a_deleted_gpujobs_quota_is_released_only_once_a_pod_read_finds_none() {
+        // Its Jobs are gone, but a pod created as the delete began can outlive its Job.
+        let mut g = reserved_and_running(&gpujob(3));
+        g.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:05:00Z")));
+        let now = "2026-11-30T06:05:01Z";
+        let with = |pods: Option<Vec<LivePod>>| {
+            plan(
+                &Observed {
+                    gpujob: &g,
+                    jobs: Vec::new(),
+                    termination: None,
+                    unschedulable: None,
+                    refused: None,
+                    quota_required: true,
+                    quota: None,
+                    pods,
+                    confirmed: true,
+                    now: t(now),
+                },
+                &settings(),
+            )
+        };
+        assert_eq!(kinds(&with(None)), vec!["CheckPods"]);
+        let orphan = LivePod {
+            name: "train-1-abcde".into(),
+            attempt: Some(1),
+        };
+        let p = with(Some(vec![orphan]));
+        assert!(p.actions.is_empty(), "{:?}", kinds(&p));
+        assert_eq!(p.next, Next::Backoff, "pods are not watched");
+        assert_eq!(
+            kinds(&with(Some(Vec::new()))),
+            vec!["RecordStatus", "Release"]
+        );
     }
 
     #[test]
@@ -1267,6 +1312,7 @@ mod lifecycle {
                 refused: None,
                 quota_required: false,
                 quota: None,
+                pods: Some(Vec::new()),
                 confirmed: true,
                 now: t("2026-11-30T08:00:00Z"),
             },
@@ -1283,6 +1329,7 @@ mod lifecycle {
                 refused: None,
                 quota_required: false,
                 quota: None,
+                pods: Some(Vec::new()),
                 confirmed: true,
                 now: t("2026-11-30T08:00:00Z"),
             },
@@ -1318,6 +1365,7 @@ mod lifecycle {
                     refused: None,
                     quota_required: true,
                     quota: answer,
+                    pods: Some(Vec::new()),
                     confirmed: true,
                     now: t("2026-11-30T07:00:00Z"),
                 },
@@ -1453,6 +1501,7 @@ mod v2_values {
                     refused: None,
                     quota_required: false,
                     quota: None,
+                    pods: Some(Vec::new()),
                     confirmed: true,
                     now: t(now),
                 },
@@ -1914,5 +1963,250 @@ mod strays {
         let p = run(&g2, &jobs, None, "2026-11-30T06:10:00Z");
         assert_eq!(creates(&p), vec![3]);
         assert_eq!(ready(&p).1, "JobRunning");
+    }
+}
+
+mod created_suspended {
+    //! Every Job is created suspended and started by the holder as the current
+    //! attempt's: a create delivered late (sent by a replica that then lost the shard)
+    //! brings back a Job that runs nothing.
+
+    use super::*;
+
+    /// Attempt `attempt`'s Job as created, not started; `seen`: the Job controller has
+    /// marked it suspended.
+    fn held(g: &GpuJob, attempt: i32, seen: bool) -> Job {
+        let mut j = desired_job(g, attempt);
+        j.metadata.uid = Some(format!("job-uid-{attempt}"));
+        j.metadata.resource_version = Some(format!("{attempt}01"));
+        if seen {
+            j.status = Some(JobStatus {
+                conditions: Some(vec![JobCondition {
+                    type_: "Suspended".into(),
+                    status: "True".into(),
+                    reason: Some("JobSuspended".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            });
+        }
+        j
+    }
+
+    fn starts(p: &Plan) -> Vec<(&str, &str)> {
+        p.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::StartJob {
+                    name,
+                    resource_version,
+                } => Some((name.as_str(), resource_version.as_str())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_new_attempts_job_is_created_suspended() {
+        let g = gpujob(3);
+        let p = run(&g, &[], None, T0);
+        let created = p.actions.iter().find_map(|a| match a {
+            Action::CreateJob { job, .. } => Some(job),
+            _ => None,
+        });
+        let suspend = created
+            .and_then(|j| j.spec.as_ref())
+            .and_then(|s| s.suspend);
+        assert_eq!(suspend, Some(true), "{:?}", p.actions);
+    }
+
+    #[test]
+    fn the_current_attempt_starts_once_the_job_controller_saw_it_suspended() {
+        let g = gpujob(3);
+        let g = with_status(g.clone(), &run(&g, &[], None, T0));
+        // Just created (the create's answer, or the watch's first event): wait for the
+        // Job controller, whose status write is an event.
+        let p = run(&g, &[held(&g, 1, false)], None, "2026-11-30T06:00:01Z");
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(Some(&p.status), g.status.as_ref(), "nothing to write");
+        // Seen suspended: started, on the version seen; the status stays as it is.
+        let p = run(&g, &[held(&g, 1, true)], None, "2026-11-30T06:00:02Z");
+        assert_eq!(starts(&p), vec![("train-1", "101")]);
+        assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
+        assert_eq!(Some(&p.status), g.status.as_ref());
+        // Started: nothing more.
+        let p = run(&g, &[job(&g, 1, None)], None, "2026-11-30T06:00:03Z");
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+    }
+
+    #[test]
+    fn a_job_made_before_jobs_were_created_suspended_counts_as_started() {
+        let g = gpujob(3);
+        let g = with_status(g.clone(), &run(&g, &[], None, T0));
+        let mut old = job(&g, 1, None);
+        old.spec = None;
+        let p = run(&g, &[old], None, "2026-11-30T06:00:02Z");
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+    }
+
+    #[test]
+    fn the_current_attempt_is_not_started_while_another_attempts_pods_may_run() {
+        // Attempt 1 failed but its pods still terminate; attempt 2's Job exists (a
+        // create delivered late, say), suspended.
+        let g = gpujob(3);
+        let g2 = running(&g, 2, 1);
+        let mut one = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
+        if let Some(s) = one.status.as_mut() {
+            s.terminating = Some(1);
+        }
+        let p = run(
+            &g2,
+            &[one.clone(), held(&g, 2, true)],
+            None,
+            "2026-11-30T06:01:00Z",
+        );
+        assert!(starts(&p).is_empty(), "{:?}", p.actions);
+        assert_eq!(p.status.phase, Some(Phase::Pending));
+        let c = p.status.condition(READY).unwrap();
+        assert_eq!(c.reason, OLD_ATTEMPT_STOPPING);
+        assert!(
+            c.message.contains("Job train-1 (attempt 1)"),
+            "{}",
+            c.message
+        );
+        // Its pods gone: started.
+        if let Some(s) = one.status.as_mut() {
+            s.terminating = None;
+        }
+        let p = run(&g2, &[one, held(&g, 2, true)], None, "2026-11-30T06:01:05Z");
+        assert_eq!(starts(&p), vec![("train-2", "201")]);
+        assert_eq!(ready(&p).1, "JobRunning");
+    }
+
+    #[test]
+    fn a_job_replaced_or_stopped_before_it_started_is_deleted_not_started() {
+        let g = gpujob(3);
+        let g1 = with_status(g.clone(), &run(&g, &[], None, T0));
+        // A spec change under Recreate: replaced.
+        let mut g2 = g1.clone();
+        g2.metadata.generation = Some(2);
+        let p = run(&g2, &[held(&g1, 1, true)], None, "2026-11-30T06:00:05Z");
+        assert!(starts(&p).is_empty(), "{:?}", p.actions);
+        assert!(
+            p.actions.iter().any(|a| matches!(
+                a,
+                Action::DeleteJob {
+                    why: JobDeletion::Replaced,
+                    ..
+                }
+            )),
+            "{:?}",
+            p.actions
+        );
+        // Suspended: stopped.
+        let mut gs = g1.clone();
+        gs.spec.suspend = true;
+        let p = run(&gs, &[held(&g1, 1, true)], None, "2026-11-30T06:00:05Z");
+        assert!(starts(&p).is_empty(), "{:?}", p.actions);
+        // Being deleted: never started.
+        let mut deleting = held(&g1, 1, true);
+        deleting.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:00:04Z")));
+        let p = run(&g1, &[deleting], None, "2026-11-30T06:00:05Z");
+        assert!(starts(&p).is_empty(), "{:?}", p.actions);
+    }
+
+    #[test]
+    fn under_on_next_attempt_a_spec_change_does_not_hold_the_start() {
+        let mut g = gpujob(3);
+        g.spec.update_policy = crate::api::UpdatePolicy::OnNextAttempt;
+        let g1 = with_status(g.clone(), &run(&g, &[], None, T0));
+        let mut g2 = g1.clone();
+        g2.metadata.generation = Some(2);
+        let p = run(&g2, &[held(&g1, 1, true)], None, "2026-11-30T06:00:05Z");
+        assert_eq!(starts(&p), vec![("train-1", "101")]);
+    }
+
+    fn with_pods(g: &GpuJob, jobs: &[Job], pods: Option<Vec<LivePod>>, now: &str) -> Plan {
+        plan(
+            &Observed {
+                gpujob: g,
+                jobs: jobs.iter().collect(),
+                termination: None,
+                unschedulable: None,
+                refused: None,
+                quota_required: false,
+                quota: None,
+                pods,
+                confirmed: true,
+                now: t(now),
+            },
+            &settings(),
+        )
+    }
+
+    #[test]
+    fn from_attempt_two_the_pods_are_read_before_the_start_and_an_earlier_ones_waits_it() {
+        // Attempt 1 failed, its Job is gone (kept none); attempt 2's Job is seen
+        // suspended. A Job gone does not prove its pods are: read them first.
+        let g = gpujob(3);
+        let g2 = running(&g, 2, 1);
+        let two = held(&g, 2, true);
+        let now = "2026-11-30T06:01:00Z";
+        let p = with_pods(&g2, std::slice::from_ref(&two), None, now);
+        assert_eq!(
+            p.actions,
+            vec![Action::CheckPods],
+            "a question ends the plan"
+        );
+        // A pod of attempt 1 still stops: not started, said why, looked at again.
+        let stopping = vec![LivePod {
+            name: "train-1-abcde".into(),
+            attempt: Some(1),
+        }];
+        let p = with_pods(&g2, std::slice::from_ref(&two), Some(stopping), now);
+        assert!(starts(&p).is_empty(), "{:?}", p.actions);
+        assert_eq!(p.status.phase, Some(Phase::Pending));
+        assert_eq!(p.next, Next::Backoff, "pods are not watched");
+        let c = p.status.condition(READY).unwrap();
+        assert_eq!(c.reason, OLD_ATTEMPT_STOPPING);
+        assert!(
+            c.message
+                .contains("pod train-1-abcde (attempt 1) has not stopped"),
+            "{}",
+            c.message
+        );
+        // Only attempt 2's own pods (none yet, but they would not count): started.
+        let own = vec![LivePod {
+            name: "train-2-xyz".into(),
+            attempt: Some(2),
+        }];
+        let p = with_pods(&g2, std::slice::from_ref(&two), Some(own), now);
+        assert_eq!(starts(&p), vec![("train-2", "201")]);
+        // Attempt 1 never reads pods: no earlier attempt can have any.
+        let g1 = with_status(g.clone(), &run(&g, &[], None, T0));
+        let p = with_pods(&g1, &[held(&g1, 1, true)], None, "2026-11-30T06:00:02Z");
+        assert_eq!(starts(&p), vec![("train-1", "101")]);
+    }
+
+    #[test]
+    fn a_late_suspended_job_of_another_attempt_is_deleted_not_started() {
+        // Attempt 2 runs; attempt 1's Job came back late, suspended.
+        let g = gpujob(3);
+        let g2 = running(&g, 2, 1);
+        let mut late = held(&g, 1, true);
+        late.metadata.uid = Some("late".into());
+        let p = run(&g2, &[late, job(&g, 2, None)], None, "2026-11-30T06:01:00Z");
+        assert!(starts(&p).is_empty(), "{:?}", p.actions);
+        assert!(
+            p.actions.iter().any(|a| matches!(
+                a,
+                Action::DeleteJob {
+                    why: JobDeletion::Stray,
+                    ..
+                }
+            )),
+            "{:?}",
+            p.actions
+        );
     }
 }
