@@ -4,10 +4,15 @@
 //! failure then success, exhausted retries, spec edits under both update policies,
 //! deletions while running and while backing off) while faults are injected at random
 //! from a seed: `kill -9` and SIGSTOP/SIGCONT of replicas, proxy faults of every kind,
-//! partitions of one replica, kube-apiserver restarts, quota refusals and failures.
-//! Then the faults stop and a checker asserts, from the audit log, the Lease history and
-//! the quota service's record, that nothing was done twice, nothing leaked, nobody wrote
-//! outside its tenure, and everything converged to what its kind means.
+//! partitions of one replica, kube-apiserver restarts, quota refusals and failures,
+//! quota answers lost or applied late, a replica's Job creates held in flight past its
+//! freeze and its successor's takeover, and halfway through a rolling change of the
+//! shard count (3 to 4). Throughout, a watch of every pod checks that no two attempts
+//! of one GpuJob have live pods at once, and a sampler that no reservation stays
+//! without a GpuJob needing it. Then the faults stop and a checker asserts, from the
+//! audit log, the Lease history and the quota service's record, that nothing was done
+//! twice, nothing leaked, nobody wrote outside its tenure, no namespace had two writers
+//! within a lease duration, and everything converged to what its kind means.
 //!
 //! `soak_short` (about 2.5 minutes) runs in the test command; `soak_long` (30 minutes)
 //! by hand (`--run-ignored only -E 'test(soak_long)'`).
@@ -29,16 +34,29 @@ use devcluster::audit::AuditEvent;
 use devcluster::faultproxy::{Fault, FaultProxy, Faults, Partition, Rule, SplitMix64};
 use gpujob_operator::api::{GpuJob, Phase};
 use http::Method;
+use jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
+use support::attempts::AttemptWatch;
 use support::quota::{FakeQuota, Mode};
 use support::replicas::{self, LEASE_DURATION, Replica};
 use support::{TestEnv, sim_env};
 use tokio::time::Instant;
 
 const SHARDS: u32 = 3;
+/// The shard count after the rolling change halfway through the faults.
+const SHARDS_AFTER: u32 = 4;
 const REPLICAS: u8 = 3;
+/// How long a frozen replica's Job creates are held in flight: past its lease and its
+/// successor's takeover, within the replica's `--api-timeout` (a request its client
+/// gave up on would not be delivered).
+const HOLD: Duration = Duration::from_secs(8);
+/// How long a reservation may stay without a GpuJob that needs it (existing, not
+/// finished): a release waits for the GpuJob's Jobs to stop, for its shard's next
+/// holder after a freeze or a kill, and for the quota service through failures and
+/// backoff.
+const ORPHAN_WITHIN: Duration = Duration::from_secs(45);
 /// The operator's default `--workers`.
 const WORKERS: usize = 4;
 
@@ -347,7 +365,6 @@ async fn soak(scale: Scale) {
     let mut flags = fake.flags(&env.ns);
     // Short timings throughout, as for the Leases: a request held unanswered is given up
     // on in 10 s.
-    flags.extend(["--shards".to_owned(), SHARDS.to_string()]);
     flags.extend(["--api-timeout".to_owned(), "10s".to_owned()]);
     let mut proxies = Vec::new();
     for _ in 0..REPLICAS {
@@ -356,18 +373,23 @@ async fn soak(scale: Scale) {
     let addresses: Vec<String> = (0..REPLICAS)
         .map(|_| support::prometheus::free_address())
         .collect();
-    let start_replica = |env: &TestEnv, proxies: &[FaultProxy], i: usize| -> Replica {
+    let start_replica = |env: &TestEnv, proxies: &[FaultProxy], i: usize, shards: u32| -> Replica {
         let n = u8::try_from(i + 1).unwrap();
         let kubeconfig = proxies[i]
             .kubeconfig(&env.cluster, Identity::Replica(n))
             .unwrap();
+        let shards = shards.to_string();
         let mut extra: Vec<&str> = flags.iter().map(String::as_str).collect();
-        extra.extend(["--listen-address", &addresses[i]]);
+        extra.extend(["--listen-address", &addresses[i], "--shards", &shards]);
         replicas::start_everywhere(&env.cluster, &env.ns, n, &extra, Some(kubeconfig))
     };
+    // Each replica's shard count, and when it changed.
+    let mut timeline = ShardTimeline::default();
     let mut rs: Vec<Option<Replica>> = (0..usize::from(REPLICAS))
-        .map(|i| Some(start_replica(&env, &proxies, i)))
+        .map(|i| Some(start_replica(&env, &proxies, i, timeline.now(i))))
         .collect();
+    let pods = AttemptWatch::start(&env.admin);
+    let orphans = orphan_sampler(env.admin.clone(), fake.clone());
     let ids: Vec<String> = (1..=REPLICAS).map(|n| format!("replica-{n}")).collect();
     let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     support::shards::wait_balanced(&env, SHARDS, &id_refs, 1, Duration::from_secs(60)).await;
@@ -417,8 +439,8 @@ async fn soak(scale: Scale) {
     let mut undo: Vec<(Instant, Undo)> = Vec::new();
     let began = Instant::now();
     let mut last_restart = began;
-    let heal = |u: Undo, rs: &mut Vec<Option<Replica>>, env: &TestEnv| match u {
-        Undo::Restart(i) => rs[i] = Some(start_replica(env, &proxies, i)),
+    let heal = |u: Undo, rs: &mut Vec<Option<Replica>>, env: &TestEnv, t: &ShardTimeline| match u {
+        Undo::Restart(i) => rs[i] = Some(start_replica(env, &proxies, i, t.now(i))),
         Undo::Continue(i) => {
             if let Some(r) = &rs[i] {
                 r.signal(Signal::SIGCONT);
@@ -428,8 +450,11 @@ async fn soak(scale: Scale) {
         Undo::QuotaOk => {
             fake.set_reserve(Mode::Ok);
             fake.set_release(Mode::Ok);
+            // Calls answered with a timeout reach the service now, late.
+            fake.apply_late();
         }
     };
+    let change_at = scale.faults_for / 2;
     while began.elapsed() < scale.faults_for {
         tokio::time::sleep(rng.millis(1000, 3000)).await;
         let now = Instant::now();
@@ -439,8 +464,32 @@ async fn soak(scale: Scale) {
             due.into_iter().map(|(_, u)| u).collect()
         };
         for u in due {
-            heal(u, &mut rs, &env);
+            heal(u, &mut rs, &env, &timeline);
         }
+        if !timeline.changed() && began.elapsed() >= change_at {
+            // A rolling change of the shard count, as a Deployment rollout makes it: one
+            // replica at a time stopped (SIGTERM: it drains and releases its Leases) and
+            // started with the new count. Faults healed first, so that nothing held in
+            // flight lands after its sender's count changed.
+            for (_, u) in undo.drain(..) {
+                heal(u, &mut rs, &env, &timeline);
+            }
+            heal(Undo::QuotaOk, &mut rs, &env, &timeline);
+            for (i, slot) in rs.iter_mut().enumerate() {
+                if let Some(mut r) = slot.take() {
+                    r.signal(Signal::SIGTERM);
+                    r.wait_exit(Duration::from_secs(30)).await;
+                }
+                timeline.change(i, SHARDS_AFTER);
+                *slot = Some(start_replica(&env, &proxies, i, timeline.now(i)));
+                tokio::time::sleep(rng.millis(1000, 3000)).await;
+            }
+            *injected.entry("shard_count_change".to_owned()).or_insert(0) += 1;
+            continue;
+        }
+        // A create held past the change would land after its sender's count changed.
+        let may_hold =
+            timeline.changed() || began.elapsed() + HOLD + Duration::from_secs(3) < change_at;
         let busy: BTreeSet<usize> = undo
             .iter()
             .filter_map(|(_, u)| match u {
@@ -449,7 +498,7 @@ async fn soak(scale: Scale) {
             })
             .collect();
         let i = usize::try_from(rng.below(u64::from(REPLICAS))).unwrap();
-        let label = match rng.below(10) {
+        let label = match rng.below(11) {
             0 | 1 if !busy.contains(&i) && rs[i].is_some() => {
                 // Its counters die with it: read them first.
                 if let Ok(counted) =
@@ -493,17 +542,39 @@ async fn soak(scale: Scale) {
                 "apiserver_restart".to_owned()
             }
             5 => {
-                if rng.below(2) == 0 {
-                    fake.set_reserve(if rng.below(2) == 0 {
-                        Mode::Refuse
-                    } else {
-                        Mode::Fail
-                    });
+                let (mode, label) = match rng.below(4) {
+                    0 => (Mode::Refuse, "quota_refused"),
+                    1 => (Mode::Fail, "quota_failed"),
+                    2 => (Mode::AnswerLost, "quota_answer_lost"),
+                    _ => (Mode::ApplyLate, "quota_applied_late"),
+                };
+                if rng.below(2) == 0 || mode == Mode::Refuse {
+                    fake.set_reserve(mode);
                 } else {
-                    fake.set_release(Mode::Fail);
+                    fake.set_release(mode);
                 }
                 undo.push((now + rng.millis(2000, 6000), Undo::QuotaOk));
-                "quota_trouble".to_owned()
+                label.to_owned()
+            }
+            6 if !busy.contains(&i) && rs[i].is_some() && may_hold => {
+                // Its Job creates wait in the proxy; frozen with some in flight, it loses
+                // its shards; they land after its successor took over (and may have
+                // replaced or finished those attempts).
+                let hold = Fault::Latency {
+                    fixed: HOLD,
+                    jitter: Duration::ZERO,
+                };
+                let rule = Rule::new(hold).methods([Method::POST]).resources(["jobs"]);
+                proxies[i].set(Faults::new().seed(rng.next()).rule(rule));
+                tokio::time::sleep(rng.millis(500, 2000)).await;
+                rs[i].as_ref().unwrap().signal(Signal::SIGSTOP);
+                let now = Instant::now();
+                undo.push((
+                    now + LEASE_DURATION + rng.millis(500, 2000),
+                    Undo::Continue(i),
+                ));
+                undo.push((now + HOLD + Duration::from_secs(1), Undo::ClearProxy(i)));
+                "create_held".to_owned()
             }
             _ if !busy.contains(&i) => {
                 let (label, faults) = random_faults(&mut rng);
@@ -518,9 +589,9 @@ async fn soak(scale: Scale) {
 
     // The faults stop: everything healed, every replica running.
     for (_, u) in undo.drain(..) {
-        heal(u, &mut rs, &env);
+        heal(u, &mut rs, &env, &timeline);
     }
-    heal(Undo::QuotaOk, &mut rs, &env);
+    heal(Undo::QuotaOk, &mut rs, &env, &timeline);
     let stopped = Instant::now();
     let edits_too_late = workload.await.unwrap();
     let converged = match converge(&env, &kinds).await {
@@ -541,7 +612,15 @@ async fn soak(scale: Scale) {
     let events = audit.since(start).unwrap();
     // Tenures from the whole Lease history (shards were taken before the window opened).
     let history = audit.all().unwrap();
-    let report = check(&env, &fake, &kinds, &events, &history, &converged).await;
+    let mut report = check(&fake, &kinds, &events, &history, &converged, &timeline);
+    report.violations.extend(pods.overlaps());
+    if pods.pods_seen() == 0 {
+        report
+            .violations
+            .push("the pod watch saw no pod: it proves nothing".to_owned());
+    }
+    let orphaned = orphans.stop().await;
+    report.violations.extend(orphaned.violations);
     let mut proxy_counts: BTreeMap<String, u64> = BTreeMap::new();
     for p in &proxies {
         for (k, v) in p.counts() {
@@ -574,7 +653,24 @@ async fn soak(scale: Scale) {
     );
     let _ = writeln!(
         text,
+        "| shard count | {SHARDS}, then {SHARDS_AFTER} from {:.0} s (one replica at a time) |",
+        change_at.as_secs_f64()
+    );
+    let _ = writeln!(
+        text,
         "| edits that came too late (the GpuJob had finished) | {edits_too_late} |"
+    );
+    let _ = writeln!(
+        text,
+        "| attempts of one GpuJob with live pods at once, at most (pod events watched) | {} ({}) |",
+        pods.most_at_once(),
+        pods.pods_seen()
+    );
+    let _ = writeln!(
+        text,
+        "| longest a reservation had no GpuJob needing it (sampled each second; allowed) | {:.0} s ({:?}) |",
+        orphaned.longest.as_secs_f64(),
+        ORPHAN_WITHIN
     );
     let _ = writeln!(
         text,
@@ -765,13 +861,13 @@ fn job_creates(events: &[AuditEvent]) -> BTreeMap<(String, String), usize> {
     creates
 }
 
-async fn check(
-    env: &TestEnv,
+fn check(
     fake: &FakeQuota,
     kinds: &BTreeMap<(String, String), Kind>,
     events: &[AuditEvent],
     history: &[AuditEvent],
     finished: &BTreeMap<(String, String), GpuJob>,
+    timeline: &ShardTimeline,
 ) -> Checked {
     let mut v = Vec::new();
     // At most one Job per (GpuJob, attempt) ever created; attempts without gaps.
@@ -856,7 +952,12 @@ async fn check(
     // Nobody wrote outside its tenure (beyond what was in flight), and no late write
     // landed on an object another replica had written.
     let tenure = std::panic::catch_unwind(|| {
-        support::shards::assert_writes_within_tenures(history, SHARDS, WORKERS)
+        support::shards::assert_writes_within_tenures_by(
+            history,
+            SHARDS.max(SHARDS_AFTER),
+            WORKERS,
+            |w| timeline.of(&w.user, &w.received),
+        )
     });
     if let Err(e) = tenure {
         let why = e
@@ -866,7 +967,13 @@ async fn check(
             .unwrap_or_default();
         v.push(format!("a write outside its writer's tenure: {why}"));
     }
-    let _ = env;
+    // No namespace written by two replicas at once (with the shard count changing
+    // midway, replicas with different counts would map it to different Leases).
+    v.extend(support::shards::two_writers(
+        events,
+        LEASE_DURATION,
+        WORKERS,
+    ));
     let control = events
         .iter()
         .filter(|e| e.user.starts_with("replica-") && e.is_write() && e.succeeded())
@@ -877,6 +984,124 @@ async fn check(
         outcomes,
         writes_per_gpujob: control as f64 / kinds.len().max(1) as f64,
     }
+}
+
+/// Each replica's `--shards` over time, for judging its writes against the Leases of
+/// its own count.
+#[derive(Debug, Default)]
+struct ShardTimeline {
+    /// Per replica (index from 0): when its count became `SHARDS_AFTER`.
+    changed_at: BTreeMap<usize, Timestamp>,
+}
+
+impl ShardTimeline {
+    /// The count replica `i` starts with now.
+    fn now(&self, i: usize) -> u32 {
+        if self.changed_at.contains_key(&i) {
+            SHARDS_AFTER
+        } else {
+            SHARDS
+        }
+    }
+
+    /// Replica `i` (stopped) starts with `shards` from now on.
+    fn change(&mut self, i: usize, shards: u32) {
+        assert_eq!(shards, SHARDS_AFTER);
+        self.changed_at.insert(i, Timestamp::now());
+    }
+
+    fn changed(&self) -> bool {
+        !self.changed_at.is_empty()
+    }
+
+    /// The count of `user` (`replica-<n>`) at `received` (an audit timestamp; the
+    /// control plane runs on this machine's clock).
+    fn of(&self, user: &str, received: &str) -> u32 {
+        let i = user
+            .strip_prefix("replica-")
+            .and_then(|n| n.parse::<usize>().ok())
+            .map(|n| n - 1);
+        let at: Option<Timestamp> = received.parse().ok();
+        match (i.and_then(|i| self.changed_at.get(&i)), at) {
+            (Some(changed), Some(at)) if at >= *changed => SHARDS_AFTER,
+            _ => SHARDS,
+        }
+    }
+}
+
+/// What the reservation sampler found.
+struct Orphans {
+    longest: Duration,
+    violations: Vec<String>,
+}
+
+struct OrphanSampler {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Orphans>,
+}
+
+impl OrphanSampler {
+    async fn stop(self) -> Orphans {
+        let _ = self.stop.send(());
+        self.task.await.unwrap()
+    }
+}
+
+/// Samples every second, until stopped, which reservations have no GpuJob that needs
+/// them (the GpuJob of that uid exists and has not finished), and for how long.
+fn orphan_sampler(admin: kube::Client, fake: FakeQuota) -> OrphanSampler {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let all: Api<GpuJob> = Api::all(admin);
+        let mut since: BTreeMap<String, Instant> = BTreeMap::new();
+        let mut out = Orphans {
+            longest: Duration::ZERO,
+            violations: Vec::new(),
+        };
+        let mut reported = BTreeSet::new();
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return out,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            // Reservations first: one made after the list would look orphaned.
+            let live = fake.live();
+            let Ok(Ok(list)) =
+                tokio::time::timeout(Duration::from_secs(5), all.list(&ListParams::default()))
+                    .await
+            else {
+                // kube-apiserver restarting: judge at the next sample.
+                continue;
+            };
+            let needing: BTreeSet<String> = list
+                .items
+                .iter()
+                .filter(|g| {
+                    !g.status
+                        .as_ref()
+                        .and_then(|s| s.phase)
+                        .is_some_and(Phase::is_final)
+                })
+                .filter_map(|g| g.metadata.uid.clone())
+                .collect();
+            let now = Instant::now();
+            since.retain(|uid, _| live.contains_key(uid) && !needing.contains(uid));
+            for (uid, id) in &live {
+                if needing.contains(uid) {
+                    continue;
+                }
+                let first = *since.entry(uid.clone()).or_insert(now);
+                let held = now - first;
+                out.longest = out.longest.max(held);
+                if held > ORPHAN_WITHIN && reported.insert(uid.clone()) {
+                    out.violations.push(format!(
+                        "reservation {id} of GpuJob uid {uid} was held {held:?} with no GpuJob needing it"
+                    ));
+                }
+            }
+        }
+    });
+    OrphanSampler { stop, task }
 }
 
 /// Successful replica writes to GpuJobs and their Jobs, and the number of GpuJobs, by
@@ -997,5 +1222,55 @@ fn a_create_answered_with_an_error_counts_when_the_job_turns_up() {
     assert_eq!(
         (n("a-1"), n("b-1"), n("c-1"), n("d-1")),
         (Some(1), Some(1), Some(2), None)
+    );
+}
+
+#[test]
+fn two_writers_in_turns_break_the_rule_a_handover_does_not() {
+    fn w(received: &str, user: &str, name: &str) -> AuditEvent {
+        AuditEvent {
+            user: user.into(),
+            user_agent: String::new(),
+            verb: "patch".into(),
+            api_group: "gpujob.dev".into(),
+            resource: "gpujobs".into(),
+            subresource: "status".into(),
+            namespace: "ns".into(),
+            name: name.into(),
+            code: 200,
+            timestamp: received.into(),
+            received: received.into(),
+            lease_holder: None,
+        }
+    }
+
+    let lease = Duration::from_secs(3);
+    let at = |s: u32, ms: u32| format!("2026-12-02T10:00:{s:02}.{ms:03}Z");
+    // A hands over to B; one of A's writes was in flight; A takes the namespace
+    // back after B's lease ran out.
+    let handover = vec![
+        w(&at(0, 0), "replica-1", "a"),
+        w(&at(1, 0), "replica-1", "b"),
+        w(&at(2, 0), "replica-2", "c"),
+        w(&at(2, 500), "replica-1", "d"),
+        w(&at(3, 0), "replica-2", "e"),
+        w(&at(9, 0), "replica-1", "f"),
+    ];
+    assert_eq!(
+        support::shards::two_writers(&handover, lease, 1),
+        Vec::<String>::new()
+    );
+    // Both write the namespace, in turns.
+    let turns: Vec<AuditEvent> = (0..20)
+        .map(|i| {
+            let user = if i % 2 == 0 { "replica-1" } else { "replica-2" };
+            w(&at(10 + i / 10, (i % 10) * 100), user, "x")
+        })
+        .collect();
+    let broken = support::shards::two_writers(&turns, lease, 4);
+    assert_eq!(broken.len(), 2, "{broken:#?}");
+    assert_eq!(
+        support::shards::two_writers(&turns[..8], lease, 4),
+        Vec::<String>::new()
     );
 }

@@ -4,6 +4,7 @@
 
 #![allow(dead_code, clippy::unwrap_used)] // test support: not every test uses every helper
 
+pub mod attempts;
 pub mod harness;
 pub mod nodes;
 pub mod prometheus;

@@ -186,7 +186,18 @@ pub fn assert_no_shard_taken_from_a_live_holder(
 /// had written (each write carries the resourceVersion or uid it was computed from, or a
 /// stable name). Returns how many writes came late.
 pub fn assert_writes_within_tenures(events: &[AuditEvent], shards: u32, workers: usize) -> usize {
-    let tenures = tenures(events, shards);
+    assert_writes_within_tenures_by(events, shards, workers, |_| shards)
+}
+
+/// [`assert_writes_within_tenures`] where the shard count changed over time:
+/// `shards_of(write)` is the count its writer ran with then, at most `max_shards`.
+pub fn assert_writes_within_tenures_by(
+    events: &[AuditEvent],
+    max_shards: u32,
+    workers: usize,
+    shards_of: impl Fn(&AuditEvent) -> u32,
+) -> usize {
+    let tenures = tenures(events, max_shards);
     let writes: Vec<&AuditEvent> = events
         .iter()
         .filter(|e| e.is_write() && e.succeeded() && e.user.starts_with("replica-"))
@@ -195,7 +206,7 @@ pub fn assert_writes_within_tenures(events: &[AuditEvent], shards: u32, workers:
     let mut late_per_end: BTreeMap<(u32, String, String), usize> = BTreeMap::new();
     let mut late = 0;
     for w in &writes {
-        let shard = shard_of(&w.namespace, shards);
+        let shard = shard_of(&w.namespace, shards_of(w));
         let t = ts(&w.received);
         let list = &tenures[&shard];
         let within = list
@@ -251,6 +262,76 @@ pub fn writers_by_namespace(events: &[AuditEvent]) -> BTreeMap<String, BTreeSet<
             out.entry(e.namespace.clone())
                 .or_default()
                 .insert(e.user.clone());
+        }
+    }
+    out
+}
+
+/// No namespace written by two replicas within one lease duration, beyond what one of
+/// them had in flight: for each replica's pair of consecutive writes (GpuJobs and Jobs)
+/// in one namespace with another replica's write between them, the second is an
+/// overlap unless the two are a lease duration apart (the shard moved away and came
+/// back). At most `workers` overlaps per (namespace, replica, other writer's run): the
+/// requests that had passed the fence when its term ended. Two replicas that both own a
+/// namespace write it in turns, and go far past that. Returns what breaks the rule.
+pub fn two_writers(events: &[AuditEvent], lease: Duration, workers: usize) -> Vec<String> {
+    let mut by_ns: BTreeMap<&str, Vec<&AuditEvent>> = BTreeMap::new();
+    for e in events.iter().filter(|e| {
+        e.is_write()
+            && e.succeeded()
+            && e.user.starts_with("replica-")
+            && matches!(e.resource.as_str(), "gpujobs" | "jobs")
+    }) {
+        by_ns.entry(e.namespace.as_str()).or_default().push(e);
+    }
+    let mut out = Vec::new();
+    for (ns, mut writes) in by_ns {
+        writes.sort_by_key(|e| ts(&e.received));
+        // (writer, the other writer) → overlapping writes of the writer.
+        let mut overlaps: BTreeMap<(&str, &str), Vec<&AuditEvent>> = BTreeMap::new();
+        let mut last_by: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, w) in writes.iter().enumerate() {
+            if let Some(&j) = last_by.get(w.user.as_str()) {
+                let between = writes[j + 1..i].iter().find(|o| o.user != w.user);
+                let gap = ts(&w.received).duration_since(ts(&writes[j].received));
+                if let Some(other) = between
+                    && gap.as_secs_f64() < lease.as_secs_f64()
+                {
+                    overlaps
+                        .entry((w.user.as_str(), other.user.as_str()))
+                        .or_default()
+                        .push(w);
+                }
+            }
+            last_by.insert(w.user.as_str(), i);
+        }
+        for ((writer, other), ws) in overlaps {
+            // One episode per hand-over: overlaps less than a lease duration apart.
+            let mut episode: Vec<&AuditEvent> = Vec::new();
+            let mut episodes = Vec::new();
+            for e in ws {
+                let apart = episode.last().map(|p: &&AuditEvent| {
+                    ts(&e.received)
+                        .duration_since(ts(&p.received))
+                        .as_secs_f64()
+                });
+                if apart.is_some_and(|a| a >= lease.as_secs_f64()) {
+                    episodes.push(std::mem::take(&mut episode));
+                }
+                episode.push(e);
+            }
+            episodes.push(episode);
+            for ep in episodes.into_iter().filter(|ep| ep.len() > workers) {
+                let first: Vec<String> = ep
+                    .iter()
+                    .take(3)
+                    .map(|e| format!("{} {} {} {}", e.received, e.verb, e.resource, e.name))
+                    .collect();
+                out.push(format!(
+                    "namespace {ns}: {writer} wrote {} times across {other}'s writes, each within a lease duration of its previous one (at most {workers} can be in flight): {first:?}",
+                    ep.len()
+                ));
+            }
         }
     }
     out
