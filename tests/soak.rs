@@ -14,7 +14,7 @@
 //! twice, nothing leaked, nobody wrote outside its tenure, no namespace had two writers
 //! within a lease duration, and everything converged to what its kind means.
 //!
-//! `soak_short` (about 2.5 minutes) runs in the test command; `soak_long` (30 minutes)
+//! `soak_short` (about 2 minutes) runs in the test command; `soak_long` (30 minutes)
 //! by hand (`--run-ignored only -E 'test(soak_long)'`).
 //! `GPUJOB_SOAK_SEED` replays a schedule; `GPUJOB_SOAK_REPORT` writes the report to a
 //! file; `GPUJOB_REPLICA_LOG` sets the replicas' `RUST_LOG`
