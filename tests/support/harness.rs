@@ -105,4 +105,25 @@ impl Harness {
     pub async fn reconcile(&self, name: &str) -> Result<Next, Error> {
         reconcile(&self.ctx, &Key::new(&self.ns, name)).await
     }
+
+    /// Starts Job `job` of GpuJob `gpujob`, created suspended: once the Job controller
+    /// has marked it so, the caches catch up and a reconcile starts it (this harness
+    /// has no watch to bring that mark).
+    pub async fn start(&mut self, env: &TestEnv, gpujob: &str, job: &str) {
+        devcluster::wait::until(
+            &format!("the Job controller to mark Job {job} suspended"),
+            std::time::Duration::from_secs(30),
+            std::time::Duration::from_millis(50),
+            || async {
+                let j = env.jobs().get_opt(job).await.ok()??;
+                gpujob_operator::controller::job::suspension_seen(&j).then_some(())
+            },
+        )
+        .await
+        .unwrap();
+        self.refresh(env).await;
+        self.reconcile(gpujob).await.unwrap();
+        let j = env.jobs().get(job).await.unwrap();
+        assert_eq!(j.spec.and_then(|s| s.suspend), Some(false), "{job} started");
+    }
 }

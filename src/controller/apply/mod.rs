@@ -4,7 +4,7 @@
 //! what it wrote (`memory`) so that the next plan sees it before the caches do, writes
 //! the status once at the end (only when it changed) and publishes the Events its
 //! transitions deserve (`recorder.rs`). Nothing here decides: an answer from the
-//! outside (quota, a refused Job) goes back to the plan.
+//! outside (quota, a refused Job, the GpuJob's pods) goes back to the plan.
 
 mod recorder;
 mod writes;
