@@ -1,8 +1,9 @@
 //! `--compare`: the same N GpuJobs, one phase after the other, each controller alone on a
 //! fresh control plane of its own (or, `--same-control-plane`, all on one):
-//!   (a) the floor: no controller; this process does the operator's minimal writes (the
-//!       first attempt's Job create and one status patch per GpuJob) at the same
-//!       concurrency, once every GpuJob is created;
+//!   (a) the floor: no controller; this process does the minimal writes (the first
+//!       attempt's Job, created running, and one status patch per GpuJob) at the same
+//!       concurrency, once every GpuJob is created. The operator does one more: it
+//!       creates the Job suspended and starts it (README, High availability);
 //!   (b) the reference controller: stock kube-runtime (`gpujob-reference-controller`);
 //!   (c) the operator, `--replicas` of it.
 //! Converged: `status.observedGeneration` is the GpuJob's generation and an attempt has
@@ -87,7 +88,9 @@ pub enum Contender {
 impl Contender {
     fn name(self) -> &'static str {
         match self {
-            Contender::Floor => "floor: a bare client doing the same two writes, no controller",
+            Contender::Floor => {
+                "floor: a bare client doing the minimal two writes (a running Job, a status patch), no controller"
+            }
             Contender::Reference => {
                 "a stock kube-runtime `Controller` (`Controller::new(..).owns(jobs)`, default config)"
             }
@@ -457,8 +460,9 @@ async fn create_all(admin: &Client, plan: &Plan<'_>) -> anyhow::Result<HashMap<S
     Ok(at)
 }
 
-/// The floor: for every GpuJob, the first attempt's Job and one status patch, as the
-/// operator's service account, with kube's default client (no rate limit).
+/// The floor: for every GpuJob, the first attempt's Job (created running, not suspended)
+/// and one status patch, as the operator's service account, with kube's default client
+/// (no rate limit).
 async fn floor_writes(cluster: &ControlPlane, plan: &Plan<'_>) -> anyhow::Result<()> {
     let client = cluster.client(Identity::Operator).await?;
     let mut writes = futures::stream::iter(0..plan.gpujobs)
@@ -471,7 +475,7 @@ async fn floor_writes(cluster: &ControlPlane, plan: &Plan<'_>) -> anyhow::Result
                 // Its uid and generation, as a controller's cache would hold them.
                 let gj = gpujobs.get(&name).await?;
                 let jobs: Api<Job> = Api::namespaced(client, &ns);
-                jobs.create(&PostParams::default(), &desired_job(&gj, 1))
+                jobs.create(&PostParams::default(), &running_job(&gj, 1))
                     .await?;
                 let patch = json!({"status": {
                     "observedGeneration": gj.metadata.generation, "attempts": 1,
@@ -488,6 +492,16 @@ async fn floor_writes(cluster: &ControlPlane, plan: &Plan<'_>) -> anyhow::Result
         r?;
     }
     Ok(())
+}
+
+/// The operator's Job for `attempt`, but created running (not suspended), as a
+/// controller without the operator's late-create protection would create it.
+fn running_job(gj: &GpuJob, attempt: i32) -> Job {
+    let mut job = desired_job(gj, attempt);
+    if let Some(spec) = job.spec.as_mut() {
+        spec.suspend = None;
+    }
+    job
 }
 
 /// Deletes every GpuJob (their Jobs go by garbage collection) and waits until the load

@@ -21,7 +21,11 @@ use serde_json::json;
 async fn reconcile(gj: Arc<GpuJob>, client: Arc<Client>) -> Result<Action, kube::Error> {
     let ns = gj.namespace().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced((*client).clone(), &ns);
-    let job = desired_job(&gj, 1);
+    // Created running: a stock controller has no late-create protection to pay for.
+    let mut job = desired_job(&gj, 1);
+    if let Some(spec) = job.spec.as_mut() {
+        spec.suspend = None;
+    }
     match jobs.create(&PostParams::default(), &job).await {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 409 => {}
