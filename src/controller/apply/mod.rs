@@ -172,21 +172,13 @@ pub async fn execute(
                 name,
                 resource_version,
             } => {
-                let started = w
-                    .start_job(fence, &key.namespace, name, resource_version)
-                    .await;
-                if let Err(e) = started {
-                    if matches!(e, Error::Conflict { .. }) {
-                        ctx.memory.job_stale(key, name);
-                    }
-                    return Err(e);
-                }
+                w.start_job(fence, &key.namespace, name, resource_version)
+                    .await
+                    .map_err(|e| job_write_refused(ctx, key, name, e))?;
                 info!(job = %name, "started the attempt's Job (created suspended)");
                 ctx.memory
                     .job_started(key, &snap.gpujob, name.clone(), resource_version.clone());
-                let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
-                let shown = std::mem::take(&mut snap.jobs);
-                snap.jobs = ctx.memory.jobs(key, &uid, || shown);
+                show_remembered_jobs(ctx, key, snap);
             }
             Action::DeleteJob {
                 name,
@@ -195,22 +187,16 @@ pub async fn execute(
                 why,
             } => {
                 let foreground = why.foreground();
-                let deleted = w
-                    .delete_job(
-                        fence,
-                        &key.namespace,
-                        name,
-                        uid,
-                        resource_version,
-                        foreground,
-                    )
-                    .await;
-                if let Err(e) = deleted {
-                    if matches!(e, Error::Conflict { .. }) {
-                        ctx.memory.job_stale(key, name);
-                    }
-                    return Err(e);
-                }
+                w.delete_job(
+                    fence,
+                    &key.namespace,
+                    name,
+                    uid,
+                    resource_version,
+                    foreground,
+                )
+                .await
+                .map_err(|e| job_write_refused(ctx, key, name, e))?;
                 match why {
                     JobDeletion::Replaced => {
                         info!(job = %name, "deleting the running attempt's Job to replace it (spec changed)")
@@ -228,9 +214,7 @@ pub async fn execute(
                 }
                 ctx.memory
                     .job_deleted(key, &snap.gpujob, name.clone(), uid.clone(), foreground);
-                let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
-                let shown = std::mem::take(&mut snap.jobs);
-                snap.jobs = ctx.memory.jobs(key, &uid, || shown);
+                show_remembered_jobs(ctx, key, snap);
             }
             Action::DeleteGpuJob {
                 uid,
@@ -299,6 +283,22 @@ async fn create_job(
     ctx.memory.job_created(key, &owner, &job);
     snap.jobs.push(Arc::new(*job));
     Ok(None)
+}
+
+/// A write to Job `name` failed: refused for its resourceVersion, a copy the memory
+/// kept is stale and goes, so the next look reads the Job again.
+fn job_write_refused(ctx: &Context, key: &Key, name: &str, e: Error) -> Error {
+    if matches!(e, Error::Conflict { .. }) {
+        ctx.memory.job_stale(key, name);
+    }
+    e
+}
+
+/// The snapshot's Jobs as the memory now shows them, after a Job write it recorded.
+fn show_remembered_jobs(ctx: &Context, key: &Key, snap: &mut Snapshot) {
+    let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
+    let shown = std::mem::take(&mut snap.jobs);
+    snap.jobs = ctx.memory.jobs(key, &uid, || shown);
 }
 
 /// One status patch from the GpuJob as last seen to `status` (nothing when equal), then

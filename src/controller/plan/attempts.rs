@@ -7,7 +7,7 @@ use k8s_openapi::api::batch::v1::Job;
 
 use super::{
     Action, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, Next, OLD_ATTEMPT_STOPPING, PlanSettings,
-    Planner, SCHEDULING_GRACE, SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE,
+    Planner, PodsLeft, SCHEDULING_GRACE, SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE,
 };
 use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::controller::events::stray_job_deleted;
@@ -454,16 +454,19 @@ impl Planner<'_, '_> {
         }
         // An earlier attempt's Job gone does not prove its pods are: read them (no pod
         // of another attempt can exist before attempt 2).
-        if k > 1
-            && let Err(why) = self.no_pods_left(Some(k))
-        {
-            if !why.is_empty() {
-                self.next.phase = Some(Phase::Pending);
-                let message =
-                    format!("attempt {k} starts once the earlier attempts' pods are gone: {why}");
-                self.ready(ConditionStatus::False, OLD_ATTEMPT_STOPPING, message);
+        if k > 1 {
+            match self.pods_left(Some(k)) {
+                PodsLeft::None => {}
+                PodsLeft::Asked => return,
+                PodsLeft::Some(why) => {
+                    self.next.phase = Some(Phase::Pending);
+                    let message = format!(
+                        "attempt {k} starts once the earlier attempts' pods are gone: {why}"
+                    );
+                    self.ready(ConditionStatus::False, OLD_ATTEMPT_STOPPING, message);
+                    return;
+                }
             }
-            return;
         }
         if let (Some(name), Some(rv)) = (&job.metadata.name, &job.metadata.resource_version) {
             self.actions.push(Action::StartJob {

@@ -285,6 +285,17 @@ impl JobDeletion {
     }
 }
 
+/// What a pod read says of the pods that may still run ([`Planner::pods_left`]).
+#[derive(Debug, Clone, PartialEq)]
+enum PodsLeft {
+    /// None: go on.
+    None,
+    /// Not read in this reconcile: the plan now ends asking for them.
+    Asked,
+    /// This one, at least (why, for Ready).
+    Some(String),
+}
+
 /// What the queue does with a GpuJob after its plan is carried out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Next {
@@ -490,25 +501,25 @@ impl<'a, 'o> Planner<'a, 'o> {
         };
     }
 
-    /// Whether none of the GpuJob's pods other than `except`'s may still run, from a pod
-    /// read of this reconcile; without one, asks for it ([`Action::CheckPods`]) and says
-    /// no. Pods are not watched: while some remain, the GpuJob looks again with backoff.
-    fn no_pods_left(&mut self, except: Option<i32>) -> Result<(), String> {
+    /// Which of the GpuJob's pods other than `except`'s may still run, from a pod read
+    /// of this reconcile; without one, asks for it ([`Action::CheckPods`]). Pods are not
+    /// watched: while some remain, the GpuJob looks again with backoff.
+    fn pods_left(&mut self, except: Option<i32>) -> PodsLeft {
         let Some(pods) = &self.obs.pods else {
             self.ask(Action::CheckPods);
-            return Err(String::new());
+            return PodsLeft::Asked;
         };
         match pods
             .iter()
             .find(|p| except.is_none() || p.attempt != except)
         {
-            None => Ok(()),
+            None => PodsLeft::None,
             Some(p) => {
                 self.requeue = Next::Backoff;
                 let of = p
                     .attempt
                     .map_or_else(String::new, |a| format!(" (attempt {a})"));
-                Err(format!("pod {}{of} has not stopped", p.name))
+                PodsLeft::Some(format!("pod {}{of} has not stopped", p.name))
             }
         }
     }

@@ -21,7 +21,7 @@
 use jiff::SignedDuration;
 
 use super::{
-    Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Next, Planner, QuotaAnswer,
+    Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Next, Planner, PodsLeft, QuotaAnswer,
 };
 use crate::api::{
     ANNOTATION_SKIP_RELEASE, ConditionStatus, GpuJobStatus, Phase, QuotaCall, QuotaOp,
@@ -165,7 +165,7 @@ impl Planner<'_, '_> {
         let idle = matches!(self.next.phase, Some(Phase::Pending | Phase::Suspended))
             && !self.holds_gpus();
         // A reserve whose answer was lost may hold quota too: released all the same.
-        if idle && may_hold(&self.next) && self.no_pods_left(None).is_ok() {
+        if idle && may_hold(&self.next) && self.pods_left(None) == PodsLeft::None {
             self.settle_release(
                 false,
                 format!("GPU quota released: no attempt can start ({why})"),
@@ -211,7 +211,7 @@ impl Planner<'_, '_> {
         }
         // The reservation covers the attempt's pods: it goes only once they are gone
         // (their Jobs first, then the pods themselves, read).
-        if self.stop_jobs_of_deleted() || self.no_pods_left(None).is_err() {
+        if self.stop_jobs_of_deleted() || self.pods_left(None) != PodsLeft::None {
             return;
         }
         self.settle_release(true, "GPU quota released".to_owned());

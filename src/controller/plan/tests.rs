@@ -114,6 +114,20 @@ fn plan_from(
     confirmed: bool,
     now: &str,
 ) -> Plan {
+    let no_pods = Some(Vec::new());
+    plan_seeing_pods(g, jobs, answer, quota_required, confirmed, no_pods, now)
+}
+
+/// [`plan_from`] with what a pod read found (`None`: not read).
+fn plan_seeing_pods(
+    g: &GpuJob,
+    jobs: &[Job],
+    answer: Option<QuotaAnswer>,
+    quota_required: bool,
+    confirmed: bool,
+    pods: Option<Vec<LivePod>>,
+    now: &str,
+) -> Plan {
     plan(
         &Observed {
             gpujob: g,
@@ -123,7 +137,7 @@ fn plan_from(
             refused: None,
             quota_required,
             quota: answer,
-            pods: Some(Vec::new()),
+            pods,
             confirmed,
             now: t(now),
         },
@@ -969,23 +983,8 @@ mod quota {
         let mut g = reserved_and_running(&gpujob(3));
         g.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:05:00Z")));
         let now = "2026-11-30T06:05:01Z";
-        let with = |pods: Option<Vec<LivePod>>| {
-            plan(
-                &Observed {
-                    gpujob: &g,
-                    jobs: Vec::new(),
-                    termination: None,
-                    unschedulable: None,
-                    refused: None,
-                    quota_required: true,
-                    quota: None,
-                    pods,
-                    confirmed: true,
-                    now: t(now),
-                },
-                &settings(),
-            )
-        };
+        let with =
+            |pods: Option<Vec<LivePod>>| plan_seeing_pods(&g, &[], None, true, true, pods, now);
         assert_eq!(kinds(&with(None)), vec!["CheckPods"]);
         let orphan = LivePod {
             name: "train-1-abcde".into(),
@@ -2127,21 +2126,7 @@ mod created_suspended {
     }
 
     fn with_pods(g: &GpuJob, jobs: &[Job], pods: Option<Vec<LivePod>>, now: &str) -> Plan {
-        plan(
-            &Observed {
-                gpujob: g,
-                jobs: jobs.iter().collect(),
-                termination: None,
-                unschedulable: None,
-                refused: None,
-                quota_required: false,
-                quota: None,
-                pods,
-                confirmed: true,
-                now: t(now),
-            },
-            &settings(),
-        )
+        plan_seeing_pods(g, jobs, None, false, true, pods, now)
     }
 
     #[test]
