@@ -544,7 +544,16 @@ async fn deleting_a_running_gpujob_releases_its_quota_only_after_its_pods_stoppe
         kube::Api::namespaced(env.admin.clone(), &env.ns);
     let of_the_job =
         kube::api::ListParams::default().labels("batch.kubernetes.io/job-name=doomed-1");
-    assert!(!pods.list(&of_the_job).await.unwrap().items.is_empty());
+    // Running is recorded when the Job is created (suspended); its pod comes once the
+    // operator has started it.
+    wait::until(
+        "the attempt's pod to exist",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async { (!pods.list(&of_the_job).await.ok()?.items.is_empty()).then_some(()) },
+    )
+    .await
+    .unwrap();
 
     // The release is answered with a timeout (and kept), so the GpuJob and everything
     // it owns stay where they were when the release was sent.
