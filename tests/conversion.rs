@@ -224,6 +224,46 @@ async fn one_gpujob_read_as_v1_or_v2_with_each_versions_defaults() {
         "v1's defaults, and no spec.v2"
     );
 
+    // v2's CEL rules refuse, naming the field, what the operator would otherwise only
+    // report as InvalidSpec after the fact.
+    for (name, spec, field) in [
+        (
+            "product-disagrees",
+            json!({"image": "busybox", "resources": {"gpus": 1, "product": "NVIDIA-A100-SXM4-80GB"},
+                   "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}),
+            "spec.nodeSelector",
+        ),
+        (
+            "deadline-zero",
+            json!({"image": "busybox", "resources": {"gpus": 1}, "attemptDeadline": "0s"}),
+            "spec.attemptDeadline",
+        ),
+        (
+            "product-empty",
+            json!({"image": "busybox", "resources": {"gpus": 1, "product": ""}}),
+            "spec.resources.product",
+        ),
+    ] {
+        let object = json!({
+            "apiVersion": "gpujob.dev/v2", "kind": "GpuJob",
+            "metadata": {"name": name}, "spec": spec,
+        });
+        let err = s
+            .raw("v2")
+            .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+            .await
+            .expect_err(&format!("{name}: {spec} must be refused"));
+        let kube::Error::Api(status) = err else {
+            panic!("{name}: not an API error: {err:?}");
+        };
+        assert_eq!(status.code, 422, "{name}: {}", status.message);
+        assert!(
+            status.message.contains(field),
+            "{name}: message does not name {field}: {}",
+            status.message
+        );
+    }
+
     // kubectl: the preferred version is v2 (its columns); v1 warns that it is deprecated.
     let out = kubectl(env, &["get", "gj", "-o", "wide"]).await;
     let table = String::from_utf8_lossy(&out.stdout);

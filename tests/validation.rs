@@ -67,6 +67,24 @@ async fn the_schema_refuses_bad_specs_naming_the_field() {
             json!({"image": "i", "gpus": 1, "activeDeadlineSeconds": 0}),
             "spec.activeDeadlineSeconds",
         ),
+        // CEL (x-kubernetes-validations): across fields.
+        (
+            "product-disagrees",
+            json!({"image": "i", "gpus": 1,
+                   "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                   "v2": {"gpuProduct": "NVIDIA-A100-SXM4-80GB"}}),
+            "spec.nodeSelector",
+        ),
+        (
+            "product-empty",
+            json!({"image": "i", "gpus": 1, "v2": {"gpuProduct": ""}}),
+            "spec.v2.gpuProduct",
+        ),
+        (
+            "product-not-a-label-value",
+            json!({"image": "i", "gpus": 1, "v2": {"gpuProduct": "A100 80GB"}}),
+            "spec.v2.gpuProduct",
+        ),
     ];
     for (name, spec, field) in cases {
         let err = api
@@ -91,6 +109,30 @@ async fn the_schema_refuses_bad_specs_naming_the_field() {
             .is_empty(),
         "nothing was stored"
     );
+    // The rules refuse only what they name: a product that agrees with the selector,
+    // or is set in one place, is stored.
+    for (name, spec) in [
+        (
+            "product-agrees",
+            json!({"image": "i", "gpus": 1,
+                   "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+                   "v2": {"gpuProduct": "NVIDIA-A100-SXM4-80GB"}}),
+        ),
+        (
+            "product-alone",
+            json!({"image": "i", "gpus": 1, "nodeSelector": {"zone": "a"},
+                   "v2": {"gpuProduct": "NVIDIA-A100-SXM4-80GB"}}),
+        ),
+        (
+            "selector-alone",
+            json!({"image": "i", "gpus": 1,
+                   "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}),
+        ),
+    ] {
+        api.create(&PostParams::default(), &object(name, spec.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {spec} must be stored: {e}"));
+    }
 }
 
 #[tokio::test]

@@ -28,6 +28,13 @@ use super::GpuJobStatus;
     printcolumn = r#"{"name":"Next Attempt","type":"date","priority":1,"description":"While backing off: when the next attempt starts","jsonPath":".status.nextAttemptTime"}"#
 )]
 #[serde(rename_all = "camelCase")]
+// The v2 rule (see v2.rs) on v1's spelling of the product: `spec.v2.gpuProduct`.
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.v2) || !has(self.v2.gpuProduct) || !has(self.nodeSelector) || !('nvidia.com/gpu.product' in self.nodeSelector) || self.nodeSelector['nvidia.com/gpu.product'] == self.v2.gpuProduct",
+    "message": "nodeSelector[\"nvidia.com/gpu.product\"] disagrees with the GpuJob's GPU product (v2 resources.product)",
+    "fieldPath": ".nodeSelector",
+    "reason": "FieldValueInvalid",
+}]))]
 pub struct GpuJobSpec {
     /// Container image to run.
     #[schemars(length(min = 1))]
@@ -94,6 +101,7 @@ pub struct V2Only {
     pub template: Option<Value>,
     /// v2 `spec.resources.product`: the node selector `nvidia.com/gpu.product`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = LABEL_VALUE_PATTERN))]
     pub gpu_product: Option<String>,
     /// v2 `spec.retryPolicy.backoffSeconds`: the first backoff, doubling per failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -111,6 +119,10 @@ impl V2Only {
         (self != V2Only::default()).then_some(self)
     }
 }
+
+/// A label value (the GPU product is one): at most 63 characters, alphanumeric at both
+/// ends, `-`, `_` and `.` between; the schema's form of controller/validate's check.
+pub(crate) const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
 
 /// An object the API server keeps as written (`x-kubernetes-preserve-unknown-fields`):
 /// the pod template. A full PodSpec schema would make the CRD too large for

@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::spec::{default_max_retries, preserved_object};
+use super::spec::{LABEL_VALUE_PATTERN, default_max_retries, preserved_object};
 use super::{EnvVar, GpuJobStatus, UpdatePolicy};
 
 /// A batch run on GPUs. The operator runs it as one batch/v1 Job per attempt and
@@ -33,6 +33,15 @@ use super::{EnvVar, GpuJobStatus, UpdatePolicy};
     printcolumn = r#"{"name":"Next Attempt","type":"date","priority":1,"description":"While backing off: when the next attempt starts","jsonPath":".status.nextAttemptTime"}"#
 )]
 #[serde(rename_all = "camelCase")]
+// Cross-field rules the API server checks with CEL, so `kubectl apply` refuses them up
+// front; the operator's own check (controller/validate) stays for objects stored before
+// a rule existed.
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.resources.product) || !has(self.nodeSelector) || !('nvidia.com/gpu.product' in self.nodeSelector) || self.nodeSelector['nvidia.com/gpu.product'] == self.resources.product",
+    "message": "nodeSelector[\"nvidia.com/gpu.product\"] disagrees with resources.product; set the product in one of them",
+    "fieldPath": ".nodeSelector",
+    "reason": "FieldValueInvalid",
+}]))]
 pub struct GpuJobSpec {
     /// Container image to run.
     #[schemars(length(min = 1))]
@@ -55,7 +64,14 @@ pub struct GpuJobSpec {
     /// `"500ms"`; units h, m, s, ms; more than zero); an attempt that runs longer fails.
     /// The Job gets it rounded up to whole seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^[+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(h|m|s|ms))+$"))]
+    #[schemars(
+        regex(pattern = r"^[+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(h|m|s|ms))+$"),
+        length(max = 64),
+        extend("x-kubernetes-validations" = [{
+            "rule": "duration(self) > duration('0s')",
+            "message": "must be more than zero",
+        }]),
+    )]
     pub attempt_deadline: Option<String>,
     /// Node labels the attempt's pod must match.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -100,6 +116,7 @@ pub struct Resources {
     /// GPU product name (the node label `nvidia.com/gpu.product`, e.g.
     /// `NVIDIA-A100-SXM4-80GB`) the run's node must have.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = LABEL_VALUE_PATTERN))]
     pub product: Option<String>,
 }
 
