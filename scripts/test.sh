@@ -6,9 +6,12 @@
 #    module proxy and cached),
 # 2. checks the alert rules with promtool, deploy/ and the Dockerfile with checkov
 #    (installed from PyPI into the cache when missing), formatting and clippy,
-# 3. starts one shared control plane (devcluster) for the integration tests,
+# 3. starts one shared control plane (devcluster, Kubernetes v1.37) for the integration
+#    tests,
 # 4. runs every test with cargo-nextest, which prints the summary line,
-# 5. stops the control plane, also on failure or Ctrl-C.
+# 5. stops the control plane, also on failure or Ctrl-C,
+# 6. runs the compatibility subset the same way on the oldest Kubernetes the README
+#    claims (v1.33; its binaries are built once and cached too).
 #
 # Caches live outside the clone, under $GPUJOB_CACHE_DIR (default
 # ~/.cache/gpujob-operator): the Kubernetes binaries and, unless CARGO_TARGET_DIR
@@ -39,37 +42,77 @@ step "build"
 cargo build -p devcluster --locked --bins
 cargo nextest run --workspace --exclude gpujob-benches --features gpujob-operator/failpoints --locked --no-run
 
-step "shared control plane"
-# A state folder of this run's own: a second run on the same machine (CI next to
-# a developer's run, two clones) must not restart or stop this one's control plane,
+# One shared control plane at a time (devcluster), for the integration tests.
+# A state folder of its own: a second run on the same machine (CI next to a
+# developer's run, two clones) must not restart or stop this one's control plane,
 # which is what `devcluster up` does to whatever else runs on the same folder.
-state="$(mktemp -d "$cache/test-cluster-XXXXXX")"
-log="$state.log"
-# gpujob.dev/v1 alone: deploy/crd/crd.yaml serves v2 through the operator's conversion
-# webhook, which nothing runs on the shared control plane (its in-process operators
-# have none), and kubectl, the garbage collector and the namespace controller read
-# the preferred version, v2. tests/conversion.rs starts a control plane of its own
-# with the webhook CRD; tests/install.rs checks deploy/crd/crd.yaml itself.
-crd="$state.crd-v1-only.yaml"
-"$CARGO_TARGET_DIR/debug/gpujob-operator" crd --v1-only >"$crd"
-# 64 fake nodes of 8 GPUs (GpuNodes::for_tests): tests running at once never wait on
-# each other's GPUs.
-"$CARGO_TARGET_DIR/debug/devcluster" up --state-dir "$state" --gpu-nodes 64 \
-  --crd "$crd" --crd devcluster/testdata/widget-crd.yaml >"$log" 2>&1 &
-up_pid=$!
+up_pid="" state="" log="" crd=""
+start_cluster() {
+  state="$(mktemp -d "$cache/test-cluster-XXXXXX")"
+  log="$state.log"
+  # gpujob.dev/v1 alone: deploy/crd/crd.yaml serves v2 through the operator's conversion
+  # webhook, which nothing runs on the shared control plane (its in-process operators
+  # have none), and kubectl, the garbage collector and the namespace controller read
+  # the preferred version, v2. tests/conversion.rs starts a control plane of its own
+  # with the webhook CRD; tests/install.rs checks deploy/crd/crd.yaml itself.
+  crd="$state.crd-v1-only.yaml"
+  "$CARGO_TARGET_DIR/debug/gpujob-operator" crd --v1-only >"$crd"
+  # 64 fake nodes of 8 GPUs (GpuNodes::for_tests): tests running at once never wait on
+  # each other's GPUs.
+  "$CARGO_TARGET_DIR/debug/devcluster" up --state-dir "$state" --gpu-nodes 64 \
+    --crd "$crd" --crd devcluster/testdata/widget-crd.yaml >"$log" 2>&1 &
+  up_pid=$!
+  wait_cluster "$state" "$log" "$up_pid"
+  export DEVCLUSTER_DIR="$state"
+  # The release the binaries claim is the one that answers.
+  local want="$1" got
+  got="$(kubectl --kubeconfig "$state/kubeconfig/admin.kubeconfig" version -o json |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])')"
+  if [[ "$got" != "$want" ]]; then
+    echo "the control plane answers as Kubernetes $got, not $want" >&2
+    return 1
+  fi
+  echo "control plane: Kubernetes $got" >&2
+}
+# $1: the exit status so far; logs are kept when it is not 0.
 stop_cluster() {
-  local status=$?
+  local status="$1"
+  [[ -n "$up_pid" ]] || return 0
   kill -TERM "$up_pid" 2>/dev/null || true
   wait "$up_pid" 2>/dev/null || true
+  up_pid=""
   if [[ $status -eq 0 ]]; then
     rm -rf "$state" "$log" "$crd"
   else
     echo "control plane logs kept for inspection: $state/logs, $log, $state/audit.log" >&2
   fi
 }
-trap stop_cluster EXIT
-wait_cluster "$state" "$log" "$up_pid"
-export DEVCLUSTER_DIR="$state"
+trap 'stop_cluster $?' EXIT
+
+current="$(devcluster/scripts/kube-binaries.sh --version)"
+step "shared control plane: Kubernetes $current"
+start_cluster "$current"
 
 step "tests"
 cargo nextest run --workspace --exclude gpujob-benches --features gpujob-operator/failpoints --locked "$@"
+stop_cluster 0
+
+# The compatibility subset: the oldest release the README claims, with the binaries of
+# that release (built once and cached like the current ones). It runs with the whole
+# suite (no arguments) or when GPUJOB_COMPAT=1; KUBEBUILDER_ASSETS_COMPAT points it at
+# binaries you already have.
+if [[ $# -gt 0 && "${GPUJOB_COMPAT:-}" != 1 ]]; then
+  echo "compatibility subset skipped: arguments were given (GPUJOB_COMPAT=1 runs it)" >&2
+  exit 0
+fi
+export DEVCLUSTER_KUBE_RELEASE=compat
+compat="$(devcluster/scripts/kube-binaries.sh --version)"
+step "compatibility subset: Kubernetes $compat binaries"
+KUBEBUILDER_ASSETS="${KUBEBUILDER_ASSETS_COMPAT:-$(KUBEBUILDER_ASSETS='' devcluster/scripts/kube-binaries.sh)}"
+export KUBEBUILDER_ASSETS
+echo "using $KUBEBUILDER_ASSETS" >&2
+step "compatibility subset: shared control plane, Kubernetes $compat"
+start_cluster "$compat"
+step "compatibility subset: install dry run, CEL rules, conversion webhook, HA, one lifecycle"
+cargo nextest run --workspace --exclude gpujob-benches --features gpujob-operator/failpoints --locked \
+  -E 'binary(install) | binary(validation) | binary(conversion) | binary(ha) | test(=seed_walkthrough_one_job_then_succeeded_then_collected)'

@@ -7,11 +7,12 @@
 # (default ~/.cache/gpujob-operator); else build them with Go from the Go module proxy,
 # then cache:
 #   - Kubernetes from the module k8s.io/kubernetes, through the small module in
-#     devcluster/kube/kubernetes (its go.mod pins every k8s.io/* staging module to the
+#     devcluster/kube/kubernetes, or kubernetes-compat for the older release (each
+#     go.mod pins every k8s.io/* staging module to the
 #     matching v0.x release with a `replace`: k8s.io/kubernetes' own go.mod points them
 #     at ./staging, which a dependency does not see);
 #   - etcd from the module go.etcd.io/etcd/server/v3, through devcluster/kube/etcd.
-# Both go.sum files are committed, so the build is the one that was reviewed.
+# The go.sum files are committed, so the build is the one that was reviewed.
 #
 # The cache folder's name is the recipe: change anything below that changes the
 # binaries (versions, flags, the modules' go.mod) and bump RECIPE, so an old build is
@@ -20,14 +21,26 @@
 #
 # Usage: kube-binaries.sh            locate, or build what is missing
 #        kube-binaries.sh --locate   locate only; exit 3 when nothing usable is there
-# DEVCLUSTER_KUBE_MODULES names the folder holding the two modules when the script is
+#        kube-binaries.sh --version  print the Kubernetes version it provides
+# DEVCLUSTER_KUBE_MODULES names the folder holding the modules when the script is
 # not run from its place in the repository (devcluster runs it from its own source).
+# DEVCLUSTER_KUBE_RELEASE picks the release: `current` (default; every test, the demo
+# and the load test) or `compat`, the oldest release the README claims, which the
+# test command runs a compatibility subset on (module folder kubernetes-compat).
 set -euo pipefail
 MODE="${1:-prepare}"
 
-KUBE_VERSION="v1.37.2"
+case "${DEVCLUSTER_KUBE_RELEASE:-current}" in
+  current) KUBE_VERSION="v1.37.2" KUBE_MODULE="kubernetes" ;;
+  compat) KUBE_VERSION="v1.33.13" KUBE_MODULE="kubernetes-compat" ;;
+  *) echo "kube-binaries: error: DEVCLUSTER_KUBE_RELEASE=${DEVCLUSTER_KUBE_RELEASE} is neither current nor compat" >&2; exit 1 ;;
+esac
 ETCD_VERSION="v3.6.16"
-# Go 1.26 builds both (their go.mod files say `go 1.26.0`). Should a newer release
+if [[ "$MODE" == "--version" ]]; then
+  echo "$KUBE_VERSION"
+  exit 0
+fi
+# Go 1.26 builds all of them (their go.mod files say `go 1.26.0`, compat's `go 1.24.0`). Should a newer release
 # need Go 1.27, GOTOOLCHAIN=go1.27.3 is the approved way to it (the go command fetches
 # that toolchain from the module proxy); until then nothing is downloaded behind our back.
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
@@ -68,7 +81,7 @@ if [[ -n "${DEVCLUSTER_KUBE_MODULES:-}" ]]; then
 else
   MODULES="$(cd "$(dirname "${BASH_SOURCE[0]}")/../kube" && pwd)"
 fi
-for m in kubernetes etcd; do
+for m in "$KUBE_MODULE" etcd; do
   [[ -f "$MODULES/$m/go.mod" && -f "$MODULES/$m/go.sum" ]] || die "$MODULES/$m/go.mod or go.sum missing"
 done
 command -v go >/dev/null || die "no go on PATH: Go 1.26 or later builds the control plane (https://go.dev/dl/, or /usr/local/go/bin)"
@@ -93,7 +106,7 @@ minor="${minor%%.*}"
 ldflags="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 # -mod=readonly: built in place, the modules' go.mod and go.sum are never rewritten.
 (
-  cd "$MODULES/kubernetes"
+  cd "$MODULES/$KUBE_MODULE"
   CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "$ldflags" -o "$WORK/assets/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
