@@ -35,6 +35,14 @@ step "manifests and Dockerfile: checkov, zero failed checks, every skip with its
 scripts/checkov.sh
 
 step "format and lint"
+# The core crate stays pure: nothing that talks to the API server, runs tasks or does
+# TLS may enter its dependency tree (core/Cargo.toml says why).
+impure="$(cargo tree -p gpujob-core -e normal --prefix none --locked |
+  grep -E '^(kube-client|kube-runtime|tokio|hyper|rustls|tower|reqwest) ' || true)"
+if [[ -n "$impure" ]]; then
+  printf 'gpujob-core depends on crates it must not (client, runtime or TLS):\n%s\n' "$impure" >&2
+  exit 1
+fi
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 

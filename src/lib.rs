@@ -4,14 +4,11 @@
 //! Data flow: watches → caches → keys → work queue → reconcile, where reconcile is
 //! observe → plan (pure) → apply (the only writer) → one status patch.
 
-pub mod api;
 pub mod apierror;
-mod backoff;
 pub mod cli;
 pub mod client;
 pub mod controller;
 pub mod failpoint;
-mod hash;
 pub mod lease;
 pub mod metrics;
 pub mod migrate;
@@ -19,4 +16,6 @@ pub mod queue;
 pub mod quota;
 pub mod ratelimit;
 pub mod server;
-pub mod shard;
+
+// The pure core, where the operator has always had it (`gpujob_operator::api`, ...).
+pub use gpujob_core::{api, backoff, hash, shard};

@@ -7,16 +7,15 @@ pub mod apply;
 pub mod cache;
 pub mod domain;
 pub mod error;
-pub mod events;
-pub mod job;
 pub mod memory;
 mod observe;
-pub mod plan;
 mod reconcile;
 mod runner;
-pub mod status;
+
+// The pure parts of a reconcile live in the core crate; re-exported where the
+// controller has always had them.
+pub use gpujob_core::{events, job, plan, status, validate};
 pub mod term_start;
-pub mod validate;
 
 use std::fmt;
 use std::time::Duration;

@@ -289,8 +289,32 @@ mod tests {
     use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
 
     use super::*;
+    use crate::api::{GpuJob, GpuJobSpec};
     use crate::controller::job::desired_job;
-    use crate::controller::job::tests::gpujob;
+
+    fn gpujob(name: &str) -> GpuJob {
+        let mut g = GpuJob::new(
+            name,
+            GpuJobSpec {
+                image: "registry.example/train:1".into(),
+                command: vec![],
+                args: vec![],
+                env: vec![],
+                gpus: 1,
+                max_retries: 3,
+                active_deadline_seconds: None,
+                node_selector: Default::default(),
+                service_account_name: None,
+                update_policy: Default::default(),
+                suspend: false,
+                ttl_seconds_after_finished: None,
+                v2: None,
+            },
+        );
+        g.metadata.namespace = Some("team-a".into());
+        g.metadata.uid = Some("uid-1".into());
+        g
+    }
 
     fn job(attempt: i32, failed: bool) -> Arc<Job> {
         let mut j = desired_job(&gpujob("train"), attempt);

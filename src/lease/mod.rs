@@ -10,13 +10,14 @@
 //! `balance.rs`). The two modes exclude each other while a rolling update changes
 //! `--shards` (`modes.rs`).
 
-pub mod balance;
 mod decide;
 mod elector;
 mod modes;
 mod ownership;
 mod sharded;
 mod single;
+
+pub use gpujob_core::balance;
 
 use std::time::Duration;
 

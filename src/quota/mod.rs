@@ -8,14 +8,7 @@ use std::future::Future;
 
 pub use self::http::{FENCING_TOKEN_HEADER, HttpProvider, HttpSettings};
 
-/// What a reservation is for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReserveRequest {
-    pub uid: String,
-    pub namespace: String,
-    pub name: String,
-    pub gpus: i32,
-}
+pub use gpujob_core::quota::ReserveRequest;
 
 /// The fencing token of a GpuJob's quota call: `<uid>/<sequence>`, the sequence as
 /// recorded in the GpuJob's `status.quotaCall` before the call (docs/quota-api.md).

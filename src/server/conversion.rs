@@ -27,7 +27,7 @@ use crate::api::convert::{ConvertError, convert};
 use crate::metrics::Metrics;
 
 /// The path the CRD's `conversion.webhook.clientConfig` names.
-pub const PATH: &str = "/convert";
+pub use crate::api::crd::WEBHOOK_PATH as PATH;
 
 /// A review carries one list page of objects; GpuJobs with pod templates run to a few KB
 /// each, so this is far above any page the API server sends, and still bounded.

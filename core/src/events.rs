@@ -4,7 +4,7 @@
 
 use crate::api::{ConditionStatus, GpuJobStatus, Phase};
 
-use super::status::{
+use crate::status::{
     CLEANUP_STUCK, QUOTA_RESERVED, READY, SPEC_CHANGE_PENDING, SUSPENDED, UNSCHEDULABLE,
 };
 

@@ -19,11 +19,11 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 
-use super::events::Note;
-use super::job::attempt_of;
-use super::status::{READY, seconds, set_condition};
-pub use super::status::{SPEC_CHANGE_PENDING, UNSCHEDULABLE};
-use super::validate::{SpecLimits, validate};
+use crate::events::Note;
+use crate::job::attempt_of;
+use crate::status::{READY, seconds, set_condition};
+pub use crate::status::{SPEC_CHANGE_PENDING, UNSCHEDULABLE};
+use crate::validate::{SpecLimits, validate};
 use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::quota::ReserveRequest;
 

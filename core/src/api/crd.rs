@@ -18,6 +18,8 @@ use super::{GpuJob, v2};
 pub const WEBHOOK_NAMESPACE: &str = "gpujob-system";
 pub const WEBHOOK_SERVICE: &str = "gpujob-operator-webhook";
 pub const WEBHOOK_PORT: i32 = 443;
+/// The path the CRD's `conversion.webhook.clientConfig` names (the operator serves it).
+pub const WEBHOOK_PATH: &str = "/convert";
 /// The cert-manager Certificate (deploy/cert-manager) whose CA cert-manager's CA
 /// injector writes into the CRD's `caBundle`.
 pub const CERT_MANAGER_ANNOTATION: &str = "cert-manager.io/inject-ca-from";
@@ -127,7 +129,7 @@ pub fn crd(options: &CrdOptions) -> Result<CustomResourceDefinition, CrdError> {
     let service = url.is_none().then(|| ServiceReference {
         namespace: WEBHOOK_NAMESPACE.to_owned(),
         name: WEBHOOK_SERVICE.to_owned(),
-        path: Some(crate::server::conversion::PATH.to_owned()),
+        path: Some(WEBHOOK_PATH.to_owned()),
         port: Some(WEBHOOK_PORT),
     });
     if service.is_some() {

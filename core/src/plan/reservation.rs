@@ -26,8 +26,8 @@ use super::{
 use crate::api::{
     ANNOTATION_SKIP_RELEASE, ConditionStatus, GpuJobStatus, Phase, QuotaCall, QuotaOp,
 };
-use crate::controller::events::{Kind, Note};
-use crate::controller::status::{CLEANUP_STUCK, QUOTA_RESERVED, remove_condition, set_condition};
+use crate::events::{Kind, Note};
+use crate::status::{CLEANUP_STUCK, QUOTA_RESERVED, remove_condition, set_condition};
 use crate::quota::ReserveRequest;
 
 impl Planner<'_, '_> {

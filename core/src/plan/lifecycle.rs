@@ -8,7 +8,7 @@ use jiff::SignedDuration;
 
 use super::{Action, Planner};
 use crate::api::{ANNOTATION_RERUN, ConditionStatus, Phase};
-use crate::controller::status::{
+use crate::status::{
     COMPLETE, FAILED, READY, SUSPENDED, remove_condition, set_condition,
 };
 

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{Container, PodTemplateSpec, ResourceRequirement
 
 use super::{FieldError, err, label_value};
 use crate::api::{ENV_ATTEMPT, GPU_RESOURCE, GpuJobSpec, LABEL_GPU_PRODUCT, LABEL_PREFIX};
-use crate::controller::job::{CONTAINER_NAME, TEMPLATE_FIELD, pod_template};
+use crate::job::{CONTAINER_NAME, TEMPLATE_FIELD, pod_template};
 
 /// What only v2 says (v1 `spec.v2`): the GPU product, the backoff and the pod template,
 /// which may not take over what the operator sets.

@@ -1,6 +1,6 @@
 use super::*;
 use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase};
-use crate::controller::job::desired_job;
+use crate::job::desired_job;
 use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -527,7 +527,7 @@ mod quota {
 
     use super::*;
     use crate::api::{ANNOTATION_SKIP_RELEASE, FINALIZER_QUOTA, QuotaCall, QuotaOp};
-    use crate::controller::status::{CLEANUP_STUCK, QUOTA_RESERVED};
+    use crate::status::{CLEANUP_STUCK, QUOTA_RESERVED};
 
     fn with_finalizer(mut g: GpuJob) -> GpuJob {
         g.metadata.finalizers = Some(vec![FINALIZER_QUOTA.to_owned()]);
@@ -1044,7 +1044,7 @@ mod lifecycle {
 
     use super::*;
     use crate::api::ANNOTATION_RERUN;
-    use crate::controller::status::{COMPLETE, FAILED, SUSPENDED};
+    use crate::status::{COMPLETE, FAILED, SUSPENDED};
 
     fn suspend(mut g: GpuJob, on: bool) -> GpuJob {
         g.spec.suspend = on;
@@ -1733,7 +1733,7 @@ mod strays {
     //! shard can land after its successor ended that attempt, and bring it back.
 
     use super::*;
-    use crate::controller::events::Kind;
+    use crate::events::Kind;
 
     const LATE: &str = "late-uid";
 
@@ -1782,7 +1782,7 @@ mod strays {
         }
     }
 
-    fn announced(p: &Plan) -> Vec<&crate::controller::events::Note> {
+    fn announced(p: &Plan) -> Vec<&crate::events::Note> {
         p.actions
             .iter()
             .filter_map(|a| match a {

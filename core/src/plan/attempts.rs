@@ -10,11 +10,11 @@ use super::{
     Planner, PodsLeft, SCHEDULING_GRACE, SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE,
 };
 use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
-use crate::controller::events::stray_job_deleted;
-use crate::controller::job::{
+use crate::events::stray_job_deleted;
+use crate::job::{
     attempt_of, desired_job, generation_of, job_name, started, suspension_seen,
 };
-use crate::controller::status::{READY, SUSPENDED, remove_condition, seconds};
+use crate::status::{READY, SUSPENDED, remove_condition, seconds};
 
 /// What a Job's conditions say.
 #[derive(Debug, Clone, PartialEq)]

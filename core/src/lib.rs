@@ -1,0 +1,23 @@
+//! The pure core of gpujob-operator: everything that decides, and nothing that reads a
+//! clock, talks to the API server or runs a task. The operator crate (runner, queue,
+//! client, lease I/O, server, quota service, executor) builds on it; nothing here
+//! imports back up, and the dependencies in Cargo.toml make that impossible to break.
+//!
+//! - [`api`]: the GpuJob v1 and v2 types, their lossless conversion, the CRD;
+//! - [`validate`]: what the schema cannot check;
+//! - [`plan`]: `(GpuJob, its Jobs, what the outside answered, now) -> actions`;
+//! - [`job`], [`status`], [`events`]: the desired Job, condition helpers, Event notes;
+//! - [`balance`]: which shards a replica should hold (rendezvous hashing);
+//! - [`shard`], [`hash`], [`backoff`], [`quota`]: small shared pieces.
+
+pub mod api;
+pub mod backoff;
+pub mod balance;
+pub mod events;
+pub mod hash;
+pub mod job;
+pub mod plan;
+pub mod quota;
+pub mod shard;
+pub mod status;
+pub mod validate;
