@@ -438,10 +438,14 @@ impl RunArgs {
     /// certificate now, so a missing or broken one stops the start with the reason.
     pub fn conversion(&self) -> Result<Option<Webhook>, String> {
         match &self.conversion_cert_dir {
-            Some(dir) => Ok(Some(Webhook {
-                address: self.conversion_address,
-                tls: crate::server::tls::webhook_config(dir)?,
-            })),
+            Some(dir) => {
+                let (tls, certificates) = crate::server::tls::webhook_tls(dir)?;
+                Ok(Some(Webhook {
+                    address: self.conversion_address,
+                    tls,
+                    certificates,
+                }))
+            }
             None => Ok(None),
         }
     }
