@@ -271,28 +271,65 @@ async fn one_gpujob_read_as_v1_or_v2_with_each_versions_defaults() {
     assert_eq!(s.conversions(1, "failed").await, 0.0);
 
     // Last, as it replaces the CRD's caBundle: scripts/webhook-cert.sh (clusters without
-    // cert-manager) writes the Secret and puts its CA into the CRD, and the API server
-    // then trusts that CA only: the test's own certificate no longer passes.
+    // cert-manager) writes the Secret and puts its CA into the CRD beside the one in use,
+    // so the certificate the replicas serve still passes; a second rotation drops the
+    // test's CA, and then it no longer does.
     script_makes_the_secret_and_the_ca_bundle(&s).await;
 }
 
-async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
-    use k8s_openapi::api::core::v1::Secret;
+/// The CRD's caBundle, decoded.
+async fn ca_bundle(s: &Setup) -> Vec<u8> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let keep = s.cert_dir.join("script");
+    let crd = Api::<CustomResourceDefinition>::all(s.env.admin.clone())
+        .get("gpujobs.gpujob.dev")
+        .await
+        .unwrap();
+    crd.spec
+        .conversion
+        .unwrap()
+        .webhook
+        .unwrap()
+        .client_config
+        .unwrap()
+        .ca_bundle
+        .unwrap()
+        .0
+}
+
+/// The first PEM certificate of `bundle`, with its line end.
+fn first_pem(bundle: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bundle);
+    let end = "-----END CERTIFICATE-----";
+    let at = text.find(end).expect("a PEM certificate") + end.len();
+    format!("{}\n", &text[..at])
+}
+
+/// Runs scripts/webhook-cert.sh (`args`) for the test's namespace, keeping its files in
+/// `keep`; returns its standard error.
+async fn webhook_cert_script(s: &Setup, keep: &std::path::Path, args: &[&str]) -> (bool, String) {
     let mut cmd = s.env.cluster.command(
         concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/webhook-cert.sh"),
         Identity::Admin,
     );
-    cmd.env("NAMESPACE", &s.env.ns).env("KEEP_DIR", &keep);
+    cmd.env("NAMESPACE", &s.env.ns).env("KEEP_DIR", keep).args(args);
     let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
         .await
         .unwrap();
-    assert!(
+    (
         out.status.success(),
-        "webhook-cert.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
+    use k8s_openapi::api::core::v1::Secret;
+    let keep = s.cert_dir.join("script");
+    let (ok, err) = webhook_cert_script(s, &keep, &["--check"]).await;
+    assert!(!ok && err.contains("no readable certificate"), "{err}");
+    let before = ca_bundle(s).await;
+    let (ok, err) = webhook_cert_script(s, &keep, &[]).await;
+    assert!(ok, "webhook-cert.sh: {err}");
+    assert!(err.contains("valid until"), "it says when to renew: {err}");
     let secret = Api::<Secret>::namespaced(s.env.admin.clone(), &s.env.ns)
         .get("gpujob-operator-webhook-tls")
         .await
@@ -307,24 +344,16 @@ async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
         data["tls.key"].0,
         std::fs::read(keep.join("tls.key")).unwrap()
     );
-    let crd = Api::<CustomResourceDefinition>::all(s.env.admin.clone())
-        .get("gpujobs.gpujob.dev")
-        .await
-        .unwrap();
-    let bundle = crd
-        .spec
-        .conversion
-        .unwrap()
-        .webhook
-        .unwrap()
-        .client_config
-        .unwrap()
-        .ca_bundle;
+    let ca = std::fs::read_to_string(keep.join("ca.crt")).unwrap();
+    // (Compared without carriage returns: a PEM may end its lines either way.)
     assert_eq!(
-        bundle.unwrap().0,
-        std::fs::read(keep.join("ca.crt")).unwrap(),
-        "the caBundle is the script's CA"
+        String::from_utf8(ca_bundle(s).await).unwrap().replace('\r', ""),
+        format!("{ca}{}", first_pem(&before)).replace('\r', ""),
+        "the caBundle is the script's CA, then the one in use"
     );
+    // 365 days: --check says so, and passes.
+    let (ok, err) = webhook_cert_script(s, &keep, &["--check"]).await;
+    assert!(ok && err.contains("valid until"), "{err}");
     let text = std::process::Command::new("openssl")
         .args(["x509", "-noout", "-text", "-in"])
         .arg(keep.join("tls.crt"))
@@ -335,7 +364,18 @@ async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
         text.contains(&format!("DNS:gpujob-operator-webhook.{}.svc", s.env.ns)),
         "for the Service's name: {text}"
     );
+    // The replicas still serve the test's certificate: it still passes.
     let api = s.raw("v2");
+    api.get("from-v1").await.unwrap();
+    // A second rotation keeps the first script CA and drops the test's.
+    let first = ca;
+    let (ok, err) = webhook_cert_script(s, &keep, &[]).await;
+    assert!(ok, "webhook-cert.sh: {err}");
+    let ca = std::fs::read_to_string(keep.join("ca.crt")).unwrap();
+    assert_eq!(
+        String::from_utf8(ca_bundle(s).await).unwrap().replace('\r', ""),
+        format!("{ca}{first}").replace('\r', "")
+    );
     wait::until(
         "the API server to refuse the certificate the new caBundle did not sign",
         WAIT,
