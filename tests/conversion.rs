@@ -106,6 +106,44 @@ async fn kubectl(env: &TestEnv, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// examples/ teach gpujob.dev/v2, and the API server takes every one of them as
+/// written (its v2 schema, strict field validation, and the webhook's conversion to the
+/// stored v1, in a server-side dry run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_are_v2_and_the_api_server_takes_them() {
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    let mut count = 0;
+    for entry in std::fs::read_dir(examples).unwrap() {
+        let path = entry.unwrap().path();
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for d in docs.iter().filter(|d| !d.is_null()) {
+            assert_eq!(d["apiVersion"], "gpujob.dev/v2", "{}", path.display());
+            count += 1;
+        }
+    }
+    assert!(count >= 4, "{count} examples");
+    let s = Setup::new("examples", 1).await;
+    let _replica = s.replica(1, &[]);
+    s.wait_v2_readable("the webhook of replica-1 to answer").await;
+    let out = kubectl(
+        &s.env,
+        &["apply", "--server-side", "--dry-run=server", "--validate=strict", "-f", examples],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.matches("serverside-applied (server dry run)").count(),
+        count,
+        "{stdout}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_gpujob_read_as_v1_or_v2_with_each_versions_defaults() {
     let s = Setup::new("conv", 1).await;
