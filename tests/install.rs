@@ -564,20 +564,15 @@ fn can_i_lines(text: &str) -> Vec<(String, String, String, String)> {
         .collect()
 }
 
-/// Reviewed: what the operator calls (deploy/operator/rbac.yaml), cluster-wide.
-const REVIEWED: &[(&str, &str)] = &[
+/// Reviewed: what the operator calls (deploy/operator/rbac.yaml), cluster-wide (in the
+/// chart's namespaced mode: in the watched namespace only).
+const OPERATOR_RIGHTS: &[(&str, &str)] = &[
     ("gpujobs.gpujob.dev", "get list watch patch delete"),
     ("gpujobs.gpujob.dev/status", "patch"),
     ("gpujobs.gpujob.dev/finalizers", "update"),
     ("jobs.batch", "get list watch create patch delete"),
     ("pods", "list"),
     ("events.events.k8s.io", "create patch"),
-    // Every authenticated user may ask what it may do and who it is, and read the
-    // cluster's trust bundles (Kubernetes' default bindings, not the operator's).
-    ("selfsubjectaccessreviews.authorization.k8s.io", "create"),
-    ("selfsubjectrulesreviews.authorization.k8s.io", "create"),
-    ("selfsubjectreviews.authentication.k8s.io", "create"),
-    ("clustertrustbundles.certificates.k8s.io", "get list watch"),
 ];
 /// --metrics-secure (deploy/secure-metrics): is this scraper's token valid, may its
 /// user get /metrics? Questions only; neither changes anything.
@@ -600,74 +595,86 @@ fn rbac_of(objects: &[serde_json::Value], served: &BTreeSet<String>) -> Vec<serd
     for_this_control_plane(&rbac, served).0
 }
 
-/// Checks `kubectl auth can-i --list` of `who` (extra kubectl arguments) in its own
-/// namespace `home` and in another one: exactly `reviewed` everywhere, and the Lease
-/// rights at home only.
+/// Rights every authenticated user has (Kubernetes' default bindings, not the operator's):
+/// ask what it may do and who it is, and read the cluster's trust bundles.
+const EVERYONE: &[(&str, &str)] = &[
+    ("selfsubjectaccessreviews.authorization.k8s.io", "create"),
+    ("selfsubjectrulesreviews.authorization.k8s.io", "create"),
+    ("selfsubjectreviews.authentication.k8s.io", "create"),
+    ("clustertrustbundles.certificates.k8s.io", "get list watch"),
+];
+
+/// `kubectl auth can-i --list` of `who` (extra kubectl arguments) in `ns` is exactly
+/// `wanted` (resource, verbs), waiting for the RBAC cache to show all of it first.
+async fn rights_in(cluster: &ControlPlane, identity: Identity, who: &[&str], ns: &str, wanted: &BTreeSet<(String, String)>) {
+    // The RBAC cache sees the bindings just applied a moment later: wait until
+    // every reviewed right shows, then judge that answer.
+    let text = wait::until(
+        &format!("the operator's rights in {ns}"),
+        WAIT,
+        POLL,
+        || {
+            let out = cluster
+                .command("kubectl", identity)
+                .args(["auth", "can-i", "--list", "-n", ns])
+                .args(who)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let text = String::from_utf8(out.stdout).unwrap();
+            let lines = can_i_lines(&text);
+            let complete = wanted
+                .iter()
+                .all(|(r, v)| lines.iter().any(|(lr, _, _, lv)| lr == r && lv == v));
+            async move { complete.then_some(text) }
+        },
+    )
+    .await
+    .unwrap();
+    let mut seen = BTreeSet::new();
+    for (resource, urls, names, verbs) in can_i_lines(&text) {
+        if resource.is_empty() {
+            // Discovery and public info (/api, /apis, /healthz, /version, ...):
+            // every authenticated user may GET them.
+            assert!(
+                !urls.is_empty() && verbs == "get",
+                "{urls} [{verbs}]\n{text}"
+            );
+            continue;
+        }
+        assert!(names.is_empty(), "{resource} [{names}]");
+        assert!(
+            wanted.contains(&(resource.clone(), verbs.clone())),
+            "in {ns}, the operator may {verbs} {resource}: not in the reviewed list\n{text}"
+        );
+        seen.insert((resource.clone(), verbs.clone()));
+    }
+    assert_eq!(&seen, wanted, "in {ns}:\n{text}");
+    // Spelled out, what the review is for.
+    for never in ["secrets", "customresourcedefinitions.apiextensions.k8s.io"] {
+        assert!(!seen.iter().any(|(r, _)| r == never), "{never}");
+    }
+    assert!(!seen.contains(&("pods".to_owned(), "create".to_owned())));
+}
+
+fn rights(lists: &[&[(&str, &str)]]) -> BTreeSet<(String, String)> {
+    lists
+        .iter()
+        .flat_map(|l| l.iter())
+        .map(|(r, v)| (r.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The operator's rights in its own namespace `home` (`reviewed` and the Leases) and in
+/// another one (`reviewed` alone).
 async fn rights_are_exactly(cluster: &ControlPlane, identity: Identity, who: &[&str], home: &str, reviewed: &[(&str, &str)]) {
     let elsewhere = cluster.create_namespace("install-can-i").await.unwrap();
-    let cluster_wide: BTreeSet<(&str, &str)> = reviewed.iter().copied().collect();
-    for (ns, expected_leases) in [(home, true), (elsewhere.as_str(), false)] {
-        let mut wanted: BTreeSet<(String, String)> = cluster_wide
-            .iter()
-            .map(|(r, v)| (r.to_string(), v.to_string()))
-            .collect();
-        if expected_leases {
-            wanted.insert((LEASES.0.to_owned(), LEASES.1.to_owned()));
-        }
-        // The RBAC cache sees the bindings just applied a moment later: wait until
-        // every reviewed right shows, then judge that answer.
-        let text = wait::until(
-            &format!("the operator's rights in {ns}"),
-            WAIT,
-            POLL,
-            || {
-                let out = cluster
-                    .command("kubectl", identity)
-                    .args(["auth", "can-i", "--list", "-n", ns])
-                    .args(who)
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let text = String::from_utf8(out.stdout).unwrap();
-                let lines = can_i_lines(&text);
-                let complete = wanted
-                    .iter()
-                    .all(|(r, v)| lines.iter().any(|(lr, _, _, lv)| lr == r && lv == v));
-                async move { complete.then_some(text) }
-            },
-        )
-        .await
-        .unwrap();
-        let mut seen = BTreeSet::new();
-        for (resource, urls, names, verbs) in can_i_lines(&text) {
-            if resource.is_empty() {
-                // Discovery and public info (/api, /apis, /healthz, /version, ...):
-                // every authenticated user may GET them.
-                assert!(
-                    !urls.is_empty() && verbs == "get",
-                    "{urls} [{verbs}]\n{text}"
-                );
-                continue;
-            }
-            assert!(names.is_empty(), "{resource} [{names}]");
-            let entry = (resource.as_str(), verbs.as_str());
-            assert!(
-                cluster_wide.contains(&entry) || (expected_leases && entry == LEASES),
-                "in {ns}, the operator may {verbs} {resource}: not in the reviewed list\n{text}"
-            );
-            seen.insert((resource.clone(), verbs.clone()));
-        }
-        assert_eq!(seen, wanted, "in {ns}:\n{text}");
-        // Spelled out, what the review is for.
-        for never in ["secrets", "customresourcedefinitions.apiextensions.k8s.io"] {
-            assert!(!seen.iter().any(|(r, _)| r == never), "{never}");
-        }
-        assert!(!seen.contains(&("pods".to_owned(), "create".to_owned())));
-    }
+    rights_in(cluster, identity, who, home, &rights(&[reviewed, &[LEASES]])).await;
+    rights_in(cluster, identity, who, &elsewhere, &rights(&[reviewed])).await;
 }
 
 #[tokio::test]
@@ -680,7 +687,8 @@ async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
     // cluster. No TokenReview or SubjectAccessReview rights without secure metrics.
     let operator = render(&Path::new(DEPLOY).join("operator"));
     kubectl_apply(&cluster, &rbac_of(&operator, &served), &[]);
-    rights_are_exactly(&cluster, Identity::Operator, &[], "gpujob-system", REVIEWED).await;
+    let reviewed: Vec<_> = OPERATOR_RIGHTS.iter().chain(EVERYONE).copied().collect();
+    rights_are_exactly(&cluster, Identity::Operator, &[], "gpujob-system", &reviewed).await;
 }
 
 /// With the secure-metrics component the operator gains the two review rights, and
@@ -699,7 +707,7 @@ async fn with_secure_metrics_the_operator_may_also_ask_who_reads_metrics() {
     let rbac = rbac_of(&objects, &served);
     kubectl_apply(&cluster, &rbac, &[]);
     let user = format!("--as=system:serviceaccount:{ns}:{ns}-gpujob-operator");
-    let reviewed: Vec<_> = REVIEWED.iter().chain(REVIEWED_SECURE_METRICS).copied().collect();
+    let reviewed: Vec<_> = OPERATOR_RIGHTS.iter().chain(EVERYONE).chain(REVIEWED_SECURE_METRICS).copied().collect();
     rights_are_exactly(&cluster, Identity::Admin, &[&user, "--as-group=system:authenticated"], &ns, &reviewed).await;
     // Leave no cluster-wide grant of this test behind.
     let cluster_scoped: Vec<_> = rbac.iter().filter(|o| o["metadata"]["namespace"].is_null() && o["kind"] != "Namespace").collect();
@@ -1270,4 +1278,36 @@ fn chart_values_reach_the_objects() {
     };
     assert_eq!(run.shards, 10, "{argv:?}");
     assert!(run.listen().unwrap().tls.is_some(), "{argv:?}");
+}
+
+/// The chart's namespaced mode (watchNamespace): the operator's rights are a Role in the
+/// watched namespace, the Leases in its own, and nothing cluster-wide beyond what every
+/// user has. Applied for real under a release name of this test.
+#[tokio::test]
+async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only() {
+    gpujob_operator::client::install_crypto_provider();
+    let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
+    let served = served_api_versions(&cluster);
+    let home = cluster.create_namespace("install-nsmode-op").await.unwrap();
+    let watched = cluster.create_namespace("install-nsmode").await.unwrap();
+    let objects = helm_template(&home, &home, &[&format!("watchNamespace={watched}"), "crds.install=false", "shards=1"]);
+    assert!(
+        objects.iter().all(|o| o["kind"] != "ClusterRole" && o["kind"] != "ClusterRoleBinding"),
+        "nothing cluster-wide"
+    );
+    let deployment = named(&objects, "Deployment");
+    let mut argv = vec!["gpujob-operator"];
+    argv.extend(deployment["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()));
+    let gpujob_operator::cli::Command::Run(run) = gpujob_operator::cli::Cli::try_parse_from(&argv).unwrap().command else {
+        panic!("{argv:?} is not `run`")
+    };
+    assert_eq!(run.namespace.as_deref(), Some(watched.as_str()), "the operator watches that namespace only");
+    let rbac = rbac_of(&objects, &served);
+    kubectl_apply(&cluster, &rbac, &[]);
+    let sa = format!("--as=system:serviceaccount:{home}:{}", deployment["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap());
+    let who = [sa.as_str(), "--as-group=system:authenticated"];
+    let elsewhere = cluster.create_namespace("install-nsmode-other").await.unwrap();
+    rights_in(&cluster, Identity::Admin, &who, &watched, &rights(&[OPERATOR_RIGHTS, EVERYONE])).await;
+    rights_in(&cluster, Identity::Admin, &who, &home, &rights(&[&[LEASES], EVERYONE])).await;
+    rights_in(&cluster, Identity::Admin, &who, &elsewhere, &rights(&[EVERYONE])).await;
 }
