@@ -161,8 +161,9 @@ impl Metrics {
         // of this process (read from /proc at each scrape), named as every Prometheus
         // client names them, so the dashboards' CPU and memory panels need no adapter.
         #[cfg(target_os = "linux")]
-        m.registry
-            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        m.registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         m.zero_labels();
         Ok(m)
     }
@@ -440,7 +441,11 @@ mod tests {
             "gpujob_conversion_requests_total{result=\"failed\"} 0",
             "gpujob_conversion_duration_seconds_count 0",
             "gpujob_conversion_certificate_expiration_timestamp_seconds 0",
-            concat!("gpujob_build_info{version=\"", env!("CARGO_PKG_VERSION"), "\"} 1"),
+            concat!(
+                "gpujob_build_info{version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1"
+            ),
             "process_resident_memory_bytes ",
             "process_cpu_seconds_total ",
             "process_start_time_seconds ",

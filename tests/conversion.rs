@@ -125,10 +125,18 @@ async fn the_examples_are_v2_and_the_api_server_takes_them() {
     assert!(count >= 4, "{count} examples");
     let s = Setup::new("examples", 1).await;
     let _replica = s.replica(1, &[]);
-    s.wait_v2_readable("the webhook of replica-1 to answer").await;
+    s.wait_v2_readable("the webhook of replica-1 to answer")
+        .await;
     let out = kubectl(
         &s.env,
-        &["apply", "--server-side", "--dry-run=server", "--validate=strict", "-f", examples],
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            "-f",
+            examples,
+        ],
     )
     .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -138,7 +146,9 @@ async fn the_examples_are_v2_and_the_api_server_takes_them() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(
-        stdout.matches("serverside-applied (server dry run)").count(),
+        stdout
+            .matches("serverside-applied (server dry run)")
+            .count(),
         count,
         "{stdout}"
     );
@@ -349,7 +359,9 @@ async fn webhook_cert_script(s: &Setup, keep: &std::path::Path, args: &[&str]) -
         concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/webhook-cert.sh"),
         Identity::Admin,
     );
-    cmd.env("NAMESPACE", &s.env.ns).env("KEEP_DIR", keep).args(args);
+    cmd.env("NAMESPACE", &s.env.ns)
+        .env("KEEP_DIR", keep)
+        .args(args);
     let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
         .await
         .unwrap();
@@ -385,7 +397,9 @@ async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
     let ca = std::fs::read_to_string(keep.join("ca.crt")).unwrap();
     // (Compared without carriage returns: a PEM may end its lines either way.)
     assert_eq!(
-        String::from_utf8(ca_bundle(s).await).unwrap().replace('\r', ""),
+        String::from_utf8(ca_bundle(s).await)
+            .unwrap()
+            .replace('\r', ""),
         format!("{ca}{}", first_pem(&before)).replace('\r', ""),
         "the caBundle is the script's CA, then the one in use"
     );
@@ -411,7 +425,9 @@ async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
     assert!(ok, "webhook-cert.sh: {err}");
     let ca = std::fs::read_to_string(keep.join("ca.crt")).unwrap();
     assert_eq!(
-        String::from_utf8(ca_bundle(s).await).unwrap().replace('\r', ""),
+        String::from_utf8(ca_bundle(s).await)
+            .unwrap()
+            .replace('\r', ""),
         format!("{ca}{first}").replace('\r', "")
     );
     wait::until(

@@ -8,7 +8,7 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use clap::Parser;
@@ -71,7 +71,10 @@ fn render_kustomization(body: &str) -> Vec<serde_json::Value> {
 
 /// The operator with `components` of deploy/, as docs/install.md shows it.
 fn render_overlay(components: &[&str]) -> Vec<serde_json::Value> {
-    let components: Vec<String> = components.iter().map(|c| format!("{{deploy}}/{c}")).collect();
+    let components: Vec<String> = components
+        .iter()
+        .map(|c| format!("{{deploy}}/{c}"))
+        .collect();
     render_kustomization(&format!(
         "resources: [{{deploy}}/operator]\ncomponents: [{}]\n",
         components.join(", ")
@@ -471,28 +474,45 @@ async fn the_api_server_accepts_every_rendered_object() {
     for (tree, objects) in &trees {
         dry_run(&cluster, &served, tree, objects);
     }
-    dry_run(&cluster, &served, "deploy + every component", &render_kustomization(EVERYTHING));
+    dry_run(
+        &cluster,
+        &served,
+        "deploy + every component",
+        &render_kustomization(EVERYTHING),
+    );
     // Moved and renamed (into a namespace that exists: a dry run creates none).
     let ns = cluster.create_namespace("install-moved").await.unwrap();
     dry_run(
         &cluster,
         &served,
         "an overlay with namespace, namePrefix and the wiring",
-        &render_kustomization(&format!("{EVERYTHING}namespace: {ns}\nnamePrefix: {ns}-\ntransformers: [{{deploy}}/wiring]\n")),
+        &render_kustomization(&format!(
+            "{EVERYTHING}namespace: {ns}\nnamePrefix: {ns}-\ntransformers: [{{deploy}}/wiring]\n"
+        )),
     );
 }
 
 /// A server-side dry run of `objects` (what the control plane serves); every object
 /// must be reported applied.
-fn dry_run(cluster: &ControlPlane, served: &BTreeSet<String>, tree: &str, objects: &[serde_json::Value]) {
+fn dry_run(
+    cluster: &ControlPlane,
+    served: &BTreeSet<String>,
+    tree: &str,
+    objects: &[serde_json::Value],
+) {
     let (sent, skipped) = for_this_control_plane(objects, served);
     assert!(
-        skipped
-            .iter()
-            .all(|(k, _)| ["ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"].contains(&k.as_str())),
+        skipped.iter().all(
+            |(k, _)| ["ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"]
+                .contains(&k.as_str())
+        ),
         "{tree}: {skipped:?}"
     );
-    assert!(sent.iter().any(|o| o["kind"] == "Deployment" || o["kind"] == "CustomResourceDefinition"), "{tree}: nothing to send");
+    assert!(
+        sent.iter()
+            .any(|o| o["kind"] == "Deployment" || o["kind"] == "CustomResourceDefinition"),
+        "{tree}: nothing to send"
+    );
     let out = kubectl_apply(cluster, &sent, &["--dry-run=server"]);
     for o in &sent {
         let (kind, name) = kind_name(o);
@@ -520,19 +540,43 @@ async fn the_api_server_accepts_the_chart() {
     let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
     let served = served_api_versions(&cluster);
     let ns = cluster.create_namespace("install-helm").await.unwrap();
-    for sets in [&[][..], &["metrics.secure=true", "priorityClassName=system-cluster-critical"][..]] {
+    for sets in [
+        &[][..],
+        &[
+            "metrics.secure=true",
+            "priorityClassName=system-cluster-critical",
+        ][..],
+    ] {
         let mut install = helm(Some(&cluster));
         // --take-ownership: the shared control plane already holds the CRD and the
         // operator's ClusterRole, as a cluster that moves from deploy/ to the chart does.
-        install.args(["install", "gpujob-operator", CHART, "--namespace", &ns, "--dry-run=server", "--take-ownership"]);
+        install.args([
+            "install",
+            "gpujob-operator",
+            CHART,
+            "--namespace",
+            &ns,
+            "--dry-run=server",
+            "--take-ownership",
+        ]);
         for s in sets {
             install.args(["--set", s]);
         }
         let out = run(install);
         assert!(out.contains("STATUS: pending-install"), "{sets:?}: {out}");
-        dry_run(&cluster, &served, &format!("the chart with {sets:?}"), &helm_template("gpujob-operator", &ns, sets));
+        dry_run(
+            &cluster,
+            &served,
+            &format!("the chart with {sets:?}"),
+            &helm_template("gpujob-operator", &ns, sets),
+        );
     }
-    dry_run(&cluster, &served, "the chart with everything", &helm_template("gpujob-operator", &ns, CHART_EVERYTHING));
+    dry_run(
+        &cluster,
+        &served,
+        "the chart with everything",
+        &helm_template("gpujob-operator", &ns, CHART_EVERYTHING),
+    );
 }
 
 /// One line of `kubectl auth can-i --list`: resource, non-resource URLs, resource
@@ -606,7 +650,13 @@ const EVERYONE: &[(&str, &str)] = &[
 
 /// `kubectl auth can-i --list` of `who` (extra kubectl arguments) in `ns` is exactly
 /// `wanted` (resource, verbs), waiting for the RBAC cache to show all of it first.
-async fn rights_in(cluster: &ControlPlane, identity: Identity, who: &[&str], ns: &str, wanted: &BTreeSet<(String, String)>) {
+async fn rights_in(
+    cluster: &ControlPlane,
+    identity: Identity,
+    who: &[&str],
+    ns: &str,
+    wanted: &BTreeSet<(String, String)>,
+) {
     // The RBAC cache sees the bindings just applied a moment later: wait until
     // every reviewed right shows, then judge that answer.
     let text = wait::until(
@@ -671,9 +721,22 @@ fn rights(lists: &[&[(&str, &str)]]) -> BTreeSet<(String, String)> {
 
 /// The operator's rights in its own namespace `home` (`reviewed` and the Leases) and in
 /// another one (`reviewed` alone).
-async fn rights_are_exactly(cluster: &ControlPlane, identity: Identity, who: &[&str], home: &str, reviewed: &[(&str, &str)]) {
+async fn rights_are_exactly(
+    cluster: &ControlPlane,
+    identity: Identity,
+    who: &[&str],
+    home: &str,
+    reviewed: &[(&str, &str)],
+) {
     let elsewhere = cluster.create_namespace("install-can-i").await.unwrap();
-    rights_in(cluster, identity, who, home, &rights(&[reviewed, &[LEASES]])).await;
+    rights_in(
+        cluster,
+        identity,
+        who,
+        home,
+        &rights(&[reviewed, &[LEASES]]),
+    )
+    .await;
     rights_in(cluster, identity, who, &elsewhere, &rights(&[reviewed])).await;
 }
 
@@ -688,7 +751,14 @@ async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
     let operator = render(&Path::new(DEPLOY).join("operator"));
     kubectl_apply(&cluster, &rbac_of(&operator, &served), &[]);
     let reviewed: Vec<_> = OPERATOR_RIGHTS.iter().chain(EVERYONE).copied().collect();
-    rights_are_exactly(&cluster, Identity::Operator, &[], "gpujob-system", &reviewed).await;
+    rights_are_exactly(
+        &cluster,
+        Identity::Operator,
+        &[],
+        "gpujob-system",
+        &reviewed,
+    )
+    .await;
 }
 
 /// With the secure-metrics component the operator gains the two review rights, and
@@ -707,14 +777,37 @@ async fn with_secure_metrics_the_operator_may_also_ask_who_reads_metrics() {
     let rbac = rbac_of(&objects, &served);
     kubectl_apply(&cluster, &rbac, &[]);
     let user = format!("--as=system:serviceaccount:{ns}:{ns}-gpujob-operator");
-    let reviewed: Vec<_> = OPERATOR_RIGHTS.iter().chain(EVERYONE).chain(REVIEWED_SECURE_METRICS).copied().collect();
-    rights_are_exactly(&cluster, Identity::Admin, &[&user, "--as-group=system:authenticated"], &ns, &reviewed).await;
+    let reviewed: Vec<_> = OPERATOR_RIGHTS
+        .iter()
+        .chain(EVERYONE)
+        .chain(REVIEWED_SECURE_METRICS)
+        .copied()
+        .collect();
+    rights_are_exactly(
+        &cluster,
+        Identity::Admin,
+        &[&user, "--as-group=system:authenticated"],
+        &ns,
+        &reviewed,
+    )
+    .await;
     // Leave no cluster-wide grant of this test behind.
-    let cluster_scoped: Vec<_> = rbac.iter().filter(|o| o["metadata"]["namespace"].is_null() && o["kind"] != "Namespace").collect();
+    let cluster_scoped: Vec<_> = rbac
+        .iter()
+        .filter(|o| o["metadata"]["namespace"].is_null() && o["kind"] != "Namespace")
+        .collect();
     for o in cluster_scoped {
         let (kind, name) = kind_name(o);
-        let out = cluster.command("kubectl", Identity::Admin).args(["delete", &kind.to_lowercase(), &name]).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = cluster
+            .command("kubectl", Identity::Admin)
+            .args(["delete", &kind.to_lowercase(), &name])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -904,7 +997,8 @@ const EVERYTHING: &str = "resources: [{deploy}]\ncomponents: [{deploy}/cert-mana
 /// runs: what an overlay or a release name must not break. Every problem found, or Ok.
 fn wiring(objects: &[serde_json::Value]) -> Result<(), String> {
     let mut problems = Vec::new();
-    let ns_of = |o: &serde_json::Value| o["metadata"]["namespace"].as_str().unwrap_or("").to_owned();
+    let ns_of =
+        |o: &serde_json::Value| o["metadata"]["namespace"].as_str().unwrap_or("").to_owned();
     let name_of = |o: &serde_json::Value| o["metadata"]["name"].as_str().unwrap_or("").to_owned();
     let find = |kind: &str, ns: &str, name: &str| {
         objects
@@ -918,19 +1012,39 @@ fn wiring(objects: &[serde_json::Value]) -> Result<(), String> {
     // Service accounts and roles: every binding names what exists.
     let sa = pod["serviceAccountName"].as_str().unwrap();
     if find("ServiceAccount", &namespace, sa).is_none() {
-        problems.push(format!("the Deployment runs as {namespace}/{sa}, which is not there"));
+        problems.push(format!(
+            "the Deployment runs as {namespace}/{sa}, which is not there"
+        ));
     }
-    for b in objects.iter().filter(|o| o["kind"] == "RoleBinding" || o["kind"] == "ClusterRoleBinding") {
+    for b in objects
+        .iter()
+        .filter(|o| o["kind"] == "RoleBinding" || o["kind"] == "ClusterRoleBinding")
+    {
         let role_kind = b["roleRef"]["kind"].as_str().unwrap();
-        let role_ns = if role_kind == "Role" { ns_of(b) } else { String::new() };
+        let role_ns = if role_kind == "Role" {
+            ns_of(b)
+        } else {
+            String::new()
+        };
         let role = b["roleRef"]["name"].as_str().unwrap();
         if find(role_kind, &role_ns, role).is_none() {
-            problems.push(format!("{} {} binds {role_kind} {role}, which is not there", b["kind"], name_of(b)));
+            problems.push(format!(
+                "{} {} binds {role_kind} {role}, which is not there",
+                b["kind"],
+                name_of(b)
+            ));
         }
         for subject in b["subjects"].as_array().unwrap() {
-            let (sn, sns) = (subject["name"].as_str().unwrap(), subject["namespace"].as_str().unwrap());
+            let (sn, sns) = (
+                subject["name"].as_str().unwrap(),
+                subject["namespace"].as_str().unwrap(),
+            );
             if subject["kind"] == "ServiceAccount" && (sn != sa || sns != namespace) {
-                problems.push(format!("{} {} binds {sns}/{sn}, not the operator's {namespace}/{sa}", b["kind"], name_of(b)));
+                problems.push(format!(
+                    "{} {} binds {sns}/{sn}, not the operator's {namespace}/{sa}",
+                    b["kind"],
+                    name_of(b)
+                ));
             }
         }
     }
@@ -943,21 +1057,39 @@ fn wiring(objects: &[serde_json::Value]) -> Result<(), String> {
         .find_map(|v| v["secret"]["secretName"].as_str())
         .unwrap()
         .to_owned();
-    let crd = objects.iter().find(|o| o["kind"] == "CustomResourceDefinition");
+    let crd = objects
+        .iter()
+        .find(|o| o["kind"] == "CustomResourceDefinition");
     let (svc_name, svc_ns) = match crd {
         Some(crd) => {
             let s = &crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"];
-            (s["name"].as_str().unwrap().to_owned(), s["namespace"].as_str().unwrap().to_owned())
+            (
+                s["name"].as_str().unwrap().to_owned(),
+                s["namespace"].as_str().unwrap().to_owned(),
+            )
         }
-        None => (format!("{}-webhook", name_of(deployment)), namespace.clone()),
+        None => (
+            format!("{}-webhook", name_of(deployment)),
+            namespace.clone(),
+        ),
     };
     if find("Service", &svc_ns, &svc_name).is_none() {
-        problems.push(format!("the CRD calls Service {svc_ns}/{svc_name}, which is not there"));
+        problems.push(format!(
+            "the CRD calls Service {svc_ns}/{svc_name}, which is not there"
+        ));
     }
-    let certificates: Vec<_> = objects.iter().filter(|o| o["kind"] == "Certificate").collect();
+    let certificates: Vec<_> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Certificate")
+        .collect();
     if !certificates.is_empty() {
-        match certificates.iter().find(|c| c["spec"]["secretName"] == webhook_secret.as_str()) {
-            None => problems.push(format!("no Certificate issues the mounted Secret {webhook_secret}")),
+        match certificates
+            .iter()
+            .find(|c| c["spec"]["secretName"] == webhook_secret.as_str())
+        {
+            None => problems.push(format!(
+                "no Certificate issues the mounted Secret {webhook_secret}"
+            )),
             Some(serving) => {
                 let wanted = format!("{svc_name}.{svc_ns}.svc");
                 let dns: Vec<&str> = serving["spec"]["dnsNames"]
@@ -967,24 +1099,47 @@ fn wiring(objects: &[serde_json::Value]) -> Result<(), String> {
                     .map(|n| n.as_str().unwrap())
                     .collect();
                 if !dns.contains(&wanted.as_str()) || dns.iter().any(|n| !n.starts_with(&wanted)) {
-                    problems.push(format!("the serving certificate is for {dns:?}; the API server calls {wanted}"));
+                    problems.push(format!(
+                        "the serving certificate is for {dns:?}; the API server calls {wanted}"
+                    ));
                 }
                 if ns_of(serving) != namespace {
-                    problems.push(format!("the serving Certificate is in {}, the pods in {namespace}", ns_of(serving)));
+                    problems.push(format!(
+                        "the serving Certificate is in {}, the pods in {namespace}",
+                        ns_of(serving)
+                    ));
                 }
                 if let Some(crd) = crd {
                     let inject = &crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"];
                     let wanted = format!("{}/{}", ns_of(serving), name_of(serving));
                     if inject != wanted.as_str() {
-                        problems.push(format!("the CRD injects the CA of {inject}, not of {wanted}"));
+                        problems.push(format!(
+                            "the CRD injects the CA of {inject}, not of {wanted}"
+                        ));
                     }
                 }
                 // serving <- CA Issuer <- root Certificate (isCA) <- self-signed Issuer.
-                let issuer = |c: &serde_json::Value| find("Issuer", &ns_of(c), c["spec"]["issuerRef"]["name"].as_str().unwrap());
+                let issuer = |c: &serde_json::Value| {
+                    find(
+                        "Issuer",
+                        &ns_of(c),
+                        c["spec"]["issuerRef"]["name"].as_str().unwrap(),
+                    )
+                };
                 match issuer(serving) {
-                    None => problems.push(format!("the serving certificate's issuer {} is not there", serving["spec"]["issuerRef"]["name"])),
-                    Some(ca) => match certificates.iter().find(|c| c["spec"]["secretName"] == ca["spec"]["ca"]["secretName"]) {
-                        None => problems.push(format!("the CA Issuer {} signs with {}, which no Certificate issues", name_of(ca), ca["spec"]["ca"]["secretName"])),
+                    None => problems.push(format!(
+                        "the serving certificate's issuer {} is not there",
+                        serving["spec"]["issuerRef"]["name"]
+                    )),
+                    Some(ca) => match certificates
+                        .iter()
+                        .find(|c| c["spec"]["secretName"] == ca["spec"]["ca"]["secretName"])
+                    {
+                        None => problems.push(format!(
+                            "the CA Issuer {} signs with {}, which no Certificate issues",
+                            name_of(ca),
+                            ca["spec"]["ca"]["secretName"]
+                        )),
                         Some(root) => {
                             if root["spec"]["isCA"] != true {
                                 problems.push(format!("{} is not a CA", name_of(root)));
@@ -1001,33 +1156,65 @@ fn wiring(objects: &[serde_json::Value]) -> Result<(), String> {
 
     // Monitoring: the scrape job's name is what every alert selects.
     if let Some(monitor) = objects.iter().find(|o| o["kind"] == "ServiceMonitor") {
-        let selector = monitor["spec"]["selector"]["matchLabels"].as_object().unwrap();
+        let selector = monitor["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .unwrap();
         let scraped: Vec<_> = objects
             .iter()
             .filter(|o| o["kind"] == "Service" && ns_of(o) == ns_of(monitor))
-            .filter(|o| selector.iter().all(|(k, v)| &o["metadata"]["labels"][k] == v))
-            .filter(|o| o["spec"]["ports"].as_array().unwrap().iter().any(|p| p["name"] == "metrics"))
+            .filter(|o| {
+                selector
+                    .iter()
+                    .all(|(k, v)| &o["metadata"]["labels"][k] == v)
+            })
+            .filter(|o| {
+                o["spec"]["ports"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p["name"] == "metrics")
+            })
             .collect();
         let job = match (scraped.as_slice(), monitor["spec"]["jobLabel"].as_str()) {
-            ([service], Some(label)) => service["metadata"]["labels"][label].as_str().map(str::to_owned),
+            ([service], Some(label)) => service["metadata"]["labels"][label]
+                .as_str()
+                .map(str::to_owned),
             ([service], None) => Some(name_of(service)),
             _ => None,
         };
         match job {
-            None => problems.push(format!("the ServiceMonitor scrapes {} metrics Services or names no job", scraped.len())),
+            None => problems.push(format!(
+                "the ServiceMonitor scrapes {} metrics Services or names no job",
+                scraped.len()
+            )),
             Some(job) => {
-                let rule = objects.iter().find(|o| o["kind"] == "PrometheusRule").expect("a PrometheusRule beside the ServiceMonitor");
+                let rule = objects
+                    .iter()
+                    .find(|o| o["kind"] == "PrometheusRule")
+                    .expect("a PrometheusRule beside the ServiceMonitor");
                 let wanted = format!("job=\"{job}\"");
-                for r in rule["spec"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()) {
+                for r in rule["spec"]["groups"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|g| g["rules"].as_array().unwrap())
+                {
                     let expr = r["expr"].as_str().unwrap();
                     if expr.contains("job=") && !expr.contains(&wanted) {
-                        problems.push(format!("{} selects {expr:?}; the scrape job is {job}", r["alert"]));
+                        problems.push(format!(
+                            "{} selects {expr:?}; the scrape job is {job}",
+                            r["alert"]
+                        ));
                     }
                 }
             }
         }
     }
-    if problems.is_empty() { Ok(()) } else { Err(problems.join("\n")) }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
 }
 
 /// An overlay that moves and renames the install keeps it wired with deploy/wiring
@@ -1036,7 +1223,9 @@ fn wiring(objects: &[serde_json::Value]) -> Result<(), String> {
 #[test]
 fn an_overlay_with_namespace_and_name_prefix_stays_wired() {
     let moved = "namespace: team-gpu\nnamePrefix: team-\n";
-    let with = render_kustomization(&format!("{EVERYTHING}{moved}transformers: [{{deploy}}/wiring]\n"));
+    let with = render_kustomization(&format!(
+        "{EVERYTHING}{moved}transformers: [{{deploy}}/wiring]\n"
+    ));
     wiring(&with).unwrap();
     let service = with
         .iter()
@@ -1050,7 +1239,10 @@ fn an_overlay_with_namespace_and_name_prefix_stays_wired() {
 
     let without = render_kustomization(&format!("{EVERYTHING}{moved}"));
     let problems = wiring(&without).expect_err("without deploy/wiring the names are stale");
-    assert!(problems.contains("gpujob-operator-webhook.gpujob-system.svc"), "{problems}");
+    assert!(
+        problems.contains("gpujob-operator-webhook.gpujob-system.svc"),
+        "{problems}"
+    );
     assert!(problems.contains("injects the CA of"), "{problems}");
 
     // The wiring changes nothing where nothing moved.
@@ -1072,14 +1264,20 @@ fn helm(cluster: Option<&ControlPlane>) -> Command {
         None => Command::new(program),
     };
     let home = std::env::temp_dir().join(format!("gpujob-helm-home-{}", std::process::id()));
-    for (var, sub) in [("HELM_CONFIG_HOME", "config"), ("HELM_CACHE_HOME", "cache"), ("HELM_DATA_HOME", "data")] {
+    for (var, sub) in [
+        ("HELM_CONFIG_HOME", "config"),
+        ("HELM_CACHE_HOME", "cache"),
+        ("HELM_DATA_HOME", "data"),
+    ] {
         cmd.env(var, home.join(sub));
     }
     cmd
 }
 
 fn run(mut cmd: Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e} (scripts/test.sh provides helm as GPUJOB_HELM)"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (scripts/test.sh provides helm as GPUJOB_HELM)"));
     assert!(
         out.status.success(),
         "{cmd:?} failed: {}{}",
@@ -1101,7 +1299,11 @@ fn helm_template(release: &str, namespace: &str, sets: &[&str]) -> Vec<serde_jso
 }
 
 /// Settings of the chart that equal deploy/ with every optional component.
-const CHART_EVERYTHING: &[&str] = &["webhook.certManager.enabled=true", "monitoring.enabled=true", "metrics.secure=true"];
+const CHART_EVERYTHING: &[&str] = &[
+    "webhook.certManager.enabled=true",
+    "monitoring.enabled=true",
+    "metrics.secure=true",
+];
 
 /// What may differ between the chart's objects and kustomize's, and why:
 /// - Helm's own labels (helm.sh/chart, app.kubernetes.io/instance) and managed-by,
@@ -1110,7 +1312,9 @@ const CHART_EVERYTHING: &[&str] = &["webhook.certManager.enabled=true", "monitor
 ///   roles on uninstall (kustomize users never delete deploy/crd);
 /// - numbers by value: the chart reads the CRD with fromYaml, which writes 1.0 as 1;
 /// - the Namespace, which the chart does not create (Helm stores the release in it first).
-fn normalised(objects: &[serde_json::Value]) -> std::collections::BTreeMap<String, serde_json::Value> {
+fn normalised(
+    objects: &[serde_json::Value],
+) -> std::collections::BTreeMap<String, serde_json::Value> {
     fn numbers(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::Number(n) => *v = json!(n.as_f64().unwrap()),
@@ -1121,7 +1325,14 @@ fn normalised(objects: &[serde_json::Value]) -> std::collections::BTreeMap<Strin
     }
     fn strip(meta: &mut serde_json::Value) {
         for (field, keys) in [
-            ("labels", &["helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by"][..]),
+            (
+                "labels",
+                &[
+                    "helm.sh/chart",
+                    "app.kubernetes.io/instance",
+                    "app.kubernetes.io/managed-by",
+                ][..],
+            ),
             ("annotations", &["helm.sh/resource-policy"][..]),
         ] {
             if let Some(m) = meta.get_mut(field).and_then(|m| m.as_object_mut()) {
@@ -1144,7 +1355,12 @@ fn normalised(objects: &[serde_json::Value]) -> std::collections::BTreeMap<Strin
                 strip(&mut o["spec"]["template"]["metadata"]);
             }
             numbers(&mut o);
-            let key = format!("{}/{}/{}", o["kind"].as_str().unwrap(), o["metadata"]["namespace"].as_str().unwrap_or(""), o["metadata"]["name"].as_str().unwrap());
+            let key = format!(
+                "{}/{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["namespace"].as_str().unwrap_or(""),
+                o["metadata"]["name"].as_str().unwrap()
+            );
             (key, o)
         })
         .collect()
@@ -1156,7 +1372,12 @@ fn differences(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &m
         (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
             for k in x.keys().chain(y.keys()).collect::<BTreeSet<_>>() {
                 let null = serde_json::Value::Null;
-                differences(&format!("{path}.{k}"), x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), out);
+                differences(
+                    &format!("{path}.{k}"),
+                    x.get(k).unwrap_or(&null),
+                    y.get(k).unwrap_or(&null),
+                    out,
+                );
             }
         }
         (serde_json::Value::Array(x), serde_json::Value::Array(y)) if x.len() == y.len() => {
@@ -1173,12 +1394,19 @@ fn assert_same_objects(what: &str, kustomize: &[serde_json::Value], chart: &[ser
     let (k, h) = (normalised(kustomize), normalised(chart));
     let only_k: Vec<_> = k.keys().filter(|x| !h.contains_key(*x)).collect();
     let only_h: Vec<_> = h.keys().filter(|x| !k.contains_key(*x)).collect();
-    assert!(only_k.is_empty() && only_h.is_empty(), "{what}: only kustomize renders {only_k:?}; only the chart renders {only_h:?}");
+    assert!(
+        only_k.is_empty() && only_h.is_empty(),
+        "{what}: only kustomize renders {only_k:?}; only the chart renders {only_h:?}"
+    );
     let mut diff = Vec::new();
     for (key, o) in &k {
         differences(key, o, &h[key], &mut diff);
     }
-    assert!(diff.is_empty(), "{what}: the objects differ:\n{}", diff.join("\n"));
+    assert!(
+        diff.is_empty(),
+        "{what}: the objects differ:\n{}",
+        diff.join("\n")
+    );
 }
 
 /// The chart and the kustomize tree are one install: with the same settings they render
@@ -1197,7 +1425,9 @@ fn the_chart_renders_what_kustomize_renders() {
     );
     assert_same_objects(
         "another namespace",
-        &render_kustomization(&format!("{EVERYTHING}namespace: team-gpu\ntransformers: [{{deploy}}/wiring]\n")),
+        &render_kustomization(&format!(
+            "{EVERYTHING}namespace: team-gpu\ntransformers: [{{deploy}}/wiring]\n"
+        )),
         &helm_template("gpujob-operator", "team-gpu", CHART_EVERYTHING),
     );
     // Only the Namespace is left out, and the kustomize tree does make it.
@@ -1205,14 +1435,22 @@ fn the_chart_renders_what_kustomize_renders() {
     assert!(chart.iter().all(|o| o["kind"] != "Namespace"));
     assert_eq!(render(Path::new(DEPLOY)).len(), chart.len() + 1);
     // A test that compares nothing would pass: the chart renders the whole install.
-    assert!(chart.iter().any(|o| o["kind"] == "CustomResourceDefinition"));
+    assert!(
+        chart
+            .iter()
+            .any(|o| o["kind"] == "CustomResourceDefinition")
+    );
     assert!(chart.iter().any(|o| o["kind"] == "Deployment"));
 }
 
 /// A release under another name, in another namespace, is wired as the defaults are.
 #[test]
 fn a_chart_release_under_any_name_stays_wired() {
-    for (release, ns) in [("gpujob-operator", "gpujob-system"), ("team-a", "team-gpu"), ("team-gpujob-operator", "gpujob")] {
+    for (release, ns) in [
+        ("gpujob-operator", "gpujob-system"),
+        ("team-a", "team-gpu"),
+        ("team-gpujob-operator", "gpujob"),
+    ] {
         let objects = helm_template(release, ns, CHART_EVERYTHING);
         wiring(&objects).unwrap_or_else(|p| panic!("release {release} in {ns}:\n{p}"));
         assert_eq!(named(&objects, "Deployment")["metadata"]["namespace"], ns);
@@ -1223,12 +1461,24 @@ fn a_chart_release_under_any_name_stays_wired() {
 /// platform decides unset (no runAsUser, no priority class, no monitoring labels).
 #[test]
 fn chart_values_reach_the_objects() {
-    let defaults = helm_template("gpujob-operator", "gpujob-system", &["monitoring.enabled=true"]);
+    let defaults = helm_template(
+        "gpujob-operator",
+        "gpujob-system",
+        &["monitoring.enabled=true"],
+    );
     let pod = &named(&defaults, "Deployment")["spec"]["template"]["spec"];
-    assert!(pod["securityContext"].get("runAsUser").is_none(), "{}", pod["securityContext"]);
+    assert!(
+        pod["securityContext"].get("runAsUser").is_none(),
+        "{}",
+        pod["securityContext"]
+    );
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     assert!(pod.get("priorityClassName").is_none());
-    assert!(named(&defaults, "ServiceMonitor")["metadata"]["labels"].get("release").is_none());
+    assert!(
+        named(&defaults, "ServiceMonitor")["metadata"]["labels"]
+            .get("release")
+            .is_none()
+    );
     let rights = |objects: &[serde_json::Value]| {
         objects
             .iter()
@@ -1237,7 +1487,10 @@ fn chart_values_reach_the_objects() {
             .flat_map(|r| r["resources"].as_array().cloned().unwrap_or_default())
             .collect::<Vec<_>>()
     };
-    assert!(!rights(&defaults).contains(&json!("tokenreviews")), "TokenReview rights only with secure metrics");
+    assert!(
+        !rights(&defaults).contains(&json!("tokenreviews")),
+        "TokenReview rights only with secure metrics"
+    );
 
     let set = helm_template(
         "gpujob-operator",
@@ -1257,7 +1510,11 @@ fn chart_values_reach_the_objects() {
     );
     assert!(rights(&set).contains(&json!("tokenreviews")));
     for kind in ["ServiceMonitor", "PrometheusRule"] {
-        assert_eq!(named(&set, kind)["metadata"]["labels"]["release"], "kube-prometheus-stack", "{kind}");
+        assert_eq!(
+            named(&set, kind)["metadata"]["labels"]["release"],
+            "kube-prometheus-stack",
+            "{kind}"
+        );
     }
     let deployment = named(&set, "Deployment");
     assert_eq!(deployment["spec"]["replicas"], 5);
@@ -1272,8 +1529,17 @@ fn chart_values_reach_the_objects() {
     assert_eq!(container["resources"]["requests"]["memory"], "512Mi");
     // The flags are ones the binary takes.
     let mut argv = vec!["gpujob-operator"];
-    argv.extend(container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()));
-    let gpujob_operator::cli::Command::Run(run) = gpujob_operator::cli::Cli::try_parse_from(&argv).unwrap().command else {
+    argv.extend(
+        container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap()),
+    );
+    let gpujob_operator::cli::Command::Run(run) = gpujob_operator::cli::Cli::try_parse_from(&argv)
+        .unwrap()
+        .command
+    else {
         panic!("{argv:?} is not `run`")
     };
     assert_eq!(run.shards, 10, "{argv:?}");
@@ -1290,24 +1556,76 @@ async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only(
     let served = served_api_versions(&cluster);
     let home = cluster.create_namespace("install-nsmode-op").await.unwrap();
     let watched = cluster.create_namespace("install-nsmode").await.unwrap();
-    let objects = helm_template(&home, &home, &[&format!("watchNamespace={watched}"), "crds.install=false", "shards=1"]);
+    let objects = helm_template(
+        &home,
+        &home,
+        &[
+            &format!("watchNamespace={watched}"),
+            "crds.install=false",
+            "shards=1",
+        ],
+    );
     assert!(
-        objects.iter().all(|o| o["kind"] != "ClusterRole" && o["kind"] != "ClusterRoleBinding"),
+        objects
+            .iter()
+            .all(|o| o["kind"] != "ClusterRole" && o["kind"] != "ClusterRoleBinding"),
         "nothing cluster-wide"
     );
     let deployment = named(&objects, "Deployment");
     let mut argv = vec!["gpujob-operator"];
-    argv.extend(deployment["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()));
-    let gpujob_operator::cli::Command::Run(run) = gpujob_operator::cli::Cli::try_parse_from(&argv).unwrap().command else {
+    argv.extend(
+        deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap()),
+    );
+    let gpujob_operator::cli::Command::Run(run) = gpujob_operator::cli::Cli::try_parse_from(&argv)
+        .unwrap()
+        .command
+    else {
         panic!("{argv:?} is not `run`")
     };
-    assert_eq!(run.namespace.as_deref(), Some(watched.as_str()), "the operator watches that namespace only");
+    assert_eq!(
+        run.namespace.as_deref(),
+        Some(watched.as_str()),
+        "the operator watches that namespace only"
+    );
     let rbac = rbac_of(&objects, &served);
     kubectl_apply(&cluster, &rbac, &[]);
-    let sa = format!("--as=system:serviceaccount:{home}:{}", deployment["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap());
+    let sa = format!(
+        "--as=system:serviceaccount:{home}:{}",
+        deployment["spec"]["template"]["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap()
+    );
     let who = [sa.as_str(), "--as-group=system:authenticated"];
-    let elsewhere = cluster.create_namespace("install-nsmode-other").await.unwrap();
-    rights_in(&cluster, Identity::Admin, &who, &watched, &rights(&[OPERATOR_RIGHTS, EVERYONE])).await;
-    rights_in(&cluster, Identity::Admin, &who, &home, &rights(&[&[LEASES], EVERYONE])).await;
-    rights_in(&cluster, Identity::Admin, &who, &elsewhere, &rights(&[EVERYONE])).await;
+    let elsewhere = cluster
+        .create_namespace("install-nsmode-other")
+        .await
+        .unwrap();
+    rights_in(
+        &cluster,
+        Identity::Admin,
+        &who,
+        &watched,
+        &rights(&[OPERATOR_RIGHTS, EVERYONE]),
+    )
+    .await;
+    rights_in(
+        &cluster,
+        Identity::Admin,
+        &who,
+        &home,
+        &rights(&[&[LEASES], EVERYONE]),
+    )
+    .await;
+    rights_in(
+        &cluster,
+        Identity::Admin,
+        &who,
+        &elsewhere,
+        &rights(&[EVERYONE]),
+    )
+    .await;
 }

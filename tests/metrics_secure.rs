@@ -207,10 +207,15 @@ async fn metrics_are_served_over_https_to_allowed_tokens_only_and_probes_stay_pl
     }
     let mut review_binding = secure_rbac("ClusterRoleBinding", METRICS_AUTH);
     review_binding["metadata"]["name"] = json!(format!("{METRICS_AUTH}-test-replicas"));
-    review_binding["subjects"] = json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": REPLICA_GROUP}]);
+    review_binding["subjects"] =
+        json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": REPLICA_GROUP}]);
     let review_binding: ClusterRoleBinding = serde_json::from_value(review_binding).unwrap();
     Api::<ClusterRoleBinding>::all(admin.clone())
-        .patch(&format!("{METRICS_AUTH}-test-replicas"), &pp, &Patch::Apply(&review_binding))
+        .patch(
+            &format!("{METRICS_AUTH}-test-replicas"),
+            &pp,
+            &Patch::Apply(&review_binding),
+        )
         .await
         .unwrap();
     let scraper_token = service_account_token(admin, &env.ns, "scraper").await;

@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
-use prometheus::IntGauge;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use prometheus::IntGauge;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -238,10 +238,16 @@ fn warn_if_expiring(purpose: Purpose, cert: &Path, not_after: Option<i64>) {
         .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
         .unwrap_or(0);
     match not_after {
-        Some(t) if t <= now => warn!(cert = %cert.display(), not_after = t, "the {} certificate has expired: clients refuse it; renew the Secret", purpose.what),
-        Some(t) if t - now < EXPIRY_WARNING => warn!(cert = %cert.display(), not_after = t, "the {} certificate expires in {} hours: renew the Secret", purpose.what, (t - now) / 3600),
+        Some(t) if t <= now => {
+            warn!(cert = %cert.display(), not_after = t, "the {} certificate has expired: clients refuse it; renew the Secret", purpose.what)
+        }
+        Some(t) if t - now < EXPIRY_WARNING => {
+            warn!(cert = %cert.display(), not_after = t, "the {} certificate expires in {} hours: renew the Secret", purpose.what, (t - now) / 3600)
+        }
         Some(_) => {}
-        None => warn!(cert = %cert.display(), "the {} certificate's expiry could not be read", purpose.what),
+        None => {
+            warn!(cert = %cert.display(), "the {} certificate's expiry could not be read", purpose.what)
+        }
     }
 }
 
@@ -283,7 +289,11 @@ pub fn not_after(der: &[u8]) -> Option<i64> {
             seconds(year, text.get(2..12)?, text.get(12..)?)
         }
         // GeneralizedTime YYYYMMDDHHMMSSZ.
-        0x18 if text.len() == 15 => seconds(text.get(0..4)?.parse().ok()?, text.get(4..14)?, text.get(14..)?),
+        0x18 if text.len() == 15 => seconds(
+            text.get(0..4)?.parse().ok()?,
+            text.get(4..14)?,
+            text.get(14..)?,
+        ),
         _ => None,
     }
 }
@@ -299,7 +309,9 @@ fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
         if n == 0 || n > 4 || rest.len() < n {
             return None;
         }
-        let len = rest[..n].iter().fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
         (len, &rest[n..])
     };
     if rest.len() < len {
@@ -315,7 +327,12 @@ fn seconds(year: i64, mdhms: &str, zone: &str) -> Option<i64> {
     }
     let part = |i: usize| -> Option<i64> { mdhms.get(i..i + 2)?.parse().ok() };
     let (month, day, hour, minute, second) = (part(0)?, part(2)?, part(4)?, part(6)?, part(8)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
         return None;
     }
     // Days from 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
@@ -580,17 +597,26 @@ mod tests {
             ((2050, 1, 1, 0, 0, 0), 2_524_608_000),
             ((2100, 3, 1, 12, 0, 0), 4_107_585_600),
         ] {
-            assert_eq!(not_after(&valid_until(y, m, d, h, min, sec)), Some(unix), "{y}-{m}-{d}");
+            assert_eq!(
+                not_after(&valid_until(y, m, d, h, min, sec)),
+                Some(unix),
+                "{y}-{m}-{d}"
+            );
         }
         assert_eq!(not_after(b"not a certificate"), None);
         assert_eq!(not_after(&[]), None);
         let whole = valid_until(2030, 1, 1, 0, 0, 0);
-        assert_eq!(not_after(&whole[..whole.len() / 2]), None, "a truncated certificate");
+        assert_eq!(
+            not_after(&whole[..whole.len() / 2]),
+            None,
+            "a truncated certificate"
+        );
     }
 
     #[tokio::test]
     async fn the_served_certificates_expiry_is_exported_and_follows_a_renewal() {
-        let dir = std::env::temp_dir().join(format!("gpujob-webhook-expiry-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("gpujob-webhook-expiry-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let ca = Ca::new();
         let pair = |y: i32| {
@@ -609,7 +635,11 @@ mod tests {
         write_pair(&dir, &pair(2032), 60);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while gauge.get() != 1_956_528_000 {
-            assert!(tokio::time::Instant::now() < deadline, "still {}", gauge.get());
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "still {}",
+                gauge.get()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(certs.not_after(), Some(1_956_528_000), "2032-01-01");
