@@ -352,8 +352,11 @@ fn check_conversion_webhook(crd: &[serde_json::Value], operator: &[serde_json::V
     let secret = volume["secret"]["secretName"].as_str().unwrap();
 
     let with_cert_manager = render_overlay(&["cert-manager"]);
-    let certificate = named(&with_cert_manager, "Certificate");
-    assert_eq!(certificate["spec"]["secretName"], secret);
+    // The serving certificate, the one whose Secret the pods mount (beside it: the root).
+    let certificate = with_cert_manager
+        .iter()
+        .find(|o| o["kind"] == "Certificate" && o["spec"]["secretName"] == secret)
+        .unwrap_or_else(|| panic!("no Certificate issues {secret}"));
     let dns = format!(
         "{}.{}.svc",
         service_ref["name"].as_str().unwrap(),
@@ -786,7 +789,13 @@ async fn with_secure_metrics_the_operator_may_also_ask_who_reads_metrics() {
     rights_are_exactly(
         &cluster,
         Identity::Admin,
-        &[&user, "--as-group=system:authenticated"],
+        &[
+            &user,
+            // A service account's groups, as its token would carry them.
+            "--as-group=system:serviceaccounts",
+            &format!("--as-group=system:serviceaccounts:{ns}"),
+            "--as-group=system:authenticated",
+        ],
         &ns,
         &reviewed,
     )
@@ -1599,7 +1608,14 @@ async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only(
             .as_str()
             .unwrap()
     );
-    let who = [sa.as_str(), "--as-group=system:authenticated"];
+    // A service account's groups, as its token would carry them.
+    let own_group = format!("--as-group=system:serviceaccounts:{home}");
+    let who = [
+        sa.as_str(),
+        "--as-group=system:serviceaccounts",
+        own_group.as_str(),
+        "--as-group=system:authenticated",
+    ];
     let elsewhere = cluster
         .create_namespace("install-nsmode-other")
         .await
