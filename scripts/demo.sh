@@ -118,7 +118,7 @@ kubectl -n "$ns" apply -f examples/ >&2
 
 step "watching them converge"
 total="$(grep -c '^kind: GpuJob' examples/*.yaml | awk -F: '{n += $2} END {print n}')"
-# The shard of namespace $ns: fnv1a64(namespace) mod shards (README, "Sharding").
+# The shard of namespace $ns: fnv1a64(namespace) mod shards (docs/ha-and-sharding.md, "Sharding").
 shard="$(python3 -c 'import sys
 h = 0xcbf29ce484222325
 for b in sys.argv[1].encode():

@@ -31,7 +31,8 @@ pub enum Command {
     /// deploy/crd/crd.yaml holds).
     Crd(CrdArgs),
     /// Rewrite every stored GpuJob in the CRD's storage version, then set the CRD's
-    /// status.storedVersions to just that version (README, "Upgrading the API", step 2).
+    /// status.storedVersions to just that version (docs/install.md, "Upgrading the API",
+    /// step 2).
     /// Safe to interrupt and to run again.
     MigrateStorage(MigrateArgs),
 }
