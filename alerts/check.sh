@@ -67,7 +67,14 @@ for p in d["panels"]:
         sys.exit(f"panel {p.get('id')} {p.get('title')!r} has no target with an expr")
     exprs += [t["expr"] for t in targets]
 exprs += [a["expr"] for a in d.get("annotations", {}).get("list", []) if a.get("expr")]
-subst = {"$__rate_interval": "2m", "$job": "gpujob-operator", "$namespace": ".*"}
+# Every selector names the cluster too (the `cluster` variable: one dashboard for many
+# clusters behind one Prometheus, Thanos or Mimir).
+import re
+for e in exprs:
+    for sel in re.findall(r"\{[^}]*\}", e):
+        if 'job=~"$job"' in sel and 'cluster=~"$cluster"' not in sel:
+            sys.exit(f"a selector without cluster=~\"$cluster\": {e}")
+subst = {"$__rate_interval": "2m", "$job": "gpujob-operator", "$namespace": ".*", "$cluster": ".*"}
 with open(sys.argv[2], "w") as f:
     f.write("groups:\n  - name: dashboard\n    rules:\n")
     for i, e in enumerate(exprs):

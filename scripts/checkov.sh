@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # checkov on the install: the manifests as files and as kustomize renders them
-# (deploy/), and the Dockerfile. Passes only with zero failed checks and a written
+# (deploy/), the Helm chart as it renders with every optional part on (with
+# $GPUJOB_HELM, which scripts/test.sh sets), and the Dockerfile. Passes only with zero failed checks and a written
 # reason for every skip (inline: `checkov.io/skipN: ID=reason` annotations in deploy/,
 # `# checkov:skip=ID: reason` in the Dockerfile).
 #
@@ -27,8 +28,19 @@ trap 'rm -rf "$out"' EXIT
   --framework kubernetes kustomize >"$out/deploy.json"
 "$checkov" --skip-download --soft-fail -o json -f Dockerfile \
   --framework dockerfile >"$out/dockerfile.json"
+reports=("$out/deploy.json" "$out/dockerfile.json")
+if [[ -n "${GPUJOB_HELM:-}" ]]; then
+  mkdir "$out/chart"
+  HELM_CONFIG_HOME="$out/helm" HELM_CACHE_HOME="$out/helm" HELM_DATA_HOME="$out/helm" \
+    "$GPUJOB_HELM" template gpujob-operator charts/gpujob-operator --namespace gpujob-system \
+    --set webhook.certManager.enabled=true --set monitoring.enabled=true --set metrics.secure=true \
+    >"$out/chart/gpujob-operator.yaml"
+  "$checkov" --skip-download --soft-fail -o json -d "$out/chart" \
+    --framework kubernetes >"$out/chart.json"
+  reports+=("$out/chart.json")
+fi
 
-python3 - "$out/deploy.json" "$out/dockerfile.json" <<'PY'
+python3 - "${reports[@]}" <<'PY'
 import json, sys
 bad = []
 for path in sys.argv[1:]:

@@ -1,6 +1,6 @@
 # Shared by scripts/test.sh and scripts/demo.sh (sourced, not run).
-# Sets: repo, cache, CARGO_TARGET_DIR, KUBEBUILDER_ASSETS; defines step and
-# prepare_machine.
+# Sets: repo, cache, CARGO_TARGET_DIR, KUBEBUILDER_ASSETS; defines step,
+# prepare_machine and prepare_helm.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -18,6 +18,16 @@ prepare_machine() {
   export KUBEBUILDER_ASSETS
   echo "using $KUBEBUILDER_ASSETS" >&2
   devcluster/scripts/tools.sh >&2
+}
+
+# helm 4 (built once from the Go module helm.sh/helm/v4, cached), for the chart's
+# lint, render and dry-run install; exported as GPUJOB_HELM, where tests/install.rs
+# finds it. The test command needs it, the demo does not.
+prepare_helm() {
+  step "helm"
+  GPUJOB_HELM="$(scripts/helm.sh)"
+  export GPUJOB_HELM
+  echo "using $GPUJOB_HELM ($("$GPUJOB_HELM" version --short))" >&2
 }
 
 # Waits up to 120 s for devcluster's cluster.json in $1; fails with the log $2.

@@ -20,7 +20,7 @@ ns=demo
 
 stop() {
   local pid_file
-  for pid_file in "$cache"/demo-replica-*.pid "$cache"/demo-prometheus.pid; do
+  for pid_file in "$cache"/demo-replica-*.pid "$cache"/demo-prometheus.pid "$cache"/demo-forward.pid; do
     [[ -f "$pid_file" ]] || continue
     kill -TERM "$(cat "$pid_file")" 2>/dev/null || true
     rm -f "$pid_file"
@@ -43,11 +43,30 @@ cargo build --locked --bins
 step "local control plane (a demo already running is stopped first)"
 stop
 rm -f "$state/cluster.json"
-# gpujob.dev/v1 alone: deploy/crd/crd.yaml also serves v2 through the conversion
-# webhook at the in-cluster Service, which this out-of-cluster demo does not have
-# (kubectl, which reads the preferred version v2, would fail). See tests/conversion.rs
-# for the webhook on a local control plane.
-"$bin/gpujob-operator" crd --v1-only >"$cache/demo-crd.yaml"
+# The conversion webhook as an install has it, with local stand-ins: every replica
+# serves it (a certificate for 127.0.0.1 signed by a CA of the demo), and
+# scripts/forward.py, in the place of the webhook Service, passes each call to the first
+# replica that is up. The CRD serves v1 and v2 and calls it there, so kubectl reads
+# gpujob.dev/v2 (the examples are v2) and a killed replica does not stop conversions.
+webhook_dir="$cache/demo-webhook"
+rm -rf "$webhook_dir"
+mkdir -p "$webhook_dir"
+openssl ecparam -name prime256v1 -genkey -noout -out "$webhook_dir/ca.key" 2>/dev/null
+openssl req -x509 -new -key "$webhook_dir/ca.key" -sha256 -days 30 -subj "/CN=gpujob-demo-ca" \
+  -out "$webhook_dir/ca.crt" 2>/dev/null
+openssl ecparam -name prime256v1 -genkey -noout 2>/dev/null \
+  | openssl pkcs8 -topk8 -nocrypt -out "$webhook_dir/tls.key"
+openssl req -new -key "$webhook_dir/tls.key" -subj "/CN=127.0.0.1" -out "$webhook_dir/tls.csr" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$webhook_dir/tls.ext"
+openssl x509 -req -in "$webhook_dir/tls.csr" -CA "$webhook_dir/ca.crt" -CAkey "$webhook_dir/ca.key" \
+  -CAcreateserial -days 30 -sha256 -extfile "$webhook_dir/tls.ext" -out "$webhook_dir/tls.crt" 2>/dev/null
+webhook_backends=()
+for n in $(seq "$replicas"); do webhook_backends+=("127.0.0.1:$((19443 + n))"); done
+setsid nohup python3 scripts/forward.py 127.0.0.1:19443 "${webhook_backends[@]}" \
+  >"$cache/demo-forward.log" 2>&1 </dev/null &
+echo $! >"$cache/demo-forward.pid"
+"$bin/gpujob-operator" crd --webhook-url https://127.0.0.1:19443/convert \
+  --ca-bundle-file "$webhook_dir/ca.crt" >"$cache/demo-crd.yaml"
 setsid nohup "$bin/devcluster" up --state-dir "$state" --crd "$cache/demo-crd.yaml" \
   >"$cache/demo-cluster.log" 2>&1 </dev/null &
 wait_cluster "$state" "$cache/demo-cluster.log"
@@ -61,7 +80,8 @@ for n in $(seq "$replicas"); do
   targets+=("\"$addr\"")
   KUBECONFIG="$state/kubeconfig/operator.kubeconfig" setsid nohup "$bin/gpujob-operator" run \
     --identity "demo-$n" --lease-namespace gpujob-system --shards "$shards" --retry-backoff-base 3s \
-    --listen-address "$addr" >"$cache/demo-replica-$n.log" 2>&1 </dev/null &
+    --listen-address "$addr" --conversion-cert-dir "$webhook_dir" \
+    --conversion-address "${webhook_backends[$((n - 1))]}" >"$cache/demo-replica-$n.log" 2>&1 </dev/null &
   echo $! >"$cache/demo-replica-$n.pid"
   echo "demo-$n: metrics at http://$addr/metrics" >&2
 done
@@ -87,13 +107,18 @@ PROM
   echo "Prometheus at $prometheus_url (alerts: $prometheus_url/alerts)" >&2
 fi
 
-step "sample GpuJobs (examples/)"
+step "sample GpuJobs (examples/, gpujob.dev/v2)"
 kubectl create namespace "$ns" >&2
+# The replicas serve conversions once they are up: wait for the first answer.
+for _ in $(seq 150); do
+  kubectl get gpujobs.v2.gpujob.dev -A >/dev/null 2>&1 && break
+  sleep 0.2
+done
 kubectl -n "$ns" apply -f examples/ >&2
 
 step "watching them converge"
 total="$(grep -c '^kind: GpuJob' examples/*.yaml | awk -F: '{n += $2} END {print n}')"
-# The shard of namespace $ns: fnv1a64(namespace) mod shards (README, "Sharding").
+# The shard of namespace $ns: fnv1a64(namespace) mod shards (docs/ha-and-sharding.md, "Sharding").
 shard="$(python3 -c 'import sys
 h = 0xcbf29ce484222325
 for b in sys.argv[1].encode():
@@ -129,5 +154,6 @@ The cluster and $replicas operator replicas are still running.
   metrics:       http://127.0.0.1:18081/metrics … 1808$replicas/metrics (also /healthz, /readyz)
   prometheus:    ${prometheus_url:-not installed (Debian package prometheus)}
   replica logs:  $cache/demo-replica-N.log
+  webhook:       every replica serves conversions; scripts/forward.py ($cache/demo-forward.log) stands in for the Service
   stop it all:   scripts/demo.sh stop
 MSG

@@ -2,10 +2,11 @@
 # The test command: everything CI checks, from a fresh machine.
 #
 # 1. installs what is missing (Debian packages, cargo-nextest; etcd, kube-apiserver,
-#    kube-controller-manager and kube-scheduler are built once with Go from the Go
-#    module proxy and cached),
-# 2. checks the alert rules with promtool, deploy/ and the Dockerfile with checkov
-#    (installed from PyPI into the cache when missing), formatting and clippy,
+#    kube-controller-manager, kube-scheduler and helm are built once with Go from the
+#    Go module proxy and cached),
+# 2. checks the alert rules with promtool, the Helm chart with helm lint and helm
+#    template, deploy/, the chart and the Dockerfile with checkov (installed from PyPI
+#    into the cache when missing), formatting and clippy,
 # 3. starts one shared control plane (devcluster, Kubernetes v1.37) for the integration
 #    tests,
 # 4. runs every test with cargo-nextest, which prints the summary line,
@@ -14,8 +15,8 @@
 #    claims (v1.33; its binaries are built once and cached too).
 #
 # Caches live outside the clone, under $GPUJOB_CACHE_DIR (default
-# ~/.cache/gpujob-operator): the Kubernetes binaries and, unless CARGO_TARGET_DIR
-# is set, the cargo target dir.
+# ~/.cache/gpujob-operator): the Kubernetes binaries, helm and, unless
+# CARGO_TARGET_DIR is set, the cargo target dir.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -28,10 +29,15 @@ if ! kubectl version --client 2>/dev/null | grep -q '^Kustomize Version: v5'; th
   exit 1
 fi
 
+prepare_helm
+
 step "alert rules, their unit tests, runbook anchors, generated monitoring manifests"
 alerts/check.sh
 
-step "manifests and Dockerfile: checkov, zero failed checks, every skip with its reason"
+step "Helm chart: lint and render"
+charts/check.sh
+
+step "manifests, chart and Dockerfile: checkov, zero failed checks, every skip with its reason"
 scripts/checkov.sh
 
 step "format and lint"

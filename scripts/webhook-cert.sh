@@ -5,17 +5,24 @@
 #    (gpujob-operator-webhook.gpujob-system.svc[.cluster.local]) with openssl,
 # 2. creates or replaces the kubernetes.io/tls Secret gpujob-operator-webhook-tls in
 #    gpujob-system (the operator re-reads it without a restart),
-# 3. patches the CA into the CRD's spec.conversion.webhook.clientConfig.caBundle.
+# 3. puts the CA into the CRD's spec.conversion.webhook.clientConfig.caBundle.
 #
-# Run it after `kubectl apply --server-side -k deploy/` (the pods wait for the Secret),
-# and again before the certificate expires (DAYS, default 365) to rotate: it makes a
-# new CA too and writes the Secret before the caBundle, so there is a short window
-# (the kubelet's Secret sync, up to a minute or so) where the API server trusts the new
-# CA while a replica may still serve the old certificate and v2 requests fail; run it
-# at a quiet time, or use cert-manager (deploy/cert-manager) for overlap-free renewals.
+# Run it after the install (the pods wait for the Secret), and again before the
+# certificate expires (DAYS, default 365) to rotate. A rotation has no outage: the new CA
+# is added to the caBundle beside the one in use first, and only then is the Secret
+# replaced, so the API server trusts both the certificate a replica still serves (the
+# kubelet updates Secret volumes within a minute or two) and the new one. The bundle
+# keeps the new CA and the one before it.
+#
+# Before it expires: every replica exports the served certificate's notAfter
+# (gpujob_conversion_certificate_expiration_timestamp_seconds), the alert
+# GpuJobConversionCertificateExpiresSoon fires 14 days before, and the replicas log a
+# warning from 7 days before. `webhook-cert.sh --check` prints the Secret's expiry and
+# exits 1 when it is less than WARN_DAYS (default 30) away, for a cron job or a pipeline.
 #
 # Uses the current kubectl context. NAMESPACE, SERVICE, SECRET, CRD and DAYS override
-# the defaults; KEEP_DIR=dir keeps the files (CA key included) there instead of a
+# the defaults (an install moved or renamed by an overlay or a Helm release: set them
+# to its names); KEEP_DIR=dir keeps the files (CA key included) there instead of a
 # temporary folder that is removed at the end.
 set -euo pipefail
 
@@ -24,10 +31,39 @@ service="${SERVICE:-gpujob-operator-webhook}"
 secret="${SECRET:-gpujob-operator-webhook-tls}"
 crd="${CRD:-gpujobs.gpujob.dev}"
 days="${DAYS:-365}"
+warn_days="${WARN_DAYS:-30}"
 
 for tool in openssl kubectl base64; do
   command -v "$tool" >/dev/null || { echo "webhook-cert.sh: $tool is needed and not on PATH" >&2; exit 1; }
 done
+
+# When the certificate in the Secret expires: "notAfter=<date>", or nothing.
+current_expiry() {
+  kubectl get secret "$secret" -n "$namespace" -o jsonpath='{.data.tls\.crt}' 2>/dev/null \
+    | base64 -d 2>/dev/null | openssl x509 -noout -enddate 2>/dev/null || true
+}
+
+if [[ "${1:-}" == "--check" ]]; then
+  expiry="$(current_expiry)"
+  if [[ -z "$expiry" ]]; then
+    echo "webhook-cert.sh: no readable certificate in Secret $namespace/$secret" >&2
+    exit 1
+  fi
+  if ! kubectl get secret "$secret" -n "$namespace" -o jsonpath='{.data.tls\.crt}' | base64 -d \
+    | openssl x509 -noout -checkend $((warn_days * 86400)) >/dev/null; then
+    echo "webhook-cert.sh: WARNING: $namespace/$secret expires within $warn_days days (${expiry#notAfter=}): run $0 to renew it" >&2
+    exit 1
+  fi
+  echo "webhook-cert.sh: $namespace/$secret is valid until ${expiry#notAfter=}" >&2
+  exit 0
+elif [[ -n "${1:-}" ]]; then
+  echo "usage: $0 [--check]" >&2
+  exit 2
+fi
+
+if (( days < 30 )); then
+  echo "webhook-cert.sh: WARNING: DAYS=$days leaves little time to renew; the alert fires 14 days before expiry" >&2
+fi
 
 if [[ -n "${KEEP_DIR:-}" ]]; then
   dir="$KEEP_DIR"
@@ -36,6 +72,9 @@ else
   dir="$(mktemp -d)"
   trap 'rm -rf "$dir"' EXIT
 fi
+
+previous="$(current_expiry)"
+[[ -n "$previous" ]] && echo "webhook-cert.sh: replacing the certificate of $namespace/$secret (${previous#notAfter=})" >&2
 
 dns1="$service.$namespace.svc"
 dns2="$service.$namespace.svc.cluster.local"
@@ -58,13 +97,24 @@ openssl x509 -req -in "$dir/tls.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAc
   -days "$days" -sha256 -extfile "$dir/tls.ext" -out "$dir/tls.crt" 2>/dev/null
 openssl verify -CAfile "$dir/ca.crt" "$dir/tls.crt" >/dev/null
 
+# The caBundle first: the new CA, and the first CA of the bundle in use (the one that
+# signed what the replicas serve now), so both old and new certificates verify.
+echo "webhook-cert.sh: caBundle of CRD $crd (the new CA, and the one in use)" >&2
+kubectl get crd "$crd" -o jsonpath='{.spec.conversion.webhook.clientConfig.caBundle}' \
+  | base64 -d 2>/dev/null | awk '/-----BEGIN CERTIFICATE-----/{n++} n==1' >"$dir/ca-previous.crt" || true
+cat "$dir/ca.crt" >"$dir/ca-bundle.crt"
+if [[ -s "$dir/ca-previous.crt" ]] && openssl x509 -noout -in "$dir/ca-previous.crt" 2>/dev/null; then
+  cat "$dir/ca-previous.crt" >>"$dir/ca-bundle.crt"
+fi
+bundle="$(base64 <"$dir/ca-bundle.crt" | tr -d '\n')"
+kubectl patch crd "$crd" --type=json \
+  -p "[{\"op\":\"add\",\"path\":\"/spec/conversion/webhook/clientConfig/caBundle\",\"value\":\"$bundle\"}]" >&2
+
 echo "webhook-cert.sh: Secret $namespace/$secret" >&2
 kubectl create secret tls "$secret" -n "$namespace" --cert="$dir/tls.crt" --key="$dir/tls.key" \
   --dry-run=client -o yaml | kubectl apply --server-side --force-conflicts --field-manager=webhook-cert.sh -f - >&2
 
-echo "webhook-cert.sh: caBundle of CRD $crd" >&2
-bundle="$(base64 <"$dir/ca.crt" | tr -d '\n')"
-kubectl patch crd "$crd" --type=json \
-  -p "[{\"op\":\"add\",\"path\":\"/spec/conversion/webhook/clientConfig/caBundle\",\"value\":\"$bundle\"}]" >&2
-
-echo "webhook-cert.sh: done; check with: kubectl get gpujobs.v2.gpujob.dev -A" >&2
+expires="$(openssl x509 -noout -enddate -in "$dir/tls.crt")"
+echo "webhook-cert.sh: done; the certificate is valid until ${expires#notAfter=}: renew it before then (GpuJobConversionCertificateExpiresSoon fires 14 days before; \`$0 --check\` tells)" >&2
+echo "webhook-cert.sh: Helm installs: set webhook.caBundle to the caBundle above (kubectl get crd $crd -o jsonpath='{.spec.conversion.webhook.clientConfig.caBundle}') so an upgrade keeps it" >&2
+echo "webhook-cert.sh: check with: kubectl get gpujobs.v2.gpujob.dev -A" >&2

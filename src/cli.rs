@@ -31,7 +31,8 @@ pub enum Command {
     /// deploy/crd/crd.yaml holds).
     Crd(CrdArgs),
     /// Rewrite every stored GpuJob in the CRD's storage version, then set the CRD's
-    /// status.storedVersions to just that version (README, "Upgrading the API", step 2).
+    /// status.storedVersions to just that version (docs/install.md, "Upgrading the API",
+    /// step 2).
     /// Safe to interrupt and to run again.
     MigrateStorage(MigrateArgs),
 }
@@ -438,10 +439,14 @@ impl RunArgs {
     /// certificate now, so a missing or broken one stops the start with the reason.
     pub fn conversion(&self) -> Result<Option<Webhook>, String> {
         match &self.conversion_cert_dir {
-            Some(dir) => Ok(Some(Webhook {
-                address: self.conversion_address,
-                tls: crate::server::tls::webhook_config(dir)?,
-            })),
+            Some(dir) => {
+                let (tls, certificates) = crate::server::tls::webhook_tls(dir)?;
+                Ok(Some(Webhook {
+                    address: self.conversion_address,
+                    tls,
+                    certificates,
+                }))
+            }
             None => Ok(None),
         }
     }

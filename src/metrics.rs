@@ -70,6 +70,8 @@ pub struct Metrics {
     pub events: IntCounterVec,
     pub conversion_requests: IntCounterVec,
     pub conversion_duration: Histogram,
+    pub conversion_certificate_expiry: IntGauge,
+    pub build_info: IntGaugeVec,
 }
 
 fn exp_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
@@ -155,6 +157,13 @@ impl Metrics {
         for c in m.collectors() {
             m.registry.register(c)?;
         }
+        // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+        // of this process (read from /proc at each scrape), named as every Prometheus
+        // client names them, so the dashboards' CPU and memory panels need no adapter.
+        #[cfg(target_os = "linux")]
+        m.registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         m.zero_labels();
         Ok(m)
     }
@@ -313,6 +322,17 @@ impl Metrics {
                     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
                 ],
             ))?,
+            conversion_certificate_expiry: IntGauge::with_opts(Opts::new(
+                "gpujob_conversion_certificate_expiration_timestamp_seconds",
+                "When the conversion webhook's serving certificate expires (its notAfter, Unix seconds); 0 without the webhook or when unreadable",
+            ))?,
+            build_info: IntGaugeVec::new(
+                Opts::new(
+                    "gpujob_build_info",
+                    "Always 1: the running operator's version (Cargo.toml), to tell replicas of a rolling update apart",
+                ),
+                &["version"],
+            )?,
         })
     }
 
@@ -346,6 +366,8 @@ impl Metrics {
             Box::new(self.events.clone()),
             Box::new(self.conversion_requests.clone()),
             Box::new(self.conversion_duration.clone()),
+            Box::new(self.conversion_certificate_expiry.clone()),
+            Box::new(self.build_info.clone()),
         ];
         all.extend(rest);
         all
@@ -381,6 +403,9 @@ impl Metrics {
         for result in CONVERSION_RESULTS {
             self.conversion_requests.with_label_values(&[result]);
         }
+        self.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
     }
 
     /// The Prometheus text exposition of every metric.
@@ -415,6 +440,15 @@ mod tests {
             "gpujob_events_total{result=\"dropped\"} 0",
             "gpujob_conversion_requests_total{result=\"failed\"} 0",
             "gpujob_conversion_duration_seconds_count 0",
+            "gpujob_conversion_certificate_expiration_timestamp_seconds 0",
+            concat!(
+                "gpujob_build_info{version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1"
+            ),
+            "process_resident_memory_bytes ",
+            "process_cpu_seconds_total ",
+            "process_start_time_seconds ",
         ] {
             assert!(text.contains(name), "missing {name}");
         }

@@ -1,6 +1,6 @@
 //! `gpujob-operator migrate-storage`: rewrites every stored GpuJob in the CRD's current
 //! storage version, then sets the CRD's `status.storedVersions` to just that version
-//! (step 2 of the README's "Upgrading the API").
+//! (step 2 of "Upgrading the API" in docs/install.md).
 //!
 //! How, and why it is safe to interrupt and to rerun:
 //! - Objects are listed in pages (`limit` + `continue`) in the storage version's own

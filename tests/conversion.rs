@@ -106,6 +106,54 @@ async fn kubectl(env: &TestEnv, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// examples/ teach gpujob.dev/v2, and the API server takes every one of them as
+/// written (its v2 schema, strict field validation, and the webhook's conversion to the
+/// stored v1, in a server-side dry run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_are_v2_and_the_api_server_takes_them() {
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    let mut count = 0;
+    for entry in std::fs::read_dir(examples).unwrap() {
+        let path = entry.unwrap().path();
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for d in docs.iter().filter(|d| !d.is_null()) {
+            assert_eq!(d["apiVersion"], "gpujob.dev/v2", "{}", path.display());
+            count += 1;
+        }
+    }
+    assert!(count >= 4, "{count} examples");
+    let s = Setup::new("examples", 1).await;
+    let _replica = s.replica(1, &[]);
+    s.wait_v2_readable("the webhook of replica-1 to answer")
+        .await;
+    let out = kubectl(
+        &s.env,
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            "-f",
+            examples,
+        ],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout
+            .matches("serverside-applied (server dry run)")
+            .count(),
+        count,
+        "{stdout}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_gpujob_read_as_v1_or_v2_with_each_versions_defaults() {
     let s = Setup::new("conv", 1).await;
@@ -311,28 +359,67 @@ async fn one_gpujob_read_as_v1_or_v2_with_each_versions_defaults() {
     assert_eq!(s.conversions(1, "failed").await, 0.0);
 
     // Last, as it replaces the CRD's caBundle: scripts/webhook-cert.sh (clusters without
-    // cert-manager) writes the Secret and puts its CA into the CRD, and the API server
-    // then trusts that CA only: the test's own certificate no longer passes.
+    // cert-manager) writes the Secret and puts its CA into the CRD beside the one in use,
+    // so the certificate the replicas serve still passes; a second rotation drops the
+    // test's CA, and then it no longer does.
     script_makes_the_secret_and_the_ca_bundle(&s).await;
 }
 
-async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
-    use k8s_openapi::api::core::v1::Secret;
+/// The CRD's caBundle, decoded.
+async fn ca_bundle(s: &Setup) -> Vec<u8> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let keep = s.cert_dir.join("script");
+    let crd = Api::<CustomResourceDefinition>::all(s.env.admin.clone())
+        .get("gpujobs.gpujob.dev")
+        .await
+        .unwrap();
+    crd.spec
+        .conversion
+        .unwrap()
+        .webhook
+        .unwrap()
+        .client_config
+        .unwrap()
+        .ca_bundle
+        .unwrap()
+        .0
+}
+
+/// The first PEM certificate of `bundle`, with its line end.
+fn first_pem(bundle: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bundle);
+    let end = "-----END CERTIFICATE-----";
+    let at = text.find(end).expect("a PEM certificate") + end.len();
+    format!("{}\n", &text[..at])
+}
+
+/// Runs scripts/webhook-cert.sh (`args`) for the test's namespace, keeping its files in
+/// `keep`; returns its standard error.
+async fn webhook_cert_script(s: &Setup, keep: &std::path::Path, args: &[&str]) -> (bool, String) {
     let mut cmd = s.env.cluster.command(
         concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/webhook-cert.sh"),
         Identity::Admin,
     );
-    cmd.env("NAMESPACE", &s.env.ns).env("KEEP_DIR", &keep);
+    cmd.env("NAMESPACE", &s.env.ns)
+        .env("KEEP_DIR", keep)
+        .args(args);
     let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
         .await
         .unwrap();
-    assert!(
+    (
         out.status.success(),
-        "webhook-cert.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
+    use k8s_openapi::api::core::v1::Secret;
+    let keep = s.cert_dir.join("script");
+    let (ok, err) = webhook_cert_script(s, &keep, &["--check"]).await;
+    assert!(!ok && err.contains("no readable certificate"), "{err}");
+    let before = ca_bundle(s).await;
+    let (ok, err) = webhook_cert_script(s, &keep, &[]).await;
+    assert!(ok, "webhook-cert.sh: {err}");
+    assert!(err.contains("valid until"), "it says when to renew: {err}");
     let secret = Api::<Secret>::namespaced(s.env.admin.clone(), &s.env.ns)
         .get("gpujob-operator-webhook-tls")
         .await
@@ -347,24 +434,18 @@ async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
         data["tls.key"].0,
         std::fs::read(keep.join("tls.key")).unwrap()
     );
-    let crd = Api::<CustomResourceDefinition>::all(s.env.admin.clone())
-        .get("gpujobs.gpujob.dev")
-        .await
-        .unwrap();
-    let bundle = crd
-        .spec
-        .conversion
-        .unwrap()
-        .webhook
-        .unwrap()
-        .client_config
-        .unwrap()
-        .ca_bundle;
+    let ca = std::fs::read_to_string(keep.join("ca.crt")).unwrap();
+    // (Compared without carriage returns: a PEM may end its lines either way.)
     assert_eq!(
-        bundle.unwrap().0,
-        std::fs::read(keep.join("ca.crt")).unwrap(),
-        "the caBundle is the script's CA"
+        String::from_utf8(ca_bundle(s).await)
+            .unwrap()
+            .replace('\r', ""),
+        format!("{ca}{}", first_pem(&before)).replace('\r', ""),
+        "the caBundle is the script's CA, then the one in use"
     );
+    // 365 days: --check says so, and passes.
+    let (ok, err) = webhook_cert_script(s, &keep, &["--check"]).await;
+    assert!(ok && err.contains("valid until"), "{err}");
     let text = std::process::Command::new("openssl")
         .args(["x509", "-noout", "-text", "-in"])
         .arg(keep.join("tls.crt"))
@@ -375,7 +456,20 @@ async fn script_makes_the_secret_and_the_ca_bundle(s: &Setup) {
         text.contains(&format!("DNS:gpujob-operator-webhook.{}.svc", s.env.ns)),
         "for the Service's name: {text}"
     );
+    // The replicas still serve the test's certificate: it still passes.
     let api = s.raw("v2");
+    api.get("from-v1").await.unwrap();
+    // A second rotation keeps the first script CA and drops the test's.
+    let first = ca;
+    let (ok, err) = webhook_cert_script(s, &keep, &[]).await;
+    assert!(ok, "webhook-cert.sh: {err}");
+    let ca = std::fs::read_to_string(keep.join("ca.crt")).unwrap();
+    assert_eq!(
+        String::from_utf8(ca_bundle(s).await)
+            .unwrap()
+            .replace('\r', ""),
+        format!("{ca}{first}").replace('\r', "")
+    );
     wait::until(
         "the API server to refuse the certificate the new caBundle did not sign",
         WAIT,

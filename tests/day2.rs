@@ -293,7 +293,7 @@ async fn a_rerun_starts_a_new_run_with_the_next_attempt_number() {
     env.wait_gpujob("nightly", "Failed", |g| phase(g) == Some(Phase::Failed))
         .await;
 
-    // The README's one-liner.
+    // docs/day-2.md's one-liner.
     let out = kubectl(
         &env,
         &[

@@ -290,7 +290,7 @@ async fn a_paused_leader_resumed_after_losing_the_lease_sends_only_what_is_safe_
 }
 
 /// Not a test: measures failover time (kill -9 and SIGTERM of the leader, at short and
-/// default timings; median of 5 runs) for the README. Run with
+/// default timings; median of 5 runs) for docs/ha-and-sharding.md. Run with
 /// `./scripts/test.sh --run-ignored only -E 'test(failover_figures)' --no-capture`.
 #[tokio::test]
 #[ignore = "measurement, not a test: run on demand"]

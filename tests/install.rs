@@ -8,7 +8,7 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use clap::Parser;
@@ -40,13 +40,14 @@ fn render(dir: &Path) -> Vec<serde_json::Value> {
     serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap()
 }
 
-/// An overlay in a temporary folder: the operator with `components` of deploy/, as the
-/// README shows it. kustomize takes relative paths only.
-fn overlay(components: &[&str]) -> PathBuf {
+/// Renders an overlay written to a temporary folder: `body` is its kustomization.yaml,
+/// with `{deploy}` standing for the path of deploy/ (kustomize takes relative paths only).
+fn render_kustomization(body: &str) -> Vec<serde_json::Value> {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "gpujob-overlay-{}-{}",
         std::process::id(),
-        components.join("-")
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let up = "../".repeat(dir.components().count() - 1);
@@ -55,26 +56,29 @@ fn overlay(components: &[&str]) -> PathBuf {
         .unwrap()
         .display()
         .to_string();
-    let components: Vec<String> = components
-        .iter()
-        .map(|c| format!("{up}{deploy}/{c}"))
-        .collect();
     std::fs::write(
         dir.join("kustomization.yaml"),
         format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{up}{deploy}/operator]\ncomponents: [{}]\n",
-            components.join(", ")
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n{}",
+            body.replace("{deploy}", &format!("{up}{deploy}"))
         ),
     )
     .unwrap();
-    dir
-}
-
-fn render_overlay(components: &[&str]) -> Vec<serde_json::Value> {
-    let dir = overlay(components);
     let objects = render(&dir);
     std::fs::remove_dir_all(&dir).unwrap();
     objects
+}
+
+/// The operator with `components` of deploy/, as docs/install.md shows it.
+fn render_overlay(components: &[&str]) -> Vec<serde_json::Value> {
+    let components: Vec<String> = components
+        .iter()
+        .map(|c| format!("{{deploy}}/{c}"))
+        .collect();
+    render_kustomization(&format!(
+        "resources: [{{deploy}}/operator]\ncomponents: [{}]\n",
+        components.join(", ")
+    ))
 }
 
 fn trees() -> Vec<(&'static str, Vec<serde_json::Value>)> {
@@ -145,7 +149,6 @@ fn every_tree_renders_with_what_it_should_hold() {
             ("ServiceAccount", "gpujob-operator"),
             ("ClusterRole", "gpujob-operator"),
             ("ClusterRoleBinding", "gpujob-operator"),
-            ("ClusterRole", "gpujob-metrics-reader"),
             ("Role", "gpujob-operator-lease"),
             ("RoleBinding", "gpujob-operator-lease"),
             ("Deployment", "gpujob-operator"),
@@ -232,7 +235,18 @@ fn every_tree_renders_with_what_it_should_hold() {
     // The secure-metrics component: the same objects, the operator asked for HTTPS
     // metrics (flags the real command line accepts) with probes on a port of their own,
     // and Prometheus asked to scrape it with its token.
-    assert_eq!(kinds(secure), kinds(monitoring));
+    assert_eq!(
+        kinds(secure),
+        kinds(monitoring)
+            .union(&s(&[
+                ("ClusterRole", "gpujob-operator-metrics-auth"),
+                ("ClusterRoleBinding", "gpujob-operator-metrics-auth"),
+                ("ClusterRole", "gpujob-metrics-reader"),
+            ]))
+            .cloned()
+            .collect(),
+        "secure metrics brings the rights it needs, and only it"
+    );
     let container = &named(secure, "Deployment")["spec"]["template"]["spec"]["containers"][0];
     let args: Vec<&str> = container["args"]
         .as_array()
@@ -272,8 +286,8 @@ fn every_tree_renders_with_what_it_should_hold() {
     assert_eq!(endpoint["tlsConfig"]["insecureSkipVerify"], true);
     assert_eq!(
         render_overlay(&["secure-metrics"]).len(),
-        operator.len(),
-        "without the monitoring component it patches the Deployment alone"
+        operator.len() + 3,
+        "without the monitoring component it patches the Deployment and adds its RBAC alone"
     );
     check_conversion_webhook(crd, operator);
 }
@@ -338,8 +352,11 @@ fn check_conversion_webhook(crd: &[serde_json::Value], operator: &[serde_json::V
     let secret = volume["secret"]["secretName"].as_str().unwrap();
 
     let with_cert_manager = render_overlay(&["cert-manager"]);
-    let certificate = named(&with_cert_manager, "Certificate");
-    assert_eq!(certificate["spec"]["secretName"], secret);
+    // The serving certificate, the one whose Secret the pods mount (beside it: the root).
+    let certificate = with_cert_manager
+        .iter()
+        .find(|o| o["kind"] == "Certificate" && o["spec"]["secretName"] == secret)
+        .unwrap_or_else(|| panic!("no Certificate issues {secret}"));
     let dns = format!(
         "{}.{}.svc",
         service_ref["name"].as_str().unwrap(),
@@ -361,10 +378,7 @@ fn check_conversion_webhook(crd: &[serde_json::Value], operator: &[serde_json::V
             certificate["metadata"]["name"].as_str().unwrap()
         )
     );
-    assert_eq!(
-        named(&with_cert_manager, "Issuer")["metadata"]["name"],
-        certificate["spec"]["issuerRef"]["name"]
-    );
+    wiring(&render_kustomization(EVERYTHING)).unwrap();
 }
 
 /// `kubectl api-versions` of the control plane.
@@ -419,8 +433,9 @@ fn kubectl_apply(cluster: &ControlPlane, objects: &[serde_json::Value], extra: &
 
 /// What the control plane cannot take as written, and why that is fine: on a server
 /// before Kubernetes 1.21 the PodDisruptionBudget (policy/v1) is checked as
-/// policy/v1beta1 (the same fields), and the Prometheus Operator's kinds need its CRDs,
-/// which are not installed here (rendered and checked above, not sent).
+/// policy/v1beta1 (the same fields), and the Prometheus Operator's and cert-manager's
+/// kinds need their CRDs, which are not installed here (rendered and checked for their
+/// wiring above, not sent).
 fn for_this_control_plane(
     objects: &[serde_json::Value],
     served: &BTreeSet<String>,
@@ -432,7 +447,8 @@ fn for_this_control_plane(
         let api_version = o["apiVersion"].as_str().unwrap().to_owned();
         if api_version == "policy/v1" && !served.contains("policy/v1") {
             o["apiVersion"] = "policy/v1beta1".into();
-        } else if api_version.starts_with("monitoring.coreos.com/")
+        } else if (api_version.starts_with("monitoring.coreos.com/")
+            || api_version.starts_with("cert-manager.io/"))
             && !served.contains(&api_version)
         {
             skipped.push(kind_name(&o));
@@ -459,29 +475,111 @@ async fn the_api_server_accepts_every_rendered_object() {
     let namespace = named(&trees[2].1, "Namespace").clone();
     kubectl_apply(&cluster, &[namespace], &[]);
     for (tree, objects) in &trees {
-        let (sent, skipped) = for_this_control_plane(objects, &served);
-        assert!(
-            skipped
-                .iter()
-                .all(|(k, _)| k == "ServiceMonitor" || k == "PrometheusRule"),
-            "{tree}: {skipped:?}"
-        );
-        let out = kubectl_apply(&cluster, &sent, &["--dry-run=server"]);
-        for o in &sent {
-            let (kind, name) = kind_name(o);
-            // `<kind>[.<group>]/<name> serverside-applied (server dry run)`
-            let lower = kind.to_lowercase();
-            let tail = format!("/{name} serverside-applied (server dry run)");
-            assert!(
-                out.lines().any(|l| {
-                    l.ends_with(&tail)
-                        && l.strip_prefix(&lower)
-                            .is_some_and(|r| r.starts_with(['.', '/']))
-                }),
-                "{tree}: {kind}/{name} not applied: {out}"
-            );
-        }
+        dry_run(&cluster, &served, tree, objects);
     }
+    dry_run(
+        &cluster,
+        &served,
+        "deploy + every component",
+        &render_kustomization(EVERYTHING),
+    );
+    // Moved and renamed (into a namespace that exists: a dry run creates none).
+    let ns = cluster.create_namespace("install-moved").await.unwrap();
+    dry_run(
+        &cluster,
+        &served,
+        "an overlay with namespace, namePrefix and the wiring",
+        &render_kustomization(&format!(
+            "{EVERYTHING}namespace: {ns}\nnamePrefix: {ns}-\ntransformers: [{{deploy}}/wiring]\n"
+        )),
+    );
+}
+
+/// A server-side dry run of `objects` (what the control plane serves); every object
+/// must be reported applied.
+fn dry_run(
+    cluster: &ControlPlane,
+    served: &BTreeSet<String>,
+    tree: &str,
+    objects: &[serde_json::Value],
+) {
+    let (sent, skipped) = for_this_control_plane(objects, served);
+    assert!(
+        skipped.iter().all(
+            |(k, _)| ["ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"]
+                .contains(&k.as_str())
+        ),
+        "{tree}: {skipped:?}"
+    );
+    assert!(
+        sent.iter()
+            .any(|o| o["kind"] == "Deployment" || o["kind"] == "CustomResourceDefinition"),
+        "{tree}: nothing to send"
+    );
+    let out = kubectl_apply(cluster, &sent, &["--dry-run=server"]);
+    for o in &sent {
+        let (kind, name) = kind_name(o);
+        // `<kind>[.<group>]/<name> serverside-applied (server dry run)`
+        let lower = kind.to_lowercase();
+        let tail = format!("/{name} serverside-applied (server dry run)");
+        assert!(
+            out.lines().any(|l| {
+                l.ends_with(&tail)
+                    && l.strip_prefix(&lower)
+                        .is_some_and(|r| r.starts_with(['.', '/']))
+            }),
+            "{tree}: {kind}/{name} not applied: {out}"
+        );
+    }
+}
+
+/// The chart against the real API server: `helm install --dry-run=server` (helm's own
+/// checks: discovery, the server's OpenAPI schema, ownership of what exists; it sends
+/// no object), then a server-side dry run of every object it renders (the API server's
+/// validation and admission).
+#[tokio::test]
+async fn the_api_server_accepts_the_chart() {
+    gpujob_operator::client::install_crypto_provider();
+    let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
+    let served = served_api_versions(&cluster);
+    let ns = cluster.create_namespace("install-helm").await.unwrap();
+    for sets in [
+        &[][..],
+        &[
+            "metrics.secure=true",
+            "priorityClassName=system-cluster-critical",
+        ][..],
+    ] {
+        let mut install = helm(Some(&cluster));
+        // --take-ownership: the shared control plane already holds the CRD and the
+        // operator's ClusterRole, as a cluster that moves from deploy/ to the chart does.
+        install.args([
+            "install",
+            "gpujob-operator",
+            CHART,
+            "--namespace",
+            &ns,
+            "--dry-run=server",
+            "--take-ownership",
+        ]);
+        for s in sets {
+            install.args(["--set", s]);
+        }
+        let out = run(install);
+        assert!(out.contains("STATUS: pending-install"), "{sets:?}: {out}");
+        dry_run(
+            &cluster,
+            &served,
+            &format!("the chart with {sets:?}"),
+            &helm_template("gpujob-operator", &ns, sets),
+        );
+    }
+    dry_run(
+        &cluster,
+        &served,
+        "the chart with everything",
+        &helm_template("gpujob-operator", &ns, CHART_EVERYTHING),
+    );
 }
 
 /// One line of `kubectl auth can-i --list`: resource, non-resource URLs, resource
@@ -513,16 +611,27 @@ fn can_i_lines(text: &str) -> Vec<(String, String, String, String)> {
         .collect()
 }
 
-#[tokio::test]
-async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
-    gpujob_operator::client::install_crypto_provider();
-    let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
-    let served = served_api_versions(&cluster);
-    let operator = render(&Path::new(DEPLOY).join("operator"));
-    // The shipped namespace, service account and RBAC, for real: the service account's
-    // user (devcluster's `operator` identity) then holds exactly what it would in a
-    // cluster.
-    let rbac: Vec<_> = operator
+/// Reviewed: what the operator calls (deploy/operator/rbac.yaml), cluster-wide (in the
+/// chart's namespaced mode: in the watched namespace only).
+const OPERATOR_RIGHTS: &[(&str, &str)] = &[
+    ("gpujobs.gpujob.dev", "get list watch patch delete"),
+    ("gpujobs.gpujob.dev/status", "patch"),
+    ("gpujobs.gpujob.dev/finalizers", "update"),
+    ("jobs.batch", "get list watch create patch delete"),
+    ("pods", "list"),
+    ("events.events.k8s.io", "create patch"),
+];
+/// --metrics-secure (deploy/secure-metrics): is this scraper's token valid, may its
+/// user get /metrics? Questions only; neither changes anything.
+const REVIEWED_SECURE_METRICS: &[(&str, &str)] = &[
+    ("tokenreviews.authentication.k8s.io", "create"),
+    ("subjectaccessreviews.authorization.k8s.io", "create"),
+];
+const LEASES: (&str, &str) = ("leases.coordination.k8s.io", "get list create update");
+
+/// The shipped install's RBAC objects (and its Namespace), as they would be applied.
+fn rbac_of(objects: &[serde_json::Value], served: &BTreeSet<String>) -> Vec<serde_json::Value> {
+    let rbac: Vec<_> = objects
         .iter()
         .filter(|o| {
             let k = o["kind"].as_str().unwrap();
@@ -530,91 +639,184 @@ async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
         })
         .cloned()
         .collect();
-    let (rbac, _) = for_this_control_plane(&rbac, &served);
-    kubectl_apply(&cluster, &rbac, &[]);
-    let elsewhere = cluster.create_namespace("install-can-i").await.unwrap();
+    for_this_control_plane(&rbac, served).0
+}
 
-    // Reviewed: what the operator calls (README, deploy/operator/rbac.yaml).
-    let cluster_wide: BTreeSet<(&str, &str)> = [
-        ("gpujobs.gpujob.dev", "get list watch patch delete"),
-        ("gpujobs.gpujob.dev/status", "patch"),
-        ("gpujobs.gpujob.dev/finalizers", "update"),
-        ("jobs.batch", "get list watch create patch delete"),
-        ("pods", "list"),
-        ("events.events.k8s.io", "create patch"),
-        // --metrics-secure: is this scraper's token valid, may its user get /metrics?
-        // Questions only; neither changes anything.
-        ("tokenreviews.authentication.k8s.io", "create"),
-        ("subjectaccessreviews.authorization.k8s.io", "create"),
-        // Every authenticated user may ask what it may do and who it is, and read the
-        // cluster's trust bundles (Kubernetes' default bindings, not the operator's).
-        ("selfsubjectaccessreviews.authorization.k8s.io", "create"),
-        ("selfsubjectrulesreviews.authorization.k8s.io", "create"),
-        ("selfsubjectreviews.authentication.k8s.io", "create"),
-        ("clustertrustbundles.certificates.k8s.io", "get list watch"),
-    ]
-    .into();
-    let leases = ("leases.coordination.k8s.io", "get list create update");
-    for (ns, expected_leases) in [("gpujob-system", true), (elsewhere.as_str(), false)] {
-        let mut wanted: BTreeSet<(String, String)> = cluster_wide
-            .iter()
-            .map(|(r, v)| (r.to_string(), v.to_string()))
-            .collect();
-        if expected_leases {
-            wanted.insert((leases.0.to_owned(), leases.1.to_owned()));
-        }
-        // The RBAC cache sees the bindings just applied a moment later: wait until
-        // every reviewed right shows, then judge that answer.
-        let text = wait::until(
-            &format!("the operator's rights in {ns}"),
-            WAIT,
-            POLL,
-            || {
-                let out = cluster
-                    .command("kubectl", Identity::Operator)
-                    .args(["auth", "can-i", "--list", "-n", ns])
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let text = String::from_utf8(out.stdout).unwrap();
-                let lines = can_i_lines(&text);
-                let complete = wanted
-                    .iter()
-                    .all(|(r, v)| lines.iter().any(|(lr, _, _, lv)| lr == r && lv == v));
-                async move { complete.then_some(text) }
-            },
-        )
-        .await
-        .unwrap();
-        let mut seen = BTreeSet::new();
-        for (resource, urls, names, verbs) in can_i_lines(&text) {
-            if resource.is_empty() {
-                // Discovery and public info (/api, /apis, /healthz, /version, ...):
-                // every authenticated user may GET them.
-                assert!(
-                    !urls.is_empty() && verbs == "get",
-                    "{urls} [{verbs}]\n{text}"
-                );
-                continue;
-            }
-            assert!(names.is_empty(), "{resource} [{names}]");
-            let entry = (resource.as_str(), verbs.as_str());
+/// Rights every authenticated user has (Kubernetes' default bindings, not the operator's):
+/// ask what it may do and who it is, and read the cluster's trust bundles.
+const EVERYONE: &[(&str, &str)] = &[
+    ("selfsubjectaccessreviews.authorization.k8s.io", "create"),
+    ("selfsubjectrulesreviews.authorization.k8s.io", "create"),
+    ("selfsubjectreviews.authentication.k8s.io", "create"),
+    ("clustertrustbundles.certificates.k8s.io", "get list watch"),
+];
+
+/// `kubectl auth can-i --list` of `who` (extra kubectl arguments) in `ns` is exactly
+/// `wanted` (resource, verbs), waiting for the RBAC cache to show all of it first.
+async fn rights_in(
+    cluster: &ControlPlane,
+    identity: Identity,
+    who: &[&str],
+    ns: &str,
+    wanted: &BTreeSet<(String, String)>,
+) {
+    // The RBAC cache sees the bindings just applied a moment later: wait until
+    // every reviewed right shows, then judge that answer.
+    let text = wait::until(
+        &format!("the operator's rights in {ns}"),
+        WAIT,
+        POLL,
+        || {
+            let out = cluster
+                .command("kubectl", identity)
+                .args(["auth", "can-i", "--list", "-n", ns])
+                .args(who)
+                .output()
+                .unwrap();
             assert!(
-                cluster_wide.contains(&entry) || (expected_leases && entry == leases),
-                "in {ns}, the operator may {verbs} {resource}: not in the reviewed list\n{text}"
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
             );
-            seen.insert((resource.clone(), verbs.clone()));
+            let text = String::from_utf8(out.stdout).unwrap();
+            let lines = can_i_lines(&text);
+            let complete = wanted
+                .iter()
+                .all(|(r, v)| lines.iter().any(|(lr, _, _, lv)| lr == r && lv == v));
+            async move { complete.then_some(text) }
+        },
+    )
+    .await
+    .unwrap();
+    let mut seen = BTreeSet::new();
+    for (resource, urls, names, verbs) in can_i_lines(&text) {
+        if resource.is_empty() {
+            // Discovery and public info (/api, /apis, /healthz, /version, ...):
+            // every authenticated user may GET them.
+            assert!(
+                !urls.is_empty() && verbs == "get",
+                "{urls} [{verbs}]\n{text}"
+            );
+            continue;
         }
-        assert_eq!(seen, wanted, "in {ns}:\n{text}");
-        // Spelled out, what the review is for.
-        for never in ["secrets", "customresourcedefinitions.apiextensions.k8s.io"] {
-            assert!(!seen.iter().any(|(r, _)| r == never), "{never}");
-        }
-        assert!(!seen.contains(&("pods".to_owned(), "create".to_owned())));
+        assert!(names.is_empty(), "{resource} [{names}]");
+        assert!(
+            wanted.contains(&(resource.clone(), verbs.clone())),
+            "in {ns}, the operator may {verbs} {resource}: not in the reviewed list\n{text}"
+        );
+        seen.insert((resource.clone(), verbs.clone()));
+    }
+    assert_eq!(&seen, wanted, "in {ns}:\n{text}");
+    // Spelled out, what the review is for.
+    for never in ["secrets", "customresourcedefinitions.apiextensions.k8s.io"] {
+        assert!(!seen.iter().any(|(r, _)| r == never), "{never}");
+    }
+    assert!(!seen.contains(&("pods".to_owned(), "create".to_owned())));
+}
+
+fn rights(lists: &[&[(&str, &str)]]) -> BTreeSet<(String, String)> {
+    lists
+        .iter()
+        .flat_map(|l| l.iter())
+        .map(|(r, v)| (r.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The operator's rights in its own namespace `home` (`reviewed` and the Leases) and in
+/// another one (`reviewed` alone).
+async fn rights_are_exactly(
+    cluster: &ControlPlane,
+    identity: Identity,
+    who: &[&str],
+    home: &str,
+    reviewed: &[(&str, &str)],
+) {
+    let elsewhere = cluster.create_namespace("install-can-i").await.unwrap();
+    rights_in(
+        cluster,
+        identity,
+        who,
+        home,
+        &rights(&[reviewed, &[LEASES]]),
+    )
+    .await;
+    rights_in(cluster, identity, who, &elsewhere, &rights(&[reviewed])).await;
+}
+
+#[tokio::test]
+async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
+    gpujob_operator::client::install_crypto_provider();
+    let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
+    let served = served_api_versions(&cluster);
+    // The shipped namespace, service account and RBAC, for real: the service account's
+    // user (devcluster's `operator` identity) then holds exactly what it would in a
+    // cluster. No TokenReview or SubjectAccessReview rights without secure metrics.
+    let operator = render(&Path::new(DEPLOY).join("operator"));
+    kubectl_apply(&cluster, &rbac_of(&operator, &served), &[]);
+    let reviewed: Vec<_> = OPERATOR_RIGHTS.iter().chain(EVERYONE).copied().collect();
+    rights_are_exactly(
+        &cluster,
+        Identity::Operator,
+        &[],
+        "gpujob-system",
+        &reviewed,
+    )
+    .await;
+}
+
+/// With the secure-metrics component the operator gains the two review rights, and
+/// nothing else. Applied for real from an overlay moved to a namespace of this test
+/// and prefixed with it (the shared control plane's gpujob-system install stays as
+/// the test above wants it): the bindings follow the overlay's names.
+#[tokio::test]
+async fn with_secure_metrics_the_operator_may_also_ask_who_reads_metrics() {
+    gpujob_operator::client::install_crypto_provider();
+    let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
+    let served = served_api_versions(&cluster);
+    let ns = cluster.create_namespace("install-secure").await.unwrap();
+    let objects = render_kustomization(&format!(
+        "resources: [{{deploy}}/operator]\ncomponents: [{{deploy}}/secure-metrics]\nnamespace: {ns}\nnamePrefix: {ns}-\ntransformers: [{{deploy}}/wiring]\n"
+    ));
+    let rbac = rbac_of(&objects, &served);
+    kubectl_apply(&cluster, &rbac, &[]);
+    let user = format!("--as=system:serviceaccount:{ns}:{ns}-gpujob-operator");
+    let reviewed: Vec<_> = OPERATOR_RIGHTS
+        .iter()
+        .chain(EVERYONE)
+        .chain(REVIEWED_SECURE_METRICS)
+        .copied()
+        .collect();
+    rights_are_exactly(
+        &cluster,
+        Identity::Admin,
+        &[
+            &user,
+            // A service account's groups, as its token would carry them.
+            "--as-group=system:serviceaccounts",
+            &format!("--as-group=system:serviceaccounts:{ns}"),
+            "--as-group=system:authenticated",
+        ],
+        &ns,
+        &reviewed,
+    )
+    .await;
+    // Leave no cluster-wide grant of this test behind.
+    let cluster_scoped: Vec<_> = rbac
+        .iter()
+        .filter(|o| o["metadata"]["namespace"].is_null() && o["kind"] != "Namespace")
+        .collect();
+    for o in cluster_scoped {
+        let (kind, name) = kind_name(o);
+        let out = cluster
+            .command("kubectl", Identity::Admin)
+            .args(["delete", &kind.to_lowercase(), &name])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -795,4 +997,651 @@ async fn built_in_edit_may_create_gpujobs_and_view_may_only_read_them() {
         .delete("by-editor", &Default::default())
         .await
         .unwrap();
+}
+
+/// deploy/ with every optional component.
+const EVERYTHING: &str = "resources: [{deploy}]\ncomponents: [{deploy}/cert-manager, {deploy}/monitoring, {deploy}/secure-metrics]\n";
+
+/// The references between objects of one install, whatever it is named and wherever it
+/// runs: what an overlay or a release name must not break. Every problem found, or Ok.
+fn wiring(objects: &[serde_json::Value]) -> Result<(), String> {
+    let mut problems = Vec::new();
+    let ns_of =
+        |o: &serde_json::Value| o["metadata"]["namespace"].as_str().unwrap_or("").to_owned();
+    let name_of = |o: &serde_json::Value| o["metadata"]["name"].as_str().unwrap_or("").to_owned();
+    let find = |kind: &str, ns: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && ns_of(o) == ns && name_of(o) == name)
+    };
+    let deployment = named(objects, "Deployment");
+    let namespace = ns_of(deployment);
+    let pod = &deployment["spec"]["template"]["spec"];
+
+    // Service accounts and roles: every binding names what exists.
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    if find("ServiceAccount", &namespace, sa).is_none() {
+        problems.push(format!(
+            "the Deployment runs as {namespace}/{sa}, which is not there"
+        ));
+    }
+    for b in objects
+        .iter()
+        .filter(|o| o["kind"] == "RoleBinding" || o["kind"] == "ClusterRoleBinding")
+    {
+        let role_kind = b["roleRef"]["kind"].as_str().unwrap();
+        let role_ns = if role_kind == "Role" {
+            ns_of(b)
+        } else {
+            String::new()
+        };
+        let role = b["roleRef"]["name"].as_str().unwrap();
+        if find(role_kind, &role_ns, role).is_none() {
+            problems.push(format!(
+                "{} {} binds {role_kind} {role}, which is not there",
+                b["kind"],
+                name_of(b)
+            ));
+        }
+        for subject in b["subjects"].as_array().unwrap() {
+            let (sn, sns) = (
+                subject["name"].as_str().unwrap(),
+                subject["namespace"].as_str().unwrap(),
+            );
+            if subject["kind"] == "ServiceAccount" && (sn != sa || sns != namespace) {
+                problems.push(format!(
+                    "{} {} binds {sns}/{sn}, not the operator's {namespace}/{sa}",
+                    b["kind"],
+                    name_of(b)
+                ));
+            }
+        }
+    }
+
+    // The conversion webhook: CRD -> Service -> pods; certificate for that Service.
+    let webhook_secret = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|v| v["secret"]["secretName"].as_str())
+        .unwrap()
+        .to_owned();
+    let crd = objects
+        .iter()
+        .find(|o| o["kind"] == "CustomResourceDefinition");
+    let (svc_name, svc_ns) = match crd {
+        Some(crd) => {
+            let s = &crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"];
+            (
+                s["name"].as_str().unwrap().to_owned(),
+                s["namespace"].as_str().unwrap().to_owned(),
+            )
+        }
+        None => (
+            format!("{}-webhook", name_of(deployment)),
+            namespace.clone(),
+        ),
+    };
+    if find("Service", &svc_ns, &svc_name).is_none() {
+        problems.push(format!(
+            "the CRD calls Service {svc_ns}/{svc_name}, which is not there"
+        ));
+    }
+    let certificates: Vec<_> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Certificate")
+        .collect();
+    if !certificates.is_empty() {
+        match certificates
+            .iter()
+            .find(|c| c["spec"]["secretName"] == webhook_secret.as_str())
+        {
+            None => problems.push(format!(
+                "no Certificate issues the mounted Secret {webhook_secret}"
+            )),
+            Some(serving) => {
+                let wanted = format!("{svc_name}.{svc_ns}.svc");
+                let dns: Vec<&str> = serving["spec"]["dnsNames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n.as_str().unwrap())
+                    .collect();
+                if !dns.contains(&wanted.as_str()) || dns.iter().any(|n| !n.starts_with(&wanted)) {
+                    problems.push(format!(
+                        "the serving certificate is for {dns:?}; the API server calls {wanted}"
+                    ));
+                }
+                if ns_of(serving) != namespace {
+                    problems.push(format!(
+                        "the serving Certificate is in {}, the pods in {namespace}",
+                        ns_of(serving)
+                    ));
+                }
+                if let Some(crd) = crd {
+                    let inject = &crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"];
+                    let wanted = format!("{}/{}", ns_of(serving), name_of(serving));
+                    if inject != wanted.as_str() {
+                        problems.push(format!(
+                            "the CRD injects the CA of {inject}, not of {wanted}"
+                        ));
+                    }
+                }
+                // serving <- CA Issuer <- root Certificate (isCA) <- self-signed Issuer.
+                let issuer = |c: &serde_json::Value| {
+                    find(
+                        "Issuer",
+                        &ns_of(c),
+                        c["spec"]["issuerRef"]["name"].as_str().unwrap(),
+                    )
+                };
+                match issuer(serving) {
+                    None => problems.push(format!(
+                        "the serving certificate's issuer {} is not there",
+                        serving["spec"]["issuerRef"]["name"]
+                    )),
+                    Some(ca) => match certificates
+                        .iter()
+                        .find(|c| c["spec"]["secretName"] == ca["spec"]["ca"]["secretName"])
+                    {
+                        None => problems.push(format!(
+                            "the CA Issuer {} signs with {}, which no Certificate issues",
+                            name_of(ca),
+                            ca["spec"]["ca"]["secretName"]
+                        )),
+                        Some(root) => {
+                            if root["spec"]["isCA"] != true {
+                                problems.push(format!("{} is not a CA", name_of(root)));
+                            }
+                            if issuer(root).is_none_or(|i| i["spec"]["selfSigned"].is_null()) {
+                                problems.push(format!("the root {} is not signed by a self-signed Issuer of this install", name_of(root)));
+                            }
+                        }
+                    },
+                }
+            }
+        }
+    }
+
+    // Monitoring: the scrape job's name is what every alert selects.
+    if let Some(monitor) = objects.iter().find(|o| o["kind"] == "ServiceMonitor") {
+        let selector = monitor["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .unwrap();
+        let scraped: Vec<_> = objects
+            .iter()
+            .filter(|o| o["kind"] == "Service" && ns_of(o) == ns_of(monitor))
+            .filter(|o| {
+                selector
+                    .iter()
+                    .all(|(k, v)| &o["metadata"]["labels"][k] == v)
+            })
+            .filter(|o| {
+                o["spec"]["ports"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p["name"] == "metrics")
+            })
+            .collect();
+        let job = match (scraped.as_slice(), monitor["spec"]["jobLabel"].as_str()) {
+            ([service], Some(label)) => service["metadata"]["labels"][label]
+                .as_str()
+                .map(str::to_owned),
+            ([service], None) => Some(name_of(service)),
+            _ => None,
+        };
+        match job {
+            None => problems.push(format!(
+                "the ServiceMonitor scrapes {} metrics Services or names no job",
+                scraped.len()
+            )),
+            Some(job) => {
+                let rule = objects
+                    .iter()
+                    .find(|o| o["kind"] == "PrometheusRule")
+                    .expect("a PrometheusRule beside the ServiceMonitor");
+                let wanted = format!("job=\"{job}\"");
+                for r in rule["spec"]["groups"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|g| g["rules"].as_array().unwrap())
+                {
+                    let expr = r["expr"].as_str().unwrap();
+                    if expr.contains("job=") && !expr.contains(&wanted) {
+                        problems.push(format!(
+                            "{} selects {expr:?}; the scrape job is {job}",
+                            r["alert"]
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// An overlay that moves and renames the install keeps it wired with deploy/wiring
+/// listed under `transformers:`; without it, the certificate and the CRD's CA injection
+/// point at the old names (which is what the test would catch).
+#[test]
+fn an_overlay_with_namespace_and_name_prefix_stays_wired() {
+    let moved = "namespace: team-gpu\nnamePrefix: team-\n";
+    let with = render_kustomization(&format!(
+        "{EVERYTHING}{moved}transformers: [{{deploy}}/wiring]\n"
+    ));
+    wiring(&with).unwrap();
+    let service = with
+        .iter()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "team-gpujob-operator-webhook")
+        .expect("the webhook Service renamed");
+    assert_eq!(service["metadata"]["namespace"], "team-gpu");
+    assert_eq!(
+        named(&with, "CustomResourceDefinition")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "team-gpu/team-gpujob-operator-webhook"
+    );
+
+    let without = render_kustomization(&format!("{EVERYTHING}{moved}"));
+    let problems = wiring(&without).expect_err("without deploy/wiring the names are stale");
+    assert!(
+        problems.contains("gpujob-operator-webhook.gpujob-system.svc"),
+        "{problems}"
+    );
+    assert!(problems.contains("injects the CA of"), "{problems}");
+
+    // The wiring changes nothing where nothing moved.
+    assert_eq!(
+        render_kustomization(&format!("{EVERYTHING}transformers: [{{deploy}}/wiring]\n")),
+        render_kustomization(EVERYTHING)
+    );
+}
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/gpujob-operator");
+
+/// helm 4: scripts/test.sh builds it and exports GPUJOB_HELM (scripts/helm.sh); helm on
+/// PATH otherwise. Its config, cache and data go to a folder of this process: a test
+/// reads nothing of the machine's helm repositories or plugins.
+fn helm(cluster: Option<&ControlPlane>) -> Command {
+    let program = std::env::var("GPUJOB_HELM").unwrap_or_else(|_| "helm".to_owned());
+    let mut cmd = match cluster {
+        Some(c) => c.command(program, Identity::Admin),
+        None => Command::new(program),
+    };
+    let home = std::env::temp_dir().join(format!("gpujob-helm-home-{}", std::process::id()));
+    for (var, sub) in [
+        ("HELM_CONFIG_HOME", "config"),
+        ("HELM_CACHE_HOME", "cache"),
+        ("HELM_DATA_HOME", "data"),
+    ] {
+        cmd.env(var, home.join(sub));
+    }
+    cmd
+}
+
+fn run(mut cmd: Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (scripts/test.sh provides helm as GPUJOB_HELM)"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `helm template` of the chart, parsed.
+fn helm_template(release: &str, namespace: &str, sets: &[&str]) -> Vec<serde_json::Value> {
+    let mut cmd = helm(None);
+    cmd.args(["template", release, CHART, "--namespace", namespace]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&run(cmd)).unwrap();
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+/// Settings of the chart that equal deploy/ with every optional component.
+const CHART_EVERYTHING: &[&str] = &[
+    "webhook.certManager.enabled=true",
+    "monitoring.enabled=true",
+    "metrics.secure=true",
+];
+
+/// What may differ between the chart's objects and kustomize's, and why:
+/// - Helm's own labels (helm.sh/chart, app.kubernetes.io/instance) and managed-by,
+///   which names the tool (Helm, kustomize);
+/// - the annotation helm.sh/resource-policy: keep, Helm's way to leave the CRD and its
+///   roles on uninstall (kustomize users never delete deploy/crd);
+/// - numbers by value: the chart reads the CRD with fromYaml, which writes 1.0 as 1;
+/// - the Namespace, which the chart does not create (Helm stores the release in it first).
+fn normalised(
+    objects: &[serde_json::Value],
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    fn numbers(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Number(n) => *v = json!(n.as_f64().unwrap()),
+            serde_json::Value::Array(a) => a.iter_mut().for_each(numbers),
+            serde_json::Value::Object(m) => m.values_mut().for_each(numbers),
+            _ => {}
+        }
+    }
+    fn strip(meta: &mut serde_json::Value) {
+        for (field, keys) in [
+            (
+                "labels",
+                &[
+                    "helm.sh/chart",
+                    "app.kubernetes.io/instance",
+                    "app.kubernetes.io/managed-by",
+                ][..],
+            ),
+            ("annotations", &["helm.sh/resource-policy"][..]),
+        ] {
+            if let Some(m) = meta.get_mut(field).and_then(|m| m.as_object_mut()) {
+                keys.iter().for_each(|k| {
+                    m.remove(*k);
+                });
+                if m.is_empty() {
+                    meta.as_object_mut().unwrap().remove(field);
+                }
+            }
+        }
+    }
+    objects
+        .iter()
+        .filter(|o| o["kind"] != "Namespace")
+        .map(|o| {
+            let mut o = o.clone();
+            strip(&mut o["metadata"]);
+            if o["spec"]["template"]["metadata"].is_object() {
+                strip(&mut o["spec"]["template"]["metadata"]);
+            }
+            numbers(&mut o);
+            let key = format!(
+                "{}/{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["namespace"].as_str().unwrap_or(""),
+                o["metadata"]["name"].as_str().unwrap()
+            );
+            (key, o)
+        })
+        .collect()
+}
+
+/// The JSON paths where `a` and `b` differ (for a readable failure).
+fn differences(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
+            for k in x.keys().chain(y.keys()).collect::<BTreeSet<_>>() {
+                let null = serde_json::Value::Null;
+                differences(
+                    &format!("{path}.{k}"),
+                    x.get(k).unwrap_or(&null),
+                    y.get(k).unwrap_or(&null),
+                    out,
+                );
+            }
+        }
+        (serde_json::Value::Array(x), serde_json::Value::Array(y)) if x.len() == y.len() => {
+            for (i, (x, y)) in x.iter().zip(y).enumerate() {
+                differences(&format!("{path}[{i}]"), x, y, out);
+            }
+        }
+        _ if a != b => out.push(format!("{path}: kustomize {a} / helm {b}")),
+        _ => {}
+    }
+}
+
+fn assert_same_objects(what: &str, kustomize: &[serde_json::Value], chart: &[serde_json::Value]) {
+    let (k, h) = (normalised(kustomize), normalised(chart));
+    let only_k: Vec<_> = k.keys().filter(|x| !h.contains_key(*x)).collect();
+    let only_h: Vec<_> = h.keys().filter(|x| !k.contains_key(*x)).collect();
+    assert!(
+        only_k.is_empty() && only_h.is_empty(),
+        "{what}: only kustomize renders {only_k:?}; only the chart renders {only_h:?}"
+    );
+    let mut diff = Vec::new();
+    for (key, o) in &k {
+        differences(key, o, &h[key], &mut diff);
+    }
+    assert!(
+        diff.is_empty(),
+        "{what}: the objects differ:\n{}",
+        diff.join("\n")
+    );
+}
+
+/// The chart and the kustomize tree are one install: with the same settings they render
+/// the same objects (less what normalised() says and why).
+#[test]
+fn the_chart_renders_what_kustomize_renders() {
+    assert_same_objects(
+        "defaults",
+        &render(Path::new(DEPLOY)),
+        &helm_template("gpujob-operator", "gpujob-system", &[]),
+    );
+    assert_same_objects(
+        "cert-manager, monitoring, secure metrics",
+        &render_kustomization(EVERYTHING),
+        &helm_template("gpujob-operator", "gpujob-system", CHART_EVERYTHING),
+    );
+    assert_same_objects(
+        "another namespace",
+        &render_kustomization(&format!(
+            "{EVERYTHING}namespace: team-gpu\ntransformers: [{{deploy}}/wiring]\n"
+        )),
+        &helm_template("gpujob-operator", "team-gpu", CHART_EVERYTHING),
+    );
+    // Only the Namespace is left out, and the kustomize tree does make it.
+    let chart = helm_template("gpujob-operator", "gpujob-system", &[]);
+    assert!(chart.iter().all(|o| o["kind"] != "Namespace"));
+    assert_eq!(render(Path::new(DEPLOY)).len(), chart.len() + 1);
+    // A test that compares nothing would pass: the chart renders the whole install.
+    assert!(
+        chart
+            .iter()
+            .any(|o| o["kind"] == "CustomResourceDefinition")
+    );
+    assert!(chart.iter().any(|o| o["kind"] == "Deployment"));
+}
+
+/// A release under another name, in another namespace, is wired as the defaults are.
+#[test]
+fn a_chart_release_under_any_name_stays_wired() {
+    for (release, ns) in [
+        ("gpujob-operator", "gpujob-system"),
+        ("team-a", "team-gpu"),
+        ("team-gpujob-operator", "gpujob"),
+    ] {
+        let objects = helm_template(release, ns, CHART_EVERYTHING);
+        wiring(&objects).unwrap_or_else(|p| panic!("release {release} in {ns}:\n{p}"));
+        assert_eq!(named(&objects, "Deployment")["metadata"]["namespace"], ns);
+    }
+}
+
+/// The values a platform team sets reach the objects, and the defaults leave what a
+/// platform decides unset (no runAsUser, no priority class, no monitoring labels).
+#[test]
+fn chart_values_reach_the_objects() {
+    let defaults = helm_template(
+        "gpujob-operator",
+        "gpujob-system",
+        &["monitoring.enabled=true"],
+    );
+    let pod = &named(&defaults, "Deployment")["spec"]["template"]["spec"];
+    assert!(
+        pod["securityContext"].get("runAsUser").is_none(),
+        "{}",
+        pod["securityContext"]
+    );
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert!(pod.get("priorityClassName").is_none());
+    assert!(
+        named(&defaults, "ServiceMonitor")["metadata"]["labels"]
+            .get("release")
+            .is_none()
+    );
+    let rights = |objects: &[serde_json::Value]| {
+        objects
+            .iter()
+            .filter(|o| o["kind"] == "ClusterRole")
+            .flat_map(|o| o["rules"].as_array().unwrap().clone())
+            .flat_map(|r| r["resources"].as_array().cloned().unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        !rights(&defaults).contains(&json!("tokenreviews")),
+        "TokenReview rights only with secure metrics"
+    );
+
+    let set = helm_template(
+        "gpujob-operator",
+        "gpujob-system",
+        &[
+            "monitoring.enabled=true",
+            "monitoring.labels.release=kube-prometheus-stack",
+            "metrics.secure=true",
+            "priorityClassName=platform-critical",
+            "replicas=5",
+            "shards=10",
+            "image.repository=registry.internal/gpujob-operator",
+            "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "resources.requests.memory=512Mi",
+            "podSecurityContext.runAsUser=1000",
+        ],
+    );
+    assert!(rights(&set).contains(&json!("tokenreviews")));
+    for kind in ["ServiceMonitor", "PrometheusRule"] {
+        assert_eq!(
+            named(&set, kind)["metadata"]["labels"]["release"],
+            "kube-prometheus-stack",
+            "{kind}"
+        );
+    }
+    let deployment = named(&set, "Deployment");
+    assert_eq!(deployment["spec"]["replicas"], 5);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["priorityClassName"], "platform-critical");
+    assert_eq!(pod["securityContext"]["runAsUser"], 1000);
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["image"],
+        "registry.internal/gpujob-operator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    );
+    assert_eq!(container["resources"]["requests"]["memory"], "512Mi");
+    // The flags are ones the binary takes.
+    let mut argv = vec!["gpujob-operator"];
+    argv.extend(
+        container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap()),
+    );
+    let gpujob_operator::cli::Command::Run(run) = gpujob_operator::cli::Cli::try_parse_from(&argv)
+        .unwrap()
+        .command
+    else {
+        panic!("{argv:?} is not `run`")
+    };
+    assert_eq!(run.shards, 10, "{argv:?}");
+    assert!(run.listen().unwrap().tls.is_some(), "{argv:?}");
+}
+
+/// The chart's namespaced mode (watchNamespace): the operator's rights are a Role in the
+/// watched namespace, the Leases in its own, and nothing cluster-wide beyond what every
+/// user has. Applied for real under a release name of this test.
+#[tokio::test]
+async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only() {
+    gpujob_operator::client::install_crypto_provider();
+    let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
+    let served = served_api_versions(&cluster);
+    let home = cluster.create_namespace("install-nsmode-op").await.unwrap();
+    let watched = cluster.create_namespace("install-nsmode").await.unwrap();
+    let objects = helm_template(
+        &home,
+        &home,
+        &[
+            &format!("watchNamespace={watched}"),
+            "crds.install=false",
+            "shards=1",
+        ],
+    );
+    assert!(
+        objects
+            .iter()
+            .all(|o| o["kind"] != "ClusterRole" && o["kind"] != "ClusterRoleBinding"),
+        "nothing cluster-wide"
+    );
+    let deployment = named(&objects, "Deployment");
+    let mut argv = vec!["gpujob-operator"];
+    argv.extend(
+        deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap()),
+    );
+    let gpujob_operator::cli::Command::Run(run) = gpujob_operator::cli::Cli::try_parse_from(&argv)
+        .unwrap()
+        .command
+    else {
+        panic!("{argv:?} is not `run`")
+    };
+    assert_eq!(
+        run.namespace.as_deref(),
+        Some(watched.as_str()),
+        "the operator watches that namespace only"
+    );
+    let rbac = rbac_of(&objects, &served);
+    kubectl_apply(&cluster, &rbac, &[]);
+    let sa = format!(
+        "--as=system:serviceaccount:{home}:{}",
+        deployment["spec"]["template"]["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap()
+    );
+    // A service account's groups, as its token would carry them.
+    let own_group = format!("--as-group=system:serviceaccounts:{home}");
+    let who = [
+        sa.as_str(),
+        "--as-group=system:serviceaccounts",
+        own_group.as_str(),
+        "--as-group=system:authenticated",
+    ];
+    let elsewhere = cluster
+        .create_namespace("install-nsmode-other")
+        .await
+        .unwrap();
+    rights_in(
+        &cluster,
+        Identity::Admin,
+        &who,
+        &watched,
+        &rights(&[OPERATOR_RIGHTS, EVERYONE]),
+    )
+    .await;
+    rights_in(
+        &cluster,
+        Identity::Admin,
+        &who,
+        &home,
+        &rights(&[&[LEASES], EVERYONE]),
+    )
+    .await;
+    rights_in(
+        &cluster,
+        Identity::Admin,
+        &who,
+        &elsewhere,
+        &rights(&[EVERYONE]),
+    )
+    .await;
 }

@@ -27,9 +27,25 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use serde_json::json;
 use support::prometheus::free_address;
-use support::{POLL, RBAC, TestEnv, WAIT, replicas};
+use support::{POLL, TestEnv, WAIT, replicas};
 
 const READER: &str = "gpujob-metrics-reader";
+const METRICS_AUTH: &str = "gpujob-operator-metrics-auth";
+/// The RBAC that comes with --metrics-secure (the secure-metrics component): the
+/// operator's review rights and the reader role.
+const SECURE_RBAC: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/deploy/secure-metrics/rbac.yaml"
+);
+
+fn secure_rbac(kind: &str, name: &str) -> serde_json::Value {
+    std::fs::read_to_string(SECURE_RBAC)
+        .map(|text| serde_saphyr::from_multiple::<serde_json::Value>(&text).unwrap())
+        .unwrap()
+        .into_iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("deploy/secure-metrics/rbac.yaml ships {kind} {name}"))
+}
 
 /// Whether the API server's RBAC already answers `allowed` for this question (a new
 /// binding shows in its cache a moment after it is written).
@@ -179,15 +195,27 @@ async fn metrics_are_served_over_https_to_allowed_tokens_only_and_probes_stay_pl
 
     // The shipped reader role, bound to one service account of this test; another is
     // bound to nothing.
-    let reader: ClusterRole = std::fs::read_to_string(RBAC)
-        .map(|text| serde_saphyr::from_multiple::<serde_json::Value>(&text).unwrap())
-        .unwrap()
-        .into_iter()
-        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == READER)
-        .map(|d| serde_json::from_value(d).unwrap())
-        .expect("deploy/operator/rbac.yaml ships gpujob-metrics-reader");
-    Api::<ClusterRole>::all(admin.clone())
-        .patch(READER, &pp, &Patch::Apply(&reader))
+    // The shipped roles of the secure-metrics component: the reader role, and the
+    // operator's review rights, bound (as that component binds them to the service
+    // account) to the replica users' group.
+    for name in [READER, METRICS_AUTH] {
+        let role: ClusterRole = serde_json::from_value(secure_rbac("ClusterRole", name)).unwrap();
+        Api::<ClusterRole>::all(admin.clone())
+            .patch(name, &pp, &Patch::Apply(&role))
+            .await
+            .unwrap();
+    }
+    let mut review_binding = secure_rbac("ClusterRoleBinding", METRICS_AUTH);
+    review_binding["metadata"]["name"] = json!(format!("{METRICS_AUTH}-test-replicas"));
+    review_binding["subjects"] =
+        json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": REPLICA_GROUP}]);
+    let review_binding: ClusterRoleBinding = serde_json::from_value(review_binding).unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .patch(
+            &format!("{METRICS_AUTH}-test-replicas"),
+            &pp,
+            &Patch::Apply(&review_binding),
+        )
         .await
         .unwrap();
     let scraper_token = service_account_token(admin, &env.ns, "scraper").await;
@@ -206,7 +234,7 @@ async fn metrics_are_served_over_https_to_allowed_tokens_only_and_probes_stay_pl
         .unwrap();
 
     // Judge only answers given after RBAC has caught up: the scraper's binding, and the
-    // shipped ClusterRole's review rights for the replica users.
+    // shipped review rights for the replica users.
     let scraper_user = format!("system:serviceaccount:{}:scraper", env.ns);
     let get_metrics = SubjectAccessReviewSpec {
         non_resource_attributes: Some(NonResourceAttributes {

@@ -24,9 +24,12 @@ const RULES: &str = concat!(
     "/alerts/gpujob-operator.rules.yaml"
 );
 
-/// Grafana's variables as a user with this job selected would have them.
+/// Grafana's variables as a user with this job selected would have them (every
+/// cluster: the test's Prometheus adds no cluster label).
 fn substitute(expr: &str) -> String {
-    expr.replace("${job}", "gpujob-operator")
+    expr.replace("${cluster}", ".*")
+        .replace("$cluster", ".*")
+        .replace("${job}", "gpujob-operator")
         .replace("$job", "gpujob-operator")
         .replace("${namespace}", "gpujob-system")
         .replace("$namespace", "gpujob-system")

@@ -94,7 +94,7 @@ esac
 mkdir -p "$CACHE_ROOT"
 WORK="$(mktemp -d "$CACHE_ROOT/.build-$RECIPE.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
-log "building Kubernetes $KUBE_VERSION (kube-apiserver, kube-controller-manager, kube-scheduler) and etcd $ETCD_VERSION with $go_version in $WORK; cached afterwards in $DEST (the README says how long a first build takes)"
+log "building Kubernetes $KUBE_VERSION (kube-apiserver, kube-controller-manager, kube-scheduler) and etcd $ETCD_VERSION with $go_version in $WORK; cached afterwards in $DEST (docs/test-command-timings.md says how long a first build takes)"
 started=$SECONDS
 
 mkdir -p "$WORK/assets"

@@ -29,7 +29,7 @@ impl Assets {
     }
 
     /// Finds the binaries, building them with Go from the module proxy when missing
-    /// (once; the README says how long that takes).
+    /// (once; docs/test-command-timings.md says how long that takes).
     pub fn prepare() -> Result<Assets, Error> {
         run_script(&[], true)
     }

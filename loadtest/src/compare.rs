@@ -3,7 +3,7 @@
 //!   (a) the floor: no controller; this process does the minimal writes (the first
 //!       attempt's Job, created running, and one status patch per GpuJob) at the same
 //!       concurrency, once every GpuJob is created. The operator does one more: it
-//!       creates the Job suspended and starts it (README, High availability);
+//!       creates the Job suspended and starts it (docs/ha-and-sharding.md, High availability);
 //!   (b) the reference controller: stock kube-runtime (`gpujob-reference-controller`);
 //!   (c) the operator, `--replicas` of it.
 //! Converged: `status.observedGeneration` is the GpuJob's generation and an attempt has

@@ -23,7 +23,8 @@ use crate::ratelimit::TokenBucket;
 /// this client can reach, after the rate limiter and the request buffer, so a write that
 /// waited there (or in a process paused with SIGSTOP) is checked again just before it
 /// is handed to the connection. What passed this check can still leave late (a pause
-/// between here and the socket): see the README on which writes are safe when late.
+/// between here and the socket): docs/ha-and-sharding.md ("What is guaranteed") says
+/// which writes are safe when late.
 #[derive(Clone)]
 pub struct FenceLayer {
     ownership: watch::Receiver<Ownership>,

@@ -268,7 +268,7 @@ impl Coordinator {
                     replica = %other,
                     its_shards = count,
                     our_shards = self.leases.shards,
-                    "another live replica runs with a different --shards; holding no shard until all replicas run with the same count (README, Sharding)"
+                    "another live replica runs with a different --shards; holding no shard until all replicas run with the same count (docs/ha-and-sharding.md, Sharding)"
                 );
             }
             self.status.metrics.shard_count_conflict.set(1);

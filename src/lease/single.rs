@@ -215,7 +215,7 @@ async fn sharded_live(
                     lease = %lease,
                     replica = %peer.identity,
                     its_shards = peer.shards.map(|n| n.to_string()).unwrap_or_else(|| "unknown".to_owned()),
-                    "a replica running with more than one shard is live; this --shards 1 replica takes no Lease until every sharded replica is gone (README, Sharding)"
+                    "a replica running with more than one shard is live; this --shards 1 replica takes no Lease until every sharded replica is gone (docs/ha-and-sharding.md, Sharding)"
                 );
                 *logged = true;
             }

@@ -222,7 +222,14 @@ pub struct Listen {
 pub struct Webhook {
     pub address: SocketAddr,
     pub tls: Arc<rustls::ServerConfig>,
+    /// The folder `tls` serves from: its certificate's expiry is exported as
+    /// `gpujob_conversion_certificate_expiration_timestamp_seconds`.
+    pub certificates: Arc<tls::Certificates>,
 }
+
+/// How often the webhook's certificate folder is looked at for a renewal when no
+/// client connects (a connection looks at it too), so the exported expiry is current.
+const CERTIFICATE_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Runs the servers `listen` asks for until `shutdown` resolves. `reviews`: the client
 /// that makes TokenReviews and SubjectAccessReviews, needed when `listen.tls` is set.
@@ -282,6 +289,10 @@ pub async fn run(
     let webhook = async {
         match listen.conversion.clone() {
             Some(webhook) => {
+                webhook.certificates.export_expiry(
+                    status.metrics.conversion_certificate_expiry.clone(),
+                    CERTIFICATE_CHECK,
+                );
                 tls::serve(
                     webhook.address,
                     conversion::router(status.metrics.clone()),

@@ -12,12 +12,13 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use prometheus::IntGauge;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -74,8 +75,20 @@ pub fn server_config(cert_dir: Option<&Path>) -> Result<Arc<rustls::ServerConfig
 /// The conversion webhook's TLS settings: `tls.crt` and `tls.key` from `cert_dir`,
 /// re-read when they change.
 pub fn webhook_config(cert_dir: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
-    config_with(Arc::new(CertDir::load(cert_dir, WEBHOOK)?), WEBHOOK)
+    Ok(webhook_tls(cert_dir)?.0)
 }
+
+/// The conversion webhook's TLS settings and the certificate folder they serve from
+/// (whose expiry the operator exports: [`Certificates::export_expiry`]).
+pub fn webhook_tls(
+    cert_dir: &Path,
+) -> Result<(Arc<rustls::ServerConfig>, Arc<Certificates>), String> {
+    let certs = Arc::new(CertDir::load(cert_dir, WEBHOOK)?);
+    Ok((config_with(certs.clone(), WEBHOOK)?, certs))
+}
+
+/// A certificate folder being served, seen from outside: when its certificate expires.
+pub type Certificates = CertDir;
 
 fn config_with(
     resolver: Arc<dyn ResolvesServerCert>,
@@ -109,11 +122,21 @@ fn certified(
 /// `tls.crt` and `tls.key` in a folder, re-read when either file's modification time
 /// changes (a Secret update swaps both at once through the mount's symlink).
 #[derive(Debug)]
-struct CertDir {
+pub struct CertDir {
     cert: PathBuf,
     key: PathBuf,
     purpose: Purpose,
-    current: Mutex<(Stamp, Arc<CertifiedKey>)>,
+    current: Mutex<Loaded>,
+    /// Set to the served certificate's notAfter (Unix seconds) whenever it is read.
+    expiry: OnceLock<IntGauge>,
+}
+
+/// What a folder last served: the files' stamp, the pair, and the leaf's notAfter.
+#[derive(Debug)]
+struct Loaded {
+    stamp: Stamp,
+    key: Arc<CertifiedKey>,
+    not_after: Option<i64>,
 }
 
 type Stamp = (Option<SystemTime>, Option<SystemTime>);
@@ -131,23 +154,63 @@ impl CertDir {
                 purpose.otherwise
             )
         })?;
+        let not_after = leaf_not_after(&loaded);
+        warn_if_expiring(purpose, &cert, not_after);
         info!(cert = %cert.display(), "{}: serving the certificate from {}", purpose.what, purpose.flag);
         Ok(CertDir {
             cert,
             key,
             purpose,
-            current: Mutex::new((stamp, Arc::new(loaded))),
+            current: Mutex::new(Loaded {
+                stamp,
+                key: Arc::new(loaded),
+                not_after,
+            }),
+            expiry: OnceLock::new(),
         })
+    }
+
+    /// From now on, `gauge` holds the served certificate's notAfter (Unix seconds; 0
+    /// when it cannot be read), and a task started here looks at the folder every
+    /// `every`, so a renewed Secret shows even when no client connects.
+    pub fn export_expiry(self: &Arc<Self>, gauge: IntGauge, every: Duration) {
+        let _ = self.expiry.set(gauge);
+        let _ = self.get();
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match me.upgrade() {
+                    Some(certs) => {
+                        let _ = certs.get();
+                    }
+                    None => return,
+                }
+            }
+        });
+    }
+
+    /// The served certificate's notAfter, in Unix seconds.
+    pub fn not_after(&self) -> Option<i64> {
+        self.current.lock().ok()?.not_after
     }
 
     fn get(&self) -> Option<Arc<CertifiedKey>> {
         let mut current = self.current.lock().ok()?;
         let now = stamp(&self.cert, &self.key);
-        if now != current.0 {
+        if now != current.stamp {
             match read_pair(&self.cert, &self.key) {
                 Ok(loaded) => {
                     info!(cert = %self.cert.display(), "the {} certificate changed: serving the new one", self.purpose.what);
-                    *current = (now, Arc::new(loaded));
+                    let not_after = leaf_not_after(&loaded);
+                    warn_if_expiring(self.purpose, &self.cert, not_after);
+                    *current = Loaded {
+                        stamp: now,
+                        key: Arc::new(loaded),
+                        not_after,
+                    };
                 }
                 // Half-written during a rotation, say: keep serving the one that worked,
                 // and look again on the next connection.
@@ -158,8 +221,129 @@ impl CertDir {
                 ),
             }
         }
-        Some(current.1.clone())
+        if let Some(gauge) = self.expiry.get() {
+            gauge.set(current.not_after.unwrap_or(0));
+        }
+        Some(current.key.clone())
     }
+}
+
+/// A certificate that is already past, or within a week of, its notAfter is still
+/// served (the API server decides), but said loudly at every load.
+const EXPIRY_WARNING: i64 = 7 * 24 * 3600;
+
+fn warn_if_expiring(purpose: Purpose, cert: &Path, not_after: Option<i64>) {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    match not_after {
+        Some(t) if t <= now => {
+            warn!(cert = %cert.display(), not_after = t, "the {} certificate has expired: clients refuse it; renew the Secret", purpose.what)
+        }
+        Some(t) if t - now < EXPIRY_WARNING => {
+            warn!(cert = %cert.display(), not_after = t, "the {} certificate expires in {} hours: renew the Secret", purpose.what, (t - now) / 3600)
+        }
+        Some(_) => {}
+        None => {
+            warn!(cert = %cert.display(), "the {} certificate's expiry could not be read", purpose.what)
+        }
+    }
+}
+
+fn leaf_not_after(key: &CertifiedKey) -> Option<i64> {
+    key.cert.first().and_then(|der| not_after(der))
+}
+
+/// The notAfter of a DER X.509 certificate, in seconds since the Unix epoch: the second
+/// time of `tbsCertificate.validity` (RFC 5280, 4.1), read with the few DER rules that
+/// path needs.
+pub fn not_after(der: &[u8]) -> Option<i64> {
+    let (tag, certificate, _) = tlv(der)?;
+    if tag != 0x30 {
+        return None;
+    }
+    let (tag, mut tbs, _) = tlv(certificate)?;
+    if tag != 0x30 {
+        return None;
+    }
+    // [0] version (explicit, optional), serialNumber, signature, issuer, then validity.
+    if tbs.first() == Some(&0xa0) {
+        tbs = tlv(tbs)?.2;
+    }
+    for _ in 0..3 {
+        tbs = tlv(tbs)?.2;
+    }
+    let (tag, validity, _) = tlv(tbs)?;
+    if tag != 0x30 {
+        return None;
+    }
+    let (_, _, rest) = tlv(validity)?;
+    let (tag, time, _) = tlv(rest)?;
+    let text = std::str::from_utf8(time).ok()?;
+    match tag {
+        // UTCTime YYMMDDHHMMSSZ: years 50-99 are 19xx (RFC 5280, 4.1.2.5.1).
+        0x17 if text.len() == 13 => {
+            let yy: i64 = text.get(0..2)?.parse().ok()?;
+            let year = if yy >= 50 { 1900 + yy } else { 2000 + yy };
+            seconds(year, text.get(2..12)?, text.get(12..)?)
+        }
+        // GeneralizedTime YYYYMMDDHHMMSSZ.
+        0x18 if text.len() == 15 => seconds(
+            text.get(0..4)?.parse().ok()?,
+            text.get(4..14)?,
+            text.get(14..)?,
+        ),
+        _ => None,
+    }
+}
+
+/// One DER element: (tag, contents, what follows). Single-byte tags, definite lengths.
+fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    if rest.len() < len {
+        return None;
+    }
+    Some((tag, &rest[..len], &rest[len..]))
+}
+
+/// Unix seconds of `year` and "MMDDHHMMSS" in UTC ("Z").
+fn seconds(year: i64, mdhms: &str, zone: &str) -> Option<i64> {
+    if zone != "Z" || !mdhms.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let part = |i: usize| -> Option<i64> { mdhms.get(i..i + 2)?.parse().ok() };
+    let (month, day, hour, minute, second) = (part(0)?, part(2)?, part(4)?, part(6)?, part(8)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    // Days from 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
 }
 
 impl ResolvesServerCert for CertDir {
@@ -391,6 +575,74 @@ mod tests {
         assert!(err.contains("--conversion-cert-dir"), "{err}");
         assert!(err.contains("tls.crt"), "{err}");
         assert!(err.contains("without the conversion webhook"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A certificate valid until `not_after` (y, m, d, h, min, s), self-signed.
+    fn valid_until(y: i32, m: u8, d: u8, h: u8, min: u8, sec: u8) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+        params.not_after = rcgen::date_time_ymd(y, m, d)
+            + Duration::from_secs(u64::from(h) * 3600 + u64::from(min) * 60 + u64::from(sec));
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn not_after_is_read_from_the_certificate() {
+        // Checked against `date -u -d ... +%s`; 2049 is the last UTCTime year, 2050 the
+        // first GeneralizedTime one, 2100 crosses a non-leap century.
+        for ((y, m, d, h, min, sec), unix) in [
+            ((2026, 12, 2, 16, 40, 0), 1_796_229_600),
+            ((2049, 12, 31, 23, 59, 59), 2_524_607_999),
+            ((2050, 1, 1, 0, 0, 0), 2_524_608_000),
+            ((2100, 3, 1, 12, 0, 0), 4_107_585_600),
+        ] {
+            assert_eq!(
+                not_after(&valid_until(y, m, d, h, min, sec)),
+                Some(unix),
+                "{y}-{m}-{d}"
+            );
+        }
+        assert_eq!(not_after(b"not a certificate"), None);
+        assert_eq!(not_after(&[]), None);
+        let whole = valid_until(2030, 1, 1, 0, 0, 0);
+        assert_eq!(
+            not_after(&whole[..whole.len() / 2]),
+            None,
+            "a truncated certificate"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_served_certificates_expiry_is_exported_and_follows_a_renewal() {
+        let dir =
+            std::env::temp_dir().join(format!("gpujob-webhook-expiry-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = Ca::new();
+        let pair = |y: i32| {
+            let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+            params.not_after = rcgen::date_time_ymd(y, 1, 1);
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &ca.cert, &ca.key).unwrap();
+            (cert.pem(), key.serialize_pem())
+        };
+        write_pair(&dir, &pair(2031), 0);
+        let (_config, certs) = webhook_tls(&dir).unwrap();
+        let gauge = IntGauge::new("expiry", "test").unwrap();
+        certs.export_expiry(gauge.clone(), Duration::from_millis(20));
+        assert_eq!(gauge.get(), 1_924_992_000, "2031-01-01");
+        // Renewed, and no client connects: the folder is looked at anyway.
+        write_pair(&dir, &pair(2032), 60);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while gauge.get() != 1_956_528_000 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "still {}",
+                gauge.get()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(certs.not_after(), Some(1_956_528_000), "2032-01-01");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -314,7 +314,7 @@ pub fn writes_in(audit: &AuditLog, start: Cursor, ns: &str) -> Vec<AuditEvent> {
 }
 
 /// What is guaranteed of a leader cut off past its lease (frozen, partitioned) and back
-/// (README, "Which writes are safe when late"): a write that passed its fence just
+/// (docs/ha-and-sharding.md, "What is guaranteed"): a write that passed its fence just
 /// before may still arrive after its successor's first write, at most one per worker
 /// (each worker has one request in flight; every later write is fenced); and none of
 /// those lands on an object its successor had written, because each carries the

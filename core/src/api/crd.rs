@@ -39,8 +39,8 @@ pub struct CrdOptions {
     pub storage: StorageVersion,
 }
 
-/// The version GpuJobs are stored in (README, "Upgrading the API": step 1 stores v1,
-/// step 2 stores v2 and runs `gpujob-operator migrate-storage`).
+/// The version GpuJobs are stored in (docs/install.md, "Upgrading the API": step 1
+/// stores v1, step 2 stores v2 and runs `gpujob-operator migrate-storage`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StorageVersion {
     #[default]
