@@ -2,7 +2,7 @@
 //! status true.
 //!
 //! Data flow: watches → caches → keys → work queue → reconcile, where reconcile is
-//! observe → plan (pure) → apply (the only writer) → one status patch.
+//! observe → plan (pure, in the `gpujob-core` crate) → apply (the only writer).
 
 pub mod apierror;
 pub mod cli;

@@ -298,7 +298,10 @@ async fn one_gpujob_read_as_v1_or_v2_with_each_versions_defaults() {
         });
         let err = s
             .raw("v2")
-            .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(object).unwrap(),
+            )
             .await
             .expect_err(&format!("{name}: {spec} must be refused"));
         let kube::Error::Api(status) = err else {

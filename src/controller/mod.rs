@@ -1,5 +1,5 @@
 //! Watches → keys → work queue → reconcile. Reconcile is observe (`observe.rs`) →
-//! plan (`plan/`, pure: every decision) → execute (`apply/`, the only writer); it does
+//! plan (`gpujob_core::plan`, pure: every decision) → execute (`apply/`, the only writer); it does
 //! not care how keys arrive. `runner/` wires the watches, the queue, the workers and
 //! ownership together.
 
@@ -11,11 +11,11 @@ pub mod memory;
 mod observe;
 mod reconcile;
 mod runner;
+pub mod term_start;
 
 // The pure parts of a reconcile live in the core crate; re-exported where the
 // controller has always had them.
 pub use gpujob_core::{events, job, plan, status, validate};
-pub mod term_start;
 
 use std::fmt;
 use std::time::Duration;

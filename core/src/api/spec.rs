@@ -121,7 +121,7 @@ impl V2Only {
 }
 
 /// A label value (the GPU product is one): at most 63 characters, alphanumeric at both
-/// ends, `-`, `_` and `.` between; the schema's form of controller/validate's check.
+/// ends, `-`, `_` and `.` between; the schema's form of `validate`'s check.
 pub(crate) const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
 
 /// An object the API server keeps as written (`x-kubernetes-preserve-unknown-fields`):

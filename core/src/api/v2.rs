@@ -34,7 +34,7 @@ use super::{EnvVar, GpuJobStatus, UpdatePolicy};
 )]
 #[serde(rename_all = "camelCase")]
 // Cross-field rules the API server checks with CEL, so `kubectl apply` refuses them up
-// front; the operator's own check (controller/validate) stays for objects stored before
+// front; the operator's own check (`validate`) stays for objects stored before
 // a rule existed.
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "!has(self.resources.product) || !has(self.nodeSelector) || !('nvidia.com/gpu.product' in self.nodeSelector) || self.nodeSelector['nvidia.com/gpu.product'] == self.resources.product",

@@ -11,9 +11,7 @@ use super::{
 };
 use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::events::stray_job_deleted;
-use crate::job::{
-    attempt_of, desired_job, generation_of, job_name, started, suspension_seen,
-};
+use crate::job::{attempt_of, desired_job, generation_of, job_name, started, suspension_seen};
 use crate::status::{READY, SUSPENDED, remove_condition, seconds};
 
 /// What a Job's conditions say.

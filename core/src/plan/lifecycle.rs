@@ -8,9 +8,7 @@ use jiff::SignedDuration;
 
 use super::{Action, Planner};
 use crate::api::{ANNOTATION_RERUN, ConditionStatus, Phase};
-use crate::status::{
-    COMPLETE, FAILED, READY, SUSPENDED, remove_condition, set_condition,
-};
+use crate::status::{COMPLETE, FAILED, READY, SUSPENDED, remove_condition, set_condition};
 
 impl Planner<'_, '_> {
     /// A new value of the rerun annotation, not yet answered by a run.

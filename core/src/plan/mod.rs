@@ -19,13 +19,13 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 
+use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::events::Note;
 use crate::job::attempt_of;
+use crate::quota::ReserveRequest;
 use crate::status::{READY, seconds, set_condition};
 pub use crate::status::{SPEC_CHANGE_PENDING, UNSCHEDULABLE};
 use crate::validate::{SpecLimits, validate};
-use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
-use crate::quota::ReserveRequest;
 
 pub use attempts::{JobState, PodsWaiting, backoff, backoff_for, job_state, pods_waiting};
 

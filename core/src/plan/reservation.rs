@@ -27,8 +27,8 @@ use crate::api::{
     ANNOTATION_SKIP_RELEASE, ConditionStatus, GpuJobStatus, Phase, QuotaCall, QuotaOp,
 };
 use crate::events::{Kind, Note};
-use crate::status::{CLEANUP_STUCK, QUOTA_RESERVED, remove_condition, set_condition};
 use crate::quota::ReserveRequest;
+use crate::status::{CLEANUP_STUCK, QUOTA_RESERVED, remove_condition, set_condition};
 
 impl Planner<'_, '_> {
     /// Before the attempts of a GpuJob that is not final: make sure a reservation is
