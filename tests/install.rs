@@ -643,13 +643,43 @@ fn rbac_of(objects: &[serde_json::Value], served: &BTreeSet<String>) -> Vec<serd
 }
 
 /// Rights every authenticated user has (Kubernetes' default bindings, not the operator's):
-/// ask what it may do and who it is, and read the cluster's trust bundles.
+/// ask what it may do and who it is, and read the cluster's trust bundles where the API
+/// server serves them ([`everyone`]).
 const EVERYONE: &[(&str, &str)] = &[
     ("selfsubjectaccessreviews.authorization.k8s.io", "create"),
     ("selfsubjectrulesreviews.authorization.k8s.io", "create"),
     ("selfsubjectreviews.authentication.k8s.io", "create"),
-    ("clustertrustbundles.certificates.k8s.io", "get list watch"),
+    (TRUST_BUNDLES, "get list watch"),
 ];
+const TRUST_BUNDLES: &str = "clustertrustbundles.certificates.k8s.io";
+
+/// [`EVERYONE`] on this control plane: Kubernetes grants everyone the trust bundles only
+/// where it serves them (v1.37 does; v1.33, the compatibility subset's, does not by
+/// default).
+fn everyone(cluster: &ControlPlane) -> Vec<(&'static str, &'static str)> {
+    let out = cluster
+        .command("kubectl", Identity::Admin)
+        .args([
+            "api-resources",
+            "--api-group=certificates.k8s.io",
+            "-o",
+            "name",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let served = String::from_utf8(out.stdout).unwrap();
+    let trust_bundles = served.lines().any(|l| l.trim() == TRUST_BUNDLES);
+    EVERYONE
+        .iter()
+        .copied()
+        .filter(|(r, _)| trust_bundles || *r != TRUST_BUNDLES)
+        .collect()
+}
 
 /// `kubectl auth can-i --list` of `who` (extra kubectl arguments) in `ns` is exactly
 /// `wanted` (resource, verbs), waiting for the RBAC cache to show all of it first.
@@ -753,7 +783,8 @@ async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
     // cluster. No TokenReview or SubjectAccessReview rights without secure metrics.
     let operator = render(&Path::new(DEPLOY).join("operator"));
     kubectl_apply(&cluster, &rbac_of(&operator, &served), &[]);
-    let reviewed: Vec<_> = OPERATOR_RIGHTS.iter().chain(EVERYONE).copied().collect();
+    let everyone = everyone(&cluster);
+    let reviewed: Vec<_> = OPERATOR_RIGHTS.iter().chain(&everyone).copied().collect();
     rights_are_exactly(
         &cluster,
         Identity::Operator,
@@ -780,9 +811,10 @@ async fn with_secure_metrics_the_operator_may_also_ask_who_reads_metrics() {
     let rbac = rbac_of(&objects, &served);
     kubectl_apply(&cluster, &rbac, &[]);
     let user = format!("--as=system:serviceaccount:{ns}:{ns}-gpujob-operator");
+    let everyone = everyone(&cluster);
     let reviewed: Vec<_> = OPERATOR_RIGHTS
         .iter()
-        .chain(EVERYONE)
+        .chain(&everyone)
         .chain(REVIEWED_SECURE_METRICS)
         .copied()
         .collect();
@@ -1616,6 +1648,7 @@ async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only(
         own_group.as_str(),
         "--as-group=system:authenticated",
     ];
+    let everyone = everyone(&cluster);
     let elsewhere = cluster
         .create_namespace("install-nsmode-other")
         .await
@@ -1625,7 +1658,7 @@ async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only(
         Identity::Admin,
         &who,
         &watched,
-        &rights(&[OPERATOR_RIGHTS, EVERYONE]),
+        &rights(&[OPERATOR_RIGHTS, &everyone]),
     )
     .await;
     rights_in(
@@ -1633,7 +1666,7 @@ async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only(
         Identity::Admin,
         &who,
         &home,
-        &rights(&[&[LEASES], EVERYONE]),
+        &rights(&[&[LEASES], &everyone]),
     )
     .await;
     rights_in(
@@ -1641,7 +1674,7 @@ async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only(
         Identity::Admin,
         &who,
         &elsewhere,
-        &rights(&[EVERYONE]),
+        &rights(&[&everyone]),
     )
     .await;
 }
