@@ -404,7 +404,12 @@ impl ControlPlane {
         if let Some(binary) = kwok_binary {
             let config = state_dir.join("kwok.yaml");
             write(&config, &kwok::config_yaml())?;
-            let cmd = kwok::command(&binary, &kubeconfig_path(&state_dir, "kwok"), &config);
+            let cmd = kwok::command(
+                &binary,
+                &kubeconfig_path(&state_dir, "kwok"),
+                &config,
+                &state_dir.join("kwok"),
+            );
             let owned = cluster.owned_mut()?;
             let mut kwok = Supervised::spawn("kwok", cmd, &state_dir, &owned.guard)?;
             // Logged once kwok has read its Stages and reached the API server: a bad

@@ -58,13 +58,18 @@ pub fn prepare() -> Result<PathBuf, Error> {
     run_script(&[], true)
 }
 
-/// The command that runs kwok against the API server `kubeconfig` points at.
-pub(crate) fn command(binary: &Path, kubeconfig: &Path, config: &Path) -> Command {
+/// The command that runs kwok against the API server `kubeconfig` points at, with
+/// `config` as its only configuration.
+pub(crate) fn command(binary: &Path, kubeconfig: &Path, config: &Path, work_dir: &Path) -> Command {
     let mut cmd = Command::new(binary);
     cmd.args([
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--config={}", config.display()),
     ]);
+    // kwok also loads `$KWOK_WORKDIR/kwok.yaml` (default ~/.kwok) ahead of `--config`, and
+    // the first KwokConfiguration wins: a developer's own kwok set-up would otherwise
+    // change devcluster's nodes and pods.
+    cmd.env("KWOK_WORKDIR", work_dir);
     cmd
 }
 
