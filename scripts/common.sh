@@ -1,5 +1,5 @@
 # Shared by scripts/test.sh and scripts/demo.sh (sourced, not run).
-# Sets: repo, cache, CARGO_TARGET_DIR, KUBEBUILDER_ASSETS; defines step,
+# Sets: repo, cache, CARGO_TARGET_DIR, KUBEBUILDER_ASSETS, DEVCLUSTER_KWOK; defines step,
 # prepare_machine and prepare_helm.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,13 +11,17 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
-# Debian packages, the control-plane binaries (built once, cached) and the tools.
+# Debian packages, the control-plane binaries and kwok (built once, cached) and the tools.
 prepare_machine() {
   step "control-plane binaries and tools"
   KUBEBUILDER_ASSETS="$(devcluster/scripts/kube-binaries.sh)"
   export KUBEBUILDER_ASSETS
   echo "using $KUBEBUILDER_ASSETS" >&2
   devcluster/scripts/tools.sh >&2
+  # kwok plays the kubelet of devcluster's fake nodes; built once from its Go module too.
+  DEVCLUSTER_KWOK="$(devcluster/scripts/kwok-binary.sh)/kwok"
+  export DEVCLUSTER_KWOK
+  echo "using $DEVCLUSTER_KWOK" >&2
 }
 
 # helm 4 (built once from the Go module helm.sh/helm/v4, cached), for the chart's

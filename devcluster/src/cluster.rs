@@ -1,6 +1,6 @@
 //! The control plane: etcd, kube-apiserver, kube-controller-manager and kube-scheduler
 //! as child processes on free loopback ports, fake GPU nodes for the scheduler to place
-//! pods on, and the pod simulator that plays their kubelet.
+//! pods on, and kwok, which plays their kubelet.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -21,9 +21,8 @@ use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::nodes::GpuNodes;
 use crate::pki::Pki;
-use crate::podsim::PodSimulator;
 use crate::process::{self, GRACE, Guard, Supervised};
-use crate::{Error, wait};
+use crate::{Error, kwok, wait};
 
 /// Names the state folder of a running control plane to attach to (see
 /// [`ControlPlane::for_tests`]).
@@ -34,7 +33,7 @@ const FIELD_MANAGER: &str = "devcluster";
 /// their writes apart from everyone else's.
 const KCM_USER: &str = "system:kube-controller-manager";
 const SCHEDULER_USER: &str = "system:kube-scheduler";
-const PODSIM_USER: &str = "devcluster:pod-simulator";
+const KWOK_USER: &str = "devcluster:kwok";
 
 /// How to start a control plane.
 #[derive(Debug, Clone)]
@@ -48,7 +47,8 @@ pub struct Options {
     pub crds: Vec<PathBuf>,
     /// How many `replica-N` users to create.
     pub replicas: u8,
-    /// Run the pod simulator (in this process, on its own thread).
+    /// Run kwok as the kubelet of the fake nodes (a child process), so bound pods
+    /// run and end; without it they stay Pending once scheduled.
     pub pod_simulator: bool,
     /// The fake GPU nodes kube-scheduler places pods on.
     pub gpu_nodes: GpuNodes,
@@ -79,8 +79,8 @@ pub struct ClusterInfo {
     pub ca_file: PathBuf,
     pub audit_log: PathBuf,
     pub replicas: u8,
-    /// Process ids of etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-    /// the guard.
+    /// Process ids of etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+    /// kwok (when it runs) and the guard.
     pub pids: BTreeMap<String, u32>,
     /// Seconds from start to ready.
     pub startup_seconds: f64,
@@ -108,8 +108,8 @@ pub struct ControlPlane {
 
 #[derive(Debug)]
 struct Owned {
-    // Field order is drop order: simulator first, guard last.
-    podsim: Option<PodSimulator>,
+    // Field order is drop order: kwok first, guard last.
+    kwok: Option<Supervised>,
     scheduler: Option<Supervised>,
     kcm: Option<Supervised>,
     apiserver: Supervised,
@@ -209,11 +209,17 @@ impl ControlPlane {
         }
 
         let assets = Assets::locate()?;
+        // Found before anything starts, so a missing binary fails fast with the fix.
+        let kwok_binary = if opts.pod_simulator {
+            Some(kwok::locate()?)
+        } else {
+            None
+        };
         let pki = Pki::ensure(&state_dir.join("pki"))?;
         let [etcd_port, etcd_peer_port, apiserver_port] = free_ports()?;
         let server = format!("https://127.0.0.1:{apiserver_port}");
 
-        // Tokens, one per identity plus the controller manager and the pod simulator.
+        // Tokens, one per identity plus the controller manager, the scheduler and kwok.
         let mut users: Vec<(String, String, Vec<&str>)> = Identity::all(opts.replicas)
             .into_iter()
             .map(|id| (id.file_stem(), id.username(), id.groups()))
@@ -228,11 +234,7 @@ impl ControlPlane {
             SCHEDULER_USER.into(),
             vec!["system:masters"],
         ));
-        users.push((
-            "pod-simulator".into(),
-            PODSIM_USER.into(),
-            vec!["system:masters"],
-        ));
+        users.push(("kwok".into(), KWOK_USER.into(), vec!["system:masters"]));
         let mut token_csv = String::new();
         for (i, (stem, user, groups)) in users.iter().enumerate() {
             let token = random_hex(16)?;
@@ -304,7 +306,7 @@ impl ControlPlane {
         let apiserver = spawn_apiserver(&assets, &apiserver_args, &state_dir, &guard)?;
 
         let owned = Owned {
-            podsim: None,
+            kwok: None,
             scheduler: None,
             kcm: None,
             apiserver,
@@ -399,14 +401,22 @@ impl ControlPlane {
             )?);
         }
 
-        if opts.pod_simulator {
-            let config = cluster
-                .config_for(
-                    &kubeconfig_path(&state_dir, "pod-simulator"),
-                    "devcluster-pod-simulator",
-                )
-                .await?;
-            cluster.owned_mut()?.podsim = Some(PodSimulator::start(config)?);
+        if let Some(binary) = kwok_binary {
+            let config = state_dir.join("kwok.yaml");
+            write(&config, &kwok::config_yaml())?;
+            let cmd = kwok::command(
+                &binary,
+                &kubeconfig_path(&state_dir, "kwok"),
+                &config,
+                &state_dir.join("kwok"),
+            );
+            let owned = cluster.owned_mut()?;
+            let mut kwok = Supervised::spawn("kwok", cmd, &state_dir, &owned.guard)?;
+            // Logged once kwok has read its Stages and reached the API server: a bad
+            // Stage file fails the start here, not as pods that never move.
+            let started = wait_log(&mut kwok, "Watch nodes", deadline);
+            owned.kwok = Some(kwok);
+            started?;
         }
         let pids = {
             let o = cluster.owned()?;
@@ -416,6 +426,7 @@ impl ControlPlane {
                 Some(&o.apiserver),
                 o.kcm.as_ref(),
                 o.scheduler.as_ref(),
+                o.kwok.as_ref(),
             ]
             .into_iter()
             .flatten()
@@ -557,7 +568,9 @@ impl ControlPlane {
         let Some(mut owned) = self.owned.take() else {
             return;
         };
-        drop(owned.podsim.take());
+        if let Some(kwok) = owned.kwok.as_mut() {
+            kwok.stop(&owned.guard, GRACE);
+        }
         if let Some(scheduler) = owned.scheduler.as_mut() {
             scheduler.stop(&owned.guard, GRACE);
         }
@@ -600,6 +613,7 @@ impl ControlPlane {
                 Some(&mut owned.apiserver),
                 owned.kcm.as_mut(),
                 owned.scheduler.as_mut(),
+                owned.kwok.as_mut(),
             ];
             for s in all.into_iter().flatten() {
                 if let Some(status) = s.exited() {
@@ -743,6 +757,26 @@ fn wait_tcp(etcd: &mut Supervised, port: u16, deadline: Instant) -> Result<(), E
         if Instant::now() >= deadline {
             return Err(Error::Timeout {
                 what: format!("etcd to listen on 127.0.0.1:{port}"),
+                seconds: 0,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until `needle` appears in the component's log; fails with its log when it exits
+/// first.
+fn wait_log(component: &mut Supervised, needle: &str, deadline: Instant) -> Result<(), Error> {
+    loop {
+        if let Some(status) = component.exited() {
+            return Err(component.exited_error(status));
+        }
+        if std::fs::read_to_string(component.log()).is_ok_and(|log| log.contains(needle)) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: format!("{} to log {needle:?}", component.name()),
                 seconds: 0,
             });
         }

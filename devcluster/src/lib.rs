@@ -2,7 +2,7 @@
 //!
 //! etcd, kube-apiserver, kube-controller-manager and kube-scheduler run as child
 //! processes on loopback ports; the scheduler places pods on fake GPU nodes
-//! ([`nodes::GpuNodes`]) and a pod simulator plays their kubelet, so that the real Job
+//! ([`nodes::GpuNodes`]) and kwok plays their kubelet ([`kwok`]), so that the real Job
 //! controller drives Jobs to Complete or Failed. Everything the API server decides
 //! (validation, conflicts, garbage collection, watches, RBAC) is therefore decided by the
 //! real thing.
@@ -29,10 +29,10 @@ mod cluster;
 mod error;
 pub mod faultproxy;
 pub mod identity;
+pub mod kwok;
 pub mod metrics;
 pub mod nodes;
 pub mod pki;
-pub mod podsim;
 mod process;
 pub mod wait;
 

@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Print the folder holding etcd, kube-apiserver, kube-controller-manager and
-    /// kube-scheduler, building them with Go when missing.
+    /// kube-scheduler, then the path of kwok, building them with Go when missing.
     Assets,
     /// Start a control plane and keep it running until SIGINT or SIGTERM.
     Up {
@@ -37,7 +37,7 @@ enum Cmd {
         /// Number of replica-N users.
         #[arg(long, default_value_t = 3)]
         replicas: u8,
-        /// Do not run the pod simulator.
+        /// Do not run kwok (pods bound to the fake nodes then stay Pending).
         #[arg(long)]
         no_pod_simulator: bool,
         /// Fake GPU nodes for kube-scheduler to place pods on.
@@ -74,7 +74,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Assets => Assets::prepare()
-            .map(|a| println!("{}", a.dir().display()))
+            .and_then(|a| Ok((a, devcluster::kwok::prepare()?)))
+            .map(|(a, kwok)| {
+                println!("{}", a.dir().display());
+                println!("{}", kwok.display());
+            })
             .map_err(anyhow::Error::from),
         Cmd::Up {
             state_dir,

@@ -1,7 +1,8 @@
 //! Fake GPU nodes: Node objects that advertise `nvidia.com/gpu`, so the real
 //! kube-scheduler places pods by their GPU requests (and leaves them Pending, with its
-//! own `Unschedulable` reason, when no node has room). No kubelet runs behind them: the
-//! pod simulator plays it for the pods bound to them.
+//! own `Unschedulable` reason, when no node has room). No kubelet runs behind them: kwok
+//! plays it for the pods bound to them; the annotation `kwok.x-k8s.io/node: fake` (kwok's
+//! convention) hands each node to it.
 //!
 //! No node-lifecycle controller runs either, so a node stays Ready without heartbeats;
 //! devcluster lifts the not-ready taint admission gives a new node, as that controller
@@ -12,6 +13,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::Error;
+use crate::kwok::{NODE_ANNOTATION, NODE_ANNOTATION_VALUE};
 
 /// The GPU products (label `nvidia.com/gpu.product`) the nodes carry, in turn.
 pub const DEFAULT_PRODUCTS: [&str; 2] = ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100"];
@@ -82,20 +84,24 @@ impl GpuNodes {
         json!({
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": name, "labels": labels},
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": {NODE_ANNOTATION: NODE_ANNOTATION_VALUE},
+            },
             "spec": {},
             "status": {
                 "capacity": resources,
                 "allocatable": resources,
                 "conditions": [{
                     "type": "Ready", "status": "True", "reason": "DevclusterFakeNode",
-                    "message": "a devcluster fake node: the pod simulator plays its kubelet",
+                    "message": "a devcluster fake node: kwok plays its kubelet",
                 }],
                 "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
                 "nodeInfo": {
                     "architecture": "amd64", "operatingSystem": "linux",
                     "kubeletVersion": "devcluster", "kubeProxyVersion": "",
-                    "containerRuntimeVersion": "devcluster://pod-simulator",
+                    "containerRuntimeVersion": "devcluster://kwok",
                     "bootID": "", "kernelVersion": "", "machineID": "", "osImage": "",
                     "systemUUID": "",
                 },
@@ -156,6 +162,7 @@ mod tests {
         assert_eq!(n["metadata"]["name"], "gpu-node-3");
         assert_eq!(n["status"]["allocatable"]["nvidia.com/gpu"], "8");
         assert_eq!(n["status"]["capacity"]["nvidia.com/gpu"], "8");
+        assert_eq!(n["metadata"]["annotations"]["kwok.x-k8s.io/node"], "fake");
     }
 
     #[test]

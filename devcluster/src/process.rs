@@ -159,6 +159,10 @@ impl Supervised {
         self.child.id()
     }
 
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
     /// `Some(status)` once the process has exited.
     pub fn exited(&mut self) -> Option<String> {
         match self.child.try_wait() {

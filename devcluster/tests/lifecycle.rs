@@ -40,14 +40,21 @@ fn scratch_dir(name: &str) -> PathBuf {
 
 #[tokio::test]
 async fn drop_ends_every_process_and_removes_the_state_folder() {
-    let cluster = ControlPlane::start(options(None)).await.unwrap();
+    // With kwok, the one child that is not part of the control plane proper.
+    let cluster = ControlPlane::start(Options {
+        pod_simulator: true,
+        ..options(None)
+    })
+    .await
+    .unwrap();
     let pids = cluster.pids();
     assert_eq!(
         pids.len(),
-        5,
-        "etcd, kube-apiserver, kube-controller-manager, kube-scheduler, guard: {:?}",
+        6,
+        "etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, guard: {:?}",
         cluster.info().pids
     );
+    assert!(cluster.info().pids.contains_key("kwok"));
     assert!(pids.iter().all(|p| is_alive(*p)));
     let state = cluster.info().state_dir.clone();
     assert!(state.join("cluster.json").exists());

@@ -385,6 +385,7 @@ fn machine_cpu(cluster: &ControlPlane, running: &Running) -> Vec<(&'static str, 
             "kube-controller-manager",
             cpu(pids.get("kube-controller-manager").copied()),
         ),
+        ("kwok", cpu(pids.get("kwok").copied())),
         ("load generator", cpu(Some(std::process::id()))),
         ("controller (all replicas)", contender),
     ]

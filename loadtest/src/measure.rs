@@ -23,7 +23,7 @@ pub struct Setup<'a> {
     pub profile: &'a str,
     /// The namespaces GpuJobs were spread over, round-robin (GpuJob i in `namespaces[i % K]`).
     pub namespaces: &'a [String],
-    /// Cores of this machine, shared by the control plane, the pod simulator and the replicas.
+    /// Cores of this machine, shared by the control plane, kwok and the replicas.
     pub cores: usize,
     /// `GPUJOB_*` variables the replicas inherited (flags other than the defaults).
     pub operator_env: Vec<(String, String)>,
@@ -245,7 +245,7 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
         "{} GpuJobs (1 GPU, pods simulated to run {} s and succeed) {namespaces}, created {} at a time, \
          against {} of the operator ({} build; {sharding}; {}) on a private devcluster (Kubernetes v1.37, fake GPU nodes with room for every GpuJob, \
          on this machine). What bounds the result on one machine: kube-apiserver, etcd, \
-         kube-controller-manager, kube-scheduler, the pod simulator and every replica share this machine's {} cores.\n",
+         kube-controller-manager, kube-scheduler, kwok and every replica share this machine's {} cores.\n",
         setup.gpujobs,
         setup.sim_duration_seconds,
         setup.concurrency,
