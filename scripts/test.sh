@@ -2,8 +2,8 @@
 # The test command: everything CI checks, from a fresh machine.
 #
 # 1. installs what is missing (Debian packages, cargo-nextest; etcd, kube-apiserver,
-#    kube-controller-manager, kube-scheduler and helm are built once with Go from the
-#    Go module proxy and cached),
+#    kube-controller-manager, kube-scheduler, kwok and helm are built once with Go from
+#    the Go module proxy and cached),
 # 2. checks the alert rules with promtool, the Helm chart with helm lint and helm
 #    template, deploy/, the chart and the Dockerfile with checkov (installed from PyPI
 #    into the cache when missing), formatting and clippy,
