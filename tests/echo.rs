@@ -64,7 +64,7 @@ async fn writes_echoed_out_of_order_cost_no_second_patch_and_no_conflict() {
         );
         settled(&h, published as u64).await;
         if order == "job-event-first" {
-            h.ctx.jobs.apply(&Event::Apply(job));
+            h.ctx.view.job_event(&Event::Apply(job));
         } else {
             h.load_gpujobs(&[fresh]);
         }

@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used)] // a measurement: a panic is the report
 use gpujob_operator::api::GpuJob;
-use gpujob_operator::controller::cache::{GpuJobCache, JobIndex};
+use gpujob_operator::controller::view::cache::{GpuJobCache, JobIndex};
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::watcher::Event;
 use serde_json::json;

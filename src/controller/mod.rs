@@ -1,17 +1,15 @@
-//! Watches → keys → work queue → reconcile. Reconcile is observe (`observe.rs`) →
-//! plan (`gpujob_core::plan`, pure: every decision) → execute (`apply/`, the only writer); it does
-//! not care how keys arrive. `runner/` wires the watches, the queue, the workers and
-//! ownership together.
+//! Watches → view → keys → work queue → reconcile. Reconcile is a snapshot from the
+//! view (`view/`, the one place that knows what this replica has seen and written) →
+//! plan (`gpujob_core::plan`, pure: every decision) → execute (`apply/`, the only
+//! writer) → the view records what the writes did; it does not care how keys arrive.
+//! `runner/` wires the watches, the view, the queue, the workers and ownership together.
 
 pub mod apply;
-pub mod cache;
 pub mod domain;
 pub mod error;
-pub mod memory;
-mod observe;
 mod reconcile;
 mod runner;
-pub mod term_start;
+pub mod view;
 
 // The pure parts of a reconcile live in the core crate; re-exported where the
 // controller has always had them.
@@ -20,7 +18,7 @@ pub use gpujob_core::{events, job, plan, status, validate};
 use std::fmt;
 use std::time::Duration;
 
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 
 use crate::api::GpuJob;
 use crate::lease::InFlight;
@@ -33,7 +31,7 @@ pub use runner::{run, run_unfenced};
 
 /// The term a reconcile runs in: its writes are valid only while `shard` is still held
 /// with this `epoch`, before that tenure's deadline. What it reads counts as current
-/// against the same term (`observe.rs`).
+/// against the same term (`view/observe.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {
     pub shard: u32,
@@ -117,12 +115,9 @@ impl Default for Settings {
 
 /// What every reconcile shares.
 pub struct Context {
-    /// For reads only; every write goes through `writer`.
-    pub client: Client,
-    pub gpujobs: cache::GpuJobCache,
-    pub jobs: cache::JobIndex,
-    pub memory: memory::WriteMemory,
-    pub term_starts: term_start::TermStarts,
+    /// Every read.
+    pub view: view::View,
+    /// Every write.
     pub writer: apply::Writer,
     pub settings: Settings,
     pub metrics: Metrics,

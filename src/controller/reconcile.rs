@@ -1,14 +1,16 @@
-//! One reconcile: observe → plan (pure) → execute (the only writer). When the executor
-//! hears an answer from outside (the quota service, a refused Job), the plan is made
-//! again with it, from the snapshot as the executor left it; nothing here decides or
-//! writes.
+//! One reconcile: a snapshot from the view → plan (pure) → execute (the only writer)
+//! → the view records what the writes did. When the executor hears an answer from
+//! outside (the quota service, a refused Job) or the plan asks for a read (a confirming
+//! read of the GpuJob, its pods), the plan is made again with it, from the snapshot as
+//! the view now has it; nothing here decides or writes.
 
 use jiff::Timestamp;
+use tracing::info;
 
-use super::apply::{self, Answer, Executed};
+use super::apply::{self, Answer, End, Read};
 use super::error::Error;
-use super::observe::observe;
-use super::plan::{Action, LivePod, Next, QuotaAnswer, Refusal, plan};
+use super::plan::{LivePod, Next, QuotaAnswer, Refusal, plan};
+use super::view::Confirmed;
 use super::{Context, Key};
 use crate::quota::QuotaError;
 
@@ -37,17 +39,23 @@ impl Heard {
                 self.release_error = Some(e);
             }
             Answer::JobRefused(r) => self.refused = Some(r),
-            Answer::Pods(p) => self.pods = Some(p),
-            // Nothing heard from outside (the reconcile observes again).
-            Answer::Moved => {}
         }
     }
+}
+
+/// What comes after a plan that did not run to its end.
+#[derive(Debug, PartialEq, Eq)]
+enum Then {
+    /// Plan again, with what was heard.
+    Plan,
+    /// Take a new snapshot, then plan again.
+    Observe,
 }
 
 /// Reconciles one GpuJob.
 pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
     let fence = ctx.writer.fence_for(&key.namespace)?;
-    let Some(mut snap) = observe(ctx, key, &fence).await? else {
+    let Some(mut snap) = ctx.view.snapshot(key, &fence).await? else {
         return Ok(Next::Done);
     };
     let now = Timestamp::now();
@@ -66,31 +74,65 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
             rv = snap.gpujob.metadata.resource_version.as_deref().unwrap_or("-"),
             confirmed = snap.confirmed,
             jobs = ?snap.jobs.iter().map(|j| j.metadata.name.as_deref().unwrap_or("-")).collect::<Vec<_>>(),
-            actions = ?plan.actions.iter().map(Action::name).collect::<Vec<_>>(),
+            actions = ?plan.actions.iter().map(super::plan::Action::name).collect::<Vec<_>>(),
             phase = ?plan.status.phase,
             next = ?plan.next,
             "planned"
         );
-        match apply::execute(ctx, &fence, key, &mut snap, &plan).await? {
-            Executed::Heard(Answer::Moved) => {
-                // The rest of the snapshot (the Jobs above all) came from caches as far
-                // behind as the GpuJob was: observe again, now from the current GpuJob
-                // (the write memory holds it), so that a running attempt whose Job the
-                // cache has not seen is looked up rather than taken for lost.
-                let Some(again) = observe(ctx, key, &fence).await? else {
-                    return Ok(Next::Done);
-                };
-                snap = again;
+        // The plan's actions, from `from` on: a confirming read that finds the view
+        // current lets the same plan go on. The view is then current for the term, so
+        // a second confirm in one plan would be a bug, which must not loop.
+        let mut from = 0;
+        let mut confirmed_current = false;
+        let then = loop {
+            let run =
+                apply::execute(ctx, &fence, key, &snap, &plan.actions[from..], &plan.status).await;
+            ctx.view.record(key, &fence, &mut snap, run.outcomes);
+            match run.end? {
+                End::Read(Read::Confirm { resume }) => {
+                    if confirmed_current {
+                        return Err(Error::Undecided { plans: MAX_PLANS });
+                    }
+                    match ctx.view.confirm(key, &fence, &mut snap).await? {
+                        Confirmed::Current => {
+                            confirmed_current = true;
+                            from += resume;
+                        }
+                        Confirmed::Moved => break Then::Observe,
+                        Confirmed::Gone => {
+                            info!(
+                                "the GpuJob is gone (read from the API server); nothing is done for it"
+                            );
+                            return Ok(Next::Done);
+                        }
+                    }
+                }
+                End::Read(Read::Pods) => {
+                    heard.pods = Some(ctx.view.live_pods(key, &snap).await?);
+                    break Then::Plan;
+                }
+                End::Heard(answer) => {
+                    heard.record(answer);
+                    break Then::Plan;
+                }
+                End::Done => {
+                    tracing::Span::current().record("attempt", plan.status.attempts);
+                    return match heard.release_error {
+                        Some(e) => Err(e.into()),
+                        None => Ok(plan.next),
+                    };
+                }
             }
-            Executed::Heard(answer) => heard.record(answer),
-            Executed::Gone => return Ok(Next::Done),
-            Executed::Done => {
-                tracing::Span::current().record("attempt", plan.status.attempts);
-                return match heard.release_error {
-                    Some(e) => Err(e.into()),
-                    None => Ok(plan.next),
-                };
-            }
+        };
+        if then == Then::Observe {
+            // The rest of the snapshot (the Jobs above all) came from caches as far
+            // behind as the GpuJob was: observe again, now from the current GpuJob
+            // (the view remembers it), so that a running attempt whose Job the
+            // cache has not seen is looked up rather than taken for lost.
+            let Some(again) = ctx.view.snapshot(key, &fence).await? else {
+                return Ok(Next::Done);
+            };
+            snap = again;
         }
     }
     Err(Error::Undecided { plans: MAX_PLANS })

@@ -4,10 +4,8 @@
 
 use gpujob_operator::api::{GpuJob, LABEL_UID};
 use gpujob_operator::controller::apply::Writer;
-use gpujob_operator::controller::cache::{GpuJobCache, JobIndex};
 use gpujob_operator::controller::error::Error;
-use gpujob_operator::controller::memory::WriteMemory;
-use gpujob_operator::controller::term_start::TermStarts;
+use gpujob_operator::controller::view::View;
 use gpujob_operator::controller::{Context, Key, Next, Settings, reconcile};
 use gpujob_operator::lease::Ownership;
 use gpujob_operator::metrics::Metrics;
@@ -36,9 +34,9 @@ impl Harness {
         let client =
             gpujob_operator::client::build(config, identity, Default::default(), None, None)
                 .unwrap();
-        let jobs = JobIndex::default();
-        jobs.apply(&Event::Init);
-        jobs.apply(&Event::InitDone);
+        let view = View::new(client.clone());
+        view.job_event(&Event::Init);
+        view.job_event(&Event::InitDone);
         let (own, rx) = watch::channel(Ownership::unfenced());
         let metrics = Metrics::new();
         let writer = Writer::new(
@@ -52,11 +50,7 @@ impl Harness {
         let mut h = Harness {
             ctx: Context {
                 writer,
-                term_starts: TermStarts::new(client.clone()),
-                client,
-                gpujobs: GpuJobCache::default(),
-                jobs,
-                memory: WriteMemory::default(),
+                view,
                 settings,
                 metrics,
             },
@@ -74,20 +68,20 @@ impl Harness {
 
     /// The GpuJob cache holds exactly `objects` (a relist).
     pub fn load_gpujobs(&mut self, objects: &[GpuJob]) {
-        self.ctx.gpujobs.apply(&Event::Init);
+        self.ctx.view.gpujob_event(&Event::Init);
         for o in objects {
-            self.ctx.gpujobs.apply(&Event::InitApply(o.clone()));
+            self.ctx.view.gpujob_event(&Event::InitApply(o.clone()));
         }
-        self.ctx.gpujobs.apply(&Event::InitDone);
+        self.ctx.view.gpujob_event(&Event::InitDone);
     }
 
     /// The Job cache holds exactly `jobs` (a relist).
     pub fn load_jobs(&self, jobs: &[Job]) {
-        self.ctx.jobs.apply(&Event::Init);
+        self.ctx.view.job_event(&Event::Init);
         for j in jobs {
-            self.ctx.jobs.apply(&Event::InitApply(j.clone()));
+            self.ctx.view.job_event(&Event::InitApply(j.clone()));
         }
-        self.ctx.jobs.apply(&Event::InitDone);
+        self.ctx.view.job_event(&Event::InitDone);
     }
 
     /// Both caches catch up with the API server now.

@@ -53,8 +53,8 @@ pub(super) async fn run(ctx: Arc<Context>, queue: Queue<Key>, mut own: watch::Re
         let changes = terms.update(&now);
         if !changes.lost.is_empty() {
             info!(shards = ?changes.lost, "shards lost: their reconciles stop, their GpuJobs are another replica's now");
-            ctx.memory
-                .forget_where(|key| changes.lost.contains(&now.shard_of(&key.namespace)));
+            ctx.view
+                .shards_lost(|key| changes.lost.contains(&now.shard_of(&key.namespace)));
         }
         if !changes.gained.is_empty() {
             let epochs: Vec<u64> = changes
@@ -64,7 +64,7 @@ pub(super) async fn run(ctx: Arc<Context>, queue: Queue<Key>, mut own: watch::Re
                 .collect();
             info!(shards = ?changes.gained, ?epochs, "shards gained: reconciling their GpuJobs");
             for key in ctx
-                .gpujobs
+                .view
                 .keys_where(|ns| changes.gained.contains(&now.shard_of(ns)))
             {
                 queue.add(key);

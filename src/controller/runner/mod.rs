@@ -15,8 +15,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use super::term_start::TermStarts;
-use super::{Context, Key, Settings, apply, cache, domain, init_metrics, memory};
+use super::view::View;
+use super::{Context, Key, Settings, apply, domain, init_metrics};
 use crate::lease::Ownership;
 use crate::queue::Queue;
 use crate::server::Status;
@@ -96,11 +96,7 @@ pub async fn run(
     let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()))
         .fair_by(|k: &Key| k.namespace.as_str());
     let ctx = Arc::new(Context {
-        client: client.clone(),
-        gpujobs: cache::GpuJobCache::default(),
-        jobs: cache::JobIndex::default(),
-        memory: memory::WriteMemory::default(),
-        term_starts: TermStarts::new(client.clone()),
+        view: View::new(client.clone()),
         writer: apply::Writer::new(
             client.clone(),
             events,
@@ -120,10 +116,7 @@ pub async fn run(
 
     // Workers start only once both caches hold a full list, so the first reconcile of
     // every GpuJob sees its Jobs.
-    let ready = async {
-        ctx.gpujobs.wait_ready().await;
-        ctx.jobs.wait_ready().await;
-    };
+    let ready = ctx.view.wait_ready();
     tokio::pin!(shutdown);
     tokio::select! {
         _ = ready => {
@@ -225,7 +218,7 @@ fn on_scrape(
         }
         let mut per_shard: BTreeMap<u32, i64> = own.held.keys().map(|s| (*s, 0)).collect();
         let mut seen = first_seen.lock().unwrap_or_else(|p| p.into_inner());
-        let snap = ctx.gpujobs.with_each_where(
+        let snap = ctx.view.with_each_where(
             |ns| own.holds_namespace(ns),
             |each| {
                 let counted = each.inspect(|g| {
@@ -260,7 +253,7 @@ async fn resync(ctx: Arc<Context>, intake: Intake) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        for key in ctx.gpujobs.keys() {
+        for key in ctx.view.keys() {
             intake.resync(key);
         }
     }

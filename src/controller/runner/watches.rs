@@ -1,7 +1,7 @@
-//! The two watches: GpuJobs (into the reflector store) and the Jobs they control (into
-//! the Job index). Each event queues the GpuJob it concerns; a relist queues every
-//! GpuJob that was or is there, since anything may have changed while nobody watched
-//! (for Jobs, also every GpuJob whose Jobs the write memory still speaks of).
+//! The two watches: GpuJobs and the Jobs they control, each event fed to the view
+//! (`view/`). Each event queues the GpuJob it concerns; a relist queues every GpuJob
+//! that was or is there, since anything may have changed while nobody watched (for
+//! Jobs, also every GpuJob whose Jobs the view's write memory still speaks of).
 //! New work goes to the queue's prompt lane: a GpuJob without a status (never looked at),
 //! and a Job that has finished (its GpuJob's next step is due).
 
@@ -17,7 +17,6 @@ use tracing::{debug, warn};
 
 use super::{Context, Intake, Key};
 use crate::api::{GpuJob, LABEL_UID};
-use crate::controller::cache::owner_of;
 use crate::controller::plan::{JobState, job_state};
 use crate::server::Status;
 
@@ -78,30 +77,27 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake, status: Ar
     let mut before: Vec<Key> = Vec::new();
     while let Some(event) = events.next().await {
         if let Ok(event) = &event {
-            ctx.gpujobs.apply(event);
+            ctx.view.gpujob_event(event);
         }
         match event {
             Ok(watcher::Event::Apply(gj)) if gj.status.is_none() => {
                 intake.add_prompt(Key::of(&gj));
             }
             Ok(watcher::Event::Apply(gj)) => {
-                let key = Key::of(&gj);
-                // The cache holds it now.
-                ctx.memory.gpujob_seen(&key, &gj);
-                intake.add(key);
+                intake.add(Key::of(&gj));
             }
             Ok(watcher::Event::Delete(gj)) => {
                 intake.add(Key::of(&gj));
             }
             Ok(watcher::Event::Init) => {
-                before = ctx.gpujobs.keys();
+                before = ctx.view.keys();
             }
             Ok(watcher::Event::InitApply(_)) => {}
             Ok(watcher::Event::InitDone) => {
                 for key in std::mem::take(&mut before) {
                     intake.add(key);
                 }
-                for key in ctx.gpujobs.keys() {
+                for key in ctx.view.keys() {
                     intake.add(key);
                 }
             }
@@ -126,16 +122,8 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
                     &event,
                     watcher::Event::Apply(job) if job_state(job) != JobState::Active
                 );
-                let keys = ctx.jobs.apply(&event);
-                // The Job index holds this event now: what the write memory kept about
-                // the Job until then goes.
-                if let watcher::Event::Apply(job) | watcher::Event::Delete(job) = &event
-                    && let Some((key, _)) = owner_of(job)
-                {
-                    let gone = matches!(event, watcher::Event::Delete(_));
-                    ctx.memory.job_seen(&key, job, gone);
-                }
-                for key in keys {
+                let keys = ctx.view.job_event(&event);
+                for key in keys.touched {
                     debug!(gpujob = %key, event = event_name(&event), finished, "Job event");
                     if finished {
                         intake.add_prompt(key);
@@ -143,12 +131,10 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
                         intake.add(key);
                     }
                 }
-                if matches!(event, watcher::Event::InitDone) {
-                    // Jobs this replica created or deleted may have come and gone
-                    // between the two lists, unseen: look at their GpuJobs again.
-                    for key in ctx.memory.jobs_relisted() {
-                        intake.add(key);
-                    }
+                // Jobs this replica created or deleted may have come and gone between
+                // two lists, unseen: their GpuJobs are looked at again.
+                for key in keys.relisted {
+                    intake.add(key);
                 }
             }
             Err(e) => warn!(

@@ -1,4 +1,4 @@
-//! Reads: what the operator knows of one GpuJob, from the caches and its write memory,
+//! A snapshot: what the view knows of one GpuJob, from the caches and the write memory,
 //! with the direct reads the caches cannot answer (a Job the cache has not seen, the
 //! exit code of a failed attempt's pod, why a running attempt's pod is not placed,
 //! whether a foreign Job still holds the next attempt's name, and where the shard's term
@@ -12,15 +12,16 @@ use kube::api::{Api, ListParams};
 
 use jiff::Timestamp;
 
-use super::error::Error;
-use super::job::{attempt_of, is_controlled_by, job_name, name_taken};
-use super::plan::{
+use super::View;
+use crate::api::{GpuJob, LABEL_ATTEMPT, LABEL_UID, Phase};
+use crate::controller::error::Error;
+use crate::controller::job::{attempt_of, is_controlled_by, job_name, name_taken};
+use crate::controller::plan::{
     JOB_NAME_CONFLICT, JobState, LivePod, Observed, PodsWaiting, QuotaAnswer, Refusal, Termination,
     Unschedulable, job_state, pods_waiting,
 };
-use super::status::READY;
-use super::{Context, Fence, Key};
-use crate::api::{GpuJob, LABEL_ATTEMPT, LABEL_UID, Phase};
+use crate::controller::status::READY;
+use crate::controller::{Fence, Key};
 
 #[derive(Debug)]
 pub struct Snapshot {
@@ -64,14 +65,18 @@ impl Snapshot {
 /// `None` when the GpuJob is gone. `fence`: the term of the GpuJob's shard, in which the
 /// view counts as confirmed if its version is known current, or at or past the term's
 /// start.
-pub async fn observe(ctx: &Context, key: &Key, fence: &Fence) -> Result<Option<Snapshot>, Error> {
-    let cached = || ctx.gpujobs.get(key);
-    let Some(gpujob) = ctx.memory.gpujob(key, cached) else {
-        ctx.memory.forget(key);
+pub(super) async fn observe(
+    view: &View,
+    key: &Key,
+    fence: &Fence,
+) -> Result<Option<Snapshot>, Error> {
+    let cached = || view.gpujobs.get(key);
+    let Some(gpujob) = view.memory.gpujob(key, cached) else {
+        view.memory.forget(key);
         return Ok(None);
     };
     let uid = gpujob.metadata.uid.clone().unwrap_or_default();
-    let mut jobs = ctx.memory.jobs(key, &uid, || ctx.jobs.jobs_of(&uid));
+    let mut jobs = view.memory.jobs(key, &uid, || view.jobs.jobs_of(&uid));
 
     // The status says attempt k runs but the cache has no Job for it: the cache may
     // simply lag (a restart, a slow watch). Ask the API server before concluding the
@@ -80,26 +85,26 @@ pub async fn observe(ctx: &Context, key: &Key, fence: &Fence) -> Result<Option<S
     let k = status.attempts;
     let final_ = status.phase.is_some_and(Phase::is_final);
     if k >= 1 && !final_ && !jobs.iter().any(|j| attempt_of(j) == Some(k)) {
-        let api: Api<Job> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        let api: Api<Job> = Api::namespaced(view.client.clone(), &key.namespace);
         let name = job_name(&key.name, k);
         if let Some(job) = api.get_opt(&name).await.map_err(Error::kube("read_job"))?
             && is_controlled_by(&job, &uid)
         {
             // Remembered until the cache has it: should it go before then, only the
             // relist ending the lag can say so, and it names GpuJobs by this memory.
-            ctx.memory.job_read(key, &gpujob, &job);
+            view.memory.job_read(key, &gpujob, &job);
             jobs.push(Arc::new(job));
         }
     }
 
-    let refused = name_still_taken(ctx, key, &gpujob, &mut jobs).await?;
+    let refused = name_still_taken(view, key, &gpujob, &mut jobs).await?;
     let recorded = status.last_failure.as_ref().map(|f| f.attempt);
     let termination = match unrecorded_failure(&jobs, recorded) {
-        Some((attempt, job)) => termination_of(ctx, &key.namespace, job, attempt).await?,
+        Some((attempt, job)) => termination_of(view, &key.namespace, job, attempt).await?,
         None => None,
     };
     let unschedulable = match waiting_for_a_node(&jobs, Timestamp::now()) {
-        Some((attempt, job)) => unschedulable_of(ctx, &key.namespace, job, attempt).await?,
+        Some((attempt, job)) => unschedulable_of(view, &key.namespace, job, attempt).await?,
         None => None,
     };
     let rv = gpujob
@@ -107,8 +112,8 @@ pub async fn observe(ctx: &Context, key: &Key, fence: &Fence) -> Result<Option<S
         .resource_version
         .as_deref()
         .unwrap_or_default();
-    let confirmed = ctx.memory.is_current(key, fence.epoch, rv)
-        || ctx
+    let confirmed = view.memory.is_current(key, fence.epoch, rv)
+        || view
             .term_starts
             .covers(fence.shard, fence.epoch, &key.namespace, rv)
             .await;
@@ -125,8 +130,12 @@ pub async fn observe(ctx: &Context, key: &Key, fence: &Fence) -> Result<Option<S
 /// The GpuJob as the API server has it now (a quorum read), before a call to the quota
 /// service or a Job create from a view not known current; `None` when it is gone, or
 /// replaced by a new GpuJob of the same name.
-pub async fn confirm(ctx: &Context, key: &Key, uid: &str) -> Result<Option<GpuJob>, Error> {
-    let api: Api<GpuJob> = Api::namespaced(ctx.client.clone(), &key.namespace);
+pub(super) async fn read_gpujob(
+    view: &View,
+    key: &Key,
+    uid: &str,
+) -> Result<Option<GpuJob>, Error> {
+    let api: Api<GpuJob> = Api::namespaced(view.client.clone(), &key.namespace);
     let current = api
         .get_opt(&key.name)
         .await
@@ -138,7 +147,7 @@ pub async fn confirm(ctx: &Context, key: &Key, uid: &str) -> Result<Option<GpuJo
 /// cache watches foreign Jobs): still taken is a refusal, so nothing is reserved for an
 /// attempt that cannot start; free (or ours after all) lets the plan go on.
 async fn name_still_taken(
-    ctx: &Context,
+    view: &View,
     key: &Key,
     gpujob: &GpuJob,
     jobs: &mut Vec<Arc<Job>>,
@@ -153,7 +162,7 @@ async fn name_still_taken(
     }
     let attempt = status.attempts + 1;
     let name = job_name(&key.name, attempt);
-    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let api: Api<Job> = Api::namespaced(view.client.clone(), &key.namespace);
     let uid = gpujob.metadata.uid.as_deref().unwrap_or_default();
     match api.get_opt(&name).await.map_err(Error::kube("read_job"))? {
         Some(job) if is_controlled_by(&job, uid) => {
@@ -197,12 +206,12 @@ fn waiting_for_a_node(jobs: &[Arc<Job>], now: Timestamp) -> Option<(i32, &Job)> 
 /// The scheduler's reason for not placing the attempt's pod, from the pod's
 /// `PodScheduled` condition; `None` when it is placed or not yet tried.
 async fn unschedulable_of(
-    ctx: &Context,
+    view: &View,
     ns: &str,
     job: &Job,
     attempt: i32,
 ) -> Result<Option<Unschedulable>, Error> {
-    Ok(pods_of(ctx, ns, job).await?.iter().find_map(|pod| {
+    Ok(pods_of(view, ns, job).await?.iter().find_map(|pod| {
         let c = pod
             .status
             .as_ref()?
@@ -221,8 +230,8 @@ async fn unschedulable_of(
 
 /// The GpuJob's pods (label `gpujob.dev/uid`) that have not terminated, read from the
 /// API server (a pod may outlive its Job: [`crate::controller::plan::Action::CheckPods`]).
-pub async fn live_pods(ctx: &Context, ns: &str, uid: &str) -> Result<Vec<LivePod>, Error> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+pub(super) async fn live_pods(view: &View, ns: &str, uid: &str) -> Result<Vec<LivePod>, Error> {
+    let pods: Api<Pod> = Api::namespaced(view.client.clone(), ns);
     let list = pods
         .list(&ListParams::default().labels(&format!("{LABEL_UID}={uid}")))
         .await
@@ -249,11 +258,11 @@ pub async fn live_pods(ctx: &Context, ns: &str, uid: &str) -> Result<Vec<LivePod
 }
 
 /// The pods of `job`, found by its `controller-uid` label (none for a Job without uid).
-async fn pods_of(ctx: &Context, ns: &str, job: &Job) -> Result<Vec<Pod>, Error> {
+async fn pods_of(view: &View, ns: &str, job: &Job) -> Result<Vec<Pod>, Error> {
     let Some(job_uid) = job.metadata.uid.as_deref() else {
         return Ok(Vec::new());
     };
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(view.client.clone(), ns);
     let list = pods
         .list(&ListParams::default().labels(&format!("controller-uid={job_uid}")))
         .await
@@ -265,12 +274,12 @@ async fn pods_of(ctx: &Context, ns: &str, job: &Job) -> Result<Vec<Pod>, Error> 
 /// `controller-uid` label; on Kubernetes 1.20 the Job itself only says
 /// `BackoffLimitExceeded`).
 async fn termination_of(
-    ctx: &Context,
+    view: &View,
     ns: &str,
     job: &Job,
     attempt: i32,
 ) -> Result<Option<Termination>, Error> {
-    let terminated = pods_of(ctx, ns, job).await?.into_iter().find_map(|pod| {
+    let terminated = pods_of(view, ns, job).await?.into_iter().find_map(|pod| {
         let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
         statuses
             .iter()

@@ -117,11 +117,11 @@ impl WriteMemory {
 
     /// Records a write (or a read from the API server past a lagging cache):
     /// `replaced_rv` was the version it was computed from.
-    pub fn status_written(&self, key: &Key, replaced_rv: String, written: GpuJob) {
+    pub fn status_written(&self, key: &Key, replaced_rv: String, written: Arc<GpuJob>) {
         let mut entries = self.lock();
         let entry = entry(&mut entries, key, &written);
         entry.replaced.insert(replaced_rv);
-        entry.latest = Some(Arc::new(written));
+        entry.latest = Some(written);
     }
 
     /// The GpuJob's Jobs: the cached ones (`read`, under this memory's lock as for
@@ -515,7 +515,7 @@ mod tests {
     #[test]
     fn a_stale_cache_is_replaced_by_the_written_object_until_it_catches_up() {
         let m = WriteMemory::default();
-        m.status_written(&key(), "10".into(), gj("11", "u"));
+        m.status_written(&key(), "10".into(), Arc::new(gj("11", "u")));
         assert_eq!(
             m.gpujob(&key(), || Some(Arc::new(gj("10", "u"))))
                 .unwrap()
@@ -525,7 +525,7 @@ mod tests {
             Some("11")
         );
         // A second write computed from the remembered object: both old versions are stale.
-        m.status_written(&key(), "11".into(), gj("12", "u"));
+        m.status_written(&key(), "11".into(), Arc::new(gj("12", "u")));
         assert_eq!(
             m.gpujob(&key(), || Some(Arc::new(gj("10", "u"))))
                 .unwrap()
@@ -565,7 +565,7 @@ mod tests {
     #[test]
     fn a_recreated_gpujob_does_not_inherit_memory() {
         let m = WriteMemory::default();
-        m.status_written(&key(), "10".into(), gj("11", "old"));
+        m.status_written(&key(), "10".into(), Arc::new(gj("11", "old")));
         assert_eq!(
             m.gpujob(&key(), || Some(Arc::new(gj("10", "new"))))
                 .unwrap()
@@ -694,7 +694,7 @@ mod tests {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
         m.job_created(&key(), &owner, &job("a-2", "j2"));
-        m.status_written(&key(), "1".into(), gj("2", "u"));
+        m.status_written(&key(), "1".into(), Arc::new(gj("2", "u")));
         let other = Key::new("ns", "b");
         m.job_deleted(&other, &gj("1", "v"), "b-1".into(), "k1".into(), true);
         let mut keys = m.jobs_relisted();
@@ -749,8 +749,8 @@ mod tests {
     fn the_watch_forgets_writes_once_the_cache_holds_them_without_a_reconcile() {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
-        m.status_written(&key(), "1".into(), gj("2", "u"));
-        m.status_written(&key(), "2".into(), gj("3", "u"));
+        m.status_written(&key(), "1".into(), Arc::new(gj("2", "u")));
+        m.status_written(&key(), "2".into(), Arc::new(gj("3", "u")));
         // An event of a version this operator replaced changes nothing.
         m.gpujob_seen(&key(), &gj("2", "u"));
         let seen = m.gpujob(&key(), || Some(Arc::new(gj("2", "u")))).unwrap();
@@ -800,7 +800,7 @@ mod tests {
     #[test]
     fn forgetting_a_shard_keeps_the_others() {
         let m = WriteMemory::default();
-        m.status_written(&key(), "10".into(), gj("11", "u"));
+        m.status_written(&key(), "10".into(), Arc::new(gj("11", "u")));
         let other = Key::new("other", "b");
         m.job_created(&other, &gj("1", "v"), &job("b-1", "j"));
         m.forget_where(|k| k.namespace == "ns");

@@ -1,0 +1,287 @@
+//! The view: what this replica knows of each GpuJob, kept in one place. It alone holds
+//! the caches the watches fill (`cache/`), the memory of this replica's own writes that
+//! the caches have not shown yet (`memory.rs`) and where each shard's term began
+//! (`term_start.rs`). Four ways in, and no other:
+//!
+//! - the watches feed it events ([`View::gpujob_event`], [`View::job_event`]);
+//! - a reconcile asks it for a snapshot ([`View::snapshot`], `observe.rs`: caches and
+//!   memory, with the direct reads the caches cannot answer), and for the reads a plan
+//!   asks for ([`View::confirm`], [`View::live_pods`]);
+//! - the executor's outcomes come back to it ([`View::record`]): what the API server
+//!   accepted is remembered until the caches show it;
+//! - hand-over tells it which shards were lost ([`View::shards_lost`]).
+
+pub mod cache;
+mod memory;
+mod observe;
+mod term_start;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::Client;
+use kube::runtime::watcher::Event;
+
+use super::{Fence, Key};
+use crate::api::GpuJob;
+use cache::{GpuJobCache, JobIndex, owner_of};
+use memory::WriteMemory;
+pub use observe::Snapshot;
+use term_start::TermStarts;
+
+/// What became of a write the executor sent, as the view must remember it.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The API server accepted a write of the GpuJob (status or finalizers) made from
+    /// version `replaced`, and answered with `written`.
+    GpuJobWritten {
+        replaced: String,
+        written: Arc<GpuJob>,
+    },
+    /// A Job was created, or found already created for this GpuJob (adopted).
+    JobCreated(Arc<Job>),
+    /// Job `name` was started (unsuspended) from version `replaced`.
+    JobStarted { name: String, replaced: String },
+    /// Job `name` (uid `uid`) was deleted; `foreground`: it stays until its pods are gone.
+    JobDeleted {
+        name: String,
+        uid: String,
+        foreground: bool,
+    },
+    /// A write to Job `name` was refused for its resourceVersion: a copy remembered of
+    /// it is stale.
+    JobConflict { name: String },
+}
+
+/// What a confirming read found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Confirmed {
+    /// The snapshot's GpuJob is current (and counts so for the rest of the term).
+    Current,
+    /// The GpuJob moved past the snapshot: remembered; observe again.
+    Moved,
+    /// The GpuJob is gone, or replaced by a new one of the same name.
+    Gone,
+}
+
+/// What reconciles see.
+pub struct View {
+    client: Client,
+    gpujobs: GpuJobCache,
+    jobs: JobIndex,
+    memory: WriteMemory,
+    term_starts: TermStarts,
+}
+
+impl std::fmt::Debug for View {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("View")
+            .field("gpujobs", &self.gpujobs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl View {
+    /// Empty caches, not ready until each has had a full list. `client` is for reads
+    /// only.
+    pub fn new(client: Client) -> View {
+        View {
+            term_starts: TermStarts::new(client.clone()),
+            client,
+            gpujobs: GpuJobCache::default(),
+            jobs: JobIndex::default(),
+            memory: WriteMemory::default(),
+        }
+    }
+
+    /// A GpuJob watch event: into the cache; a GpuJob delivered settles what the memory
+    /// kept of the status writes it shows.
+    pub fn gpujob_event(&self, event: &Event<GpuJob>) {
+        self.gpujobs.apply(event);
+        if let Event::Apply(gj) = event
+            && gj.status.is_some()
+        {
+            self.memory.gpujob_seen(&Key::of(gj), gj);
+        }
+    }
+
+    /// A Job watch event: into the index; what the memory kept about that Job goes.
+    /// Returns the GpuJobs to look at because of it: the event's (`touched`), and at
+    /// the end of a relist also every GpuJob the memory spoke of (`relisted`: a Job may
+    /// have come and gone between two lists, unseen).
+    pub fn job_event(&self, event: &Event<Job>) -> JobEventKeys {
+        let touched = self.jobs.apply(event);
+        if let Event::Apply(job) | Event::Delete(job) = event
+            && let Some((key, _)) = owner_of(job)
+        {
+            self.memory
+                .job_seen(&key, job, matches!(event, Event::Delete(_)));
+        }
+        let relisted = if matches!(event, Event::InitDone) {
+            self.memory.jobs_relisted()
+        } else {
+            Vec::new()
+        };
+        JobEventKeys { touched, relisted }
+    }
+
+    /// The shards for which `lost` holds changed hands: what this replica knew of their
+    /// GpuJobs' writes is dropped (another replica may write them now).
+    pub fn shards_lost(&self, lost: impl Fn(&Key) -> bool) {
+        self.memory.forget_where(lost);
+    }
+
+    /// Resolves once both caches hold a full list.
+    pub async fn wait_ready(&self) {
+        self.gpujobs.wait_ready().await;
+        self.jobs.wait_ready().await;
+    }
+
+    /// Every cached GpuJob's key.
+    pub fn keys(&self) -> Vec<Key> {
+        self.gpujobs.keys()
+    }
+
+    /// Keys of the cached GpuJobs in namespaces for which `pick` holds.
+    pub fn keys_where(&self, pick: impl Fn(&str) -> bool) -> Vec<Key> {
+        self.gpujobs.keys_where(pick)
+    }
+
+    /// Runs `f` over the cached GpuJobs of the namespaces for which `pick` holds
+    /// ([`GpuJobCache::with_each_where`]).
+    pub fn with_each_where<R>(
+        &self,
+        pick: impl Fn(&str) -> bool,
+        f: impl FnOnce(&mut dyn Iterator<Item = GpuJob>) -> R,
+    ) -> R {
+        self.gpujobs.with_each_where(pick, f)
+    }
+
+    /// What a reconcile of `key` starts from, in the term `fence`; `None` when the
+    /// GpuJob is gone.
+    pub async fn snapshot(
+        &self,
+        key: &Key,
+        fence: &Fence,
+    ) -> Result<Option<Snapshot>, super::error::Error> {
+        observe::observe(self, key, fence).await
+    }
+
+    /// Remembers what the executor's writes did, in order, and lets `snap` follow them:
+    /// until the caches catch up, reconciles see these.
+    pub fn record(&self, key: &Key, fence: &Fence, snap: &mut Snapshot, outcomes: Vec<Outcome>) {
+        for outcome in outcomes {
+            match outcome {
+                Outcome::GpuJobWritten { replaced, written } => {
+                    self.remember(key, fence, snap, replaced, written);
+                }
+                Outcome::JobCreated(job) => {
+                    self.memory.job_created(key, &snap.gpujob, &job);
+                    snap.jobs.push(job);
+                }
+                Outcome::JobStarted { name, replaced } => {
+                    self.memory.job_started(key, &snap.gpujob, name, replaced);
+                    self.show_remembered_jobs(key, snap);
+                }
+                Outcome::JobDeleted {
+                    name,
+                    uid,
+                    foreground,
+                } => {
+                    self.memory
+                        .job_deleted(key, &snap.gpujob, name, uid, foreground);
+                    self.show_remembered_jobs(key, snap);
+                }
+                Outcome::JobConflict { name } => self.memory.job_stale(key, &name),
+            }
+        }
+    }
+
+    /// A confirming read of the snapshot's GpuJob (a quorum read), asked for by the plan
+    /// before a quota call or a Job create from a view not known current in this term.
+    pub async fn confirm(
+        &self,
+        key: &Key,
+        fence: &Fence,
+        snap: &mut Snapshot,
+    ) -> Result<Confirmed, super::error::Error> {
+        let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
+        let Some(current) = observe::read_gpujob(self, key, &uid).await? else {
+            self.memory.forget(key);
+            return Ok(Confirmed::Gone);
+        };
+        let seen = snap.gpujob.metadata.resource_version.clone();
+        if current.metadata.resource_version == seen {
+            // Current: so is this view for the rest of the term.
+            self.memory
+                .mark_current(key, fence.epoch, seen.as_deref().unwrap_or_default());
+            snap.confirmed = true;
+            return Ok(Confirmed::Current);
+        }
+        tracing::info!(
+            seen = seen.as_deref().unwrap_or("-"),
+            current = current.metadata.resource_version.as_deref().unwrap_or("-"),
+            "the cached GpuJob was behind the API server; deciding again from the current one"
+        );
+        self.remember(
+            key,
+            fence,
+            snap,
+            seen.unwrap_or_default(),
+            Arc::new(current),
+        );
+        Ok(Confirmed::Moved)
+    }
+
+    /// The snapshot's GpuJob's pods that have not terminated, read from the API server
+    /// (asked for by the plan: [`crate::controller::plan::Action::CheckPods`]).
+    pub async fn live_pods(
+        &self,
+        key: &Key,
+        snap: &Snapshot,
+    ) -> Result<Vec<crate::controller::plan::LivePod>, super::error::Error> {
+        let uid = snap.gpujob.metadata.uid.as_deref().unwrap_or_default();
+        observe::live_pods(self, &key.namespace, uid).await
+    }
+
+    /// The snapshot and the memory follow a GpuJob this replica just wrote, or read from
+    /// the API server past a lagging cache. Kept without managedFields, as the cache
+    /// keeps GpuJobs: nothing reads them.
+    fn remember(
+        &self,
+        key: &Key,
+        fence: &Fence,
+        snap: &mut Snapshot,
+        replaced: String,
+        mut written: Arc<GpuJob>,
+    ) {
+        if written.metadata.managed_fields.is_some() {
+            Arc::make_mut(&mut written).metadata.managed_fields = None;
+        }
+        let rv = written
+            .metadata
+            .resource_version
+            .clone()
+            .unwrap_or_default();
+        self.memory.mark_current(key, fence.epoch, &rv);
+        self.memory.status_written(key, replaced, written.clone());
+        snap.gpujob = written;
+        snap.confirmed = true;
+    }
+
+    /// The snapshot's Jobs as the memory now shows them, after a Job write it recorded.
+    fn show_remembered_jobs(&self, key: &Key, snap: &mut Snapshot) {
+        let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
+        let shown = std::mem::take(&mut snap.jobs);
+        snap.jobs = self.memory.jobs(key, &uid, || shown);
+    }
+}
+
+/// The GpuJobs a Job event concerns.
+#[derive(Debug, Default)]
+pub struct JobEventKeys {
+    /// The GpuJobs that had or have the Job (every one with a Job, after a relist).
+    pub touched: Vec<Key>,
+    /// After a relist: the GpuJobs whose Jobs the memory spoke of.
+    pub relisted: Vec<Key>,
+}
