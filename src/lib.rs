@@ -1,8 +1,9 @@
 //! gpujob-operator: runs `GpuJob` custom resources as batch/v1 Jobs and keeps their
 //! status true.
 //!
-//! Data flow: watches → caches → keys → work queue → reconcile, where reconcile is
-//! observe → plan (pure, in the `gpujob-core` crate) → apply (the only writer).
+//! Data flow: watches → the view (caches) → keys → work queue → reconcile, where
+//! reconcile is a snapshot from the view → plan (pure, in the `gpujob-core` crate) →
+//! apply (the only writer) → the view records what the writes did.
 
 pub mod apierror;
 pub mod cli;

@@ -78,7 +78,8 @@ fn beat_limit(timing: &Timing) -> Duration {
     (timing.lease_duration * 2 + timing.retry_period).max(Duration::from_secs(30))
 }
 
-/// client-go's wait.Jitter(period, 1.2)-ish: period × [1, 1.2).
+/// The retry period stretched by up to a fifth (period × [1, 1.2)), so replicas that
+/// started together do not keep trying in the same instant.
 fn jitter(period: Duration) -> Duration {
     let nanos = u64::from(
         std::time::SystemTime::now()

@@ -35,7 +35,7 @@ pub enum ConvertError {
 }
 
 impl ConvertError {
-    /// A stable short label (metrics, Events, webhook responses).
+    /// A stable short label, for logs.
     pub fn metric_label(&self) -> &'static str {
         match self {
             ConvertError::UnknownDesiredVersion(_) => "unknown_desired_version",

@@ -5,9 +5,11 @@
 //! numbering, retry timing, spec changes, phase and conditions (`attempts.rs`).
 //!
 //! A plan is carried out by the executor (`apply`). Actions that ask the outside world
-//! something (reserve, release, a Job the API server may refuse) end a plan: their answer
-//! comes back through [`Observed`] and the plan is made again, so every decision that
-//! depends on an answer is made here too.
+//! something (reserve, release, a Job the API server may refuse, the GpuJob's pods) end
+//! a plan: their answer comes back through [`Observed`] and the plan is made again, so
+//! every decision that depends on an answer is made here too. A confirming read of the
+//! GpuJob ([`Action::Confirm`]) that finds the view current lets the same plan go on;
+//! one that finds it moved starts again from a new snapshot.
 
 mod attempts;
 mod lifecycle;
