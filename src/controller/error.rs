@@ -1,35 +1,92 @@
 use std::time::Duration;
 
-/// Every label [`Error::metric_label`] can return; metrics are created with these at zero.
-pub const ERROR_LABELS: [&str; 15] = [
-    "read_gpujob",
-    "read_job",
-    "read_pods",
-    "create_job",
-    "start_job",
-    "delete_job",
-    "patch_status",
+/// The API call that failed, named in the error and counted by its label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiCall {
+    /// The confirming read of the GpuJob (before a quota call or a Job create).
+    ReadGpuJob,
+    ReadJob,
+    ReadPods,
+    CreateJob,
+    StartJob,
+    DeleteJob,
+    DeleteGpuJob,
+    PatchStatus,
+    PatchFinalizers,
+}
+
+impl ApiCall {
+    pub const ALL: [ApiCall; 9] = [
+        ApiCall::ReadGpuJob,
+        ApiCall::ReadJob,
+        ApiCall::ReadPods,
+        ApiCall::CreateJob,
+        ApiCall::StartJob,
+        ApiCall::DeleteJob,
+        ApiCall::DeleteGpuJob,
+        ApiCall::PatchStatus,
+        ApiCall::PatchFinalizers,
+    ];
+
+    /// The stable label of `gpujob_reconcile_errors_by_kind_total` and of logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            ApiCall::ReadGpuJob => "read_gpujob",
+            ApiCall::ReadJob => "read_job",
+            ApiCall::ReadPods => "read_pods",
+            ApiCall::CreateJob => "create_job",
+            ApiCall::StartJob => "start_job",
+            ApiCall::DeleteJob => "delete_job",
+            ApiCall::DeleteGpuJob => "delete_gpujob",
+            ApiCall::PatchStatus => "patch_status",
+            ApiCall::PatchFinalizers => "patch_finalizers",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            ApiCall::ReadGpuJob => "reading the GpuJob from the API server (a confirming read)",
+            ApiCall::ReadJob => "reading an attempt's Job",
+            ApiCall::ReadPods => "reading the GpuJob's pods",
+            ApiCall::CreateJob => "creating the attempt's Job",
+            ApiCall::StartJob => "starting the attempt's Job (created suspended)",
+            ApiCall::DeleteJob => "deleting an attempt's Job",
+            ApiCall::DeleteGpuJob => "deleting the finished GpuJob (its time to live is over)",
+            ApiCall::PatchStatus => "patching the GpuJob status",
+            ApiCall::PatchFinalizers => "patching the GpuJob finalizers",
+        }
+    }
+}
+
+/// Every label [`Error::metric_label`] can return besides the [`ApiCall`] ones; metrics
+/// are created with all of them at zero ([`error_labels`]).
+const OTHER_LABELS: [&str; 6] = [
     "conflict",
     "serialize",
+    "unconditioned",
     "not_leader",
     "quota",
-    "patch_finalizers",
     "undecided",
-    "delete_gpujob",
-    "unconditioned",
 ];
 
+/// Every label [`Error::metric_label`] can return.
+pub fn error_labels() -> impl Iterator<Item = &'static str> {
+    ApiCall::ALL
+        .iter()
+        .map(|c| c.label())
+        .chain(OTHER_LABELS.iter().copied())
+}
+
 /// Why a reconcile did not finish. Each variant has a stable short label for metrics and
-/// Events. Everything here is retried with per-key backoff, except `NotLeader` (the key
+/// logs. Everything here is retried with per-key backoff, except `NotLeader` (the key
 /// looks again after a second: by then its shard's term was renewed, or the shard is
 /// gone and the key comes back with it); invalid specs are not errors (they become a
 /// condition and wait for a spec change).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// `action` is one of [`ERROR_LABELS`].
-    #[error("{} failed: {}", describe(action), crate::apierror::describe(source))]
+    #[error("{} failed: {}", call.describe(), crate::apierror::describe(source))]
     Kube {
-        action: &'static str,
+        call: ApiCall,
         #[source]
         source: kube::Error,
     },
@@ -58,30 +115,15 @@ pub enum Error {
     Undecided { plans: usize },
 }
 
-fn describe(action: &str) -> &'static str {
-    match action {
-        "read_gpujob" => "reading the GpuJob before calling the quota service",
-        "read_job" => "reading the attempt's Job",
-        "read_pods" => "reading the failed attempt's pod",
-        "create_job" => "creating the attempt's Job",
-        "start_job" => "starting the attempt's Job (created suspended)",
-        "delete_job" => "deleting an attempt's Job",
-        "delete_gpujob" => "deleting the finished GpuJob (its time to live is over)",
-        "patch_status" => "patching the GpuJob status",
-        "patch_finalizers" => "patching the GpuJob finalizers",
-        _ => "an API call",
-    }
-}
-
 impl Error {
-    pub fn kube(action: &'static str) -> impl FnOnce(kube::Error) -> Error {
-        move |source| Error::Kube { action, source }
+    pub fn kube(call: ApiCall) -> impl FnOnce(kube::Error) -> Error {
+        move |source| Error::Kube { call, source }
     }
 
-    /// Stable label for metrics and Events.
+    /// Stable label for metrics and logs.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::Kube { action, .. } => action,
+            Error::Kube { call, .. } => call.label(),
             Error::Conflict { .. } => "conflict",
             Error::Serialize { .. } => "serialize",
             Error::Unconditioned { .. } => "unconditioned",
@@ -114,27 +156,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_label_is_listed_and_described() {
-        for label in [
-            "read_job",
-            "read_pods",
-            "create_job",
-            "start_job",
-            "delete_job",
-            "patch_status",
-            "patch_finalizers",
-        ] {
-            assert!(ERROR_LABELS.contains(&label));
-            assert_ne!(describe(label), "an API call", "{label}");
+    fn every_label_is_listed_once() {
+        let labels: Vec<&str> = error_labels().collect();
+        let mut unique = labels.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), labels.len(), "{labels:?}");
+        let errors = [
+            Error::NotLeader,
+            Error::Conflict {
+                what: String::new(),
+            },
+            Error::Unconditioned {
+                what: String::new(),
+            },
+            Error::Undecided { plans: 1 },
+        ];
+        for e in &errors {
+            assert!(labels.contains(&e.metric_label()), "{}", e.metric_label());
         }
-        assert!(ERROR_LABELS.contains(&Error::NotLeader.metric_label()));
-        assert!(
-            ERROR_LABELS.contains(
-                &Error::Conflict {
-                    what: String::new()
-                }
-                .metric_label()
-            )
-        );
     }
 }

@@ -126,7 +126,7 @@ pub struct Context {
 /// Creates the series of the controller's labelled metrics at zero, so rates and sums
 /// exist before the first event.
 pub fn init_metrics(metrics: &Metrics) {
-    for label in error::ERROR_LABELS {
+    for label in error::error_labels() {
         metrics.reconcile_errors_by_kind.with_label_values(&[label]);
     }
     domain::publish(metrics, None);

@@ -32,7 +32,7 @@ use super::recorder::Recorder;
 use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
 use crate::client::FIELD_MANAGER;
 use crate::controller::Fence;
-use crate::controller::error::{Error, api_code};
+use crate::controller::error::{ApiCall, Error, api_code};
 use crate::controller::events::Note;
 use crate::controller::job::{is_controlled_by, name_taken};
 use crate::controller::status::merge_patch;
@@ -125,10 +125,10 @@ impl Writer {
 
     /// A failed write is `NotLeader` when the term ended meanwhile (the client's own
     /// fence refused it just before sending, or its answer no longer matters).
-    fn failed(&self, fence: &Fence, action: &'static str, e: kube::Error) -> Error {
+    fn failed(&self, fence: &Fence, call: ApiCall, e: kube::Error) -> Error {
         match self.check(fence) {
             Err(not_leader) => not_leader,
-            Ok(_) => Error::kube(action)(e),
+            Ok(_) => Error::kube(call)(e),
         }
     }
 
@@ -217,9 +217,9 @@ impl Writer {
             Err(e) => Err(self.failed(
                 fence,
                 if status {
-                    "patch_status"
+                    ApiCall::PatchStatus
                 } else {
-                    "patch_finalizers"
+                    ApiCall::PatchFinalizers
                 },
                 e,
             )),
@@ -245,7 +245,7 @@ impl Writer {
             Err(e) if api_code(&e) == Some(409) => {
                 // Stable names: it exists, most likely from an earlier run of this same
                 // step. Adopt it only if it is really ours.
-                let existing = api.get(name).await.map_err(Error::kube("read_job"))?;
+                let existing = api.get(name).await.map_err(Error::kube(ApiCall::ReadJob))?;
                 if is_controlled_by(&existing, owner_uid) {
                     Ok(Created::Adopted(Box::new(existing)))
                 } else {
@@ -253,7 +253,7 @@ impl Writer {
                 }
             }
             Err(kube::Error::Api(s)) if s.code == 422 => Ok(Created::Invalid(s.message)),
-            Err(e) => Err(self.failed(fence, "create_job", e)),
+            Err(e) => Err(self.failed(fence, ApiCall::CreateJob, e)),
         }
     }
 
@@ -282,7 +282,7 @@ impl Writer {
             Err(e) if matches!(api_code(&e), Some(404 | 409)) => Err(Error::Conflict {
                 what: format!("Job {ns}/{name}"),
             }),
-            Err(e) => Err(self.failed(fence, "start_job", e)),
+            Err(e) => Err(self.failed(fence, ApiCall::StartJob, e)),
         }
     }
 
@@ -313,7 +313,7 @@ impl Writer {
             uid,
             resource_version,
         };
-        self.delete(fence, &api, &target, propagation, "delete_job")
+        self.delete(fence, &api, &target, propagation, ApiCall::DeleteJob)
             .await
     }
 
@@ -342,7 +342,7 @@ impl Writer {
             &api,
             &target,
             PropagationPolicy::Background,
-            "delete_gpujob",
+            ApiCall::DeleteGpuJob,
         )
         .await
     }
@@ -354,7 +354,7 @@ impl Writer {
         api: &Api<K>,
         t: &Target<'_>,
         propagation: PropagationPolicy,
-        action: &'static str,
+        call: ApiCall,
     ) -> Result<(), Error>
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -374,7 +374,7 @@ impl Writer {
             Err(e) if api_code(&e) == Some(409) => Err(Error::Conflict {
                 what: format!("{} {}/{}", t.what, t.ns, t.name),
             }),
-            Err(e) => Err(self.failed(fence, action, e)),
+            Err(e) => Err(self.failed(fence, call, e)),
         }
     }
 

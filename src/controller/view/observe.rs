@@ -14,7 +14,7 @@ use jiff::Timestamp;
 
 use super::View;
 use crate::api::{GpuJob, LABEL_ATTEMPT, LABEL_UID, Phase};
-use crate::controller::error::Error;
+use crate::controller::error::{ApiCall, Error};
 use crate::controller::job::{attempt_of, is_controlled_by, job_name, name_taken};
 use crate::controller::plan::{
     JOB_NAME_CONFLICT, JobState, LivePod, Observed, PodsWaiting, QuotaAnswer, Refusal, Termination,
@@ -87,7 +87,10 @@ pub(super) async fn observe(
     if k >= 1 && !final_ && !jobs.iter().any(|j| attempt_of(j) == Some(k)) {
         let api: Api<Job> = Api::namespaced(view.client.clone(), &key.namespace);
         let name = job_name(&key.name, k);
-        if let Some(job) = api.get_opt(&name).await.map_err(Error::kube("read_job"))?
+        if let Some(job) = api
+            .get_opt(&name)
+            .await
+            .map_err(Error::kube(ApiCall::ReadJob))?
             && is_controlled_by(&job, &uid)
         {
             // Remembered until the cache has it: should it go before then, only the
@@ -139,7 +142,7 @@ pub(super) async fn read_gpujob(
     let current = api
         .get_opt(&key.name)
         .await
-        .map_err(Error::kube("read_gpujob"))?;
+        .map_err(Error::kube(ApiCall::ReadGpuJob))?;
     Ok(current.filter(|g| g.metadata.uid.as_deref() == Some(uid)))
 }
 
@@ -164,7 +167,11 @@ async fn name_still_taken(
     let name = job_name(&key.name, attempt);
     let api: Api<Job> = Api::namespaced(view.client.clone(), &key.namespace);
     let uid = gpujob.metadata.uid.as_deref().unwrap_or_default();
-    match api.get_opt(&name).await.map_err(Error::kube("read_job"))? {
+    match api
+        .get_opt(&name)
+        .await
+        .map_err(Error::kube(ApiCall::ReadJob))?
+    {
         Some(job) if is_controlled_by(&job, uid) => {
             if !jobs.iter().any(|j| attempt_of(j) == Some(attempt)) {
                 jobs.push(Arc::new(job));
@@ -235,7 +242,7 @@ pub(super) async fn live_pods(view: &View, ns: &str, uid: &str) -> Result<Vec<Li
     let list = pods
         .list(&ListParams::default().labels(&format!("{LABEL_UID}={uid}")))
         .await
-        .map_err(Error::kube("read_pods"))?;
+        .map_err(Error::kube(ApiCall::ReadPods))?;
     Ok(list
         .items
         .into_iter()
@@ -266,7 +273,7 @@ async fn pods_of(view: &View, ns: &str, job: &Job) -> Result<Vec<Pod>, Error> {
     let list = pods
         .list(&ListParams::default().labels(&format!("controller-uid={job_uid}")))
         .await
-        .map_err(Error::kube("read_pods"))?;
+        .map_err(Error::kube(ApiCall::ReadPods))?;
     Ok(list.items)
 }
 
