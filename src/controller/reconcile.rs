@@ -73,7 +73,7 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
         tracing::debug!(
             rv = snap.gpujob.metadata.resource_version.as_deref().unwrap_or("-"),
             confirmed = snap.confirmed,
-            jobs = ?snap.jobs.iter().map(|j| j.metadata.name.as_deref().unwrap_or("-")).collect::<Vec<_>>(),
+            jobs = ?snap.jobs.iter().map(|j| j.name.as_str()).collect::<Vec<_>>(),
             actions = ?plan.actions.iter().map(super::plan::Action::name).collect::<Vec<_>>(),
             phase = ?plan.status.phase,
             next = ?plan.next,

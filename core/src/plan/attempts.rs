@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{Job, JobCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{
     Action, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, Next, OLD_ATTEMPT_STOPPING, PlanSettings,
@@ -11,7 +12,8 @@ use super::{
 };
 use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::events::stray_job_deleted;
-use crate::job::{attempt_of, desired_job, generation_of, job_name, started, suspension_seen};
+use crate::job::{desired_job, job_name};
+use crate::seen_job::SeenJob;
 use crate::status::{READY, SUSPENDED, remove_condition, seconds};
 
 /// What a Job's conditions say.
@@ -28,12 +30,28 @@ pub enum JobState {
     },
 }
 
+/// What a full Job's conditions say (a Job from a watch or a GET; the plan reads
+/// [`seen_state`]).
 pub fn job_state(job: &Job) -> JobState {
     let status = job.status.as_ref();
-    let conditions = status
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten();
+    state_of(
+        status
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten(),
+        status.and_then(|s| s.completion_time.as_ref()),
+    )
+}
+
+/// What a seen Job's conditions say.
+pub fn seen_state(job: &SeenJob) -> JobState {
+    state_of(&job.status.conditions, job.status.completion_time.as_ref())
+}
+
+fn state_of<'a>(
+    conditions: impl IntoIterator<Item = &'a JobCondition>,
+    completion_time: Option<&Time>,
+) -> JobState {
     for c in conditions {
         if c.status != "True" {
             continue;
@@ -41,10 +59,7 @@ pub fn job_state(job: &Job) -> JobState {
         let time = c.last_transition_time.as_ref().map(|t| t.0);
         match c.type_.as_str() {
             "Complete" => {
-                let time = status
-                    .and_then(|s| s.completion_time.as_ref())
-                    .map(|t| t.0)
-                    .or(time);
+                let time = completion_time.map(|t| t.0).or(time);
                 return JobState::Complete { time };
             }
             "Failed" => {
@@ -74,13 +89,11 @@ pub enum PodsWaiting {
 /// Whether `job`'s pods wait for a node (or anything else before running) at `now`,
 /// judged from the Job alone: `active` pods with none `ready` (a count the API server
 /// gives from Kubernetes 1.24), since `startTime`.
-pub fn pods_waiting(job: &Job, now: Timestamp) -> PodsWaiting {
-    if job.metadata.deletion_timestamp.is_some() || job_state(job) != JobState::Active {
+pub fn pods_waiting(job: &SeenJob, now: Timestamp) -> PodsWaiting {
+    if job.deleting() || seen_state(job) != JobState::Active {
         return PodsWaiting::No;
     }
-    let Some(status) = job.status.as_ref() else {
-        return PodsWaiting::No;
-    };
+    let status = &job.status;
     let waiting = status.active.unwrap_or(0) > 0 && status.ready == Some(0);
     if !waiting {
         return PodsWaiting::No;
@@ -98,14 +111,10 @@ pub fn pods_waiting(job: &Job, now: Timestamp) -> PodsWaiting {
 /// gone, terminating ones included), or it counts terminating pods (Kubernetes before
 /// the terminal condition waited for them could mark a Job finished while its pods
 /// still stopped).
-pub(super) fn live(job: &Job) -> bool {
-    job_state(job) == JobState::Active
-        || job.metadata.deletion_timestamp.is_some()
-        || job
-            .status
-            .as_ref()
-            .and_then(|s| s.terminating)
-            .is_some_and(|n| n > 0)
+pub(super) fn live(job: &SeenJob) -> bool {
+    seen_state(job) == JobState::Active
+        || job.deleting()
+        || job.status.terminating.is_some_and(|n| n > 0)
 }
 
 /// Backoff before the attempt that follows failure number `failures` (from 1), at the
@@ -173,13 +182,13 @@ impl Planner<'_, '_> {
 
     /// The Job, other than `attempt`'s, whose pods may still run or be stopping: the
     /// oldest, so that the words in Ready stay the same from one look to the next.
-    fn live_job(&self, attempt: i32) -> Option<&Job> {
+    fn live_job(&self, attempt: i32) -> Option<&SeenJob> {
         self.obs
             .jobs
             .iter()
             .copied()
-            .filter(|j| attempt_of(j) != Some(attempt) && live(j))
-            .min_by_key(|j| (attempt_of(j), j.metadata.name.clone()))
+            .filter(|j| j.attempt != Some(attempt) && live(j))
+            .min_by_key(|j| (j.attempt, j.name.clone()))
     }
 
     /// Why `attempt` cannot start while another attempt's Job may still have pods.
@@ -187,15 +196,17 @@ impl Planner<'_, '_> {
         // Two attempts' pods at once would break a distributed run (duplicate ranks).
         // The Job's deletion or end is an event: no timer is needed.
         let job = self.live_job(attempt)?;
-        let name = job.metadata.name.as_deref().unwrap_or_default();
-        let how = if job.metadata.deletion_timestamp.is_some() {
+        let name = job.name.as_str();
+        let how = if job.deleting() {
             "is being deleted"
-        } else if job_state(job) == JobState::Active {
+        } else if seen_state(job) == JobState::Active {
             "has not finished"
         } else {
             "has pods still terminating"
         };
-        let of = attempt_of(job).map_or_else(String::new, |a| format!(" (attempt {a})"));
+        let of = job
+            .attempt
+            .map_or_else(String::new, |a| format!(" (attempt {a})"));
         Some((
             OLD_ATTEMPT_STOPPING,
             format!("attempt {attempt} starts once the pods of Job {name}{of} are gone: it {how}"),
@@ -284,7 +295,7 @@ impl Planner<'_, '_> {
                 time,
                 reason,
                 message,
-            } = job_state(prev)
+            } = seen_state(prev)
             && self
                 .current
                 .last_failure
@@ -307,7 +318,7 @@ impl Planner<'_, '_> {
         if self.current.replacing_attempt == Some(k) {
             return self.replace(k, job);
         }
-        match job.map(job_state) {
+        match job.map(seen_state) {
             Some(JobState::Active) => {
                 self.running(k, job);
                 k
@@ -354,7 +365,7 @@ impl Planner<'_, '_> {
 
     /// Attempt `k` runs. A spec change applies now (Recreate), or waits (OnNextAttempt,
     /// or an invalid new spec).
-    fn running(&mut self, k: i32, job: Option<&Job>) {
+    fn running(&mut self, k: i32, job: Option<&SeenJob>) {
         if self.gj.spec.suspend {
             // Stopped, not failed: recorded (with why) before the delete, as for a
             // replacement.
@@ -399,7 +410,7 @@ impl Planner<'_, '_> {
                 self.requeue_within(left);
             }
         }
-        let built_from = job.and_then(generation_of);
+        let built_from = job.and_then(|j| j.generation);
         let changed = matches!((built_from, self.generation), (Some(b), Some(g)) if b < g);
         if !changed {
             remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
@@ -436,9 +447,8 @@ impl Planner<'_, '_> {
     /// attempt's pods may still run (its Job, or, from attempt 2, any pod a pod read
     /// finds). A Job created late by a deposed replica is never started: it is a stray,
     /// or, when it is attempt `k`'s, it is started only as the current attempt, once.
-    fn start(&mut self, k: i32, job: Option<&Job>) {
-        let Some(job) = job.filter(|j| !started(j) && j.metadata.deletion_timestamp.is_none())
-        else {
+    fn start(&mut self, k: i32, job: Option<&SeenJob>) {
+        let Some(job) = job.filter(|j| !j.started() && !j.deleting()) else {
             return;
         };
         if let Some((reason, message)) = self.old_attempt_stopping(k) {
@@ -446,7 +456,7 @@ impl Planner<'_, '_> {
             self.ready(ConditionStatus::False, reason, message);
             return;
         }
-        if !suspension_seen(job) {
+        if !job.suspension_seen() {
             // The Job controller's status write is an event: no timer is needed.
             return;
         }
@@ -466,22 +476,22 @@ impl Planner<'_, '_> {
                 }
             }
         }
-        if let (Some(name), Some(rv)) = (&job.metadata.name, &job.metadata.resource_version) {
+        if let Some(rv) = &job.resource_version {
             self.actions.push(Action::StartJob {
-                name: name.clone(),
+                name: job.name.clone(),
                 resource_version: rv.clone(),
             });
         }
     }
 
-    fn delete_for_replacement(&mut self, job: Option<&Job>, why: JobDeletion) {
-        let job = job.filter(|j| j.metadata.deletion_timestamp.is_none());
+    fn delete_for_replacement(&mut self, job: Option<&SeenJob>, why: JobDeletion) {
+        let job = job.filter(|j| !j.deleting());
         self.actions.extend(job.and_then(|j| delete_action(j, why)));
     }
 
     /// Attempt `k` is being replaced after a spec change: once its Job (and pods) are
     /// gone, the next attempt starts on the new spec. Not a failure.
-    fn replace(&mut self, k: i32, job: Option<&Job>) -> i32 {
+    fn replace(&mut self, k: i32, job: Option<&SeenJob>) -> i32 {
         match job {
             Some(j) => {
                 // Still there (deleting, or the delete did not happen yet).
@@ -583,9 +593,9 @@ impl Planner<'_, '_> {
     /// is left that may still run. The garbage collector takes Jobs only once the
     /// GpuJob is gone, which the quota finalizer holds until after the release.
     pub(super) fn stop_jobs_of_deleted(&mut self) -> bool {
-        let live: Vec<&Job> = self.obs.jobs.iter().copied().filter(|j| live(j)).collect();
+        let live: Vec<&SeenJob> = self.obs.jobs.iter().copied().filter(|j| live(j)).collect();
         for job in &live {
-            if job.metadata.deletion_timestamp.is_none() && job_state(job) == JobState::Active {
+            if !job.deleting() && seen_state(job) == JobState::Active {
                 self.actions
                     .extend(delete_action(job, JobDeletion::GpuJobDeleted));
             }
@@ -614,28 +624,28 @@ impl Planner<'_, '_> {
     /// a replacement or a suspend) and run it again, beside the next one. Deleted in the
     /// foreground: no further attempt starts until its pods are gone.
     pub(super) fn stop_strays(&mut self, current: Option<i32>) {
-        let mut strays: Vec<&Job> = self
+        let mut strays: Vec<&SeenJob> = self
             .obs
             .jobs
             .iter()
             .copied()
             .filter(|j| {
-                let a = attempt_of(j);
+                let a = j.attempt;
                 (current.is_none() || a != current)
-                    && j.metadata.deletion_timestamp.is_none()
-                    && job_state(j) == JobState::Active
+                    && !j.deleting()
+                    && seen_state(j) == JobState::Active
             })
             .collect();
-        strays.sort_by_key(|j| (attempt_of(j), j.metadata.name.clone()));
+        strays.sort_by_key(|j| (j.attempt, j.name.clone()));
         for job in strays {
             let Some(delete) = delete_action(job, JobDeletion::Stray) else {
                 continue;
             };
             self.actions.push(delete);
-            let name = job.metadata.name.as_deref().unwrap_or_default();
+            let name = job.name.as_str();
             self.actions.push(Action::Publish(stray_job_deleted(
                 name,
-                attempt_of(job),
+                job.attempt,
                 current,
             )));
         }
@@ -647,12 +657,11 @@ fn suspended_message() -> String {
 }
 
 /// Deleting `job` with uid and resourceVersion preconditions.
-fn delete_action(job: &Job, why: JobDeletion) -> Option<Action> {
-    let m = &job.metadata;
+fn delete_action(job: &SeenJob, why: JobDeletion) -> Option<Action> {
     Some(Action::DeleteJob {
-        name: m.name.clone()?,
-        uid: m.uid.clone()?,
-        resource_version: m.resource_version.clone()?,
+        name: job.name.clone(),
+        uid: job.uid.clone()?,
+        resource_version: job.resource_version.clone()?,
         why,
     })
 }

@@ -23,13 +23,15 @@ use k8s_openapi::api::batch::v1::Job;
 
 use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::events::Note;
-use crate::job::attempt_of;
 use crate::quota::ReserveRequest;
+use crate::seen_job::SeenJob;
 use crate::status::{READY, seconds, set_condition};
 pub use crate::status::{SPEC_CHANGE_PENDING, UNSCHEDULABLE};
 use crate::validate::{SpecLimits, validate};
 
-pub use attempts::{JobState, PodsWaiting, backoff, backoff_for, job_state, pods_waiting};
+pub use attempts::{
+    JobState, PodsWaiting, backoff, backoff_for, job_state, pods_waiting, seen_state,
+};
 
 /// Condition reason for a spec the operator cannot run; it waits for a spec change.
 pub const INVALID_SPEC: &str = "InvalidSpec";
@@ -108,7 +110,7 @@ pub struct Termination {
 pub struct Observed<'a> {
     pub gpujob: &'a GpuJob,
     /// Jobs controlled by this GpuJob, authoritative: a Job missing here is gone.
-    pub jobs: Vec<&'a Job>,
+    pub jobs: Vec<&'a SeenJob>,
     /// The pod outcome of the newest failed Job, when its failure is not recorded yet.
     pub termination: Option<Termination>,
     /// The running attempt's pod cannot be placed (read once [`pods_waiting`] says so).
@@ -381,7 +383,7 @@ struct Planner<'a, 'o> {
     next: GpuJobStatus,
     actions: Vec<Action>,
     requeue: Next,
-    by_attempt: BTreeMap<i32, &'a Job>,
+    by_attempt: BTreeMap<i32, &'a SeenJob>,
     /// Why no attempt may start for this generation (`InvalidSpec` and the field), if so.
     invalid: Option<(&'static str, String)>,
 }
@@ -405,7 +407,7 @@ impl<'a, 'o> Planner<'a, 'o> {
             by_attempt: obs
                 .jobs
                 .iter()
-                .filter_map(|j| attempt_of(j).map(|a| (a, *j)))
+                .filter_map(|j| j.attempt.map(|a| (a, *j)))
                 .collect(),
             invalid: None,
         }

@@ -75,6 +75,18 @@ fn job(g: &GpuJob, attempt: i32, state: Option<(&str, &str, &str)>) -> Job {
     j
 }
 
+/// `jobs` as the plan sees them.
+fn seen(jobs: &[Job]) -> Vec<SeenJob> {
+    jobs.iter()
+        .map(|j| SeenJob::of(j).expect("a Job controlled by its GpuJob"))
+        .collect()
+}
+
+/// [`pods_waiting`] of a full Job.
+fn waiting(job: &Job, now: Timestamp) -> PodsWaiting {
+    pods_waiting(&seen(std::slice::from_ref(job))[0], now)
+}
+
 fn run(g: &GpuJob, jobs: &[Job], termination: Option<Termination>, now: &str) -> Plan {
     run_with(g, jobs, termination, None, now)
 }
@@ -90,7 +102,7 @@ fn run_with(
     plan(
         &Observed {
             gpujob: g,
-            jobs: jobs.iter().collect(),
+            jobs: seen(jobs).iter().collect(),
             termination,
             unschedulable,
             refused: None,
@@ -131,7 +143,7 @@ fn plan_seeing_pods(
     plan(
         &Observed {
             gpujob: g,
-            jobs: jobs.iter().collect(),
+            jobs: seen(jobs).iter().collect(),
             termination: None,
             unschedulable: None,
             refused: None,
@@ -1305,7 +1317,7 @@ mod lifecycle {
         let keep = plan(
             &Observed {
                 gpujob: &plain,
-                jobs: ok.iter().collect(),
+                jobs: seen(&ok).iter().collect(),
                 termination: None,
                 unschedulable: None,
                 refused: None,
@@ -1322,7 +1334,7 @@ mod lifecycle {
         let gone = plan(
             &Observed {
                 gpujob: &plain,
-                jobs: ok.iter().collect(),
+                jobs: seen(&ok).iter().collect(),
                 termination: None,
                 unschedulable: None,
                 refused: None,
@@ -1494,7 +1506,7 @@ mod v2_values {
             plan(
                 &Observed {
                     gpujob: g,
-                    jobs: jobs.iter().collect(),
+                    jobs: seen(jobs).iter().collect(),
                     termination,
                     unschedulable: None,
                     refused: None,
@@ -1665,26 +1677,26 @@ fn a_pod_not_ready_is_read_only_after_the_schedulers_grace() {
     // Started 2 s ago: 3 s of grace left.
     let young = waiting_job(&g, "2026-11-30T06:00:08Z", 0);
     assert_eq!(
-        pods_waiting(&young, now),
+        waiting(&young, now),
         PodsWaiting::Grace(Duration::from_secs(3))
     );
     let old = waiting_job(&g, "2026-11-30T06:00:05Z", 0);
-    assert_eq!(pods_waiting(&old, now), PodsWaiting::ReadPod);
+    assert_eq!(waiting(&old, now), PodsWaiting::ReadPod);
     // A pod runs: nothing to ask.
     assert_eq!(
-        pods_waiting(&waiting_job(&g, "2026-11-30T06:00:00Z", 1), now),
+        waiting(&waiting_job(&g, "2026-11-30T06:00:00Z", 1), now),
         PodsWaiting::No
     );
     // No ready count (an API server before 1.24): nothing is guessed.
     let mut unknown = old.clone();
     unknown.status.as_mut().unwrap().ready = None;
-    assert_eq!(pods_waiting(&unknown, now), PodsWaiting::No);
+    assert_eq!(waiting(&unknown, now), PodsWaiting::No);
     // Finished or being deleted: not waiting to run.
     let done = job(&g, 1, Some(("Complete", "", T0)));
-    assert_eq!(pods_waiting(&done, now), PodsWaiting::No);
+    assert_eq!(waiting(&done, now), PodsWaiting::No);
     let mut deleting = old;
     deleting.metadata.deletion_timestamp = Some(Time(now));
-    assert_eq!(pods_waiting(&deleting, now), PodsWaiting::No);
+    assert_eq!(waiting(&deleting, now), PodsWaiting::No);
 }
 
 #[test]

@@ -305,7 +305,7 @@ impl Execution<'_> {
             job = job.metadata.name.as_deref().unwrap_or_default(),
             "{how}"
         );
-        self.outcomes.push(Outcome::JobCreated(Arc::from(job)));
+        self.outcomes.push(Outcome::JobCreated(job));
         Ok(None)
     }
 

@@ -20,6 +20,7 @@ use k8s_openapi::api::batch::v1::Job;
 use super::Key;
 use super::cache::Cached;
 use crate::api::GpuJob;
+use crate::controller::seen_job::SeenJob;
 
 #[derive(Debug, Default)]
 struct Entry {
@@ -132,8 +133,8 @@ impl WriteMemory {
         &self,
         key: &Key,
         uid: &str,
-        read: impl FnOnce() -> Vec<Arc<Job>>,
-    ) -> Vec<Arc<Job>> {
+        read: impl FnOnce() -> Vec<Arc<SeenJob>>,
+    ) -> Vec<Arc<SeenJob>> {
         let mut entries = self.lock();
         let cached = read();
         let Some(entry) = entries.get_mut(key).filter(|e| e.uid == uid) else {
@@ -141,7 +142,7 @@ impl WriteMemory {
         };
         let cached_names: HashMap<String, String> = cached
             .iter()
-            .filter_map(|j| Some((j.metadata.name.clone()?, j.metadata.uid.clone()?)))
+            .filter_map(|j| Some((j.name.clone(), j.uid.clone()?)))
             .collect();
         entry
             .created
@@ -150,48 +151,47 @@ impl WriteMemory {
             .deleted
             .retain(|name, uid| cached_names.get(name) == Some(uid));
         entry.deleting.retain(|name, uid| {
-            cached.iter().any(|j| {
-                j.metadata.name.as_deref() == Some(name.as_str())
-                    && j.metadata.uid.as_deref() == Some(uid.as_str())
-                    && j.metadata.deletion_timestamp.is_none()
-            })
+            cached
+                .iter()
+                .any(|j| j.name == *name && j.uid.as_deref() == Some(uid.as_str()) && !j.deleting())
         });
         entry.started.retain(|name, rv| {
-            cached.iter().any(|j| {
-                j.metadata.name.as_deref() == Some(name.as_str())
-                    && j.metadata.resource_version.as_deref() == Some(rv.as_str())
-            })
+            cached
+                .iter()
+                .any(|j| j.name == *name && j.resource_version.as_deref() == Some(rv.as_str()))
         });
-        let mut jobs: Vec<Arc<Job>> =
+        let mut jobs: Vec<Arc<SeenJob>> =
             cached
                 .into_iter()
-                .filter(|j| {
-                    let name = j.metadata.name.as_deref().unwrap_or_default();
-                    !entry.deleted.contains_key(name)
-                })
+                .filter(|j| !entry.deleted.contains_key(&j.name))
                 .map(|j| {
-                    let name = j.metadata.name.as_deref().unwrap_or_default();
-                    let deleting = entry.deleting.contains_key(name);
-                    let started = entry.started.contains_key(name);
+                    let deleting = entry.deleting.contains_key(&j.name);
+                    let started = entry.started.contains_key(&j.name);
                     if !deleting && !started {
                         return j;
                     }
                     let mut shown = (*j).clone();
                     if deleting {
                         // Accepted as deleting; the cache has not seen it yet.
-                        shown.metadata.deletion_timestamp =
+                        shown.deletion_timestamp =
                             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                                 jiff::Timestamp::now(),
                             ));
                     }
                     if started {
                         // Started; the cache still shows the version the start replaced.
-                        shown.spec = None;
+                        shown.suspended = false;
                     }
                     Arc::new(shown)
                 })
                 .collect();
-        jobs.extend(entry.created.values().filter_map(Cached::job).map(Arc::new));
+        jobs.extend(
+            entry
+                .created
+                .values()
+                .filter_map(Cached::seen)
+                .map(Arc::new),
+        );
         if entry.is_empty() {
             entries.remove(key);
         }
@@ -244,21 +244,13 @@ impl WriteMemory {
     /// Records a Job this operator created, kept as the cache keeps Jobs (what the plan
     /// reads): under a burst thousands wait here for the cache, and a whole Job with
     /// its pod template and managedFields is several times larger.
-    pub fn job_created(&self, key: &Key, owner: &GpuJob, job: &Job) {
+    pub fn job_created(&self, key: &Key, owner: &GpuJob, job: &SeenJob) {
         let mut entries = self.lock();
-        match Cached::of(job) {
-            Some(cached) => {
-                entry(&mut entries, key, owner)
-                    .created
-                    .insert(cached.name().to_owned(), cached);
-            }
-            // Every Job this operator creates or reads past the cache is controlled by
-            // its GpuJob; one that is not would have to wait for the cache.
-            None => tracing::error!(
-                gpujob = %key,
-                job = job.metadata.name.as_deref().unwrap_or_default(),
-                "a Job without a GpuJob controller reference cannot be remembered; the GpuJob waits for its cache"
-            ),
+        // Not packed (logged by `Cached::of`): the GpuJob waits for its cache.
+        if let Some(cached) = Cached::of(job) {
+            entry(&mut entries, key, owner)
+                .created
+                .insert(job.name.clone(), cached);
         }
     }
 
@@ -266,7 +258,7 @@ impl WriteMemory {
     /// watch lags or is relisting). Kept like a created one: if the Job goes before the
     /// cache ever shows it, no watch event will say so, but the relist that ends the
     /// lag names this GpuJob ([`WriteMemory::jobs_relisted`]), so it is looked at again.
-    pub fn job_read(&self, key: &Key, owner: &GpuJob, job: &Job) {
+    pub fn job_read(&self, key: &Key, owner: &GpuJob, job: &SeenJob) {
         self.job_created(key, owner, job);
     }
 
@@ -311,10 +303,10 @@ impl WriteMemory {
             // Not gone while its pods stop, and no attempt starts until it is: a copy
             // the cache has yet to show stays, deleting, until the cache shows the Job,
             // its deletion event arrives, or a relist says how things are.
-            let deleting = unseen.and_then(|c| c.job()).and_then(|mut j| {
-                j.metadata.deletion_timestamp = Some(
-                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
-                );
+            let deleting = unseen.and_then(|c| c.seen()).and_then(|mut j| {
+                j.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    jiff::Timestamp::now(),
+                ));
                 Cached::of(&j)
             });
             if let Some(deleting) = deleting {
@@ -503,11 +495,13 @@ mod tests {
         j
     }
 
-    fn names(jobs: &[Arc<Job>]) -> Vec<String> {
-        let mut n: Vec<_> = jobs
-            .iter()
-            .map(|j| j.metadata.name.clone().unwrap())
-            .collect();
+    /// [`job`] as the plan sees it.
+    fn seen_job(name: &str, uid: &str) -> SeenJob {
+        SeenJob::of(&job(name, uid)).unwrap()
+    }
+
+    fn names(jobs: &[Arc<SeenJob>]) -> Vec<String> {
+        let mut n: Vec<_> = jobs.iter().map(|j| j.name.clone()).collect();
         n.sort();
         n
     }
@@ -581,24 +575,18 @@ mod tests {
     fn created_and_deleted_jobs_show_until_the_cache_agrees() {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
-        let mut created = job("a-2", "j2");
-        created.spec = Some(Default::default());
-        created.metadata.managed_fields = Some(vec![Default::default()]);
-        m.job_created(&key(), &owner, &created);
+        m.job_created(&key(), &owner, &seen_job("a-2", "j2"));
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), false);
-        let cached = vec![Arc::new(job("a-1", "j1"))];
+        let cached = vec![Arc::new(seen_job("a-1", "j1"))];
         let shown = m.jobs(&key(), "u", || cached);
         assert_eq!(names(&shown), vec!["a-2"]);
-        assert!(
-            shown[0].spec.is_none() && shown[0].metadata.managed_fields.is_none(),
-            "kept as the cache keeps Jobs: metadata and status"
-        );
+        assert_eq!(*shown[0], seen_job("a-2", "j2"), "shown as it was created");
         // The cache catches up on both.
-        let cached = vec![Arc::new(job("a-2", "j2"))];
+        let cached = vec![Arc::new(seen_job("a-2", "j2"))];
         assert_eq!(names(&m.jobs(&key(), "u", || cached)), vec!["a-2"]);
         let cached = vec![
-            Arc::new(job("a-1", "j1-recreated")),
-            Arc::new(job("a-2", "j2")),
+            Arc::new(seen_job("a-1", "j1-recreated")),
+            Arc::new(seen_job("a-2", "j2")),
         ];
         assert_eq!(
             names(&m.jobs(&key(), "u", || cached)),
@@ -615,13 +603,13 @@ mod tests {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), true);
-        let seen = m.jobs(&key(), "u", || vec![Arc::new(job("a-1", "j1"))]);
-        assert_eq!(names(&seen), vec!["a-1"], "it stays while its pods go");
-        assert!(seen[0].metadata.deletion_timestamp.is_some());
-        let mut cached = job("a-1", "j1");
-        cached.metadata.deletion_timestamp = seen[0].metadata.deletion_timestamp.clone();
-        let seen = m.jobs(&key(), "u", || vec![Arc::new(cached)]);
-        assert!(seen[0].metadata.deletion_timestamp.is_some());
+        let shown = m.jobs(&key(), "u", || vec![Arc::new(seen_job("a-1", "j1"))]);
+        assert_eq!(names(&shown), vec!["a-1"], "it stays while its pods go");
+        assert!(shown[0].deleting());
+        let mut cached = seen_job("a-1", "j1");
+        cached.deletion_timestamp = shown[0].deletion_timestamp.clone();
+        let shown = m.jobs(&key(), "u", || vec![Arc::new(cached)]);
+        assert!(shown[0].deleting());
         assert_eq!(m.entries(), 0, "the cache caught up: nothing kept");
     }
 
@@ -632,23 +620,23 @@ mod tests {
         let owner = gj("1", "u");
         // Adopted (the cache had not seen it), then deleted to be replaced: its pods are
         // still stopping, so the next attempt must not take it for gone.
-        m.job_created(&key(), &owner, &job("a-1", "j1"));
+        m.job_created(&key(), &owner, &seen_job("a-1", "j1"));
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), true);
-        let seen = m.jobs(&key(), "u", Vec::new);
-        assert_eq!(names(&seen), vec!["a-1"]);
-        assert!(seen[0].metadata.deletion_timestamp.is_some(), "deleting");
+        let shown = m.jobs(&key(), "u", Vec::new);
+        assert_eq!(names(&shown), vec!["a-1"]);
+        assert!(shown[0].deleting(), "deleting");
         // Its deletion event says it is gone.
         m.job_seen(&key(), &job("a-1", "j1"), true);
         assert!(m.jobs(&key(), "u", Vec::new).is_empty());
         assert_eq!(m.entries(), 0);
         // Or a relist, when the watch missed it.
-        m.job_created(&key(), &owner, &job("a-1", "j1"));
+        m.job_created(&key(), &owner, &seen_job("a-1", "j1"));
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), true);
         assert_eq!(m.jobs_relisted(), vec![key()]);
         assert!(m.jobs(&key(), "u", Vec::new).is_empty());
         assert_eq!(m.entries(), 0);
         // A Job deleted in the background (finished) is gone at once.
-        m.job_created(&key(), &owner, &job("a-1", "j1"));
+        m.job_created(&key(), &owner, &seen_job("a-1", "j1"));
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), false);
         assert!(m.jobs(&key(), "u", Vec::new).is_empty());
     }
@@ -664,15 +652,16 @@ mod tests {
                 suspend: Some(true),
                 ..Default::default()
             });
-            Arc::new(j)
+            j
         };
+        let cached = |rv: &str| vec![Arc::new(SeenJob::of(&suspended(rv)).unwrap())];
         m.job_started(&key(), &owner, "a-1".into(), "5".into());
-        let seen = m.jobs(&key(), "u", || vec![suspended("5")]);
-        assert_eq!(seen[0].spec, None, "started, though the cache lags");
-        assert_eq!(seen[0].metadata.resource_version.as_deref(), Some("5"));
+        let shown = m.jobs(&key(), "u", || cached("5"));
+        assert!(!shown[0].suspended, "started, though the cache lags");
+        assert_eq!(shown[0].resource_version.as_deref(), Some("5"));
         // A newer version (suspended again by someone, say) is the cache's word.
-        let seen = m.jobs(&key(), "u", || vec![suspended("6")]);
-        assert!(seen[0].spec.is_some());
+        let shown = m.jobs(&key(), "u", || cached("6"));
+        assert!(shown[0].suspended);
         assert_eq!(m.entries(), 0, "nothing left to remember");
         // The watch delivering a newer version forgets it too, as does its deletion.
         m.job_started(&key(), &owner, "a-1".into(), "5".into());
@@ -693,7 +682,7 @@ mod tests {
     fn a_relist_of_jobs_drops_what_is_remembered_about_jobs_and_names_their_gpujobs() {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
-        m.job_created(&key(), &owner, &job("a-2", "j2"));
+        m.job_created(&key(), &owner, &seen_job("a-2", "j2"));
         m.status_written(&key(), "1".into(), Arc::new(gj("2", "u")));
         let other = Key::new("ns", "b");
         m.job_deleted(&other, &gj("1", "v"), "b-1".into(), "k1".into(), true);
@@ -717,11 +706,9 @@ mod tests {
         // the cache never had, only this memory could name the GpuJob again.
         let m = WriteMemory::default();
         let owner = gj("1", "u");
-        m.job_read(&key(), &owner, &job("a-1", "j1"));
-        let names = |jobs: Vec<Arc<Job>>| -> Vec<String> {
-            jobs.iter()
-                .filter_map(|j| j.metadata.name.clone())
-                .collect()
+        m.job_read(&key(), &owner, &seen_job("a-1", "j1"));
+        let names = |jobs: Vec<Arc<SeenJob>>| -> Vec<String> {
+            jobs.iter().map(|j| j.name.clone()).collect()
         };
         assert_eq!(
             names(m.jobs(&key(), "u", Vec::new)),
@@ -739,7 +726,7 @@ mod tests {
         );
 
         // A delete refused for its resourceVersion drops the copy: read again next time.
-        m.job_read(&key(), &owner, &job("a-1", "j1"));
+        m.job_read(&key(), &owner, &seen_job("a-1", "j1"));
         m.job_stale(&key(), "a-1");
         assert!(m.jobs(&key(), "u", Vec::new).is_empty());
         assert_eq!(m.entries(), 0);
@@ -763,7 +750,7 @@ mod tests {
             "nothing left once the cache holds the write"
         );
 
-        m.job_created(&key(), &owner, &job("a-1", "j1"));
+        m.job_created(&key(), &owner, &seen_job("a-1", "j1"));
         m.job_deleted(&key(), &owner, "a-0".into(), "j0".into(), false);
         m.job_deleted(&key(), &owner, "a-2".into(), "j2".into(), true);
         // Another Job's events, and a still-running view of the one being deleted,
@@ -786,7 +773,7 @@ mod tests {
         );
 
         // Created and deleted before the cache showed it: the delete event settles it.
-        m.job_created(&key(), &owner, &job("a-3", "j3"));
+        m.job_created(&key(), &owner, &seen_job("a-3", "j3"));
         m.job_seen(&key(), &job("a-3", "other-uid"), true);
         assert_eq!(
             m.entries(),
@@ -802,7 +789,7 @@ mod tests {
         let m = WriteMemory::default();
         m.status_written(&key(), "10".into(), Arc::new(gj("11", "u")));
         let other = Key::new("other", "b");
-        m.job_created(&other, &gj("1", "v"), &job("b-1", "j"));
+        m.job_created(&other, &gj("1", "v"), &seen_job("b-1", "j"));
         m.forget_where(|k| k.namespace == "ns");
         assert_eq!(m.entries(), 1);
     }

@@ -24,6 +24,7 @@ use kube::runtime::watcher::Event;
 
 use super::{Fence, Key};
 use crate::api::GpuJob;
+use crate::controller::seen_job::SeenJob;
 use cache::{GpuJobCache, JobIndex, owner_of};
 use memory::WriteMemory;
 pub use observe::Snapshot;
@@ -39,7 +40,7 @@ pub enum Outcome {
         written: Arc<GpuJob>,
     },
     /// A Job was created, or found already created for this GpuJob (adopted).
-    JobCreated(Arc<Job>),
+    JobCreated(Box<Job>),
     /// Job `name` was started (unsuspended) from version `replaced`.
     JobStarted { name: String, replaced: String },
     /// Job `name` (uid `uid`) was deleted; `foreground`: it stays until its pods are gone.
@@ -175,10 +176,18 @@ impl View {
                 Outcome::GpuJobWritten { replaced, written } => {
                     self.remember(key, fence, snap, replaced, written);
                 }
-                Outcome::JobCreated(job) => {
-                    self.memory.job_created(key, &snap.gpujob, &job);
-                    snap.jobs.push(job);
-                }
+                Outcome::JobCreated(job) => match SeenJob::of(&job) {
+                    Some(seen) => {
+                        self.memory.job_created(key, &snap.gpujob, &seen);
+                        snap.jobs.push(Arc::new(seen));
+                    }
+                    // Every Job this operator creates is controlled by its GpuJob.
+                    None => tracing::error!(
+                        gpujob = %key,
+                        job = job.metadata.name.as_deref().unwrap_or_default(),
+                        "a created Job without a GpuJob controller reference cannot be seen; the GpuJob waits for its cache"
+                    ),
+                },
                 Outcome::JobStarted { name, replaced } => {
                     self.memory.job_started(key, &snap.gpujob, name, replaced);
                     self.show_remembered_jobs(key, snap);

@@ -15,18 +15,19 @@ use jiff::Timestamp;
 use super::View;
 use crate::api::{GpuJob, LABEL_ATTEMPT, LABEL_UID, Phase};
 use crate::controller::error::{ApiCall, Error};
-use crate::controller::job::{attempt_of, is_controlled_by, job_name, name_taken};
+use crate::controller::job::{job_name, name_taken};
 use crate::controller::plan::{
     JOB_NAME_CONFLICT, JobState, LivePod, Observed, PodsWaiting, QuotaAnswer, Refusal, Termination,
-    Unschedulable, job_state, pods_waiting,
+    Unschedulable, pods_waiting, seen_state,
 };
+use crate::controller::seen_job::SeenJob;
 use crate::controller::status::READY;
 use crate::controller::{Fence, Key};
 
 #[derive(Debug)]
 pub struct Snapshot {
     pub gpujob: Arc<GpuJob>,
-    pub jobs: Vec<Arc<Job>>,
+    pub jobs: Vec<Arc<SeenJob>>,
     pub termination: Option<Termination>,
     pub unschedulable: Option<Unschedulable>,
     /// A foreign Job still holds the name of the next attempt.
@@ -84,14 +85,16 @@ pub(super) async fn observe(
     let status = gpujob.status.clone().unwrap_or_default();
     let k = status.attempts;
     let final_ = status.phase.is_some_and(Phase::is_final);
-    if k >= 1 && !final_ && !jobs.iter().any(|j| attempt_of(j) == Some(k)) {
+    if k >= 1 && !final_ && !jobs.iter().any(|j| j.attempt == Some(k)) {
         let api: Api<Job> = Api::namespaced(view.client.clone(), &key.namespace);
         let name = job_name(&key.name, k);
         if let Some(job) = api
             .get_opt(&name)
             .await
             .map_err(Error::kube(ApiCall::ReadJob))?
-            && is_controlled_by(&job, &uid)
+            .as_ref()
+            .and_then(SeenJob::of)
+            && job.is_controlled_by(&uid)
         {
             // Remembered until the cache has it: should it go before then, only the
             // relist ending the lag can say so, and it names GpuJobs by this memory.
@@ -153,7 +156,7 @@ async fn name_still_taken(
     view: &View,
     key: &Key,
     gpujob: &GpuJob,
-    jobs: &mut Vec<Arc<Job>>,
+    jobs: &mut Vec<Arc<SeenJob>>,
 ) -> Result<Option<Refusal>, Error> {
     let status = gpujob.status.clone().unwrap_or_default();
     let waiting = !status.phase.is_some_and(Phase::is_final)
@@ -167,13 +170,13 @@ async fn name_still_taken(
     let name = job_name(&key.name, attempt);
     let api: Api<Job> = Api::namespaced(view.client.clone(), &key.namespace);
     let uid = gpujob.metadata.uid.as_deref().unwrap_or_default();
-    match api
+    let found = api
         .get_opt(&name)
         .await
-        .map_err(Error::kube(ApiCall::ReadJob))?
-    {
-        Some(job) if is_controlled_by(&job, uid) => {
-            if !jobs.iter().any(|j| attempt_of(j) == Some(attempt)) {
+        .map_err(Error::kube(ApiCall::ReadJob))?;
+    match found.as_ref().map(SeenJob::of) {
+        Some(Some(job)) if job.is_controlled_by(uid) => {
+            if !jobs.iter().any(|j| j.attempt == Some(attempt)) {
                 jobs.push(Arc::new(job));
             }
             Ok(None)
@@ -191,21 +194,21 @@ async fn name_still_taken(
 /// the attempt of `status.lastFailure`). Not simply the newest Job: when the next
 /// attempt's Job already exists (its start was recorded, the failure before it was not),
 /// the failure to record is the one before.
-fn unrecorded_failure(jobs: &[Arc<Job>], recorded: Option<i32>) -> Option<(i32, &Job)> {
+fn unrecorded_failure(jobs: &[Arc<SeenJob>], recorded: Option<i32>) -> Option<(i32, &SeenJob)> {
     jobs.iter()
-        .filter_map(|j| attempt_of(j).map(|a| (a, j.as_ref())))
+        .filter_map(|j| j.attempt.map(|a| (a, j.as_ref())))
         .filter(|(a, j)| {
-            recorded.is_none_or(|r| *a > r) && matches!(job_state(j), JobState::Failed { .. })
+            recorded.is_none_or(|r| *a > r) && matches!(seen_state(j), JobState::Failed { .. })
         })
         .max_by_key(|(a, _)| *a)
 }
 
 /// The newest attempt, when its Job is active with no pod running past the scheduler's
 /// grace ([`pods_waiting`]): its pod says why.
-fn waiting_for_a_node(jobs: &[Arc<Job>], now: Timestamp) -> Option<(i32, &Job)> {
+fn waiting_for_a_node(jobs: &[Arc<SeenJob>], now: Timestamp) -> Option<(i32, &SeenJob)> {
     let (attempt, job) = jobs
         .iter()
-        .filter_map(|j| attempt_of(j).map(|a| (a, j.as_ref())))
+        .filter_map(|j| j.attempt.map(|a| (a, j.as_ref())))
         .max_by_key(|(a, _)| *a)?;
     (pods_waiting(job, now) == PodsWaiting::ReadPod).then_some((attempt, job))
 }
@@ -215,7 +218,7 @@ fn waiting_for_a_node(jobs: &[Arc<Job>], now: Timestamp) -> Option<(i32, &Job)> 
 async fn unschedulable_of(
     view: &View,
     ns: &str,
-    job: &Job,
+    job: &SeenJob,
     attempt: i32,
 ) -> Result<Option<Unschedulable>, Error> {
     Ok(pods_of(view, ns, job).await?.iter().find_map(|pod| {
@@ -265,8 +268,8 @@ pub(super) async fn live_pods(view: &View, ns: &str, uid: &str) -> Result<Vec<Li
 }
 
 /// The pods of `job`, found by its `controller-uid` label (none for a Job without uid).
-async fn pods_of(view: &View, ns: &str, job: &Job) -> Result<Vec<Pod>, Error> {
-    let Some(job_uid) = job.metadata.uid.as_deref() else {
+async fn pods_of(view: &View, ns: &str, job: &SeenJob) -> Result<Vec<Pod>, Error> {
+    let Some(job_uid) = job.uid.as_deref() else {
         return Ok(Vec::new());
     };
     let pods: Api<Pod> = Api::namespaced(view.client.clone(), ns);
@@ -278,12 +281,11 @@ async fn pods_of(view: &View, ns: &str, job: &Job) -> Result<Vec<Pod>, Error> {
 }
 
 /// How the failed attempt's container ended, from its pod (found by the Job's
-/// `controller-uid` label; on Kubernetes 1.20 the Job itself only says
-/// `BackoffLimitExceeded`).
+/// `controller-uid` label; the Job itself only says `BackoffLimitExceeded`).
 async fn termination_of(
     view: &View,
     ns: &str,
-    job: &Job,
+    job: &SeenJob,
     attempt: i32,
 ) -> Result<Option<Termination>, Error> {
     let terminated = pods_of(view, ns, job).await?.into_iter().find_map(|pod| {
@@ -332,7 +334,7 @@ mod tests {
         g
     }
 
-    fn job(attempt: i32, failed: bool) -> Arc<Job> {
+    fn job(attempt: i32, failed: bool) -> Arc<SeenJob> {
         let mut j = desired_job(&gpujob("train"), attempt);
         if failed {
             j.status = Some(JobStatus {
@@ -345,10 +347,10 @@ mod tests {
                 ..Default::default()
             });
         }
-        Arc::new(j)
+        Arc::new(SeenJob::of(&j).expect("controlled by its GpuJob"))
     }
 
-    fn attempt(jobs: &[Arc<Job>], recorded: Option<i32>) -> Option<i32> {
+    fn attempt(jobs: &[Arc<SeenJob>], recorded: Option<i32>) -> Option<i32> {
         unrecorded_failure(jobs, recorded).map(|(a, _)| a)
     }
 

@@ -2,22 +2,22 @@
 //! labelled `gpujob.dev/uid`. Only Jobs with a controller owner reference to a GpuJob
 //! count; labels alone can be copied by anyone.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, RwLock};
 
 use hashbrown::HashTable;
-use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec, JobStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::api::batch::v1::{Job, JobCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::watcher::Event;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::error;
 
 use super::record;
-use crate::api::{ANNOTATION_GENERATION, LABEL_ATTEMPT};
 use crate::controller::Key;
-use crate::controller::job::{controller_of, started};
+use crate::controller::job::controller_of;
+use crate::controller::seen_job::{SeenJob, SeenJobStatus};
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -42,9 +42,9 @@ struct Table {
 
 /// A cached Job controlled by a GpuJob, in one allocation ([`record`]): the owner's uid,
 /// the namespace, the owner's name and the Job's name, then the JSON of the rest of what
-/// the plan reads ([`Kept`]). About 180 bytes for a running Job, where a trimmed `Job`
-/// is 4.8 KB (inline room for a spec, label and annotation maps, a small allocation per
-/// string). `benches/examples/footprint.rs` measures the index whole.
+/// the plan reads ([`Kept`]): a few hundred bytes, where even a `Job` stripped to the
+/// same fields keeps inline room for a spec, label and annotation maps and a small
+/// allocation per string. `benches/examples/footprint.rs` measures the index whole.
 #[derive(Debug, Clone, PartialEq)]
 pub(in crate::controller) struct Cached(Box<[u8]>);
 
@@ -56,11 +56,7 @@ struct Names<'a> {
     name: &'a str,
 }
 
-/// What the plan reads of a Job besides its names: uid and resourceVersion (delete
-/// and start preconditions), deletion, whether it is still suspended (not started), the
-/// attempt label, the generation annotation, how the
-/// controller reference was written, the conditions and completion time, the pod
-/// counts and start that say whether an attempt waits for a node, and terminating pods.
+/// A [`SeenJob`] besides its names, in short JSON keys: what a plan reads.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Kept {
     #[serde(rename = "u", default, skip_serializing_if = "Option::is_none")]
@@ -70,24 +66,14 @@ struct Kept {
     #[serde(rename = "d", default, skip_serializing_if = "Option::is_none")]
     deletion_timestamp: Option<Time>,
     /// Only while true: a started Job says nothing.
-    #[serde(rename = "p", default, skip_serializing_if = "Option::is_none")]
-    suspended: Option<bool>,
+    #[serde(rename = "p", default, skip_serializing_if = "std::ops::Not::not")]
+    suspended: bool,
     #[serde(rename = "a", default, skip_serializing_if = "Option::is_none")]
-    attempt: Option<String>,
+    attempt: Option<i32>,
     #[serde(rename = "g", default, skip_serializing_if = "Option::is_none")]
-    generation: Option<String>,
-    #[serde(rename = "v")]
-    owner_api_version: String,
-    #[serde(rename = "b", default, skip_serializing_if = "Option::is_none")]
-    block_owner_deletion: Option<bool>,
-    #[serde(rename = "s", default, skip_serializing_if = "Option::is_none")]
-    status: Option<KeptStatus>,
-}
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct KeptStatus {
-    #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
-    conditions: Option<Vec<JobCondition>>,
+    generation: Option<i64>,
+    #[serde(rename = "c", default, skip_serializing_if = "Vec::is_empty")]
+    conditions: Vec<JobCondition>,
     #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
     completion_time: Option<Time>,
     #[serde(rename = "n", default, skip_serializing_if = "Option::is_none")]
@@ -96,43 +82,42 @@ struct KeptStatus {
     ready: Option<i32>,
     #[serde(rename = "st", default, skip_serializing_if = "Option::is_none")]
     start_time: Option<Time>,
-    /// Only when some are: zero is what nearly every Job says.
     #[serde(rename = "m", default, skip_serializing_if = "Option::is_none")]
     terminating: Option<i32>,
 }
 
 impl Cached {
     /// `None` for a Job without a name or namespace, or not controlled by a GpuJob.
-    pub(in crate::controller) fn of(job: &Job) -> Option<Cached> {
-        let m = &job.metadata;
-        let name = m.name.as_deref()?;
-        let namespace = m.namespace.as_deref()?;
-        let owner = controller_of(job)?;
-        let value = |map: &Option<BTreeMap<String, String>>, key: &str| {
-            map.as_ref().and_then(|map| map.get(key)).cloned()
-        };
+    pub(in crate::controller) fn of_job(job: &Job) -> Option<Cached> {
+        Cached::of(&SeenJob::of(job)?)
+    }
+
+    pub(in crate::controller) fn of(seen: &SeenJob) -> Option<Cached> {
+        let status = &seen.status;
         let kept = Kept {
-            uid: m.uid.clone(),
-            resource_version: m.resource_version.clone(),
-            deletion_timestamp: m.deletion_timestamp.clone(),
-            suspended: (!started(job)).then_some(true),
-            attempt: value(&m.labels, LABEL_ATTEMPT),
-            generation: value(&m.annotations, ANNOTATION_GENERATION),
-            owner_api_version: owner.api_version.clone(),
-            block_owner_deletion: owner.block_owner_deletion,
-            status: job.status.as_ref().map(|s| KeptStatus {
-                conditions: s.conditions.clone(),
-                completion_time: s.completion_time.clone(),
-                active: s.active,
-                ready: s.ready,
-                start_time: s.start_time.clone(),
-                terminating: s.terminating.filter(|n| *n > 0),
-            }),
+            uid: seen.uid.clone(),
+            resource_version: seen.resource_version.clone(),
+            deletion_timestamp: seen.deletion_timestamp.clone(),
+            suspended: seen.suspended,
+            attempt: seen.attempt,
+            generation: seen.generation,
+            conditions: status.conditions.clone(),
+            completion_time: status.completion_time.clone(),
+            active: status.active,
+            ready: status.ready,
+            start_time: status.start_time.clone(),
+            terminating: status.terminating,
         };
+        let names = [
+            seen.owner_uid.as_str(),
+            &seen.namespace,
+            &seen.owner,
+            &seen.name,
+        ];
         let packed = serde_json::to_vec(&kept)
             .map_err(|e| e.to_string())
             .and_then(|json| {
-                record::pack([&owner.uid, namespace, &owner.name, name], &json)
+                record::pack(names, &json)
                     .ok_or_else(|| "a name or uid longer than 64 KiB".to_owned())
             });
         match packed {
@@ -140,7 +125,11 @@ impl Cached {
             Err(e) => {
                 // Cannot happen for a value the API server accepted; if it did, the Job
                 // would be missing from the cache rather than the process gone.
-                error!(job = name, namespace, "cannot cache the Job: {e}");
+                error!(
+                    job = seen.name,
+                    namespace = seen.namespace,
+                    "cannot cache the Job: {e}"
+                );
                 None
             }
         }
@@ -175,49 +164,29 @@ impl Cached {
         }
     }
 
-    /// The Job as the plan sees it (of the spec only `suspend`, when true; the kept
-    /// metadata and status).
-    pub(in crate::controller) fn job(&self) -> Option<Job> {
+    /// The Job as the plan sees it.
+    pub(in crate::controller) fn seen(&self) -> Option<SeenJob> {
         let (names, kept) = self.kept()?;
-        let only =
-            |key: &str, value: Option<String>| value.map(|v| BTreeMap::from([(key.to_owned(), v)]));
-        Some(Job {
-            metadata: ObjectMeta {
-                name: Some(names.name.to_owned()),
-                namespace: Some(names.namespace.to_owned()),
-                uid: kept.uid,
-                resource_version: kept.resource_version,
-                deletion_timestamp: kept.deletion_timestamp,
-                labels: only(LABEL_ATTEMPT, kept.attempt),
-                annotations: only(ANNOTATION_GENERATION, kept.generation),
-                owner_references: Some(vec![OwnerReference {
-                    api_version: kept.owner_api_version,
-                    kind: "GpuJob".to_owned(),
-                    name: names.owner.to_owned(),
-                    uid: names.owner_uid.to_owned(),
-                    controller: Some(true),
-                    block_owner_deletion: kept.block_owner_deletion,
-                }]),
-                ..ObjectMeta::default()
+        Some(SeenJob {
+            name: names.name.to_owned(),
+            namespace: names.namespace.to_owned(),
+            owner: names.owner.to_owned(),
+            owner_uid: names.owner_uid.to_owned(),
+            uid: kept.uid,
+            resource_version: kept.resource_version,
+            deletion_timestamp: kept.deletion_timestamp,
+            suspended: kept.suspended,
+            attempt: kept.attempt,
+            generation: kept.generation,
+            status: SeenJobStatus {
+                conditions: kept.conditions,
+                completion_time: kept.completion_time,
+                active: kept.active,
+                ready: kept.ready,
+                start_time: kept.start_time,
+                terminating: kept.terminating,
             },
-            spec: kept.suspended.filter(|s| *s).map(|_| JobSpec {
-                suspend: Some(true),
-                ..JobSpec::default()
-            }),
-            status: kept.status.map(|s| JobStatus {
-                conditions: s.conditions,
-                completion_time: s.completion_time,
-                active: s.active,
-                ready: s.ready,
-                start_time: s.start_time,
-                terminating: s.terminating,
-                ..JobStatus::default()
-            }),
         })
-    }
-
-    pub(in crate::controller) fn name(&self) -> &str {
-        self.names().map_or("", |(n, _)| n.name)
     }
 
     pub(in crate::controller) fn uid(&self) -> Option<String> {
@@ -372,7 +341,7 @@ impl JobIndex {
                 Vec::new()
             }
             Event::InitApply(job) => {
-                if let Some((relist, cached)) = inner.relist.as_mut().zip(Cached::of(job)) {
+                if let Some((relist, cached)) = inner.relist.as_mut().zip(Cached::of_job(job)) {
                     relist.insert(cached);
                 }
                 Vec::new()
@@ -400,7 +369,7 @@ impl JobIndex {
                     .into_iter()
                     .collect();
                 keys.extend(owner_of(job).map(|(k, _)| k));
-                if let (Event::Apply(_), Some(cached)) = (event, Cached::of(job)) {
+                if let (Event::Apply(_), Some(cached)) = (event, Cached::of_job(job)) {
                     inner.table.insert(cached);
                 }
                 keys.into_iter().collect()
@@ -409,12 +378,12 @@ impl JobIndex {
     }
 
     /// The Jobs controlled by the GpuJob with `uid`.
-    pub fn jobs_of(&self, uid: &str) -> Vec<Arc<Job>> {
+    pub fn jobs_of(&self, uid: &str) -> Vec<Arc<SeenJob>> {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         inner
             .table
             .of_owner(uid)
-            .filter_map(Cached::job)
+            .filter_map(Cached::seen)
             .map(Arc::new)
             .collect()
     }
@@ -429,7 +398,10 @@ impl JobIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{ANNOTATION_GENERATION, LABEL_ATTEMPT};
+    use k8s_openapi::api::batch::v1::{JobSpec, JobStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use std::collections::BTreeMap;
 
     fn job(name: &str, owner: Option<(&str, &str)>) -> Job {
         let mut j = Job::default();
@@ -474,11 +446,7 @@ mod tests {
         );
         assert_eq!(idx.jobs_of("u1").len(), 2);
         idx.apply(&Event::Delete(job("a-1", Some(("a", "u1")))));
-        let names: Vec<_> = idx
-            .jobs_of("u1")
-            .iter()
-            .map(|j| j.metadata.name.clone().unwrap())
-            .collect();
+        let names: Vec<_> = idx.jobs_of("u1").iter().map(|j| j.name.clone()).collect();
         assert_eq!(names, vec!["a-2"]);
         // An owner reference rewritten to another GpuJob moves the Job.
         idx.apply(&Event::Apply(job("a-2", Some(("b", "u2")))));
@@ -492,47 +460,6 @@ mod tests {
             vec![Key::new("ns", "b"), Key::new("ns", "c")]
         );
         assert!(idx.jobs_of("u2").is_empty());
-    }
-
-    /// What the plan reads of a Job, as a trimmed `Job`: the definition a cached Job
-    /// must read back as.
-    fn trimmed(job: &Job) -> Job {
-        let m = &job.metadata;
-        let only = |map: &Option<BTreeMap<String, String>>, key: &str| {
-            map.as_ref()
-                .and_then(|map| map.get_key_value(key))
-                .map(|(k, v)| BTreeMap::from([(k.clone(), v.clone())]))
-        };
-        Job {
-            metadata: ObjectMeta {
-                name: m.name.clone(),
-                namespace: m.namespace.clone(),
-                uid: m.uid.clone(),
-                resource_version: m.resource_version.clone(),
-                deletion_timestamp: m.deletion_timestamp.clone(),
-                labels: only(&m.labels, LABEL_ATTEMPT),
-                annotations: only(&m.annotations, ANNOTATION_GENERATION),
-                owner_references: controller_of(job).map(|o| vec![o.clone()]),
-                ..ObjectMeta::default()
-            },
-            spec: job
-                .spec
-                .as_ref()
-                .filter(|s| s.suspend == Some(true))
-                .map(|_| JobSpec {
-                    suspend: Some(true),
-                    ..JobSpec::default()
-                }),
-            status: job.status.as_ref().map(|s| JobStatus {
-                conditions: s.conditions.clone(),
-                completion_time: s.completion_time.clone(),
-                active: s.active,
-                ready: s.ready,
-                start_time: s.start_time.clone(),
-                terminating: s.terminating.filter(|n| *n > 0),
-                ..JobStatus::default()
-            }),
-        }
     }
 
     #[test]
@@ -599,15 +526,31 @@ mod tests {
             suspend: Some(false),
             ..JobSpec::default()
         });
-        assert_eq!(Cached::of(&started).unwrap().job().unwrap().spec, None);
+        let seen_full = SeenJob::of(&full).expect("controlled by a GpuJob");
+        assert_eq!(
+            (
+                seen_full.owner.as_str(),
+                seen_full.attempt,
+                seen_full.generation
+            ),
+            ("a", Some(1), Some(3)),
+            "the GpuJob controller, not the first owner"
+        );
+        assert_eq!(seen_full.status.terminating, Some(2));
+        assert_eq!(
+            SeenJob::of(&plain).map(|s| s.status),
+            Some(Default::default())
+        );
+        assert!(SeenJob::of(&no_status).is_some_and(|s| s.suspended));
+        assert!(SeenJob::of(&started).is_some_and(|s| !s.suspended));
         for j in [full, plain, no_status, started] {
-            let cached = Cached::of(&j).expect("controlled by a GpuJob");
-            assert_eq!(cached.job(), Some(trimmed(&j)));
-            assert_eq!(cached.name(), j.metadata.name.as_deref().unwrap());
+            let seen = SeenJob::of(&j).expect("controlled by a GpuJob");
+            let cached = Cached::of(&seen).expect("packed");
+            assert_eq!(cached.seen(), Some(seen), "a cached Job reads back as seen");
             assert_eq!(cached.uid(), j.metadata.uid);
         }
         assert_eq!(
-            Cached::of(&job("stray", None)),
+            Cached::of_job(&job("stray", None)),
             None,
             "not controlled by a GpuJob"
         );
@@ -616,8 +559,8 @@ mod tests {
     #[test]
     fn the_cache_keeps_what_the_plan_reads_and_drops_the_rest() {
         use crate::api::GpuJob;
-        use crate::controller::job::{attempt_of, desired_job, generation_of};
-        use crate::controller::plan::{JobState, job_state};
+        use crate::controller::job::{attempt_of, desired_job};
+        use crate::controller::plan::{JobState, seen_state};
         use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
@@ -653,26 +596,17 @@ mod tests {
             let cached = idx.jobs_of("u1");
             let cached = cached.first().expect("indexed by its owner");
             assert_eq!(
-                cached.spec,
-                Some(k8s_openapi::api::batch::v1::JobSpec {
-                    suspend: Some(true),
-                    ..Default::default()
-                }),
-                "of the spec, only that it is not started: the pod template is not kept"
+                Some(cached.as_ref()),
+                SeenJob::of(&full).as_ref(),
+                "the same as the full Job seen"
             );
-            assert_eq!(cached.metadata.managed_fields, None);
-            assert_eq!(
-                cached.metadata.labels.as_ref().map(BTreeMap::len),
-                Some(1),
-                "of the labels, only the attempt"
-            );
-            assert_eq!(cached.metadata.name, full.metadata.name);
-            assert_eq!(cached.metadata.uid.as_deref(), Some("j1"));
-            assert_eq!(cached.metadata.resource_version.as_deref(), Some("7"));
-            assert_eq!(attempt_of(cached), attempt_of(&full));
-            assert_eq!(generation_of(cached), Some(4));
-            assert_eq!(owner_of(cached), owner_of(&full));
-            assert!(matches!(job_state(cached), JobState::Complete { .. }));
+            assert!(cached.suspended, "not started: created suspended");
+            assert_eq!(cached.name, "a-2");
+            assert_eq!(cached.uid.as_deref(), Some("j1"));
+            assert_eq!(cached.resource_version.as_deref(), Some("7"));
+            assert_eq!(cached.attempt, attempt_of(&full));
+            assert_eq!(cached.generation, Some(4));
+            assert!(matches!(seen_state(cached), JobState::Complete { .. }));
         }
     }
 }

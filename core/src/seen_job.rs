@@ -1,0 +1,164 @@
+//! A Job as the plan sees it: exactly the fields a plan reads, whichever way the Job came
+//! (a cache, a GET past a lagging cache, a create's answer). A cache keeps only these, so
+//! a plan that read a field outside them would see it from one source and not from
+//! another; here it cannot read it at all.
+
+use k8s_openapi::api::batch::v1::{Job, JobCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::api::{ANNOTATION_GENERATION, LABEL_ATTEMPT};
+use crate::job::{controller_of, started};
+
+/// A Job controlled by a GpuJob (its controller owner reference, not its labels).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SeenJob {
+    pub name: String,
+    pub namespace: String,
+    /// The controlling GpuJob's name and uid.
+    pub owner: String,
+    pub owner_uid: String,
+    /// Preconditions of a start or delete.
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    pub deletion_timestamp: Option<Time>,
+    /// Not started yet (`spec.suspend: true`): created suspended, waiting for the holder.
+    pub suspended: bool,
+    /// The attempt it runs (`gpujob.dev/attempt`, from 1); `None` when the label is
+    /// missing or not a number.
+    pub attempt: Option<i32>,
+    /// The GpuJob generation it was built from (`gpujob.dev/generation`).
+    pub generation: Option<i64>,
+    pub status: SeenJobStatus,
+}
+
+/// What a plan reads of a Job's status: the conditions and completion time (finished?),
+/// the pod counts and start (do its pods wait for a node? may some still run?).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SeenJobStatus {
+    pub conditions: Vec<JobCondition>,
+    pub completion_time: Option<Time>,
+    pub active: Option<i32>,
+    /// `None` where the API server does not count ready pods (before Kubernetes 1.24).
+    pub ready: Option<i32>,
+    pub start_time: Option<Time>,
+    /// Only when some are (zero is what nearly every Job says).
+    pub terminating: Option<i32>,
+}
+
+impl SeenJob {
+    /// `None` for a Job without a name or namespace, or not controlled by a GpuJob.
+    pub fn of(job: &Job) -> Option<SeenJob> {
+        let m = &job.metadata;
+        let owner = controller_of(job)?;
+        let value = |map: &Option<std::collections::BTreeMap<String, String>>, key: &str| {
+            map.as_ref().and_then(|map| map.get(key)).cloned()
+        };
+        let status = job.status.as_ref();
+        Some(SeenJob {
+            name: m.name.clone()?,
+            namespace: m.namespace.clone()?,
+            owner: owner.name.clone(),
+            owner_uid: owner.uid.clone(),
+            uid: m.uid.clone(),
+            resource_version: m.resource_version.clone(),
+            deletion_timestamp: m.deletion_timestamp.clone(),
+            suspended: !started(job),
+            attempt: value(&m.labels, LABEL_ATTEMPT)
+                .and_then(|a| a.parse().ok())
+                .filter(|a| *a >= 1),
+            generation: value(&m.annotations, ANNOTATION_GENERATION).and_then(|g| g.parse().ok()),
+            status: SeenJobStatus {
+                conditions: status
+                    .and_then(|s| s.conditions.clone())
+                    .unwrap_or_default(),
+                completion_time: status.and_then(|s| s.completion_time.clone()),
+                active: status.and_then(|s| s.active),
+                ready: status.and_then(|s| s.ready),
+                start_time: status.and_then(|s| s.start_time.clone()),
+                terminating: status.and_then(|s| s.terminating).filter(|n| *n > 0),
+            },
+        })
+    }
+
+    /// Whether the holder has started it (or it was made before Jobs were created
+    /// suspended).
+    pub fn started(&self) -> bool {
+        !self.suspended
+    }
+
+    pub fn deleting(&self) -> bool {
+        self.deletion_timestamp.is_some()
+    }
+
+    /// Whether the Job controller has seen it suspended (its `Suspended` condition):
+    /// after that it writes nothing to the Job until it is started, so a start sent with
+    /// the resourceVersion seen then is rarely refused.
+    pub fn suspension_seen(&self) -> bool {
+        self.status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Suspended" && c.status == "True")
+    }
+
+    pub fn is_controlled_by(&self, uid: &str) -> bool {
+        self.owner_uid == uid
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::GpuJob;
+    use crate::job::desired_job;
+    use k8s_openapi::api::batch::v1::JobStatus;
+
+    fn gpujob() -> GpuJob {
+        let mut g = crate::job::tests::gpujob("train");
+        g.metadata.generation = Some(4);
+        g
+    }
+
+    #[test]
+    fn a_desired_job_is_seen_with_its_attempt_generation_and_owner() {
+        let mut job = desired_job(&gpujob(), 2);
+        job.status = Some(JobStatus {
+            active: Some(1),
+            ready: Some(0),
+            ..JobStatus::default()
+        });
+        let seen = SeenJob::of(&job).expect("controlled by a GpuJob");
+        assert_eq!(seen.name, "train-2");
+        assert_eq!(seen.namespace, "team-a");
+        assert_eq!(
+            (seen.owner.as_str(), seen.owner_uid.as_str()),
+            ("train", "uid-1")
+        );
+        assert_eq!(seen.attempt, Some(2));
+        assert_eq!(seen.generation, Some(4));
+        assert!(seen.suspended && !seen.started());
+        assert!(seen.is_controlled_by("uid-1") && !seen.is_controlled_by("uid-2"));
+        assert_eq!((seen.status.active, seen.status.ready), (Some(1), Some(0)));
+    }
+
+    #[test]
+    fn a_job_without_a_gpujob_controller_or_a_name_is_not_seen() {
+        let mut foreign = desired_job(&gpujob(), 1);
+        foreign.metadata.owner_references = None;
+        assert_eq!(SeenJob::of(&foreign), None);
+        let mut nameless = desired_job(&gpujob(), 1);
+        nameless.metadata.name = None;
+        assert_eq!(SeenJob::of(&nameless), None);
+    }
+
+    #[test]
+    fn a_bad_attempt_label_is_no_attempt() {
+        let mut job = desired_job(&gpujob(), 1);
+        for bad in ["0", "-1", "x"] {
+            job.metadata
+                .labels
+                .get_or_insert_default()
+                .insert(LABEL_ATTEMPT.into(), bad.into());
+            assert_eq!(SeenJob::of(&job).and_then(|s| s.attempt), None, "{bad}");
+        }
+    }
+}
