@@ -1814,3 +1814,178 @@ async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only(
     )
     .await;
 }
+
+/// The chart's namespaced mode, for real: the operator binary, started with the rendered
+/// Deployment's flags (`--namespace` among them), authenticated as the release's service
+/// account (a token from the TokenRequest API, so RBAC judges that account alone) that
+/// holds only the rendered Roles, runs a GpuJob in the watched namespace to Succeeded.
+/// Every write it sent was allowed, and a GpuJob in another namespace is left alone.
+#[tokio::test]
+async fn the_charts_namespaced_mode_runs_a_gpujob_with_its_roles_only() {
+    gpujob_operator::client::install_crypto_provider();
+    let cluster = ControlPlane::for_tests(&[&support::test_crd()])
+        .await
+        .unwrap();
+    let admin = cluster.client(Identity::Admin).await.unwrap();
+    let home = cluster.create_namespace("install-nsrun-op").await.unwrap();
+    let watched = cluster.create_namespace("install-nsrun").await.unwrap();
+    let elsewhere = cluster
+        .create_namespace("install-nsrun-other")
+        .await
+        .unwrap();
+    let objects = helm_template(
+        &home,
+        &home,
+        &[
+            &format!("watchNamespace={watched}"),
+            "crds.install=false",
+            "shards=1",
+        ],
+    );
+    kubectl_apply(&cluster, &rbac_of(&objects), &[]);
+    let pod = &named(&objects, "Deployment")["spec"]["template"]["spec"];
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    let user = format!("system:serviceaccount:{home}:{sa}");
+
+    // What RBAC says the account may do: Jobs in the watched namespace, nowhere else.
+    let can_i = |args: &[&str]| -> String {
+        let out = cluster
+            .command("kubectl", Identity::Admin)
+            .args(["auth", "can-i"])
+            .args(args)
+            .arg(format!("--as={user}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let can_i = &can_i;
+    let (home_ns, watched_ns) = (home.as_str(), watched.as_str());
+    // The authorizer's cache sees the bindings just written a moment later.
+    wait::until(
+        "the service account's Role to be in force",
+        WAIT,
+        POLL,
+        || async move {
+            (can_i(&["create", "jobs.batch", "-n", watched_ns]) == "yes"
+                && can_i(&["update", "leases.coordination.k8s.io", "-n", home_ns]) == "yes")
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(can_i(&["list", "jobs.batch", "--all-namespaces"]), "no");
+    assert_eq!(
+        can_i(&["list", "gpujobs.gpujob.dev", "--all-namespaces"]),
+        "no"
+    );
+    assert_eq!(can_i(&["create", "jobs.batch", "-n", &elsewhere]), "no");
+
+    // The account's own credentials, as its pod would have them.
+    let mut token = cluster.command("kubectl", Identity::Admin);
+    token.args(["create", "token", sa, "-n", &home, "--duration=1h"]);
+    let token = run(token);
+    let admin_kubeconfig = std::fs::read_to_string(cluster.kubeconfig(Identity::Admin)).unwrap();
+    let mut kubeconfig: serde_json::Value = serde_saphyr::from_str(&admin_kubeconfig).unwrap();
+    kubeconfig["users"][0]["user"] = json!({"token": token.trim()});
+    let kubeconfig_path =
+        std::env::temp_dir().join(format!("gpujob-{home}-{}.kubeconfig", std::process::id()));
+    std::fs::write(&kubeconfig_path, kubeconfig.to_string()).unwrap();
+
+    // The Deployment's flags, less the webhook's certificate folder (no Secret here: the
+    // shared control plane's CRD converts nothing), with the Lease where POD_NAMESPACE
+    // puts it in a pod.
+    let args: Vec<&str> = pod["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args[0], "run", "{args:?}");
+    let namespace_flag = format!("--namespace={watched}");
+    assert!(args.contains(&namespace_flag.as_str()), "{args:?}");
+    let args: Vec<&str> = args[1..]
+        .iter()
+        .copied()
+        .filter(|a| !a.starts_with("--conversion-cert-dir="))
+        .collect();
+    let audit = cluster.audit();
+    let since = audit.cursor().unwrap();
+    let replica = support::replicas::start_as(&cluster, &home, 1, &args, kubeconfig_path.clone());
+
+    let gpujob = |ns: &str| -> (Api<GpuJob>, GpuJob) {
+        let gj = serde_json::from_value(json!({
+            "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+            "metadata": {"name": "train"},
+            "spec": {
+                "image": "registry.example.com/train:1", "gpus": 1,
+                "env": support::sim_env(&[("SIM_DURATION_SECONDS", "1")]),
+            },
+        }))
+        .unwrap();
+        (Api::namespaced(admin.clone(), ns), gj)
+    };
+    for ns in [&watched, &elsewhere] {
+        let (api, gj) = gpujob(ns);
+        api.create(&PostParams::default(), &gj).await.unwrap();
+    }
+    let api = gpujob(&watched).0;
+    let api = &api;
+    let done = wait::until(
+        &format!("GpuJob {watched}/train to succeed"),
+        WAIT,
+        POLL,
+        || async move {
+            api.get("train")
+                .await
+                .ok()
+                .filter(|g| support::phase(g) == Some(gpujob_operator::api::Phase::Succeeded))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; operator log:\n{}", replica.log_text()));
+    assert_eq!(done.status.unwrap().attempts, 1);
+
+    // The operator's writes: its Lease in its own namespace, the Job and the GpuJob's
+    // status in the watched one, each allowed.
+    let writes: Vec<_> = audit
+        .since(since)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.user == user && e.is_write())
+        .collect();
+    let refused: Vec<_> = writes.iter().filter(|e| !e.succeeded()).collect();
+    assert!(
+        refused.iter().all(|e| e.code != 403),
+        "the operator was refused: {refused:?}"
+    );
+    let wrote = |resource: &str, subresource: &str, ns: &str| {
+        writes.iter().any(|e| {
+            e.succeeded()
+                && e.resource == resource
+                && e.subresource == subresource
+                && e.namespace == ns
+        })
+    };
+    assert!(wrote("leases", "", &home), "{writes:?}");
+    assert!(wrote("jobs", "", &watched), "{writes:?}");
+    assert!(wrote("gpujobs", "status", &watched), "{writes:?}");
+    assert!(
+        writes
+            .iter()
+            .all(|e| e.namespace == home || e.namespace == watched),
+        "{writes:?}"
+    );
+    let other = gpujob(&elsewhere).0.get("train").await.unwrap();
+    assert!(other.status.is_none(), "{:?}", other.status);
+    let jobs = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(admin.clone(), &elsewhere)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(jobs.items.is_empty(), "a Job in {elsewhere}");
+    // Nor was a read refused (reads are not in the audit log; the operator logs them).
+    let log = replica.log_text();
+    assert!(!log.to_lowercase().contains("forbidden"), "{log}");
+    drop(replica);
+    std::fs::remove_file(&kubeconfig_path).unwrap();
+    std::fs::remove_dir_all(support::namespace_temp(support::REPLICA_LOGS, &home)).unwrap();
+}
