@@ -1989,3 +1989,75 @@ async fn the_charts_namespaced_mode_runs_a_gpujob_with_its_roles_only() {
     std::fs::remove_file(&kubeconfig_path).unwrap();
     std::fs::remove_dir_all(support::namespace_temp(support::REPLICA_LOGS, &home)).unwrap();
 }
+
+/// values.schema.json: `helm template` and `helm lint` refuse a value of the wrong type or
+/// shape, or a misspelt key, with an error that names the field; the same field with a
+/// good value renders (so the refusal is the value's).
+#[test]
+fn the_chart_refuses_a_wrong_value_and_names_the_field() {
+    for (bad, good, names) in [
+        (
+            "replicas=three",
+            "replicas=5",
+            "at '/replicas': got string, want integer",
+        ),
+        ("shards=0", "shards=6", "at '/shards'"),
+        (
+            "crds.install=yes",
+            "crds.install=false",
+            "at '/crds/install': got string, want boolean",
+        ),
+        (
+            "metrics.secure=1",
+            "metrics.secure=true",
+            "at '/metrics/secure'",
+        ),
+        ("logFormat=xml", "logFormat=text", "at '/logFormat'"),
+        (
+            "monitoring.interval=soon",
+            "monitoring.interval=1m30s",
+            "at '/monitoring/interval'",
+        ),
+        (
+            "webhook.certManager.renewBefore=monthly",
+            "webhook.certManager.renewBefore=360h",
+            "at '/webhook/certManager/renewBefore'",
+        ),
+        (
+            "podDisruptionBudget.maxUnavailable=half",
+            "podDisruptionBudget.maxUnavailable=50%",
+            "at '/podDisruptionBudget/maxUnavailable'",
+        ),
+        (
+            "image.digest=latest",
+            "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "at '/image/digest'",
+        ),
+        (
+            "replica=3",
+            "replicas=3",
+            "additional properties 'replica' not allowed",
+        ),
+        (
+            "monitoring.lables.release=kube-prometheus-stack",
+            "monitoring.labels.release=kube-prometheus-stack",
+            "at '/monitoring': additional properties 'lables' not allowed",
+        ),
+    ] {
+        helm_template("gpujob-operator", "gpujob-system", &[good]);
+        let mut template = helm(None);
+        template.args(["template", "gpujob-operator", CHART, "--set", bad]);
+        let mut lint = helm(None);
+        lint.args(["lint", "--strict", CHART, "--set", bad]);
+        for mut cmd in [template, lint] {
+            let out = cmd.output().unwrap();
+            let said = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!out.status.success(), "{cmd:?} accepted {bad}: {said}");
+            assert!(said.contains(names), "{cmd:?} with {bad}: {said}");
+        }
+    }
+}
