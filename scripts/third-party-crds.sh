@@ -14,8 +14,8 @@
 #
 # Where the files are in each module: the Prometheus Operator ships its CRDs as plain
 # YAML under example/prometheus-operator-crd/; cert-manager under deploy/crds/ (plain
-# controller-gen output since v1.15; its Helm chart templates them from these, adding
-# labels and Helm conditionals only). cert-manager's own admission webhook is not run:
+# controller-gen output in the pinned version; checked below to hold no template).
+# cert-manager's own admission webhook is not run:
 # what it adds beyond the CRD's OpenAPI schema (e.g. that an Issuer names exactly one
 # kind of issuer) is not checked by the dry run.
 #
