@@ -1,6 +1,6 @@
 # Shared by scripts/test.sh and scripts/demo.sh (sourced, not run).
 # Sets: repo, cache, CARGO_TARGET_DIR, KUBEBUILDER_ASSETS, DEVCLUSTER_KWOK; defines step,
-# prepare_machine and prepare_helm.
+# prepare_machine, prepare_helm and prepare_third_party_crds.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -32,6 +32,17 @@ prepare_helm() {
   GPUJOB_HELM="$(scripts/helm.sh)"
   export GPUJOB_HELM
   echo "using $GPUJOB_HELM ($("$GPUJOB_HELM" version --short))" >&2
+}
+
+# The Prometheus Operator's and cert-manager's CRDs (ServiceMonitor, PrometheusRule,
+# Certificate, Issuer; fetched once from their Go modules, cached), so that the test
+# control plane dry-runs those objects of the install too; exported as
+# GPUJOB_THIRD_PARTY_CRDS, where tests/install.rs finds them.
+prepare_third_party_crds() {
+  step "the Prometheus Operator's and cert-manager's CRDs"
+  GPUJOB_THIRD_PARTY_CRDS="$(scripts/third-party-crds.sh)"
+  export GPUJOB_THIRD_PARTY_CRDS
+  echo "using $GPUJOB_THIRD_PARTY_CRDS" >&2
 }
 
 # Waits up to 120 s for devcluster's cluster.json in $1; fails with the log $2.

@@ -3,7 +3,8 @@
 #
 # 1. installs what is missing (Debian packages, cargo-nextest; etcd, kube-apiserver,
 #    kube-controller-manager, kube-scheduler, kwok and helm are built once with Go from
-#    the Go module proxy and cached),
+#    the Go module proxy and cached; the Prometheus Operator's and cert-manager's CRDs
+#    are fetched once from their Go modules and cached),
 # 2. checks the alert rules with promtool, the Helm chart with helm lint and helm
 #    template, deploy/, the chart and the Dockerfile with checkov (installed from PyPI
 #    into the cache when missing), formatting and clippy,
@@ -30,6 +31,7 @@ if ! kubectl version --client 2>/dev/null | grep -q '^Kustomize Version: v5'; th
 fi
 
 prepare_helm
+prepare_third_party_crds
 
 step "alert rules, their unit tests, runbook anchors, generated monitoring manifests"
 alerts/check.sh
@@ -72,9 +74,11 @@ start_cluster() {
   crd="$state.crd-v1-only.yaml"
   "$CARGO_TARGET_DIR/debug/gpujob-operator" crd --v1-only >"$crd"
   # 64 fake nodes of 8 GPUs (GpuNodes::for_tests): tests running at once never wait on
-  # each other's GPUs.
+  # each other's GPUs. The Prometheus Operator's and cert-manager's CRDs: tests/install.rs
+  # dry-runs the install's ServiceMonitor, PrometheusRule, Certificate and Issuer too.
   "$CARGO_TARGET_DIR/debug/devcluster" up --state-dir "$state" --gpu-nodes 64 \
-    --crd "$crd" --crd devcluster/testdata/widget-crd.yaml >"$log" 2>&1 &
+    --crd "$crd" --crd devcluster/testdata/widget-crd.yaml \
+    --crd "$GPUJOB_THIRD_PARTY_CRDS" >"$log" 2>&1 &
   up_pid=$!
   wait_cluster "$state" "$log" "$up_pid"
   export DEVCLUSTER_DIR="$state"

@@ -8,8 +8,9 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 
 use clap::Parser;
 
@@ -396,14 +397,21 @@ fn served_api_versions(cluster: &ControlPlane) -> BTreeSet<String> {
         .collect()
 }
 
-/// `kubectl apply --server-side` of `objects`, with `extra` arguments (a dry run).
-fn kubectl_apply(cluster: &ControlPlane, objects: &[serde_json::Value], extra: &[&str]) -> String {
+/// `kubectl apply --server-side` of `objects`, with `extra` arguments (a dry run):
+/// kubectl's output, or what it said when the API server refused. Strict field
+/// validation: a field the schema does not know is refused, not dropped.
+fn try_kubectl_apply(
+    cluster: &ControlPlane,
+    objects: &[serde_json::Value],
+    extra: &[&str],
+) -> Result<String, String> {
     let mut child = cluster
         .command("kubectl", Identity::Admin)
         .args([
             "apply",
             "--server-side",
             "--force-conflicts",
+            "--validate=strict",
             "--field-manager=gpujob-install-test",
             "-f",
             "-",
@@ -422,102 +430,187 @@ fn kubectl_apply(cluster: &ControlPlane, objects: &[serde_json::Value], extra: &
         .write_all(list.to_string().as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl apply {extra:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
 }
 
-/// What the control plane cannot take as written, and why that is fine: on a server
-/// before Kubernetes 1.21 the PodDisruptionBudget (policy/v1) is checked as
-/// policy/v1beta1 (the same fields), and the Prometheus Operator's and cert-manager's
-/// kinds need their CRDs, which are not installed here (rendered and checked for their
-/// wiring above, not sent).
-fn for_this_control_plane(
-    objects: &[serde_json::Value],
-    served: &BTreeSet<String>,
-) -> (Vec<serde_json::Value>, Vec<(String, String)>) {
-    let mut sent = Vec::new();
-    let mut skipped = Vec::new();
+/// [`try_kubectl_apply`], which must succeed.
+fn kubectl_apply(cluster: &ControlPlane, objects: &[serde_json::Value], extra: &[&str]) -> String {
+    try_kubectl_apply(cluster, objects, extra)
+        .unwrap_or_else(|e| panic!("kubectl apply {extra:?} failed: {e}"))
+}
+
+/// The CRDs of the Prometheus Operator (ServiceMonitor, PrometheusRule) and cert-manager
+/// (Certificate, Issuer), the versions scripts/third-party-crds.sh pins: it prints the
+/// file (GPUJOB_THIRD_PARTY_CRDS, which scripts/test.sh sets and starts the shared
+/// control plane with, or its cache, fetching the Go modules once when missing).
+fn third_party_crds() -> PathBuf {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        PathBuf::from(
+            run(Command::new(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/scripts/third-party-crds.sh"
+            )))
+            .trim(),
+        )
+    })
+    .clone()
+}
+
+/// A control plane serving GpuJobs and the other projects' kinds the install renders.
+async fn control_plane_with_third_party_crds() -> ControlPlane {
+    let third_party = third_party_crds();
+    ControlPlane::for_tests(&[Path::new(CRD), &third_party])
+        .await
+        .unwrap()
+}
+
+/// The kinds of other projects the install renders: a dry run must send each of them.
+const THIRD_PARTY_KINDS: &[&str] = &["ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"];
+
+/// Every object's apiVersion is served by this control plane: nothing is left out of a
+/// dry run.
+fn all_served(tree: &str, objects: &[serde_json::Value], served: &BTreeSet<String>) {
     for o in objects {
-        let mut o = o.clone();
-        let api_version = o["apiVersion"].as_str().unwrap().to_owned();
-        if api_version == "policy/v1" && !served.contains("policy/v1") {
-            o["apiVersion"] = "policy/v1beta1".into();
-        } else if (api_version.starts_with("monitoring.coreos.com/")
-            || api_version.starts_with("cert-manager.io/"))
-            && !served.contains(&api_version)
-        {
-            skipped.push(kind_name(&o));
-            continue;
-        }
         assert!(
             served.contains(o["apiVersion"].as_str().unwrap()),
-            "{:?}: {} is not served",
-            kind_name(&o),
+            "{tree}: {:?}: {} is not served (the Prometheus Operator's and cert-manager's \
+             CRDs come from scripts/third-party-crds.sh)",
+            kind_name(o),
             o["apiVersion"]
         );
-        sent.push(o);
     }
-    (sent, skipped)
 }
 
 #[tokio::test]
 async fn the_api_server_accepts_every_rendered_object() {
     gpujob_operator::client::install_crypto_provider();
-    let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
+    let cluster = control_plane_with_third_party_crds().await;
     let served = served_api_versions(&cluster);
     let trees = trees();
     // Objects in gpujob-system need the namespace to exist, even in a dry run.
     let namespace = named(&trees[2].1, "Namespace").clone();
     kubectl_apply(&cluster, &[namespace], &[]);
+    let mut sent = BTreeSet::new();
     for (tree, objects) in &trees {
-        dry_run(&cluster, &served, tree, objects);
+        sent.extend(dry_run(&cluster, &served, tree, objects));
     }
-    dry_run(
+    for component in ["cert-manager", "monitoring", "secure-metrics"] {
+        sent.extend(dry_run(
+            &cluster,
+            &served,
+            &format!("deploy/operator + {component}"),
+            &render_overlay(&[component]),
+        ));
+    }
+    sent.extend(dry_run(
         &cluster,
         &served,
         "deploy + every component",
         &render_kustomization(EVERYTHING),
-    );
+    ));
     // Moved and renamed (into a namespace that exists: a dry run creates none).
     let ns = cluster.create_namespace("install-moved").await.unwrap();
-    dry_run(
+    sent.extend(dry_run(
         &cluster,
         &served,
         "an overlay with namespace, namePrefix and the wiring",
         &render_kustomization(&format!(
             "{EVERYTHING}namespace: {ns}\nnamePrefix: {ns}-\ntransformers: [{{deploy}}/wiring]\n"
         )),
-    );
+    ));
+    for kind in THIRD_PARTY_KINDS {
+        assert!(sent.contains(*kind), "no {kind} was dry-run: {sent:?}");
+    }
 }
 
-/// A server-side dry run of `objects` (what the control plane serves); every object
-/// must be reported applied.
+/// The dry run would catch a mistake in the other projects' kinds: the real CRDs'
+/// schemas refuse an unknown field, a malformed duration, a missing required field.
+#[tokio::test]
+async fn the_api_server_refuses_a_broken_monitoring_or_certificate_object() {
+    gpujob_operator::client::install_crypto_provider();
+    let cluster = control_plane_with_third_party_crds().await;
+    let ns = cluster.create_namespace("install-broken").await.unwrap();
+    let objects = render_kustomization(&format!(
+        "{EVERYTHING}namespace: {ns}\ntransformers: [{{deploy}}/wiring]\n"
+    ));
+    let of_kind = |kind: &str| {
+        objects
+            .iter()
+            .filter(|o| o["kind"] == kind)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    // As rendered, each is accepted: the refusals below are the edits'.
+    for kind in THIRD_PARTY_KINDS {
+        kubectl_apply(&cluster, &of_kind(kind), &["--dry-run=server"]);
+    }
+    type Edit = fn(&mut serde_json::Value);
+    let broken: [(&str, Edit, &str); 4] = [
+        (
+            "ServiceMonitor",
+            |o| o["spec"]["endpoints"][0]["schme"] = json!("https"),
+            "schme",
+        ),
+        (
+            "PrometheusRule",
+            |o| o["spec"]["groups"][0]["rules"][0]["for"] = json!("ten minutes"),
+            "for",
+        ),
+        (
+            "Certificate",
+            |o| o["spec"]["dnsName"] = json!("gpujob-operator-webhook"),
+            "dnsName",
+        ),
+        (
+            "Issuer",
+            |o| {
+                if let Some(ca) = o["spec"]["ca"].as_object_mut() {
+                    ca.remove("secretName");
+                }
+            },
+            "secretName",
+        ),
+    ];
+    for (kind, edit, field) in broken {
+        let mut objects = of_kind(kind);
+        // The CA Issuer, for the Issuer (the other is self-signed).
+        objects.retain(|o| kind != "Issuer" || o["spec"]["ca"].is_object());
+        assert!(!objects.is_empty(), "no {kind} to break");
+        for o in &mut objects {
+            edit(o);
+        }
+        let refused = try_kubectl_apply(&cluster, &objects, &["--dry-run=server"])
+            .expect_err(&format!("a {kind} with a broken {field} was accepted"));
+        assert!(refused.contains(field), "{kind}: {refused}");
+    }
+}
+
+/// A server-side dry run of `objects`; every object must be served and reported
+/// applied. Returns the kinds sent.
 fn dry_run(
     cluster: &ControlPlane,
     served: &BTreeSet<String>,
     tree: &str,
     objects: &[serde_json::Value],
-) {
-    let (sent, skipped) = for_this_control_plane(objects, served);
+) -> BTreeSet<String> {
+    all_served(tree, objects, served);
     assert!(
-        skipped.iter().all(
-            |(k, _)| ["ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"]
-                .contains(&k.as_str())
-        ),
-        "{tree}: {skipped:?}"
-    );
-    assert!(
-        sent.iter()
+        objects
+            .iter()
             .any(|o| o["kind"] == "Deployment" || o["kind"] == "CustomResourceDefinition"),
         "{tree}: nothing to send"
     );
-    let out = kubectl_apply(cluster, &sent, &["--dry-run=server"]);
-    for o in &sent {
+    let out = kubectl_apply(cluster, objects, &["--dry-run=server"]);
+    for o in objects {
         let (kind, name) = kind_name(o);
         // `<kind>[.<group>]/<name> serverside-applied (server dry run)`
         let lower = kind.to_lowercase();
@@ -531,6 +624,7 @@ fn dry_run(
             "{tree}: {kind}/{name} not applied: {out}"
         );
     }
+    objects.iter().map(|o| kind_name(o).0).collect()
 }
 
 /// The chart against the real API server: `helm install --dry-run=server` (helm's own
@@ -540,16 +634,65 @@ fn dry_run(
 #[tokio::test]
 async fn the_api_server_accepts_the_chart() {
     gpujob_operator::client::install_crypto_provider();
-    let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
+    let cluster = control_plane_with_third_party_crds().await;
     let served = served_api_versions(&cluster);
     let ns = cluster.create_namespace("install-helm").await.unwrap();
-    for sets in [
-        &[][..],
+    let watched = cluster
+        .create_namespace("install-helm-watched")
+        .await
+        .unwrap();
+    let namespaced = [
+        format!("watchNamespace={watched}"),
+        "crds.install=false".to_owned(),
+        "shards=1".to_owned(),
+    ];
+    let namespaced: Vec<&str> = namespaced.iter().map(String::as_str).collect();
+    // A CA of its own, as scripts/webhook-cert.sh prints it: the API server parses the
+    // CRD's caBundle as PEM and refuses anything else.
+    let ca = {
+        use base64::Engine;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params
+            .self_signed(&rcgen::KeyPair::generate().unwrap())
+            .unwrap();
+        base64::engine::general_purpose::STANDARD.encode(ca.pem())
+    };
+    let ca_bundle = format!("webhook.caBundle={ca}");
+    let everything: Vec<&str> = CHART_EVERYTHING
+        .iter()
+        .copied()
+        .chain([
+            "monitoring.labels.release=kube-prometheus-stack",
+            "priorityClassName=system-cluster-critical",
+        ])
+        .collect();
+    // Every option that adds, removes or reshapes objects, alone, then all at once.
+    let settings: [&[&str]; 9] = [
+        &[],
+        &["webhook.certManager.enabled=true"],
+        &["monitoring.enabled=true"],
+        &[
+            "monitoring.enabled=true",
+            "monitoring.dashboard.enabled=false",
+        ],
         &[
             "metrics.secure=true",
             "priorityClassName=system-cluster-critical",
-        ][..],
-    ] {
+        ],
+        &[
+            "webhook.secretName=my-webhook-tls",
+            &ca_bundle,
+            "networkPolicy.enabled=false",
+            "podDisruptionBudget.enabled=false",
+            "crds.keep=false",
+        ],
+        &namespaced,
+        &everything,
+        &[&everything[..], &namespaced[..]].concat(),
+    ];
+    let mut sent = BTreeSet::new();
+    for sets in settings {
         let mut install = helm(Some(&cluster));
         // --take-ownership: the shared control plane already holds the CRD and the
         // operator's ClusterRole, as a cluster that moves from deploy/ to the chart does.
@@ -567,19 +710,16 @@ async fn the_api_server_accepts_the_chart() {
         }
         let out = run(install);
         assert!(out.contains("STATUS: pending-install"), "{sets:?}: {out}");
-        dry_run(
+        sent.extend(dry_run(
             &cluster,
             &served,
             &format!("the chart with {sets:?}"),
             &helm_template("gpujob-operator", &ns, sets),
-        );
+        ));
     }
-    dry_run(
-        &cluster,
-        &served,
-        "the chart with everything",
-        &helm_template("gpujob-operator", &ns, CHART_EVERYTHING),
-    );
+    for kind in THIRD_PARTY_KINDS {
+        assert!(sent.contains(*kind), "no {kind} was dry-run: {sent:?}");
+    }
 }
 
 /// One line of `kubectl auth can-i --list`: resource, non-resource URLs, resource
@@ -630,16 +770,15 @@ const REVIEWED_SECURE_METRICS: &[(&str, &str)] = &[
 const LEASES: (&str, &str) = ("leases.coordination.k8s.io", "get list create update");
 
 /// The shipped install's RBAC objects (and its Namespace), as they would be applied.
-fn rbac_of(objects: &[serde_json::Value], served: &BTreeSet<String>) -> Vec<serde_json::Value> {
-    let rbac: Vec<_> = objects
+fn rbac_of(objects: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    objects
         .iter()
         .filter(|o| {
             let k = o["kind"].as_str().unwrap();
             k == "Namespace" || k == "ServiceAccount" || k.contains("Role")
         })
         .cloned()
-        .collect();
-    for_this_control_plane(&rbac, served).0
+        .collect()
 }
 
 /// Rights every authenticated user has (Kubernetes' default bindings, not the operator's):
@@ -777,12 +916,11 @@ async fn rights_are_exactly(
 async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
     gpujob_operator::client::install_crypto_provider();
     let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
-    let served = served_api_versions(&cluster);
     // The shipped namespace, service account and RBAC, for real: the service account's
     // user (devcluster's `operator` identity) then holds exactly what it would in a
     // cluster. No TokenReview or SubjectAccessReview rights without secure metrics.
     let operator = render(&Path::new(DEPLOY).join("operator"));
-    kubectl_apply(&cluster, &rbac_of(&operator, &served), &[]);
+    kubectl_apply(&cluster, &rbac_of(&operator), &[]);
     let everyone = everyone(&cluster);
     let reviewed: Vec<_> = OPERATOR_RIGHTS.iter().chain(&everyone).copied().collect();
     rights_are_exactly(
@@ -803,12 +941,11 @@ async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
 async fn with_secure_metrics_the_operator_may_also_ask_who_reads_metrics() {
     gpujob_operator::client::install_crypto_provider();
     let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
-    let served = served_api_versions(&cluster);
     let ns = cluster.create_namespace("install-secure").await.unwrap();
     let objects = render_kustomization(&format!(
         "resources: [{{deploy}}/operator]\ncomponents: [{{deploy}}/secure-metrics]\nnamespace: {ns}\nnamePrefix: {ns}-\ntransformers: [{{deploy}}/wiring]\n"
     ));
-    let rbac = rbac_of(&objects, &served);
+    let rbac = rbac_of(&objects);
     kubectl_apply(&cluster, &rbac, &[]);
     let user = format!("--as=system:serviceaccount:{ns}:{ns}-gpujob-operator");
     let everyone = everyone(&cluster);
@@ -1594,7 +1731,6 @@ fn chart_values_reach_the_objects() {
 async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only() {
     gpujob_operator::client::install_crypto_provider();
     let cluster = ControlPlane::for_tests(&[Path::new(CRD)]).await.unwrap();
-    let served = served_api_versions(&cluster);
     let home = cluster.create_namespace("install-nsmode-op").await.unwrap();
     let watched = cluster.create_namespace("install-nsmode").await.unwrap();
     let objects = helm_template(
@@ -1632,7 +1768,7 @@ async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only(
         Some(watched.as_str()),
         "the operator watches that namespace only"
     );
-    let rbac = rbac_of(&objects, &served);
+    let rbac = rbac_of(&objects);
     kubectl_apply(&cluster, &rbac, &[]);
     let sa = format!(
         "--as=system:serviceaccount:{home}:{}",
@@ -1677,4 +1813,251 @@ async fn the_charts_namespaced_mode_grants_rights_in_the_watched_namespace_only(
         &rights(&[&everyone]),
     )
     .await;
+}
+
+/// The chart's namespaced mode, for real: the operator binary, started with the rendered
+/// Deployment's flags (`--namespace` among them), authenticated as the release's service
+/// account (a token from the TokenRequest API, so RBAC judges that account alone) that
+/// holds only the rendered Roles, runs a GpuJob in the watched namespace to Succeeded.
+/// Every write it sent was allowed, and a GpuJob in another namespace is left alone.
+#[tokio::test]
+async fn the_charts_namespaced_mode_runs_a_gpujob_with_its_roles_only() {
+    gpujob_operator::client::install_crypto_provider();
+    let cluster = ControlPlane::for_tests(&[&support::test_crd()])
+        .await
+        .unwrap();
+    let admin = cluster.client(Identity::Admin).await.unwrap();
+    let home = cluster.create_namespace("install-nsrun-op").await.unwrap();
+    let watched = cluster.create_namespace("install-nsrun").await.unwrap();
+    let elsewhere = cluster
+        .create_namespace("install-nsrun-other")
+        .await
+        .unwrap();
+    let objects = helm_template(
+        &home,
+        &home,
+        &[
+            &format!("watchNamespace={watched}"),
+            "crds.install=false",
+            "shards=1",
+        ],
+    );
+    kubectl_apply(&cluster, &rbac_of(&objects), &[]);
+    let pod = &named(&objects, "Deployment")["spec"]["template"]["spec"];
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    let user = format!("system:serviceaccount:{home}:{sa}");
+
+    // What RBAC says the account may do: Jobs in the watched namespace, nowhere else.
+    let can_i = |args: &[&str]| -> String {
+        let out = cluster
+            .command("kubectl", Identity::Admin)
+            .args(["auth", "can-i"])
+            .args(args)
+            .arg(format!("--as={user}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let can_i = &can_i;
+    let (home_ns, watched_ns) = (home.as_str(), watched.as_str());
+    // The authorizer's cache sees the bindings just written a moment later.
+    wait::until(
+        "the service account's Role to be in force",
+        WAIT,
+        POLL,
+        || async move {
+            (can_i(&["create", "jobs.batch", "-n", watched_ns]) == "yes"
+                && can_i(&["update", "leases.coordination.k8s.io", "-n", home_ns]) == "yes")
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(can_i(&["list", "jobs.batch", "--all-namespaces"]), "no");
+    assert_eq!(
+        can_i(&["list", "gpujobs.gpujob.dev", "--all-namespaces"]),
+        "no"
+    );
+    assert_eq!(can_i(&["create", "jobs.batch", "-n", &elsewhere]), "no");
+
+    // The account's own credentials, as its pod would have them.
+    let mut token = cluster.command("kubectl", Identity::Admin);
+    token.args(["create", "token", sa, "-n", &home, "--duration=1h"]);
+    let token = run(token);
+    let admin_kubeconfig = std::fs::read_to_string(cluster.kubeconfig(Identity::Admin)).unwrap();
+    let mut kubeconfig: serde_json::Value = serde_saphyr::from_str(&admin_kubeconfig).unwrap();
+    kubeconfig["users"][0]["user"] = json!({"token": token.trim()});
+    let kubeconfig_path =
+        std::env::temp_dir().join(format!("gpujob-{home}-{}.kubeconfig", std::process::id()));
+    std::fs::write(&kubeconfig_path, kubeconfig.to_string()).unwrap();
+
+    // The Deployment's flags, less the webhook's certificate folder (no Secret here: the
+    // shared control plane's CRD converts nothing), with the Lease where POD_NAMESPACE
+    // puts it in a pod.
+    let args: Vec<&str> = pod["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args[0], "run", "{args:?}");
+    let namespace_flag = format!("--namespace={watched}");
+    assert!(args.contains(&namespace_flag.as_str()), "{args:?}");
+    let args: Vec<&str> = args[1..]
+        .iter()
+        .copied()
+        .filter(|a| !a.starts_with("--conversion-cert-dir="))
+        .collect();
+    let audit = cluster.audit();
+    let since = audit.cursor().unwrap();
+    let replica = support::replicas::start_as(&cluster, &home, 1, &args, kubeconfig_path.clone());
+
+    let gpujob = |ns: &str| -> (Api<GpuJob>, GpuJob) {
+        let gj = serde_json::from_value(json!({
+            "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+            "metadata": {"name": "train"},
+            "spec": {
+                "image": "registry.example.com/train:1", "gpus": 1,
+                "env": support::sim_env(&[("SIM_DURATION_SECONDS", "1")]),
+            },
+        }))
+        .unwrap();
+        (Api::namespaced(admin.clone(), ns), gj)
+    };
+    for ns in [&watched, &elsewhere] {
+        let (api, gj) = gpujob(ns);
+        api.create(&PostParams::default(), &gj).await.unwrap();
+    }
+    let api = gpujob(&watched).0;
+    let api = &api;
+    let done = wait::until(
+        &format!("GpuJob {watched}/train to succeed"),
+        WAIT,
+        POLL,
+        || async move {
+            api.get("train")
+                .await
+                .ok()
+                .filter(|g| support::phase(g) == Some(gpujob_operator::api::Phase::Succeeded))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; operator log:\n{}", replica.log_text()));
+    assert_eq!(done.status.unwrap().attempts, 1);
+
+    // The operator's writes: its Lease in its own namespace, the Job and the GpuJob's
+    // status in the watched one, each allowed.
+    let writes: Vec<_> = audit
+        .since(since)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.user == user && e.is_write())
+        .collect();
+    let refused: Vec<_> = writes.iter().filter(|e| !e.succeeded()).collect();
+    assert!(
+        refused.iter().all(|e| e.code != 403),
+        "the operator was refused: {refused:?}"
+    );
+    let wrote = |resource: &str, subresource: &str, ns: &str| {
+        writes.iter().any(|e| {
+            e.succeeded()
+                && e.resource == resource
+                && e.subresource == subresource
+                && e.namespace == ns
+        })
+    };
+    assert!(wrote("leases", "", &home), "{writes:?}");
+    assert!(wrote("jobs", "", &watched), "{writes:?}");
+    assert!(wrote("gpujobs", "status", &watched), "{writes:?}");
+    assert!(
+        writes
+            .iter()
+            .all(|e| e.namespace == home || e.namespace == watched),
+        "{writes:?}"
+    );
+    let other = gpujob(&elsewhere).0.get("train").await.unwrap();
+    assert!(other.status.is_none(), "{:?}", other.status);
+    let jobs = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(admin.clone(), &elsewhere)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(jobs.items.is_empty(), "a Job in {elsewhere}");
+    // Nor was a read refused (reads are not in the audit log; the operator logs them).
+    let log = replica.log_text();
+    assert!(!log.to_lowercase().contains("forbidden"), "{log}");
+    drop(replica);
+    std::fs::remove_file(&kubeconfig_path).unwrap();
+    std::fs::remove_dir_all(support::namespace_temp(support::REPLICA_LOGS, &home)).unwrap();
+}
+
+/// values.schema.json: `helm template` and `helm lint` refuse a value of the wrong type or
+/// shape, or a misspelt key, with an error that names the field; the same field with a
+/// good value renders (so the refusal is the value's).
+#[test]
+fn the_chart_refuses_a_wrong_value_and_names_the_field() {
+    for (bad, good, names) in [
+        (
+            "replicas=three",
+            "replicas=5",
+            "at '/replicas': got string, want integer",
+        ),
+        ("shards=0", "shards=6", "at '/shards'"),
+        (
+            "crds.install=yes",
+            "crds.install=false",
+            "at '/crds/install': got string, want boolean",
+        ),
+        (
+            "metrics.secure=1",
+            "metrics.secure=true",
+            "at '/metrics/secure'",
+        ),
+        ("logFormat=xml", "logFormat=text", "at '/logFormat'"),
+        (
+            "monitoring.interval=soon",
+            "monitoring.interval=1m30s",
+            "at '/monitoring/interval'",
+        ),
+        (
+            "webhook.certManager.renewBefore=monthly",
+            "webhook.certManager.renewBefore=360h",
+            "at '/webhook/certManager/renewBefore'",
+        ),
+        (
+            "podDisruptionBudget.maxUnavailable=half",
+            "podDisruptionBudget.maxUnavailable=50%",
+            "at '/podDisruptionBudget/maxUnavailable'",
+        ),
+        (
+            "image.digest=latest",
+            "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "at '/image/digest'",
+        ),
+        (
+            "replica=3",
+            "replicas=3",
+            "additional properties 'replica' not allowed",
+        ),
+        (
+            "monitoring.lables.release=kube-prometheus-stack",
+            "monitoring.labels.release=kube-prometheus-stack",
+            "at '/monitoring': additional properties 'lables' not allowed",
+        ),
+    ] {
+        helm_template("gpujob-operator", "gpujob-system", &[good]);
+        let mut template = helm(None);
+        template.args(["template", "gpujob-operator", CHART, "--set", bad]);
+        let mut lint = helm(None);
+        lint.args(["lint", "--strict", CHART, "--set", bad]);
+        for mut cmd in [template, lint] {
+            let out = cmd.output().unwrap();
+            let said = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!out.status.success(), "{cmd:?} accepted {bad}: {said}");
+            assert!(said.contains(names), "{cmd:?} with {bad}: {said}");
+        }
+    }
 }

@@ -133,6 +133,28 @@ pub fn start_in_with_kubeconfig(
     )
 }
 
+/// Replica `n` with the flags `args` after `run` (a rendered Deployment's: they say
+/// which namespace it watches, if any), its Lease in `lease_ns`, short timings, as the
+/// user of `kubeconfig`.
+pub fn start_as(
+    cluster: &ControlPlane,
+    lease_ns: &str,
+    n: u8,
+    args: &[&str],
+    kubeconfig: PathBuf,
+) -> Replica {
+    spawn(
+        cluster,
+        lease_ns,
+        None,
+        n,
+        SHORT,
+        args,
+        &[],
+        Some(kubeconfig),
+    )
+}
+
 /// Replica `n` working on every namespace (a private control plane), its Leases in
 /// `lease_ns`, short timings, talking to the API server through `kubeconfig` (a fault
 /// proxy's) when given.
