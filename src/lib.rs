@@ -10,6 +10,7 @@ pub mod cli;
 pub mod client;
 pub mod controller;
 pub mod failpoint;
+pub mod health;
 pub mod lease;
 pub mod metrics;
 pub mod migrate;

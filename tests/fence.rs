@@ -147,7 +147,7 @@ async fn a_reconcile_refused_past_the_deadline_runs_again_when_its_term_is_renew
     let held = BTreeMap::from([(0, Tenure::gained(Some(Instant::now()), None))]);
     let (own, rx) = watch::channel(Ownership { held, shards: 1 });
     let config = env.cluster.config(Identity::Replica(1)).await.unwrap();
-    let status = gpujob_operator::server::Status::new(gpujob_operator::metrics::Metrics::new());
+    let status = gpujob_operator::health::Status::new(gpujob_operator::metrics::Metrics::new());
     let client = gpujob_operator::client::build(
         config,
         "fence-renewed",

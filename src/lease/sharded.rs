@@ -33,7 +33,7 @@ use super::{
     Attempt, Elector, InFlight, Observed, Ownership, Tenure, Timing, beat_limit, explain,
     gained_or_lost, jitter, report,
 };
-use crate::server::Status;
+use crate::health::Status;
 
 /// Label on every Lease of one operator: its `--lease-name`.
 pub const LABEL_GROUP: &str = "gpujob.dev/lease-group";

@@ -12,7 +12,7 @@ use super::{
     Attempt, Elector, Ownership, ShardedPeers, Tenure, beat_limit, explain, gained_or_lost, jitter,
     report,
 };
-use crate::server::Status;
+use crate::health::Status;
 
 /// Campaigns for the Lease until `stop`, publishing ownership of shard 0; then a held
 /// Lease is released. `stop` must resolve only once the work the Lease protects has

@@ -17,9 +17,9 @@ use tracing::{info, warn};
 
 use super::view::View;
 use super::{Context, Key, Settings, apply, domain, init_metrics};
+use crate::health::Status;
 use crate::lease::Ownership;
 use crate::queue::Queue;
-use crate::server::Status;
 
 /// Where watch events and resyncs put keys: the work queue, for GpuJobs of shards this
 /// replica holds. A standby keeps its caches warm but queues nothing (gaining a shard

@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 use super::{Context, Intake, Key};
 use crate::api::{GpuJob, LABEL_UID};
 use crate::controller::plan::{JobState, job_state};
-use crate::server::Status;
+use crate::health::Status;
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
