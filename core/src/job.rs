@@ -80,7 +80,7 @@ pub fn pod_template(spec: &GpuJobSpec) -> Result<Option<PodTemplateSpec>, Decode
     let Some(template) = spec.v2.as_ref().and_then(|v2| v2.template.as_ref()) else {
         return Ok(None);
     };
-    decode::<PodTemplateSpec>(template, &serde_json::json!({}))
+    decode::<PodTemplateSpec>(template)
         .map(Some)
         .map_err(|e| DecodeError {
             path: join(TEMPLATE_FIELD, &e.path),

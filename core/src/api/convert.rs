@@ -157,16 +157,13 @@ pub fn convert(object: Value, desired_api_version: &str) -> Result<Value, Conver
         })
     };
     if found == V1 {
-        let skeleton = serde_json::json!({"metadata": {}, "spec": {"image": "i", "gpus": 1}});
-        let v1: GpuJob = decode(&object, &skeleton).map_err(|error| ConvertError::Decode {
+        let v1: GpuJob = decode(&object).map_err(|error| ConvertError::Decode {
             api_version: V1,
             error,
         })?;
         encode(V2, serde_json::to_value(to_v2(&v1)))
     } else {
-        let skeleton =
-            serde_json::json!({"metadata": {}, "spec": {"image": "i", "resources": {"gpus": 1}}});
-        let v2: v2::GpuJob = decode(&object, &skeleton).map_err(|error| ConvertError::Decode {
+        let v2: v2::GpuJob = decode(&object).map_err(|error| ConvertError::Decode {
             api_version: V2,
             error,
         })?;

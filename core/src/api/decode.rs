@@ -1,9 +1,10 @@
-//! Decoding a JSON value into a type, with the path of the field that failed: serde
-//! names a missing field but not where a wrong type sits, and a webhook or an
-//! `InvalidSpec` condition has to say which field is wrong.
+//! Decoding a JSON value into a type, with the path of the field that failed
+//! (`serde_path_to_error`): serde alone names a missing field but not where a wrong type
+//! sits, and a webhook or an `InvalidSpec` condition has to say which field is wrong.
 
 use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
+use serde_json::Value;
+use serde_path_to_error::{Path, Segment};
 
 /// A value that did not decode: where (`spec.resources.gpus`, `containers[1].ports`;
 /// empty: the value as a whole) and serde's reason.
@@ -23,106 +24,40 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
-/// One step of a path.
-#[derive(Debug, Clone)]
-enum Step {
-    Key(String),
-    Index(usize),
-}
-
-/// Decodes `value` as `T`. On failure the error is narrowed to the deepest field whose
-/// value fails on its own: each child is tried alone on `skeleton` (a minimal value
-/// that decodes, holding the required fields), and a child counts only when it fails
-/// differently from an empty node there (which only misses required fields), so a
-/// missing field is reported at its parent and a wrong type at itself.
-pub fn decode<T: DeserializeOwned>(value: &Value, skeleton: &Value) -> Result<T, DecodeError> {
-    let first = match serde_json::from_value::<T>(value.clone()) {
-        Ok(t) => return Ok(t),
-        Err(e) => e.to_string(),
-    };
-    let try_alone = |path: &[Step], sub: &Value| -> Option<String> {
-        serde_json::from_value::<T>(isolate(skeleton, path, sub))
-            .err()
-            .map(|e| e.to_string())
-    };
-    let mut path: Vec<Step> = Vec::new();
-    let mut node = value;
-    let mut message = first;
-    loop {
-        let children: Vec<(Step, &Value)> = match node {
-            Value::Object(m) => m.iter().map(|(k, v)| (Step::Key(k.clone()), v)).collect(),
-            Value::Array(a) => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (Step::Index(i), v))
-                .collect(),
-            _ => Vec::new(),
-        };
-        let empty = match node {
-            Value::Array(_) => Value::Array(Vec::new()),
-            _ => Value::Object(Map::new()),
-        };
-        let baseline = try_alone(&path, &empty);
-        let culprit = children.into_iter().find_map(|(step, child)| {
-            let mut p = path.clone();
-            p.push(step);
-            match try_alone(&p, child) {
-                Some(m) if Some(&m) != baseline.as_ref() => Some((p, child, m)),
-                _ => None,
-            }
-        });
-        match culprit {
-            Some((p, child, m)) => {
-                path = p;
-                node = child;
-                message = m;
-            }
-            None => break,
-        }
-    }
-    Err(DecodeError {
-        path: render(&path),
-        message,
+/// Decodes `value` as `T`; on failure, where serde stopped: the field whose value has
+/// the wrong type, or the object that misses a required field.
+pub fn decode<T: DeserializeOwned>(value: &Value) -> Result<T, DecodeError> {
+    serde_path_to_error::deserialize(value).map_err(|e| DecodeError {
+        path: render(e.path()),
+        message: e.inner().to_string(),
     })
-}
-
-/// `skeleton` with the value at `path` replaced by `sub`: objects on the way keep the
-/// skeleton's other keys (its required fields), an array on the way holds only the
-/// element on the path.
-fn isolate(skeleton: &Value, path: &[Step], sub: &Value) -> Value {
-    let Some((step, rest)) = path.split_first() else {
-        return sub.clone();
-    };
-    match step {
-        Step::Key(k) => {
-            let mut m = match skeleton {
-                Value::Object(m) => m.clone(),
-                _ => Map::new(),
-            };
-            let inner = m.get(k).cloned().unwrap_or(Value::Null);
-            m.insert(k.clone(), isolate(&inner, rest, sub));
-            Value::Object(m)
-        }
-        Step::Index(_) => Value::Array(vec![isolate(&Value::Null, rest, sub)]),
-    }
 }
 
 /// `spec.containers[0].resources.limits["nvidia.com/gpu"]`: keys that are not plain
 /// words are quoted, as the spec validation writes map keys.
-fn render(path: &[Step]) -> String {
+fn render(path: &Path) -> String {
     let mut out = String::new();
-    for step in path {
-        match step {
-            Step::Key(k)
-                if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+    for segment in path {
+        match segment {
+            Segment::Map { key } | Segment::Enum { variant: key }
+                if !key.is_empty()
+                    && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
             {
                 if !out.is_empty() {
                     out.push('.');
                 }
-                out.push_str(k);
+                out.push_str(key);
             }
-            Step::Key(k) => out.push_str(&format!("[{k:?}]")),
-            Step::Index(i) => out.push_str(&format!("[{i}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                out.push_str(&format!("[{key:?}]"));
+            }
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Unknown => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push('?');
+            }
         }
     }
     out
@@ -170,18 +105,14 @@ mod tests {
         value: Option<i64>,
     }
 
-    fn skeleton() -> Value {
-        json!({"name": "n", "inner": {"count": 1}})
-    }
-
     fn error(v: Value) -> DecodeError {
-        decode::<Outer>(&v, &skeleton()).unwrap_err()
+        decode::<Outer>(&v).unwrap_err()
     }
 
     #[test]
     fn good_values_decode() {
         let v = json!({"name": "x", "inner": {"count": 2}, "items": [{"key": "k"}]});
-        let o: Outer = decode(&v, &skeleton()).unwrap();
+        let o: Outer = decode(&v).unwrap();
         assert_eq!(o.items.len(), 1);
     }
 
@@ -214,10 +145,10 @@ mod tests {
     #[test]
     fn pod_template_errors_name_the_field() {
         let t = json!({"spec": {"containers": [{"name": "main", "volumeMounts": [{"name": "data", "mountPath": 7}]}]}});
-        let e = decode::<PodTemplateSpec>(&t, &json!({})).unwrap_err();
+        let e = decode::<PodTemplateSpec>(&t).unwrap_err();
         assert_eq!(e.path, "spec.containers[0].volumeMounts[0].mountPath");
         let t = json!({"metadata": {"labels": {"app.kubernetes.io/name": 3}}});
-        let e = decode::<PodTemplateSpec>(&t, &json!({})).unwrap_err();
+        let e = decode::<PodTemplateSpec>(&t).unwrap_err();
         assert_eq!(e.path, "metadata.labels[\"app.kubernetes.io/name\"]");
         assert_eq!(
             join("spec.template", &e.path),
