@@ -58,8 +58,8 @@ pub struct Plan<'a> {
     pub takeover: bool,
     /// Run every phase on the first control plane (cleaning up and letting it go quiet
     /// in between) rather than each on a fresh one. A control plane that has just
-    /// deleted N GpuJobs, Jobs and pods is slower for whoever comes next: the stock
-    /// controller took 144 s run second and 67 s run first.
+    /// deleted N GpuJobs, Jobs and pods is slower for whoever comes next (the stock
+    /// controller took twice as long run second as run first: loadtest/REPORT.md).
     pub same_control_plane: bool,
     /// The repository's `deploy/` folder, to set up fresh control planes.
     pub deploy: &'a Path,

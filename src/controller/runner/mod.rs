@@ -172,8 +172,8 @@ fn abort(tasks: &[JoinHandle<()>]) {
 }
 
 /// How often, at most, the domain gauges are computed again: each time reads (decodes)
-/// every cached GpuJob of the held shards, some 30 ms at ten thousand, while scrapers
-/// may come every second (the load test does). A change of the shards held recomputes
+/// every cached GpuJob of the held shards, while scrapers may come every second (the
+/// load test does). A change of the shards held recomputes
 /// at once.
 const DOMAIN_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
 

@@ -59,12 +59,12 @@ fn config(ctx: &Context) -> watcher::Config {
         .page_size(LIST_PAGE)
 }
 
-/// Objects per page of a list (at start, and when a watch cannot resume). kube-runtime's
-/// 500 left a replica started among 10,000 GpuJobs at 54 MiB: each page's answer and
-/// decoded objects (a Job is about 10 KB so) are freed between the small cache records
-/// kept from it, and the allocator cannot give those pages back. With 100 it stays at
-/// 28 MiB, as a replica that saw the same GpuJobs arrive one by one (loadtest/REPORT.md),
-/// for 100 list requests per 10,000 objects instead of 20.
+/// Objects per page of a list (at start, and when a watch cannot resume). With
+/// kube-runtime's 500, a replica started among many GpuJobs keeps far more memory than
+/// one that saw them arrive one by one: each page's answer and decoded objects are freed
+/// between the small cache records kept from it, and the allocator cannot give those
+/// pages back. 100 keeps the two alike (the figures: loadtest/REPORT.md), for five
+/// times as many list requests.
 const LIST_PAGE: u32 = 100;
 
 async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake, status: Arc<Status>) {

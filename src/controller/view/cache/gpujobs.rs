@@ -2,12 +2,12 @@
 //! managedFields and kubectl's last-applied copy: see the watch), each one allocation
 //! ([`record`]): namespace and name, then its JSON compressed by LZ4 against a
 //! dictionary of typical GpuJobs ([`dictionary`]), decoded when read. A decoded `GpuJob`
-//! is 0.9 KB inline before its strings, maps and conditions, most of them small
-//! allocations of their own: about 1.9 KB per GpuJob in a kube-runtime store. Its JSON
-//! is about 650 bytes, and 150 compressed: field names, timestamps' shape and the
-//! operator's own messages are in the dictionary. Reads are per reconcile (one GpuJob)
-//! or a pass over all of them (a resync, a hand-over, a metrics scrape); a decompress
-//! costs about 2 µs, the JSON decode after it about 15.
+//! is large inline before its strings, maps and conditions, most of them small
+//! allocations of their own; its JSON is smaller, and compresses well: field names,
+//! timestamps' shape and the operator's own messages are in the dictionary. Reads are
+//! per reconcile (one GpuJob) or a pass over all of them (a resync, a hand-over, a
+//! metrics scrape); a decompress costs far less than the JSON decode after it. The
+//! figures: `benches/examples/footprint.rs` and loadtest/REPORT.md.
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, LazyLock, RwLock};

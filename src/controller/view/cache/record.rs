@@ -1,8 +1,8 @@
 //! One allocation per cached object: the short strings that find it (namespace, names,
 //! uids), each behind a two-byte length, then the JSON of what the operator reads of it.
 //! A `String` per field and a key struct per map entry cost 16–48 bytes of allocator
-//! overhead each, and a map of wide entries leaves most of its slack empty: at ten
-//! thousand GpuJobs that was more than half of the Job index.
+//! overhead each, and a map of wide entries leaves most of its slack empty (measured by
+//! `benches/examples/footprint.rs`).
 
 /// `fields` (each at most 64 KiB: Kubernetes names and uids are far shorter), then
 /// `tail`. `None` for a field too long.
