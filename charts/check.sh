@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Helm chart: `helm lint --strict` and `helm template` with the defaults and with
-# every optional part on (tests/install.rs then compares what it renders with deploy/
+# every optional part on (tests/integration/install.rs then compares what it renders with deploy/
 # and dry-runs it against the API server). Needs helm 4: $GPUJOB_HELM, or
 # scripts/helm.sh provides it (built once from the Go module, cached).
 set -euo pipefail

@@ -25,7 +25,7 @@ prepare_machine() {
 }
 
 # helm 4 (built once from the Go module helm.sh/helm/v4, cached), for the chart's
-# lint, render and dry-run install; exported as GPUJOB_HELM, where tests/install.rs
+# lint, render and dry-run install; exported as GPUJOB_HELM, where tests/integration/install.rs
 # finds it. The test command needs it, the demo does not.
 prepare_helm() {
   step "helm"
@@ -37,7 +37,7 @@ prepare_helm() {
 # The Prometheus Operator's and cert-manager's CRDs (ServiceMonitor, PrometheusRule,
 # Certificate, Issuer; fetched once from their Go modules, cached), so that the test
 # control plane dry-runs those objects of the install too; exported as
-# GPUJOB_THIRD_PARTY_CRDS, where tests/install.rs finds them.
+# GPUJOB_THIRD_PARTY_CRDS, where tests/integration/install.rs finds them.
 prepare_third_party_crds() {
   step "the Prometheus Operator's and cert-manager's CRDs"
   GPUJOB_THIRD_PARTY_CRDS="$(scripts/third-party-crds.sh)"

@@ -22,7 +22,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 prepare_machine
-# tests/install.rs renders deploy/ with `kubectl kustomize`: the `labels:` field and
+# tests/integration/install.rs renders deploy/ with `kubectl kustomize`: the `labels:` field and
 # components need the kustomize v5 built into kubectl 1.27 and later (Debian's
 # kubernetes-client, 1.20, has v2). Say so here rather than as a failing test.
 if ! kubectl version --client 2>/dev/null | grep -q '^Kustomize Version: v5'; then
@@ -69,12 +69,12 @@ start_cluster() {
   # gpujob.dev/v1 alone: deploy/crd/crd.yaml serves v2 through the operator's conversion
   # webhook, which nothing runs on the shared control plane (its in-process operators
   # have none), and kubectl, the garbage collector and the namespace controller read
-  # the preferred version, v2. tests/conversion.rs starts a control plane of its own
-  # with the webhook CRD; tests/install.rs checks deploy/crd/crd.yaml itself.
+  # the preferred version, v2. tests/integration/conversion.rs starts a control plane of its own
+  # with the webhook CRD; tests/integration/install.rs checks deploy/crd/crd.yaml itself.
   crd="$state.crd-v1-only.yaml"
   "$CARGO_TARGET_DIR/debug/gpujob-operator" crd --v1-only >"$crd"
   # 64 fake nodes of 8 GPUs (GpuNodes::for_tests): tests running at once never wait on
-  # each other's GPUs. The Prometheus Operator's and cert-manager's CRDs: tests/install.rs
+  # each other's GPUs. The Prometheus Operator's and cert-manager's CRDs: tests/integration/install.rs
   # dry-runs the install's ServiceMonitor, PrometheusRule, Certificate and Issuer too.
   "$CARGO_TARGET_DIR/debug/devcluster" up --state-dir "$state" --gpu-nodes 64 \
     --crd "$crd" --crd devcluster/testdata/widget-crd.yaml \
@@ -133,4 +133,4 @@ step "compatibility subset: shared control plane, Kubernetes $compat"
 start_cluster "$compat"
 step "compatibility subset: install dry run, CEL rules, conversion webhook, HA, one lifecycle"
 cargo nextest run --workspace --exclude gpujob-benches --features gpujob-operator/failpoints --locked \
-  -E 'binary(install) | binary(validation) | binary(conversion) | binary(ha) | test(=seed_walkthrough_one_job_then_succeeded_then_collected)'
+  -E 'test(/^(install|validation|conversion|ha)::/) | test(=reconcile::seed_walkthrough_one_job_then_succeeded_then_collected)'

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Provides the CustomResourceDefinitions of the other projects whose kinds the install
-# renders, so that the test control plane checks those objects too (tests/install.rs
+# renders, so that the test control plane checks those objects too (tests/integration/install.rs
 # dry-runs every rendered object; without these CRDs the API server does not serve the
 # kinds): the Prometheus Operator's ServiceMonitor and PrometheusRule
 # (monitoring.coreos.com), cert-manager's Certificate and Issuer (cert-manager.io).

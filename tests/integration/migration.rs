@@ -1,5 +1,5 @@
 //! Step 2 of the API upgrade and its rollback, on a real control plane of this test's own
-//! (tests/support/webhook.rs's `WebhookCluster`: the webhook CRD points at a forwarder on this
+//! (tests/integration/support/webhook.rs's `WebhookCluster`: the webhook CRD points at a forwarder on this
 //! machine in front of the replicas' webhooks):
 //! - `gpujob-operator migrate-storage` (the real binary, as a user holding only the
 //!   shipped role deploy/crd/migrate-role.yaml) after the CRD switched to storing v2:
@@ -14,7 +14,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -40,7 +40,7 @@ use support::{WAIT, sim_env};
 const CRD_NAME: &str = "gpujobs.gpujob.dev";
 const MIGRATE_ROLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd/migrate-role.yaml");
 
-/// The control plane of tests/support/webhook.rs, with this file's reads.
+/// The control plane of tests/integration/support/webhook.rs, with this file's reads.
 struct Setup(WebhookCluster);
 
 impl std::ops::Deref for Setup {

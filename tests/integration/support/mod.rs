@@ -39,7 +39,7 @@ pub const CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd/crd.yaml"
 /// v2 too, converted by the operator's webhook, which the in-process operators of these
 /// tests do not run: kubectl and kube-controller-manager's garbage collector and
 /// namespace controller read the preferred version (v2) and would fail without it.
-/// tests/conversion.rs installs the webhook CRD on a control plane of its own.
+/// tests/integration/conversion.rs installs the webhook CRD on a control plane of its own.
 pub fn test_crd() -> std::path::PathBuf {
     use std::hash::{Hash, Hasher};
     let yaml = gpujob_operator::api::crd_yaml_with(&gpujob_operator::api::CrdOptions {

@@ -1,10 +1,10 @@
 //! The `http` quota backend as a client of docs/quota-api.md, against the fake service:
 //! the bearer token, the per-call timeout and TLS trust. (What the operator does with
-//! the answers is in tests/quota.rs.)
+//! the answers is in tests/integration/quota.rs.)
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

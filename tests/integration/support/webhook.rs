@@ -1,5 +1,5 @@
 //! The conversion webhook's stand-ins for the tests that run it on a control plane of
-//! their own (tests/conversion.rs, tests/migration.rs): its certificates, a TCP
+//! their own (tests/integration/conversion.rs, tests/integration/migration.rs): its certificates, a TCP
 //! forwarder in the place of its Service, and the control plane whose CRD calls it
 //! ([`WebhookCluster`]).
 

@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use support::replicas;
 use support::webhook::WebhookCluster;
 use support::{TestEnv, WAIT, phase, sim_env};
 
-/// The control plane of tests/support/webhook.rs, with this file's reads.
+/// The control plane of tests/integration/support/webhook.rs, with this file's reads.
 struct Setup(WebhookCluster);
 
 impl std::ops::Deref for Setup {

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-mod support;
+use crate::support;
 
 use devcluster::metrics::Metrics as Scrape;
 use gpujob_operator::api::Phase;

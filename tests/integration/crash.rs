@@ -6,7 +6,7 @@
 #![cfg(feature = "failpoints")]
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,0 +1,36 @@
+//! The operator's integration tests, one binary: each module is one area, run against the
+//! real control plane (devcluster) that `scripts/test.sh` starts. One binary links the
+//! operator, devcluster and the shared support once, not once per area.
+
+mod support;
+
+mod cli;
+mod conversion;
+mod crash;
+mod crd;
+mod day2;
+mod echo;
+mod events;
+mod faults;
+mod fence;
+mod ha;
+mod ha_apiserver;
+mod install;
+mod late_create;
+mod lease;
+mod metrics;
+mod metrics_secure;
+mod migration;
+mod monitoring;
+mod observability;
+mod preconditions;
+mod quota;
+mod quota_fencing;
+mod quota_http;
+mod reconcile;
+mod scheduling;
+mod sharding;
+mod soak;
+mod spec_changes;
+mod stale_takeover;
+mod validation;
