@@ -248,7 +248,7 @@ impl Metrics {
             shards: gauge("gpujob_shards", "Shards GpuJobs are split into (--shards)")?,
             shard_count_conflict: gauge(
                 "gpujob_shard_count_conflict",
-                "1 while another live replica of this replica's lease group runs with a different --shards (this replica then holds no shard), else 0",
+                "1 while another live replica of this replica's lease group runs with a different --shards or shard map (this replica then holds no shard), else 0",
             )?,
             shard_owner: IntGaugeVec::new(
                 Opts::new(

@@ -5,6 +5,13 @@
 
 use crate::hash::fnv1a64;
 
+/// The name of this map, as every shard and member Lease states it (label
+/// `gpujob.dev/shard-map`). Replicas that split namespaces by different maps, like
+/// replicas with different counts, never hold shards at the same time, so a later
+/// release may change the map safely. Leases written before the label existed used
+/// this same map.
+pub const SHARD_MAP: &str = "fnv1a64-mod";
+
 /// The shard of GpuJobs in `namespace`, out of `shards` (at least 1).
 pub fn shard_of(namespace: &str, shards: u32) -> u32 {
     let n = u64::from(shards.max(1));

@@ -26,7 +26,9 @@ pub use decide::{Observed, Timing};
 pub use elector::{Attempt, Elector};
 pub use modes::{ShardedPeer, ShardedPeers};
 pub use ownership::{InFlight, InFlightGuard, Ownership, Tenure};
-pub use sharded::{LABEL_GROUP, LABEL_ROLE, LABEL_SHARDS, ShardLeases, run as run_sharded};
+pub use sharded::{
+    LABEL_GROUP, LABEL_ROLE, LABEL_SHARD_MAP, LABEL_SHARDS, ShardLeases, run as run_sharded,
+};
 pub use single::run;
 
 /// What a failed Lease call means, in one line, with the fix when it is a set-up problem

@@ -34,6 +34,7 @@ use super::{
     gained_or_lost, jitter, report,
 };
 use crate::health::Status;
+use crate::shard::SHARD_MAP;
 
 /// Label on every Lease of one operator: its `--lease-name`.
 pub const LABEL_GROUP: &str = "gpujob.dev/lease-group";
@@ -43,6 +44,10 @@ pub const LABEL_ROLE: &str = "gpujob.dev/lease-role";
 /// names do not carry it, so without it replicas with different counts would split
 /// namespaces differently under the same names, and one namespace would have two owners.
 pub const LABEL_SHARDS: &str = "gpujob.dev/shards";
+/// On every shard and member Lease: how the replica that wrote it maps namespaces to
+/// shards ([`SHARD_MAP`]). A Lease with a count and no map was written before the label
+/// existed, by a replica with today's map.
+pub const LABEL_SHARD_MAP: &str = "gpujob.dev/shard-map";
 
 /// Where the Leases live and how many shards there are.
 #[derive(Debug, Clone)]
@@ -66,25 +71,39 @@ impl ShardLeases {
             (LABEL_GROUP.to_owned(), self.lease_name.clone()),
             (LABEL_ROLE.to_owned(), role.to_owned()),
             (LABEL_SHARDS.to_owned(), self.shards.to_string()),
+            (LABEL_SHARD_MAP.to_owned(), SHARD_MAP.to_owned()),
         ])
     }
 }
 
-/// A live member (by its member Lease) whose `--shards` differs from `ours`, with its
-/// count. Member Leases written before the label existed say nothing and are skipped.
-fn other_shard_count(
-    leases: &[Lease],
-    ours: u32,
-    live: &BTreeSet<String>,
-) -> Option<(String, u32)> {
+/// A live replica that splits namespaces differently: by its member Lease, another
+/// `--shards` than `ours` or another map than [`SHARD_MAP`].
+#[derive(Debug, PartialEq, Eq)]
+struct OtherSplit {
+    replica: String,
+    shards: u32,
+    map: String,
+}
+
+/// The first live member whose split differs from this replica's. Member Leases written
+/// before the count label existed say nothing and are skipped; one with a count and no
+/// map used today's map.
+fn other_split(leases: &[Lease], ours: u32, live: &BTreeSet<String>) -> Option<OtherSplit> {
     leases.iter().find_map(|lease| {
         let labels = lease.metadata.labels.as_ref()?;
         if labels.get(LABEL_ROLE).map(String::as_str) != Some("member") {
             return None;
         }
-        let count: u32 = labels.get(LABEL_SHARDS)?.parse().ok()?;
+        let shards: u32 = labels.get(LABEL_SHARDS)?.parse().ok()?;
+        let map = labels
+            .get(LABEL_SHARD_MAP)
+            .map_or(SHARD_MAP, String::as_str);
         let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
-        (count != ours && live.contains(holder)).then(|| (holder.to_owned(), count))
+        ((shards != ours || map != SHARD_MAP) && live.contains(holder)).then(|| OtherSplit {
+            replica: holder.to_owned(),
+            shards,
+            map: map.to_owned(),
+        })
     })
 }
 
@@ -260,15 +279,18 @@ impl Coordinator {
                 return;
             }
         }
-        if let Some((other, count)) = other_shard_count(&leases, self.leases.shards, &members) {
-            // Two counts split namespaces differently under the same Lease names: hold
-            // nothing until every live replica agrees (the alert says so meanwhile).
+        if let Some(other) = other_split(&leases, self.leases.shards, &members) {
+            // Two counts, or two maps, split namespaces differently under the same Lease
+            // names: hold nothing until every live replica agrees (the alert says so
+            // meanwhile).
             if self.status.metrics.shard_count_conflict.get() == 0 {
                 error!(
-                    replica = %other,
-                    its_shards = count,
+                    replica = %other.replica,
+                    its_shards = other.shards,
+                    its_map = %other.map,
                     our_shards = self.leases.shards,
-                    "another live replica runs with a different --shards; holding no shard until all replicas run with the same count (docs/ha-and-sharding.md, Sharding)"
+                    our_map = SHARD_MAP,
+                    "another live replica splits namespaces into shards differently (another --shards, or another release's shard map); holding no shard until all replicas split alike (docs/ha-and-sharding.md, Sharding)"
                 );
             }
             self.status.metrics.shard_count_conflict.set(1);
@@ -635,9 +657,16 @@ mod tests {
     use super::*;
 
     fn member(holder: &str, shards: Option<&str>) -> Lease {
+        member_mapped(holder, shards, Some(SHARD_MAP))
+    }
+
+    fn member_mapped(holder: &str, shards: Option<&str>, map: Option<&str>) -> Lease {
         let mut labels = BTreeMap::from([(LABEL_ROLE.to_owned(), "member".to_owned())]);
         if let Some(n) = shards {
             labels.insert(LABEL_SHARDS.to_owned(), n.to_owned());
+        }
+        if let Some(m) = map {
+            labels.insert(LABEL_SHARD_MAP.to_owned(), m.to_owned());
         }
         let mut lease = Lease::default();
         lease.metadata.labels = Some(labels);
@@ -652,17 +681,21 @@ mod tests {
     fn a_live_member_with_another_shard_count_is_a_conflict() {
         let live = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
         let same = [member("a", Some("6")), member("b", Some("6"))];
-        assert_eq!(other_shard_count(&same, 6, &live), None);
+        assert_eq!(other_split(&same, 6, &live), None);
         let mixed = [member("a", Some("6")), member("b", Some("3"))];
         assert_eq!(
-            other_shard_count(&mixed, 6, &live),
-            Some(("b".to_owned(), 3))
+            other_split(&mixed, 6, &live),
+            Some(OtherSplit {
+                replica: "b".to_owned(),
+                shards: 3,
+                map: SHARD_MAP.to_owned()
+            })
         );
         // A member that is gone, or that predates the label, says nothing.
         let gone = [member("a", Some("6")), member("c", Some("3"))];
-        assert_eq!(other_shard_count(&gone, 6, &live), None);
+        assert_eq!(other_split(&gone, 6, &live), None);
         let unlabelled = [member("b", None)];
-        assert_eq!(other_shard_count(&unlabelled, 6, &live), None);
+        assert_eq!(other_split(&unlabelled, 6, &live), None);
         // Shard Leases are not members.
         let mut shard = member("b", Some("3"));
         shard
@@ -671,6 +704,27 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(LABEL_ROLE.to_owned(), "shard".to_owned());
-        assert_eq!(other_shard_count(&[shard], 6, &live), None);
+        assert_eq!(other_split(&[shard], 6, &live), None);
+    }
+
+    #[test]
+    fn a_live_member_with_another_map_is_a_conflict() {
+        let live = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
+        // Written before the map label: today's map, no conflict.
+        let unlabelled = [member("a", Some("6")), member_mapped("b", Some("6"), None)];
+        assert_eq!(other_split(&unlabelled, 6, &live), None);
+        // The same count under another map (a later release's, say).
+        let other = [
+            member("a", Some("6")),
+            member_mapped("b", Some("6"), Some("ranges")),
+        ];
+        assert_eq!(
+            other_split(&other, 6, &live),
+            Some(OtherSplit {
+                replica: "b".to_owned(),
+                shards: 6,
+                map: "ranges".to_owned()
+            })
+        );
     }
 }

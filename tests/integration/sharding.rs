@@ -16,7 +16,8 @@ use std::time::Duration;
 use devcluster::audit::AuditEvent;
 use gpujob_operator::api::{GpuJob, Phase};
 use gpujob_operator::controller::job::attempt_of;
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ListParams, PostParams};
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -280,7 +281,7 @@ async fn replicas_with_different_shard_counts_hold_nothing_and_say_so_until_they
     for r in [&three, &six] {
         let log = r.log_text();
         assert!(
-            log.contains("another live replica runs with a different --shards"),
+            log.contains("another live replica splits namespaces into shards differently"),
             "{}: {log}",
             r.identity()
         );
@@ -288,6 +289,73 @@ async fn replicas_with_different_shard_counts_hold_nothing_and_say_so_until_they
     // The 6-shard replica goes (its member Lease expires): the other takes its 3 again.
     six.signal(Signal::SIGKILL);
     six.wait_exit(Duration::from_secs(10)).await;
+    wait_balanced(&env, 3, &["replica-1"], 3, Duration::from_secs(30)).await;
+}
+
+#[tokio::test]
+async fn a_live_replica_with_another_shard_map_holds_the_others_back_until_it_goes() {
+    // A release with another shard map would, with the same --shards, map some
+    // namespaces to other Leases. Its member Lease states its count and its map; while it
+    // is live, a replica of this release holds nothing.
+    let env = TestEnv::private("shards-old-map").await;
+    let current = replica(&env, 1, 3);
+    wait_balanced(&env, 3, &["replica-1"], 3, Duration::from_secs(30)).await;
+    let leases: Api<Lease> = Api::namespaced(env.admin.clone(), &env.ns);
+    let name = format!("{}-member-another-release", replicas::LEASE);
+    let mut old = Lease::default();
+    old.metadata.name = Some(name.clone());
+    old.metadata.labels = Some(
+        [
+            (gpujob_operator::lease::LABEL_GROUP, replicas::LEASE),
+            (gpujob_operator::lease::LABEL_ROLE, "member"),
+            (gpujob_operator::lease::LABEL_SHARDS, "3"),
+            (gpujob_operator::lease::LABEL_SHARD_MAP, "another-map"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+    );
+    old.spec = Some(LeaseSpec {
+        holder_identity: Some("another-release".to_owned()),
+        lease_duration_seconds: Some(3),
+        renew_time: Some(MicroTime(jiff::Timestamp::now())),
+        ..LeaseSpec::default()
+    });
+    leases.create(&PostParams::default(), &old).await.unwrap();
+    // It renews, as a live replica does (every change restarts its expiry).
+    let renewing = {
+        let leases = leases.clone();
+        let name = name.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let now = MicroTime(jiff::Timestamp::now());
+                let patch = json!({"spec": {"renewTime": now}});
+                let _ = leases
+                    .patch(&name, &Default::default(), &kube::api::Patch::Merge(&patch))
+                    .await;
+            }
+        })
+    };
+    devcluster::wait::until(
+        "the current replica gives up its shards",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let held = shards::holders(&env.admin, &env.ns, 3).await;
+            held.iter().all(Option::is_none).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let log = current.log_text();
+    assert!(
+        log.contains("another live replica splits namespaces into shards differently")
+            && log.contains("another-map"),
+        "{log}"
+    );
+    // That replica is gone (its member Lease expires): the shards are taken again.
+    renewing.abort();
     wait_balanced(&env, 3, &["replica-1"], 3, Duration::from_secs(30)).await;
 }
 
@@ -338,6 +406,13 @@ async fn replicas_restarted_under_the_same_names_with_a_new_count_take_the_shard
                     .get(gpujob_operator::lease::LABEL_SHARDS)
                     .map(String::as_str),
                 Some("4"),
+                "{name}: {labels:?}"
+            );
+            assert_eq!(
+                labels
+                    .get(gpujob_operator::lease::LABEL_SHARD_MAP)
+                    .map(String::as_str),
+                Some(gpujob_operator::shard::SHARD_MAP),
                 "{name}: {labels:?}"
             );
         }
@@ -463,7 +538,7 @@ async fn a_sharded_replica_gives_up_its_shards_while_a_one_shard_leader_renews()
         l.metadata.name = Some(replicas::LEASE.to_owned());
         l.metadata.resource_version = rv;
         l.spec = Some(LeaseSpec {
-            holder_identity: Some("old-release".to_owned()),
+            holder_identity: Some("another-release".to_owned()),
             lease_duration_seconds: Some(3),
             renew_time: Some(MicroTime(jiff::Timestamp::now())),
             ..LeaseSpec::default()
