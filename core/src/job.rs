@@ -143,18 +143,6 @@ pub fn started(job: &Job) -> bool {
     job.spec.as_ref().and_then(|s| s.suspend) != Some(true)
 }
 
-/// Whether the Job controller has seen `job` suspended (its `Suspended` condition):
-/// after that it writes nothing to the Job until it is started, so a start sent with
-/// the resourceVersion seen then is rarely refused.
-pub fn suspension_seen(job: &Job) -> bool {
-    job.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "Suspended" && c.status == "True")
-}
-
 /// The attempt's pod: the GpuJob's pod template with the operator's part on top (its
 /// labels, restartPolicy, the GPU toleration, node selectors, service account and the
 /// `main` container).

@@ -6,8 +6,7 @@
 use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::api::{ANNOTATION_GENERATION, LABEL_ATTEMPT};
-use crate::job::{controller_of, started};
+use crate::job::{attempt_of, controller_of, generation_of, started};
 
 /// A Job controlled by a GpuJob (its controller owner reference, not its labels).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -50,9 +49,6 @@ impl SeenJob {
     pub fn of(job: &Job) -> Option<SeenJob> {
         let m = &job.metadata;
         let owner = controller_of(job)?;
-        let value = |map: &Option<std::collections::BTreeMap<String, String>>, key: &str| {
-            map.as_ref().and_then(|map| map.get(key)).cloned()
-        };
         let status = job.status.as_ref();
         Some(SeenJob {
             name: m.name.clone()?,
@@ -63,10 +59,8 @@ impl SeenJob {
             resource_version: m.resource_version.clone(),
             deletion_timestamp: m.deletion_timestamp.clone(),
             suspended: !started(job),
-            attempt: value(&m.labels, LABEL_ATTEMPT)
-                .and_then(|a| a.parse().ok())
-                .filter(|a| *a >= 1),
-            generation: value(&m.annotations, ANNOTATION_GENERATION).and_then(|g| g.parse().ok()),
+            attempt: attempt_of(job),
+            generation: generation_of(job),
             status: SeenJobStatus {
                 conditions: status
                     .and_then(|s| s.conditions.clone())
@@ -109,6 +103,7 @@ impl SeenJob {
 mod tests {
     use super::*;
     use crate::api::GpuJob;
+    use crate::api::LABEL_ATTEMPT;
     use crate::job::desired_job;
     use k8s_openapi::api::batch::v1::JobStatus;
 

@@ -80,24 +80,17 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
             "planned"
         );
         // The plan's actions, from `from` on: a confirming read that finds the view
-        // current lets the same plan go on. The view is then current for the term, so
-        // a second confirm in one plan would be a bug, which must not loop.
+        // current lets the same plan go on. The snapshot is then confirmed, so the
+        // executor passes over any later confirm of this plan: this loop ends.
         let mut from = 0;
-        let mut confirmed_current = false;
         let then = loop {
             let run =
                 apply::execute(ctx, &fence, key, &snap, &plan.actions[from..], &plan.status).await;
             ctx.view.record(key, &fence, &mut snap, run.outcomes);
             match run.end? {
                 End::Read(Read::Confirm { resume }) => {
-                    if confirmed_current {
-                        return Err(Error::Undecided { plans: MAX_PLANS });
-                    }
                     match ctx.view.confirm(key, &fence, &mut snap).await? {
-                        Confirmed::Current => {
-                            confirmed_current = true;
-                            from += resume;
-                        }
+                        Confirmed::Current => from += resume,
                         Confirmed::Moved => break Then::Observe,
                         Confirmed::Gone => {
                             info!(

@@ -110,7 +110,8 @@ impl Harness {
             std::time::Duration::from_millis(50),
             || async {
                 let j = env.jobs().get_opt(job).await.ok()??;
-                gpujob_operator::controller::job::suspension_seen(&j).then_some(())
+                let seen = gpujob_operator::controller::seen_job::SeenJob::of(&j)?;
+                seen.suspension_seen().then_some(())
             },
         )
         .await
