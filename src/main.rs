@@ -7,7 +7,7 @@ use clap::Parser;
 use gpujob_operator::cli::{Cli, Command, LogFormat, MigrateArgs, RunArgs};
 use gpujob_operator::client::Limits;
 use gpujob_operator::health::Status;
-use gpujob_operator::lease::{self, Elector, Ownership, ShardLeases, ShardedPeers};
+use gpujob_operator::lease::{self, Ownership, ShardLeases};
 use gpujob_operator::metrics::Metrics;
 use gpujob_operator::server;
 use gpujob_operator::{api, client, controller};
@@ -105,20 +105,16 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 let _ = drained_rx.await;
             };
             let in_flight = settings.in_flight.clone();
-            let lease_task = if args.shards == 1 {
-                let peers = ShardedPeers::new(lease_client.clone(), &args.lease_namespace(), &args.lease_name);
-                let elector = Elector::new(lease_client, &args.lease_namespace(), &args.lease_name, &identity, timing);
-                tokio::spawn(lease::run(elector, peers, tx, status.clone(), drained_rx))
-            } else {
-                let leases = ShardLeases {
-                    lease_name: args.lease_name.clone(),
-                    namespace: args.lease_namespace(),
-                    shards: args.shards,
-                };
+            let leases = ShardLeases {
+                lease_name: args.lease_name.clone(),
+                namespace: args.lease_namespace(),
+                shards: args.shards,
+            };
+            let lease_task = {
                 let identity = identity.clone();
                 let status = status.clone();
                 tokio::spawn(async move {
-                    lease::run_sharded(lease_client, leases, &identity, timing, tx, in_flight, status, drained_rx).await;
+                    lease::run(lease_client, leases, &identity, timing, tx, in_flight, status, drained_rx).await;
                 })
             };
             let result = controller::run(kube_client, events_client, settings, rx, status, shutdown_signal()).await;

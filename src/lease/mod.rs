@@ -1,35 +1,35 @@
 //! Lease election with client-go semantics, and the ownership it publishes.
 //!
-//! The holder of a Lease runs the work; everyone else keeps caches warm and campaigns.
-//! Ownership is published as a watch channel of shards held, each with its tenure: the
-//! local lease deadline (monotonic time the last successful renewal was sent + renew
-//! deadline; no write starts after it), an epoch that changes on every gain, and the
-//! term's name for logs (quota calls are fenced per GpuJob instead:
-//! `quota::fencing_token`). One shard is plain leader election (`single.rs`); more
-//! shards have a Lease each, balanced across live replicas (`sharded.rs`, decisions in
-//! `balance.rs`). The two modes exclude each other while a rolling update changes
-//! `--shards` (`modes.rs`).
+//! The holder of a shard's Lease runs its work; everyone else keeps caches warm and
+//! campaigns. Ownership is published as a watch channel of shards held, each with its
+//! tenure: the local lease deadline (the monotonic time the last successful renewal was
+//! sent, plus the renew deadline; no write starts after it), an epoch that changes on
+//! every gain, and the term's name for logs (quota calls are fenced per GpuJob instead:
+//! `quota::fencing_token`). One lease loop serves every `--shards` (`coordinator.rs`;
+//! which shards to hold is `balance.rs`; each held shard is renewed by `renew.rs`): with
+//! one shard it is plain leader election on the Lease `<lease-name>`. The Leases' names
+//! and labels are `group.rs`; how replicas with different counts exclude each other
+//! while a rolling update changes `--shards` is `modes.rs`.
 
+mod coordinator;
 mod decide;
 mod elector;
+mod group;
 mod modes;
 mod ownership;
-mod sharded;
-mod single;
+mod renew;
 
 pub use gpujob_core::balance;
 
 use std::time::Duration;
 
 use crate::metrics::{CONTROLLER, Metrics};
+pub use coordinator::run;
 pub use decide::{Observed, Timing};
 pub use elector::{Attempt, Elector};
-pub use modes::{ShardedPeer, ShardedPeers};
+pub use group::{LABEL_GROUP, LABEL_ROLE, LABEL_SHARD_MAP, LABEL_SHARDS, ShardLeases};
+pub use modes::ShardedPeer;
 pub use ownership::{InFlight, InFlightGuard, Ownership, Tenure};
-pub use sharded::{
-    LABEL_GROUP, LABEL_ROLE, LABEL_SHARD_MAP, LABEL_SHARDS, ShardLeases, run as run_sharded,
-};
-pub use single::run;
 
 /// What a failed Lease call means, in one line, with the fix when it is a set-up problem
 /// (no debug dump of the API's answer).

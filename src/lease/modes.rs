@@ -1,22 +1,35 @@
-//! A `--shards 1` replica and sharded replicas of one lease group exclude each other, so
-//! a rolling update that changes `--shards` between 1 and N never has two writers.
+//! Replicas that split namespaces differently never write one namespace both, so a
+//! rolling update that changes `--shards` (or the shard map, in a later release) never
+//! has two writers. Every replica runs the same lease loop (`coordinator.rs`); what
+//! differs is which Leases it reads after writing its own.
 //!
-//! The single Lease and the shard Leases are different objects, so neither side can take
-//! "both" in one write. Instead each side writes first and reads the other second:
+//! **Between two counts N, M > 1 (or two maps).** Shard i of N and shard i of M share the
+//! Lease name `<lease-name>-shard-<i>` but not its namespaces. Each replica renews its
+//! member Lease (labelled with its count and map), then lists the group, and takes a
+//! shard only in a look whose heartbeat went through and whose list shows no live member
+//! that splits differently; when it sees one, it gives up every shard it holds. If one
+//! replica's list missed the other's renewal, that renewal came after the list, so the
+//! other's list sees the first replica's member: at least one side holds nothing. Both
+//! hold nothing until the replicas of one split are gone.
 //!
-//! - a sharded replica renews its member Lease, then reads the single Lease, and takes a
-//!   shard only if both happened in the same look and the single Lease is not held by a
+//! **Between `--shards 1` and N > 1.** The one shard is the Lease `<lease-name>` itself,
+//! a different object from every shard Lease of N, and the sharded side wins, since a
+//! count is rolled out from 1 to N far more often than back:
+//!
+//! - a sharded replica renews its member Lease, then reads `<lease-name>`, and takes a
+//!   shard only if both happened in the same look and `<lease-name>` is not held by a
 //!   live replica; while it is, the sharded replica gives up every shard it holds;
-//! - a `--shards 1` replica acquires the single Lease, then lists the group's member and
-//!   shard Leases, and leads only if none is held by a live replica; otherwise it
-//!   releases the single Lease at once, without having written anything.
+//! - a `--shards 1` replica lists the group before it campaigns and takes nothing while
+//!   a member or shard Lease is held by a live replica; right after acquiring
+//!   `<lease-name>` it lists again, and hands the Lease back at once, before writing
+//!   anything, if one is (or if the list fails).
 //!
-//! The API server orders the four requests: if the single replica's list did not see the
-//! member renewal, the renewal came after the list, so after the single replica's
-//! acquire, and the sharded replica's read sees the single Lease held. At least one side
-//! backs off. A `--shards 1` replica also looks before it campaigns, so it does not take
-//! the Lease over and over while sharded replicas are live; sharded replicas win a tie,
-//! since a change of `--shards` is rolled out from 1 to N far more often than back.
+//! The API server orders the requests: if the single replica's second list did not see
+//! the member renewal, the renewal came after that list, so after the acquire, and the
+//! sharded replica's read sees `<lease-name>` held. At least one side backs off. A
+//! `--shards 1` replica writes no member Lease: the sharded side learns of it from
+//! `<lease-name>` alone, sharded replicas of earlier releases would read a member with
+//! count 1 as a conflict and hold nothing, and it saves a write per retry period.
 //!
 //! "Live" follows the usual Lease rule on this replica's own clock: a record held by
 //! someone else that changed less than its lease duration ago (a record seen for the
@@ -25,12 +38,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::Client;
-use kube::api::{Api, ListParams};
-use tokio::time::{Duration, Instant, timeout};
+use tokio::time::Instant;
 
 use super::decide::{Observed, observed, update};
-use super::sharded::{LABEL_GROUP, LABEL_ROLE, LABEL_SHARDS};
+use super::group::{LABEL_ROLE, LABEL_SHARDS};
 
 /// A live sharded replica, as a `--shards 1` replica sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,53 +50,6 @@ pub struct ShardedPeer {
     pub identity: String,
     /// Its `--shards`, when its Lease says (Leases written before the label do not).
     pub shards: Option<u32>,
-}
-
-/// What a `--shards 1` replica knows of the sharded replicas in its group.
-pub struct ShardedPeers {
-    api: Api<Lease>,
-    lease_name: String,
-    /// Each member and shard Lease as last seen (by name), for its liveness.
-    seen: BTreeMap<String, Observed>,
-}
-
-impl std::fmt::Debug for ShardedPeers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShardedPeers")
-            .field("lease_name", &self.lease_name)
-            .field("seen", &self.seen.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl ShardedPeers {
-    pub fn new(client: Client, namespace: &str, lease_name: &str) -> ShardedPeers {
-        ShardedPeers {
-            api: Api::namespaced(client, namespace),
-            lease_name: lease_name.to_owned(),
-            seen: BTreeMap::new(),
-        }
-    }
-
-    /// One list of the group's Leases: a live sharded replica other than `me`, if any.
-    /// No answer within `within` is an error: the caller must then assume one.
-    pub async fn look(
-        &mut self,
-        me: &str,
-        within: Duration,
-    ) -> Result<Option<ShardedPeer>, String> {
-        let list = ListParams::default().labels(&format!("{LABEL_GROUP}={}", self.lease_name));
-        let leases = match timeout(within, self.api.list(&list)).await {
-            Ok(Ok(l)) => l.items,
-            Ok(Err(e)) => return Err(super::explain(&e, self.api_namespace())),
-            Err(_) => return Err(format!("no answer within {within:?}")),
-        };
-        Ok(live_sharded(&leases, &mut self.seen, me, Instant::now()))
-    }
-
-    fn api_namespace(&self) -> &str {
-        self.api.namespace().unwrap_or_default()
-    }
 }
 
 /// The first member or shard Lease held by a live replica other than `me`, updating
@@ -124,6 +88,7 @@ pub fn live_sharded(
 mod tests {
     use super::*;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use std::time::Duration;
 
     fn lease(name: &str, role: &str, holder: Option<&str>, rv: &str) -> Lease {
         let mut l = Lease::default();

@@ -1,14 +1,15 @@
-//! Sharded ownership (`--shards N`, N > 1). Shard i is guarded by Lease
-//! `<lease-name>-shard-<i>`; each replica also renews a member heartbeat Lease,
-//! `<lease-name>-member-<identity>`. Every retry period a coordinator lists the group's
-//! Leases (one call), works out the live replicas (a member whose record changed within a
-//! lease duration on this replica's own clock, the same rule as for shard Leases) and who
-//! holds what, and takes or gives up shards as [`balance::decide`] says. Each held shard
-//! is renewed by a task of its own (its own timer and deadline), so renewing many shards
-//! never starves one.
+//! The one lease loop, for any `--shards N` (N = 1 included). Shard i is guarded by
+//! Lease `<lease-name>-shard-<i>`, and with one shard by `<lease-name>` itself (the
+//! Lease users know; replicas of earlier releases share it). Every retry period (with
+//! jitter) a coordinator renews its member heartbeat Lease,
+//! `<lease-name>-member-<identity>` (not with one shard: `modes.rs`), lists the group's
+//! Leases (one call), works out the live replicas (a member whose record changed within
+//! a lease duration on this replica's own clock, the same rule as for shard Leases) and
+//! who holds what, and takes or gives up shards as [`balance::decide`] says. Each held
+//! shard is renewed by a task of its own (`renew.rs`).
 //!
-//! While a `--shards 1` replica holds the single Lease, a sharded replica holds no shard;
-//! how the two modes exclude each other during a rolling update is in `modes.rs`.
+//! Replicas with different `--shards`, or different shard maps, never write one
+//! namespace both: `modes.rs` says how.
 //!
 //! Giving a shard up drains it: it leaves the published ownership (no new keys, its
 //! reconciles are cancelled, its writes fenced), the coordinator waits until none of its
@@ -29,83 +30,15 @@ use tracing::{error, info, warn};
 
 use super::balance::{self, Holder, View};
 use super::decide::{observed, update};
+use super::group::{LABEL_GROUP, ShardLeases, other_split};
+use super::modes::live_sharded;
+use super::renew::renew;
 use super::{
     Attempt, Elector, InFlight, Observed, Ownership, Tenure, Timing, beat_limit, explain,
     gained_or_lost, jitter, report,
 };
 use crate::health::Status;
 use crate::shard::SHARD_MAP;
-
-/// Label on every Lease of one operator: its `--lease-name`.
-pub const LABEL_GROUP: &str = "gpujob.dev/lease-group";
-/// Label on every Lease of one operator: `shard` or `member`.
-pub const LABEL_ROLE: &str = "gpujob.dev/lease-role";
-/// On every shard and member Lease: the `--shards` of the replica that wrote it. Lease
-/// names do not carry it, so without it replicas with different counts would split
-/// namespaces differently under the same names, and one namespace would have two owners.
-pub const LABEL_SHARDS: &str = "gpujob.dev/shards";
-/// On every shard and member Lease: how the replica that wrote it maps namespaces to
-/// shards ([`SHARD_MAP`]). A Lease with a count and no map was written before the label
-/// existed, by a replica with today's map.
-pub const LABEL_SHARD_MAP: &str = "gpujob.dev/shard-map";
-
-/// Where the Leases live and how many shards there are.
-#[derive(Debug, Clone)]
-pub struct ShardLeases {
-    pub lease_name: String,
-    pub namespace: String,
-    pub shards: u32,
-}
-
-impl ShardLeases {
-    pub fn shard(&self, i: u32) -> String {
-        format!("{}-shard-{i}", self.lease_name)
-    }
-
-    pub fn member(&self, identity: &str) -> String {
-        format!("{}-member-{identity}", self.lease_name)
-    }
-
-    fn labels(&self, role: &str) -> BTreeMap<String, String> {
-        BTreeMap::from([
-            (LABEL_GROUP.to_owned(), self.lease_name.clone()),
-            (LABEL_ROLE.to_owned(), role.to_owned()),
-            (LABEL_SHARDS.to_owned(), self.shards.to_string()),
-            (LABEL_SHARD_MAP.to_owned(), SHARD_MAP.to_owned()),
-        ])
-    }
-}
-
-/// A live replica that splits namespaces differently: by its member Lease, another
-/// `--shards` than `ours` or another map than [`SHARD_MAP`].
-#[derive(Debug, PartialEq, Eq)]
-struct OtherSplit {
-    replica: String,
-    shards: u32,
-    map: String,
-}
-
-/// The first live member whose split differs from this replica's. Member Leases written
-/// before the count label existed say nothing and are skipped; one with a count and no
-/// map used today's map.
-fn other_split(leases: &[Lease], ours: u32, live: &BTreeSet<String>) -> Option<OtherSplit> {
-    leases.iter().find_map(|lease| {
-        let labels = lease.metadata.labels.as_ref()?;
-        if labels.get(LABEL_ROLE).map(String::as_str) != Some("member") {
-            return None;
-        }
-        let shards: u32 = labels.get(LABEL_SHARDS)?.parse().ok()?;
-        let map = labels
-            .get(LABEL_SHARD_MAP)
-            .map_or(SHARD_MAP, String::as_str);
-        let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
-        ((shards != ours || map != SHARD_MAP) && live.contains(holder)).then(|| OtherSplit {
-            replica: holder.to_owned(),
-            shards,
-            map: map.to_owned(),
-        })
-    })
-}
 
 /// Holds shards until `stop`, publishing them on `tx`; then drains and releases every
 /// held shard and the member heartbeat. `stop` must resolve only once the controller
@@ -148,19 +81,25 @@ struct Coordinator {
     leases: ShardLeases,
     me: String,
     timing: Timing,
-    member: Elector,
+    /// The member heartbeat; none with one shard (`modes.rs`).
+    member: Option<Elector>,
     member_held: bool,
     electors: Vec<Arc<Elector>>,
     tx: Arc<watch::Sender<Ownership>>,
     renewers: BTreeMap<u32, JoinHandle<()>>,
     /// Other replicas' member Leases as last seen (by Lease name), for their liveness.
     members_seen: BTreeMap<String, Observed>,
+    /// With one shard: the group's member and shard Leases as last seen, for whether a
+    /// sharded replica is live.
+    sharded_seen: BTreeMap<String, Observed>,
     /// Since when each shard has been seen free.
     free_since: BTreeMap<u32, Instant>,
-    /// The single Lease of `--shards 1`, as last seen.
+    /// With more than one shard: the single Lease of `--shards 1`, as last seen.
     legacy_seen: Option<Observed>,
-    /// Whether the current wait behind a `--shards 1` leader has been logged.
-    legacy_logged: bool,
+    /// Whether the current wait behind replicas with another count has been logged.
+    conflict_logged: bool,
+    /// With one shard: the holder this standby last said it waits on.
+    standing_by: Option<String>,
     /// Looks taken so far: the first only registers this replica, so that replicas
     /// starting together see each other before anyone takes a shard.
     looks: u64,
@@ -179,7 +118,7 @@ impl Coordinator {
         status: Arc<Status>,
     ) -> Coordinator {
         let ns = leases.namespace.clone();
-        let electors = (0..leases.shards)
+        let electors = (0..leases.shards.max(1))
             .map(|i| {
                 Arc::new(
                     Elector::new(
@@ -189,18 +128,20 @@ impl Coordinator {
                         identity,
                         timing.clone(),
                     )
-                    .with_labels(leases.labels("shard")),
+                    .with_labels(leases.shard_labels()),
                 )
             })
             .collect();
-        let member = Elector::new(
-            client.clone(),
-            &ns,
-            &leases.member(identity),
-            identity,
-            timing.clone(),
-        )
-        .with_labels(leases.labels("member"));
+        let member = (!leases.single()).then(|| {
+            Elector::new(
+                client.clone(),
+                &ns,
+                &leases.member(identity),
+                identity,
+                timing.clone(),
+            )
+            .with_labels(leases.member_labels())
+        });
         tx.send_replace(Ownership::nothing_of(leases.shards));
         report(&status.metrics, &tx.borrow());
         Coordinator {
@@ -214,9 +155,11 @@ impl Coordinator {
             tx: Arc::new(tx),
             renewers: BTreeMap::new(),
             members_seen: BTreeMap::new(),
+            sharded_seen: BTreeMap::new(),
             free_since: BTreeMap::new(),
             legacy_seen: None,
-            legacy_logged: false,
+            conflict_logged: false,
+            standing_by: None,
             looks: 0,
             in_flight,
             status,
@@ -227,77 +170,27 @@ impl Coordinator {
     async fn tick(&mut self) {
         self.status.beat(beat_limit(&self.timing));
         self.renewers.retain(|_, h| !h.is_finished());
+        let single = self.leases.single();
+        if single && self.tx.borrow().holds_any() {
+            // Nothing to decide while holding the one shard: its renewer keeps it, and
+            // sharded replicas wait for it (modes.rs).
+            return;
+        }
         // The heartbeat is written before the single Lease is read (modes.rs): a shard
         // is taken only in a look whose heartbeat went through.
         let registered = self.heartbeat().await;
-        let list =
-            ListParams::default().labels(&format!("{LABEL_GROUP}={}", self.leases.lease_name));
-        let leases = match timeout(self.timing.renew_deadline, self.api.list(&list)).await {
-            Ok(Ok(l)) => l.items,
-            Ok(Err(e)) => {
-                warn!(
-                    "shard leases in {}: listing failed: {}; looking again in a retry period",
-                    self.leases.namespace,
-                    explain(&e, &self.leases.namespace)
-                );
-                return;
-            }
-            Err(_) => {
-                warn!(
-                    "shard leases in {}: no answer to the list; looking again in a retry period",
-                    self.leases.namespace
-                );
-                return;
-            }
+        let Some(leases) = self.list().await else {
+            return;
         };
         let now = Instant::now();
-        let members = self.live_members(&leases, now);
-        match self.legacy_leader().await {
-            Legacy::None => self.legacy_logged = false,
-            Legacy::Leads(holder) => {
-                // It works on every GpuJob: hold nothing beside it.
-                if !self.legacy_logged {
-                    warn!(
-                        lease = %self.leases.lease_name,
-                        holder = %holder,
-                        "a replica running with --shards 1 holds the single Lease; holding no shard until it is released or expires"
-                    );
-                    self.legacy_logged = true;
-                }
-                self.status.metrics.shard_count_conflict.set(1);
-                self.give_up_all(members.len()).await;
-                return;
-            }
-            Legacy::Unknown(why) => {
-                // Whether a --shards 1 replica leads is unknown: take nothing. Shards
-                // already held stay: a --shards 1 replica that acquires the single
-                // Lease sees them and steps back before it writes (modes.rs).
-                warn!(
-                    lease = %self.leases.lease_name,
-                    "reading the single Lease failed: {why}; taking no shard in this look"
-                );
-                return;
-            }
-        }
-        if let Some(other) = other_split(&leases, self.leases.shards, &members) {
-            // Two counts, or two maps, split namespaces differently under the same Lease
-            // names: hold nothing until every live replica agrees (the alert says so
-            // meanwhile).
-            if self.status.metrics.shard_count_conflict.get() == 0 {
-                error!(
-                    replica = %other.replica,
-                    its_shards = other.shards,
-                    its_map = %other.map,
-                    our_shards = self.leases.shards,
-                    our_map = SHARD_MAP,
-                    "another live replica splits namespaces into shards differently (another --shards, or another release's shard map); holding no shard until all replicas split alike (docs/ha-and-sharding.md, Sharding)"
-                );
-            }
-            self.status.metrics.shard_count_conflict.set(1);
-            self.give_up_all(members.len()).await;
+        let members = if single {
+            BTreeSet::from([self.me.clone()])
+        } else {
+            self.live_members(&leases, now)
+        };
+        if !self.may_take(&leases, &members).await {
             return;
         }
-        self.status.metrics.shard_count_conflict.set(0);
         let holders = self.holders(&leases, now).await;
         let decision = balance::decide(&View {
             me: &self.me,
@@ -309,13 +202,137 @@ impl Coordinator {
             self.give_up(s, members.len()).await;
         }
         self.looks += 1;
-        if self.looks == 1 || !registered {
+        // With one shard there is nobody to register with first.
+        if (self.looks == 1 && !single) || !registered {
             return;
         }
         for s in decision.take {
             if !self.tx.borrow().held.contains_key(&s) {
                 self.take(s).await;
             }
+        }
+        if single {
+            self.say_standing_by().await;
+        }
+    }
+
+    /// One list of the group's Leases; `None` (logged) when it failed.
+    async fn list(&self) -> Option<Vec<Lease>> {
+        let list =
+            ListParams::default().labels(&format!("{LABEL_GROUP}={}", self.leases.lease_name));
+        match timeout(self.timing.renew_deadline, self.api.list(&list)).await {
+            Ok(Ok(l)) => Some(l.items),
+            Ok(Err(e)) => {
+                warn!(
+                    "leases in {}: listing failed: {}; looking again in a retry period",
+                    self.leases.namespace,
+                    explain(&e, &self.leases.namespace)
+                );
+                None
+            }
+            Err(_) => {
+                warn!(
+                    "leases in {}: no answer to the list; looking again in a retry period",
+                    self.leases.namespace
+                );
+                None
+            }
+        }
+    }
+
+    /// Whether no live replica splits namespaces differently (modes.rs), so this look
+    /// may take shards. With more than one shard, a replica that does gives up what it
+    /// holds; with one, a live sharded replica only keeps this one from taking the Lease.
+    async fn may_take(&mut self, leases: &[Lease], members: &BTreeSet<String>) -> bool {
+        let status = self.status.clone();
+        let conflict = &status.metrics.shard_count_conflict;
+        if self.leases.single() {
+            let Some(peer) = live_sharded(leases, &mut self.sharded_seen, &self.me, Instant::now())
+            else {
+                conflict.set(0);
+                self.conflict_logged = false;
+                return true;
+            };
+            if !self.conflict_logged {
+                warn!(
+                    lease = %self.leases.lease_name,
+                    replica = %peer.identity,
+                    its_shards = peer.shards.map(|n| n.to_string()).unwrap_or_else(|| "unknown".to_owned()),
+                    "a replica running with more than one shard is live; this --shards 1 replica takes no Lease until every sharded replica is gone (docs/ha-and-sharding.md, Sharding)"
+                );
+                self.conflict_logged = true;
+            }
+            conflict.set(1);
+            return false;
+        }
+        match self.legacy_leader().await {
+            Legacy::None => self.conflict_logged = false,
+            Legacy::Leads(holder) => {
+                // It works on every GpuJob: hold nothing beside it.
+                if !self.conflict_logged {
+                    warn!(
+                        lease = %self.leases.lease_name,
+                        holder = %holder,
+                        "a replica running with --shards 1 holds the single Lease; holding no shard until it is released or expires"
+                    );
+                    self.conflict_logged = true;
+                }
+                conflict.set(1);
+                self.give_up_all(members.len()).await;
+                return false;
+            }
+            Legacy::Unknown(why) => {
+                // Whether a --shards 1 replica leads is unknown: take nothing. Shards
+                // already held stay: a --shards 1 replica that acquires the single
+                // Lease sees them and steps back before it writes (modes.rs).
+                warn!(
+                    lease = %self.leases.lease_name,
+                    "reading the single Lease failed: {why}; taking no shard in this look"
+                );
+                return false;
+            }
+        }
+        if let Some(other) = other_split(leases, self.leases.shards, members) {
+            // Two counts, or two maps, split namespaces differently under the same Lease
+            // names: hold nothing until every live replica agrees (the alert says so
+            // meanwhile).
+            if conflict.get() == 0 {
+                error!(
+                    replica = %other.replica,
+                    its_shards = other.shards,
+                    its_map = %other.map,
+                    our_shards = self.leases.shards,
+                    our_map = SHARD_MAP,
+                    "another live replica splits namespaces into shards differently (another --shards, or another release's shard map); holding no shard until all replicas split alike (docs/ha-and-sharding.md, Sharding)"
+                );
+            }
+            conflict.set(1);
+            self.give_up_all(members.len()).await;
+            return false;
+        }
+        conflict.set(0);
+        true
+    }
+
+    /// With one shard: says once per holder whom this standby waits on.
+    async fn say_standing_by(&mut self) {
+        if self.tx.borrow().holds_any() {
+            self.standing_by = None;
+            return;
+        }
+        let now = Instant::now();
+        let holder = self.electors[0]
+            .seen()
+            .await
+            .filter(|o| o.held_by_other(&self.me, now))
+            .and_then(|o| o.holder().map(str::to_owned));
+        if holder.is_some() && holder != self.standing_by {
+            info!(
+                lease = %self.leases.lease_name,
+                leader = holder.as_deref().unwrap_or_default(),
+                "lease held by another replica: this replica stands by"
+            );
+            self.standing_by = holder;
         }
     }
 
@@ -349,29 +366,41 @@ impl Coordinator {
         }
     }
 
-    /// Renews (or first takes) this replica's member Lease; whether that went through.
+    /// Renews (or first takes) this replica's member Lease; whether that went through
+    /// (always, with one shard: there is none).
     async fn heartbeat(&mut self) -> bool {
-        let attempt = if self.member_held {
-            self.member.renew().await
-        } else {
-            self.member.acquire().await
+        let Some(member) = &self.member else {
+            return true;
         };
+        let attempt = timeout(self.timing.renew_deadline, async {
+            if self.member_held {
+                member.renew().await
+            } else {
+                member.acquire().await
+            }
+        })
+        .await;
         match attempt {
-            Ok(Attempt::Held { .. }) => {
+            Ok(Ok(Attempt::Held { .. })) => {
                 self.member_held = true;
                 return true;
             }
-            Ok(Attempt::Lost) => {
+            Ok(Ok(Attempt::Lost)) => {
                 self.member_held = false;
                 warn!(
                     lease = %self.leases.member(&self.me),
                     "member heartbeat: the Lease is held by another replica with this identity; identities must be unique"
                 );
             }
-            Err(e) => warn!(
+            Ok(Err(e)) => warn!(
                 "member heartbeat {}: {}; taking no shard until it goes through; retrying in a retry period",
                 self.leases.member(&self.me),
                 explain(&e, &self.leases.namespace)
+            ),
+            Err(_) => warn!(
+                "member heartbeat {}: no answer within {:?}; taking no shard until it goes through",
+                self.leases.member(&self.me),
+                self.timing.renew_deadline
             ),
         }
         false
@@ -464,10 +493,15 @@ impl Coordinator {
                 return;
             }
         };
+        if self.leases.single() && !self.still_alone().await {
+            self.hand_back(&elector).await;
+            return;
+        }
         let token = format!("{}/{transitions}", elector.name());
         let tenure = Tenure::gained(Some(sent + self.timing.renew_deadline), Some(token));
         info!(
             shard,
+            lease = %elector.name(),
             epoch = tenure.epoch,
             token = tenure.token.as_deref().unwrap_or_default(),
             "shard gained: reconciling its GpuJobs"
@@ -487,6 +521,32 @@ impl Coordinator {
             self.status.clone(),
         );
         self.renewers.insert(shard, tokio::spawn(renewer));
+    }
+
+    /// With one shard, right after taking the Lease and before any write: whether no
+    /// sharded replica is live (modes.rs). A failed list counts as one.
+    async fn still_alone(&mut self) -> bool {
+        let Some(leases) = self.list().await else {
+            return false;
+        };
+        live_sharded(&leases, &mut self.sharded_seen, &self.me, Instant::now()).is_none()
+    }
+
+    /// Gives back a Lease taken in this look, before anything was written in its term.
+    async fn hand_back(&self, elector: &Elector) {
+        let lease = elector.name();
+        match timeout(self.timing.renew_deadline, elector.release()).await {
+            Ok(Ok(_)) => {
+                info!(lease = %lease, "lease handed back unused: a sharded replica is live, or the list that would say failed")
+            }
+            Ok(Err(e)) => warn!(lease = %lease,
+                "lease: handing it back failed: {}; it expires after the lease duration (this replica does not lead)",
+                explain(&e, elector.namespace())
+            ),
+            Err(_) => warn!(lease = %lease,
+                "lease: no answer to handing it back; it expires after the lease duration (this replica does not lead)"
+            ),
+        }
     }
 
     /// Drains `shard` and releases its Lease, so a replica with room takes it at once.
@@ -569,162 +629,16 @@ impl Coordinator {
             .iter()
             .filter(|r| matches!(r, Ok(Ok(true))))
             .count();
-        info!(
-            shards = ok,
-            "shard leases released: other replicas take them at once"
-        );
-        if self.member_held {
-            let _ = timeout(self.timing.renew_deadline, self.member.release()).await;
+        if !held.is_empty() {
+            info!(
+                shards = ok,
+                of = held.len(),
+                "lease released for the shards held: other replicas take them at once"
+            );
+        }
+        if let Some(member) = self.member.as_ref().filter(|_| self.member_held) {
+            let _ = timeout(self.timing.renew_deadline, member.release()).await;
         }
         report(&self.status.metrics, &self.tx.borrow());
-    }
-}
-
-/// Renews one held shard every retry period until a renewal is refused or the renew
-/// deadline passes without one; then the shard leaves the ownership.
-async fn renew(
-    elector: Arc<Elector>,
-    shard: u32,
-    epoch: u64,
-    timing: Timing,
-    tx: Arc<watch::Sender<Ownership>>,
-    status: Arc<Status>,
-) {
-    loop {
-        tokio::time::sleep(jitter(timing.retry_period)).await;
-        let deadline = tx
-            .borrow()
-            .tenure(shard)
-            .filter(|t| t.epoch == epoch)
-            .and_then(|t| t.deadline);
-        let Some(deadline) = deadline else {
-            return; // given up meanwhile
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        match timeout(left, elector.renew()).await {
-            Ok(Ok(Attempt::Held { sent, .. })) => {
-                tx.send_modify(|o| {
-                    if let Some(t) = o.held.get_mut(&shard).filter(|t| t.epoch == epoch) {
-                        t.deadline = Some(sent + timing.renew_deadline);
-                    }
-                });
-            }
-            Ok(Ok(Attempt::Lost)) => {
-                warn!(
-                    shard,
-                    epoch, "shard lease held by another replica now; letting the shard go"
-                );
-                break;
-            }
-            Ok(Err(e)) if Instant::now() < deadline => {
-                warn!(
-                    shard,
-                    "renewing the shard failed: {}; retrying until the renew deadline",
-                    explain(&e, elector.namespace())
-                );
-            }
-            Ok(Err(e)) => {
-                warn!(
-                    shard,
-                    "renewing the shard failed past the renew deadline: {}; letting it go",
-                    explain(&e, elector.namespace())
-                );
-                break;
-            }
-            Err(_) => {
-                warn!(
-                    shard,
-                    "no renewal of the shard within the renew deadline; letting it go"
-                );
-                break;
-            }
-        }
-    }
-    let lost = tx.send_if_modified(|o| {
-        o.held.get(&shard).is_some_and(|t| t.epoch == epoch) && o.held.remove(&shard).is_some()
-    });
-    if lost {
-        info!(
-            shard,
-            epoch, "shard lost: its reconciles stop, its writes are fenced"
-        );
-        gained_or_lost(&status.metrics, &tx.borrow());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn member(holder: &str, shards: Option<&str>) -> Lease {
-        member_mapped(holder, shards, Some(SHARD_MAP))
-    }
-
-    fn member_mapped(holder: &str, shards: Option<&str>, map: Option<&str>) -> Lease {
-        let mut labels = BTreeMap::from([(LABEL_ROLE.to_owned(), "member".to_owned())]);
-        if let Some(n) = shards {
-            labels.insert(LABEL_SHARDS.to_owned(), n.to_owned());
-        }
-        if let Some(m) = map {
-            labels.insert(LABEL_SHARD_MAP.to_owned(), m.to_owned());
-        }
-        let mut lease = Lease::default();
-        lease.metadata.labels = Some(labels);
-        lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-            holder_identity: Some(holder.to_owned()),
-            ..Default::default()
-        });
-        lease
-    }
-
-    #[test]
-    fn a_live_member_with_another_shard_count_is_a_conflict() {
-        let live = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
-        let same = [member("a", Some("6")), member("b", Some("6"))];
-        assert_eq!(other_split(&same, 6, &live), None);
-        let mixed = [member("a", Some("6")), member("b", Some("3"))];
-        assert_eq!(
-            other_split(&mixed, 6, &live),
-            Some(OtherSplit {
-                replica: "b".to_owned(),
-                shards: 3,
-                map: SHARD_MAP.to_owned()
-            })
-        );
-        // A member that is gone, or that predates the label, says nothing.
-        let gone = [member("a", Some("6")), member("c", Some("3"))];
-        assert_eq!(other_split(&gone, 6, &live), None);
-        let unlabelled = [member("b", None)];
-        assert_eq!(other_split(&unlabelled, 6, &live), None);
-        // Shard Leases are not members.
-        let mut shard = member("b", Some("3"));
-        shard
-            .metadata
-            .labels
-            .as_mut()
-            .unwrap()
-            .insert(LABEL_ROLE.to_owned(), "shard".to_owned());
-        assert_eq!(other_split(&[shard], 6, &live), None);
-    }
-
-    #[test]
-    fn a_live_member_with_another_map_is_a_conflict() {
-        let live = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
-        // Written before the map label: today's map, no conflict.
-        let unlabelled = [member("a", Some("6")), member_mapped("b", Some("6"), None)];
-        assert_eq!(other_split(&unlabelled, 6, &live), None);
-        // The same count under another map (a later release's, say).
-        let other = [
-            member("a", Some("6")),
-            member_mapped("b", Some("6"), Some("ranges")),
-        ];
-        assert_eq!(
-            other_split(&other, 6, &live),
-            Some(OtherSplit {
-                replica: "b".to_owned(),
-                shards: 6,
-                map: "ranges".to_owned()
-            })
-        );
     }
 }

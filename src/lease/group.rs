@@ -1,0 +1,194 @@
+//! The Leases of one operator (its `--lease-name`): their names and labels, and what a
+//! list of them says about how other live replicas split namespaces into shards.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::coordination::v1::Lease;
+
+use crate::shard::SHARD_MAP;
+
+/// Label on every Lease of one operator: its `--lease-name`.
+pub const LABEL_GROUP: &str = "gpujob.dev/lease-group";
+/// Label on every Lease of one operator: `shard` or `member`, or `single` on the one
+/// Lease of `--shards 1`.
+pub const LABEL_ROLE: &str = "gpujob.dev/lease-role";
+/// On every Lease of the group: the `--shards` of the replica that wrote it. Lease names
+/// do not carry it, so without it replicas with different counts would split namespaces
+/// differently under the same names, and one namespace would have two owners.
+pub const LABEL_SHARDS: &str = "gpujob.dev/shards";
+/// On every Lease of the group: how the replica that wrote it maps namespaces to shards
+/// ([`SHARD_MAP`]). A Lease with a count and no map was written before the label
+/// existed, by a replica with today's map.
+pub const LABEL_SHARD_MAP: &str = "gpujob.dev/shard-map";
+
+/// Where the Leases live and how many shards there are.
+#[derive(Debug, Clone)]
+pub struct ShardLeases {
+    pub lease_name: String,
+    pub namespace: String,
+    pub shards: u32,
+}
+
+impl ShardLeases {
+    /// Whether this is `--shards 1`: one shard, guarded by the Lease users know by the
+    /// lease name itself, and no member heartbeat (`modes.rs` says why).
+    pub fn single(&self) -> bool {
+        self.shards <= 1
+    }
+
+    /// The Lease guarding shard `i`: `<lease-name>-shard-<i>`, or `<lease-name>` itself
+    /// with one shard (so replicas of a release before one lease loop share it).
+    pub fn shard(&self, i: u32) -> String {
+        if self.single() {
+            self.lease_name.clone()
+        } else {
+            format!("{}-shard-{i}", self.lease_name)
+        }
+    }
+
+    pub fn member(&self, identity: &str) -> String {
+        format!("{}-member-{identity}", self.lease_name)
+    }
+
+    /// The labels of a shard Lease (role `single` with one shard: replicas of earlier
+    /// releases take a live `shard` Lease for a sharded replica's).
+    pub fn shard_labels(&self) -> BTreeMap<String, String> {
+        self.labels(if self.single() { "single" } else { "shard" })
+    }
+
+    pub fn member_labels(&self) -> BTreeMap<String, String> {
+        self.labels("member")
+    }
+
+    fn labels(&self, role: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (LABEL_GROUP.to_owned(), self.lease_name.clone()),
+            (LABEL_ROLE.to_owned(), role.to_owned()),
+            (LABEL_SHARDS.to_owned(), self.shards.to_string()),
+            (LABEL_SHARD_MAP.to_owned(), SHARD_MAP.to_owned()),
+        ])
+    }
+}
+
+/// A live replica that splits namespaces differently: by its member Lease, another
+/// `--shards` than `ours` or another map than [`SHARD_MAP`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct OtherSplit {
+    pub replica: String,
+    pub shards: u32,
+    pub map: String,
+}
+
+/// The first live member whose split differs from this replica's. Member Leases written
+/// before the count label existed say nothing and are skipped; one with a count and no
+/// map used today's map.
+pub fn other_split(leases: &[Lease], ours: u32, live: &BTreeSet<String>) -> Option<OtherSplit> {
+    leases.iter().find_map(|lease| {
+        let labels = lease.metadata.labels.as_ref()?;
+        if labels.get(LABEL_ROLE).map(String::as_str) != Some("member") {
+            return None;
+        }
+        let shards: u32 = labels.get(LABEL_SHARDS)?.parse().ok()?;
+        let map = labels
+            .get(LABEL_SHARD_MAP)
+            .map_or(SHARD_MAP, String::as_str);
+        let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
+        ((shards != ours || map != SHARD_MAP) && live.contains(holder)).then(|| OtherSplit {
+            replica: holder.to_owned(),
+            shards,
+            map: map.to_owned(),
+        })
+    })
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(holder: &str, shards: Option<&str>) -> Lease {
+        member_mapped(holder, shards, Some(SHARD_MAP))
+    }
+
+    fn member_mapped(holder: &str, shards: Option<&str>, map: Option<&str>) -> Lease {
+        let mut labels = BTreeMap::from([(LABEL_ROLE.to_owned(), "member".to_owned())]);
+        if let Some(n) = shards {
+            labels.insert(LABEL_SHARDS.to_owned(), n.to_owned());
+        }
+        if let Some(m) = map {
+            labels.insert(LABEL_SHARD_MAP.to_owned(), m.to_owned());
+        }
+        let mut lease = Lease::default();
+        lease.metadata.labels = Some(labels);
+        lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(holder.to_owned()),
+            ..Default::default()
+        });
+        lease
+    }
+
+    #[test]
+    fn a_live_member_with_another_shard_count_is_a_conflict() {
+        let live = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
+        let same = [member("a", Some("6")), member("b", Some("6"))];
+        assert_eq!(other_split(&same, 6, &live), None);
+        let mixed = [member("a", Some("6")), member("b", Some("3"))];
+        assert_eq!(
+            other_split(&mixed, 6, &live),
+            Some(OtherSplit {
+                replica: "b".to_owned(),
+                shards: 3,
+                map: SHARD_MAP.to_owned()
+            })
+        );
+        // A member that is gone, or that predates the label, says nothing.
+        let gone = [member("a", Some("6")), member("c", Some("3"))];
+        assert_eq!(other_split(&gone, 6, &live), None);
+        let unlabelled = [member("b", None)];
+        assert_eq!(other_split(&unlabelled, 6, &live), None);
+        // Shard Leases are not members.
+        let mut shard = member("b", Some("3"));
+        shard
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(LABEL_ROLE.to_owned(), "shard".to_owned());
+        assert_eq!(other_split(&[shard], 6, &live), None);
+    }
+
+    #[test]
+    fn a_live_member_with_another_map_is_a_conflict() {
+        let live = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
+        // Written before the map label: today's map, no conflict.
+        let unlabelled = [member("a", Some("6")), member_mapped("b", Some("6"), None)];
+        assert_eq!(other_split(&unlabelled, 6, &live), None);
+        // The same count under another map (a later release's, say).
+        let other = [
+            member("a", Some("6")),
+            member_mapped("b", Some("6"), Some("ranges")),
+        ];
+        assert_eq!(
+            other_split(&other, 6, &live),
+            Some(OtherSplit {
+                replica: "b".to_owned(),
+                shards: 6,
+                map: "ranges".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn one_shard_is_the_lease_name_itself_and_says_it_is_single() {
+        let leases = |shards| ShardLeases {
+            lease_name: "op".to_owned(),
+            namespace: "ns".to_owned(),
+            shards,
+        };
+        assert_eq!(leases(1).shard(0), "op");
+        assert_eq!(leases(6).shard(0), "op-shard-0");
+        assert_eq!(leases(6).shard(5), "op-shard-5");
+        assert_eq!(leases(1).shard_labels()[LABEL_ROLE], "single");
+        assert_eq!(leases(6).shard_labels()[LABEL_ROLE], "shard");
+        assert_eq!(leases(1).shard_labels()[LABEL_SHARDS], "1");
+        assert_eq!(leases(6).member_labels()[LABEL_ROLE], "member");
+    }
+}

@@ -1,0 +1,85 @@
+//! The one renew loop: each held shard (the one Lease of `--shards 1` included) is
+//! renewed by a task of its own, so renewing many shards never starves one.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::time::{Instant, timeout};
+use tracing::{info, warn};
+
+use super::{Attempt, Elector, Ownership, Timing, explain, gained_or_lost, jitter};
+use crate::health::Status;
+
+/// Renews one held shard every retry period (jittered) until a renewal is refused or the
+/// renew deadline passes without one; then the shard leaves the ownership (its
+/// reconciles stop, its writes are fenced). Ends at once if the term `epoch` is over.
+pub(super) async fn renew(
+    elector: Arc<Elector>,
+    shard: u32,
+    epoch: u64,
+    timing: Timing,
+    tx: Arc<watch::Sender<Ownership>>,
+    status: Arc<Status>,
+) {
+    let lease = format!("{}/{}", elector.namespace(), elector.name());
+    loop {
+        tokio::time::sleep(jitter(timing.retry_period)).await;
+        let deadline = tx
+            .borrow()
+            .tenure(shard)
+            .filter(|t| t.epoch == epoch)
+            .and_then(|t| t.deadline);
+        let Some(deadline) = deadline else {
+            return; // given up meanwhile
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        match timeout(left, elector.renew()).await {
+            Ok(Ok(Attempt::Held { sent, .. })) => {
+                tx.send_modify(|o| {
+                    if let Some(t) = o.held.get_mut(&shard).filter(|t| t.epoch == epoch) {
+                        t.deadline = Some(sent + timing.renew_deadline);
+                    }
+                });
+            }
+            Ok(Ok(Attempt::Lost)) => {
+                warn!(
+                    shard, epoch, lease = %lease,
+                    "lease held by another replica now; stepping down from the shard"
+                );
+                break;
+            }
+            Ok(Err(e)) if Instant::now() < deadline => {
+                warn!(
+                    shard, lease = %lease,
+                    "renewing the lease failed: {}; retrying until the renew deadline",
+                    explain(&e, elector.namespace())
+                );
+            }
+            Ok(Err(e)) => {
+                warn!(
+                    shard, lease = %lease,
+                    "renewing the lease failed past the renew deadline: {}; stepping down from the shard",
+                    explain(&e, elector.namespace())
+                );
+                break;
+            }
+            Err(_) => {
+                warn!(
+                    shard, lease = %lease,
+                    "no renewal of the lease within the renew deadline; stepping down from the shard"
+                );
+                break;
+            }
+        }
+    }
+    let lost = tx.send_if_modified(|o| {
+        o.held.get(&shard).is_some_and(|t| t.epoch == epoch) && o.held.remove(&shard).is_some()
+    });
+    if lost {
+        info!(
+            shard,
+            epoch, "shard lost: its reconciles stop, its writes are fenced"
+        );
+        gained_or_lost(&status.metrics, &tx.borrow());
+    }
+}
