@@ -112,7 +112,14 @@ fn attempts(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
             .as_ref()
             .is_none_or(|b| b.attempt < f.attempt)
     {
-        out.push(note(Kind::Warning, "AttemptFailed", f.message.clone()));
+        // A disruption is not the run's failure: said apart, so alerts on failed
+        // attempts do not count preemptions.
+        let reason = if f.counted {
+            "AttemptFailed"
+        } else {
+            "AttemptDisrupted"
+        };
+        out.push(note(Kind::Warning, reason, f.message.clone()));
     }
     if after.attempts > before.attempts {
         let job = after.active_job.clone().unwrap_or_default();
@@ -309,9 +316,16 @@ mod tests {
             exit_code: Some(3),
             reason: "Error".into(),
             message: "attempt 1 failed: exit code 3 (Error)".into(),
+            counted: true,
         });
         let n = transitions(&running, &backing);
         assert_eq!(reasons(&n), vec!["AttemptFailed", "BackingOff"]);
+        let mut disrupted = backing.clone();
+        if let Some(f) = disrupted.last_failure.as_mut() {
+            f.counted = false;
+        }
+        let n = transitions(&running, &disrupted);
+        assert_eq!(reasons(&n), vec!["AttemptDisrupted", "BackingOff"]);
         assert_eq!(n[0].kind, Kind::Warning);
         assert!(n[0].note.contains("exit code 3"));
         let mut second = with_cond(

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
+};
 use k8s_openapi::api::core::v1::{Container, EnvVar as K8sEnvVar, PodTemplateSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -128,6 +130,9 @@ pub fn desired_job(gpujob: &GpuJob, attempt: i32) -> Job {
         spec: Some(JobSpec {
             // One Job per attempt: retries belong to the GpuJob, not the Job controller.
             backoff_limit: Some(0),
+            // A failure the Job controller matches to a rule ends the Job with the
+            // rule's index in its message, so the GpuJob can say which rule it was.
+            pod_failure_policy: Some(pod_failure_policy()),
             suspend: Some(true),
             active_deadline_seconds: spec.active_deadline_seconds,
             template: pod(spec, attempt, labels, template),
@@ -135,6 +140,56 @@ pub fn desired_job(gpujob: &GpuJob, attempt: i32) -> Job {
         }),
         status: None,
     }
+}
+
+/// The Job condition reason for a failure that matched a pod failure policy rule.
+pub const REASON_POD_FAILURE_POLICY: &str = "PodFailurePolicy";
+
+/// The failure rules every attempt's Job carries, in order (the Job controller names a
+/// matched rule by its index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureRule {
+    /// The pod was disrupted (`DisruptionTarget`: preemption, eviction, a node drain or
+    /// taint, pod garbage collection): not the run's fault, so the attempt is retried
+    /// without counting against `maxRetries`.
+    Disruption,
+}
+
+const FAILURE_RULES: [FailureRule; 1] = [FailureRule::Disruption];
+
+fn pod_failure_policy() -> PodFailurePolicy {
+    let rules = FAILURE_RULES
+        .iter()
+        .map(|rule| match rule {
+            // FailJob, not Ignore: the Job ends and says why, and the next attempt is a
+            // Job of its own, started only once this one's pod is gone.
+            FailureRule::Disruption => PodFailurePolicyRule {
+                action: "FailJob".to_owned(),
+                on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+                    type_: "DisruptionTarget".to_owned(),
+                    status: Some("True".to_owned()),
+                }]),
+                on_exit_codes: None,
+            },
+        })
+        .collect();
+    PodFailurePolicy { rules }
+}
+
+/// The rule a failed Job's condition says matched: reason `PodFailurePolicy`, and the
+/// Job controller's message ending `... matching FailJob rule at index <i>` (its wording
+/// since Kubernetes 1.26). `None` for any other failure, or a message not understood.
+pub fn failure_rule(reason: &str, message: &str) -> Option<FailureRule> {
+    if reason != REASON_POD_FAILURE_POLICY {
+        return None;
+    }
+    let index: usize = message
+        .rsplit_once("rule at index ")?
+        .1
+        .trim()
+        .parse()
+        .ok()?;
+    FAILURE_RULES.get(index).copied()
 }
 
 /// Whether the holder has started `job` (or it was made before Jobs were created
@@ -410,6 +465,13 @@ pub(crate) mod tests {
 
         let spec = job.spec.unwrap();
         assert_eq!(spec.backoff_limit, Some(0));
+        let rules = &spec.pod_failure_policy.as_ref().unwrap().rules;
+        assert_eq!(rules.len(), FAILURE_RULES.len());
+        assert_eq!(rules[0].action, "FailJob");
+        assert_eq!(
+            rules[0].on_pod_conditions.as_ref().unwrap()[0].type_,
+            "DisruptionTarget"
+        );
         assert_eq!(spec.active_deadline_seconds, Some(600));
         let template = spec.template;
         assert_eq!(template.metadata.unwrap().labels.unwrap(), labels);
@@ -586,5 +648,21 @@ pub(crate) mod tests {
             .unwrap()
             .insert(LABEL_ATTEMPT.into(), "0".into());
         assert_eq!(attempt_of(&job), None);
+    }
+
+    #[test]
+    fn a_failed_jobs_condition_names_the_rule_that_matched() {
+        // The Job controller's wording (pkg/controller/job/pod_failure_policy.go).
+        let disrupted =
+            "Pod ns/train-1-abcde has condition DisruptionTarget matching FailJob rule at index 0";
+        assert_eq!(
+            failure_rule("PodFailurePolicy", disrupted),
+            Some(FailureRule::Disruption)
+        );
+        // Another reason, an index no rule has, or a message not understood: no rule.
+        assert_eq!(failure_rule("BackoffLimitExceeded", disrupted), None);
+        let beyond = "Pod ns/p has condition DisruptionTarget matching FailJob rule at index 7";
+        assert_eq!(failure_rule("PodFailurePolicy", beyond), None);
+        assert_eq!(failure_rule("PodFailurePolicy", "something else"), None);
     }
 }

@@ -2,7 +2,8 @@
 //! like the control plane's, driven by the Stages in `devcluster/kwok/pod-stages.yaml`.
 //! Once kube-scheduler has bound a pod to one of those nodes, kwok moves it to Running,
 //! then to Succeeded or Failed with the exit code and reason its `SIM_*` env asks for,
-//! and ends a deleted pod as a kubelet does (exit code 143, then a zero-grace delete).
+//! and ends a deleted pod as a kubelet does (exit code 143, then a zero-grace delete,
+//! keeping the `DisruptionTarget` condition of an eviction or a preemption).
 //! The Stage file says how each `SIM_*` variable is read.
 //!
 //! The binary comes from `scripts/kwok-binary.sh` (compiled into this crate):

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod batch;
 mod cli;
 mod conversion;
 mod crash;

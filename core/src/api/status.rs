@@ -124,9 +124,22 @@ pub struct FailureRecord {
     /// Container exit code, when the pod reported one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
-    /// Short reason (`Error`, `OOMKilled`, `DeadlineExceeded`, `JobDeleted`, …).
+    /// Short reason (`Error`, `OOMKilled`, `DeadlineExceeded`, `JobDeleted`,
+    /// `Disrupted`, …).
     pub reason: String,
     pub message: String,
+    /// Whether it counts against `retryPolicy.maxRetries`: not for a disruption
+    /// (preemption, eviction, a node drain), whose attempt is retried at once.
+    #[serde(default = "counted_by_default", skip_serializing_if = "is_counted")]
+    pub counted: bool,
+}
+
+fn counted_by_default() -> bool {
+    true
+}
+
+fn is_counted(counted: &bool) -> bool {
+    *counted
 }
 
 /// The metav1.Condition shape.

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::events::stray_job_deleted;
-use crate::job::{desired_job, job_name};
+use crate::job::{FailureRule, desired_job, failure_rule, job_name};
 use crate::seen_job::SeenJob;
 use crate::status::{READY, SUSPENDED, remove_condition, seconds};
 
@@ -357,6 +357,7 @@ impl Planner<'_, '_> {
                         "attempt {k} failed: its Job {} was deleted before it finished",
                         job_name(&self.name, k)
                     ),
+                    counted: true,
                 });
                 self.failed(k, record)
             }
@@ -527,7 +528,7 @@ impl Planner<'_, '_> {
             .last_failure
             .as_ref()
             .is_none_or(|f| f.attempt < record.attempt);
-        if new {
+        if new && record.counted {
             self.next.failures += 1;
         }
         self.next.last_error = Some(record.message.clone());
@@ -542,10 +543,15 @@ impl Planner<'_, '_> {
         }
     }
 
-    /// Attempt `k` failed: retry after backoff, or fail for good.
+    /// Attempt `k` failed: retry after backoff, or fail for good. A failure that does
+    /// not count (a disruption) is retried at once.
     fn failed(&mut self, k: i32, failure: FailureRecord) -> i32 {
         self.record_failure(failure.clone());
         self.next.active_job = None;
+        if !failure.counted {
+            self.next.next_attempt_time = None;
+            return if self.try_start(k + 1) { k + 1 } else { k };
+        }
         let failures = self.next.failures;
         if failures > self.gj.spec.max_retries {
             self.next.phase = Some(Phase::Failed);
@@ -683,6 +689,18 @@ fn failure_record(
     pod: Option<&Termination>,
 ) -> FailureRecord {
     let pod = pod.filter(|t| t.attempt == attempt);
+    if failure_rule(job_reason, job_message) == Some(FailureRule::Disruption) {
+        return FailureRecord {
+            attempt,
+            time,
+            exit_code: pod.and_then(|t| t.exit_code),
+            reason: "Disrupted".to_owned(),
+            message: format!(
+                "attempt {attempt} was disrupted ({job_message}); retried without counting against maxRetries"
+            ),
+            counted: false,
+        };
+    }
     let (exit_code, reason) = match pod {
         Some(t) => (t.exit_code, t.reason.clone()),
         None => (
@@ -714,5 +732,6 @@ fn failure_record(
         exit_code,
         reason,
         message: format!("attempt {attempt} failed: {detail}"),
+        counted: true,
     }
 }

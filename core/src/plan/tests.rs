@@ -182,6 +182,7 @@ fn running(g: &GpuJob, attempts: i32, failures: i32) -> GpuJob {
         exit_code: Some(1),
         reason: "Error".into(),
         message: format!("attempt {} failed: exit code 1 (Error)", attempts - 1),
+        counted: true,
     });
     g.status = Some(GpuJobStatus {
         attempts,
@@ -305,6 +306,63 @@ fn a_failure_backs_off_then_starts_the_next_attempt() {
     assert_eq!(p.status.phase, Some(Phase::Running));
     assert_eq!(p.status.next_attempt_time, None);
     assert_eq!(p.status.last_failure.unwrap().exit_code, Some(3));
+}
+
+#[test]
+fn a_disrupted_attempt_is_retried_at_once_without_counting() {
+    // No retries at all: a counted failure would end the GpuJob.
+    let g = gpujob(0);
+    let g = with_status(g.clone(), &run(&g, &[], None, T0));
+    let mut disrupted = job(
+        &g,
+        1,
+        Some(("Failed", "PodFailurePolicy", "2026-11-30T06:00:30Z")),
+    );
+    let message =
+        "Pod ns/train-1-x has condition DisruptionTarget matching FailJob rule at index 0";
+    if let Some(c) = disrupted
+        .status
+        .as_mut()
+        .and_then(|s| s.conditions.as_mut())
+    {
+        c[0].message = Some(message.into());
+    }
+    let jobs = [disrupted];
+    let p = run(&g, &jobs, exit(1, 143), "2026-11-30T06:00:31Z");
+    assert_eq!(creates(&p), vec![2], "the next attempt, at once");
+    assert_eq!((p.status.attempts, p.status.failures), (2, 0));
+    assert_eq!(p.status.phase, Some(Phase::Running));
+    assert_eq!(p.status.next_attempt_time, None);
+    let f = p.status.last_failure.clone().unwrap();
+    assert_eq!(
+        (f.attempt, f.reason.as_str(), f.counted),
+        (1, "Disrupted", false)
+    );
+    assert!(f.message.contains(message), "{}", f.message);
+    assert!(f.message.contains("without counting"), "{}", f.message);
+    let before = g.status.clone().unwrap_or_default();
+    let notes = crate::events::transitions(&before, &p.status);
+    let said: Vec<&str> = notes.iter().map(|n| n.reason).collect();
+    assert!(said.contains(&"AttemptDisrupted"), "{said:?}");
+    assert!(!said.contains(&"AttemptFailed"), "{said:?}");
+
+    // Looked at again, the disruption is not counted twice, nor at all.
+    let g = with_status(g, &p);
+    let both = [jobs[0].clone(), job(&g, 2, None)];
+    let again = run(&g, &both, None, "2026-11-30T06:00:32Z");
+    assert_eq!((again.status.attempts, again.status.failures), (2, 0));
+
+    // The same Job failing any other way counts, and ends a GpuJob without retries.
+    let g = gpujob(0);
+    let g = with_status(g.clone(), &run(&g, &[], None, T0));
+    let jobs = [job(
+        &g,
+        1,
+        Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:00:30Z")),
+    )];
+    let p = run(&g, &jobs, exit(1, 143), "2026-11-30T06:00:31Z");
+    assert_eq!(p.status.phase, Some(Phase::Failed));
+    assert_eq!(p.status.failures, 1);
 }
 
 #[test]

@@ -325,14 +325,16 @@ fn status() -> impl Strategy<Value = Option<GpuJobStatus>> {
         option::of(any::<i32>()),
         word(),
         ".{0,20}",
+        any::<bool>(),
     )
         .prop_map(
-            |(attempt, time, exit_code, reason, message)| FailureRecord {
+            |(attempt, time, exit_code, reason, message, counted)| FailureRecord {
                 attempt,
                 time,
                 exit_code,
                 reason,
                 message,
+                counted,
             },
         );
     option::of(

@@ -1,0 +1,131 @@
+//! What GPU batch users expect of a GpuJob, on the real control plane (kube-scheduler,
+//! the Job controller, kwok as the fake GPU nodes' kubelet): a disrupted attempt (here
+//! an eviction through the Eviction API, as a node drain does) is retried without
+//! counting against `maxRetries`, and a pod template's `priorityClassName` reaches the
+//! pods.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use crate::support;
+
+use std::time::Duration;
+
+use gpujob_operator::api::{LABEL_ATTEMPT, LABEL_UID, Phase};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
+use serde_json::json;
+use support::{TestEnv, phase, sim_env, with_reasons};
+
+/// The GpuJob's pods of `attempt` that kwok runs (phase Running).
+async fn running_pods(env: &TestEnv, uid: &str, attempt: i32) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    let selector = format!("{LABEL_UID}={uid},{LABEL_ATTEMPT}={attempt}");
+    pods.list(&ListParams::default().labels(&selector))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .collect()
+}
+
+async fn wait_running_pod(env: &TestEnv, uid: &str, attempt: i32) -> Pod {
+    devcluster::wait::until(
+        &format!("a running pod of attempt {attempt}"),
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { running_pods(env, uid, attempt).await.into_iter().next() },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_evicted_attempt_is_retried_without_counting_against_max_retries() {
+    let env = TestEnv::new("disrupted").await;
+    let _op = env.operator("disrupted", env.settings()).await;
+    // No retries: a counted failure would end the GpuJob Failed.
+    let created = env
+        .create(
+            "train",
+            json!({"image": "i", "gpus": 1, "maxRetries": 0,
+                   "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
+        )
+        .await;
+    let uid = created.metadata.uid.clone().unwrap();
+    let pod = wait_running_pod(&env, &uid, 1).await;
+
+    // A node drain evicts it: the API server marks it DisruptionTarget, then deletes it.
+    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    pods.evict(
+        pod.metadata.name.as_deref().unwrap(),
+        &EvictParams::default(),
+    )
+    .await
+    .unwrap();
+
+    let second = env
+        .wait_gpujob("train", "attempt 2 running", |g| {
+            g.status.as_ref().is_some_and(|s| s.attempts == 2) && phase(g) == Some(Phase::Running)
+        })
+        .await;
+    let status = second.status.unwrap();
+    assert_eq!(status.failures, 0, "the disruption was counted: {status:?}");
+    let f = status.last_failure.unwrap();
+    assert_eq!(
+        (f.attempt, f.reason.as_str(), f.counted),
+        (1, "Disrupted", false)
+    );
+    assert!(
+        f.message.contains("DisruptionTarget") && f.message.contains("without counting"),
+        "{}",
+        f.message
+    );
+    // The next attempt runs, on the same quota of retries (none).
+    wait_running_pod(&env, &uid, 2).await;
+    let events = env
+        .events_of("train", with_reasons(&["AttemptDisrupted"]))
+        .await;
+    let reasons: Vec<&str> = events.iter().map(|(_, r, _, _)| r.as_str()).collect();
+    assert!(reasons.contains(&"AttemptDisrupted"), "{events:?}");
+    assert!(!reasons.contains(&"AttemptFailed"), "{events:?}");
+}
+
+#[tokio::test]
+async fn a_templates_priority_class_reaches_the_pods() {
+    let env = TestEnv::new("priority").await;
+    let _op = env.operator("priority", env.settings()).await;
+    // Priority classes are cluster-wide: one named after this test's namespace.
+    let name = format!("{}-high", env.ns);
+    let classes: Api<PriorityClass> = Api::all(env.admin.clone());
+    let class: PriorityClass = serde_json::from_value(json!({
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": name}, "value": 100000,
+    }))
+    .unwrap();
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+
+    let created = env
+        .create(
+            "ranked",
+            json!({"image": "i", "gpus": 1,
+                   "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")]),
+                   // v2's spec.template, as v1 carries it.
+                   "v2": {"template": {"spec": {"priorityClassName": name}}}}),
+        )
+        .await;
+    let uid = created.metadata.uid.clone().unwrap();
+    let pod = wait_running_pod(&env, &uid, 1).await;
+    let spec = pod.spec.unwrap();
+    assert_eq!(spec.priority_class_name.as_deref(), Some(name.as_str()));
+    // Admission resolved the class: the pod carries its value.
+    assert_eq!(spec.priority, Some(100000));
+    classes
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
