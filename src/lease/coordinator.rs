@@ -224,7 +224,7 @@ impl Coordinator {
             Ok(Ok(l)) => Some(l.items),
             Ok(Err(e)) => {
                 warn!(
-                    "leases in {}: listing failed: {}; looking again in a retry period",
+                    "shard leases in {}: listing failed: {}; looking again in a retry period",
                     self.leases.namespace,
                     explain(&e, &self.leases.namespace)
                 );
@@ -232,7 +232,7 @@ impl Coordinator {
             }
             Err(_) => {
                 warn!(
-                    "leases in {}: no answer to the list; looking again in a retry period",
+                    "shard leases in {}: no answer to the list; looking again in a retry period",
                     self.leases.namespace
                 );
                 None
@@ -393,12 +393,12 @@ impl Coordinator {
                 );
             }
             Ok(Err(e)) => warn!(
-                "member heartbeat {}: {}; taking no shard until it goes through; retrying in a retry period",
+                "member heartbeat failed: {}: {}; taking no shard until it goes through; retrying in a retry period",
                 self.leases.member(&self.me),
                 explain(&e, &self.leases.namespace)
             ),
             Err(_) => warn!(
-                "member heartbeat {}: no answer within {:?}; taking no shard until it goes through",
+                "member heartbeat failed: {}: no answer within {:?}; taking no shard until it goes through",
                 self.leases.member(&self.me),
                 self.timing.renew_deadline
             ),
@@ -479,16 +479,16 @@ impl Coordinator {
             Ok(Ok(Attempt::Lost)) => return,
             Ok(Err(e)) => {
                 warn!(
-                    shard,
-                    "taking the shard failed: {}; looking again in a retry period",
+                    shard, lease = %elector.name(),
+                    "lease: acquiring failed: {}; looking again in a retry period",
                     explain(&e, elector.namespace())
                 );
                 return;
             }
             Err(_) => {
                 warn!(
-                    shard,
-                    "taking the shard: no answer; looking again in a retry period"
+                    shard, lease = %elector.name(),
+                    "lease: no answer to acquiring it; looking again in a retry period"
                 );
                 return;
             }
