@@ -317,6 +317,7 @@ mod tests {
             reason: "Error".into(),
             message: "attempt 1 failed: exit code 3 (Error)".into(),
             counted: true,
+            rule: None,
         });
         let n = transitions(&running, &backing);
         assert_eq!(reasons(&n), vec!["AttemptFailed", "BackingOff"]);

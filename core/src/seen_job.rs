@@ -6,6 +6,7 @@
 use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::api::ANNOTATION_FAILURE_RULES;
 use crate::job::{attempt_of, controller_of, generation_of, started};
 
 /// A Job controlled by a GpuJob (its controller owner reference, not its labels).
@@ -27,6 +28,9 @@ pub struct SeenJob {
     pub attempt: Option<i32>,
     /// The GpuJob generation it was built from (`gpujob.dev/generation`).
     pub generation: Option<i64>,
+    /// What its failure rules mean (`gpujob.dev/failure-rules`), when the GpuJob had
+    /// rules of its own.
+    pub failure_rules: Option<String>,
     pub status: SeenJobStatus,
 }
 
@@ -61,6 +65,11 @@ impl SeenJob {
             suspended: !started(job),
             attempt: attempt_of(job),
             generation: generation_of(job),
+            failure_rules: m
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_FAILURE_RULES))
+                .cloned(),
             status: SeenJobStatus {
                 conditions: status
                     .and_then(|s| s.conditions.clone())

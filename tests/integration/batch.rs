@@ -129,3 +129,121 @@ async fn a_templates_priority_class_reaches_the_pods() {
         .await
         .unwrap();
 }
+
+/// A GpuJob whose main container fails with `code` (attempts 1 to `failing` when given).
+fn failing_spec(
+    code: &str,
+    failing: Option<&str>,
+    max_retries: i32,
+    rules: serde_json::Value,
+) -> serde_json::Value {
+    let mut env = vec![("SIM_EXIT_CODE", code), ("SIM_DURATION_SECONDS", "0.5")];
+    if let Some(n) = failing {
+        env.push(("SIM_FAIL_ATTEMPTS", n));
+    }
+    json!({"image": "i", "gpus": 1, "maxRetries": max_retries, "env": sim_env(&env),
+           // v2's retryPolicy.failureRules and backoffSeconds, as v1 carries them.
+           "v2": {"failureRules": rules, "backoffSeconds": 1}})
+}
+
+#[tokio::test]
+async fn a_failure_rule_on_an_exit_code_fails_the_gpujob_at_once() {
+    let env = TestEnv::new("rule-fail").await;
+    let _op = env.operator("rule-fail", env.settings()).await;
+    let rules =
+        json!([{"action": "FailGpuJob", "onExitCodes": {"operator": "In", "values": [42]}}]);
+    env.create("config-error", failing_spec("42", None, 3, rules))
+        .await;
+    let failed = env
+        .wait_gpujob("config-error", "Failed", |g| {
+            phase(g) == Some(Phase::Failed)
+        })
+        .await;
+    let status = failed.status.clone().unwrap();
+    assert_eq!((status.attempts, status.failures), (1, 1), "no retry");
+    let f = status.last_failure.unwrap();
+    assert_eq!((f.rule, f.exit_code), (Some(0), Some(42)));
+    let (_, reason, message) = support::ready(&failed).unwrap();
+    assert_eq!(reason, "FailureRuleMatched");
+    assert!(
+        message.contains("failure rule 0 (FailGpuJob) matched"),
+        "{message}"
+    );
+    let events = env
+        .events_of("config-error", with_reasons(&["AttemptFailed"]))
+        .await;
+    assert!(
+        events
+            .iter()
+            .any(|(_, r, note, _)| r == "AttemptFailed" && note.contains("failure rule 0")),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_failure_rule_that_does_not_count_lets_a_gpujob_without_retries_succeed() {
+    let env = TestEnv::new("rule-retry").await;
+    let _op = env.operator("rule-retry", env.settings()).await;
+    let rules = json!([{"action": "RetryWithoutCounting", "onExitCodes": {"operator": "In", "values": [7]}}]);
+    // Attempts 1 and 2 exit 7; the third succeeds, with no retries allowed.
+    env.create("flaky", failing_spec("7", Some("2"), 0, rules))
+        .await;
+    let done = env
+        .wait_gpujob("flaky", "Succeeded", |g| {
+            phase(g).is_some_and(|p| p.is_final())
+        })
+        .await;
+    let status = done.status.unwrap();
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert_eq!((status.attempts, status.failures), (3, 0));
+    let f = status.last_failure.unwrap();
+    assert_eq!((f.attempt, f.rule, f.counted), (2, Some(0), false));
+}
+
+#[tokio::test]
+async fn the_api_server_refuses_a_malformed_failure_rule_and_names_it() {
+    let env = TestEnv::new("rule-invalid").await;
+    // Untyped, so that a value the types refuse reaches the API server.
+    let resource = kube::api::ApiResource::erase::<gpujob_operator::api::GpuJob>(&());
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(env.admin.clone(), &env.ns, &resource);
+    let refused = |rules: serde_json::Value| {
+        let api = api.clone();
+        async move {
+            let gj: kube::api::DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+                "metadata": {"name": "bad"},
+                "spec": {"image": "i", "gpus": 1, "v2": {"failureRules": rules}},
+            }))
+            .unwrap();
+            match api.create(&PostParams::default(), &gj).await {
+                Err(kube::Error::Api(s)) => (s.code, s.message),
+                other => panic!("accepted: {other:?}"),
+            }
+        }
+    };
+    let (code, message) = refused(json!([{"action": "Retry",
+        "onExitCodes": {"operator": "In", "values": [1]},
+        "onPodConditions": [{"type": "DisruptionTarget"}]}]))
+    .await;
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("spec.v2.failureRules[0]")
+            && message.contains("exactly one of onExitCodes and onPodConditions"),
+        "{message}"
+    );
+    let (_, message) = refused(json!([{"action": "Retry",
+        "onExitCodes": {"operator": "In", "values": [0, 1]}}]))
+    .await;
+    assert!(
+        message.contains("spec.v2.failureRules[0].onExitCodes") && message.contains("0 is success"),
+        "{message}"
+    );
+    let (_, message) = refused(json!([{"action": "Sometimes",
+        "onExitCodes": {"operator": "In", "values": [1]}}]))
+    .await;
+    assert!(
+        message.contains("spec.v2.failureRules[0].action"),
+        "{message}"
+    );
+}

@@ -78,6 +78,7 @@ pub fn to_v2(v1: &GpuJob) -> v2::GpuJob {
             retry_policy: v2::RetryPolicy {
                 max_retries: s.max_retries,
                 backoff_seconds: only.backoff_seconds,
+                failure_rules: only.failure_rules,
             },
             attempt_deadline,
             node_selector: s.node_selector.clone(),
@@ -107,6 +108,7 @@ pub fn to_v1(v2: &v2::GpuJob) -> GpuJob {
         gpu_product: s.resources.product.clone(),
         backoff_seconds: s.retry_policy.backoff_seconds,
         attempt_deadline,
+        failure_rules: s.retry_policy.failure_rules.clone(),
     };
     GpuJob {
         metadata: v2.metadata.clone(),

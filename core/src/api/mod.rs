@@ -7,11 +7,15 @@ pub mod convert;
 pub mod crd;
 pub mod decode;
 pub mod duration;
+mod failure;
 mod spec;
 mod status;
 pub mod v2;
 
 pub use crd::{Conversion, CrdOptions, StorageVersion, crd_yaml, crd_yaml_with};
+pub use failure::{
+    ExitCodeOperator, ExitCodes, FailureAction, FailureRule, MAX_FAILURE_RULES, PodConditionPattern,
+};
 pub use spec::{EnvVar, GpuJob, GpuJobSpec, UpdatePolicy, V2Only};
 pub use status::{
     Condition, ConditionStatus, FailureRecord, GpuJobStatus, Phase, QuotaCall, QuotaOp,
@@ -25,6 +29,9 @@ pub const LABEL_UID: &str = "gpujob.dev/uid";
 pub const LABEL_ATTEMPT: &str = "gpujob.dev/attempt";
 /// Container env var holding the attempt number.
 pub const ENV_ATTEMPT: &str = "GPUJOB_ATTEMPT";
+/// Annotation on Jobs with failure rules: the action of each rule of the Job's pod
+/// failure policy, in order (`job.rs`).
+pub const ANNOTATION_FAILURE_RULES: &str = "gpujob.dev/failure-rules";
 /// Annotation on Jobs: the GpuJob generation the Job was built from.
 pub const ANNOTATION_GENERATION: &str = "gpujob.dev/generation";
 /// Finalizer held while an external quota reservation may exist.

@@ -5,7 +5,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::GpuJobStatus;
+use super::{FailureRule, GpuJobStatus};
 
 /// A batch run on GPUs. The operator runs it as one batch/v1 Job per attempt and
 /// retries failed attempts up to `maxRetries` times with exponential backoff.
@@ -111,6 +111,11 @@ pub struct V2Only {
     /// `activeDeadlineSeconds` (which holds it rounded up to whole seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_deadline: Option<String>,
+    /// v2 `spec.retryPolicy.failureRules`: what a failed attempt does, by exit code or
+    /// pod condition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 19))]
+    pub failure_rules: Vec<FailureRule>,
 }
 
 impl V2Only {

@@ -129,9 +129,13 @@ pub struct FailureRecord {
     pub reason: String,
     pub message: String,
     /// Whether it counts against `retryPolicy.maxRetries`: not for a disruption
-    /// (preemption, eviction, a node drain), whose attempt is retried at once.
+    /// (preemption, eviction, a node drain), whose attempt is retried at once, nor for
+    /// a failure rule that says `RetryWithoutCounting`.
     #[serde(default = "counted_by_default", skip_serializing_if = "is_counted")]
     pub counted: bool,
+    /// The failure rule that matched (its index in `retryPolicy.failureRules`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<i32>,
 }
 
 fn counted_by_default() -> bool {

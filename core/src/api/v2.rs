@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::spec::{LABEL_VALUE_PATTERN, default_max_retries, preserved_object};
-use super::{EnvVar, GpuJobStatus, UpdatePolicy};
+use super::{EnvVar, FailureRule, GpuJobStatus, UpdatePolicy};
 
 /// A batch run on GPUs. The operator runs it as one batch/v1 Job per attempt and
 /// retries failed attempts up to `retryPolicy.maxRetries` times with exponential backoff.
@@ -134,6 +134,14 @@ pub struct RetryPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub backoff_seconds: Option<i64>,
+    /// What a failed attempt does, by the main container's exit code or the pod's
+    /// conditions: fail the GpuJob at once, retry and count, or retry without counting.
+    /// The first rule that matches decides; a failure none matches is retried and
+    /// counted. A disruption (the pod's `DisruptionTarget` condition: preemption,
+    /// eviction, a node drain) that no rule matches is retried at once without counting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 19))]
+    pub failure_rules: Vec<FailureRule>,
 }
 
 impl Default for RetryPolicy {
@@ -141,6 +149,7 @@ impl Default for RetryPolicy {
         RetryPolicy {
             max_retries: default_max_retries(),
             backoff_seconds: None,
+            failure_rules: Vec::new(),
         }
     }
 }

@@ -7,12 +7,13 @@ use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{
-    Action, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, Next, OLD_ATTEMPT_STOPPING, PlanSettings,
-    Planner, PodsLeft, SCHEDULING_GRACE, SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE,
+    Action, FAILURE_RULE, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, Next, OLD_ATTEMPT_STOPPING,
+    PlanSettings, Planner, PodsLeft, SCHEDULING_GRACE, SPEC_CHANGE_PENDING, Termination,
+    UNSCHEDULABLE,
 };
-use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
+use crate::api::{ConditionStatus, FailureAction, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::events::stray_job_deleted;
-use crate::job::{FailureRule, desired_job, failure_rule, job_name};
+use crate::job::{MatchedRule, desired_job, job_name, matched_rule};
 use crate::seen_job::SeenJob;
 use crate::status::{READY, SUSPENDED, remove_condition, seconds};
 
@@ -304,12 +305,14 @@ impl Planner<'_, '_> {
             && self.current.replacing_attempt != Some(k - 1)
         {
             let time = seconds(time.unwrap_or(self.now));
+            let matched = matched_rule(&reason, &message, prev.failure_rules.as_deref());
             let record = failure_record(
                 k - 1,
                 time,
                 &reason,
                 &message,
                 self.obs.termination.as_ref(),
+                matched,
             );
             self.record_failure(record);
         }
@@ -342,10 +345,13 @@ impl Planner<'_, '_> {
                 message,
             }) => {
                 let time = seconds(time.unwrap_or(self.now));
+                let rules = job.and_then(|j| j.failure_rules.as_deref());
+                let matched = matched_rule(&reason, &message, rules);
                 let record = self.recorded_or(k, || {
-                    failure_record(k, time, &reason, &message, self.obs.termination.as_ref())
+                    let pod = self.obs.termination.as_ref();
+                    failure_record(k, time, &reason, &message, pod, matched)
                 });
-                self.failed(k, record)
+                self.failed(k, record, matched)
             }
             None => {
                 let record = self.recorded_or(k, || FailureRecord {
@@ -358,8 +364,9 @@ impl Planner<'_, '_> {
                         job_name(&self.name, k)
                     ),
                     counted: true,
+                    rule: None,
                 });
-                self.failed(k, record)
+                self.failed(k, record, None)
             }
         }
     }
@@ -543,21 +550,29 @@ impl Planner<'_, '_> {
         }
     }
 
-    /// Attempt `k` failed: retry after backoff, or fail for good. A failure that does
-    /// not count (a disruption) is retried at once.
-    fn failed(&mut self, k: i32, failure: FailureRecord) -> i32 {
+    /// Attempt `k` failed: retry after backoff, or fail for good (no retries left, or a
+    /// failure rule says so). A disruption is retried at once; a failure a rule does not
+    /// count, after the first backoff.
+    fn failed(&mut self, k: i32, failure: FailureRecord, matched: Option<MatchedRule>) -> i32 {
         self.record_failure(failure.clone());
         self.next.active_job = None;
-        if !failure.counted {
-            self.next.next_attempt_time = None;
-            return if self.try_start(k + 1) { k + 1 } else { k };
-        }
         let failures = self.next.failures;
-        if failures > self.gj.spec.max_retries {
+        let by_rule = matches!(
+            matched,
+            Some(MatchedRule::Rule {
+                action: FailureAction::FailGpuJob,
+                ..
+            })
+        );
+        if by_rule || failures > self.gj.spec.max_retries {
             self.next.phase = Some(Phase::Failed);
             self.next.next_attempt_time = None;
             self.next.completion_time = Some(failure.time);
             remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+            if by_rule {
+                self.ready(ConditionStatus::False, FAILURE_RULE, failure.message);
+                return k;
+            }
             let message = format!(
                 "{}; no retries left ({failures} attempts failed, maxRetries {})",
                 failure.message, self.gj.spec.max_retries
@@ -565,7 +580,11 @@ impl Planner<'_, '_> {
             self.ready(ConditionStatus::False, "RetriesExhausted", message);
             return k;
         }
-        let wait = backoff_for(self.settings, &self.gj.spec, failures);
+        let wait = match matched {
+            _ if failure.counted => backoff_for(self.settings, &self.gj.spec, failures),
+            Some(MatchedRule::Rule { .. }) => backoff_for(self.settings, &self.gj.spec, 1),
+            Some(MatchedRule::Disruption) | None => Duration::ZERO,
+        };
         let at = failure
             .time
             .saturating_add(SignedDuration::try_from(wait).unwrap_or(SignedDuration::MAX))
@@ -687,9 +706,10 @@ fn failure_record(
     job_reason: &str,
     job_message: &str,
     pod: Option<&Termination>,
+    matched: Option<MatchedRule>,
 ) -> FailureRecord {
     let pod = pod.filter(|t| t.attempt == attempt);
-    if failure_rule(job_reason, job_message) == Some(FailureRule::Disruption) {
+    if matched == Some(MatchedRule::Disruption) {
         return FailureRecord {
             attempt,
             time,
@@ -699,6 +719,7 @@ fn failure_record(
                 "attempt {attempt} was disrupted ({job_message}); retried without counting against maxRetries"
             ),
             counted: false,
+            rule: None,
         };
     }
     let (exit_code, reason) = match pod {
@@ -726,12 +747,30 @@ fn failure_record(
         _ if !job_message.is_empty() => format!("{job_reason}: {job_message}"),
         _ => reason.clone(),
     };
-    FailureRecord {
+    let mut record = FailureRecord {
         attempt,
         time,
         exit_code,
         reason,
         message: format!("attempt {attempt} failed: {detail}"),
         counted: true,
+        rule: None,
+    };
+    if let Some(MatchedRule::Rule { index, action }) = matched {
+        let (name, what) = match action {
+            FailureAction::FailGpuJob => ("FailGpuJob", ": the GpuJob fails without retrying"),
+            FailureAction::Retry => ("Retry", ""),
+            FailureAction::RetryWithoutCounting => (
+                "RetryWithoutCounting",
+                ": retried without counting against maxRetries",
+            ),
+        };
+        record.message = format!(
+            "{}; failure rule {index} ({name}) matched{what}",
+            record.message
+        );
+        record.counted = action != FailureAction::RetryWithoutCounting;
+        record.rule = i32::try_from(index).ok();
     }
+    record
 }

@@ -43,6 +43,8 @@ pub const JOB_NAME_CONFLICT: &str = "JobNameConflict";
 pub const SCHEDULING_GRACE: Duration = Duration::from_secs(5);
 /// Condition reason: the next attempt waits until an earlier attempt's pods are gone.
 pub const OLD_ATTEMPT_STOPPING: &str = "OldAttemptStopping";
+/// Ready reason: a failure rule (`FailGpuJob`) ended the GpuJob.
+pub const FAILURE_RULE: &str = "FailureRuleMatched";
 
 /// Operator settings the plan depends on.
 #[derive(Debug, Clone)]

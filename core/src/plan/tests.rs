@@ -1,8 +1,9 @@
 use super::*;
-use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase};
+use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, V2Only};
 use crate::job::desired_job;
 use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::json;
 
 fn t(s: &str) -> Timestamp {
     s.parse().unwrap()
@@ -183,6 +184,7 @@ fn running(g: &GpuJob, attempts: i32, failures: i32) -> GpuJob {
         reason: "Error".into(),
         message: format!("attempt {} failed: exit code 1 (Error)", attempts - 1),
         counted: true,
+        rule: None,
     });
     g.status = Some(GpuJobStatus {
         attempts,
@@ -363,6 +365,118 @@ fn a_disrupted_attempt_is_retried_at_once_without_counting() {
     let p = run(&g, &jobs, exit(1, 143), "2026-11-30T06:00:31Z");
     assert_eq!(p.status.phase, Some(Phase::Failed));
     assert_eq!(p.status.failures, 1);
+}
+
+/// `g` with `rules` as its failure rules (v2 `retryPolicy.failureRules`).
+fn with_rules(mut g: GpuJob, rules: serde_json::Value) -> GpuJob {
+    g.spec.v2 = Some(V2Only {
+        failure_rules: serde_json::from_value(rules).unwrap(),
+        ..V2Only::default()
+    });
+    g
+}
+
+/// Attempt `attempt`'s Job, failed by the Job controller on rule `index` of its pod
+/// failure policy.
+fn failed_on_rule(g: &GpuJob, attempt: i32, index: usize, at: &str) -> Job {
+    let mut j = job(g, attempt, Some(("Failed", "PodFailurePolicy", at)));
+    if let Some(c) = j.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        c[0].message = Some(format!(
+            "Container main for pod ns/p failed with exit code 42 matching FailJob rule at index {index}"
+        ));
+    }
+    j
+}
+
+#[test]
+fn a_failure_rule_decides_what_a_failed_attempt_does() {
+    let rules = json!([
+        {"action": "FailGpuJob", "onExitCodes": {"operator": "In", "values": [42]}},
+        {"action": "RetryWithoutCounting", "onExitCodes": {"operator": "In", "values": [7]}},
+        {"action": "Retry", "onPodConditions": [{"type": "DisruptionTarget"}]},
+    ]);
+    let g = with_rules(gpujob(3), rules);
+    let g = with_status(g.clone(), &run(&g, &[], None, T0));
+    let at = "2026-11-30T06:00:30Z";
+
+    // FailGpuJob: Failed at once, with retries left.
+    let p = run(
+        &g,
+        &[failed_on_rule(&g, 1, 0, at)],
+        exit(1, 42),
+        "2026-11-30T06:00:31Z",
+    );
+    assert_eq!(p.status.phase, Some(Phase::Failed));
+    assert!(creates(&p).is_empty());
+    assert_eq!(
+        ready(&p),
+        (ConditionStatus::False, "FailureRuleMatched".into())
+    );
+    let f = p.status.last_failure.clone().unwrap();
+    assert_eq!((f.rule, f.counted), (Some(0), true));
+    assert!(
+        f.message.contains("failure rule 0 (FailGpuJob) matched"),
+        "{}",
+        f.message
+    );
+    assert_eq!(p.status.completion_time, Some(t(at)));
+
+    // RetryWithoutCounting: the first backoff (10 s), not counted.
+    let p = run(
+        &g,
+        &[failed_on_rule(&g, 1, 1, at)],
+        exit(1, 7),
+        "2026-11-30T06:00:31Z",
+    );
+    assert_eq!(
+        (p.status.phase, p.status.failures),
+        (Some(Phase::Pending), 0)
+    );
+    assert_eq!(p.status.next_attempt_time, Some(t("2026-11-30T06:00:40Z")));
+    let f = p.status.last_failure.clone().unwrap();
+    assert_eq!((f.rule, f.counted), (Some(1), false));
+    let later = with_status(g.clone(), &p);
+    let p = run(
+        &later,
+        &[failed_on_rule(&g, 1, 1, at)],
+        None,
+        "2026-11-30T06:00:40Z",
+    );
+    assert_eq!(creates(&p), vec![2]);
+    assert_eq!((p.status.attempts, p.status.failures), (2, 0));
+
+    // Retry, on a DisruptionTarget: the user's rule comes first, and counts.
+    let p = run(
+        &g,
+        &[failed_on_rule(&g, 1, 2, at)],
+        exit(1, 143),
+        "2026-11-30T06:00:31Z",
+    );
+    assert_eq!(p.status.failures, 1);
+    let f = p.status.last_failure.clone().unwrap();
+    assert_eq!((f.rule, f.counted), (Some(2), true));
+    assert_eq!(ready(&p), (ConditionStatus::False, "BackingOff".into()));
+
+    // The operator's own rule comes last: a disruption no user rule matched.
+    let g = with_rules(
+        gpujob(3),
+        json!([
+            {"action": "FailGpuJob", "onExitCodes": {"operator": "In", "values": [42]}},
+        ]),
+    );
+    let g = with_status(g.clone(), &run(&g, &[], None, T0));
+    let p = run(
+        &g,
+        &[failed_on_rule(&g, 1, 1, at)],
+        exit(1, 143),
+        "2026-11-30T06:00:31Z",
+    );
+    assert_eq!(creates(&p), vec![2]);
+    let f = p.status.last_failure.clone().unwrap();
+    assert_eq!(
+        (f.reason.as_str(), f.rule, f.counted),
+        ("Disrupted", None, false)
+    );
 }
 
 #[test]
@@ -1554,6 +1668,7 @@ mod v2_values {
                 gpu_product: Some("NVIDIA-H100".into()),
                 backoff_seconds: Some(25),
                 attempt_deadline: Some("90m".into()),
+                failure_rules: Vec::new(),
             },
         );
         let v1 = PlanSettings {

@@ -10,7 +10,8 @@ use serde_json::json;
 
 use super::*;
 use crate::api::{
-    Condition, ConditionStatus, EnvVar, FailureRecord, GpuJobStatus, Phase, UpdatePolicy,
+    Condition, ConditionStatus, EnvVar, ExitCodeOperator, ExitCodes, FailureAction, FailureRecord,
+    FailureRule, GpuJobStatus, Phase, PodConditionPattern, UpdatePolicy,
 };
 
 // ---- examples: one per mapping row ----
@@ -74,6 +75,21 @@ fn plain_fields_map_one_to_one() {
 }
 
 #[test]
+fn failure_rules_live_in_spec_v2_of_v1() {
+    let rules = json!([
+        {"action": "FailGpuJob", "onExitCodes": {"operator": "In", "values": [42]}},
+        {"action": "RetryWithoutCounting", "onPodConditions": [{"type": "DisruptionTarget"}]},
+    ]);
+    let y = v2_job(json!({"image": "i", "resources": {"gpus": 1},
+        "retryPolicy": {"maxRetries": 2, "failureRules": rules}}));
+    let x = to_v1(&y);
+    let written = serde_json::to_value(&x.spec).unwrap();
+    assert_eq!(written["v2"]["failureRules"], rules);
+    assert_eq!(written["maxRetries"], 2);
+    assert_eq!(to_v2(&x), y);
+}
+
+#[test]
 fn retry_policy_defaults_to_three_retries_in_v2_as_max_retries_does_in_v1() {
     let y = v2_job(json!({"image": "i", "resources": {"gpus": 1}}));
     assert_eq!(y.spec.retry_policy, v2::RetryPolicy::default());
@@ -103,6 +119,7 @@ fn v2_only_values_travel_in_spec_v2() {
             gpu_product: Some("NVIDIA-A100-SXM4-80GB".into()),
             backoff_seconds: Some(30),
             attempt_deadline: None,
+            failure_rules: Vec::new(),
         })
     );
     let back = to_v2(&x);
@@ -326,15 +343,17 @@ fn status() -> impl Strategy<Value = Option<GpuJobStatus>> {
         word(),
         ".{0,20}",
         any::<bool>(),
+        option::of(0i32..19),
     )
         .prop_map(
-            |(attempt, time, exit_code, reason, message, counted)| FailureRecord {
+            |(attempt, time, exit_code, reason, message, counted, rule)| FailureRecord {
                 attempt,
                 time,
                 exit_code,
                 reason,
                 message,
                 counted,
+                rule,
             },
         );
     option::of(
@@ -473,6 +492,7 @@ fn v1_base() -> impl Strategy<Value = GpuJob> {
             option::of(template()),
             option::of(".{0,20}"),
             option::of(1i64..100_000),
+            failure_rules(),
         ),
         status(),
     )
@@ -482,7 +502,7 @@ fn v1_base() -> impl Strategy<Value = GpuJob> {
                 (image, command, args, env),
                 (gpus, max_retries),
                 (node_selector, service_account_name, update_policy, suspend, ttl),
-                (template, gpu_product, backoff_seconds),
+                (template, gpu_product, backoff_seconds, failure_rules),
                 status,
             )| {
                 GpuJob {
@@ -505,12 +525,47 @@ fn v1_base() -> impl Strategy<Value = GpuJob> {
                             gpu_product,
                             backoff_seconds,
                             attempt_deadline: None,
+                            failure_rules,
                         }),
                     },
                     status,
                 }
             },
         )
+}
+
+/// Up to three failure rules, each on exit codes or on pod conditions.
+fn failure_rules() -> impl Strategy<Value = Vec<FailureRule>> {
+    let action = prop_oneof![
+        Just(FailureAction::FailGpuJob),
+        Just(FailureAction::Retry),
+        Just(FailureAction::RetryWithoutCounting),
+    ];
+    let exit_codes = (any::<bool>(), vec(1i32..256, 1..4)).prop_map(|(not_in, values)| {
+        Some(ExitCodes {
+            operator: if not_in {
+                ExitCodeOperator::NotIn
+            } else {
+                ExitCodeOperator::In
+            },
+            values,
+        })
+    });
+    let conditions = vec(
+        ("[A-Za-z]{1,12}", any::<bool>()).prop_map(|(type_, unset)| PodConditionPattern {
+            type_,
+            status: (!unset).then_some(ConditionStatus::False),
+        }),
+        1..3,
+    );
+    let rule = (action, any::<bool>(), exit_codes, conditions).prop_map(
+        |(action, by_code, codes, conditions)| FailureRule {
+            action,
+            on_exit_codes: by_code.then_some(codes).flatten(),
+            on_pod_conditions: (!by_code).then_some(conditions),
+        },
+    );
+    vec(rule, 0..3)
 }
 
 fn active_deadline() -> impl Strategy<Value = Option<i64>> {

@@ -72,6 +72,8 @@ struct Kept {
     attempt: Option<i32>,
     #[serde(rename = "g", default, skip_serializing_if = "Option::is_none")]
     generation: Option<i64>,
+    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
+    failure_rules: Option<String>,
     #[serde(rename = "c", default, skip_serializing_if = "Vec::is_empty")]
     conditions: Vec<JobCondition>,
     #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
@@ -101,6 +103,7 @@ impl Cached {
             suspended: seen.suspended,
             attempt: seen.attempt,
             generation: seen.generation,
+            failure_rules: seen.failure_rules.clone(),
             conditions: status.conditions.clone(),
             completion_time: status.completion_time.clone(),
             active: status.active,
@@ -178,6 +181,7 @@ impl Cached {
             suspended: kept.suspended,
             attempt: kept.attempt,
             generation: kept.generation,
+            failure_rules: kept.failure_rules,
             status: SeenJobStatus {
                 conditions: kept.conditions,
                 completion_time: kept.completion_time,
@@ -398,7 +402,7 @@ impl JobIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ANNOTATION_GENERATION, LABEL_ATTEMPT};
+    use crate::api::{ANNOTATION_FAILURE_RULES, ANNOTATION_GENERATION, LABEL_ATTEMPT};
     use k8s_openapi::api::batch::v1::{JobSpec, JobStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use std::collections::BTreeMap;
@@ -475,6 +479,10 @@ mod tests {
             ("team".into(), "a".into()),
         ]));
         full.metadata.annotations = Some(BTreeMap::from([
+            (
+                ANNOTATION_FAILURE_RULES.into(),
+                "FailGpuJob,Disruption".into(),
+            ),
             (ANNOTATION_GENERATION.into(), "3".into()),
             ("note".into(), "x".into()),
         ]));
