@@ -15,6 +15,7 @@ pub mod api;
 pub mod backoff;
 pub mod balance;
 pub mod events;
+pub mod failure_policy;
 pub mod hash;
 pub mod job;
 pub mod plan;

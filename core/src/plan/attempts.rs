@@ -13,7 +13,8 @@ use super::{
 };
 use crate::api::{ConditionStatus, FailureAction, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::events::stray_job_deleted;
-use crate::job::{MatchedRule, desired_job, job_name, matched_rule};
+use crate::failure_policy::{MatchedRule, action_name, matched_rule};
+use crate::job::{desired_job, job_name};
 use crate::seen_job::SeenJob;
 use crate::status::{READY, SUSPENDED, remove_condition, seconds};
 
@@ -757,17 +758,15 @@ fn failure_record(
         rule: None,
     };
     if let Some(MatchedRule::Rule { index, action }) = matched {
-        let (name, what) = match action {
-            FailureAction::FailGpuJob => ("FailGpuJob", ": the GpuJob fails without retrying"),
-            FailureAction::Retry => ("Retry", ""),
-            FailureAction::RetryWithoutCounting => (
-                "RetryWithoutCounting",
-                ": retried without counting against maxRetries",
-            ),
+        let what = match action {
+            FailureAction::FailGpuJob => ": the GpuJob fails without retrying",
+            FailureAction::Retry => "",
+            FailureAction::RetryWithoutCounting => ": retried without counting against maxRetries",
         };
         record.message = format!(
-            "{}; failure rule {index} ({name}) matched{what}",
-            record.message
+            "{}; failure rule {index} ({}) matched{what}",
+            record.message,
+            action_name(action)
         );
         record.counted = action != FailureAction::RetryWithoutCounting;
         record.rule = i32::try_from(index).ok();
