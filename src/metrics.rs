@@ -65,6 +65,7 @@ pub struct Metrics {
     pub unconverged_oldest: Gauge,
     pub attempts_started: IntCounter,
     pub attempts_failed: IntCounter,
+    pub attempts_uncounted: IntCounter,
     pub quota_refusals: IntCounter,
     pub cleanup_stuck: IntGauge,
     pub events: IntCounterVec,
@@ -294,7 +295,14 @@ impl Metrics {
                 "gpujob_attempts_started_total",
                 "Attempts started (Jobs created)",
             )?,
-            attempts_failed: counter("gpujob_attempts_failed_total", "Attempts observed failed")?,
+            attempts_failed: counter(
+                "gpujob_attempts_failed_total",
+                "Attempts observed failed, counted against maxRetries",
+            )?,
+            attempts_uncounted: counter(
+                "gpujob_attempts_uncounted_total",
+                "Attempts that ended without counting against maxRetries: disrupted (preempted, evicted, drained), or a failure rule said so",
+            )?,
             quota_refusals: counter(
                 "gpujob_quota_refusals_total",
                 "Reservations the external GPU quota service refused",
@@ -361,6 +369,7 @@ impl Metrics {
             Box::new(self.unconverged_oldest.clone()),
             Box::new(self.attempts_started.clone()),
             Box::new(self.attempts_failed.clone()),
+            Box::new(self.attempts_uncounted.clone()),
             Box::new(self.quota_refusals.clone()),
             Box::new(self.cleanup_stuck.clone()),
             Box::new(self.events.clone()),

@@ -44,7 +44,7 @@ async fn wait_running_pod(env: &TestEnv, uid: &str, attempt: i32) -> Pod {
 #[tokio::test]
 async fn an_evicted_attempt_is_retried_without_counting_against_max_retries() {
     let env = TestEnv::new("disrupted").await;
-    let _op = env.operator("disrupted", env.settings()).await;
+    let op = env.operator("disrupted", env.settings()).await;
     // No retries: a counted failure would end the GpuJob Failed.
     let created = env
         .create(
@@ -90,6 +90,23 @@ async fn an_evicted_attempt_is_retried_without_counting_against_max_retries() {
     let reasons: Vec<&str> = events.iter().map(|(_, r, _, _)| r.as_str()).collect();
     assert!(reasons.contains(&"AttemptDisrupted"), "{events:?}");
     assert!(!reasons.contains(&"AttemptFailed"), "{events:?}");
+    // Counted apart from failures (right after the status write that recorded it).
+    let metrics = devcluster::wait::until(
+        "the uncounted attempt in the metrics",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let text = op.status.render_metrics();
+            text.contains("gpujob_attempts_uncounted_total 1\n")
+                .then_some(text)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        metrics.contains("gpujob_attempts_failed_total 0\n"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

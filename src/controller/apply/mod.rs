@@ -348,6 +348,16 @@ impl Execution<'_> {
                 .attempts_failed
                 .inc_by(u64::try_from(newly_failed).unwrap_or(0));
         }
+        let uncounted = status.last_failure.as_ref().is_some_and(|f| {
+            !f.counted
+                && current
+                    .last_failure
+                    .as_ref()
+                    .is_none_or(|b| b.attempt < f.attempt)
+        });
+        if uncounted {
+            self.ctx.metrics.attempts_uncounted.inc();
+        }
         self.written(written);
         // Only transitions this term recorded, published while it still holds.
         self.ctx
