@@ -116,6 +116,24 @@ for _ in $(seq 150); do
 done
 kubectl -n "$ns" apply -f examples/ >&2
 
+step "preempting pretrain-preemptible's first attempt (an eviction, as a node drain does)"
+# The Eviction API marks the pod DisruptionTarget, then deletes it; the GpuJob retries
+# without counting (examples/preempted.yaml).
+pod=""
+for _ in $(seq 600); do
+  pod="$(kubectl -n "$ns" get pods -l gpujob.dev/name=pretrain-preemptible,gpujob.dev/attempt=1 \
+    --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)"
+  [[ -n "$pod" ]] && break
+  sleep 0.2
+done
+if [[ -n "$pod" ]]; then
+  printf '{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"%s","namespace":"%s"}}' "$pod" "$ns" \
+    | kubectl create --raw "/api/v1/namespaces/$ns/pods/$pod/eviction" -f - >/dev/null
+  echo "evicted pod $pod" >&2
+else
+  echo "pretrain-preemptible's pod did not run within 120 s; not evicting it" >&2
+fi
+
 step "watching them converge"
 total="$(grep -c '^kind: GpuJob' examples/*.yaml | awk -F: '{n += $2} END {print n}')"
 # The shard of namespace $ns: fnv1a64(namespace) mod shards (docs/ha-and-sharding.md, "Sharding").
@@ -140,7 +158,7 @@ while :; do
 done
 
 echo
-kubectl -n "$ns" get gpujobs -o custom-columns='NAME:.metadata.name,PHASE:.status.phase,ATTEMPTS:.status.attempts,READY:.status.conditions[0].reason,MESSAGE:.status.conditions[0].message'
+kubectl -n "$ns" get gpujobs -o custom-columns='NAME:.metadata.name,PHASE:.status.phase,ATTEMPTS:.status.attempts,FAILURES:.status.failures,LAST-FAILURE:.status.lastFailure.reason,READY:.status.conditions[0].reason,MESSAGE:.status.conditions[0].message'
 holder="$(kubectl -n gpujob-system get lease "gpujob-operator-shard-$shard" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
 cat <<MSG
 
