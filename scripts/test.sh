@@ -131,6 +131,6 @@ export KUBEBUILDER_ASSETS
 echo "using $KUBEBUILDER_ASSETS" >&2
 step "compatibility subset: shared control plane, Kubernetes $compat"
 start_cluster "$compat"
-step "compatibility subset: install dry run, CEL rules, conversion webhook, HA, one lifecycle"
+step "compatibility subset: install dry run, CEL rules, conversion webhook, HA, failure rules, one lifecycle"
 cargo nextest run --workspace --exclude gpujob-benches --features gpujob-operator/failpoints --locked \
-  -E 'test(/^(install|validation|conversion|ha)::/) | test(=reconcile::seed_walkthrough_one_job_then_succeeded_then_collected)'
+  -E 'test(/^(install|validation|conversion|ha|batch)::/) | test(=reconcile::seed_walkthrough_one_job_then_succeeded_then_collected)'
