@@ -342,7 +342,9 @@ impl ControlPlane {
                     "--kubeconfig={}",
                     kubeconfig_path(&state_dir, "kube-controller-manager").display()
                 ),
-                "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token,clusterrole-aggregation"
+                // endpointslice: a multi-node attempt's headless Service lists its pods
+                // under their host names, as the cluster DNS would serve them.
+                "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token,clusterrole-aggregation,endpointslice"
                     .to_owned(),
                 "--leader-elect=false".to_owned(),
                 "--secure-port=0".to_owned(),
