@@ -5,7 +5,8 @@
 use crate::api::{ConditionStatus, GpuJobStatus, Phase};
 
 use crate::status::{
-    CLEANUP_STUCK, QUOTA_RESERVED, READY, SPEC_CHANGE_PENDING, SUSPENDED, UNSCHEDULABLE,
+    CLEANUP_STUCK, QUOTA_RESERVED, READY, SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, SUSPENDED,
+    UNSCHEDULABLE,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -148,6 +149,17 @@ fn attempts(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
         out.push(note(
             Kind::Warning,
             "Unschedulable",
+            message.unwrap_or_default(),
+        ));
+    }
+    // Once per wait, as for the scheduler.
+    let service_taken =
+        |s: &GpuJobStatus| matches!(cond(s, READY), Some((_, r, _)) if r == SERVICE_NAME_CONFLICT);
+    if service_taken(after) && !service_taken(before) {
+        let message = cond(after, READY).map(|(_, _, m)| m.to_owned());
+        out.push(note(
+            Kind::Warning,
+            SERVICE_NAME_CONFLICT,
             message.unwrap_or_default(),
         ));
     }

@@ -4,15 +4,19 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{Container, EnvVar as K8sEnvVar, PodTemplateSpec, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, EnvVar as K8sEnvVar, EnvVarSource, ObjectFieldSelector, PodAffinityTerm,
+    PodAntiAffinity, PodTemplateSpec, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::Resource;
 
 use crate::api::decode::{DecodeError, decode, join};
 use crate::api::{
-    ANNOTATION_FAILURE_RULES, ANNOTATION_GENERATION, ENV_ATTEMPT, GPU_RESOURCE, GpuJob, GpuJobSpec,
-    LABEL_ATTEMPT, LABEL_GPU_PRODUCT, LABEL_NAME, LABEL_PREFIX, LABEL_UID,
+    ANNOTATION_FAILURE_RULES, ANNOTATION_GENERATION, ENV_ATTEMPT, ENV_MASTER_ADDR, ENV_MASTER_PORT,
+    ENV_RANK, ENV_WORLD_SIZE, GPU_RESOURCE, GpuJob, GpuJobSpec, LABEL_ATTEMPT, LABEL_GPU_PRODUCT,
+    LABEL_NAME, LABEL_PREFIX, LABEL_UID, MASTER_PORT, MULTI_NODE_ENV,
 };
 use crate::failure_policy;
 use crate::hash::fnv1a64;
@@ -109,13 +113,22 @@ fn gpu_toleration() -> Toleration {
 /// pod template that does not decode is left out here (validation reports it, and no
 /// Job is made for such a spec), and what validation refuses in a template (the fields
 /// the operator owns) is overwritten.
+///
+/// With `spec.nodes` > 1 it is an Indexed Job of that many pods, started together: each
+/// pod's host name is `<job>-<index>` (the Job controller sets it), its subdomain the
+/// attempt's headless Service (`crate::rendezvous`, named like the Job), and its
+/// environment says the world size, its rank and rank 0's address. `backoffLimit: 0`
+/// holds for the whole Job: one pod's failure fails the attempt.
 pub fn desired_job(gpujob: &GpuJob, attempt: i32) -> Job {
     let spec = &gpujob.spec;
     let labels = labels(gpujob, attempt);
     let template = pod_template(spec).ok().flatten().unwrap_or_default();
+    let name = job_name(&gpujob.name_any_or_empty(), attempt);
+    let nodes = spec.nodes();
+    let multi = (nodes > 1).then_some(MultiNode { job: &name, nodes });
     Job {
         metadata: ObjectMeta {
-            name: Some(job_name(&gpujob.name_any_or_empty(), attempt)),
+            name: Some(name.clone()),
             namespace: gpujob.metadata.namespace.clone(),
             labels: Some(labels.clone()),
             // Which spec this attempt runs: a later spec change is seen against it.
@@ -129,7 +142,10 @@ pub fn desired_job(gpujob: &GpuJob, attempt: i32) -> Job {
             pod_failure_policy: Some(failure_policy::pod_failure_policy(spec)),
             suspend: Some(true),
             active_deadline_seconds: spec.active_deadline_seconds,
-            template: pod(spec, attempt, labels, template),
+            completion_mode: multi.map(|_| "Indexed".to_owned()),
+            completions: multi.map(|m| m.nodes),
+            parallelism: multi.map(|m| m.nodes),
+            template: pod(spec, attempt, labels, template, multi),
             ..JobSpec::default()
         }),
         status: None,
@@ -154,14 +170,80 @@ pub fn started(job: &Job) -> bool {
     job.spec.as_ref().and_then(|s| s.suspend) != Some(true)
 }
 
+/// What a multi-node attempt's pods are told of each other.
+#[derive(Debug, Clone, Copy)]
+struct MultiNode<'a> {
+    /// The Job's name: its pods' host names start with it, and its headless Service
+    /// (their subdomain) has it.
+    job: &'a str,
+    nodes: i32,
+}
+
+impl MultiNode<'_> {
+    /// Rank 0's host name under the Service: resolved through the pod's DNS search
+    /// path (its own namespace first).
+    fn master_addr(&self) -> String {
+        format!("{job}-0.{job}", job = self.job)
+    }
+
+    fn env(&self) -> Vec<K8sEnvVar> {
+        let value = |name: &str, value: String| K8sEnvVar {
+            name: name.to_owned(),
+            value: Some(value),
+            value_from: None,
+        };
+        vec![
+            value(ENV_WORLD_SIZE, self.nodes.to_string()),
+            K8sEnvVar {
+                name: ENV_RANK.to_owned(),
+                value: None,
+                // The Job controller writes each pod's index in this annotation.
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: format!("metadata.annotations['{COMPLETION_INDEX}']"),
+                        api_version: None,
+                    }),
+                    ..EnvVarSource::default()
+                }),
+            },
+            value(ENV_MASTER_ADDR, self.master_addr()),
+            value(ENV_MASTER_PORT, MASTER_PORT.to_string()),
+        ]
+    }
+}
+
+/// A multi-node attempt's pods each on a node of their own: `spec.nodes` counts nodes,
+/// and GPUs are per node.
+fn one_per_node(labels: &BTreeMap<String, String>) -> PodAffinityTerm {
+    let of_attempt = [LABEL_UID, LABEL_ATTEMPT]
+        .into_iter()
+        .filter_map(|k| labels.get(k).map(|v| (k.to_owned(), v.clone())))
+        .collect();
+    PodAffinityTerm {
+        label_selector: Some(LabelSelector {
+            match_labels: Some(of_attempt),
+            ..LabelSelector::default()
+        }),
+        topology_key: HOSTNAME_LABEL.to_owned(),
+        ..PodAffinityTerm::default()
+    }
+}
+
+/// The node label every kubelet sets to its node's name.
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// The annotation in which the Job controller gives each pod of an Indexed Job its index.
+pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
 /// The attempt's pod: the GpuJob's pod template with the operator's part on top (its
 /// labels, restartPolicy, the GPU toleration, node selectors, service account and the
-/// `main` container).
+/// `main` container; for a multi-node attempt the subdomain and the ranks' env).
 fn pod(
     spec: &GpuJobSpec,
     attempt: i32,
     labels: BTreeMap<String, String>,
     template: PodTemplateSpec,
+    multi: Option<MultiNode<'_>>,
 ) -> PodTemplateSpec {
     let meta = template.metadata.unwrap_or_default();
     let mut pod_labels: BTreeMap<String, String> = meta
@@ -178,8 +260,20 @@ fn pod(
         .position(|c| c.name == CONTAINER_NAME)
         .map(|i| containers.remove(i))
         .unwrap_or_default();
-    containers.insert(0, main_container(spec, attempt, base));
+    containers.insert(0, main_container(spec, attempt, base, multi));
     pod.containers = containers;
+    if let Some(m) = multi {
+        pod.subdomain = Some(m.job.to_owned());
+        // The Job controller names each pod's host `<job>-<index>`.
+        pod.hostname = None;
+        let affinity = pod.affinity.get_or_insert_with(Affinity::default);
+        let anti = affinity
+            .pod_anti_affinity
+            .get_or_insert_with(PodAntiAffinity::default);
+        anti.required_during_scheduling_ignored_during_execution
+            .get_or_insert_with(Vec::new)
+            .push(one_per_node(&pod_labels));
+    }
     pod.restart_policy = Some("Never".to_owned());
     let mut tolerations = vec![gpu_toleration()];
     tolerations.extend(
@@ -210,8 +304,14 @@ fn pod(
 
 /// The operator's container: `base` (the template's container of that name: volume
 /// mounts, CPU and memory, more env, …) with image, command, args, the GPUs and the
-/// attempt number from the GpuJob.
-fn main_container(spec: &GpuJobSpec, attempt: i32, base: Container) -> Container {
+/// attempt number from the GpuJob (and a multi-node attempt's env: validation refuses
+/// those names elsewhere, and the operator's values win here).
+fn main_container(
+    spec: &GpuJobSpec,
+    attempt: i32,
+    base: Container,
+    multi: Option<MultiNode<'_>>,
+) -> Container {
     let mut env: Vec<K8sEnvVar> = spec
         .env
         .iter()
@@ -222,12 +322,14 @@ fn main_container(spec: &GpuJobSpec, attempt: i32, base: Container) -> Container
         })
         .chain(base.env.into_iter().flatten())
         .filter(|e| e.name != ENV_ATTEMPT)
+        .filter(|e| multi.is_none() || !MULTI_NODE_ENV.contains(&e.name.as_str()))
         .collect();
     env.push(K8sEnvVar {
         name: ENV_ATTEMPT.to_owned(),
         value: Some(attempt.to_string()),
         value_from: None,
     });
+    env.extend(multi.iter().flat_map(MultiNode::env));
     let mut resources = base.resources.unwrap_or_default();
     let mut limits = resources.limits.take().unwrap_or_default();
     limits.insert(GPU_RESOURCE.to_owned(), Quantity(spec.gpus.to_string()));
@@ -454,6 +556,86 @@ pub(crate) mod tests {
         );
         assert_eq!(attempt[0].value.as_deref(), Some("2"));
         assert!(env.iter().any(|e| e.name == "EPOCHS"));
+    }
+
+    #[test]
+    fn a_multi_node_attempt_is_an_indexed_job_whose_pods_know_their_ranks() {
+        let mut g = gpujob("train");
+        g.spec.v2 = Some(crate::api::V2Only {
+            nodes: Some(4),
+            ..crate::api::V2Only::default()
+        });
+        let job = desired_job(&g, 2);
+        let spec = job.spec.unwrap();
+        assert_eq!(spec.completion_mode.as_deref(), Some("Indexed"));
+        assert_eq!((spec.completions, spec.parallelism), (Some(4), Some(4)));
+        assert_eq!(
+            spec.backoff_limit,
+            Some(0),
+            "one pod's failure fails the attempt"
+        );
+        let pod = spec.template.spec.unwrap();
+        assert_eq!(pod.subdomain.as_deref(), Some("train-2"));
+        let c = &pod.containers[0];
+        assert_eq!(
+            c.resources.as_ref().unwrap().limits.as_ref().unwrap()[GPU_RESOURCE].0,
+            "2",
+            "GPUs are per node"
+        );
+        let env = c.env.as_ref().unwrap();
+        let value = |name: &str| {
+            let found: Vec<_> = env.iter().filter(|e| e.name == name).collect();
+            assert_eq!(found.len(), 1, "{name} once: {env:?}");
+            found[0].clone()
+        };
+        assert_eq!(value(ENV_WORLD_SIZE).value.as_deref(), Some("4"));
+        assert_eq!(
+            value(ENV_MASTER_ADDR).value.as_deref(),
+            Some("train-2-0.train-2")
+        );
+        assert_eq!(value(ENV_MASTER_PORT).value.as_deref(), Some("29500"));
+        let rank = value(ENV_RANK);
+        let field = rank.value_from.unwrap().field_ref.unwrap().field_path;
+        assert_eq!(field, format!("metadata.annotations['{COMPLETION_INDEX}']"));
+        let terms = pod
+            .affinity
+            .unwrap()
+            .pod_anti_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap();
+        assert_eq!(terms.len(), 1);
+        assert_eq!(terms[0].topology_key, "kubernetes.io/hostname");
+        let selector = terms[0]
+            .label_selector
+            .clone()
+            .unwrap()
+            .match_labels
+            .unwrap();
+        assert_eq!(
+            selector,
+            BTreeMap::from([
+                (LABEL_UID.to_owned(), "uid-1".to_owned()),
+                (LABEL_ATTEMPT.to_owned(), "2".to_owned()),
+            ]),
+            "one pod of the attempt per node"
+        );
+    }
+
+    #[test]
+    fn a_one_node_attempt_is_a_plain_job() {
+        let spec = desired_job(&gpujob("train"), 1).spec.unwrap();
+        assert_eq!(spec.completion_mode, None);
+        assert_eq!((spec.completions, spec.parallelism), (None, None));
+        let pod = spec.template.spec.unwrap();
+        assert_eq!(pod.subdomain, None);
+        assert_eq!(pod.affinity, None);
+        let env = pod.containers[0].env.clone().unwrap();
+        assert!(
+            !env.iter()
+                .any(|e| MULTI_NODE_ENV.contains(&e.name.as_str())),
+            "{env:?}"
+        );
     }
 
     fn with_template(template: serde_json::Value, product: Option<&str>) -> GpuJob {

@@ -7,6 +7,7 @@
 //! - [`validate`]: what the schema cannot check;
 //! - [`plan`]: `(GpuJob, its Jobs, what the outside answered, now) -> actions`;
 //! - [`job`], [`status`], [`events`]: the desired Job, condition helpers, Event notes;
+//! - [`rendezvous`]: a multi-node attempt's headless Service;
 //! - [`seen_job`]: a Job as the plan sees it, the same from every source;
 //! - [`balance`]: which shards a replica should hold (rendezvous hashing);
 //! - [`shard`], [`hash`], [`backoff`], [`quota`]: small shared pieces.
@@ -20,6 +21,7 @@ pub mod hash;
 pub mod job;
 pub mod plan;
 pub mod quota;
+pub mod rendezvous;
 pub mod seen_job;
 pub mod shard;
 pub mod status;

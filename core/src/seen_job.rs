@@ -31,6 +31,9 @@ pub struct SeenJob {
     /// What its failure rules mean (`gpujob.dev/failure-rules`), when the GpuJob had
     /// rules of its own.
     pub failure_rules: Option<String>,
+    /// Pods per attempt when more than one (an Indexed Job's completions: a multi-node
+    /// attempt, whose pods find each other through a headless Service).
+    pub nodes: Option<i32>,
     pub status: SeenJobStatus,
 }
 
@@ -70,6 +73,12 @@ impl SeenJob {
                 .as_ref()
                 .and_then(|a| a.get(ANNOTATION_FAILURE_RULES))
                 .cloned(),
+            nodes: job
+                .spec
+                .as_ref()
+                .filter(|s| s.completion_mode.as_deref() == Some("Indexed"))
+                .and_then(|s| s.completions)
+                .filter(|n| *n > 1),
             status: SeenJobStatus {
                 conditions: status
                     .and_then(|s| s.conditions.clone())

@@ -22,6 +22,9 @@ pub const SUSPENDED: &str = "Suspended";
 /// Ready reason: kube-scheduler finds no node for the running attempt's pod (too few
 /// free GPUs, a selector nothing matches); the GpuJob is Pending until one frees up.
 pub const UNSCHEDULABLE: &str = "Unschedulable";
+/// Ready reason: a Service the operator did not make holds the name of a multi-node
+/// attempt's Service; its Job waits, not started, and the GpuJob looks again in a while.
+pub const SERVICE_NAME_CONFLICT: &str = "ServiceNameConflict";
 
 /// Sets condition `type_`, keeping `lastTransitionTime` unless the status flips, so a
 /// recomputation of an unchanged state produces an identical status (and no write).

@@ -8,6 +8,8 @@ pub enum ApiCall {
     ReadJob,
     ReadPods,
     CreateJob,
+    /// A multi-node attempt's headless Service (its create, or the read after a 409).
+    CreateService,
     StartJob,
     DeleteJob,
     DeleteGpuJob,
@@ -16,11 +18,12 @@ pub enum ApiCall {
 }
 
 impl ApiCall {
-    pub const ALL: [ApiCall; 9] = [
+    pub const ALL: [ApiCall; 10] = [
         ApiCall::ReadGpuJob,
         ApiCall::ReadJob,
         ApiCall::ReadPods,
         ApiCall::CreateJob,
+        ApiCall::CreateService,
         ApiCall::StartJob,
         ApiCall::DeleteJob,
         ApiCall::DeleteGpuJob,
@@ -35,6 +38,7 @@ impl ApiCall {
             ApiCall::ReadJob => "read_job",
             ApiCall::ReadPods => "read_pods",
             ApiCall::CreateJob => "create_job",
+            ApiCall::CreateService => "create_service",
             ApiCall::StartJob => "start_job",
             ApiCall::DeleteJob => "delete_job",
             ApiCall::DeleteGpuJob => "delete_gpujob",
@@ -49,6 +53,7 @@ impl ApiCall {
             ApiCall::ReadJob => "reading an attempt's Job",
             ApiCall::ReadPods => "reading the GpuJob's pods",
             ApiCall::CreateJob => "creating the attempt's Job",
+            ApiCall::CreateService => "creating the multi-node attempt's headless Service",
             ApiCall::StartJob => "starting the attempt's Job (created suspended)",
             ApiCall::DeleteJob => "deleting an attempt's Job",
             ApiCall::DeleteGpuJob => "deleting the finished GpuJob (its time to live is over)",

@@ -38,7 +38,7 @@ impl Heard {
                 });
                 self.release_error = Some(e);
             }
-            Answer::JobRefused(r) => self.refused = Some(r),
+            Answer::Refused(r) => self.refused = Some(r),
         }
     }
 }

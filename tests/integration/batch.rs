@@ -1,8 +1,9 @@
 //! What GPU batch users expect of a GpuJob, on the real control plane (kube-scheduler,
 //! the Job controller, kwok as the fake GPU nodes' kubelet): a disrupted attempt (here
 //! an eviction through the Eviction API, as a node drain does) is retried without
-//! counting against `maxRetries`, and a pod template's `priorityClassName` reaches the
-//! pods.
+//! counting against `maxRetries`, a pod template's `priorityClassName` reaches the
+//! pods, failure rules decide what a failed attempt does, and a multi-node GpuJob runs
+//! each attempt as an Indexed Job whose pods find each other through a headless Service.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -11,7 +12,9 @@ use crate::support;
 use std::time::Duration;
 
 use gpujob_operator::api::{LABEL_ATTEMPT, LABEL_UID, Phase};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
 use serde_json::json;
@@ -262,5 +265,265 @@ async fn the_api_server_refuses_a_malformed_failure_rule_and_names_it() {
     assert!(
         message.contains("spec.v2.failureRules[0].action"),
         "{message}"
+    );
+}
+
+/// The Services of `uid`'s attempts.
+async fn services_of(env: &TestEnv, uid: &str) -> Vec<Service> {
+    let api: Api<Service> = Api::namespaced(env.admin.clone(), &env.ns);
+    api.list(&ListParams::default().labels(&format!("{LABEL_UID}={uid}")))
+        .await
+        .unwrap()
+        .items
+}
+
+/// The host names the EndpointSlices of Service `service` list (what the cluster DNS
+/// serves as `<host>.<service>`), sorted.
+async fn endpoint_hosts(env: &TestEnv, service: &str) -> Vec<String> {
+    let api: Api<EndpointSlice> = Api::namespaced(env.admin.clone(), &env.ns);
+    let selector = format!("kubernetes.io/service-name={service}");
+    let mut hosts: Vec<String> = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .flat_map(|s| s.endpoints.into_iter().flatten())
+        .filter_map(|e| e.hostname)
+        .collect();
+    hosts.sort();
+    hosts
+}
+
+#[tokio::test]
+async fn a_two_node_gpujob_runs_indexed_pods_on_two_nodes_that_find_each_other() {
+    let env = TestEnv::new("two-node").await;
+    let mut settings = env.settings();
+    // --max-gpus counts the GpuJob's GPUs on all its nodes.
+    settings.plan.limits.max_gpus = 16;
+    let op = env.operator("two-node", settings).await;
+    // 8 GPUs on each node: one fake GPU node holds one pod, no more.
+    let created = env
+        .create(
+            "dist",
+            json!({"image": "i", "gpus": 8, "maxRetries": 0,
+                   "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")]),
+                   // v2's spec.nodes, as v1 carries it.
+                   "v2": {"nodes": 2}}),
+        )
+        .await;
+    let uid = created.metadata.uid.clone().unwrap();
+    let pods = devcluster::wait::until(
+        "both pods of attempt 1 running",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let pods = running_pods(&env, &uid, 1).await;
+            (pods.len() == 2).then_some(pods)
+        },
+    )
+    .await
+    .unwrap();
+    let mut hosts = Vec::new();
+    let mut nodes = Vec::new();
+    for pod in &pods {
+        let spec = pod.spec.clone().unwrap();
+        assert_eq!(spec.subdomain.as_deref(), Some("dist-1"));
+        hosts.push(spec.hostname.clone().unwrap());
+        nodes.push(spec.node_name.clone().unwrap());
+        let env_of = |name: &str| {
+            spec.containers[0]
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == name)
+                .cloned()
+                .unwrap_or_else(|| panic!("{name} in {:?}", spec.containers[0].env))
+        };
+        assert_eq!(env_of("WORLD_SIZE").value.as_deref(), Some("2"));
+        assert_eq!(
+            env_of("MASTER_ADDR").value.as_deref(),
+            Some("dist-1-0.dist-1")
+        );
+        let rank = env_of("RANK").value_from.unwrap().field_ref.unwrap();
+        // The pod's own index, which its host name ends in.
+        let index =
+            pod.metadata.annotations.as_ref().unwrap()["batch.kubernetes.io/job-completion-index"]
+                .clone();
+        assert!(rank.field_path.contains("job-completion-index"), "{rank:?}");
+        assert_eq!(spec.hostname.as_deref(), Some(&*format!("dist-1-{index}")));
+    }
+    hosts.sort();
+    assert_eq!(hosts, ["dist-1-0", "dist-1-1"]);
+    assert_ne!(nodes[0], nodes[1], "one node each (8 GPUs per pod)");
+
+    // The attempt's headless Service, owned by its Job, names both pods.
+    let services = services_of(&env, &uid).await;
+    assert_eq!(services.len(), 1, "{services:?}");
+    let svc = &services[0];
+    assert_eq!(svc.metadata.name.as_deref(), Some("dist-1"));
+    assert_eq!(
+        svc.spec.as_ref().unwrap().cluster_ip.as_deref(),
+        Some("None")
+    );
+    let jobs: Api<Job> = Api::namespaced(env.admin.clone(), &env.ns);
+    let job = jobs.get("dist-1").await.unwrap();
+    let owner = &svc.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), &owner.uid),
+        ("Job", job.metadata.uid.as_ref().unwrap())
+    );
+    let listed = devcluster::wait::until(
+        "the Service's endpoints naming both pods",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let hosts = endpoint_hosts(&env, "dist-1").await;
+            (hosts.len() == 2).then_some(hosts)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(listed, hosts);
+
+    // One pod disrupted fails the whole attempt (its partner is stopped with it); the
+    // next attempt starts on two nodes again, not counted.
+    let podsapi: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    podsapi
+        .evict(
+            pods[1].metadata.name.as_deref().unwrap(),
+            &EvictParams::default(),
+        )
+        .await
+        .unwrap();
+    let second = env
+        .wait_gpujob("dist", "attempt 2 running", |g| {
+            g.status.as_ref().is_some_and(|s| s.attempts == 2) && phase(g) == Some(Phase::Running)
+        })
+        .await;
+    let status = second.status.unwrap();
+    assert_eq!(status.failures, 0, "{status:?}");
+    let f = status.last_failure.unwrap();
+    assert_eq!(
+        (f.attempt, f.reason.as_str(), f.counted),
+        (1, "Disrupted", false)
+    );
+    devcluster::wait::until(
+        "both pods of attempt 2 running",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (running_pods(&env, &uid, 2).await.len() == 2).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let names: Vec<String> = services_of(&env, &uid)
+        .await
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
+    assert!(names.contains(&"dist-2".to_owned()), "{names:?}");
+    let text = op.status.render_metrics();
+    assert!(
+        text.contains("gpujob_reconcile_errors_total{error=\"create_service\"} 0\n"),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("create_service"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    // Deleted: its Jobs go, and their Services with them (garbage collection).
+    env.gpujobs()
+        .delete("dist", &DeleteParams::default())
+        .await
+        .unwrap();
+    devcluster::wait::until(
+        "the attempts' Services collected",
+        Duration::from_secs(90),
+        Duration::from_millis(500),
+        || async { services_of(&env, &uid).await.is_empty().then_some(()) },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_foreign_service_under_the_attempts_name_holds_its_job_until_it_is_gone() {
+    let env = TestEnv::new("svc-clash").await;
+    let _op = env.operator("svc-clash", env.settings()).await;
+    let services: Api<Service> = Api::namespaced(env.admin.clone(), &env.ns);
+    let foreign: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "clash-1"},
+        "spec": {"clusterIP": "None", "selector": {"app": "other"}},
+    }))
+    .unwrap();
+    services
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let created = env
+        .create(
+            "clash",
+            json!({"image": "i", "gpus": 1,
+                   "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")]),
+                   "v2": {"nodes": 2}}),
+        )
+        .await;
+    let uid = created.metadata.uid.clone().unwrap();
+    // The name taken: the Job is not started, and the GpuJob says why.
+    let waiting = env
+        .wait_gpujob("clash", "waiting for the Service name", |g| {
+            support::ready(g).is_some_and(|(_, reason, _)| reason == "ServiceNameConflict")
+        })
+        .await;
+    assert_eq!(phase(&waiting), Some(Phase::Pending));
+    let (_, _, message) = support::ready(&waiting).unwrap();
+    assert!(
+        message.contains(&format!("Service {}/clash-1 exists", env.ns)),
+        "{message}"
+    );
+    let events = env
+        .events_of("clash", with_reasons(&["ServiceNameConflict"]))
+        .await;
+    assert!(
+        events
+            .iter()
+            .any(|(_, r, note, _)| r == "ServiceNameConflict" && note.contains("clash-1")),
+        "{events:?}"
+    );
+    let jobs: Api<Job> = Api::namespaced(env.admin.clone(), &env.ns);
+    let job = jobs.get("clash-1").await.unwrap();
+    assert_eq!(
+        job.spec.unwrap().suspend,
+        Some(true),
+        "not started while its pods could not find each other"
+    );
+    assert!(running_pods(&env, &uid, 1).await.is_empty());
+    let kept = services.get("clash-1").await.unwrap();
+    assert_eq!(
+        kept.spec.unwrap().selector.unwrap()["app"],
+        "other",
+        "the foreign Service is left as it was"
+    );
+
+    // Gone: the attempt's own Service is made and its Job starts.
+    services
+        .delete("clash-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    devcluster::wait::until(
+        "both pods of attempt 1 running",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || async { (running_pods(&env, &uid, 1).await.len() == 2).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let own = services.get("clash-1").await.unwrap();
+    assert_eq!(
+        own.metadata.owner_references.unwrap()[0].kind,
+        "Job",
+        "the attempt's own Service now"
     );
 }

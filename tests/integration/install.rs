@@ -759,6 +759,7 @@ const OPERATOR_RIGHTS: &[(&str, &str)] = &[
     ("gpujobs.gpujob.dev/finalizers", "update"),
     ("jobs.batch", "get list watch create patch delete"),
     ("pods", "list"),
+    ("services", "get create"),
     ("events.events.k8s.io", "create patch"),
 ];
 /// --metrics-secure (deploy/secure-metrics): is this scraper's token valid, may its

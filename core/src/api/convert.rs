@@ -75,6 +75,7 @@ pub fn to_v2(v1: &GpuJob) -> v2::GpuJob {
                 gpus: s.gpus,
                 product: only.gpu_product,
             },
+            nodes: only.nodes.unwrap_or(1),
             retry_policy: v2::RetryPolicy {
                 max_retries: s.max_retries,
                 backoff_seconds: only.backoff_seconds,
@@ -109,6 +110,7 @@ pub fn to_v1(v2: &v2::GpuJob) -> GpuJob {
         backoff_seconds: s.retry_policy.backoff_seconds,
         attempt_deadline,
         failure_rules: s.retry_policy.failure_rules.clone(),
+        nodes: (s.nodes != 1).then_some(s.nodes),
     };
     GpuJob {
         metadata: v2.metadata.clone(),

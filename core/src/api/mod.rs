@@ -16,7 +16,7 @@ pub use crd::{Conversion, CrdOptions, StorageVersion, crd_yaml, crd_yaml_with};
 pub use failure::{
     ExitCodeOperator, ExitCodes, FailureAction, FailureRule, MAX_FAILURE_RULES, PodConditionPattern,
 };
-pub use spec::{EnvVar, GpuJob, GpuJobSpec, UpdatePolicy, V2Only};
+pub use spec::{EnvVar, GpuJob, GpuJobSpec, MAX_NODES, UpdatePolicy, V2Only};
 pub use status::{
     Condition, ConditionStatus, FailureRecord, GpuJobStatus, Phase, QuotaCall, QuotaOp,
 };
@@ -29,6 +29,17 @@ pub const LABEL_UID: &str = "gpujob.dev/uid";
 pub const LABEL_ATTEMPT: &str = "gpujob.dev/attempt";
 /// Container env var holding the attempt number.
 pub const ENV_ATTEMPT: &str = "GPUJOB_ATTEMPT";
+/// The env vars a multi-node attempt's pods get (`spec.nodes` > 1), as PyTorch's
+/// launchers and the Kubeflow training operator name them: how many nodes, this pod's
+/// index among them, and where rank 0 listens.
+pub const ENV_WORLD_SIZE: &str = "WORLD_SIZE";
+pub const ENV_RANK: &str = "RANK";
+pub const ENV_MASTER_ADDR: &str = "MASTER_ADDR";
+pub const ENV_MASTER_PORT: &str = "MASTER_PORT";
+/// The env vars the operator sets on a multi-node attempt's `main` container.
+pub const MULTI_NODE_ENV: [&str; 4] = [ENV_WORLD_SIZE, ENV_RANK, ENV_MASTER_ADDR, ENV_MASTER_PORT];
+/// The port `MASTER_PORT` says (PyTorch's default rendezvous port).
+pub const MASTER_PORT: u16 = 29500;
 /// Annotation on Jobs with failure rules: the action of each rule of the Job's pod
 /// failure policy, in order (`job.rs`).
 pub const ANNOTATION_FAILURE_RULES: &str = "gpujob.dev/failure-rules";

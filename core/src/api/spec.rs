@@ -116,6 +116,23 @@ pub struct V2Only {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 19))]
     pub failure_rules: Vec<FailureRule>,
+    /// v2 `spec.nodes`, when more than one: how many pods (nodes) run each attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2, max = 128))]
+    pub nodes: Option<i32>,
+}
+
+impl GpuJobSpec {
+    /// How many pods (nodes) run each attempt: v2 `spec.nodes`, 1 unless set.
+    pub fn nodes(&self) -> i32 {
+        self.v2.as_ref().and_then(|v2| v2.nodes).unwrap_or(1)
+    }
+
+    /// The GPUs of one attempt: `gpus` on each of its nodes. Quota is reserved for
+    /// these, and `--max-gpus` limits them.
+    pub fn total_gpus(&self) -> i32 {
+        self.gpus.saturating_mul(self.nodes())
+    }
 }
 
 impl V2Only {
@@ -156,6 +173,10 @@ impl UpdatePolicy {
 pub(crate) fn default_max_retries() -> i32 {
     3
 }
+
+/// Most pods (nodes) one attempt may run on (`spec.nodes`): the index fits three
+/// digits of the pods' host names (see `validate`).
+pub const MAX_NODES: i32 = 128;
 
 /// An environment variable with a literal value.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

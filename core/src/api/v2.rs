@@ -57,6 +57,14 @@ pub struct GpuJobSpec {
     pub env: Vec<EnvVar>,
     /// What the run needs of a node.
     pub resources: Resources,
+    /// How many nodes run each attempt (default 1): with more than one, an attempt is an
+    /// Indexed Job of that many pods, one per node, each with `resources` (GPUs are per
+    /// node), reachable by name through a headless Service, with the environment a
+    /// distributed launcher reads (`WORLD_SIZE`, `RANK`, `MASTER_ADDR`, `MASTER_PORT`).
+    /// One pod's failure fails the attempt. See docs/api.md, "Multi-node runs".
+    #[serde(default = "one_node", skip_serializing_if = "is_one_node")]
+    #[schemars(range(min = 1, max = 128))]
+    pub nodes: i32,
     /// How failed attempts are retried.
     #[serde(default)]
     pub retry_policy: RetryPolicy,
@@ -142,6 +150,14 @@ pub struct RetryPolicy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 19))]
     pub failure_rules: Vec<FailureRule>,
+}
+
+fn one_node() -> i32 {
+    1
+}
+
+fn is_one_node(nodes: &i32) -> bool {
+    *nodes == 1
 }
 
 impl Default for RetryPolicy {

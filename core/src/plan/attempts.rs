@@ -8,13 +8,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{
     Action, FAILURE_RULE, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, Next, OLD_ATTEMPT_STOPPING,
-    PlanSettings, Planner, PodsLeft, SCHEDULING_GRACE, SPEC_CHANGE_PENDING, Termination,
-    UNSCHEDULABLE,
+    PlanSettings, Planner, PodsLeft, SCHEDULING_GRACE, SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING,
+    Termination, UNSCHEDULABLE,
 };
 use crate::api::{ConditionStatus, FailureAction, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::events::stray_job_deleted;
 use crate::failure_policy::{MatchedRule, action_name, matched_rule};
 use crate::job::{desired_job, job_name};
+use crate::rendezvous;
 use crate::seen_job::SeenJob;
 use crate::status::{READY, SUSPENDED, remove_condition, seconds};
 
@@ -96,7 +97,9 @@ pub fn pods_waiting(job: &SeenJob, now: Timestamp) -> PodsWaiting {
         return PodsWaiting::No;
     }
     let status = &job.status;
-    let waiting = status.active.unwrap_or(0) > 0 && status.ready == Some(0);
+    // A multi-node attempt runs once all its pods do: one left unplaced holds the rest.
+    let pods = job.nodes.unwrap_or(1);
+    let waiting = status.active.unwrap_or(0) > 0 && status.ready.is_some_and(|r| r < pods);
     if !waiting {
         return PodsWaiting::No;
     }
@@ -469,6 +472,23 @@ impl Planner<'_, '_> {
             // The Job controller's status write is an event: no timer is needed.
             return;
         }
+        let taken = self
+            .obs
+            .refused
+            .as_ref()
+            .filter(|r| r.attempt == k && r.reason == SERVICE_NAME_CONFLICT);
+        if let Some(r) = taken {
+            // Nothing tells the operator when that Service goes: look again in a while.
+            self.next.phase = Some(Phase::Pending);
+            self.next.last_error = Some(r.message.clone());
+            self.ready(
+                ConditionStatus::False,
+                SERVICE_NAME_CONFLICT,
+                r.message.clone(),
+            );
+            self.requeue = Next::After(self.settings.name_conflict_retry);
+            return;
+        }
         // An earlier attempt's Job gone does not prove its pods are: read them (no pod
         // of another attempt can exist before attempt 2).
         if k > 1 {
@@ -486,6 +506,12 @@ impl Planner<'_, '_> {
             }
         }
         if let Some(rv) = &job.resource_version {
+            if let Some(service) = rendezvous::service(job) {
+                self.actions.push(Action::CreateService {
+                    attempt: k,
+                    service: Box::new(service),
+                });
+            }
             self.actions.push(Action::StartJob {
                 name: job.name.clone(),
                 resource_version: rv.clone(),

@@ -20,14 +20,15 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Service;
 
 use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::events::Note;
 use crate::quota::ReserveRequest;
 use crate::seen_job::SeenJob;
 use crate::status::{READY, seconds, set_condition};
-pub use crate::status::{SPEC_CHANGE_PENDING, UNSCHEDULABLE};
-use crate::validate::{SpecLimits, validate};
+pub use crate::status::{SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, UNSCHEDULABLE};
+use crate::validate::{SpecLimits, multi_node_name, validate};
 
 pub use attempts::{
     JobState, PodsWaiting, backoff, backoff_for, job_state, pods_waiting, seen_state,
@@ -155,7 +156,8 @@ pub struct Unschedulable {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {
     pub attempt: i32,
-    /// [`INVALID_SPEC`] (422: waits for a spec change) or [`JOB_NAME_CONFLICT`].
+    /// [`INVALID_SPEC`] (422: waits for a spec change), [`JOB_NAME_CONFLICT`] or
+    /// [`SERVICE_NAME_CONFLICT`] (the attempt's Job exists, and is not started).
     pub reason: &'static str,
     pub message: String,
 }
@@ -213,6 +215,11 @@ pub enum Action {
     /// first Job exists). The API server may refuse it; then the plan is made again with
     /// the refusal.
     CreateJob { attempt: i32, job: Box<Job> },
+    /// Create a multi-node attempt's headless Service (`crate::rendezvous`), before its
+    /// Job starts: its pods find each other through it from their first moment. One of
+    /// that name owned by the Job already is the same Service (done); a foreign one is a
+    /// refusal ([`SERVICE_NAME_CONFLICT`]), and the plan is made again with it.
+    CreateService { attempt: i32, service: Box<Service> },
     /// Start the current attempt's Job, created suspended (`spec.suspend: false`), with
     /// a resourceVersion precondition: only the Job as it was seen, never a Job of the
     /// same name created since (by a create delivered late).
@@ -249,6 +256,7 @@ impl Action {
             Action::Release(_) => "Release",
             Action::CheckPods => "CheckPods",
             Action::CreateJob { .. } => "CreateJob",
+            Action::CreateService { .. } => "CreateService",
             Action::StartJob { .. } => "StartJob",
             Action::DeleteJob { .. } => "DeleteJob",
             Action::Publish(_) => "Publish",
@@ -461,7 +469,9 @@ impl<'a, 'o> Planner<'a, 'o> {
     /// Why attempts cannot start: the spec fails validation, or the API server refused
     /// this generation's Job already (recorded in Ready), or just now.
     fn invalid_reason(&self) -> Option<(&'static str, String)> {
-        if let Err(e) = validate(&self.gj.spec, &self.settings.limits) {
+        if let Err(e) = validate(&self.gj.spec, &self.settings.limits)
+            .and_then(|()| multi_node_name(&self.name, &self.gj.spec))
+        {
             return Some((INVALID_SPEC, format!("invalid spec: {e}")));
         }
         let refused_before = self.current.conditions.iter().find(|c| {

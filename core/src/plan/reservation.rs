@@ -41,7 +41,8 @@ impl Planner<'_, '_> {
         }
         match self.obs.quota.clone() {
             Some(QuotaAnswer::Reserved { id }) => {
-                let (generation, now, gpus) = (self.generation, self.now, self.gj.spec.gpus);
+                let (generation, now, gpus) =
+                    (self.generation, self.now, self.gj.spec.total_gpus());
                 // Recorded before any Job exists: the attempts below depend on it.
                 self.checkpoint(|s| {
                     s.reservation_id = Some(id.clone());
@@ -83,7 +84,7 @@ impl Planner<'_, '_> {
                         uid: self.gj.metadata.uid.clone().unwrap_or_default(),
                         namespace: self.gj.metadata.namespace.clone().unwrap_or_default(),
                         name: self.name.clone(),
-                        gpus: self.gj.spec.gpus,
+                        gpus: self.gj.spec.total_gpus(),
                     },
                     sequence,
                 ));

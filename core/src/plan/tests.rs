@@ -784,6 +784,30 @@ mod quota {
         assert_eq!(Some(&again.status), g.status.as_ref());
     }
 
+    #[test]
+    fn a_multi_node_gpujob_reserves_the_gpus_of_all_its_nodes() {
+        let mut g = gpujob(3);
+        g.spec.gpus = 2;
+        g.spec.v2 = Some(V2Only {
+            nodes: Some(3),
+            ..V2Only::default()
+        });
+        let p = quota_plan(&g, &[], None, T0);
+        let Some(Action::Reserve(req, _)) = p.actions.last() else {
+            panic!("reserve: {:?}", kinds(&p))
+        };
+        assert_eq!(req.gpus, 6);
+        // More than --max-gpus (8 here) in all: an invalid spec, nothing reserved.
+        g.spec.v2.as_mut().unwrap().nodes = Some(5);
+        let p = quota_plan(&g, &[], None, T0);
+        assert!(!kinds(&p).contains(&"Reserve"), "{:?}", kinds(&p));
+        let message = p.status.condition(READY).unwrap().message.clone();
+        assert!(
+            message.contains("10 GPUs requested (2 on each of 5 nodes)"),
+            "{message}"
+        );
+    }
+
     /// The plan as made from a cached view another replica may have moved past.
     fn cached_plan(g: &GpuJob, jobs: &[Job], now: &str) -> Plan {
         plan_from(g, jobs, None, true, false, now)
@@ -1669,6 +1693,7 @@ mod v2_values {
                 backoff_seconds: Some(25),
                 attempt_deadline: Some("90m".into()),
                 failure_rules: Vec::new(),
+                nodes: Some(2),
             },
         );
         let v1 = PlanSettings {
@@ -1870,6 +1895,21 @@ fn a_pod_not_ready_is_read_only_after_the_schedulers_grace() {
     let mut deleting = old;
     deleting.metadata.deletion_timestamp = Some(Time(now));
     assert_eq!(waiting(&deleting, now), PodsWaiting::No);
+}
+
+#[test]
+fn a_multi_node_attempt_waits_while_any_of_its_pods_is_not_ready() {
+    let mut g = gpujob(0);
+    g.spec.v2 = Some(V2Only {
+        nodes: Some(3),
+        ..V2Only::default()
+    });
+    let now = t("2026-11-30T06:00:10Z");
+    let mut two_of_three = waiting_job(&g, "2026-11-30T06:00:00Z", 2);
+    two_of_three.status.as_mut().unwrap().active = Some(3);
+    assert_eq!(waiting(&two_of_three, now), PodsWaiting::ReadPod);
+    two_of_three.status.as_mut().unwrap().ready = Some(3);
+    assert_eq!(waiting(&two_of_three, now), PodsWaiting::No);
 }
 
 #[test]
@@ -2221,6 +2261,114 @@ mod created_suspended {
         // Started: nothing more.
         let p = run(&g, &[job(&g, 1, None)], None, "2026-11-30T06:00:03Z");
         assert!(p.actions.is_empty(), "{:?}", p.actions);
+    }
+
+    fn nodes(mut g: GpuJob, nodes: i32) -> GpuJob {
+        g.spec.v2 = Some(V2Only {
+            nodes: Some(nodes),
+            ..V2Only::default()
+        });
+        g
+    }
+
+    #[test]
+    fn a_multi_node_attempts_service_is_created_before_its_job_starts() {
+        let g = nodes(gpujob(3), 2);
+        let first = run(&g, &[], None, T0);
+        assert_eq!(creates(&first), vec![1]);
+        assert!(
+            !first
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::CreateService { .. })),
+            "the Service is the Job's (owned by it): made once the Job exists: {:?}",
+            first.actions
+        );
+        let g = with_status(g, &first);
+        let p = run(&g, &[held(&g, 1, true)], None, "2026-11-30T06:00:02Z");
+        let kinds: Vec<&str> = p.actions.iter().map(Action::name).collect();
+        assert_eq!(kinds, vec!["CreateService", "StartJob"]);
+        let Action::CreateService {
+            attempt: 1,
+            service: svc,
+        } = &p.actions[0]
+        else {
+            panic!("service")
+        };
+        assert_eq!(svc.metadata.name.as_deref(), Some("train-1"));
+        let owner = &svc.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("Job", "job-uid-1")
+        );
+        // Started: nothing more (the Service stays with the Job).
+        let p = run(&g, &[job(&g, 1, None)], None, "2026-11-30T06:00:03Z");
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        // One node: no Service.
+        let one = gpujob(3);
+        let one = with_status(one.clone(), &run(&one, &[], None, T0));
+        let p = run(&one, &[held(&one, 1, true)], None, "2026-11-30T06:00:02Z");
+        assert_eq!(starts(&p), vec![("train-1", "101")]);
+        assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
+    }
+
+    #[test]
+    fn a_foreign_service_under_the_attempts_name_keeps_its_job_suspended_and_says_why() {
+        let g = nodes(gpujob(3), 2);
+        let g = with_status(g.clone(), &run(&g, &[], None, T0));
+        let held = [held(&g, 1, true)];
+        let message = "Service ns/train-1 exists and is not this attempt's".to_owned();
+        let refused = Refusal {
+            attempt: 1,
+            reason: SERVICE_NAME_CONFLICT,
+            message: message.clone(),
+        };
+        let jobs = seen(&held);
+        let p = plan(
+            &Observed {
+                gpujob: &g,
+                jobs: jobs.iter().collect(),
+                termination: None,
+                unschedulable: None,
+                refused: Some(refused),
+                quota_required: false,
+                quota: None,
+                pods: None,
+                confirmed: true,
+                now: t("2026-11-30T06:00:02Z"),
+            },
+            &settings(),
+        );
+        assert!(p.actions.is_empty(), "not started: {:?}", p.actions);
+        assert_eq!(p.status.phase, Some(Phase::Pending));
+        let c = p.status.condition(READY).unwrap();
+        assert_eq!(
+            (c.reason.as_str(), &c.message),
+            (SERVICE_NAME_CONFLICT, &message)
+        );
+        assert_eq!(p.status.last_error.as_ref(), Some(&message));
+        assert_eq!(p.next, Next::After(Duration::from_secs(30)));
+        // Looked at again: the Service is asked for again, and the Job started if it is.
+        let g = with_status(g, &p);
+        let p = run(&g, &held, None, "2026-11-30T06:00:40Z");
+        let kinds: Vec<&str> = p.actions.iter().map(Action::name).collect();
+        assert_eq!(kinds, vec!["CreateService", "StartJob"]);
+        assert_eq!(p.status.phase, Some(Phase::Running));
+        assert_eq!(ready(&p).1, "JobRunning");
+    }
+
+    #[test]
+    fn a_multi_node_gpujob_whose_name_cannot_name_its_pods_is_an_invalid_spec() {
+        let mut g = nodes(gpujob(3), 2);
+        g.metadata.name = Some("train.v2".into());
+        let p = run(&g, &[], None, T0);
+        assert!(creates(&p).is_empty(), "{:?}", p.actions);
+        assert_eq!(ready(&p), (ConditionStatus::False, INVALID_SPEC.to_owned()));
+        let message = &p.status.condition(READY).unwrap().message;
+        assert!(
+            message.contains("metadata.name") && message.contains("spec.nodes 2"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -7,9 +7,9 @@ mod v2;
 
 use std::collections::BTreeSet;
 
-use crate::api::GpuJobSpec;
 use crate::api::convert::deadline_seconds;
 use crate::api::duration::ceil_seconds;
+use crate::api::{GpuJobSpec, MAX_NODES, MULTI_NODE_ENV};
 
 /// The service account a GpuJob's pods run as when `serviceAccountName` is not set.
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
@@ -112,16 +112,39 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> Result<(), Field
 pub fn validate(spec: &GpuJobSpec, limits: &SpecLimits) -> Result<(), FieldError> {
     let max_gpus = limits.max_gpus;
     image_reference(&spec.image).or_else(|m| err("spec.image", m))?;
-    if spec.gpus > max_gpus {
+    let nodes = spec.nodes();
+    if !(1..=MAX_NODES).contains(&nodes) {
+        return err(
+            "spec.nodes",
+            format!("{nodes}: from 1 to {MAX_NODES} nodes"),
+        );
+    }
+    if spec.total_gpus() > max_gpus {
+        let asked = if nodes > 1 {
+            format!(
+                "{} GPUs requested ({} on each of {nodes} nodes)",
+                spec.total_gpus(),
+                spec.gpus
+            )
+        } else {
+            format!("{} GPUs requested", spec.gpus)
+        };
         return err(
             "spec.gpus",
-            format!(
-                "{} GPUs requested; this operator allows at most {max_gpus} per GpuJob",
-                spec.gpus
-            ),
+            format!("{asked}; this operator allows at most {max_gpus} per GpuJob"),
         );
     }
     for (i, e) in spec.env.iter().enumerate() {
+        if nodes > 1 && MULTI_NODE_ENV.contains(&e.name.as_str()) {
+            return err(
+                format!("spec.env[{i}].name"),
+                format!(
+                    "{:?} is the operator's with spec.nodes > 1 (it sets {})",
+                    e.name,
+                    MULTI_NODE_ENV.join(", ")
+                ),
+            );
+        }
         if !is_env_var_name(&e.name) {
             return err(
                 format!("spec.env[{i}].name"),
@@ -169,6 +192,31 @@ pub fn validate(spec: &GpuJobSpec, limits: &SpecLimits) -> Result<(), FieldError
     }
     deadline(spec)?;
     v2::v2_only(spec)
+}
+
+/// Longest GpuJob name with `spec.nodes` > 1: the attempt's Service is named like its
+/// Job, `<name>-<attempt>`, and each pod's host name is `<job>-<index>`, a DNS label of
+/// at most 63 characters: 52 + `-` + 5 digits of attempt + `-` + 3 of index.
+pub const MAX_MULTI_NODE_NAME: usize = 52;
+
+/// What `spec.nodes` > 1 asks of the GpuJob's name (which the schema cannot check: it
+/// depends on the spec): it becomes a Service name (a DNS-1035 label: starts with a
+/// letter, no dots) and part of each pod's host name.
+pub fn multi_node_name(name: &str, spec: &GpuJobSpec) -> Result<(), FieldError> {
+    let nodes = spec.nodes();
+    if nodes <= 1 {
+        return Ok(());
+    }
+    let starts_with_letter = name.starts_with(|c: char| c.is_ascii_lowercase());
+    if !is_dns_label(name) || !starts_with_letter || name.len() > MAX_MULTI_NODE_NAME {
+        return err(
+            "metadata.name",
+            format!(
+                "{name:?}: with spec.nodes {nodes} the name must start with a letter, have no dots and at most {MAX_MULTI_NODE_NAME} characters (it names the attempt's Service and the pods' host names)"
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// The attempt deadline: v2's `attemptDeadline` when it is what `activeDeadlineSeconds`
@@ -546,6 +594,63 @@ mod tests {
 
     fn field_error(s: &GpuJobSpec) -> FieldError {
         validate(s, &limits(8)).unwrap_err()
+    }
+
+    #[test]
+    fn a_multi_node_spec_keeps_the_operators_part_and_a_usable_name() {
+        let multi = |v2: serde_json::Value| {
+            let mut v2 = v2;
+            v2["nodes"] = serde_json::json!(2);
+            v2_spec(v2)
+        };
+        let s = multi(serde_json::json!({}));
+        assert_eq!(validate(&s, &limits(8)), Ok(()));
+        assert_eq!(multi_node_name("train-gpt", &s), Ok(()));
+        for bad in ["train.v2", "7b-train", &"a".repeat(MAX_MULTI_NODE_NAME + 1)] {
+            let e = multi_node_name(bad, &s).unwrap_err();
+            assert_eq!(e.field, "metadata.name", "{bad}");
+            assert!(e.message.contains("start with a letter"), "{e}");
+        }
+        assert_eq!(
+            multi_node_name(&"a".repeat(MAX_MULTI_NODE_NAME), &s),
+            Ok(())
+        );
+        // One node: any GpuJob name will do, as before.
+        assert_eq!(multi_node_name("train.v2", &spec()), Ok(()));
+
+        let mut s = multi(serde_json::json!({}));
+        s.env = vec![EnvVar {
+            name: "MASTER_ADDR".into(),
+            value: "x".into(),
+        }];
+        let e = field_error(&s);
+        assert_eq!(e.field, "spec.env[0].name");
+        assert!(e.message.contains("spec.nodes > 1"), "{e}");
+        // With one node they are the user's own.
+        let mut one = spec();
+        one.env = s.env.clone();
+        assert_eq!(validate(&one, &limits(8)), Ok(()));
+
+        let e = field_error(&multi(
+            serde_json::json!({"template": {"spec": {"subdomain": "mine"}}}),
+        ));
+        assert_eq!(e.field, "spec.template.spec.subdomain");
+        let e = field_error(&multi(serde_json::json!({"template": {"spec": {
+            "containers": [{"name": "main", "env": [{"name": "RANK", "value": "0"}]}]}}})));
+        assert_eq!(e.field, "spec.template.spec.containers[0].env[0].name");
+
+        // Per node GPUs count in all against the limit.
+        let mut s = multi(serde_json::json!({}));
+        s.gpus = 6;
+        let e = field_error(&s);
+        assert_eq!(e.field, "spec.gpus");
+        assert!(
+            e.message
+                .contains("12 GPUs requested (6 on each of 2 nodes)"),
+            "{e}"
+        );
+        let e = field_error(&v2_spec(serde_json::json!({"nodes": 0})));
+        assert_eq!(e.field, "spec.nodes");
     }
 
     fn template_error(template: serde_json::Value) -> FieldError {

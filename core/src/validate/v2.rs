@@ -4,7 +4,9 @@
 use k8s_openapi::api::core::v1::{Container, PodTemplateSpec, ResourceRequirements};
 
 use super::{FieldError, err, label_value};
-use crate::api::{ENV_ATTEMPT, GPU_RESOURCE, GpuJobSpec, LABEL_GPU_PRODUCT, LABEL_PREFIX};
+use crate::api::{
+    ENV_ATTEMPT, GPU_RESOURCE, GpuJobSpec, LABEL_GPU_PRODUCT, LABEL_PREFIX, MULTI_NODE_ENV,
+};
 use crate::job::{CONTAINER_NAME, TEMPLATE_FIELD, pod_template};
 
 /// What only v2 says (v1 `spec.v2`): the GPU product, the backoff and the pod template,
@@ -67,6 +69,19 @@ fn template_owned_fields(
     let Some(pod) = &template.spec else {
         return Ok(());
     };
+    if spec.nodes() > 1 {
+        for (field, set) in [
+            ("spec.hostname", pod.hostname.is_some()),
+            ("spec.subdomain", pod.subdomain.is_some()),
+        ] {
+            if set {
+                return err(
+                    at(field),
+                    "the operator sets it with spec.nodes > 1 (the pods' names under the attempt's Service)",
+                );
+            }
+        }
+    }
     if let Some(policy) = pod.restart_policy.as_deref().filter(|p| *p != "Never") {
         return err(
             at("spec.restartPolicy"),
@@ -176,6 +191,16 @@ fn main_container(spec: &GpuJobSpec, field: &str, c: &Container) -> Result<(), F
             return err(
                 at,
                 format!("{ENV_ATTEMPT} is the operator's: the attempt number"),
+            );
+        }
+        if spec.nodes() > 1 && MULTI_NODE_ENV.contains(&e.name.as_str()) {
+            return err(
+                at,
+                format!(
+                    "{:?} is the operator's with spec.nodes > 1 (it sets {})",
+                    e.name,
+                    MULTI_NODE_ENV.join(", ")
+                ),
             );
         }
         if spec.env.iter().any(|s| s.name == e.name) {

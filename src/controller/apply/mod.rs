@@ -19,6 +19,7 @@ use super::error::Error;
 use super::events::transitions;
 use super::plan::{
     Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, QuotaAnswer, Refusal,
+    SERVICE_NAME_CONFLICT,
 };
 use super::view::{Outcome, Snapshot};
 use super::{Context, Fence, Key};
@@ -62,7 +63,8 @@ pub enum Answer {
     Quota(QuotaAnswer),
     /// The release failed; the error is reported once the failure is recorded.
     ReleaseFailed(QuotaError),
-    JobRefused(Refusal),
+    /// A Job create, or a multi-node attempt's Service, refused: plan again with it.
+    Refused(Refusal),
 }
 
 /// Carries out `actions` for the GpuJob `key` in the term `fence`, from the view in
@@ -189,8 +191,24 @@ impl Execution<'_> {
                 Action::CheckPods => return Ok(End::Read(Read::Pods)),
                 Action::CreateJob { attempt, job } => {
                     if let Some(refusal) = self.create_job(*attempt, job).await? {
-                        return Ok(End::Heard(Answer::JobRefused(refusal)));
+                        return Ok(End::Heard(Answer::Refused(refusal)));
                     }
+                }
+                Action::CreateService { attempt, service } => {
+                    let name = service.metadata.name.as_deref().unwrap_or_default();
+                    if let Some(message) = w.create_service(fence, service).await? {
+                        warn!(attempt, "{message}; looking again in a while");
+                        return Ok(End::Heard(Answer::Refused(Refusal {
+                            attempt: *attempt,
+                            reason: SERVICE_NAME_CONFLICT,
+                            message,
+                        })));
+                    }
+                    info!(
+                        attempt,
+                        service = name,
+                        "the multi-node attempt's headless Service exists (created now or before)"
+                    );
                 }
                 Action::StartJob {
                     name,

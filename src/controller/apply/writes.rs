@@ -20,6 +20,7 @@
 //! earlier attempt's Job may still have pods.
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Service;
 use kube::Client;
 use kube::api::{
     Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
@@ -35,6 +36,7 @@ use crate::controller::Fence;
 use crate::controller::error::{ApiCall, Error, api_code};
 use crate::controller::events::Note;
 use crate::controller::job::{is_controlled_by, name_taken};
+use crate::controller::rendezvous;
 use crate::controller::status::merge_patch;
 use crate::lease::{Ownership, Tenure};
 use crate::quota::{Call, Provider, QuotaProvider, Reserve, ReserveRequest, fencing_token};
@@ -254,6 +256,47 @@ impl Writer {
             }
             Err(kube::Error::Api(s)) if s.code == 422 => Ok(Created::Invalid(s.message)),
             Err(e) => Err(self.failed(fence, ApiCall::CreateJob, e)),
+        }
+    }
+
+    /// Creates a multi-node attempt's headless Service. One of that name owned by the
+    /// attempt's Job exists already (an earlier run of this step): done (`None`). A
+    /// foreign one: what to tell the user (`Some`), and the Job is not started.
+    pub async fn create_service(
+        &self,
+        fence: &Fence,
+        service: &Service,
+    ) -> Result<Option<String>, Error> {
+        let ns = service.metadata.namespace.as_deref().unwrap_or_default();
+        let name = service.metadata.name.as_deref().unwrap_or_default();
+        let job_uid = service
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| o.uid.as_str())
+            .next()
+            .unwrap_or_default();
+        let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        self.check(fence)?;
+        match api.create(&pp, service).await {
+            Ok(_) => Ok(None),
+            Err(e) if api_code(&e) == Some(409) => {
+                let existing = api
+                    .get(name)
+                    .await
+                    .map_err(Error::kube(ApiCall::CreateService))?;
+                if rendezvous::is_of_job(&existing, job_uid) {
+                    Ok(None)
+                } else {
+                    Ok(Some(rendezvous::name_taken(ns, name)))
+                }
+            }
+            Err(e) => Err(self.failed(fence, ApiCall::CreateService, e)),
         }
     }
 

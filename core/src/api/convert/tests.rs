@@ -110,6 +110,7 @@ fn v2_only_values_travel_in_spec_v2() {
         "image": "i", "resources": {"gpus": 2, "product": "NVIDIA-A100-SXM4-80GB"},
         "retryPolicy": {"maxRetries": 1, "backoffSeconds": 30},
         "template": template,
+        "nodes": 4,
     }));
     let x = to_v1(&y);
     assert_eq!(
@@ -120,8 +121,11 @@ fn v2_only_values_travel_in_spec_v2() {
             backoff_seconds: Some(30),
             attempt_deadline: None,
             failure_rules: Vec::new(),
+            nodes: Some(4),
         })
     );
+    assert_eq!(x.spec.nodes(), 4);
+    assert_eq!(x.spec.total_gpus(), 8);
     let back = to_v2(&x);
     assert_eq!(back, y);
     assert_eq!(
@@ -129,6 +133,30 @@ fn v2_only_values_travel_in_spec_v2() {
         json!({"x": [1, 2.5, null]}),
         "fields k8s-openapi does not know are kept"
     );
+}
+
+#[test]
+fn one_node_is_the_default_and_leaves_no_trace_in_v1() {
+    for nodes in [json!(null), json!(1)] {
+        let mut spec = json!({"image": "i", "resources": {"gpus": 1}});
+        if !nodes.is_null() {
+            spec["nodes"] = nodes;
+        }
+        let y = v2_job(spec);
+        assert_eq!(y.spec.nodes, 1);
+        let x = to_v1(&y);
+        assert_eq!(x.spec.v2, None, "nothing v1 cannot say");
+        assert_eq!(x.spec.nodes(), 1);
+        let back = to_v2(&x);
+        assert_eq!(back, y);
+        assert!(
+            serde_json::to_value(&back.spec)
+                .unwrap()
+                .get("nodes")
+                .is_none(),
+            "left out when 1, as v1 leaves it"
+        );
+    }
 }
 
 #[test]
@@ -493,6 +521,7 @@ fn v1_base() -> impl Strategy<Value = GpuJob> {
             option::of(".{0,20}"),
             option::of(1i64..100_000),
             failure_rules(),
+            option::of(2i32..=128),
         ),
         status(),
     )
@@ -502,7 +531,7 @@ fn v1_base() -> impl Strategy<Value = GpuJob> {
                 (image, command, args, env),
                 (gpus, max_retries),
                 (node_selector, service_account_name, update_policy, suspend, ttl),
-                (template, gpu_product, backoff_seconds, failure_rules),
+                (template, gpu_product, backoff_seconds, failure_rules, nodes),
                 status,
             )| {
                 GpuJob {
@@ -526,6 +555,7 @@ fn v1_base() -> impl Strategy<Value = GpuJob> {
                             backoff_seconds,
                             attempt_deadline: None,
                             failure_rules,
+                            nodes,
                         }),
                     },
                     status,

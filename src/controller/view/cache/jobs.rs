@@ -74,6 +74,8 @@ struct Kept {
     generation: Option<i64>,
     #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
     failure_rules: Option<String>,
+    #[serde(rename = "k", default, skip_serializing_if = "Option::is_none")]
+    nodes: Option<i32>,
     #[serde(rename = "c", default, skip_serializing_if = "Vec::is_empty")]
     conditions: Vec<JobCondition>,
     #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
@@ -104,6 +106,7 @@ impl Cached {
             attempt: seen.attempt,
             generation: seen.generation,
             failure_rules: seen.failure_rules.clone(),
+            nodes: seen.nodes,
             conditions: status.conditions.clone(),
             completion_time: status.completion_time.clone(),
             active: status.active,
@@ -182,6 +185,7 @@ impl Cached {
             attempt: kept.attempt,
             generation: kept.generation,
             failure_rules: kept.failure_rules,
+            nodes: kept.nodes,
             status: SeenJobStatus {
                 conditions: kept.conditions,
                 completion_time: kept.completion_time,
