@@ -165,6 +165,7 @@ cat <<MSG
 The cluster and $replicas operator replicas are still running.
   kubeconfig:    export KUBECONFIG=$KUBECONFIG
   try:           kubectl -n $ns get gj; kubectl -n $ns describe gj finetune-llm
+  two nodes:     kubectl -n $ns get pods,svc,endpointslices -l gpujob.dev/name=pretrain-multinode -o wide
   who holds what: kubectl -n gpujob-system get leases -l gpujob.dev/lease-role=shard
   fail over:     kill -9 \$(cat $cache/demo-replica-${holder#demo-}.pid)   # ${holder:-?}, holder of $ns's shard $shard
                  kubectl -n gpujob-system get leases -w   # the others take its shards in ~15 s
