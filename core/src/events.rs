@@ -141,27 +141,14 @@ fn attempts(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
             ),
         ));
     }
-    // Once per wait (not again when the scheduler's wording changes).
-    let unschedulable =
-        |s: &GpuJobStatus| matches!(cond(s, READY), Some((_, r, _)) if r == UNSCHEDULABLE);
-    if unschedulable(after) && !unschedulable(before) {
-        let message = cond(after, READY).map(|(_, _, m)| m.to_owned());
-        out.push(note(
-            Kind::Warning,
-            "Unschedulable",
-            message.unwrap_or_default(),
-        ));
-    }
-    // Once per wait, as for the scheduler.
-    let service_taken =
-        |s: &GpuJobStatus| matches!(cond(s, READY), Some((_, r, _)) if r == SERVICE_NAME_CONFLICT);
-    if service_taken(after) && !service_taken(before) {
-        let message = cond(after, READY).map(|(_, _, m)| m.to_owned());
-        out.push(note(
-            Kind::Warning,
-            SERVICE_NAME_CONFLICT,
-            message.unwrap_or_default(),
-        ));
+    // Once per wait (not again when the wording changes): no node for the pods, or a
+    // multi-node attempt's Service name taken.
+    for reason in [UNSCHEDULABLE, SERVICE_NAME_CONFLICT] {
+        let waiting = |s: &GpuJobStatus| matches!(cond(s, READY), Some((_, r, _)) if r == reason);
+        if waiting(after) && !waiting(before) {
+            let message = cond(after, READY).map(|(_, _, m)| m.to_owned());
+            out.push(note(Kind::Warning, reason, message.unwrap_or_default()));
+        }
     }
     if let Some((_, "BackingOff", message)) = cond(after, READY)
         && after.next_attempt_time != before.next_attempt_time

@@ -11,7 +11,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use gpujob_operator::api::{LABEL_ATTEMPT, LABEL_UID, Phase};
+use gpujob_operator::api::{FailureRecord, LABEL_ATTEMPT, LABEL_UID, Phase};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -44,6 +44,32 @@ async fn wait_running_pod(env: &TestEnv, uid: &str, attempt: i32) -> Pod {
     .unwrap()
 }
 
+/// Evicts `pod` (as a node drain does: the API server marks it DisruptionTarget, then
+/// deletes it) and waits for GpuJob `name` to run attempt 2; checks that the disruption
+/// was recorded as attempt 1's, not counted, and returns that record.
+async fn evict_and_wait_for_attempt_2(env: &TestEnv, name: &str, pod: &Pod) -> FailureRecord {
+    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    pods.evict(
+        pod.metadata.name.as_deref().unwrap(),
+        &EvictParams::default(),
+    )
+    .await
+    .unwrap();
+    let second = env
+        .wait_gpujob(name, "attempt 2 running", |g| {
+            g.status.as_ref().is_some_and(|s| s.attempts == 2) && phase(g) == Some(Phase::Running)
+        })
+        .await;
+    let status = second.status.unwrap();
+    assert_eq!(status.failures, 0, "the disruption was counted: {status:?}");
+    let f = status.last_failure.unwrap();
+    assert_eq!(
+        (f.attempt, f.reason.as_str(), f.counted),
+        (1, "Disrupted", false)
+    );
+    f
+}
+
 #[tokio::test]
 async fn an_evicted_attempt_is_retried_without_counting_against_max_retries() {
     let env = TestEnv::new("disrupted").await;
@@ -60,26 +86,7 @@ async fn an_evicted_attempt_is_retried_without_counting_against_max_retries() {
     let pod = wait_running_pod(&env, &uid, 1).await;
 
     // A node drain evicts it: the API server marks it DisruptionTarget, then deletes it.
-    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
-    pods.evict(
-        pod.metadata.name.as_deref().unwrap(),
-        &EvictParams::default(),
-    )
-    .await
-    .unwrap();
-
-    let second = env
-        .wait_gpujob("train", "attempt 2 running", |g| {
-            g.status.as_ref().is_some_and(|s| s.attempts == 2) && phase(g) == Some(Phase::Running)
-        })
-        .await;
-    let status = second.status.unwrap();
-    assert_eq!(status.failures, 0, "the disruption was counted: {status:?}");
-    let f = status.last_failure.unwrap();
-    assert_eq!(
-        (f.attempt, f.reason.as_str(), f.counted),
-        (1, "Disrupted", false)
-    );
+    let f = evict_and_wait_for_attempt_2(&env, "train", &pod).await;
     assert!(
         f.message.contains("DisruptionTarget") && f.message.contains("without counting"),
         "{}",
@@ -388,26 +395,7 @@ async fn a_two_node_gpujob_runs_indexed_pods_on_two_nodes_that_find_each_other()
 
     // One pod disrupted fails the whole attempt (its partner is stopped with it); the
     // next attempt starts on two nodes again, not counted.
-    let podsapi: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
-    podsapi
-        .evict(
-            pods[1].metadata.name.as_deref().unwrap(),
-            &EvictParams::default(),
-        )
-        .await
-        .unwrap();
-    let second = env
-        .wait_gpujob("dist", "attempt 2 running", |g| {
-            g.status.as_ref().is_some_and(|s| s.attempts == 2) && phase(g) == Some(Phase::Running)
-        })
-        .await;
-    let status = second.status.unwrap();
-    assert_eq!(status.failures, 0, "{status:?}");
-    let f = status.last_failure.unwrap();
-    assert_eq!(
-        (f.attempt, f.reason.as_str(), f.counted),
-        (1, "Disrupted", false)
-    );
+    evict_and_wait_for_attempt_2(&env, "dist", &pods[1]).await;
     devcluster::wait::until(
         "both pods of attempt 2 running",
         Duration::from_secs(60),
