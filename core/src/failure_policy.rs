@@ -7,9 +7,9 @@ use k8s_openapi::api::batch::v1::{
 };
 
 use crate::api::{
-    ConditionStatus, ExitCodeOperator, FailureAction, FailureRule, GpuJobSpec, MAX_FAILURE_RULES,
+    CONTAINER_NAME, ConditionStatus, ExitCodeOperator, FailureAction, FailureRule, GpuJobSpec,
+    MAX_FAILURE_RULES,
 };
-use crate::job::CONTAINER_NAME;
 
 /// The Job condition reason for a failure that matched a pod failure policy rule.
 pub const REASON_POD_FAILURE_POLICY: &str = "PodFailurePolicy";

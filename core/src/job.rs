@@ -25,7 +25,7 @@ use crate::hash::fnv1a64;
 /// values are limited to 63 characters.
 const MAX_JOB_NAME: usize = 63;
 const MAX_LABEL_VALUE: usize = 63;
-pub const CONTAINER_NAME: &str = "main";
+pub use crate::api::CONTAINER_NAME;
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "gpujob-operator");
 
 /// `<gpujob>-<attempt>`, or, when that is longer than 63 characters,

@@ -27,6 +27,9 @@ pub const LABEL_NAME: &str = "gpujob.dev/name";
 pub const LABEL_UID: &str = "gpujob.dev/uid";
 /// Label on Jobs and pods: the attempt number, from 1.
 pub const LABEL_ATTEMPT: &str = "gpujob.dev/attempt";
+/// The operator's container in each attempt's pod; a template's container of this name
+/// adds to it.
+pub const CONTAINER_NAME: &str = "main";
 /// Container env var holding the attempt number.
 pub const ENV_ATTEMPT: &str = "GPUJOB_ATTEMPT";
 /// The env vars a multi-node attempt's pods get (`spec.nodes` > 1), as PyTorch's
