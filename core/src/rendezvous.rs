@@ -12,10 +12,10 @@ use crate::api::{LABEL_ATTEMPT, LABEL_NAME, LABEL_UID};
 use crate::job::{MANAGED_BY, name_label};
 use crate::seen_job::SeenJob;
 
-/// The Service of `job`'s attempt; `None` unless it is a multi-node attempt's Job (with
-/// a uid, an attempt and more than one pod).
+/// The Service of `job`'s attempt; `None` unless it is a multi-node attempt's Job
+/// (`SeenJob::nodes`, set only for more than one pod) with a uid and an attempt.
 pub fn service(job: &SeenJob) -> Option<Service> {
-    job.nodes.filter(|n| *n > 1)?;
+    job.nodes?;
     let uid = job.uid.clone()?;
     let attempt = job.attempt?.to_string();
     let labels = BTreeMap::from([

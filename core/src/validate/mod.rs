@@ -135,16 +135,7 @@ pub fn validate(spec: &GpuJobSpec, limits: &SpecLimits) -> Result<(), FieldError
         );
     }
     for (i, e) in spec.env.iter().enumerate() {
-        if nodes > 1 && MULTI_NODE_ENV.contains(&e.name.as_str()) {
-            return err(
-                format!("spec.env[{i}].name"),
-                format!(
-                    "{:?} is the operator's with spec.nodes > 1 (it sets {})",
-                    e.name,
-                    MULTI_NODE_ENV.join(", ")
-                ),
-            );
-        }
+        multi_node_env(spec, &e.name).or_else(|m| err(format!("spec.env[{i}].name"), m))?;
         if !is_env_var_name(&e.name) {
             return err(
                 format!("spec.env[{i}].name"),
@@ -192,6 +183,18 @@ pub fn validate(spec: &GpuJobSpec, limits: &SpecLimits) -> Result<(), FieldError
     }
     deadline(spec)?;
     v2::v2_only(spec)
+}
+
+/// An env var `name` a spec may not set itself: with `spec.nodes` > 1 the operator sets
+/// the ranks' env on the main container.
+fn multi_node_env(spec: &GpuJobSpec, name: &str) -> Result<(), String> {
+    if spec.nodes() > 1 && MULTI_NODE_ENV.contains(&name) {
+        return Err(format!(
+            "{name:?} is the operator's with spec.nodes > 1 (it sets {})",
+            MULTI_NODE_ENV.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// Longest GpuJob name with `spec.nodes` > 1: the attempt's Service is named like its

@@ -3,10 +3,8 @@
 
 use k8s_openapi::api::core::v1::{Container, PodTemplateSpec, ResourceRequirements};
 
-use super::{FieldError, err, label_value};
-use crate::api::{
-    ENV_ATTEMPT, GPU_RESOURCE, GpuJobSpec, LABEL_GPU_PRODUCT, LABEL_PREFIX, MULTI_NODE_ENV,
-};
+use super::{FieldError, err, label_value, multi_node_env};
+use crate::api::{ENV_ATTEMPT, GPU_RESOURCE, GpuJobSpec, LABEL_GPU_PRODUCT, LABEL_PREFIX};
 use crate::job::{CONTAINER_NAME, TEMPLATE_FIELD, pod_template};
 
 /// What only v2 says (v1 `spec.v2`): the GPU product, the backoff and the pod template,
@@ -193,16 +191,7 @@ fn main_container(spec: &GpuJobSpec, field: &str, c: &Container) -> Result<(), F
                 format!("{ENV_ATTEMPT} is the operator's: the attempt number"),
             );
         }
-        if spec.nodes() > 1 && MULTI_NODE_ENV.contains(&e.name.as_str()) {
-            return err(
-                at,
-                format!(
-                    "{:?} is the operator's with spec.nodes > 1 (it sets {})",
-                    e.name,
-                    MULTI_NODE_ENV.join(", ")
-                ),
-            );
-        }
+        multi_node_env(spec, &e.name).or_else(|m| err(at.clone(), m))?;
         if spec.env.iter().any(|s| s.name == e.name) {
             return err(at, format!("{:?} is set in spec.env already", e.name));
         }

@@ -66,6 +66,15 @@ struct Target<'a> {
     resource_version: &'a str,
 }
 
+/// What a create under a stable name found ([`Writer::create_or_read`]).
+enum Made<K> {
+    Created(K),
+    /// The object that already holds the name, read after the 409.
+    Exists(K),
+    /// Any other answer, for the caller to judge.
+    Refused(kube::Error),
+}
+
 /// What became of a Job create.
 #[derive(Debug)]
 pub enum Created {
@@ -228,6 +237,39 @@ impl Writer {
         }
     }
 
+    /// Creates `object` under its stable name, fenced. A 409 reads the object that holds
+    /// the name (`read` labels that read's failure): most likely it comes from an earlier
+    /// run of this same step, and the caller adopts it only if it is really its own.
+    async fn create_or_read<K>(
+        &self,
+        fence: &Fence,
+        api: &Api<K>,
+        object: &K,
+        read: ApiCall,
+    ) -> Result<Made<K>, Error>
+    where
+        K: kube::Resource
+            + Clone
+            + serde::de::DeserializeOwned
+            + serde::Serialize
+            + std::fmt::Debug,
+    {
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        self.check(fence)?;
+        match api.create(&pp, object).await {
+            Ok(created) => Ok(Made::Created(created)),
+            Err(e) if api_code(&e) == Some(409) => {
+                let name = object.meta().name.as_deref().unwrap_or_default();
+                let existing = api.get(name).await.map_err(Error::kube(read))?;
+                Ok(Made::Exists(existing))
+            }
+            Err(e) => Ok(Made::Refused(e)),
+        }
+    }
+
     pub async fn create_job(
         &self,
         fence: &Fence,
@@ -237,25 +279,17 @@ impl Writer {
         let ns = job.metadata.namespace.as_deref().unwrap_or_default();
         let name = job.metadata.name.as_deref().unwrap_or_default();
         let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
-        let pp = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PostParams::default()
-        };
-        self.check(fence)?;
-        match api.create(&pp, job).await {
-            Ok(created) => Ok(Created::Job(Box::new(created))),
-            Err(e) if api_code(&e) == Some(409) => {
-                // Stable names: it exists, most likely from an earlier run of this same
-                // step. Adopt it only if it is really ours.
-                let existing = api.get(name).await.map_err(Error::kube(ApiCall::ReadJob))?;
-                if is_controlled_by(&existing, owner_uid) {
-                    Ok(Created::Adopted(Box::new(existing)))
-                } else {
-                    Ok(Created::NameTaken(name_taken(ns, name)))
-                }
+        match self
+            .create_or_read(fence, &api, job, ApiCall::ReadJob)
+            .await?
+        {
+            Made::Created(created) => Ok(Created::Job(Box::new(created))),
+            Made::Exists(existing) if is_controlled_by(&existing, owner_uid) => {
+                Ok(Created::Adopted(Box::new(existing)))
             }
-            Err(kube::Error::Api(s)) if s.code == 422 => Ok(Created::Invalid(s.message)),
-            Err(e) => Err(self.failed(fence, ApiCall::CreateJob, e)),
+            Made::Exists(_) => Ok(Created::NameTaken(name_taken(ns, name))),
+            Made::Refused(kube::Error::Api(s)) if s.code == 422 => Ok(Created::Invalid(s.message)),
+            Made::Refused(e) => Err(self.failed(fence, ApiCall::CreateJob, e)),
         }
     }
 
@@ -278,25 +312,14 @@ impl Writer {
             .next()
             .unwrap_or_default();
         let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
-        let pp = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PostParams::default()
-        };
-        self.check(fence)?;
-        match api.create(&pp, service).await {
-            Ok(_) => Ok(None),
-            Err(e) if api_code(&e) == Some(409) => {
-                let existing = api
-                    .get(name)
-                    .await
-                    .map_err(Error::kube(ApiCall::CreateService))?;
-                if rendezvous::is_of_job(&existing, job_uid) {
-                    Ok(None)
-                } else {
-                    Ok(Some(rendezvous::name_taken(ns, name)))
-                }
-            }
-            Err(e) => Err(self.failed(fence, ApiCall::CreateService, e)),
+        match self
+            .create_or_read(fence, &api, service, ApiCall::CreateService)
+            .await?
+        {
+            Made::Created(_) => Ok(None),
+            Made::Exists(existing) if rendezvous::is_of_job(&existing, job_uid) => Ok(None),
+            Made::Exists(_) => Ok(Some(rendezvous::name_taken(ns, name))),
+            Made::Refused(e) => Err(self.failed(fence, ApiCall::CreateService, e)),
         }
     }
 
