@@ -1,6 +1,6 @@
 # Shared by scripts/test.sh and scripts/demo.sh (sourced, not run).
 # Sets: repo, cache, CARGO_TARGET_DIR, KUBEBUILDER_ASSETS, DEVCLUSTER_KWOK; defines step,
-# prepare_machine, prepare_helm and prepare_third_party_crds.
+# prepare_machine, prepare_helm, prepare_third_party_crds and prepare_kueue.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -43,6 +43,16 @@ prepare_third_party_crds() {
   GPUJOB_THIRD_PARTY_CRDS="$(scripts/third-party-crds.sh)"
   export GPUJOB_THIRD_PARTY_CRDS
   echo "using $GPUJOB_THIRD_PARTY_CRDS" >&2
+}
+
+# Kueue (built once from the Go module sigs.k8s.io/kueue, cached) and its CRDs, for the
+# tests of GpuJobs queued through Kueue; exported as GPUJOB_KUEUE_DIR (the binary
+# `kueue` and `crds/`), where tests/integration/kueue.rs finds them.
+prepare_kueue() {
+  step "Kueue"
+  GPUJOB_KUEUE_DIR="$(scripts/kueue.sh)"
+  export GPUJOB_KUEUE_DIR
+  echo "using $GPUJOB_KUEUE_DIR" >&2
 }
 
 # Waits up to 120 s for devcluster's cluster.json in $1; fails with the log $2.

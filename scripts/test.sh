@@ -2,8 +2,8 @@
 # The test command: everything CI checks, from a fresh machine.
 #
 # 1. installs what is missing (Debian packages, cargo-nextest; etcd, kube-apiserver,
-#    kube-controller-manager, kube-scheduler, kwok and helm are built once with Go from
-#    the Go module proxy and cached; the Prometheus Operator's and cert-manager's CRDs
+#    kube-controller-manager, kube-scheduler, kwok, helm and Kueue are built once with
+#    Go from the Go module proxy and cached; the Prometheus Operator's and cert-manager's CRDs
 #    are fetched once from their Go modules and cached),
 # 2. checks the alert rules with promtool, the Helm chart with helm lint and helm
 #    template, deploy/, the chart and the Dockerfile with checkov (installed from PyPI
@@ -16,7 +16,7 @@
 #    claims (v1.33; its binaries are built once and cached too).
 #
 # Caches live outside the clone, under $GPUJOB_CACHE_DIR (default
-# ~/.cache/gpujob-operator): the Kubernetes binaries, helm and, unless
+# ~/.cache/gpujob-operator): the Kubernetes binaries, helm, Kueue and, unless
 # CARGO_TARGET_DIR is set, the cargo target dir.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -32,6 +32,7 @@ fi
 
 prepare_helm
 prepare_third_party_crds
+prepare_kueue
 
 step "alert rules, their unit tests, runbook anchors, generated monitoring manifests"
 alerts/check.sh

@@ -6,7 +6,7 @@
 use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::api::ANNOTATION_FAILURE_RULES;
+use crate::api::{ANNOTATION_FAILURE_RULES, LABEL_KUEUE_QUEUE};
 use crate::job::{attempt_of, controller_of, generation_of, started};
 
 /// A Job controlled by a GpuJob (its controller owner reference, not its labels).
@@ -34,6 +34,10 @@ pub struct SeenJob {
     /// Pods per attempt when more than one (an Indexed Job's completions: a multi-node
     /// attempt, whose pods find each other through a headless Service).
     pub nodes: Option<i32>,
+    /// The Kueue LocalQueue it was handed to (`kueue.x-k8s.io/queue-name`): set by the
+    /// holder's start instead of unsuspending it; Kueue unsuspends it on admission (and
+    /// suspends it again should it evict it).
+    pub queue: Option<String>,
     pub status: SeenJobStatus,
 }
 
@@ -79,6 +83,11 @@ impl SeenJob {
                 .filter(|s| s.completion_mode.as_deref() == Some("Indexed"))
                 .and_then(|s| s.completions)
                 .filter(|n| *n > 1),
+            queue: m
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_KUEUE_QUEUE))
+                .cloned(),
             status: SeenJobStatus {
                 conditions: status
                     .and_then(|s| s.conditions.clone())
@@ -92,10 +101,15 @@ impl SeenJob {
         })
     }
 
-    /// Whether the holder has started it (or it was made before Jobs were created
-    /// suspended).
+    /// Whether the holder has started it: unsuspended it, or handed it to Kueue (or it was
+    /// made before Jobs were created suspended).
     pub fn started(&self) -> bool {
-        !self.suspended
+        !self.suspended || self.queue.is_some()
+    }
+
+    /// Handed to Kueue and not admitted (or evicted since): suspended, with a queue.
+    pub fn queued(&self) -> bool {
+        self.suspended && self.queue.is_some()
     }
 
     pub fn deleting(&self) -> bool {

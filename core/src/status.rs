@@ -25,6 +25,12 @@ pub const UNSCHEDULABLE: &str = "Unschedulable";
 /// Ready reason: a Service the operator did not make holds the name of a multi-node
 /// attempt's Service; its Job waits, not started, and the GpuJob looks again in a while.
 pub const SERVICE_NAME_CONFLICT: &str = "ServiceNameConflict";
+/// Condition type, on GpuJobs with `spec.queueName`: whether Kueue admitted the current
+/// attempt (True, reason Admitted), or holds it (False, with Kueue's reason and words).
+pub const ADMITTED: &str = "Admitted";
+/// Ready reason: the current attempt's Job waits in its Kueue LocalQueue (not admitted
+/// yet, or evicted by Kueue and queued again); the GpuJob is Pending.
+pub const QUEUED: &str = "Queued";
 
 /// Sets condition `type_`, keeping `lastTransitionTime` unless the status flips, so a
 /// recomputation of an unchanged state produces an identical status (and no write).

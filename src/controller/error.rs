@@ -7,6 +7,8 @@ pub enum ApiCall {
     ReadGpuJob,
     ReadJob,
     ReadPods,
+    /// The Kueue Workload of a queued attempt's Job (why Kueue holds it).
+    ReadWorkload,
     CreateJob,
     /// A multi-node attempt's headless Service (its create, or the read after a 409).
     CreateService,
@@ -18,10 +20,11 @@ pub enum ApiCall {
 }
 
 impl ApiCall {
-    pub const ALL: [ApiCall; 10] = [
+    pub const ALL: [ApiCall; 11] = [
         ApiCall::ReadGpuJob,
         ApiCall::ReadJob,
         ApiCall::ReadPods,
+        ApiCall::ReadWorkload,
         ApiCall::CreateJob,
         ApiCall::CreateService,
         ApiCall::StartJob,
@@ -37,6 +40,7 @@ impl ApiCall {
             ApiCall::ReadGpuJob => "read_gpujob",
             ApiCall::ReadJob => "read_job",
             ApiCall::ReadPods => "read_pods",
+            ApiCall::ReadWorkload => "read_workload",
             ApiCall::CreateJob => "create_job",
             ApiCall::CreateService => "create_service",
             ApiCall::StartJob => "start_job",
@@ -52,6 +56,7 @@ impl ApiCall {
             ApiCall::ReadGpuJob => "reading the GpuJob from the API server (a confirming read)",
             ApiCall::ReadJob => "reading an attempt's Job",
             ApiCall::ReadPods => "reading the GpuJob's pods",
+            ApiCall::ReadWorkload => "reading the queued attempt's Kueue Workload",
             ApiCall::CreateJob => "creating the attempt's Job",
             ApiCall::CreateService => "creating the multi-node attempt's headless Service",
             ApiCall::StartJob => "starting the attempt's Job (created suspended)",

@@ -760,6 +760,7 @@ const OPERATOR_RIGHTS: &[(&str, &str)] = &[
     ("jobs.batch", "get list watch create patch delete"),
     ("pods", "list"),
     ("services", "get create"),
+    ("workloads.kueue.x-k8s.io", "list"),
     ("events.events.k8s.io", "create patch"),
 ];
 /// --metrics-secure (deploy/secure-metrics): is this scraper's token valid, may its

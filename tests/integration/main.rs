@@ -17,6 +17,7 @@ mod fence;
 mod ha;
 mod ha_apiserver;
 mod install;
+mod kueue;
 mod late_create;
 mod lease;
 mod metrics;

@@ -76,6 +76,7 @@ pub fn to_v2(v1: &GpuJob) -> v2::GpuJob {
                 product: only.gpu_product,
             },
             nodes: only.nodes.unwrap_or(1),
+            queue_name: only.queue_name,
             retry_policy: v2::RetryPolicy {
                 max_retries: s.max_retries,
                 backoff_seconds: only.backoff_seconds,
@@ -111,6 +112,7 @@ pub fn to_v1(v2: &v2::GpuJob) -> GpuJob {
         attempt_deadline,
         failure_rules: s.retry_policy.failure_rules.clone(),
         nodes: (s.nodes != 1).then_some(s.nodes),
+        queue_name: s.queue_name.clone(),
     };
     GpuJob {
         metadata: v2.metadata.clone(),

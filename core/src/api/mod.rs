@@ -54,6 +54,10 @@ pub const FINALIZER_QUOTA: &str = "gpujob.dev/quota-release";
 pub const ANNOTATION_SKIP_RELEASE: &str = "gpujob.dev/skip-quota-release";
 /// Annotation asking for a new run of a finished GpuJob: each new value, once.
 pub const ANNOTATION_RERUN: &str = "gpujob.dev/rerun";
+/// Label that hands a Job to Kueue: the LocalQueue (in the Job's namespace) that admits
+/// it. The operator sets it when it starts an attempt of a GpuJob with
+/// `spec.queueName`; from then on Kueue, not the operator, unsuspends the Job.
+pub const LABEL_KUEUE_QUEUE: &str = "kueue.x-k8s.io/queue-name";
 /// The extended resource GPUs are requested as.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Node label holding the GPU product name (NVIDIA GPU feature discovery): v2's

@@ -120,12 +120,21 @@ pub struct V2Only {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 2, max = 128))]
     pub nodes: Option<i32>,
+    /// v2 `spec.queueName`: the Kueue LocalQueue that admits each attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = QUEUE_NAME_PATTERN))]
+    pub queue_name: Option<String>,
 }
 
 impl GpuJobSpec {
     /// How many pods (nodes) run each attempt: v2 `spec.nodes`, 1 unless set.
     pub fn nodes(&self) -> i32 {
         self.v2.as_ref().and_then(|v2| v2.nodes).unwrap_or(1)
+    }
+
+    /// The Kueue LocalQueue that admits each attempt (v2 `spec.queueName`), if any.
+    pub fn queue_name(&self) -> Option<&str> {
+        self.v2.as_ref().and_then(|v2| v2.queue_name.as_deref())
     }
 
     /// The GPUs of one attempt: `gpus` on each of its nodes. Quota is reserved for
@@ -145,6 +154,11 @@ impl V2Only {
 /// A label value (the GPU product is one): at most 63 characters, alphanumeric at both
 /// ends, `-`, `_` and `.` between; the schema's form of `validate`'s check.
 pub(crate) const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+
+/// A LocalQueue's name (a DNS-1123 subdomain, as Kueue checks the queue-name label) of
+/// at most 63 characters, so that it is also a label value.
+pub(crate) const QUEUE_NAME_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 
 /// An object the API server keeps as written (`x-kubernetes-preserve-unknown-fields`):
 /// the pod template. A full PodSpec schema would make the CRD too large for

@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::spec::{LABEL_VALUE_PATTERN, default_max_retries, preserved_object};
+use super::spec::{LABEL_VALUE_PATTERN, QUEUE_NAME_PATTERN, default_max_retries, preserved_object};
 use super::{EnvVar, FailureRule, GpuJobStatus, UpdatePolicy};
 
 /// A batch run on GPUs. The operator runs it as one batch/v1 Job per attempt and
@@ -65,6 +65,14 @@ pub struct GpuJobSpec {
     #[serde(default = "one_node", skip_serializing_if = "is_one_node")]
     #[schemars(range(min = 1, max = 128))]
     pub nodes: i32,
+    /// The Kueue LocalQueue (in this namespace) that admits each attempt: its Job is
+    /// handed to Kueue suspended, and runs once Kueue admits all of its pods against the
+    /// queue's ClusterQueue. Without it the operator starts attempts itself (behind the
+    /// external quota service, where the operator has one; a GpuJob uses one or the
+    /// other). See docs/api.md, "Queueing through Kueue".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = QUEUE_NAME_PATTERN))]
+    pub queue_name: Option<String>,
     /// How failed attempts are retried.
     #[serde(default)]
     pub retry_policy: RetryPolicy,

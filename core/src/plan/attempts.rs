@@ -7,9 +7,9 @@ use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{
-    Action, FAILURE_RULE, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, Next, OLD_ATTEMPT_STOPPING,
-    PlanSettings, Planner, PodsLeft, SCHEDULING_GRACE, SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING,
-    Termination, UNSCHEDULABLE,
+    ADMITTED, Action, FAILURE_RULE, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, Next,
+    OLD_ATTEMPT_STOPPING, PlanSettings, Planner, PodsLeft, QUEUED, SCHEDULING_GRACE,
+    SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE,
 };
 use crate::api::{ConditionStatus, FailureAction, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::events::stray_job_deleted;
@@ -401,7 +401,10 @@ impl Planner<'_, '_> {
             .unschedulable
             .as_ref()
             .filter(|u| u.attempt == k && waiting == PodsWaiting::ReadPod);
-        if let Some(u) = unschedulable {
+        self.admission(k, job);
+        if let Some(job) = job.filter(|j| j.queued()) {
+            self.queued(k, job);
+        } else if let Some(u) = unschedulable {
             // Its Job runs, but nothing of it does: Pending, as its pod is. When a pod
             // is placed and runs, the Job's ready count changes and says so.
             self.next.phase = Some(Phase::Pending);
@@ -454,8 +457,62 @@ impl Planner<'_, '_> {
         self.start(k, job);
     }
 
-    /// Attempt `k`'s Job was created suspended: it is started (unsuspended) here, by
-    /// the shard's holder, once the Job controller has seen it suspended and no other
+    /// The `Admitted` condition of a GpuJob queued through Kueue: what Kueue did with
+    /// attempt `k`'s Job. Gone when the attempt runs without Kueue.
+    fn admission(&mut self, k: i32, job: Option<&SeenJob>) {
+        let queue = job.and_then(|j| j.queue.as_deref());
+        let (status, reason, message) = match (queue, self.gj.spec.queue_name()) {
+            (Some(q), _) if !job.is_some_and(SeenJob::queued) => (
+                ConditionStatus::True,
+                "Admitted",
+                format!("Kueue admitted attempt {k} from LocalQueue {q}"),
+            ),
+            (Some(_), _) => {
+                let (reason, why) = self.queue_wait(k);
+                (
+                    ConditionStatus::False,
+                    reason,
+                    format!("attempt {k}: {why}"),
+                )
+            }
+            (None, Some(q)) => (
+                ConditionStatus::False,
+                "Queuing",
+                format!("attempt {k} is handed to Kueue LocalQueue {q} once it may start"),
+            ),
+            (None, None) => {
+                remove_condition(&mut self.next.conditions, ADMITTED);
+                return;
+            }
+        };
+        let reason = reason.to_owned();
+        self.condition(ADMITTED, status, &reason, message);
+    }
+
+    /// Kueue's reason and words for holding attempt `k`, from its Workload.
+    fn queue_wait(&self, k: i32) -> (&str, String) {
+        match self.obs.queue_wait.as_ref().filter(|w| w.attempt == k) {
+            Some(w) => (w.reason.as_str(), w.message.clone()),
+            None => ("Pending", "Kueue has not said why yet".to_owned()),
+        }
+    }
+
+    /// Attempt `k`'s Job waits in its Kueue LocalQueue: Pending until Kueue admits it
+    /// (unsuspends the Job). The Job's start is an event; Kueue's reason may change
+    /// without the Job changing, so the GpuJob looks again, less often the longer it
+    /// waits.
+    fn queued(&mut self, k: i32, job: &SeenJob) {
+        let queue = job.queue.as_deref().unwrap_or_default();
+        let (_, why) = self.queue_wait(k);
+        self.next.phase = Some(Phase::Pending);
+        let message = format!("attempt {k} waits in Kueue LocalQueue {queue}: {why}");
+        self.ready(ConditionStatus::False, QUEUED, message);
+        self.requeue = Next::Backoff;
+    }
+
+    /// Attempt `k`'s Job was created suspended: it is started here (unsuspended, or
+    /// handed to its Kueue LocalQueue, which unsuspends it on admission), by the shard's
+    /// holder, once the Job controller has seen it suspended and no other
     /// attempt's pods may still run (its Job, or, from attempt 2, any pod a pod read
     /// finds). A Job created late by a deposed replica is never started: it is a stray,
     /// or, when it is attempt `k`'s, it is started only as the current attempt, once.
@@ -515,6 +572,7 @@ impl Planner<'_, '_> {
             self.actions.push(Action::StartJob {
                 name: job.name.clone(),
                 resource_version: rv.clone(),
+                queue: self.gj.spec.queue_name().map(str::to_owned),
             });
         }
     }

@@ -26,8 +26,10 @@ use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::events::Note;
 use crate::quota::ReserveRequest;
 use crate::seen_job::SeenJob;
+pub use crate::status::{
+    ADMITTED, QUEUED, SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, UNSCHEDULABLE,
+};
 use crate::status::{READY, seconds, set_condition};
-pub use crate::status::{SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, UNSCHEDULABLE};
 use crate::validate::{SpecLimits, multi_node_name, validate};
 
 pub use attempts::{
@@ -44,6 +46,8 @@ pub const JOB_NAME_CONFLICT: &str = "JobNameConflict";
 pub const SCHEDULING_GRACE: Duration = Duration::from_secs(5);
 /// Condition reason: the next attempt waits until an earlier attempt's pods are gone.
 pub const OLD_ATTEMPT_STOPPING: &str = "OldAttemptStopping";
+/// Why a GpuJob with `spec.queueName` does not run where the operator reserves quota.
+const BOTH_QUEUES: &str = "invalid spec: spec.queueName: this operator reserves GPUs from an external quota service (--quota-provider http); a GpuJob queues through Kueue or through that service, not both: remove spec.queueName, or run it where the operator has no quota service";
 /// Ready reason: a failure rule (`FailGpuJob`) ended the GpuJob.
 pub const FAILURE_RULE: &str = "FailureRuleMatched";
 
@@ -118,6 +122,9 @@ pub struct Observed<'a> {
     pub termination: Option<Termination>,
     /// The running attempt's pod cannot be placed (read once [`pods_waiting`] says so).
     pub unschedulable: Option<Unschedulable>,
+    /// Why Kueue holds the current attempt's Job, from its Workload (read while the Job
+    /// waits in its queue: [`SeenJob::queued`]).
+    pub queue_wait: Option<QueueWait>,
     /// The next attempt's Job cannot be created: the API server refused it just now, or
     /// a foreign Job still holds its name. Plan as if it was not started.
     pub refused: Option<Refusal>,
@@ -149,6 +156,18 @@ pub struct LivePod {
 pub struct Unschedulable {
     pub attempt: i32,
     /// The scheduler's message (`0/4 nodes are available: 4 Insufficient nvidia.com/gpu`).
+    pub message: String,
+}
+
+/// Why Kueue has not admitted an attempt's Job, from its Workload's conditions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueWait {
+    pub attempt: i32,
+    /// Kueue's reason (`Pending`, `Preempted`, …), or the operator's when it found no
+    /// Workload (`NoWorkload`, `KueueNotInstalled`).
+    pub reason: String,
+    /// Kueue's words (`couldn't assign flavors to pod set main: insufficient unused
+    /// quota for nvidia.com/gpu in flavor gpu, 8 more needed`).
     pub message: String,
 }
 
@@ -220,12 +239,16 @@ pub enum Action {
     /// that name owned by the Job already is the same Service (done); a foreign one is a
     /// refusal ([`SERVICE_NAME_CONFLICT`]), and the plan is made again with it.
     CreateService { attempt: i32, service: Box<Service> },
-    /// Start the current attempt's Job, created suspended (`spec.suspend: false`), with
-    /// a resourceVersion precondition: only the Job as it was seen, never a Job of the
-    /// same name created since (by a create delivered late).
+    /// Start the current attempt's Job, created suspended, with a resourceVersion
+    /// precondition: only the Job as it was seen, never a Job of the same name created
+    /// since (by a create delivered late). Without `queue`, `spec.suspend: false`; with
+    /// it, the Job gets that Kueue LocalQueue's label and stays suspended until Kueue
+    /// admits it. Either way only the current attempt's Job is ever started, so a late
+    /// create is never run, by the operator or by Kueue.
     StartJob {
         name: String,
         resource_version: String,
+        queue: Option<String>,
     },
     /// Delete a Job, with uid and resourceVersion preconditions; `why` decides how.
     DeleteJob {
@@ -353,6 +376,7 @@ pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
                 jobs: obs.jobs.clone(),
                 termination: obs.termination.clone(),
                 unschedulable: obs.unschedulable.clone(),
+                queue_wait: obs.queue_wait.clone(),
                 refused: obs.refused.clone(),
                 quota_required: obs.quota_required,
                 quota: obs.quota.clone(),
@@ -473,6 +497,9 @@ impl<'a, 'o> Planner<'a, 'o> {
             .and_then(|()| multi_node_name(&self.name, &self.gj.spec))
         {
             return Some((INVALID_SPEC, format!("invalid spec: {e}")));
+        }
+        if self.obs.quota_required && self.gj.spec.queue_name().is_some() {
+            return Some((INVALID_SPEC, BOTH_QUEUES.to_owned()));
         }
         let refused_before = self.current.conditions.iter().find(|c| {
             c.type_ == READY && c.reason == INVALID_SPEC && c.observed_generation == self.generation

@@ -106,6 +106,7 @@ fn run_with(
             jobs: seen(jobs).iter().collect(),
             termination,
             unschedulable,
+            queue_wait: None,
             refused: None,
             quota_required: false,
             quota: None,
@@ -147,6 +148,7 @@ fn plan_seeing_pods(
             jobs: seen(jobs).iter().collect(),
             termination: None,
             unschedulable: None,
+            queue_wait: None,
             refused: None,
             quota_required,
             quota: answer,
@@ -674,6 +676,7 @@ fn an_invalid_job_waits_for_a_spec_change() {
         jobs: vec![],
         termination: None,
         unschedulable: None,
+        queue_wait: None,
         refused: Some(refused),
         quota_required: false,
         quota: None,
@@ -867,6 +870,7 @@ mod quota {
             jobs: vec![],
             termination: None,
             unschedulable: None,
+            queue_wait: None,
             refused: Some(Refusal {
                 attempt: 1,
                 reason: JOB_NAME_CONFLICT,
@@ -1516,6 +1520,7 @@ mod lifecycle {
                 jobs: seen(&ok).iter().collect(),
                 termination: None,
                 unschedulable: None,
+                queue_wait: None,
                 refused: None,
                 quota_required: false,
                 quota: None,
@@ -1533,6 +1538,7 @@ mod lifecycle {
                 jobs: seen(&ok).iter().collect(),
                 termination: None,
                 unschedulable: None,
+                queue_wait: None,
                 refused: None,
                 quota_required: false,
                 quota: None,
@@ -1569,6 +1575,7 @@ mod lifecycle {
                     jobs: vec![],
                     termination: None,
                     unschedulable: None,
+                    queue_wait: None,
                     refused: None,
                     quota_required: true,
                     quota: answer,
@@ -1694,6 +1701,7 @@ mod v2_values {
                 attempt_deadline: Some("90m".into()),
                 failure_rules: Vec::new(),
                 nodes: Some(2),
+                queue_name: Some("team-a".into()),
             },
         );
         let v1 = PlanSettings {
@@ -1707,6 +1715,7 @@ mod v2_values {
                     jobs: seen(jobs).iter().collect(),
                     termination,
                     unschedulable: None,
+                    queue_wait: None,
                     refused: None,
                     quota_required: false,
                     quota: None,
@@ -2224,6 +2233,7 @@ mod created_suspended {
                 Action::StartJob {
                     name,
                     resource_version,
+                    queue: None,
                 } => Some((name.as_str(), resource_version.as_str())),
                 _ => None,
             })
@@ -2330,6 +2340,7 @@ mod created_suspended {
                 jobs: jobs.iter().collect(),
                 termination: None,
                 unschedulable: None,
+                queue_wait: None,
                 refused: Some(refused),
                 quota_required: false,
                 quota: None,
@@ -2526,5 +2537,184 @@ mod created_suspended {
             "{:?}",
             p.actions
         );
+    }
+
+    mod queued_through_kueue {
+        //! A GpuJob with `spec.queueName`: its current attempt's Job is handed to the
+        //! Kueue LocalQueue (the queue-name label), never unsuspended by the operator;
+        //! Kueue admits (unsuspends) it, and may suspend it again.
+
+        use super::*;
+        use crate::api::LABEL_KUEUE_QUEUE;
+        use crate::status::ADMITTED;
+
+        const FULL: &str = "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor gpu, 8 more needed";
+
+        fn queued(mut g: GpuJob) -> GpuJob {
+            g.spec.v2 = Some(V2Only {
+                queue_name: Some("team-a".into()),
+                ..V2Only::default()
+            });
+            g
+        }
+
+        /// Attempt 1's Job, handed to team-a; `admitted`: Kueue unsuspended it and its
+        /// pod runs.
+        fn handed(g: &GpuJob, admitted: bool) -> Job {
+            let mut j = held(g, 1, true);
+            j.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert(LABEL_KUEUE_QUEUE.into(), "team-a".into());
+            if admitted {
+                j.spec.as_mut().unwrap().suspend = Some(false);
+                j.status = Some(JobStatus {
+                    active: Some(1),
+                    ready: Some(1),
+                    ..Default::default()
+                });
+            }
+            j
+        }
+
+        fn with_wait(g: &GpuJob, jobs: &[Job], wait: Option<QueueWait>, now: &str) -> Plan {
+            plan(
+                &Observed {
+                    gpujob: g,
+                    jobs: seen(jobs).iter().collect(),
+                    termination: None,
+                    unschedulable: None,
+                    queue_wait: wait,
+                    refused: None,
+                    quota_required: false,
+                    quota: None,
+                    pods: Some(Vec::new()),
+                    confirmed: true,
+                    now: t(now),
+                },
+                &settings(),
+            )
+        }
+
+        fn admitted(p: &Plan) -> (ConditionStatus, String, String) {
+            let c = p.status.condition(ADMITTED).unwrap();
+            (c.status, c.reason.clone(), c.message.clone())
+        }
+
+        fn first_attempt_created(g: GpuJob) -> GpuJob {
+            let p = run(&g, &[], None, T0);
+            assert_eq!(creates(&p), vec![1]);
+            with_status(g, &p)
+        }
+
+        #[test]
+        fn the_current_attempts_job_is_handed_to_its_queue_not_started() {
+            let g = first_attempt_created(queued(gpujob(3)));
+            let p = run(&g, &[held(&g, 1, true)], None, "2026-11-30T06:00:02Z");
+            let Some(Action::StartJob {
+                name,
+                resource_version,
+                queue,
+            }) = p.actions.first()
+            else {
+                panic!("{:?}", p.actions)
+            };
+            assert_eq!(
+                (name.as_str(), resource_version.as_str(), queue.as_deref()),
+                ("train-1", "101", Some("team-a"))
+            );
+            assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
+            assert_eq!(admitted(&p).1, "Queuing");
+        }
+
+        #[test]
+        fn while_kueue_holds_the_job_the_gpujob_is_pending_with_kueues_words() {
+            let g = first_attempt_created(queued(gpujob(3)));
+            let wait = QueueWait {
+                attempt: 1,
+                reason: "Pending".into(),
+                message: FULL.into(),
+            };
+            let p = with_wait(&g, &[handed(&g, false)], Some(wait), "2026-11-30T06:00:05Z");
+            assert!(
+                p.actions.is_empty(),
+                "never started by the operator: {:?}",
+                p.actions
+            );
+            assert_eq!(p.status.phase, Some(Phase::Pending));
+            let c = p.status.condition(READY).unwrap();
+            assert_eq!(c.reason, QUEUED);
+            assert!(
+                c.message.contains("LocalQueue team-a") && c.message.contains(FULL),
+                "{c:?}"
+            );
+            let (status, reason, message) = admitted(&p);
+            assert_eq!(
+                (status, reason.as_str()),
+                (ConditionStatus::False, "Pending")
+            );
+            assert!(message.contains("8 more needed"), "{message}");
+            // Kueue's words change on the Workload, not the Job: looked at again.
+            assert_eq!(p.next, Next::Backoff);
+        }
+
+        #[test]
+        fn once_kueue_admits_the_job_the_gpujob_runs_admitted() {
+            let g = first_attempt_created(queued(gpujob(3)));
+            let p = with_wait(&g, &[handed(&g, true)], None, "2026-11-30T06:00:10Z");
+            assert!(p.actions.is_empty(), "{:?}", p.actions);
+            assert_eq!(p.status.phase, Some(Phase::Running));
+            let (status, reason, message) = admitted(&p);
+            assert_eq!(
+                (status, reason.as_str()),
+                (ConditionStatus::True, "Admitted")
+            );
+            assert!(
+                message.contains("attempt 1") && message.contains("team-a"),
+                "{message}"
+            );
+        }
+
+        #[test]
+        fn a_job_kueue_evicts_is_queued_again_as_the_same_attempt() {
+            let g = first_attempt_created(queued(gpujob(0)));
+            let running = with_wait(&g, &[handed(&g, true)], None, "2026-11-30T06:00:10Z");
+            let g = with_status(g, &running);
+            // Kueue preempted the workload: the Job is suspended again, its pods go.
+            let wait = QueueWait {
+                attempt: 1,
+                reason: "Preempted".into(),
+                message: "Preempted to accommodate a workload of higher priority".into(),
+            };
+            let p = with_wait(&g, &[handed(&g, false)], Some(wait), "2026-11-30T06:01:00Z");
+            assert!(
+                p.actions.is_empty(),
+                "no delete, no new attempt: {:?}",
+                p.actions
+            );
+            assert_eq!(p.status.attempts, 1);
+            assert_eq!(p.status.failures, 0);
+            assert_eq!(p.status.phase, Some(Phase::Pending));
+            assert_eq!(ready(&p).1, QUEUED);
+            assert_eq!(admitted(&p).1, "Preempted");
+        }
+
+        #[test]
+        fn a_queue_name_where_the_operator_reserves_quota_is_an_invalid_spec() {
+            let g = queued(gpujob(3));
+            let p = plan_from(&g, &[], None, true, true, T0);
+            assert!(creates(&p).is_empty(), "{:?}", p.actions);
+            assert!(
+                !p.actions.iter().any(|a| matches!(a, Action::Reserve(..))),
+                "{:?}",
+                p.actions
+            );
+            let c = p.status.condition(READY).unwrap();
+            assert_eq!(c.reason, INVALID_SPEC);
+            assert!(c.message.contains("spec.queueName"), "{c:?}");
+            // Without the quota service the same GpuJob runs.
+            let p = plan_from(&g, &[], None, false, true, T0);
+            assert_eq!(creates(&p), vec![1]);
+        }
     }
 }

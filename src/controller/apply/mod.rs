@@ -213,15 +213,24 @@ impl Execution<'_> {
                 Action::StartJob {
                     name,
                     resource_version,
+                    queue,
                 } => {
                     let started = w
-                        .start_job(fence, &key.namespace, name, resource_version)
+                        .start_job(fence, &key.namespace, name, resource_version, queue)
                         .await;
                     self.job_write(name, started)?;
-                    info!(job = %name, "started the attempt's Job (created suspended)");
+                    match queue {
+                        Some(queue) => info!(
+                            job = %name,
+                            queue = %queue,
+                            "handed the attempt's Job to its Kueue LocalQueue; Kueue starts it on admission"
+                        ),
+                        None => info!(job = %name, "started the attempt's Job (created suspended)"),
+                    }
                     self.outcomes.push(Outcome::JobStarted {
                         name: name.clone(),
                         replaced: resource_version.clone(),
+                        queue: queue.clone(),
                     });
                 }
                 Action::DeleteJob {

@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::recorder::Recorder;
-use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
+use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus, LABEL_KUEUE_QUEUE};
 use crate::client::FIELD_MANAGER;
 use crate::controller::Fence;
 use crate::controller::error::{ApiCall, Error, api_code};
@@ -323,8 +323,9 @@ impl Writer {
         }
     }
 
-    /// Starts a Job that was created suspended, with a resourceVersion precondition:
-    /// the Job as the plan saw it, not one created since under the same name. Changed
+    /// Starts a Job that was created suspended (unsuspends it, or with `queue` gives it
+    /// that Kueue LocalQueue's label), with a resourceVersion precondition: the Job as
+    /// the plan saw it, not one created since under the same name. Changed
     /// or gone since it was read: `Conflict`, so it is looked at again.
     pub async fn start_job(
         &self,
@@ -332,16 +333,26 @@ impl Writer {
         ns: &str,
         name: &str,
         resource_version: &str,
+        queue: &Option<String>,
     ) -> Result<(), Error> {
         let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
         let pp = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
-        let patch = json!({
-            "metadata": {"resourceVersion": resource_version},
-            "spec": {"suspend": false},
-        });
+        let patch = match queue {
+            // Still suspended: Kueue unsuspends it once it admits it.
+            Some(queue) => json!({
+                "metadata": {
+                    "resourceVersion": resource_version,
+                    "labels": {LABEL_KUEUE_QUEUE: queue},
+                },
+            }),
+            None => json!({
+                "metadata": {"resourceVersion": resource_version},
+                "spec": {"suspend": false},
+            }),
+        };
         self.check(fence)?;
         match api.patch(name, &pp, &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),

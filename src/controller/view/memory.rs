@@ -38,9 +38,17 @@ struct Entry {
     /// Jobs being deleted in the foreground (name → uid): they stay until their pods
     /// are gone; shown as deleting until the cache says so.
     deleting: BTreeMap<String, String>,
-    /// Jobs started (name → the resourceVersion the start replaced): a cached copy at
-    /// that version is shown started, until the cache shows a newer one.
-    started: BTreeMap<String, String>,
+    /// Jobs started (name → the start): a cached copy at the version the start
+    /// replaced is shown started, until the cache shows a newer one.
+    started: BTreeMap<String, Start>,
+}
+
+/// A start the API server accepted: the resourceVersion it replaced, and the Kueue
+/// LocalQueue the Job was handed to (`None`: it was unsuspended).
+#[derive(Debug, Clone)]
+struct Start {
+    replaced: String,
+    queue: Option<String>,
 }
 
 impl Entry {
@@ -155,10 +163,10 @@ impl WriteMemory {
                 .iter()
                 .any(|j| j.name == *name && j.uid.as_deref() == Some(uid.as_str()) && !j.deleting())
         });
-        entry.started.retain(|name, rv| {
-            cached
-                .iter()
-                .any(|j| j.name == *name && j.resource_version.as_deref() == Some(rv.as_str()))
+        entry.started.retain(|name, start| {
+            cached.iter().any(|j| {
+                j.name == *name && j.resource_version.as_deref() == Some(start.replaced.as_str())
+            })
         });
         let mut jobs: Vec<Arc<SeenJob>> =
             cached
@@ -166,8 +174,8 @@ impl WriteMemory {
                 .filter(|j| !entry.deleted.contains_key(&j.name))
                 .map(|j| {
                     let deleting = entry.deleting.contains_key(&j.name);
-                    let started = entry.started.contains_key(&j.name);
-                    if !deleting && !started {
+                    let started = entry.started.get(&j.name);
+                    if !deleting && started.is_none() {
                         return j;
                     }
                     let mut shown = (*j).clone();
@@ -178,9 +186,12 @@ impl WriteMemory {
                                 jiff::Timestamp::now(),
                             ));
                     }
-                    if started {
+                    if let Some(start) = started {
                         // Started; the cache still shows the version the start replaced.
-                        shown.suspended = false;
+                        match &start.queue {
+                            Some(queue) => shown.queue = Some(queue.clone()),
+                            None => shown.suspended = false,
+                        }
                     }
                     Arc::new(shown)
                 })
@@ -230,7 +241,7 @@ impl WriteMemory {
             {
                 entry.deleting.remove(name);
             }
-            if entry.started.get(name).map(String::as_str)
+            if entry.started.get(name).map(|s| s.replaced.as_str())
                 != job.metadata.resource_version.as_deref()
             {
                 entry.started.remove(name);
@@ -275,14 +286,22 @@ impl WriteMemory {
         }
     }
 
-    /// Records a start (unsuspend) the API server accepted, of the Job `name` at
-    /// resourceVersion `replaced`: until the cache shows a newer version, the Job is
-    /// shown started (else the next look would start it again, and be refused).
-    pub fn job_started(&self, key: &Key, owner: &GpuJob, name: String, replaced: String) {
+    /// Records a start the API server accepted (an unsuspend, or with `queue` a hand-over
+    /// to that Kueue LocalQueue), of the Job `name` at resourceVersion `replaced`: until
+    /// the cache shows a newer version, the Job is shown started (else the next look
+    /// would start it again, and be refused).
+    pub fn job_started(
+        &self,
+        key: &Key,
+        owner: &GpuJob,
+        name: String,
+        replaced: String,
+        queue: Option<String>,
+    ) {
         let mut entries = self.lock();
         entry(&mut entries, key, owner)
             .started
-            .insert(name, replaced);
+            .insert(name, Start { replaced, queue });
     }
 
     /// Records a delete the API server accepted. `foreground`: the Job stays, deleting,
@@ -655,7 +674,7 @@ mod tests {
             j
         };
         let cached = |rv: &str| vec![Arc::new(SeenJob::of(&suspended(rv)).unwrap())];
-        m.job_started(&key(), &owner, "a-1".into(), "5".into());
+        m.job_started(&key(), &owner, "a-1".into(), "5".into(), None);
         let shown = m.jobs(&key(), "u", || cached("5"));
         assert!(!shown[0].suspended, "started, though the cache lags");
         assert_eq!(shown[0].resource_version.as_deref(), Some("5"));
@@ -664,7 +683,7 @@ mod tests {
         assert!(shown[0].suspended);
         assert_eq!(m.entries(), 0, "nothing left to remember");
         // The watch delivering a newer version forgets it too, as does its deletion.
-        m.job_started(&key(), &owner, "a-1".into(), "5".into());
+        m.job_started(&key(), &owner, "a-1".into(), "5".into(), None);
         m.job_seen(&key(), &suspended("5"), false);
         assert_eq!(
             m.entries(),
@@ -673,9 +692,21 @@ mod tests {
         );
         m.job_seen(&key(), &suspended("7"), false);
         assert_eq!(m.entries(), 0);
-        m.job_started(&key(), &owner, "a-1".into(), "5".into());
+        m.job_started(&key(), &owner, "a-1".into(), "5".into(), None);
         m.job_seen(&key(), &suspended("5"), true);
         assert_eq!(m.entries(), 0);
+        // Handed to a Kueue queue: shown queued, still suspended (Kueue starts it), so
+        // the next look neither hands it over again nor calls it running.
+        m.job_started(
+            &key(),
+            &owner,
+            "a-1".into(),
+            "5".into(),
+            Some("team".into()),
+        );
+        let shown = m.jobs(&key(), "u", || cached("5"));
+        assert_eq!(shown[0].queue.as_deref(), Some("team"));
+        assert!(shown[0].suspended && shown[0].started() && shown[0].queued());
     }
 
     #[test]

@@ -42,7 +42,11 @@ pub enum Outcome {
     /// A Job was created, or found already created for this GpuJob (adopted).
     JobCreated(Box<Job>),
     /// Job `name` was started (unsuspended) from version `replaced`.
-    JobStarted { name: String, replaced: String },
+    JobStarted {
+        name: String,
+        replaced: String,
+        queue: Option<String>,
+    },
     /// Job `name` (uid `uid`) was deleted; `foreground`: it stays until its pods are gone.
     JobDeleted {
         name: String,
@@ -188,8 +192,13 @@ impl View {
                         "a created Job without a GpuJob controller reference cannot be seen; the GpuJob waits for its cache"
                     ),
                 },
-                Outcome::JobStarted { name, replaced } => {
-                    self.memory.job_started(key, &snap.gpujob, name, replaced);
+                Outcome::JobStarted {
+                    name,
+                    replaced,
+                    queue,
+                } => {
+                    self.memory
+                        .job_started(key, &snap.gpujob, name, replaced, queue);
                     self.show_remembered_jobs(key, snap);
                 }
                 Outcome::JobDeleted {

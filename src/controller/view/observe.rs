@@ -1,14 +1,15 @@
 //! A snapshot: what the view knows of one GpuJob, from the caches and the write memory,
 //! with the direct reads the caches cannot answer (a Job the cache has not seen, the
 //! exit code of a failed attempt's pod, why a running attempt's pod is not placed,
-//! whether a foreign Job still holds the next attempt's name, and where the shard's term
-//! began: `term_start.rs`).
+//! why Kueue holds a queued attempt, whether a foreign Job still holds the next attempt's
+//! name, and where the shard's term began: `term_start.rs`).
 
 use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::core::GroupVersionKind;
 
 use jiff::Timestamp;
 
@@ -17,8 +18,8 @@ use crate::api::{GpuJob, LABEL_ATTEMPT, LABEL_UID, Phase};
 use crate::controller::error::{ApiCall, Error};
 use crate::controller::job::{job_name, name_taken};
 use crate::controller::plan::{
-    JOB_NAME_CONFLICT, JobState, LivePod, Observed, PodsWaiting, QuotaAnswer, Refusal, Termination,
-    Unschedulable, pods_waiting, seen_state,
+    JOB_NAME_CONFLICT, JobState, LivePod, Observed, PodsWaiting, QueueWait, QuotaAnswer, Refusal,
+    Termination, Unschedulable, pods_waiting, seen_state,
 };
 use crate::controller::seen_job::SeenJob;
 use crate::controller::status::READY;
@@ -30,6 +31,7 @@ pub struct Snapshot {
     pub jobs: Vec<Arc<SeenJob>>,
     pub termination: Option<Termination>,
     pub unschedulable: Option<Unschedulable>,
+    pub queue_wait: Option<QueueWait>,
     /// A foreign Job still holds the name of the next attempt.
     pub refused: Option<Refusal>,
     /// `gpujob` is known current in this term: read from the API server or written by
@@ -53,6 +55,7 @@ impl Snapshot {
             jobs: self.jobs.iter().map(AsRef::as_ref).collect(),
             termination: self.termination.clone(),
             unschedulable: self.unschedulable.clone(),
+            queue_wait: self.queue_wait.clone(),
             refused: refused.or_else(|| self.refused.clone()),
             quota_required,
             quota,
@@ -113,6 +116,10 @@ pub(super) async fn observe(
         Some((attempt, job)) => unschedulable_of(view, &key.namespace, job, attempt).await?,
         None => None,
     };
+    let queue_wait = match waiting_in_queue(&jobs) {
+        Some((attempt, job)) => queue_wait_of(view, &key.namespace, job, attempt).await?,
+        None => None,
+    };
     let rv = gpujob
         .metadata
         .resource_version
@@ -128,6 +135,7 @@ pub(super) async fn observe(
         jobs,
         termination,
         unschedulable,
+        queue_wait,
         refused,
         confirmed,
     }))
@@ -211,6 +219,112 @@ fn waiting_for_a_node(jobs: &[Arc<SeenJob>], now: Timestamp) -> Option<(i32, &Se
         .filter_map(|j| j.attempt.map(|a| (a, j.as_ref())))
         .max_by_key(|(a, _)| *a)?;
     (pods_waiting(job, now) == PodsWaiting::ReadPod).then_some((attempt, job))
+}
+
+/// The newest attempt, when its Job waits in its Kueue LocalQueue ([`SeenJob::queued`]).
+fn waiting_in_queue(jobs: &[Arc<SeenJob>]) -> Option<(i32, &SeenJob)> {
+    let (attempt, job) = jobs
+        .iter()
+        .filter_map(|j| j.attempt.map(|a| (a, j.as_ref())))
+        .max_by_key(|(a, _)| *a)?;
+    (job.queued() && !job.deleting()).then_some((attempt, job))
+}
+
+/// Kueue's Workloads (`kueue.x-k8s.io/v1beta2`, served from Kueue 0.15).
+fn workloads() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),
+        "workloads",
+    )
+}
+
+/// Why Kueue holds the attempt's Job, from its Workload (found by Kueue's label
+/// `kueue.x-k8s.io/job-uid`): an eviction's reason and words while evicted, else why
+/// its quota is not reserved. A cluster without Kueue's API says so.
+async fn queue_wait_of(
+    view: &View,
+    ns: &str,
+    job: &SeenJob,
+    attempt: i32,
+) -> Result<Option<QueueWait>, Error> {
+    let Some(job_uid) = job.uid.as_deref() else {
+        return Ok(None);
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(view.client.clone(), ns, &workloads());
+    let listed = api
+        .list(&ListParams::default().labels(&format!("kueue.x-k8s.io/job-uid={job_uid}")))
+        .await;
+    let list = match listed {
+        Ok(list) => list,
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            return Ok(Some(QueueWait {
+                attempt,
+                reason: "KueueNotInstalled".to_owned(),
+                message: "the cluster serves no kueue.x-k8s.io/v1beta2 Workloads: is Kueue (0.15 or later) installed?".to_owned(),
+            }));
+        }
+        Err(e) => return Err(Error::kube(ApiCall::ReadWorkload)(e)),
+    };
+    let Some(workload) = list.items.first() else {
+        return Ok(Some(QueueWait {
+            attempt,
+            reason: "NoWorkload".to_owned(),
+            message: "Kueue has made no Workload for the Job yet".to_owned(),
+        }));
+    };
+    Ok(Some(workload_wait(&workload.data, attempt)))
+}
+
+/// What a Workload's conditions say of why it is not admitted.
+fn workload_wait(workload: &serde_json::Value, attempt: i32) -> QueueWait {
+    let conditions = workload
+        .pointer("/status/conditions")
+        .and_then(serde_json::Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let find = |type_: &str, status: &str| {
+        conditions.iter().find(|c| {
+            c.get("type").and_then(serde_json::Value::as_str) == Some(type_)
+                && c.get("status").and_then(serde_json::Value::as_str) == Some(status)
+        })
+    };
+    let said = find("Evicted", "True")
+        .or_else(|| find("QuotaReserved", "False"))
+        .or_else(|| find("Admitted", "False"));
+    let text = |c: &serde_json::Value, field: &str| {
+        c.get(field)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    match said {
+        Some(c) => QueueWait {
+            attempt,
+            reason: condition_reason(&text(c, "reason")),
+            message: text(c, "message"),
+        },
+        None => QueueWait {
+            attempt,
+            reason: "Pending".to_owned(),
+            message: "Kueue has not decided on the Workload yet".to_owned(),
+        },
+    }
+}
+
+/// `reason` when it is a condition reason the API server takes (Kueue's are), else
+/// `Pending`.
+fn condition_reason(reason: &str) -> String {
+    let ok = reason.len() <= 1024
+        && reason.starts_with(|c: char| c.is_ascii_alphabetic())
+        && reason
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ',' | ':'))
+        && !reason.ends_with([',', ':']);
+    if ok {
+        reason.to_owned()
+    } else {
+        "Pending".to_owned()
+    }
 }
 
 /// The scheduler's reason for not placing the attempt's pod, from the pod's
@@ -366,5 +480,30 @@ mod tests {
         assert_eq!(attempt(&[job(1, true), job(2, false)], Some(1)), None);
         assert_eq!(attempt(&[job(1, false)], None), None);
         assert_eq!(attempt(&[], None), None);
+    }
+
+    #[test]
+    fn a_workload_says_why_kueue_holds_the_attempt() {
+        let workload = |conditions: serde_json::Value| serde_json::json!({"status": {"conditions": conditions}});
+        let pending = workload(serde_json::json!([{
+            "type": "QuotaReserved", "status": "False", "reason": "Pending",
+            "message": "couldn't assign flavors to pod set main: insufficient quota",
+        }]));
+        let w = workload_wait(&pending, 2);
+        assert_eq!((w.attempt, w.reason.as_str()), (2, "Pending"));
+        assert!(w.message.contains("insufficient quota"), "{w:?}");
+        // Evicted and waiting for quota again: the eviction is the news.
+        let evicted = workload(serde_json::json!([
+            {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "x"},
+            {"type": "Evicted", "status": "True", "reason": "Preempted",
+             "message": "Preempted to accommodate a higher priority Workload"},
+        ]));
+        assert_eq!(workload_wait(&evicted, 1).reason, "Preempted");
+        // Nothing decided yet; a reason the API server would refuse is not copied.
+        assert_eq!(workload_wait(&serde_json::json!({}), 1).reason, "Pending");
+        let odd = workload(serde_json::json!([
+            {"type": "QuotaReserved", "status": "False", "reason": "not a reason!"},
+        ]));
+        assert_eq!(workload_wait(&odd, 1).reason, "Pending");
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod attempts;
 pub mod harness;
+pub mod kueue;
 pub mod nodes;
 pub mod prometheus;
 pub mod quota;
@@ -136,9 +137,14 @@ impl TestEnv {
 
     /// [`TestEnv::private`] with the CRD in file `crd`.
     pub async fn private_with_crd(prefix: &str, crd: std::path::PathBuf) -> TestEnv {
+        Self::private_with_crds(prefix, vec![crd]).await
+    }
+
+    /// [`TestEnv::private`] with the CRDs in files `crds` (the GpuJob CRD among them).
+    pub async fn private_with_crds(prefix: &str, crds: Vec<std::path::PathBuf>) -> TestEnv {
         gpujob_operator::client::install_crypto_provider();
         let cluster = ControlPlane::start(devcluster::Options {
-            crds: vec![crd],
+            crds,
             // Scale-out tests run a fourth replica.
             replicas: 4,
             gpu_nodes: devcluster::nodes::GpuNodes::for_tests(),

@@ -111,6 +111,7 @@ fn v2_only_values_travel_in_spec_v2() {
         "retryPolicy": {"maxRetries": 1, "backoffSeconds": 30},
         "template": template,
         "nodes": 4,
+        "queueName": "team-a",
     }));
     let x = to_v1(&y);
     assert_eq!(
@@ -122,8 +123,10 @@ fn v2_only_values_travel_in_spec_v2() {
             attempt_deadline: None,
             failure_rules: Vec::new(),
             nodes: Some(4),
+            queue_name: Some("team-a".into()),
         })
     );
+    assert_eq!(x.spec.queue_name(), Some("team-a"));
     assert_eq!(x.spec.nodes(), 4);
     assert_eq!(x.spec.total_gpus(), 8);
     let back = to_v2(&x);
@@ -522,6 +525,7 @@ fn v1_base() -> impl Strategy<Value = GpuJob> {
             option::of(1i64..100_000),
             failure_rules(),
             option::of(2i32..=128),
+            option::of("[a-z][a-z0-9-]{0,10}[a-z0-9]"),
         ),
         status(),
     )
@@ -531,7 +535,7 @@ fn v1_base() -> impl Strategy<Value = GpuJob> {
                 (image, command, args, env),
                 (gpus, max_retries),
                 (node_selector, service_account_name, update_policy, suspend, ttl),
-                (template, gpu_product, backoff_seconds, failure_rules, nodes),
+                (template, gpu_product, backoff_seconds, failure_rules, nodes, queue_name),
                 status,
             )| {
                 GpuJob {
@@ -556,6 +560,7 @@ fn v1_base() -> impl Strategy<Value = GpuJob> {
                             attempt_deadline: None,
                             failure_rules,
                             nodes,
+                            queue_name,
                         }),
                     },
                     status,

@@ -76,6 +76,8 @@ struct Kept {
     failure_rules: Option<String>,
     #[serde(rename = "k", default, skip_serializing_if = "Option::is_none")]
     nodes: Option<i32>,
+    #[serde(rename = "q", default, skip_serializing_if = "Option::is_none")]
+    queue: Option<String>,
     #[serde(rename = "c", default, skip_serializing_if = "Vec::is_empty")]
     conditions: Vec<JobCondition>,
     #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
@@ -107,6 +109,7 @@ impl Cached {
             generation: seen.generation,
             failure_rules: seen.failure_rules.clone(),
             nodes: seen.nodes,
+            queue: seen.queue.clone(),
             conditions: status.conditions.clone(),
             completion_time: status.completion_time.clone(),
             active: status.active,
@@ -186,6 +189,7 @@ impl Cached {
             generation: kept.generation,
             failure_rules: kept.failure_rules,
             nodes: kept.nodes,
+            queue: kept.queue,
             status: SeenJobStatus {
                 conditions: kept.conditions,
                 completion_time: kept.completion_time,
@@ -406,7 +410,9 @@ impl JobIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ANNOTATION_FAILURE_RULES, ANNOTATION_GENERATION, LABEL_ATTEMPT};
+    use crate::api::{
+        ANNOTATION_FAILURE_RULES, ANNOTATION_GENERATION, LABEL_ATTEMPT, LABEL_KUEUE_QUEUE,
+    };
     use k8s_openapi::api::batch::v1::{JobSpec, JobStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use std::collections::BTreeMap;
@@ -481,6 +487,7 @@ mod tests {
         full.metadata.labels = Some(BTreeMap::from([
             (LABEL_ATTEMPT.into(), "1".into()),
             ("team".into(), "a".into()),
+            (LABEL_KUEUE_QUEUE.into(), "team-a".into()),
         ]));
         full.metadata.annotations = Some(BTreeMap::from([
             (
@@ -549,6 +556,7 @@ mod tests {
             "the GpuJob controller, not the first owner"
         );
         assert_eq!(seen_full.status.terminating, Some(2));
+        assert_eq!(seen_full.queue.as_deref(), Some("team-a"));
         assert_eq!(
             SeenJob::of(&plain).map(|s| s.status),
             Some(Default::default())

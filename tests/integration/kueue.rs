@@ -1,0 +1,214 @@
+//! GpuJobs queued through Kueue (`spec.queueName`), with the real Kueue controller
+//! (`support::kueue`) on a control plane of the test's own, kube-scheduler and the fake
+//! GPU nodes: each attempt's Job is handed to the LocalQueue suspended and runs only
+//! once Kueue admits all of its pods against the ClusterQueue's GPUs; a GpuJob Kueue
+//! holds says Queued, with Kueue's reason. Without Kueue in the cluster, the GpuJob says
+//! so instead of waiting silently.
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use crate::support;
+
+use std::time::Duration;
+
+use gpujob_operator::api::{
+    Condition, ConditionStatus, GpuJob, LABEL_KUEUE_QUEUE, LABEL_UID, Phase,
+};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams};
+use serde_json::json;
+use support::kueue::{Kueue, gpu_queue, kueue_crds, workload_of};
+use support::{TestEnv, phase, sim_env, test_crd};
+
+fn condition<'a>(g: &'a GpuJob, type_: &str) -> Option<&'a Condition> {
+    g.status.as_ref()?.condition(type_)
+}
+
+fn reason_of(g: &GpuJob, type_: &str) -> Option<String> {
+    condition(g, type_).map(|c| c.reason.clone())
+}
+
+/// The Jobs of the GpuJob with uid `uid`.
+async fn jobs_of(env: &TestEnv, uid: &str) -> Vec<Job> {
+    env.jobs()
+        .list(&ListParams::default().labels(&format!("{LABEL_UID}={uid}")))
+        .await
+        .unwrap()
+        .items
+}
+
+/// The GpuJob's pods that kwok runs.
+async fn running_pods(env: &TestEnv, uid: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    pods.list(&ListParams::default().labels(&format!("{LABEL_UID}={uid}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .collect()
+}
+
+#[tokio::test]
+async fn gpujobs_queued_through_kueue_run_when_kueue_admits_all_their_pods() {
+    let env = TestEnv::private_with_crds("kueue", vec![test_crd(), kueue_crds()]).await;
+    let _kueue = Kueue::start(&env).await;
+    // 8 GPUs in the ClusterQueue: one GpuJob of 8 at a time.
+    gpu_queue(&env, 8).await;
+    let mut settings = env.settings();
+    settings.plan.limits.max_gpus = 16;
+    let op = env.operator("kueue", settings).await;
+
+    // Two nodes of 4 GPUs: one Workload of 2 pods, admitted together.
+    let long = sim_env(&[("SIM_DURATION_SECONDS", "3600")]);
+    let first = env
+        .create(
+            "pair",
+            json!({"image": "i", "gpus": 4, "maxRetries": 0, "env": long,
+                   "v2": {"nodes": 2, "queueName": "team"}}),
+        )
+        .await;
+    let first_uid = first.metadata.uid.clone().unwrap();
+    let running = env
+        .wait_gpujob("pair", "admitted and running", |g| {
+            phase(g) == Some(Phase::Running)
+                && condition(g, "Admitted").is_some_and(|c| c.status == ConditionStatus::True)
+        })
+        .await;
+    let admitted = condition(&running, "Admitted").unwrap();
+    assert!(
+        admitted.message.contains("attempt 1") && admitted.message.contains("team"),
+        "{admitted:?}"
+    );
+    let jobs = jobs_of(&env, &first_uid).await;
+    assert_eq!(jobs.len(), 1);
+    let job = &jobs[0];
+    assert_eq!(
+        job.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get(LABEL_KUEUE_QUEUE)
+            .map(String::as_str),
+        Some("team"),
+        "handed to the LocalQueue"
+    );
+    let workload = workload_of(&env, job.metadata.uid.as_deref().unwrap())
+        .await
+        .expect("Kueue made a Workload for the attempt's Job");
+    let assignment = &workload["status"]["admission"]["podSetAssignments"][0];
+    assert_eq!(
+        assignment["count"], 2,
+        "both pods admitted at once: {workload}"
+    );
+    assert_eq!(
+        assignment["resourceUsage"]["nvidia.com/gpu"], "8",
+        "{workload}"
+    );
+    let pods = devcluster::wait::until(
+        "both pods of the admitted attempt running",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let pods = running_pods(&env, &first_uid).await;
+            (pods.len() == 2).then_some(pods)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(pods.len(), 2);
+
+    // A second GpuJob of 8 GPUs waits in the queue: its Job stays suspended, no pod
+    // exists, and the GpuJob says why in Kueue's words.
+    let second = env
+        .create(
+            "solo",
+            json!({"image": "i", "gpus": 8, "maxRetries": 0, "env": long,
+                   "v2": {"queueName": "team"}}),
+        )
+        .await;
+    let second_uid = second.metadata.uid.clone().unwrap();
+    let queued = env
+        .wait_gpujob("solo", "queued, with Kueue's reason", |g| {
+            reason_of(g, "Ready").as_deref() == Some("Queued")
+                && condition(g, "Admitted").is_some_and(|c| c.message.contains("quota"))
+        })
+        .await;
+    assert_eq!(phase(&queued), Some(Phase::Pending));
+    let ready = condition(&queued, "Ready").unwrap();
+    assert!(ready.message.contains("LocalQueue team"), "{ready:?}");
+    let admitted = condition(&queued, "Admitted").unwrap();
+    assert_eq!(admitted.status, ConditionStatus::False, "{admitted:?}");
+    let jobs = jobs_of(&env, &second_uid).await;
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(
+        jobs[0].spec.as_ref().unwrap().suspend,
+        Some(true),
+        "held by Kueue, not started by the operator"
+    );
+    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    let its_pods = pods
+        .list(&ListParams::default().labels(&format!("{LABEL_UID}={second_uid}")))
+        .await
+        .unwrap();
+    assert!(its_pods.items.is_empty(), "{:?}", its_pods.items);
+
+    // The first GpuJob goes: its Job and Workload go with it, and Kueue admits the
+    // second, which then runs as attempt 1.
+    env.gpujobs()
+        .delete("pair", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let admitted = env
+        .wait_gpujob("solo", "admitted and running", |g| {
+            phase(g) == Some(Phase::Running)
+                && reason_of(g, "Admitted").as_deref() == Some("Admitted")
+        })
+        .await;
+    let status = admitted.status.unwrap();
+    assert_eq!((status.attempts, status.failures), (1, 0));
+    devcluster::wait::until(
+        "the admitted GpuJob's pod running",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (running_pods(&env, &second_uid).await.len() == 1).then_some(()) },
+    )
+    .await
+    .unwrap();
+    drop(op);
+}
+
+#[tokio::test]
+async fn a_gpujob_queued_where_kueue_is_not_installed_says_so_and_runs_nothing() {
+    let env = TestEnv::new("no-kueue").await;
+    let op = env.operator("no-kueue", env.settings()).await;
+    let created = env
+        .create(
+            "waits",
+            json!({"image": "i", "gpus": 1, "v2": {"queueName": "team"}}),
+        )
+        .await;
+    let uid = created.metadata.uid.clone().unwrap();
+    let g = env
+        .wait_gpujob("waits", "queued, saying Kueue is missing", |g| {
+            reason_of(g, "Admitted").as_deref() == Some("KueueNotInstalled")
+        })
+        .await;
+    assert_eq!(phase(&g), Some(Phase::Pending));
+    assert_eq!(reason_of(&g, "Ready").as_deref(), Some("Queued"));
+    let jobs = jobs_of(&env, &uid).await;
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].spec.as_ref().unwrap().suspend, Some(true));
+    assert_eq!(
+        jobs[0]
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get(LABEL_KUEUE_QUEUE)
+            .map(String::as_str),
+        Some("team")
+    );
+    drop(op);
+}

@@ -1,0 +1,278 @@
+//! Kueue (sigs.k8s.io/kueue, built by `scripts/kueue.sh`) running against a private
+//! control plane, as a cluster's Kueue would: its CRDs installed, its manager started
+//! with its own certificate management, only batch/v1 Jobs integrated, and one
+//! ResourceFlavor and ClusterQueue of GPUs with a LocalQueue in the test's namespace.
+//!
+//! Kueue's own Job webhooks are not registered with the API server (its manager serves
+//! them, nothing calls them): the operator creates every Job suspended and hands it to
+//! a queue by label, which is what those webhooks would let through. Kueue's conversion
+//! webhooks are declared on its CRDs, as its install does, so that its certificate
+//! management has somewhere to put the CA; every object here is written and read at
+//! the storage version, so no conversion is ever asked for.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use devcluster::{ControlPlane, Identity, load_crds};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use serde_json::json;
+
+use super::TestEnv;
+
+/// The folder holding `kueue` and `crds/` (scripts/test.sh exports it).
+pub fn kueue_dir() -> PathBuf {
+    std::env::var_os("GPUJOB_KUEUE_DIR")
+        .map(PathBuf::from)
+        .expect(
+            "GPUJOB_KUEUE_DIR: scripts/test.sh builds Kueue with scripts/kueue.sh and exports it",
+        )
+}
+
+/// Kueue's namespace and the Secret its certificate management fills.
+const NAMESPACE: &str = "kueue-system";
+const CERT_SECRET: &str = "kueue-webhook-server-cert";
+/// Kueue's CRDs with a conversion webhook in its install.
+const CONVERTED: [&str; 5] = [
+    "localqueues",
+    "clusterqueues",
+    "workloads",
+    "cohorts",
+    "multikueueclusters",
+];
+
+/// One file holding Kueue's CRDs as its install has them (with the conversion webhook
+/// declared), for [`TestEnv::private_with_crds`].
+pub fn kueue_crds() -> PathBuf {
+    let mut docs = Vec::new();
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(kueue_dir().join("crds"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    paths.sort();
+    for path in paths {
+        for crd in load_crds(&path).unwrap() {
+            let mut crd = serde_json::to_value(&crd).unwrap();
+            let plural = crd["spec"]["names"]["plural"].as_str().unwrap().to_owned();
+            if CONVERTED.contains(&plural.as_str()) {
+                crd["spec"]["conversion"] = json!({
+                    "strategy": "Webhook",
+                    "webhook": {
+                        "conversionReviewVersions": ["v1"],
+                        "clientConfig": {"service": {
+                            "name": "kueue-webhook-service", "namespace": NAMESPACE,
+                            "path": "/convert",
+                        }},
+                    },
+                });
+            }
+            docs.push(serde_json::to_string(&crd).unwrap());
+        }
+    }
+    let file = std::env::temp_dir().join(format!("gpujob-kueue-crds-{}.yaml", std::process::id()));
+    std::fs::write(&file, docs.join("\n---\n")).unwrap();
+    file
+}
+
+/// A running Kueue manager; stopped on drop.
+pub struct Kueue {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Kueue {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("keeping Kueue's log in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn(cluster: &ControlPlane, dir: &Path, config: &Path, run: u32) -> Child {
+    let log = std::fs::File::create(dir.join(format!("kueue-{run}.log"))).unwrap();
+    cluster
+        .command(kueue_dir().join("kueue"), Identity::Admin)
+        .arg("--config")
+        .arg(config)
+        // Kueue's visibility API is an aggregated API server of its own, which needs
+        // in-cluster delegated authentication and exits Kueue without it; the tests do
+        // not ask it anything.
+        .arg("--feature-gates=VisibilityOnDemand=false")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+impl Kueue {
+    /// Starts Kueue on `env`'s control plane (which must have [`kueue_crds`]) and waits
+    /// until it is ready.
+    pub async fn start(env: &TestEnv) -> Kueue {
+        let dir = std::env::temp_dir().join(format!("gpujob-kueue-{}", env.ns));
+        let certs = dir.join("certs");
+        std::fs::create_dir_all(&certs).unwrap();
+        let health = free_port();
+        let config = dir.join("config.yaml");
+        let text = json!({
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": NAMESPACE,
+            "health": {"healthProbeBindAddress": format!("127.0.0.1:{health}")},
+            "metrics": {"bindAddress": "0"},
+            "webhook": {"host": "127.0.0.1", "port": free_port(), "certDir": certs},
+            "leaderElection": {"leaderElect": false},
+            "integrations": {"frameworks": ["batch/job"]},
+        });
+        std::fs::write(&config, serde_json::to_string(&text).unwrap()).unwrap();
+
+        // Kueue's certificate management fills a Secret that must exist, and waits for
+        // the kubelet to mount it; here the test copies it into the folder.
+        let pp = PatchParams::apply("gpujob-tests").force();
+        let namespaces: Api<Namespace> = Api::all(env.admin.clone());
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
+        namespaces
+            .patch(NAMESPACE, &pp, &Patch::Apply(&ns))
+            .await
+            .unwrap();
+        let secrets: Api<Secret> = Api::namespaced(env.admin.clone(), NAMESPACE);
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": CERT_SECRET},
+        }))
+        .unwrap();
+        secrets
+            .patch(CERT_SECRET, &pp, &Patch::Apply(&secret))
+            .await
+            .unwrap();
+
+        let mut first = spawn(&env.cluster, &dir, &config, 1);
+        let filled = devcluster::wait::until(
+            "Kueue's certificates in its Secret",
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                let s = secrets.get(CERT_SECRET).await.ok()?;
+                let data = s.data?;
+                data.contains_key("tls.crt").then_some(data)
+            },
+        )
+        .await;
+        let _ = first.kill();
+        let _ = first.wait();
+        for (key, value) in filled.unwrap() {
+            std::fs::write(certs.join(key), value.0).unwrap();
+        }
+        // Started again, it finds its certificates in place and is ready at once.
+        let child = spawn(&env.cluster, &dir, &config, 2);
+        let kueue = Kueue { child, dir };
+        let ready = devcluster::wait::until(
+            "Kueue ready",
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async { ready_on(health).then_some(()) },
+        )
+        .await;
+        if ready.is_err() {
+            let log = std::fs::read_to_string(kueue.dir.join("kueue-2.log")).unwrap_or_default();
+            panic!("Kueue did not get ready; its log:\n{log}");
+        }
+        kueue
+    }
+}
+
+/// Whether Kueue's health server answers 200 to /readyz.
+fn ready_on(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = "GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    let mut answer = String::new();
+    s.write_all(request.as_bytes()).is_ok()
+        && s.read_to_string(&mut answer).is_ok()
+        && answer.lines().next().is_some_and(|l| l.contains(" 200 "))
+}
+
+/// Kueue's kinds, at the version the tests write.
+pub fn kueue_kind(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", kind),
+        plural,
+    )
+}
+
+/// A ResourceFlavor `gpu`, a ClusterQueue `gpus` of `gpus` nvidia.com/gpu, and the
+/// LocalQueue `team` in `env`'s namespace pointing at it.
+pub async fn gpu_queue(env: &TestEnv, gpus: u32) {
+    let pp = PatchParams::apply("gpujob-tests").force();
+    let apply = |api: Api<DynamicObject>, name: &'static str, body: serde_json::Value| {
+        let pp = pp.clone();
+        async move {
+            let obj: DynamicObject = serde_json::from_value(body).unwrap();
+            api.patch(name, &pp, &Patch::Apply(&obj)).await.unwrap();
+        }
+    };
+    let flavor = kueue_kind("ResourceFlavor", "resourceflavors");
+    apply(
+        Api::all_with(env.admin.clone(), &flavor),
+        "gpu",
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+               "metadata": {"name": "gpu"}}),
+    )
+    .await;
+    let cq = kueue_kind("ClusterQueue", "clusterqueues");
+    apply(
+        Api::all_with(env.admin.clone(), &cq),
+        "gpus",
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": "gpus"},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["nvidia.com/gpu"],
+            "flavors": [{"name": "gpu", "resources": [
+                {"name": "nvidia.com/gpu", "nominalQuota": gpus}]}],
+        }]}}),
+    )
+    .await;
+    let lq = kueue_kind("LocalQueue", "localqueues");
+    apply(
+        Api::namespaced_with(env.admin.clone(), &env.ns, &lq),
+        "team",
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+               "metadata": {"name": "team"}, "spec": {"clusterQueue": "gpus"}}),
+    )
+    .await;
+}
+
+/// The Workload Kueue made for the Job with uid `job_uid`, if any.
+pub async fn workload_of(env: &TestEnv, job_uid: &str) -> Option<serde_json::Value> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        env.admin.clone(),
+        &env.ns,
+        &kueue_kind("Workload", "workloads"),
+    );
+    let list = api
+        .list(
+            &kube::api::ListParams::default().labels(&format!("kueue.x-k8s.io/job-uid={job_uid}")),
+        )
+        .await
+        .unwrap();
+    list.items
+        .into_iter()
+        .next()
+        .map(|w| serde_json::to_value(w).unwrap())
+}
