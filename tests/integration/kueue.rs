@@ -2,8 +2,9 @@
 //! (`support::kueue`) on a control plane of the test's own, kube-scheduler and the fake
 //! GPU nodes: each attempt's Job is handed to the LocalQueue suspended and runs only
 //! once Kueue admits all of its pods against the ClusterQueue's GPUs; a GpuJob Kueue
-//! holds says Queued, with Kueue's reason. Without Kueue in the cluster, the GpuJob says
-//! so instead of waiting silently.
+//! holds says Queued, with Kueue's reason, and one Kueue preempts for a higher-priority
+//! GpuJob is queued again in the same attempt, nothing counted. Without Kueue in the
+//! cluster, the GpuJob says so instead of waiting silently.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -16,7 +17,8 @@ use gpujob_operator::api::{
 };
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use support::kueue::{Kueue, gpu_queue, kueue_crds, workload_of};
 use support::{TestEnv, phase, sim_env, test_crd};
@@ -176,6 +178,87 @@ async fn gpujobs_queued_through_kueue_run_when_kueue_admits_all_their_pods() {
     )
     .await
     .unwrap();
+    drop(op);
+}
+
+#[tokio::test]
+async fn a_gpujob_kueue_preempts_for_a_higher_priority_one_waits_queued_in_the_same_attempt() {
+    let env = TestEnv::private_with_crds("kueue-preempt", vec![test_crd(), kueue_crds()]).await;
+    let _kueue = Kueue::start(&env).await;
+    gpu_queue(&env, 8).await;
+    // Kueue ranks Workloads by their pods' priority class.
+    let classes: Api<PriorityClass> = Api::all(env.admin.clone());
+    for (name, value) in [("batch-low", 10), ("batch-high", 1000)] {
+        let class: PriorityClass = serde_json::from_value(json!({
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value,
+        }))
+        .unwrap();
+        classes
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+    }
+    let op = env.operator("kueue-preempt", env.settings()).await;
+    let long = sim_env(&[("SIM_DURATION_SECONDS", "3600")]);
+    let spec = |class: &str| {
+        json!({"image": "i", "gpus": 8, "maxRetries": 0, "env": long,
+               "v2": {"queueName": "team",
+                      "template": {"spec": {"priorityClassName": class}}}})
+    };
+    let low = env.create("low", spec("batch-low")).await;
+    let low_uid = low.metadata.uid.clone().unwrap();
+    env.wait_gpujob("low", "admitted and running", |g| {
+        phase(g) == Some(Phase::Running) && reason_of(g, "Admitted").as_deref() == Some("Admitted")
+    })
+    .await;
+    devcluster::wait::until(
+        "the low-priority pod running",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (running_pods(&env, &low_uid).await.len() == 1).then_some(()) },
+    )
+    .await
+    .unwrap();
+
+    // The high-priority GpuJob takes the ClusterQueue's GPUs: Kueue evicts the low one
+    // (suspends its Job), which waits Queued again, in attempt 1, no failure counted.
+    env.create("high", spec("batch-high")).await;
+    env.wait_gpujob("high", "admitted and running", |g| {
+        phase(g) == Some(Phase::Running) && reason_of(g, "Admitted").as_deref() == Some("Admitted")
+    })
+    .await;
+    let evicted = env
+        .wait_gpujob("low", "queued again after Kueue's preemption", |g| {
+            reason_of(g, "Ready").as_deref() == Some("Queued")
+                && reason_of(g, "Admitted").as_deref() == Some("Preempted")
+        })
+        .await;
+    assert_eq!(phase(&evicted), Some(Phase::Pending));
+    let status = evicted.status.clone().unwrap();
+    assert_eq!(
+        (status.attempts, status.failures),
+        (1, 0),
+        "an eviction by Kueue is neither a new attempt nor a failure: {status:?}"
+    );
+    assert!(status.last_failure.is_none(), "{status:?}");
+    let jobs = jobs_of(&env, &low_uid).await;
+    assert_eq!(jobs.len(), 1, "the same attempt's Job, held by Kueue");
+    assert_eq!(jobs[0].spec.as_ref().unwrap().suspend, Some(true));
+
+    // The high one goes: Kueue admits the low one again, and the same attempt runs.
+    env.gpujobs()
+        .delete("high", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let back = env
+        .wait_gpujob("low", "admitted again and running", |g| {
+            phase(g) == Some(Phase::Running)
+                && reason_of(g, "Admitted").as_deref() == Some("Admitted")
+        })
+        .await;
+    let status = back.status.unwrap();
+    assert_eq!((status.attempts, status.failures), (1, 0), "{status:?}");
     drop(op);
 }
 

@@ -216,8 +216,9 @@ pub fn kueue_kind(kind: &str, plural: &str) -> ApiResource {
     )
 }
 
-/// A ResourceFlavor `gpu`, a ClusterQueue `gpus` of `gpus` nvidia.com/gpu, and the
-/// LocalQueue `team` in `env`'s namespace pointing at it.
+/// A ResourceFlavor `gpu`, a ClusterQueue `gpus` of `gpus` nvidia.com/gpu (in which a
+/// Workload of higher priority preempts lower ones), and the LocalQueue `team` in
+/// `env`'s namespace pointing at it.
 pub async fn gpu_queue(env: &TestEnv, gpus: u32) {
     let pp = PatchParams::apply("gpujob-tests").force();
     let apply = |api: Api<DynamicObject>, name: &'static str, body: serde_json::Value| {
@@ -241,7 +242,9 @@ pub async fn gpu_queue(env: &TestEnv, gpus: u32) {
         "gpus",
         json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
         "metadata": {"name": "gpus"},
-        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+        "spec": {"namespaceSelector": {},
+                 "preemption": {"withinClusterQueue": "LowerPriority"},
+                 "resourceGroups": [{
             "coveredResources": ["nvidia.com/gpu"],
             "flavors": [{"name": "gpu", "resources": [
                 {"name": "nvidia.com/gpu", "nominalQuota": gpus}]}],
