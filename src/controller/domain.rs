@@ -12,7 +12,14 @@ use crate::api::{GpuJob, Phase};
 use crate::metrics::Metrics;
 
 /// Ready reasons of a GpuJob that waits on purpose: not stuck, with metrics of its own.
-pub const WAITING_REASONS: [&str; 4] = ["BackingOff", "QuotaRefused", "InvalidSpec", "Suspended"];
+/// `Queued`: Kueue holds the attempt, as its ClusterQueue's quota and policy say.
+pub const WAITING_REASONS: [&str; 5] = [
+    "BackingOff",
+    "QuotaRefused",
+    "InvalidSpec",
+    "Suspended",
+    "Queued",
+];
 /// The `phase` label values, `Unknown` for GpuJobs without a phase yet.
 pub const PHASES: [&str; 6] = [
     "Pending",
@@ -270,7 +277,13 @@ mod tests {
                 "2026-11-30T05:00:00Z",
             )),
         );
-        let all = [stuck, running, backing_off];
+        // Held by Kueue for an hour: its ClusterQueue is full, on purpose.
+        let queued = gj(
+            "q",
+            1,
+            Some(status(Phase::Pending, 1, "Queued", "2026-11-30T05:00:00Z")),
+        );
+        let all = [stuck, running, backing_off, queued];
         let early = snapshot(
             &all,
             t("2026-11-30T06:09:00Z"),
@@ -289,6 +302,7 @@ mod tests {
             "only the one without a deliberate reason or a running attempt"
         );
         assert_eq!(late.oldest_unconverged, Duration::from_secs(900));
+        assert_eq!(late.waiting["Queued"], 1);
     }
 
     #[test]
