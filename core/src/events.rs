@@ -5,8 +5,8 @@
 use crate::api::{ConditionStatus, GpuJobStatus, Phase};
 
 use crate::status::{
-    CLEANUP_STUCK, QUOTA_RESERVED, READY, SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, SUSPENDED,
-    UNSCHEDULABLE,
+    ADMITTED, CLEANUP_STUCK, QUEUED, QUOTA_RESERVED, READY, SERVICE_NAME_CONFLICT,
+    SPEC_CHANGE_PENDING, SUSPENDED, UNSCHEDULABLE,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,6 +61,36 @@ pub fn transitions(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
     out.extend(outcome(before, after));
     out.extend(spec(before, after));
     out.extend(quota(before, after));
+    out.extend(kueue(before, after));
+    out
+}
+
+/// Kueue: an attempt queued (once per wait), admitted, or evicted by Kueue.
+fn kueue(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
+    let mut out = Vec::new();
+    let was_admitted = matches!(cond(before, ADMITTED), Some((ConditionStatus::True, _, _)));
+    match cond(after, ADMITTED) {
+        Some((ConditionStatus::True, _, message)) if !was_admitted => {
+            out.push(note(Kind::Normal, "Admitted", message.to_owned()));
+        }
+        // Not a new attempt waiting to be handed over: the admitted one taken back.
+        Some((ConditionStatus::False, reason, message)) if was_admitted && reason != "Queuing" => {
+            out.push(note(
+                Kind::Warning,
+                "Evicted",
+                format!(
+                    "Kueue evicted the attempt ({reason}): {message}; it waits to be admitted again"
+                ),
+            ));
+            return out;
+        }
+        _ => {}
+    }
+    let queued = |s: &GpuJobStatus| matches!(cond(s, READY), Some((_, r, _)) if r == QUEUED);
+    if queued(after) && !queued(before) {
+        let message = cond(after, READY).map(|(_, _, m)| m.to_owned());
+        out.push(note(Kind::Normal, QUEUED, message.unwrap_or_default()));
+    }
     out
 }
 
@@ -442,5 +472,83 @@ mod tests {
         let n = transitions(&base, &invalid);
         assert_eq!((n[0].reason, n[0].kind), ("InvalidSpec", Kind::Warning));
         assert!(transitions(&invalid, &invalid).is_empty());
+    }
+
+    #[test]
+    fn kueue_queues_admits_and_evicts_an_attempt_once_each() {
+        let base = GpuJobStatus {
+            attempts: 1,
+            phase: Some(Phase::Pending),
+            ..Default::default()
+        };
+        let handed = with_cond(
+            base.clone(),
+            ADMITTED,
+            ConditionStatus::False,
+            "Queuing",
+            "attempt 1 is handed to Kueue LocalQueue team once it may start",
+        );
+        let queued = with_cond(
+            with_cond(
+                handed.clone(),
+                ADMITTED,
+                ConditionStatus::False,
+                "Pending",
+                "full",
+            ),
+            READY,
+            ConditionStatus::False,
+            QUEUED,
+            "attempt 1 waits in Kueue LocalQueue team: full",
+        );
+        assert!(transitions(&base, &handed).is_empty());
+        assert_eq!(reasons(&transitions(&handed, &queued)), vec![QUEUED]);
+        assert!(transitions(&queued, &queued).is_empty(), "once per wait");
+        let mut admitted = with_cond(
+            with_cond(
+                queued.clone(),
+                ADMITTED,
+                ConditionStatus::True,
+                "Admitted",
+                "in",
+            ),
+            READY,
+            ConditionStatus::False,
+            "JobRunning",
+            "attempt 1 runs",
+        );
+        admitted.phase = Some(Phase::Running);
+        let n = transitions(&queued, &admitted);
+        assert_eq!((n[0].reason, n[0].kind), ("Admitted", Kind::Normal));
+        assert_eq!(n.len(), 1, "{n:?}");
+        let evicted = with_cond(
+            with_cond(
+                base.clone(),
+                ADMITTED,
+                ConditionStatus::False,
+                "Preempted",
+                "by x",
+            ),
+            READY,
+            ConditionStatus::False,
+            QUEUED,
+            "attempt 1 waits in Kueue LocalQueue team: by x",
+        );
+        let n = transitions(&admitted, &evicted);
+        assert_eq!(reasons(&n), vec!["Evicted"], "not Queued as well");
+        assert_eq!(n[0].kind, Kind::Warning);
+        assert!(
+            n[0].note.contains("Preempted") && n[0].note.contains("by x"),
+            "{n:?}"
+        );
+        // The next attempt handed over after an admitted one ended: no eviction.
+        let next = with_cond(
+            admitted.clone(),
+            ADMITTED,
+            ConditionStatus::False,
+            "Queuing",
+            "attempt 2 is handed to Kueue LocalQueue team once it may start",
+        );
+        assert!(!reasons(&transitions(&admitted, &next)).contains(&"Evicted"));
     }
 }

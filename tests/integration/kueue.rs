@@ -259,6 +259,29 @@ async fn a_gpujob_kueue_preempts_for_a_higher_priority_one_waits_queued_in_the_s
         .await;
     let status = back.status.unwrap();
     assert_eq!((status.attempts, status.failures), (1, 0), "{status:?}");
+    // What `kubectl describe` tells: admitted, evicted by Kueue, admitted again (the
+    // two identical Admitted Events are one series of count 2).
+    let admitted = |e: &[support::EventSeen]| -> i32 {
+        e.iter()
+            .filter(|(_, r, _, _)| r == "Admitted")
+            .map(|(_, _, _, n)| *n)
+            .sum()
+    };
+    let events = env
+        .events_of("low", |e| {
+            admitted(e) >= 2 && e.iter().any(|(_, r, _, _)| r == "Evicted")
+        })
+        .await;
+    assert_eq!(admitted(&events), 2, "{events:?}");
+    let evicted: Vec<_> = events
+        .iter()
+        .filter(|(_, r, _, _)| r == "Evicted")
+        .collect();
+    assert_eq!(evicted.len(), 1, "{events:?}");
+    assert!(
+        evicted[0].0 == "Warning" && evicted[0].2.contains("Preempted"),
+        "{evicted:?}"
+    );
     drop(op);
 }
 
