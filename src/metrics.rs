@@ -19,6 +19,8 @@ pub const CONTROLLER: &str = "gpujob";
 pub const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
 /// `gpujob_events_total` results.
 pub const EVENT_RESULTS: [&str; 4] = ["created", "series", "failed", "dropped"];
+/// `gpujob_watch_objects_total` resources.
+pub const WATCHED: [&str; 2] = ["gpujobs", "jobs"];
 /// `gpujob_conversion_requests_total` results: a ConversionReview answered with every
 /// object converted, or answered with a Failed result.
 pub const CONVERSION_RESULTS: [&str; 2] = ["success", "failed"];
@@ -69,6 +71,8 @@ pub struct Metrics {
     pub quota_refusals: IntCounter,
     pub cleanup_stuck: IntGauge,
     pub events: IntCounterVec,
+    /// Objects the watches delivered (list pages and watch events), by resource.
+    pub watch_objects: IntCounterVec,
     pub conversion_requests: IntCounterVec,
     pub conversion_duration: Histogram,
     pub conversion_certificate_expiry: IntGauge,
@@ -316,6 +320,11 @@ impl Metrics {
                 "Events on GpuJobs: created, counted into a recent identical one (series), failed, or dropped because the Event queue was full",
                 &["result"],
             )?,
+            watch_objects: counters(
+                "gpujob_watch_objects_total",
+                "Objects this replica's watches received, listed or changed or deleted, by resource (gpujobs, jobs): what the API server sent it, owned shard or not",
+                &["resource"],
+            )?,
             conversion_requests: counters(
                 "gpujob_conversion_requests_total",
                 "ConversionReviews the conversion webhook answered, by result (success, failed)",
@@ -373,6 +382,7 @@ impl Metrics {
             Box::new(self.quota_refusals.clone()),
             Box::new(self.cleanup_stuck.clone()),
             Box::new(self.events.clone()),
+            Box::new(self.watch_objects.clone()),
             Box::new(self.conversion_requests.clone()),
             Box::new(self.conversion_duration.clone()),
             Box::new(self.conversion_certificate_expiry.clone()),
@@ -408,6 +418,9 @@ impl Metrics {
         self.leader.with_label_values(&[CONTROLLER]);
         for result in EVENT_RESULTS {
             self.events.with_label_values(&[result]);
+        }
+        for resource in WATCHED {
+            self.watch_objects.with_label_values(&[resource]);
         }
         for result in CONVERSION_RESULTS {
             self.conversion_requests.with_label_values(&[result]);

@@ -75,8 +75,10 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake, status: Ar
     // A relist reaches the store only when complete (InitDone); then every GpuJob it had
     // before or has now is looked at.
     let mut before: Vec<Key> = Vec::new();
+    let received = ctx.metrics.watch_objects.with_label_values(&["gpujobs"]);
     while let Some(event) = events.next().await {
         if let Ok(event) = &event {
+            received.inc_by(objects_in(event));
             ctx.view.gpujob_event(event);
         }
         match event {
@@ -115,9 +117,11 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake, status: Ar
 async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
     let stream = watcher(api, config(&ctx).labels(LABEL_UID)).default_backoff();
     let mut events = stream.boxed();
+    let received = ctx.metrics.watch_objects.with_label_values(&["jobs"]);
     while let Some(event) = events.next().await {
         match event {
             Ok(event) => {
+                received.inc_by(objects_in(&event));
                 let finished = matches!(
                     &event,
                     watcher::Event::Apply(job) if job_state(job) != JobState::Active
@@ -145,6 +149,15 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
     }
 }
 
+/// Objects an event carries: one for a change, a deletion or a listed object; none for
+/// the start and end of a list.
+fn objects_in<K>(event: &watcher::Event<K>) -> u64 {
+    match event {
+        watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_) => 1,
+        watcher::Event::Init | watcher::Event::InitDone => 0,
+    }
+}
+
 fn event_name<K: ResourceExt>(event: &watcher::Event<K>) -> String {
     match event {
         watcher::Event::Apply(o) => format!("apply {}", o.name_any()),
@@ -169,6 +182,24 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_counts_its_objects_not_its_start_and_end() {
+        let gj: GpuJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+            "metadata": {"name": "a"}, "spec": {"image": "i", "gpus": 1},
+        }))
+        .unwrap();
+        let events = [
+            watcher::Event::Init,
+            watcher::Event::InitApply(gj.clone()),
+            watcher::Event::InitApply(gj.clone()),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(gj.clone()),
+            watcher::Event::Delete(gj),
+        ];
+        assert_eq!(events.iter().map(objects_in).sum::<u64>(), 4);
+    }
 
     #[test]
     fn the_gpujob_cache_drops_what_nothing_reads() {
