@@ -22,15 +22,8 @@ use support::{TestEnv, phase, sim_env, with_reasons};
 
 /// The GpuJob's pods of `attempt` that kwok runs (phase Running).
 async fn running_pods(env: &TestEnv, uid: &str, attempt: i32) -> Vec<Pod> {
-    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
-    let selector = format!("{LABEL_UID}={uid},{LABEL_ATTEMPT}={attempt}");
-    pods.list(&ListParams::default().labels(&selector))
+    env.running_pods(&format!("{LABEL_UID}={uid},{LABEL_ATTEMPT}={attempt}"))
         .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .collect()
 }
 
 async fn wait_running_pod(env: &TestEnv, uid: &str, attempt: i32) -> Pod {

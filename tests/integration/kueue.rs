@@ -42,14 +42,7 @@ async fn jobs_of(env: &TestEnv, uid: &str) -> Vec<Job> {
 
 /// The GpuJob's pods that kwok runs.
 async fn running_pods(env: &TestEnv, uid: &str) -> Vec<Pod> {
-    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
-    pods.list(&ListParams::default().labels(&format!("{LABEL_UID}={uid}")))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .collect()
+    env.running_pods(&format!("{LABEL_UID}={uid}")).await
 }
 
 #[tokio::test]

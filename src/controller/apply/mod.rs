@@ -216,7 +216,13 @@ impl Execution<'_> {
                     queue,
                 } => {
                     let started = w
-                        .start_job(fence, &key.namespace, name, resource_version, queue)
+                        .start_job(
+                            fence,
+                            &key.namespace,
+                            name,
+                            resource_version,
+                            queue.as_deref(),
+                        )
                         .await;
                     self.job_write(name, started)?;
                     match queue {

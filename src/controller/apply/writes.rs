@@ -333,7 +333,7 @@ impl Writer {
         ns: &str,
         name: &str,
         resource_version: &str,
-        queue: &Option<String>,
+        queue: Option<&str>,
     ) -> Result<(), Error> {
         let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
         let pp = PatchParams {

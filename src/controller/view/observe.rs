@@ -112,11 +112,12 @@ pub(super) async fn observe(
         Some((attempt, job)) => termination_of(view, &key.namespace, job, attempt).await?,
         None => None,
     };
-    let unschedulable = match waiting_for_a_node(&jobs, Timestamp::now()) {
+    let newest = newest_attempt(&jobs);
+    let unschedulable = match newest.filter(|(_, j)| waits_for_a_node(j, Timestamp::now())) {
         Some((attempt, job)) => unschedulable_of(view, &key.namespace, job, attempt).await?,
         None => None,
     };
-    let queue_wait = match waiting_in_queue(&jobs) {
+    let queue_wait = match newest.filter(|(_, j)| j.queued() && !j.deleting()) {
         Some((attempt, job)) => queue_wait_of(view, &key.namespace, job, attempt).await?,
         None => None,
     };
@@ -211,23 +212,18 @@ fn unrecorded_failure(jobs: &[Arc<SeenJob>], recorded: Option<i32>) -> Option<(i
         .max_by_key(|(a, _)| *a)
 }
 
-/// The newest attempt, when its Job is active with no pod running past the scheduler's
-/// grace ([`pods_waiting`]): its pod says why.
-fn waiting_for_a_node(jobs: &[Arc<SeenJob>], now: Timestamp) -> Option<(i32, &SeenJob)> {
-    let (attempt, job) = jobs
-        .iter()
+/// The newest attempt and its Job: the one whose pods may wait for a node, or which may
+/// wait in its Kueue LocalQueue ([`SeenJob::queued`]).
+fn newest_attempt(jobs: &[Arc<SeenJob>]) -> Option<(i32, &SeenJob)> {
+    jobs.iter()
         .filter_map(|j| j.attempt.map(|a| (a, j.as_ref())))
-        .max_by_key(|(a, _)| *a)?;
-    (pods_waiting(job, now) == PodsWaiting::ReadPod).then_some((attempt, job))
+        .max_by_key(|(a, _)| *a)
 }
 
-/// The newest attempt, when its Job waits in its Kueue LocalQueue ([`SeenJob::queued`]).
-fn waiting_in_queue(jobs: &[Arc<SeenJob>]) -> Option<(i32, &SeenJob)> {
-    let (attempt, job) = jobs
-        .iter()
-        .filter_map(|j| j.attempt.map(|a| (a, j.as_ref())))
-        .max_by_key(|(a, _)| *a)?;
-    (job.queued() && !job.deleting()).then_some((attempt, job))
+/// Whether `job` is active with no pod running past the scheduler's grace
+/// ([`pods_waiting`]): its pod says why.
+fn waits_for_a_node(job: &SeenJob, now: Timestamp) -> bool {
+    pods_waiting(job, now) == PodsWaiting::ReadPod
 }
 
 /// Kueue's Workloads (`kueue.x-k8s.io/v1beta2`, served from Kueue 0.15).
@@ -311,8 +307,9 @@ fn workload_wait(workload: &serde_json::Value, attempt: i32) -> QueueWait {
     }
 }
 
-/// `reason` when it is a condition reason the API server takes (Kueue's are), else
-/// `Pending`.
+/// `reason` when it has the form of a metav1.Condition reason (CamelCase; Kueue's do),
+/// else `Pending`: the GpuJob's schema would take any string, but tools that read
+/// conditions expect that form.
 fn condition_reason(reason: &str) -> String {
     let ok = reason.len() <= 1024
         && reason.starts_with(|c: char| c.is_ascii_alphabetic())

@@ -262,6 +262,20 @@ impl TestEnv {
             .unwrap()
     }
 
+    /// The pods matching label `selector` in this namespace that kwok runs (phase
+    /// Running).
+    pub async fn running_pods(&self, selector: &str) -> Vec<k8s_openapi::api::core::v1::Pod> {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.admin.clone(), &self.ns);
+        pods.list(&ListParams::default().labels(selector))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .collect()
+    }
+
     /// Waits until GpuJob `name` satisfies `pred`.
     pub async fn wait_gpujob(
         &self,
