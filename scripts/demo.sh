@@ -136,12 +136,14 @@ fi
 
 step "watching them converge"
 total="$(grep -c '^kind: GpuJob' examples/*.yaml | awk -F: '{n += $2} END {print n}')"
-# The shard of namespace $ns: fnv1a64(namespace) mod shards (docs/ha-and-sharding.md, "Sharding").
+# The shard of namespace $ns: the range of fnv1a64(namespace) it falls in, shard i of n
+# being [i*2^64//n, (i+1)*2^64//n) (docs/ha-and-sharding.md, "Sharding").
 shard="$(python3 -c 'import sys
 h = 0xcbf29ce484222325
 for b in sys.argv[1].encode():
     h = ((h ^ b) * 0x100000001b3) % 2**64
-print(h % int(sys.argv[2]))' "$ns" "$shards")"
+n = int(sys.argv[2])
+print(next(i for i in range(n) if i * 2**64 // n <= h < (i + 1) * 2**64 // n))' "$ns" "$shards")"
 deadline=$((SECONDS + 240))
 while :; do
   table="$(echo "namespace $ns is shard $shard of $shards; who holds each shard:"

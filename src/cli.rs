@@ -35,6 +35,21 @@ pub enum Command {
     /// step 2).
     /// Safe to interrupt and to run again.
     MigrateStorage(MigrateArgs),
+    /// Print `--shard-cuts` for N shards that balance the GpuJobs there are (by
+    /// namespace; a namespace is never split), with what each shard would hold under
+    /// them and under N equal ranges. Reads only.
+    ShardCuts(ShardCutsArgs),
+}
+
+/// `gpujob-operator shard-cuts`.
+#[derive(Debug, Args)]
+pub struct ShardCutsArgs {
+    /// How many shards (the replicas' --shards).
+    #[arg(long, env = "GPUJOB_SHARDS", value_parser = clap::value_parser!(u32).range(2..=1024))]
+    pub shards: u32,
+    /// What to balance: GpuJobs per shard, or namespaces per shard.
+    #[arg(long, value_enum, default_value_t = crate::shard_cuts::Weight::Gpujobs)]
+    pub by: crate::shard_cuts::Weight,
 }
 
 /// `gpujob-operator migrate-storage`.
@@ -291,10 +306,17 @@ pub struct RunArgs {
     /// the replicas' `<name>-member-<identity>` heartbeats).
     #[arg(long, env = "GPUJOB_LEASE_NAME", default_value = "gpujob-operator")]
     pub lease_name: String,
-    /// Split GpuJobs into this many shards by `fnv1a64(namespace) mod N`, one Lease
+    /// Split GpuJobs into this many shards by ranges of `fnv1a64(namespace)`, one Lease
     /// each, balanced across the live replicas. 1: plain leader election.
     #[arg(long, env = "GPUJOB_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub shards: u32,
+    /// Where shards 1..N-1 start in the hash space, `0x…,0x…` (N-1 values, increasing);
+    /// empty: N equal ranges. Namespaces whose names differ only at the end hash close
+    /// together, so equal ranges can put most of them in one shard: `gpujob-operator
+    /// shard-cuts` prints cuts that balance the namespaces there are. Every replica
+    /// must run with the same cuts (docs/ha-and-sharding.md, "Sharding").
+    #[arg(long, env = "GPUJOB_SHARD_CUTS", default_value = "")]
+    pub shard_cuts: String,
     /// Namespace of the Lease (default: $POD_NAMESPACE, else gpujob-system).
     #[arg(long, env = "GPUJOB_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
@@ -451,6 +473,12 @@ impl RunArgs {
         }
     }
 
+    /// How namespaces map to shards: `--shards` ranges, cut at `--shard-cuts`.
+    pub fn shard_map(&self) -> Result<crate::shard::ShardMap, String> {
+        crate::shard::ShardMap::parse(&self.shard_cuts, self.shards)
+            .map_err(|e| format!("--shard-cuts: {e}"))
+    }
+
     pub fn lease_namespace(&self) -> String {
         self.lease_namespace
             .clone()
@@ -516,6 +544,7 @@ impl RunArgs {
         if self.resync.is_zero() {
             return Err("--resync must be greater than zero".to_owned());
         }
+        self.shard_map()?;
         if self.shards > 1 && !self.leader_elect {
             return Err(format!(
                 "--shards {} needs leader election: without it one replica works on every GpuJob",

@@ -18,6 +18,7 @@ pub mod queue;
 pub mod quota;
 pub mod ratelimit;
 pub mod server;
+pub mod shard_cuts;
 
 // The pure core, where the operator has always had it (`gpujob_operator::api`, ...).
 pub use gpujob_core::{api, backoff, hash, shard};

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use gpujob_operator::cli::{Cli, Command, LogFormat, MigrateArgs, RunArgs};
+use gpujob_operator::cli::{Cli, Command, LogFormat, MigrateArgs, RunArgs, ShardCutsArgs};
 use gpujob_operator::client::Limits;
 use gpujob_operator::health::Status;
 use gpujob_operator::lease::{self, Ownership, ShardLeases};
@@ -24,6 +24,7 @@ fn main() -> ExitCode {
             .map(|yaml| print!("{yaml}")),
         Command::Run(args) => run(*args),
         Command::MigrateStorage(args) => migrate_storage(&args),
+        Command::ShardCuts(args) => shard_cuts(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -43,6 +44,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut listen = args.listen().map_err(anyhow::Error::msg)?;
     listen.conversion = args.conversion().map_err(anyhow::Error::msg)?;
     let identity = args.identity();
+    let map = std::sync::Arc::new(args.shard_map().map_err(anyhow::Error::msg)?);
     client::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -55,7 +57,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let status = Status::new(Metrics::new());
         let metrics = status.metrics.clone();
         info!(identity = %identity, version = env!("CARGO_PKG_VERSION"), leader_elect = args.leader_elect,
-            shards = args.shards, "gpujob-operator starting");
+            shards = args.shards, shard_map = %map.name(), "gpujob-operator starting");
         if settings.plan.api_versions == controller::ApiVersions::V1 {
             tracing::warn!(
                 "--api-versions=v1 (rollback mode): spec.v2 of every GpuJob is ignored (no pod template, GPU product or per-GpuJob backoff; Jobs are built as before v2 existed) and left as it is; the conversion webhook runs if --conversion-cert-dir is given"
@@ -85,7 +87,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 .context("building the Events client")?;
             controller::run_unfenced(kube_client, events_client, settings, status, shutdown_signal()).await
         } else {
-            let (tx, rx) = watch::channel(Ownership::nothing_of(args.shards));
+            let (tx, rx) = watch::channel(Ownership::nothing_in(map.clone()));
             // Reconcile writes are fenced by the Lease of their shard, right before they are sent.
             let kube_client =
                 client::build(config.clone(), &identity, limits, Some(metrics.clone()), Some(rx.clone()))
@@ -108,7 +110,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             let leases = ShardLeases {
                 lease_name: args.lease_name.clone(),
                 namespace: args.lease_namespace(),
-                shards: args.shards,
+                map,
             };
             let lease_task = {
                 let identity = identity.clone();
@@ -129,6 +131,28 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             Ok(Err(e)) => result.and(Err(e)),
             Err(e) => result.and(Err(e.into())),
         }
+    })
+}
+
+fn shard_cuts(args: &ShardCutsArgs) -> anyhow::Result<()> {
+    client::install_crypto_provider();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let config = kube::Config::infer()
+            .await
+            .context("loading the kubeconfig (KUBECONFIG, ~/.kube/config or in-cluster)")?;
+        let client = client::build(config, "shard-cuts", Limits::default(), None, None)
+            .context("building the API client")?;
+        let counts = gpujob_operator::shard_cuts::count(client)
+            .await
+            .context("listing GpuJobs")?;
+        let (map, table) = gpujob_operator::shard_cuts::plan(&counts, args.shards, args.by);
+        eprint!("{table}");
+        println!("--shard-cuts={}", map.cuts_text());
+        Ok(())
     })
 }
 

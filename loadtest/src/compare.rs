@@ -212,7 +212,13 @@ async fn phase(
             Running::Reference(child)
         }
         Contender::Operator => {
-            let replicas = Replicas::start(cluster, plan.operator_bin, plan.replicas, plan.shards)?;
+            let replicas = Replicas::start(
+                cluster,
+                plan.operator_bin,
+                plan.replicas,
+                plan.shards,
+                plan.namespaces,
+            )?;
             if plan.shards == 1 {
                 replicas.wait_leader(admin, None, plan.deadline).await?;
             } else {

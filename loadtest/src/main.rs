@@ -204,7 +204,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let mut timeline = Timeline::default();
-    let mut replicas = Replicas::start(&cluster, &args.operator_bin, args.replicas, args.shards)?;
+    let mut replicas = Replicas::start(
+        &cluster,
+        &args.operator_bin,
+        args.replicas,
+        args.shards,
+        &namespaces,
+    )?;
     if args.shards == 1 {
         let first_leader = replicas.wait_leader(&admin, None, deadline).await?;
         eprintln!("{} replicas up, {first_leader} leads", args.replicas);

@@ -9,7 +9,6 @@ use devcluster::audit::AuditEvent;
 use devcluster::identity::OPERATOR_USER;
 use devcluster::metrics::Metrics;
 use gpujob_operator::api::GpuJob;
-use gpujob_operator::shard::shard_of;
 
 use crate::replicas::{Holders, Memory, Takeover, held_by};
 
@@ -413,12 +412,13 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
     }
 
     if setup.shards > 1 {
+        let map = crate::replicas::shard_map(setup.namespaces, setup.shards);
         let mut per_shard: BTreeMap<u32, (usize, usize)> =
             (0..setup.shards).map(|s| (s, (0, 0))).collect();
         for (i, ns) in setup.namespaces.iter().enumerate() {
             // GpuJob j is in namespace j % k: namespace i holds ceil((gpujobs - i) / k).
             let gpujobs = setup.gpujobs.saturating_sub(i).div_ceil(k);
-            let row = per_shard.entry(shard_of(ns, setup.shards)).or_default();
+            let row = per_shard.entry(map.shard_of(ns)).or_default();
             row.0 += 1;
             row.1 += gpujobs;
         }

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use devcluster::metrics::Metrics;
 use devcluster::{ControlPlane, Identity};
+use gpujob_operator::hash::fnv1a64;
 use gpujob_operator::lease::ShardLeases;
+use gpujob_operator::shard::ShardMap;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, ListParams};
@@ -64,14 +66,29 @@ pub struct Replicas {
     bin: PathBuf,
     kubeconfig: PathBuf,
     shards: u32,
+    /// `--shard-cuts`: [`shard_map`]'s.
+    cuts: String,
+}
+
+/// The shard map the replicas run with: `shards` ranges cut so each holds about as many
+/// of `namespaces` (the load's GpuJobs are spread evenly over them). Equal ranges would
+/// put `load-0` … `load-9` all in shard 0: names that differ only at the end hash close
+/// together (docs/ha-and-sharding.md, "Balancing namespaces").
+pub fn shard_map(namespaces: &[String], shards: u32) -> ShardMap {
+    ShardMap::balanced(
+        namespaces.iter().map(|ns| (fnv1a64(ns.as_bytes()), 1)),
+        shards,
+    )
 }
 
 impl Replicas {
+    /// `n` replicas splitting `namespaces` into `shards` ([`shard_map`]).
     pub fn start(
         cluster: &ControlPlane,
         bin: &Path,
         n: u8,
         shards: u32,
+        namespaces: &[String],
     ) -> anyhow::Result<Replicas> {
         let logs = log_dir();
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
@@ -80,6 +97,7 @@ impl Replicas {
             bin: bin.to_owned(),
             kubeconfig: cluster.kubeconfig(Identity::Operator),
             shards,
+            cuts: shard_map(namespaces, shards).cuts_text(),
         };
         for i in 1..=n {
             let replica = replicas.spawn(&format!("load-{i}"))?;
@@ -103,6 +121,7 @@ impl Replicas {
             .args(["--lease-namespace", LEASE_NAMESPACE])
             .args(["--listen-address", &addr.to_string()])
             .args(["--shards", &self.shards.to_string()])
+            .args(["--shard-cuts", &self.cuts])
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -443,7 +462,7 @@ fn shard_names(shards: u32) -> ShardLeases {
     ShardLeases {
         lease_name: LEASE.to_owned(),
         namespace: LEASE_NAMESPACE.to_owned(),
-        shards,
+        map: std::sync::Arc::new(gpujob_operator::shard::ShardMap::even(shards)),
     }
 }
 

@@ -38,7 +38,6 @@ use super::{
     gained_or_lost, jitter, report,
 };
 use crate::health::Status;
-use crate::shard::SHARD_MAP;
 
 /// Holds shards until `stop`, publishing them on `tx`; then drains and releases every
 /// held shard and the member heartbeat. `stop` must resolve only once the controller
@@ -118,7 +117,7 @@ impl Coordinator {
         status: Arc<Status>,
     ) -> Coordinator {
         let ns = leases.namespace.clone();
-        let electors = (0..leases.shards.max(1))
+        let electors = (0..leases.shards().max(1))
             .map(|i| {
                 Arc::new(
                     Elector::new(
@@ -142,7 +141,7 @@ impl Coordinator {
             )
             .with_labels(leases.member_labels())
         });
-        tx.send_replace(Ownership::nothing_of(leases.shards));
+        tx.send_replace(Ownership::nothing_in(leases.map.clone()));
         report(&status.metrics, &tx.borrow());
         Coordinator {
             api: Api::namespaced(client, &ns),
@@ -292,7 +291,7 @@ impl Coordinator {
                 return false;
             }
         }
-        if let Some(other) = other_split(leases, self.leases.shards, members) {
+        if let Some(other) = other_split(leases, &self.leases.map, members) {
             // Two counts, or two maps, split namespaces differently under the same Lease
             // names: hold nothing until every live replica agrees (the alert says so
             // meanwhile).
@@ -301,8 +300,8 @@ impl Coordinator {
                     replica = %other.replica,
                     its_shards = other.shards,
                     its_map = %other.map,
-                    our_shards = self.leases.shards,
-                    our_map = SHARD_MAP,
+                    our_shards = self.leases.shards(),
+                    our_map = %self.leases.map.name(),
                     "another live replica splits namespaces into shards differently (another --shards, or another release's shard map); holding no shard until all replicas split alike (docs/ha-and-sharding.md, Sharding)"
                 );
             }

@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::coordination::v1::Lease;
 
-use crate::shard::SHARD_MAP;
+use std::sync::Arc;
+
+use crate::shard::{ShardMap, UNLABELLED_MAP};
 
 /// Label on every Lease of one operator: its `--lease-name`.
 pub const LABEL_GROUP: &str = "gpujob.dev/lease-group";
@@ -17,23 +19,27 @@ pub const LABEL_ROLE: &str = "gpujob.dev/lease-role";
 /// differently under the same names, and one namespace would have two owners.
 pub const LABEL_SHARDS: &str = "gpujob.dev/shards";
 /// On every Lease of the group: how the replica that wrote it maps namespaces to shards
-/// ([`SHARD_MAP`]). A Lease with a count and no map was written before the label
-/// existed, by a replica with today's map.
+/// ([`ShardMap::name`]). A Lease with a count and no map was written before the label
+/// existed, by a replica that split by [`UNLABELLED_MAP`].
 pub const LABEL_SHARD_MAP: &str = "gpujob.dev/shard-map";
 
-/// Where the Leases live and how many shards there are.
+/// Where the Leases live, and the shards they guard.
 #[derive(Debug, Clone)]
 pub struct ShardLeases {
     pub lease_name: String,
     pub namespace: String,
-    pub shards: u32,
+    pub map: Arc<ShardMap>,
 }
 
 impl ShardLeases {
+    pub fn shards(&self) -> u32 {
+        self.map.shards()
+    }
+
     /// Whether this is `--shards 1`: one shard, guarded by the Lease users know by the
     /// lease name itself, and no member heartbeat (`modes.rs` says why).
     pub fn single(&self) -> bool {
-        self.shards <= 1
+        self.shards() <= 1
     }
 
     /// The Lease guarding shard `i`: `<lease-name>-shard-<i>`, or `<lease-name>` itself
@@ -64,14 +70,14 @@ impl ShardLeases {
         BTreeMap::from([
             (LABEL_GROUP.to_owned(), self.lease_name.clone()),
             (LABEL_ROLE.to_owned(), role.to_owned()),
-            (LABEL_SHARDS.to_owned(), self.shards.to_string()),
-            (LABEL_SHARD_MAP.to_owned(), SHARD_MAP.to_owned()),
+            (LABEL_SHARDS.to_owned(), self.shards().to_string()),
+            (LABEL_SHARD_MAP.to_owned(), self.map.name()),
         ])
     }
 }
 
 /// A live replica that splits namespaces differently: by its member Lease, another
-/// `--shards` than `ours` or another map than [`SHARD_MAP`].
+/// `--shards` or another map than `ours`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct OtherSplit {
     pub replica: String,
@@ -81,8 +87,13 @@ pub struct OtherSplit {
 
 /// The first live member whose split differs from this replica's. Member Leases written
 /// before the count label existed say nothing and are skipped; one with a count and no
-/// map used today's map.
-pub fn other_split(leases: &[Lease], ours: u32, live: &BTreeSet<String>) -> Option<OtherSplit> {
+/// map was written by a release that split by [`UNLABELLED_MAP`].
+pub fn other_split(
+    leases: &[Lease],
+    ours: &ShardMap,
+    live: &BTreeSet<String>,
+) -> Option<OtherSplit> {
+    let our_map = ours.name();
     leases.iter().find_map(|lease| {
         let labels = lease.metadata.labels.as_ref()?;
         if labels.get(LABEL_ROLE).map(String::as_str) != Some("member") {
@@ -91,9 +102,9 @@ pub fn other_split(leases: &[Lease], ours: u32, live: &BTreeSet<String>) -> Opti
         let shards: u32 = labels.get(LABEL_SHARDS)?.parse().ok()?;
         let map = labels
             .get(LABEL_SHARD_MAP)
-            .map_or(SHARD_MAP, String::as_str);
+            .map_or(UNLABELLED_MAP, String::as_str);
         let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
-        ((shards != ours || map != SHARD_MAP) && live.contains(holder)).then(|| OtherSplit {
+        ((shards != ours.shards() || map != our_map) && live.contains(holder)).then(|| OtherSplit {
             replica: holder.to_owned(),
             shards,
             map: map.to_owned(),
@@ -103,6 +114,11 @@ pub fn other_split(leases: &[Lease], ours: u32, live: &BTreeSet<String>) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shard::SHARD_MAP;
+
+    fn six() -> ShardMap {
+        ShardMap::even(6)
+    }
 
     fn member(holder: &str, shards: Option<&str>) -> Lease {
         member_mapped(holder, shards, Some(SHARD_MAP))
@@ -129,10 +145,10 @@ mod tests {
     fn a_live_member_with_another_shard_count_is_a_conflict() {
         let live = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
         let same = [member("a", Some("6")), member("b", Some("6"))];
-        assert_eq!(other_split(&same, 6, &live), None);
+        assert_eq!(other_split(&same, &six(), &live), None);
         let mixed = [member("a", Some("6")), member("b", Some("3"))];
         assert_eq!(
-            other_split(&mixed, 6, &live),
+            other_split(&mixed, &six(), &live),
             Some(OtherSplit {
                 replica: "b".to_owned(),
                 shards: 3,
@@ -141,9 +157,9 @@ mod tests {
         );
         // A member that is gone, or that predates the label, says nothing.
         let gone = [member("a", Some("6")), member("c", Some("3"))];
-        assert_eq!(other_split(&gone, 6, &live), None);
+        assert_eq!(other_split(&gone, &six(), &live), None);
         let unlabelled = [member("b", None)];
-        assert_eq!(other_split(&unlabelled, 6, &live), None);
+        assert_eq!(other_split(&unlabelled, &six(), &live), None);
         // Shard Leases are not members.
         let mut shard = member("b", Some("3"));
         shard
@@ -152,22 +168,49 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(LABEL_ROLE.to_owned(), "shard".to_owned());
-        assert_eq!(other_split(&[shard], 6, &live), None);
+        assert_eq!(other_split(&[shard], &six(), &live), None);
     }
 
     #[test]
     fn a_live_member_with_another_map_is_a_conflict() {
         let live = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
-        // Written before the map label: today's map, no conflict.
+        // Written before the map label, by a release that split by `mod N`: a conflict
+        // with today's ranges, so an upgrade from it goes the way a change of N goes.
         let unlabelled = [member("a", Some("6")), member_mapped("b", Some("6"), None)];
-        assert_eq!(other_split(&unlabelled, 6, &live), None);
+        assert_eq!(
+            other_split(&unlabelled, &six(), &live),
+            Some(OtherSplit {
+                replica: "b".to_owned(),
+                shards: 6,
+                map: UNLABELLED_MAP.to_owned()
+            })
+        );
+        let previous = [
+            member("a", Some("6")),
+            member_mapped("b", Some("6"), Some("fnv1a64-mod")),
+        ];
+        assert!(other_split(&previous, &six(), &live).is_some());
+        // The same count, cut elsewhere (`--shard-cuts`): another map.
+        let cut = ShardMap::parse("0x1,0x2,0x3,0x4,0x5", 6).unwrap();
+        let cuts = [
+            member("a", Some("6")),
+            member_mapped("b", Some("6"), Some(&cut.name())),
+        ];
+        assert_eq!(
+            other_split(&cuts, &six(), &live).map(|o| o.replica),
+            Some("b".to_owned())
+        );
+        assert_eq!(
+            other_split(&cuts, &cut, &live).map(|o| o.replica),
+            Some("a".to_owned())
+        );
         // The same count under another map (a later release's, say).
         let other = [
             member("a", Some("6")),
             member_mapped("b", Some("6"), Some("ranges")),
         ];
         assert_eq!(
-            other_split(&other, 6, &live),
+            other_split(&other, &six(), &live),
             Some(OtherSplit {
                 replica: "b".to_owned(),
                 shards: 6,
@@ -181,7 +224,7 @@ mod tests {
         let leases = |shards| ShardLeases {
             lease_name: "op".to_owned(),
             namespace: "ns".to_owned(),
-            shards,
+            map: Arc::new(ShardMap::even(shards)),
         };
         assert_eq!(leases(1).shard(0), "op");
         assert_eq!(leases(6).shard(0), "op-shard-0");

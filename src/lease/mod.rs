@@ -1,7 +1,7 @@
 //! Lease election with client-go semantics, and the ownership it publishes.
 //!
-//! The holder of a shard's Lease runs its work; everyone else keeps caches warm and
-//! campaigns. Ownership is published as a watch channel of shards held, each with its
+//! The holder of a shard's Lease runs its work; everyone else campaigns (and, unless
+//! the API server selects objects by shard, keeps its caches warm). Ownership is published as a watch channel of shards held, each with its
 //! tenure: the local lease deadline (the monotonic time the last successful renewal was
 //! sent, plus the renew deadline; no write starts after it), an epoch that changes on
 //! every gain, and the term's name for logs (quota calls are fenced per GpuJob instead:
@@ -59,7 +59,7 @@ fn report(metrics: &Metrics, own: &Ownership) {
         .leader
         .with_label_values(&[CONTROLLER])
         .set(i64::from(own.holds_any()));
-    for s in 0..own.shards {
+    for s in 0..own.shards() {
         metrics
             .shard_owner
             .with_label_values(&[s.to_string().as_str()])

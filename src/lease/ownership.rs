@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::shard::shard_of;
+use crate::shard::ShardMap;
 
 /// One held shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,12 +44,12 @@ impl Tenure {
     }
 }
 
-/// The shards held, out of `shards`.
+/// The shards held, out of those of `map`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ownership {
     pub held: BTreeMap<u32, Tenure>,
-    /// How many shards there are (a GpuJob's shard is `shard_of(namespace, shards)`).
-    pub shards: u32,
+    /// How namespaces map to shards (a GpuJob's shard is `map.shard_of(namespace)`).
+    pub map: Arc<ShardMap>,
 }
 
 impl Ownership {
@@ -58,11 +58,16 @@ impl Ownership {
         Ownership::nothing_of(1)
     }
 
-    /// Nothing held, of `shards`.
+    /// Nothing held, of `shards` equal ranges.
     pub fn nothing_of(shards: u32) -> Ownership {
+        Ownership::nothing_in(Arc::new(ShardMap::even(shards)))
+    }
+
+    /// Nothing held, of the shards of `map`.
+    pub fn nothing_in(map: Arc<ShardMap>) -> Ownership {
         Ownership {
             held: BTreeMap::new(),
-            shards: shards.max(1),
+            map,
         }
     }
 
@@ -70,8 +75,13 @@ impl Ownership {
     pub fn unfenced() -> Ownership {
         Ownership {
             held: BTreeMap::from([(0, Tenure::gained(None, None))]),
-            shards: 1,
+            map: Arc::new(ShardMap::even(1)),
         }
+    }
+
+    /// How many shards there are.
+    pub fn shards(&self) -> u32 {
+        self.map.shards()
     }
 
     pub fn holds_any(&self) -> bool {
@@ -80,7 +90,7 @@ impl Ownership {
 
     /// The shard of GpuJobs (and their Jobs and Events) in `namespace`.
     pub fn shard_of(&self, namespace: &str) -> u32 {
-        shard_of(namespace, self.shards)
+        self.map.shard_of(namespace)
     }
 
     pub fn tenure(&self, shard: u32) -> Option<&Tenure> {
@@ -168,6 +178,7 @@ impl Drop for InFlightGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shard::shard_of;
     use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
@@ -175,11 +186,11 @@ mod tests {
         let now = Instant::now();
         let mut o = Ownership::nothing_of(8);
         let a = "default";
-        let b = (0..100)
+        let b = (0..100_000)
             .map(|i| format!("ns-{i}"))
             .find(|ns| shard_of(ns, 8) == shard_of(a, 8))
             .unwrap();
-        let c = (0..100)
+        let c = (0..100_000)
             .map(|i| format!("ns-{i}"))
             .find(|ns| shard_of(ns, 8) != shard_of(a, 8))
             .unwrap();

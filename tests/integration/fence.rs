@@ -43,7 +43,10 @@ async fn the_client_refuses_writes_outside_a_held_shards_tenure() {
         shard_of(&env.ns, shards),
         Tenure::gained(Some(deadline), None),
     )]);
-    let (_own, rx) = watch::channel(Ownership { held, shards });
+    let (_own, rx) = watch::channel(Ownership {
+        held,
+        ..Ownership::nothing_of(shards)
+    });
     let config = env.cluster.config(Identity::Admin).await.unwrap();
     let client =
         gpujob_operator::client::build(config, "fence", Default::default(), None, Some(rx))
@@ -145,7 +148,10 @@ async fn a_reconcile_refused_past_the_deadline_runs_again_when_its_term_is_renew
     let env = TestEnv::new("fence-renewed").await;
     // Past its deadline from the start: every write is refused until the renewal.
     let held = BTreeMap::from([(0, Tenure::gained(Some(Instant::now()), None))]);
-    let (own, rx) = watch::channel(Ownership { held, shards: 1 });
+    let (own, rx) = watch::channel(Ownership {
+        held,
+        ..Ownership::nothing_of(1)
+    });
     let config = env.cluster.config(Identity::Replica(1)).await.unwrap();
     let status = gpujob_operator::health::Status::new(gpujob_operator::metrics::Metrics::new());
     let client = gpujob_operator::client::build(

@@ -90,7 +90,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let metrics = status.metrics.clone();
     init_metrics(&metrics);
-    metrics.init_shards(ownership.borrow().shards);
+    metrics.init_shards(ownership.borrow().shards());
     // New work takes turns by namespace: a burst in some namespaces does not hold back
     // new GpuJobs in another.
     let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()))
@@ -208,7 +208,7 @@ fn on_scrape(
         }
         if !own.holds_any() {
             domain::publish(&ctx.metrics, None);
-            for s in 0..own.shards {
+            for s in 0..own.shards() {
                 ctx.metrics
                     .gpujobs_per_shard
                     .with_label_values(&[s.to_string().as_str()])
@@ -235,7 +235,7 @@ fn on_scrape(
                 )
             },
         );
-        for s in 0..own.shards {
+        for s in 0..own.shards() {
             let n = per_shard.get(&s).copied().unwrap_or(0);
             ctx.metrics
                 .gpujobs_per_shard
