@@ -73,6 +73,9 @@ pub struct Metrics {
     pub events: IntCounterVec,
     /// Objects the watches delivered (list pages and watch events), by resource.
     pub watch_objects: IntCounterVec,
+    pub watch_foreign: IntCounterVec,
+    pub sharded_watch: IntGauge,
+    pub cached_objects: IntGaugeVec,
     pub conversion_requests: IntCounterVec,
     pub conversion_duration: Histogram,
     pub conversion_certificate_expiry: IntGauge,
@@ -325,6 +328,22 @@ impl Metrics {
                 "Objects this replica's watches received, listed or changed or deleted, by resource (gpujobs, jobs): what the API server sent it, owned shard or not",
                 &["resource"],
             )?,
+            watch_foreign: counters(
+                "gpujob_watch_foreign_objects_total",
+                "Objects a sharded watch received from outside the shards it asked for, by resource (dropped here): the API server did not apply the shard selector",
+                &["resource"],
+            )?,
+            sharded_watch: gauge(
+                "gpujob_sharded_watch",
+                "1 when this replica's watches ask the API server for its shards' objects only (the server echoed the shard selector), 0 when they receive every object",
+            )?,
+            cached_objects: IntGaugeVec::new(
+                Opts::new(
+                    "gpujob_cached_objects",
+                    "Objects in this replica's caches, by resource (gpujobs, jobs): with sharded watches, only its shards'",
+                ),
+                &["resource"],
+            )?,
             conversion_requests: counters(
                 "gpujob_conversion_requests_total",
                 "ConversionReviews the conversion webhook answered, by result (success, failed)",
@@ -383,6 +402,9 @@ impl Metrics {
             Box::new(self.cleanup_stuck.clone()),
             Box::new(self.events.clone()),
             Box::new(self.watch_objects.clone()),
+            Box::new(self.watch_foreign.clone()),
+            Box::new(self.sharded_watch.clone()),
+            Box::new(self.cached_objects.clone()),
             Box::new(self.conversion_requests.clone()),
             Box::new(self.conversion_duration.clone()),
             Box::new(self.conversion_certificate_expiry.clone()),
@@ -421,6 +443,8 @@ impl Metrics {
         }
         for resource in WATCHED {
             self.watch_objects.with_label_values(&[resource]);
+            self.watch_foreign.with_label_values(&[resource]);
+            self.cached_objects.with_label_values(&[resource]);
         }
         for result in CONVERSION_RESULTS {
             self.conversion_requests.with_label_values(&[result]);

@@ -54,6 +54,10 @@ pub struct Options {
     pub gpu_nodes: GpuNodes,
     /// Upper bound for the whole start-up.
     pub startup_timeout: Duration,
+    /// Turn on kube-apiserver's sharded list and watch (feature gate
+    /// `ShardedListAndWatch`, alpha since 1.36, off by default there): lists and watches
+    /// may then select objects by a hash range of their namespace or uid.
+    pub sharded_watch: bool,
 }
 
 impl Default for Options {
@@ -65,6 +69,7 @@ impl Default for Options {
             pod_simulator: true,
             gpu_nodes: GpuNodes::default(),
             startup_timeout: Duration::from_secs(120),
+            sharded_watch: true,
         }
     }
 }
@@ -299,6 +304,7 @@ impl ControlPlane {
             // offsets into this one file, and a load test writes far more than 100 MB.
             "--audit-log-maxsize=1048576".to_owned(),
             "--profiling=false".to_owned(),
+            format!("--feature-gates=ShardedListAndWatch={}", opts.sharded_watch),
         ]
         .into_iter()
         .map(OsString::from)

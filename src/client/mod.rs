@@ -4,6 +4,7 @@
 //! (counted too). Errors are put in one line by `crate::apierror`.
 
 mod layers;
+mod selector;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,7 @@ use crate::ratelimit::TokenBucket;
 pub use layers::LeaseLapsed;
 use layers::{BoundedRetry, FenceLayer, RateLimitLayer};
 pub use layers::{MAX_RETRIES, MAX_RETRY_AFTER};
+pub use selector::selecting;
 
 /// Client-side limits: the API server's priority and fairness is the last line of
 /// defence, not the first.

@@ -31,6 +31,7 @@ mod quota_fencing;
 mod quota_http;
 mod reconcile;
 mod scheduling;
+mod sharded_watch;
 mod sharding;
 mod soak;
 mod spec_changes;

@@ -2,7 +2,9 @@
 //! latest value, so a shard lost and regained between two looks would seem unchanged;
 //! comparing each shard's epoch (new on every gain) sees it as the two transitions it
 //! is. Losing a shard forgets what this replica wrote there (its successor writes now);
-//! gaining one queues its GpuJobs from the warm cache (anything may have changed).
+//! gaining one queues its GpuJobs from the cache (anything may have changed; with sharded
+//! watches the cache has them only once the shard is listed, and then the watches queue
+//! them).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

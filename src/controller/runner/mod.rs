@@ -22,8 +22,8 @@ use crate::lease::Ownership;
 use crate::queue::Queue;
 
 /// Where watch events and resyncs put keys: the work queue, for GpuJobs of shards this
-/// replica holds. A standby keeps its caches warm but queues nothing (gaining a shard
-/// queues its GpuJobs), so its queue metrics stay true.
+/// replica holds. A standby queues nothing (gaining a shard queues its GpuJobs), so its
+/// queue metrics stay true.
 #[derive(Clone)]
 struct Intake {
     queue: Queue<Key>,
@@ -76,8 +76,9 @@ pub async fn run_unfenced(
 }
 
 /// Runs the controller until `shutdown` resolves, then drains in-flight reconciles
-/// (bounded by `drain_timeout`). Caches stay warm whatever this replica holds; workers
-/// reconcile only keys of held shards, and a reconcile in flight when its shard is lost
+/// (bounded by `drain_timeout`). The caches hold every GpuJob and Job, or, where the
+/// API server selects objects by shard, those of the shards held (`watches.rs`); workers
+/// reconcile only keys of held shards that both caches cover, and a reconcile in flight when its shard is lost
 /// (or lost and regained: a new term) is cancelled.
 /// `events`: the client Events are written with, on a budget of its own.
 pub async fn run(
@@ -125,7 +126,7 @@ pub async fn run(
             status.set_ready(true);
         }
         _ = &mut shutdown => {
-            abort(&watches);
+            watches.abort();
             return Ok(());
         }
     }
@@ -161,7 +162,7 @@ pub async fn run(
             ctx.settings.drain_timeout
         );
     }
-    abort(&watches);
+    watches.abort();
     Ok(())
 }
 
@@ -193,6 +194,13 @@ fn on_scrape(
     let computed = std::sync::Mutex::new(None::<(tokio::time::Instant, BTreeMap<u32, u64>)>);
     status.on_scrape(move || {
         queue.update_gauges();
+        let (gpujobs, jobs) = ctx.view.cached();
+        for (resource, n) in [("gpujobs", gpujobs), ("jobs", jobs)] {
+            ctx.metrics
+                .cached_objects
+                .with_label_values(&[resource])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
         let own = own.borrow().clone();
         {
             let mut computed = computed.lock().unwrap_or_else(|p| p.into_inner());

@@ -4,21 +4,32 @@
 //! Jobs, also every GpuJob whose Jobs the view's write memory still speaks of).
 //! New work goes to the queue's prompt lane: a GpuJob without a status (never looked at),
 //! and a Job that has finished (its GpuJob's next step is due).
+//!
+//! With more than one shard (and every namespace watched), the watches ask only for the
+//! objects of the shards this replica holds, when the API server can select them (the
+//! sharded list and watch, KEP-5866; told by the selector it echoes on a list, not by its
+//! version): when the shards held change, both watches start again for the new ones and
+//! the caches keep only those. Otherwise they receive everything, as with one shard.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{debug, info, warn};
 
 use super::{Context, Intake, Key};
 use crate::api::{GpuJob, LABEL_UID};
+use crate::client::selecting;
 use crate::controller::plan::{JobState, job_state};
+use crate::controller::view::scope::{Cached, Scope};
 use crate::health::Status;
+use crate::lease::Ownership;
+use crate::shard::ShardMap;
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
@@ -30,24 +41,169 @@ where
     }
 }
 
-/// Starts both watches; they run until aborted. `status` learns of GpuJob lists that
-/// fail before the caches synced (see `Status::readiness`).
+/// Starts the watches; they run until the returned task is aborted. `status` learns of
+/// GpuJob lists that fail before the caches synced (see `Status::readiness`).
 pub(super) fn spawn(
     client: &Client,
     ctx: &Arc<Context>,
     intake: &Intake,
     status: &Arc<Status>,
-) -> [JoinHandle<()>; 2] {
+) -> JoinHandle<()> {
+    tokio::spawn(supervise(
+        client.clone(),
+        ctx.clone(),
+        intake.clone(),
+        status.clone(),
+    ))
+}
+
+/// How long the watches wait after a change of the shards held before starting again:
+/// a replica gains or loses several shards within a look, and each start lists anew.
+const SETTLE: Duration = Duration::from_millis(200);
+
+async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Arc<Status>) {
+    let mut own = intake.own.clone();
+    let map = own.borrow().map.clone();
+    let shards = map.shards();
+    let mut tasks = JoinSet::new();
+    if shards <= 1 || ctx.settings.namespace.is_some() {
+        ctx.metrics.sharded_watch.set(0);
+        start(&mut tasks, &client, &ctx, &intake, &status, Scope::All);
+        while tasks.join_next().await.is_some() {}
+        return;
+    }
+    if !selects(&client, &status, &map).await {
+        info!(
+            "the API server does not select objects by shard (no shardInfo on a sharded list of Jobs: feature gate ShardedListAndWatch off, or Kubernetes before 1.36); watching every GpuJob and Job and keeping them all"
+        );
+        ctx.metrics.sharded_watch.set(0);
+        start(&mut tasks, &client, &ctx, &intake, &status, Scope::All);
+        while tasks.join_next().await.is_some() {}
+        return;
+    }
+    ctx.metrics.sharded_watch.set(1);
+    let mut current: Option<Scope> = None;
+    loop {
+        let wanted = held_scope(&own.borrow_and_update());
+        if current.as_ref() != Some(&wanted) {
+            // The old watches stop before the caches hear of the new scope, so no event
+            // of a shard given up arrives after.
+            tasks.shutdown().await;
+            ctx.view.watching(&wanted);
+            if wanted.is_empty() {
+                ctx.view.watch_nothing(&wanted);
+            } else {
+                info!(
+                    selector = wanted.selector().unwrap_or_default(),
+                    "watching the GpuJobs and Jobs of the shards held"
+                );
+                let selecting = selecting(&client, &wanted.selector().unwrap_or_default());
+                start(
+                    &mut tasks,
+                    &selecting,
+                    &ctx,
+                    &intake,
+                    &status,
+                    wanted.clone(),
+                );
+            }
+            current = Some(wanted);
+        }
+        if own.changed().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(SETTLE).await;
+    }
+}
+
+/// The shards `own` holds.
+fn held_scope(own: &Ownership) -> Scope {
+    Scope::Shards {
+        held: own.held.keys().copied().collect(),
+        map: own.map.clone(),
+    }
+}
+
+fn start(
+    tasks: &mut JoinSet<()>,
+    client: &Client,
+    ctx: &Arc<Context>,
+    intake: &Intake,
+    status: &Arc<Status>,
+    scope: Scope,
+) {
     let ns = ctx.settings.namespace.as_deref();
-    [
-        tokio::spawn(gpujobs(
-            api::<GpuJob>(client, ns),
-            ctx.clone(),
-            intake.clone(),
-            status.clone(),
-        )),
-        tokio::spawn(jobs(api::<Job>(client, ns), ctx.clone(), intake.clone())),
-    ]
+    tasks.spawn(gpujobs(
+        api::<GpuJob>(client, ns),
+        ctx.clone(),
+        intake.clone(),
+        status.clone(),
+        scope.clone(),
+    ));
+    tasks.spawn(jobs(
+        api::<Job>(client, ns),
+        ctx.clone(),
+        intake.clone(),
+        scope,
+    ));
+}
+
+const PROBE_WAIT_MAX: Duration = Duration::from_secs(30);
+
+/// Does the API server apply shard selectors? Asked once, by a list of one Job with a
+/// selector of every shard: a server that applies it echoes it (`metadata.shardInfo`),
+/// one without the feature ignores the parameter. Jobs, not GpuJobs: Kubernetes 1.37
+/// filters custom resources by the selector too but echoes it only on built-in lists
+/// (its unstructured lists have no `shardInfo` to set); objects of other shards that
+/// arrive anyway are counted and dropped ([`in_scope`]). Retried until the API server
+/// answers (each failure counts as a failed GpuJob list, for readiness).
+async fn selects(client: &Client, status: &Status, map: &ShardMap) -> bool {
+    let Some(every) = map.selector(0..map.shards()) else {
+        return false;
+    };
+    let probe = selecting(client, &every);
+    let url = format!("{}?limit=1", Api::<Job>::all(probe.clone()).resource_url());
+    let mut wait = Duration::from_millis(500);
+    loop {
+        let request = http::Request::get(url.as_str()).body(Vec::new());
+        let answer = match request {
+            Ok(request) => probe.request::<serde_json::Value>(request).await,
+            Err(e) => {
+                warn!(
+                    "shard selector probe: the request could not be built ({e}); watching everything"
+                );
+                return false;
+            }
+        };
+        match answer {
+            Ok(list) => {
+                let echoed = list
+                    .pointer("/metadata/shardInfo/selector")
+                    .and_then(serde_json::Value::as_str);
+                if let Some(echoed) = echoed
+                    && echoed != every
+                {
+                    warn!(
+                        sent = every,
+                        echoed,
+                        "the API server echoed another shard selector than the one sent; watching everything"
+                    );
+                    return false;
+                }
+                return echoed.is_some();
+            }
+            Err(e) => {
+                status.gpujob_list_failed();
+                warn!(
+                    "shard selector probe: listing Jobs failed: {}; retrying in {:?}",
+                    crate::apierror::describe(&e),
+                    wait
+                );
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(PROBE_WAIT_MAX);
+            }
+        }
+    }
 }
 
 /// The API server ends each watch before the client's read timeout could. Lists come
@@ -67,9 +223,18 @@ fn config(ctx: &Context) -> watcher::Config {
 /// times as many list requests.
 const LIST_PAGE: u32 = 100;
 
-async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake, status: Arc<Status>) {
+async fn gpujobs(
+    api: Api<GpuJob>,
+    ctx: Arc<Context>,
+    intake: Intake,
+    status: Arc<Status>,
+    scope: Scope,
+) {
+    let foreign = ctx.metrics.watch_foreign.with_label_values(&["gpujobs"]);
+    let filter = scope.clone();
     let stream = watcher(api, config(&ctx))
         .default_backoff()
+        .filter(move |event| std::future::ready(in_scope(event, &filter, &foreign)))
         .modify(trim_gpujob);
     let mut events = stream.boxed();
     // A relist reaches the store only when complete (InitDone); then every GpuJob it had
@@ -96,6 +261,7 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake, status: Ar
             }
             Ok(watcher::Event::InitApply(_)) => {}
             Ok(watcher::Event::InitDone) => {
+                ctx.view.listed(Cached::GpuJobs, &scope);
                 for key in std::mem::take(&mut before) {
                     intake.add(key);
                 }
@@ -114,8 +280,12 @@ async fn gpujobs(api: Api<GpuJob>, ctx: Arc<Context>, intake: Intake, status: Ar
     }
 }
 
-async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
-    let stream = watcher(api, config(&ctx).labels(LABEL_UID)).default_backoff();
+async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
+    let foreign = ctx.metrics.watch_foreign.with_label_values(&["jobs"]);
+    let filter = scope.clone();
+    let stream = watcher(api, config(&ctx).labels(LABEL_UID))
+        .default_backoff()
+        .filter(move |event| std::future::ready(in_scope(event, &filter, &foreign)));
     let mut events = stream.boxed();
     let received = ctx.metrics.watch_objects.with_label_values(&["jobs"]);
     while let Some(event) = events.next().await {
@@ -140,6 +310,15 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
                 for key in keys.relisted {
                     intake.add(key);
                 }
+                // The GpuJobs of shards both caches now cover for the first time: those
+                // without Jobs too.
+                if matches!(event, watcher::Event::InitDone)
+                    && ctx.view.listed(Cached::Jobs, &scope)
+                {
+                    for key in ctx.view.keys_where(|ns| scope.contains(ns)) {
+                        intake.add(key);
+                    }
+                }
             }
             Err(e) => warn!(
                 "Job watch: {}; retrying with backoff",
@@ -147,6 +326,26 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake) {
             ),
         }
     }
+}
+
+/// Keeps an event unless it carries an object from outside `scope` (the API server did
+/// not apply the selector): those are counted and dropped.
+fn in_scope<K: ResourceExt>(
+    event: &Result<watcher::Event<K>, watcher::Error>,
+    scope: &Scope,
+    foreign: &prometheus::IntCounter,
+) -> bool {
+    let object = match event {
+        Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o)) => {
+            o
+        }
+        _ => return true,
+    };
+    let inside = scope.contains(object.namespace().as_deref().unwrap_or_default());
+    if !inside {
+        foreign.inc();
+    }
+    inside
 }
 
 /// Objects an event carries: one for a change, a deletion or a listed object; none for

@@ -44,6 +44,13 @@ pub(super) async fn run(
             queue.done(&key);
             continue;
         };
+        if !ctx.view.covers(&key.namespace) {
+            // Its shard was just gained and the watches are still listing it: the key
+            // comes back when both caches have it (`watches.rs`).
+            debug!(gpujob = %key, shard, "not reconciled yet: the caches are still listing its shard");
+            queue.done(&key);
+            continue;
+        }
         let started = tokio::time::Instant::now();
         // Every line a reconcile logs carries the GpuJob and its shard; `attempt` is
         // filled in once known.

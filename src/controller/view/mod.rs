@@ -10,10 +10,14 @@
 //! - the executor's outcomes come back to it ([`View::record`]): what the API server
 //!   accepted is remembered until the caches show it;
 //! - hand-over tells it which shards were lost ([`View::shards_lost`]).
+//!
+//! What the caches cover (every object, or some shards': `scope.rs`) decides which
+//! GpuJobs may be reconciled ([`View::covers`]).
 
 pub mod cache;
 mod memory;
 mod observe;
+pub mod scope;
 mod term_start;
 
 use std::sync::Arc;
@@ -28,6 +32,7 @@ use crate::controller::seen_job::SeenJob;
 use cache::{GpuJobCache, JobIndex, owner_of};
 use memory::WriteMemory;
 pub use observe::Snapshot;
+use scope::{Cached, Coverage, Scope};
 use term_start::TermStarts;
 
 /// What became of a write the executor sent, as the view must remember it.
@@ -76,6 +81,7 @@ pub struct View {
     jobs: JobIndex,
     memory: WriteMemory,
     term_starts: TermStarts,
+    coverage: Coverage,
 }
 
 impl std::fmt::Debug for View {
@@ -96,6 +102,7 @@ impl View {
             gpujobs: GpuJobCache::default(),
             jobs: JobIndex::default(),
             memory: WriteMemory::default(),
+            coverage: Coverage::default(),
         }
     }
 
@@ -136,10 +143,43 @@ impl View {
         self.memory.forget_where(lost);
     }
 
+    /// The watches start again for `next` (this replica's shards changed).
+    pub fn watching(&self, next: &Scope) {
+        self.coverage.watching(next);
+    }
+
+    /// A list of `scope` into `which` cache completed. True when both caches now cover
+    /// `scope`, and did not before: every GpuJob of it is due a look.
+    pub fn listed(&self, which: Cached, scope: &Scope) -> bool {
+        self.coverage.listed(which, scope)
+    }
+
+    /// Nothing to watch (no shard held): both caches are emptied and cover nothing,
+    /// which counts as listed (a replica holding nothing is ready).
+    pub fn watch_nothing(&self, empty: &Scope) {
+        self.gpujobs.apply(&Event::Init);
+        self.gpujobs.apply(&Event::InitDone);
+        self.jobs.apply(&Event::Init);
+        self.jobs.apply(&Event::InitDone);
+        self.coverage.listed(Cached::GpuJobs, empty);
+        self.coverage.listed(Cached::Jobs, empty);
+    }
+
+    /// Do both caches hold every GpuJob and Job of `namespace`? A GpuJob is reconciled
+    /// only then.
+    pub fn covers(&self, namespace: &str) -> bool {
+        self.coverage.covers(namespace)
+    }
+
     /// Resolves once both caches hold a full list.
     pub async fn wait_ready(&self) {
         self.gpujobs.wait_ready().await;
         self.jobs.wait_ready().await;
+    }
+
+    /// How many GpuJobs and Jobs the caches hold.
+    pub fn cached(&self) -> (usize, usize) {
+        (self.gpujobs.len(), self.jobs.len())
     }
 
     /// Every cached GpuJob's key.

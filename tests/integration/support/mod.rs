@@ -142,12 +142,28 @@ impl TestEnv {
 
     /// [`TestEnv::private`] with the CRDs in files `crds` (the GpuJob CRD among them).
     pub async fn private_with_crds(prefix: &str, crds: Vec<std::path::PathBuf>) -> TestEnv {
+        Self::private_with_options(prefix, crds, true).await
+    }
+
+    /// [`TestEnv::private`] whose kube-apiserver does not select objects by shard (the
+    /// feature gate `ShardedListAndWatch` off, as by default): what replicas meet on
+    /// Kubernetes before 1.36 or without the gate.
+    pub async fn private_without_sharded_watch(prefix: &str) -> TestEnv {
+        Self::private_with_options(prefix, vec![test_crd()], false).await
+    }
+
+    async fn private_with_options(
+        prefix: &str,
+        crds: Vec<std::path::PathBuf>,
+        sharded_watch: bool,
+    ) -> TestEnv {
         gpujob_operator::client::install_crypto_provider();
         let cluster = ControlPlane::start(devcluster::Options {
             crds,
             // Scale-out tests run a fourth replica.
             replicas: 4,
             gpu_nodes: devcluster::nodes::GpuNodes::for_tests(),
+            sharded_watch,
             ..devcluster::Options::default()
         })
         .await

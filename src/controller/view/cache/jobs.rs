@@ -295,6 +295,11 @@ impl Table {
             .filter_map(|s| self.slots.get(*s as usize)?.as_ref())
     }
 
+    /// How many Jobs are kept (every freed slot is on the free list).
+    fn len(&self) -> usize {
+        self.slots.len().saturating_sub(self.free.len())
+    }
+
     /// Every GpuJob that controls a Job here.
     fn owners(&self) -> impl Iterator<Item = Key> {
         self.slots.iter().flatten().filter_map(Cached::owner)
@@ -398,6 +403,16 @@ impl JobIndex {
             .filter_map(Cached::seen)
             .map(Arc::new)
             .collect()
+    }
+
+    /// How many Jobs are cached.
+    pub fn len(&self) -> usize {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        inner.table.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Resolves once the first list has been loaded.

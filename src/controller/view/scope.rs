@@ -1,0 +1,202 @@
+//! What the caches hold: every GpuJob and Job (one namespace's, or the cluster's), or
+//! only those of some shards, when the API server selects them (the sharded list and
+//! watch, KEP-5866). A cache covers a shard once a list of a scope with that shard has
+//! completed and its watch still runs; a GpuJob is reconciled only when both caches
+//! cover its shard, so its first reconcile in a term sees its Jobs.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use crate::shard::ShardMap;
+
+/// The objects a watch asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every object the watch's namespace (or the cluster) has.
+    All,
+    /// The objects of these shards of `map`.
+    Shards {
+        held: BTreeSet<u32>,
+        map: Arc<ShardMap>,
+    },
+}
+
+impl Scope {
+    pub fn contains(&self, namespace: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Shards { held, map } => held.contains(&map.shard_of(namespace)),
+        }
+    }
+
+    /// The API server's shard selector for this scope; `None` for everything, and for
+    /// no shard (nothing to watch).
+    pub fn selector(&self) -> Option<String> {
+        match self {
+            Scope::All => None,
+            Scope::Shards { held, map } => map.selector(held.iter().copied()),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Scope::Shards { held, .. } if held.is_empty())
+    }
+
+    /// What two scopes both hold.
+    fn meet(&self, other: &Scope) -> Scope {
+        match (self, other) {
+            (Scope::All, s) | (s, Scope::All) => s.clone(),
+            (
+                Scope::Shards { held: a, map },
+                Scope::Shards {
+                    held: b,
+                    map: other,
+                },
+            ) if map == other => Scope::Shards {
+                held: a.intersection(b).copied().collect(),
+                map: map.clone(),
+            },
+            (Scope::Shards { map, .. }, _) => Scope::Shards {
+                held: BTreeSet::new(),
+                map: map.clone(),
+            },
+        }
+    }
+}
+
+/// The two caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cached {
+    GpuJobs,
+    Jobs,
+}
+
+/// What each cache covers: `None` before its first list.
+#[derive(Debug, Default)]
+pub struct Coverage {
+    inner: Mutex<[Option<Scope>; 2]>,
+}
+
+impl Coverage {
+    fn slot(which: Cached) -> usize {
+        match which {
+            Cached::GpuJobs => 0,
+            Cached::Jobs => 1,
+        }
+    }
+
+    /// The watches are restarted for `next`: until its lists complete, each cache covers
+    /// only what it covered and `next` still watches.
+    pub fn watching(&self, next: &Scope) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for slot in inner.iter_mut() {
+            if let Some(now) = slot.as_ref() {
+                *slot = Some(now.meet(next));
+            }
+        }
+    }
+
+    /// `which` completed a list of `scope`. True when both caches now cover `scope`
+    /// and, before, one did not: its GpuJobs are due a look.
+    pub fn listed(&self, which: Cached, scope: &Scope) -> bool {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let both_before = inner.iter().all(|s| s.as_ref() == Some(scope));
+        inner[Coverage::slot(which)] = Some(scope.clone());
+        !both_before && inner.iter().all(|s| s.as_ref() == Some(scope))
+    }
+
+    /// Do both caches cover `namespace`?
+    pub fn covers(&self, namespace: &str) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .iter()
+            .all(|s| s.as_ref().is_some_and(|s| s.contains(namespace)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::shard_of;
+
+    fn shards(held: &[u32], of: u32) -> Scope {
+        Scope::Shards {
+            held: held.iter().copied().collect(),
+            map: Arc::new(ShardMap::even(of)),
+        }
+    }
+
+    /// A namespace of shard `want` out of `of`.
+    fn ns_of(want: u32, of: u32) -> String {
+        (0..)
+            .map(|i| format!("ns-{i}"))
+            .find(|ns| shard_of(ns, of) == want)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_shard_is_covered_once_both_caches_listed_it() {
+        let c = Coverage::default();
+        let (a, b) = (ns_of(0, 4), ns_of(1, 4));
+        assert!(!c.covers(&a), "nothing before a list");
+        let first = shards(&[0], 4);
+        assert!(!c.listed(Cached::GpuJobs, &first), "Jobs not listed yet");
+        assert!(!c.covers(&a));
+        assert!(
+            c.listed(Cached::Jobs, &first),
+            "both now: look at its GpuJobs"
+        );
+        assert!(c.covers(&a));
+        assert!(!c.covers(&b));
+
+        // Shard 1 gained: shard 0 stays covered while the new lists run, shard 1 is not
+        // covered until both complete.
+        let next = shards(&[0, 1], 4);
+        c.watching(&next);
+        assert!(c.covers(&a));
+        assert!(!c.covers(&b));
+        assert!(!c.listed(Cached::Jobs, &next));
+        assert!(!c.covers(&b));
+        assert!(c.listed(Cached::GpuJobs, &next));
+        assert!(c.covers(&b));
+        assert!(
+            !c.listed(Cached::GpuJobs, &next),
+            "a relist of the same scope"
+        );
+
+        // Shard 0 lost: no longer covered at once.
+        c.watching(&shards(&[1], 4));
+        assert!(!c.covers(&a));
+        assert!(c.covers(&b));
+    }
+
+    #[test]
+    fn everything_covers_every_namespace_and_a_new_count_covers_nothing_until_listed() {
+        let c = Coverage::default();
+        c.listed(Cached::GpuJobs, &Scope::All);
+        assert!(!c.covers("a"));
+        assert!(c.listed(Cached::Jobs, &Scope::All));
+        assert!(c.covers("a"));
+        c.watching(&shards(&[0], 2));
+        assert!(c.covers(&ns_of(0, 2)));
+        assert!(!c.covers(&ns_of(1, 2)));
+        c.watching(&shards(&[0], 3));
+        assert!(
+            !c.covers(&ns_of(0, 3)),
+            "another count: nothing carries over"
+        );
+    }
+
+    #[test]
+    fn selectors_of_scopes() {
+        assert_eq!(Scope::All.selector(), None);
+        assert_eq!(shards(&[], 4).selector(), None);
+        assert!(shards(&[], 4).is_empty());
+        assert_eq!(
+            shards(&[2], 4).selector().as_deref(),
+            Some(
+                "shardRange(object.metadata.namespace, '0x8000000000000000', '0xc000000000000000')"
+            )
+        );
+    }
+}

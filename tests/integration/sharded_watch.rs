@@ -1,0 +1,212 @@
+//! Sharded watches with the real binary: where kube-apiserver selects objects by shard
+//! (feature gate `ShardedListAndWatch`, on in devcluster), each replica lists, watches and
+//! caches only the GpuJobs and Jobs of the shards it holds; a killed replica's shards are
+//! listed by the replica that takes them, and shards given back leave its caches. Where
+//! the server does not (the gate off), replicas watch everything, as before, and still
+//! split the work. Caches are read from each replica's metrics; that the server, not the
+//! replica, did the selecting is read from `gpujob_watch_foreign_objects_total` (objects
+//! received from outside the shards asked for).
+
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+use crate::support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use devcluster::metrics::Metrics;
+use devcluster::wait;
+use gpujob_operator::api::{GpuJob, Phase};
+use kube::api::{Api, ListParams, PostParams};
+use nix::sys::signal::Signal;
+use serde_json::json;
+use support::prometheus::{free_address, get_text};
+use support::replicas::{self, Replica};
+use support::shards::{self, wait_balanced};
+use support::{TestEnv, phase, sim_env};
+
+const SHARDS: u32 = 4;
+
+struct Running {
+    replica: Replica,
+    metrics: String,
+}
+
+fn start(env: &TestEnv, n: u8) -> Running {
+    let address = free_address();
+    let shards = SHARDS.to_string();
+    let replica = replicas::start_everywhere(
+        &env.cluster,
+        &env.ns,
+        n,
+        &["--shards", &shards, "--listen-address", &address],
+        None,
+    );
+    Running {
+        replica,
+        metrics: format!("http://{address}/metrics"),
+    }
+}
+
+async fn scrape(r: &Running) -> Option<Metrics> {
+    let text = get_text(&r.metrics).await.ok()?;
+    Metrics::parse(&text).ok()
+}
+
+async fn create(env: &TestEnv, namespaces: &[(String, u32)], per_namespace: usize, tag: &str) {
+    for (ns, _) in namespaces {
+        let api: Api<GpuJob> = Api::namespaced(env.admin.clone(), ns);
+        for i in 0..per_namespace {
+            let gj: GpuJob = serde_json::from_value(json!({
+                "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+                "metadata": {"name": format!("{tag}-{i}")},
+                "spec": {"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "1")])},
+            }))
+            .unwrap();
+            api.create(&PostParams::default(), &gj).await.unwrap();
+        }
+    }
+}
+
+/// Waits until every GpuJob of `namespaces` has succeeded; returns how many each
+/// namespace has.
+async fn wait_succeeded(env: &TestEnv, namespaces: &[(String, u32)]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (ns, _) in namespaces {
+        let api: Api<GpuJob> = Api::namespaced(env.admin.clone(), ns);
+        let n = wait::until(
+            &format!("every GpuJob of {ns} succeeded"),
+            Duration::from_secs(120),
+            Duration::from_millis(250),
+            || {
+                let api = api.clone();
+                async move {
+                    let all = api.list(&ListParams::default()).await.ok()?.items;
+                    all.iter()
+                        .all(|g| phase(g) == Some(Phase::Succeeded))
+                        .then_some(all.len())
+                }
+            },
+        )
+        .await
+        .unwrap();
+        counts.insert(ns.clone(), n);
+    }
+    counts
+}
+
+/// GpuJobs (and as many Jobs: one attempt each) in the namespaces of the shards `who`
+/// holds.
+async fn share_of(
+    env: &TestEnv,
+    who: &str,
+    namespaces: &[(String, u32)],
+    counts: &BTreeMap<String, usize>,
+) -> usize {
+    let holders = shards::holders(&env.admin, &env.ns, SHARDS).await;
+    namespaces
+        .iter()
+        .filter(|(_, s)| holders[*s as usize].as_deref() == Some(who))
+        .map(|(ns, _)| counts[ns])
+        .sum()
+}
+
+/// Waits until replica `r` caches exactly `gpujobs` GpuJobs and as many Jobs.
+async fn wait_cached(r: &Running, who: &str, gpujobs: usize) -> Metrics {
+    wait::until(
+        &format!("{who} caches {gpujobs} GpuJobs and Jobs"),
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async move {
+            let m = scrape(r).await?;
+            let cached = |resource| m.sum("gpujob_cached_objects", &[("resource", resource)]);
+            (cached("gpujobs") == gpujobs as f64 && cached("jobs") == gpujobs as f64).then_some(m)
+        },
+    )
+    .await
+    .unwrap()
+}
+
+fn foreign(m: &Metrics) -> f64 {
+    m.sum("gpujob_watch_foreign_objects_total", &[])
+}
+
+#[tokio::test]
+async fn each_replica_caches_only_its_shards_and_a_takeover_lists_the_dead_replicas() {
+    let env = TestEnv::private("sharded-watch").await;
+    let namespaces = shards::namespaces(&env, SHARDS, 1).await;
+    let one = start(&env, 1);
+    let two = start(&env, 2);
+    let ids = ["replica-1", "replica-2"];
+    wait_balanced(&env, SHARDS, &ids, 2, Duration::from_secs(60)).await;
+    create(&env, &namespaces, 3, "a").await;
+    let counts = wait_succeeded(&env, &namespaces).await;
+    let total: usize = counts.values().sum();
+
+    for (r, who) in [(&one, "replica-1"), (&two, "replica-2")] {
+        let share = share_of(&env, who, &namespaces, &counts).await;
+        assert_eq!(share, total / 2, "two shards of four, one namespace each");
+        let m = wait_cached(r, who, share).await;
+        assert_eq!(m.sum("gpujob_sharded_watch", &[]), 1.0, "{who}");
+        assert_eq!(
+            foreign(&m),
+            0.0,
+            "{who} received objects of shards it did not ask for"
+        );
+    }
+
+    // replica-2 dies: replica-1 takes its shards, lists them and works them.
+    let mut two = two;
+    two.replica.signal(Signal::SIGKILL);
+    two.replica.wait_exit(Duration::from_secs(10)).await;
+    wait_balanced(&env, SHARDS, &["replica-1"], 4, Duration::from_secs(60)).await;
+    create(&env, &namespaces, 2, "b").await;
+    let counts = wait_succeeded(&env, &namespaces).await;
+    let total: usize = counts.values().sum();
+    let m = wait_cached(&one, "replica-1", total).await;
+    assert_eq!(foreign(&m), 0.0);
+
+    // replica-2 is back: balance gives it two shards, which leave replica-1's caches.
+    let two = start(&env, 2);
+    wait_balanced(&env, SHARDS, &ids, 2, Duration::from_secs(60)).await;
+    let share = share_of(&env, "replica-1", &namespaces, &counts).await;
+    assert_eq!(share, total / 2);
+    wait_cached(&one, "replica-1", share).await;
+    wait_cached(&two, "replica-2", total - share).await;
+    drop(two);
+}
+
+#[tokio::test]
+async fn where_the_server_cannot_select_shards_replicas_watch_everything_and_still_split_the_work()
+{
+    let env = TestEnv::private_without_sharded_watch("unsharded-watch").await;
+    let start_at = env.cluster.audit().cursor().unwrap();
+    let namespaces = shards::namespaces(&env, SHARDS, 1).await;
+    let one = start(&env, 1);
+    let two = start(&env, 2);
+    wait_balanced(
+        &env,
+        SHARDS,
+        &["replica-1", "replica-2"],
+        2,
+        Duration::from_secs(60),
+    )
+    .await;
+    create(&env, &namespaces, 3, "a").await;
+    let counts = wait_succeeded(&env, &namespaces).await;
+    let total: usize = counts.values().sum();
+    for (r, who) in [(&one, "replica-1"), (&two, "replica-2")] {
+        let m = wait_cached(r, who, total).await;
+        assert_eq!(m.sum("gpujob_sharded_watch", &[]), 0.0, "{who}");
+        assert_eq!(foreign(&m), 0.0, "a full watch asks for everything");
+    }
+    // Still only a shard's holder writes its GpuJobs.
+    let events = env.cluster.audit().since(start_at).unwrap();
+    shards::assert_writes_within_tenures(&events, SHARDS, 4);
+    let writers: std::collections::BTreeSet<String> = shards::writers_by_namespace(&events)
+        .into_values()
+        .flatten()
+        .filter(|u| u.starts_with("replica-"))
+        .collect();
+    assert_eq!(writers.len(), 2, "{writers:?}");
+}
