@@ -23,6 +23,7 @@ pub async fn start(
     deploy: &Path,
     namespaces: &[String],
     gpujobs: usize,
+    sharded_watch: bool,
 ) -> anyhow::Result<(ControlPlane, Client)> {
     eprintln!("starting a private control plane");
     let crd = std::env::temp_dir().join(format!("gpujob-loadtest-crd-{}.yaml", std::process::id()));
@@ -40,6 +41,7 @@ pub async fn start(
             gpus_per_node: GPUS_PER_NODE,
             ..GpuNodes::default()
         },
+        sharded_watch,
         ..Options::default()
     })
     .await

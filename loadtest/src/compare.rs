@@ -160,7 +160,7 @@ pub async fn run(first: (ControlPlane, Client), plan: &Plan<'_>) -> anyhow::Resu
             } else {
                 cluster.shutdown();
                 (cluster, admin) =
-                    cluster::start(plan.deploy, plan.namespaces, plan.gpujobs).await?;
+                    cluster::start(plan.deploy, plan.namespaces, plan.gpujobs, true).await?;
             }
         }
         eprintln!("phase: {}", who.name());

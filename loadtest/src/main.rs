@@ -93,6 +93,11 @@ struct Args {
     /// With --compare: which of floor, reference, operator to run (comma-separated).
     #[arg(long, value_delimiter = ',', default_values = ["floor", "reference", "operator"])]
     phases: Vec<String>,
+    /// Whether kube-apiserver selects objects by shard (feature gate
+    /// `ShardedListAndWatch`): with it, sharded replicas list and watch only their
+    /// shards; `off`, every replica receives and caches everything.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    sharded_watch: String,
     /// The operator binary to run.
     #[arg(long)]
     operator_bin: PathBuf,
@@ -142,8 +147,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .collect();
     let trickle_ns = (args.trickle > 0).then(|| trickle::NAMESPACE.to_owned());
     let all_namespaces: Vec<String> = namespaces.iter().chain(&trickle_ns).cloned().collect();
-    let (cluster, admin) =
-        cluster::start(&args.deploy, &all_namespaces, args.gpujobs + args.trickle).await?;
+    let (cluster, admin) = cluster::start(
+        &args.deploy,
+        &all_namespaces,
+        args.gpujobs + args.trickle,
+        args.sharded_watch == "on",
+    )
+    .await?;
 
     let spec = json!({
         "image": "registry.example/train:1",
@@ -398,6 +408,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             gpujobs: args.gpujobs,
             replicas: args.replicas,
             shards: args.shards,
+            sharded_watch: args.sharded_watch == "on",
             concurrency: args.concurrency,
             sim_duration_seconds: &args.sim_duration_seconds,
             profile: &args.profile,

@@ -17,6 +17,8 @@ pub struct Setup<'a> {
     pub gpujobs: usize,
     pub replicas: u8,
     pub shards: u32,
+    /// Did kube-apiserver select objects by shard (`--sharded-watch`)?
+    pub sharded_watch: bool,
     pub concurrency: usize,
     pub sim_duration_seconds: &'a str,
     pub profile: &'a str,
@@ -117,6 +119,24 @@ pub fn shards_held(scrapes: &[(String, String)]) -> BTreeMap<String, f64> {
                 .iter()
                 .any(|s| s.name == "gpujob_shards_held")
                 .then(|| (who.clone(), m.sum("gpujob_shards_held", &[])))
+        })
+        .collect()
+}
+
+/// `name{labels}` summed, per replica that exports it.
+pub fn per_replica(
+    scrapes: &[(String, String)],
+    name: &str,
+    labels: &[(&str, &str)],
+) -> BTreeMap<String, f64> {
+    scrapes
+        .iter()
+        .filter_map(|(who, text)| {
+            let m = Metrics::parse(text).ok()?;
+            m.samples
+                .iter()
+                .any(|s| s.name == name)
+                .then(|| (who.clone(), m.sum(name, labels)))
         })
         .collect()
 }
@@ -230,8 +250,13 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
         "`--shards 1`: one Lease, one leader".to_owned()
     } else {
         format!(
-            "`--shards {}`: GpuJobs split by namespace hash, one Lease per shard, shared out over the live replicas",
-            setup.shards
+            "`--shards {}`: GpuJobs split by namespace hash (cuts balanced over the namespaces), one Lease per shard, shared out over the live replicas; {}",
+            setup.shards,
+            if setup.sharded_watch {
+                "kube-apiserver selects objects by shard (`ShardedListAndWatch` on), so each replica lists and watches only its shards"
+            } else {
+                "kube-apiserver without `ShardedListAndWatch`, so every replica lists, watches and caches everything"
+            }
         )
     };
     let namespaces = if k == 1 {
@@ -390,7 +415,23 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
     let _ = writeln!(r, "\n## Writes by replica (audit log, by User-Agent)\n");
     let _ = writeln!(
         r,
-        "| replica | writes | to GpuJobs and Jobs | answered ≥ 400 | shards held at the end (`gpujob_shards_held`) | peak RSS |\n|---|---|---|---|---|---|"
+        "| replica | writes | to GpuJobs and Jobs | answered ≥ 400 | shards held at the end (`gpujob_shards_held`) | objects its watches received, GpuJobs / Jobs (`gpujob_watch_objects_total`) | cached at the end, GpuJobs / Jobs | peak RSS |\n|---|---|---|---|---|---|---|---|"
+    );
+    let figure = |name: &str, resource: &str| {
+        let values = per_replica(&o.metrics, name, &[("resource", resource)]);
+        move |who: &str| {
+            values
+                .get(who)
+                .map_or_else(|| "?".to_owned(), |v| format!("{v:.0}"))
+        }
+    };
+    let (received_g, received_j) = (
+        figure("gpujob_watch_objects_total", "gpujobs"),
+        figure("gpujob_watch_objects_total", "jobs"),
+    );
+    let (cached_g, cached_j) = (
+        figure("gpujob_cached_objects", "gpujobs"),
+        figure("gpujob_cached_objects", "jobs"),
     );
     for (who, (writes, control, failed)) in &by_replica {
         let held = match held_at_end.get(who) {
@@ -407,7 +448,11 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
         );
         let _ = writeln!(
             r,
-            "| {who} | {writes} | {control} | {failed} | {held} | {peak} |"
+            "| {who} | {writes} | {control} | {failed} | {held} | {} / {} | {} / {} | {peak} |",
+            received_g(who),
+            received_j(who),
+            cached_g(who),
+            cached_j(who),
         );
     }
 
@@ -505,6 +550,7 @@ mod tests {
             gpujobs: 2,
             replicas: 3,
             shards: 2,
+            sharded_watch: true,
             concurrency: 1,
             sim_duration_seconds: "1",
             profile: "dev",
@@ -542,7 +588,10 @@ mod tests {
             ],
             metrics: vec![
                 ("load-2".to_owned(), "gpujob_shards_held 1\n".to_owned()),
-                ("load-3".to_owned(), "gpujob_shards_held 1\n".to_owned()),
+                (
+                    "load-3".to_owned(),
+                    "gpujob_shards_held 1\ngpujob_watch_objects_total{resource=\"gpujobs\"} 5\ngpujob_watch_objects_total{resource=\"jobs\"} 7\ngpujob_cached_objects{resource=\"gpujobs\"} 2\ngpujob_cached_objects{resource=\"jobs\"} 3\n".to_owned(),
+                ),
             ],
             memory: vec![
                 memory("load-1", true),
@@ -565,10 +614,15 @@ mod tests {
             "{r}"
         );
         assert!(
-            r.contains("| load-1 | 1 | 0 | 1 | — (killed) | 40 MiB (at the kill) |"),
+            r.contains(
+                "| load-1 | 1 | 0 | 1 | — (killed) | ? / ? | ? / ? | 40 MiB (at the kill) |"
+            ),
             "{r}"
         );
-        assert!(r.contains("| load-3 | 3 | 2 | 0 | 1 | 40 MiB |"), "{r}");
+        assert!(
+            r.contains("| load-3 | 3 | 2 | 0 | 1 | 5 / 7 | 2 / 3 | 40 MiB |"),
+            "{r}"
+        );
         assert!(r.contains("## Shards at the end"), "{r}");
     }
 
