@@ -105,6 +105,37 @@ pub fn decide(v: &View<'_>) -> Decision {
     decision
 }
 
+/// The shards this replica would take if one other live replica were gone (each in
+/// turn): what it should keep warm to take over without a relist. Computed by
+/// [`decide`] itself on the view without that replica, so room and rank count as they
+/// will then.
+pub fn successor_of(v: &View<'_>) -> BTreeSet<u32> {
+    let mut warm = BTreeSet::new();
+    for gone in v.members.iter().filter(|m| m.as_str() != v.me) {
+        let members: BTreeSet<String> = v.members.iter().filter(|m| *m != gone).cloned().collect();
+        let holders: Vec<Holder> = v
+            .holders
+            .iter()
+            .map(|h| match h {
+                Holder::Held(m) if m == gone => Holder::Free(Duration::ZERO),
+                other => other.clone(),
+            })
+            .collect();
+        let without = View {
+            members: &members,
+            holders: &holders,
+            ..*v
+        };
+        let decision = decide(&without);
+        warm.extend(
+            decision.take.into_iter().filter(
+                |s| matches!(v.holders.get(*s as usize), Some(Holder::Held(m)) if m == gone),
+            ),
+        );
+    }
+    warm
+}
+
 fn shards(holders: &[Holder]) -> impl Iterator<Item = (u32, &Holder)> {
     holders
         .iter()

@@ -191,11 +191,22 @@ impl Coordinator {
             return;
         }
         let holders = self.holders(&leases, now).await;
-        let decision = balance::decide(&View {
+        let view = View {
             me: &self.me,
             members: &members,
             holders: &holders,
             lease_duration: self.timing.lease_duration,
+        };
+        let decision = balance::decide(&view);
+        let warm = if single {
+            BTreeSet::new()
+        } else {
+            balance::successor_of(&view)
+        };
+        self.tx.send_if_modified(|o| {
+            let changed = o.warm != warm;
+            o.warm = warm;
+            changed
         });
         for s in decision.release {
             self.give_up(s, members.len()).await;

@@ -2,7 +2,7 @@
 //! tenure. Published on a watch channel by the lease loop; read by the runner (which
 //! keys to take, which reconciles to cancel), the executor and the API client's fence.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -50,6 +50,10 @@ pub struct Ownership {
     pub held: BTreeMap<u32, Tenure>,
     /// How namespaces map to shards (a GpuJob's shard is `map.shard_of(namespace)`).
     pub map: Arc<ShardMap>,
+    /// Shards held elsewhere that this replica would take if their holder were gone
+    /// (`balance::successor_of`): watched with sharded watches, so a takeover finds them
+    /// cached. Nothing is decided or written for them.
+    pub warm: BTreeSet<u32>,
 }
 
 impl Ownership {
@@ -68,6 +72,7 @@ impl Ownership {
         Ownership {
             held: BTreeMap::new(),
             map,
+            warm: BTreeSet::new(),
         }
     }
 
@@ -76,6 +81,7 @@ impl Ownership {
         Ownership {
             held: BTreeMap::from([(0, Tenure::gained(None, None))]),
             map: Arc::new(ShardMap::even(1)),
+            warm: BTreeSet::new(),
         }
     }
 

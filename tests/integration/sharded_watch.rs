@@ -1,7 +1,8 @@
 //! Sharded watches with the real binary: where kube-apiserver selects objects by shard
 //! (feature gate `ShardedListAndWatch`, on in devcluster), each replica lists, watches and
-//! caches only the GpuJobs and Jobs of the shards it holds; a killed replica's shards are
-//! listed by the replica that takes them, and shards given back leave its caches. Where
+//! caches only the GpuJobs and Jobs of the shards it holds and of those it would take if
+//! another replica went (kept warm); after a kill the survivors work the dead replica's
+//! shards, and shards given back leave their caches. Where
 //! the server does not (the gate off), replicas watch everything, as before, and still
 //! split the work. Caches are read from each replica's metrics; that the server, not the
 //! replica, did the selecting is read from `gpujob_watch_foreign_objects_total` (objects
@@ -11,12 +12,13 @@
 
 use crate::support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use devcluster::metrics::Metrics;
 use devcluster::wait;
 use gpujob_operator::api::{GpuJob, Phase};
+use gpujob_operator::lease::balance::{self, Holder, View};
 use kube::api::{Api, ListParams, PostParams};
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -25,7 +27,7 @@ use support::replicas::{self, Replica};
 use support::shards::{self, wait_balanced};
 use support::{TestEnv, phase, sim_env};
 
-const SHARDS: u32 = 4;
+const SHARDS: u32 = 6;
 
 struct Running {
     replica: Replica,
@@ -96,19 +98,40 @@ async fn wait_succeeded(env: &TestEnv, namespaces: &[(String, u32)]) -> BTreeMap
 }
 
 /// GpuJobs (and as many Jobs: one attempt each) in the namespaces of the shards `who`
-/// holds.
+/// holds and keeps warm (those it would take if one of `live` were gone), as the Leases
+/// show them now.
 async fn share_of(
     env: &TestEnv,
     who: &str,
+    live: &[&str],
     namespaces: &[(String, u32)],
     counts: &BTreeMap<String, usize>,
-) -> usize {
+) -> (usize, usize) {
     let holders = shards::holders(&env.admin, &env.ns, SHARDS).await;
-    namespaces
+    let members: BTreeSet<String> = live.iter().map(|m| (*m).to_owned()).collect();
+    let view: Vec<Holder> = holders
         .iter()
-        .filter(|(_, s)| holders[*s as usize].as_deref() == Some(who))
-        .map(|(ns, _)| counts[ns])
-        .sum()
+        .map(|h| match h {
+            Some(h) => Holder::Held(h.clone()),
+            None => Holder::Free(Duration::ZERO),
+        })
+        .collect();
+    let warm = balance::successor_of(&View {
+        me: who,
+        members: &members,
+        holders: &view,
+        lease_duration: replicas::LEASE_DURATION,
+    });
+    let of = |pick: &dyn Fn(u32) -> bool| -> usize {
+        namespaces
+            .iter()
+            .filter(|(_, s)| pick(*s))
+            .map(|(ns, _)| counts[ns])
+            .sum()
+    };
+    let held = of(&|s| holders[s as usize].as_deref() == Some(who));
+    let cached = of(&|s| holders[s as usize].as_deref() == Some(who) || warm.contains(&s));
+    (held, cached)
 }
 
 /// Waits until replica `r` caches exactly `gpujobs` GpuJobs and as many Jobs.
@@ -132,21 +155,27 @@ fn foreign(m: &Metrics) -> f64 {
 }
 
 #[tokio::test]
-async fn each_replica_caches_only_its_shards_and_a_takeover_lists_the_dead_replicas() {
+async fn each_replica_caches_its_shards_and_those_it_would_take_and_a_takeover_lists_the_rest() {
     let env = TestEnv::private("sharded-watch").await;
     let namespaces = shards::namespaces(&env, SHARDS, 1).await;
-    let one = start(&env, 1);
-    let two = start(&env, 2);
-    let ids = ["replica-1", "replica-2"];
+    let mut rs: Vec<Running> = (1..=3).map(|n| start(&env, n)).collect();
+    let ids = ["replica-1", "replica-2", "replica-3"];
     wait_balanced(&env, SHARDS, &ids, 2, Duration::from_secs(60)).await;
     create(&env, &namespaces, 3, "a").await;
     let counts = wait_succeeded(&env, &namespaces).await;
     let total: usize = counts.values().sum();
 
-    for (r, who) in [(&one, "replica-1"), (&two, "replica-2")] {
-        let share = share_of(&env, who, &namespaces, &counts).await;
-        assert_eq!(share, total / 2, "two shards of four, one namespace each");
-        let m = wait_cached(r, who, share).await;
+    // Three replicas over six shards: each holds two and keeps warm the two it would take
+    // if one of the others went (one of each): four of six.
+    for (r, who) in rs.iter().zip(ids) {
+        let (held, cached) = share_of(&env, who, &ids, &namespaces, &counts).await;
+        assert_eq!(
+            held,
+            total / 3,
+            "{who}: two shards of six, one namespace each"
+        );
+        assert_eq!(cached, total * 2 / 3, "{who}: and two kept warm");
+        let m = wait_cached(r, who, cached).await;
         assert_eq!(m.sum("gpujob_sharded_watch", &[]), 1.0, "{who}");
         assert_eq!(
             foreign(&m),
@@ -155,25 +184,32 @@ async fn each_replica_caches_only_its_shards_and_a_takeover_lists_the_dead_repli
         );
     }
 
-    // replica-2 dies: replica-1 takes its shards, lists them and works them.
-    let mut two = two;
-    two.replica.signal(Signal::SIGKILL);
-    two.replica.wait_exit(Duration::from_secs(10)).await;
-    wait_balanced(&env, SHARDS, &["replica-1"], 4, Duration::from_secs(60)).await;
+    // replica-3 dies: the others take its shards, each one it kept warm, and work them.
+    // Two replicas left: each keeps the other's shards warm, so each caches everything.
+    let mut three = rs.pop().unwrap();
+    three.replica.signal(Signal::SIGKILL);
+    three.replica.wait_exit(Duration::from_secs(10)).await;
+    let two_ids = ["replica-1", "replica-2"];
+    wait_balanced(&env, SHARDS, &two_ids, 3, Duration::from_secs(60)).await;
     create(&env, &namespaces, 2, "b").await;
     let counts = wait_succeeded(&env, &namespaces).await;
     let total: usize = counts.values().sum();
-    let m = wait_cached(&one, "replica-1", total).await;
-    assert_eq!(foreign(&m), 0.0);
+    for (r, who) in rs.iter().zip(two_ids) {
+        let (_, cached) = share_of(&env, who, &two_ids, &namespaces, &counts).await;
+        assert_eq!(cached, total, "{who}");
+        let m = wait_cached(r, who, cached).await;
+        assert_eq!(foreign(&m), 0.0);
+    }
 
-    // replica-2 is back: balance gives it two shards, which leave replica-1's caches.
-    let two = start(&env, 2);
+    // replica-3 is back: balance gives it two shards, and the others' caches shrink to
+    // four of six again.
+    rs.push(start(&env, 3));
     wait_balanced(&env, SHARDS, &ids, 2, Duration::from_secs(60)).await;
-    let share = share_of(&env, "replica-1", &namespaces, &counts).await;
-    assert_eq!(share, total / 2);
-    wait_cached(&one, "replica-1", share).await;
-    wait_cached(&two, "replica-2", total - share).await;
-    drop(two);
+    for (r, who) in rs.iter().zip(ids) {
+        let (_, cached) = share_of(&env, who, &ids, &namespaces, &counts).await;
+        assert_eq!(cached, total * 2 / 3, "{who}");
+        wait_cached(r, who, cached).await;
+    }
 }
 
 #[tokio::test]
@@ -188,7 +224,7 @@ async fn where_the_server_cannot_select_shards_replicas_watch_everything_and_sti
         &env,
         SHARDS,
         &["replica-1", "replica-2"],
-        2,
+        3,
         Duration::from_secs(60),
     )
     .await;

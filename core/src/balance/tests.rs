@@ -333,3 +333,72 @@ mod properties {
         }
     }
 }
+
+fn successor_for(me: &str, members: &BTreeSet<String>, holders: &[Holder]) -> BTreeSet<u32> {
+    successor_of(&View {
+        me,
+        members,
+        holders,
+        lease_duration: LEASE,
+    })
+}
+
+#[test]
+fn each_held_shard_has_one_warm_successor_and_it_takes_the_shard_when_its_holder_goes() {
+    for (names, shards) in [
+        (&["a", "b", "c"][..], 6usize),
+        (&["a", "b", "c", "d", "e"][..], 10),
+        (&["a", "b"][..], 4),
+        (&["a", "b", "c"][..], 8),
+    ] {
+        let all = members(names);
+        let mut holders = vec![Holder::Free(Duration::ZERO); shards];
+        while round(&all, &mut holders) > 0 {}
+        let warm: BTreeMap<&str, BTreeSet<u32>> = names
+            .iter()
+            .map(|m| (*m, successor_for(m, &all, &holders)))
+            .collect();
+        for (s, h) in holders.iter().enumerate() {
+            let s = u32::try_from(s).unwrap();
+            let Holder::Held(holder) = h else {
+                panic!("shard {s} not held")
+            };
+            // Nobody keeps its own shard warm, and exactly one other replica does.
+            assert!(!warm[holder.as_str()].contains(&s));
+            let keepers: Vec<&str> = names
+                .iter()
+                .copied()
+                .filter(|m| warm[m].contains(&s))
+                .collect();
+            assert_eq!(
+                keepers.len(),
+                1,
+                "shard {s} of {shards}, {names:?}: {keepers:?}"
+            );
+        }
+        // Each holder gone in turn: the survivors take its shards, each exactly by the
+        // replica that kept it warm.
+        for gone in names {
+            let left: BTreeSet<String> = all.iter().filter(|m| m != gone).cloned().collect();
+            let mut after: Vec<Holder> = holders
+                .iter()
+                .map(|h| match h {
+                    Holder::Held(m) if m == gone => Holder::Free(Duration::ZERO),
+                    other => other.clone(),
+                })
+                .collect();
+            while round(&left, &mut after) > 0 {}
+            for (s, h) in holders.iter().enumerate() {
+                if matches!(h, Holder::Held(m) if m == gone) {
+                    let Holder::Held(taker) = &after[s] else {
+                        panic!("shard {s} left free")
+                    };
+                    assert!(
+                        warm[taker.as_str()].contains(&u32::try_from(s).unwrap()),
+                        "{gone} gone: shard {s} went to {taker}, who did not keep it warm"
+                    );
+                }
+            }
+        }
+    }
+}

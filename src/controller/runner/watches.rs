@@ -8,8 +8,9 @@
 //! With more than one shard (and every namespace watched), the watches ask only for the
 //! objects of the shards this replica holds, when the API server can select them (the
 //! sharded list and watch, KEP-5866; told by the selector it echoes on a list, not by its
-//! version): when the shards held change, both watches start again for the new ones and
-//! the caches keep only those. Otherwise they receive everything, as with one shard.
+//! version): when the shards held, or kept warm for a takeover (`Ownership::warm`),
+//! change, both watches start again for the new ones and the caches keep only those.
+//! Otherwise they receive everything, as with one shard.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,7 +85,7 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
     ctx.metrics.sharded_watch.set(1);
     let mut current: Option<Scope> = None;
     loop {
-        let wanted = held_scope(&own.borrow_and_update());
+        let wanted = scope_of(&own.borrow_and_update());
         if current.as_ref() != Some(&wanted) {
             // The old watches stop before the caches hear of the new scope, so no event
             // of a shard given up arrives after.
@@ -95,7 +96,7 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
             } else {
                 info!(
                     selector = wanted.selector().unwrap_or_default(),
-                    "watching the GpuJobs and Jobs of the shards held"
+                    "watching the GpuJobs and Jobs of the shards held and kept warm"
                 );
                 let selecting = selecting(&client, &wanted.selector().unwrap_or_default());
                 start(
@@ -116,10 +117,10 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
     }
 }
 
-/// The shards `own` holds.
-fn held_scope(own: &Ownership) -> Scope {
+/// The shards `own` holds, and those it keeps warm for a takeover.
+fn scope_of(own: &Ownership) -> Scope {
     Scope::Shards {
-        held: own.held.keys().copied().collect(),
+        held: own.held.keys().chain(&own.warm).copied().collect(),
         map: own.map.clone(),
     }
 }
