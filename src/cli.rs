@@ -317,6 +317,12 @@ pub struct RunArgs {
     /// must run with the same cuts (docs/ha-and-sharding.md, "Sharding").
     #[arg(long, env = "GPUJOB_SHARD_CUTS", default_value = "")]
     pub shard_cuts: String,
+    /// Where the API server selects objects by shard (docs/ha-and-sharding.md, "Sharded
+    /// watches"): also list and watch the shards this replica would take if another
+    /// replica went, so a takeover finds them cached. `false`: cache only the shards
+    /// held (less memory; a takeover first lists the shards it takes).
+    #[arg(long, env = "GPUJOB_WARM_SHARDS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub warm_shards: bool,
     /// Namespace of the Lease (default: $POD_NAMESPACE, else gpujob-system).
     #[arg(long, env = "GPUJOB_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
@@ -570,6 +576,7 @@ impl RunArgs {
             identity: self.identity(),
             quota: self.quota()?,
             watch_timeout: crate::client::watch_timeout(self.api_timeout),
+            warm_shards: self.warm_shards,
             resync: self.resync,
             unconverged_after: self.unconverged_after,
             retry: Backoff {

@@ -93,6 +93,9 @@ pub struct Settings {
     /// Server-side timeout of the watches: under the client's read timeout
     /// ([`crate::client::watch_timeout`]), so a quiet watch ends cleanly and is renewed.
     pub watch_timeout: Duration,
+    /// With sharded watches, also watch the shards this replica would take if another
+    /// replica went (`Ownership::warm`): a takeover without a relist, for more memory.
+    pub warm_shards: bool,
 }
 
 impl Default for Settings {
@@ -109,6 +112,7 @@ impl Default for Settings {
             quota: Provider::None,
             in_flight: InFlight::default(),
             watch_timeout: crate::client::watch_timeout(crate::client::Limits::default().timeout),
+            warm_shards: true,
         }
     }
 }

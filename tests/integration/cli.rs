@@ -68,3 +68,19 @@ fn secure_metrics_without_a_probe_address_are_refused_at_start() {
         "a clear error: {err}"
     );
 }
+
+#[test]
+fn shard_cuts_that_do_not_fit_the_shard_count_are_refused_at_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpujob-operator"))
+        .args(["run", "--shards", "3", "--shard-cuts", "0x8000000000000000"])
+        // Nothing to connect to: the refusal must come before any API call.
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .expect("run gpujob-operator");
+    assert!(!out.status.success(), "refused, not started");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--shard-cuts") && err.contains("1 cuts make 2 shards, not 3"),
+        "a clear error: {err}"
+    );
+}

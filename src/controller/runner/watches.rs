@@ -85,7 +85,7 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
     ctx.metrics.sharded_watch.set(1);
     let mut current: Option<Scope> = None;
     loop {
-        let wanted = scope_of(&own.borrow_and_update());
+        let wanted = scope_of(&own.borrow_and_update(), ctx.settings.warm_shards);
         if current.as_ref() != Some(&wanted) {
             // The old watches stop before the caches hear of the new scope, so no event
             // of a shard given up arrives after.
@@ -117,10 +117,16 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
     }
 }
 
-/// The shards `own` holds, and those it keeps warm for a takeover.
-fn scope_of(own: &Ownership) -> Scope {
+/// The shards `own` holds, and with `warm`, those it keeps warm for a takeover.
+fn scope_of(own: &Ownership, warm: bool) -> Scope {
+    let kept = if warm { Some(&own.warm) } else { None };
     Scope::Shards {
-        held: own.held.keys().chain(&own.warm).copied().collect(),
+        held: own
+            .held
+            .keys()
+            .chain(kept.into_iter().flatten())
+            .copied()
+            .collect(),
         map: own.map.clone(),
     }
 }
