@@ -21,7 +21,9 @@
 #                        # operator flags through their environment variables (the report lists them)
 #
 # GpuJobs are spread round-robin over --namespaces K (default 50) namespaces load-0..load-<K-1>;
-# shards are by namespace, so K is what there is to split. --shards N is passed to every replica.
+# shards are by namespace, so K is what there is to split. --shards N is passed to every replica,
+# with --shard-cuts balanced over the K namespaces. --sharded-watch off: kube-apiserver without
+# ShardedListAndWatch, so every replica lists, watches and caches everything (default on).
 #
 # Same set-up as scripts/test.sh on a fresh machine. Stops by itself (--timeout-seconds,
 # default 1800); the control plane and the replicas end with it.

@@ -135,17 +135,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 fn shard_cuts(args: &ShardCutsArgs) -> anyhow::Result<()> {
-    client::install_crypto_provider();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    rt.block_on(async move {
-        let config = kube::Config::infer()
-            .await
-            .context("loading the kubeconfig (KUBECONFIG, ~/.kube/config or in-cluster)")?;
-        let client = client::build(config, "shard-cuts", Limits::default(), None, None)
-            .context("building the API client")?;
+    with_client("shard-cuts", Limits::default(), |client| async move {
         let counts = gpujob_operator::shard_cuts::count(client)
             .await
             .context("listing GpuJobs")?;
@@ -159,6 +149,21 @@ fn shard_cuts(args: &ShardCutsArgs) -> anyhow::Result<()> {
 fn migrate_storage(args: &MigrateArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let (options, limits) = args.options().map_err(anyhow::Error::msg)?;
+    with_client("migrate-storage", limits, |client| async move {
+        gpujob_operator::migrate::run(client, &options)
+            .await
+            .context("migrate-storage")?;
+        Ok(())
+    })
+}
+
+/// Runs `work` with a client of the current kubeconfig (or in-cluster) identified as
+/// `identity`, on a runtime of one thread: the one-shot commands.
+fn with_client<F, Fut>(identity: &str, limits: Limits, work: F) -> anyhow::Result<()>
+where
+    F: FnOnce(kube::Client) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
     client::install_crypto_provider();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -168,12 +173,9 @@ fn migrate_storage(args: &MigrateArgs) -> anyhow::Result<()> {
         let config = kube::Config::infer()
             .await
             .context("loading the kubeconfig (KUBECONFIG, ~/.kube/config or in-cluster)")?;
-        let client = client::build(config, "migrate-storage", limits, None, None)
+        let client = client::build(config, identity, limits, None, None)
             .context("building the API client")?;
-        gpujob_operator::migrate::run(client, &options)
-            .await
-            .context("migrate-storage")?;
-        Ok(())
+        work(client).await
     })
 }
 

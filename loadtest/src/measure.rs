@@ -111,16 +111,7 @@ pub fn requests_by_method(scrapes: &[(String, String)]) -> BTreeMap<String, f64>
 
 /// The `gpujob_shards_held` gauge of each scrape, by replica.
 pub fn shards_held(scrapes: &[(String, String)]) -> BTreeMap<String, f64> {
-    scrapes
-        .iter()
-        .filter_map(|(who, text)| {
-            let m = Metrics::parse(text).ok()?;
-            m.samples
-                .iter()
-                .any(|s| s.name == "gpujob_shards_held")
-                .then(|| (who.clone(), m.sum("gpujob_shards_held", &[])))
-        })
-        .collect()
+    per_replica(scrapes, "gpujob_shards_held", &[])
 }
 
 /// `name{labels}` summed, per replica that exports it.
