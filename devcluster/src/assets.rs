@@ -46,6 +46,16 @@ impl Assets {
         self.dir.join("kube-apiserver")
     }
 
+    /// The minor version of these binaries (`kube-apiserver --version`: `Kubernetes
+    /// v1.37.2` is 37); `None` when it does not say.
+    pub fn minor_version(&self) -> Option<u32> {
+        let out = std::process::Command::new(self.kube_apiserver())
+            .arg("--version")
+            .output()
+            .ok()?;
+        minor_of(&String::from_utf8_lossy(&out.stdout))
+    }
+
     pub fn kube_controller_manager(&self) -> PathBuf {
         self.dir.join("kube-controller-manager")
     }
@@ -53,6 +63,12 @@ impl Assets {
     pub fn kube_scheduler(&self) -> PathBuf {
         self.dir.join("kube-scheduler")
     }
+}
+
+/// `Kubernetes v1.37.2` → 37.
+fn minor_of(version: &str) -> Option<u32> {
+    let v = version.trim().strip_prefix("Kubernetes v")?;
+    v.split('.').nth(1)?.parse().ok()
 }
 
 fn run_script(args: &[&str], show_progress: bool) -> Result<Assets, Error> {
@@ -93,4 +109,16 @@ fn run_script(args: &[&str], show_progress: bool) -> Result<Assets, Error> {
     Ok(Assets {
         dir: PathBuf::from(dir),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_minor_version_is_read_from_kube_apiserver_version() {
+        assert_eq!(minor_of("Kubernetes v1.37.2\n"), Some(37));
+        assert_eq!(minor_of("Kubernetes v1.33.13"), Some(33));
+        assert_eq!(minor_of("v1.33.13"), None);
+    }
 }

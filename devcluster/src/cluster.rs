@@ -35,6 +35,9 @@ const KCM_USER: &str = "system:kube-controller-manager";
 const SCHEDULER_USER: &str = "system:kube-scheduler";
 const KWOK_USER: &str = "devcluster:kwok";
 
+/// The Kubernetes minor version with the `ShardedListAndWatch` feature gate.
+const SHARDED_WATCH_SINCE: u32 = 36;
+
 /// How to start a control plane.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -55,8 +58,9 @@ pub struct Options {
     /// Upper bound for the whole start-up.
     pub startup_timeout: Duration,
     /// Turn on kube-apiserver's sharded list and watch (feature gate
-    /// `ShardedListAndWatch`, alpha since 1.36, off by default there): lists and watches
-    /// may then select objects by a hash range of their namespace or uid.
+    /// `ShardedListAndWatch`, alpha since 1.36, off by default there) where the binaries
+    /// have it: lists and watches may then select objects by a hash range of their
+    /// namespace or uid. Before 1.36 the gate does not exist (and naming it is an error).
     pub sharded_watch: bool,
 }
 
@@ -304,9 +308,14 @@ impl ControlPlane {
             // offsets into this one file, and a load test writes far more than 100 MB.
             "--audit-log-maxsize=1048576".to_owned(),
             "--profiling=false".to_owned(),
-            format!("--feature-gates=ShardedListAndWatch={}", opts.sharded_watch),
         ]
         .into_iter()
+        .chain(
+            assets
+                .minor_version()
+                .is_some_and(|minor| minor >= SHARDED_WATCH_SINCE)
+                .then(|| format!("--feature-gates=ShardedListAndWatch={}", opts.sharded_watch)),
+        )
         .map(OsString::from)
         .collect();
         let apiserver = spawn_apiserver(&assets, &apiserver_args, &state_dir, &guard)?;
