@@ -51,6 +51,8 @@ pub struct Plan<'a> {
     pub reference_bin: PathBuf,
     pub replicas: u8,
     pub shards: u32,
+    /// Does kube-apiserver select objects by shard (`--sharded-watch`)?
+    pub sharded_watch: bool,
     pub deadline: Instant,
     /// The phases to run, in this order.
     pub phases: Vec<Contender>,
@@ -159,8 +161,13 @@ pub async fn run(first: (ControlPlane, Client), plan: &Plan<'_>) -> anyhow::Resu
                 quiesce(&admin, plan.deadline).await?;
             } else {
                 cluster.shutdown();
-                (cluster, admin) =
-                    cluster::start(plan.deploy, plan.namespaces, plan.gpujobs, true).await?;
+                (cluster, admin) = cluster::start(
+                    plan.deploy,
+                    plan.namespaces,
+                    plan.gpujobs,
+                    plan.sharded_watch,
+                )
+                .await?;
             }
         }
         eprintln!("phase: {}", who.name());
@@ -689,8 +696,8 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
          {} GpuJobs over {} namespaces, created {} at a time; each controller alone, one \
          after the other, {} (Kubernetes v1.37, this machine's {} \
          cores shared by everything). Converged: `observedGeneration` current and the first \
-         attempt's Job created. The operator: {} replica(s), {flags}; the stock controller \
-         is built the same way.\n",
+         attempt's Job created. The operator: {} replica(s), `--shards {}`{}, {flags}; the \
+         stock controller is built the same way.\n",
         plan.gpujobs,
         plan.namespaces.len(),
         plan.concurrency,
@@ -701,6 +708,14 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
         },
         std::thread::available_parallelism().map_or(1, usize::from),
         plan.replicas,
+        plan.shards,
+        match (plan.shards, plan.sharded_watch) {
+            (1, _) => "",
+            (_, true) =>
+                " (kube-apiserver selects objects by shard: each replica watches its shards)",
+            (_, false) =>
+                " (kube-apiserver without ShardedListAndWatch: every replica watches everything)",
+        },
     );
     let _ = writeln!(
         r,

@@ -184,6 +184,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             reference_bin,
             replicas: args.replicas,
             shards: args.shards,
+            sharded_watch: args.sharded_watch == "on",
             deadline,
             phases: compare::contenders(&args.phases)?,
             takeover: args.takeover,
