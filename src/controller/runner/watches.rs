@@ -320,9 +320,9 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
                 // The GpuJobs of shards both caches now cover for the first time: those
                 // without Jobs too.
                 if matches!(event, watcher::Event::InitDone)
-                    && ctx.view.listed(Cached::Jobs, &scope)
+                    && let Some(new) = ctx.view.listed(Cached::Jobs, &scope)
                 {
-                    for key in ctx.view.keys_where(|ns| scope.contains(ns)) {
+                    for key in ctx.view.keys_where(|ns| new.contains(ns)) {
                         intake.add(key);
                     }
                 }

@@ -148,9 +148,9 @@ impl View {
         self.coverage.watching(next);
     }
 
-    /// A list of `scope` into `which` cache completed. True when both caches now cover
-    /// `scope`, and did not before: every GpuJob of it is due a look.
-    pub fn listed(&self, which: Cached, scope: &Scope) -> bool {
+    /// A list of `scope` into `which` cache completed. Returns the shards both caches
+    /// cover now and did not before: every GpuJob of them is due a look.
+    pub fn listed(&self, which: Cached, scope: &Scope) -> Option<Scope> {
         self.coverage.listed(which, scope)
     }
 

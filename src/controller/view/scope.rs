@@ -71,6 +71,11 @@ pub enum Cached {
     Jobs,
 }
 
+/// What both caches cover; `None` while one has not listed.
+fn both(inner: &[Option<Scope>; 2]) -> Option<Scope> {
+    Some(inner[0].as_ref()?.meet(inner[1].as_ref()?))
+}
+
 /// What each cache covers: `None` before its first list.
 #[derive(Debug, Default)]
 pub struct Coverage {
@@ -96,13 +101,32 @@ impl Coverage {
         }
     }
 
-    /// `which` completed a list of `scope`. True when both caches now cover `scope`
-    /// and, before, one did not: its GpuJobs are due a look.
-    pub fn listed(&self, which: Cached, scope: &Scope) -> bool {
+    /// `which` completed a list of `scope`. Returns the shards both caches cover now
+    /// and did not before (`None`: none): their GpuJobs are due a look. Shards covered
+    /// before stay as they were (a relist queues what it changed, `watches.rs`).
+    pub fn listed(&self, which: Cached, scope: &Scope) -> Option<Scope> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let both_before = inner.iter().all(|s| s.as_ref() == Some(scope));
+        let before = both(&inner);
         inner[Coverage::slot(which)] = Some(scope.clone());
-        !both_before && inner.iter().all(|s| s.as_ref() == Some(scope))
+        let after = both(&inner)?;
+        let Some(before) = before else {
+            return Some(after);
+        };
+        match (&after, &before) {
+            (Scope::All, Scope::All) | (Scope::Shards { .. }, Scope::All) => None,
+            (Scope::All, Scope::Shards { .. }) => Some(Scope::All),
+            (Scope::Shards { held: a, map }, Scope::Shards { held: b, map: was }) => {
+                let held: BTreeSet<u32> = if map == was {
+                    a.difference(b).copied().collect()
+                } else {
+                    a.clone()
+                };
+                (!held.is_empty()).then(|| Scope::Shards {
+                    held,
+                    map: map.clone(),
+                })
+            }
+        }
     }
 
     /// Do both caches cover `namespace`?
@@ -140,10 +164,15 @@ mod tests {
         let (a, b) = (ns_of(0, 4), ns_of(1, 4));
         assert!(!c.covers(&a), "nothing before a list");
         let first = shards(&[0], 4);
-        assert!(!c.listed(Cached::GpuJobs, &first), "Jobs not listed yet");
+        assert_eq!(
+            c.listed(Cached::GpuJobs, &first),
+            None,
+            "Jobs not listed yet"
+        );
         assert!(!c.covers(&a));
-        assert!(
+        assert_eq!(
             c.listed(Cached::Jobs, &first),
+            Some(first.clone()),
             "both now: look at its GpuJobs"
         );
         assert!(c.covers(&a));
@@ -155,12 +184,17 @@ mod tests {
         c.watching(&next);
         assert!(c.covers(&a));
         assert!(!c.covers(&b));
-        assert!(!c.listed(Cached::Jobs, &next));
+        assert_eq!(c.listed(Cached::Jobs, &next), None);
         assert!(!c.covers(&b));
-        assert!(c.listed(Cached::GpuJobs, &next));
+        assert_eq!(
+            c.listed(Cached::GpuJobs, &next),
+            Some(shards(&[1], 4)),
+            "only shard 1 is new"
+        );
         assert!(c.covers(&b));
-        assert!(
-            !c.listed(Cached::GpuJobs, &next),
+        assert_eq!(
+            c.listed(Cached::GpuJobs, &next),
+            None,
             "a relist of the same scope"
         );
 
@@ -175,7 +209,7 @@ mod tests {
         let c = Coverage::default();
         c.listed(Cached::GpuJobs, &Scope::All);
         assert!(!c.covers("a"));
-        assert!(c.listed(Cached::Jobs, &Scope::All));
+        assert_eq!(c.listed(Cached::Jobs, &Scope::All), Some(Scope::All));
         assert!(c.covers("a"));
         c.watching(&shards(&[0], 2));
         assert!(c.covers(&ns_of(0, 2)));
