@@ -30,22 +30,37 @@ fn version_and_help_answer() {
     );
 }
 
+/// Runs `gpujob-operator run` with `args` and `env` where there is nothing to connect
+/// to, so a refusal must come before any API call; asserts it was refused and returns
+/// what it said.
+fn refused_at_start(args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpujob-operator"))
+        .arg("run")
+        .args(args)
+        .envs(env.iter().copied())
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .expect("run gpujob-operator");
+    assert!(!out.status.success(), "refused, not started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_quota_token_over_plain_http_is_refused_at_start() {
     let token = std::env::temp_dir().join(format!("gpujob-cli-token-{}", std::process::id()));
     std::fs::write(&token, "secret").expect("write token");
-    let out = Command::new(env!("CARGO_BIN_EXE_gpujob-operator"))
-        .args(["run", "--quota-provider", "http", "--quota-url"])
-        .arg("http://quota.example.com:8080")
-        .arg("--quota-token-file")
-        .arg(&token)
-        // Nothing to connect to: the refusal must come before any API call.
-        .env("KUBECONFIG", "/nonexistent")
-        .output()
-        .expect("run gpujob-operator");
+    let args = [
+        "--quota-provider",
+        "http",
+        "--quota-url",
+        "http://quota.example.com:8080",
+        "--quota-token-file",
+    ]
+    .map(std::ffi::OsStr::new);
+    let mut args = args.to_vec();
+    args.push(token.as_os_str());
+    let err = refused_at_start(&args, &[]);
     let _ = std::fs::remove_file(&token);
-    assert!(!out.status.success(), "refused, not started");
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("--quota-token-file") && err.contains("use an https:// URL"),
         "a clear error: {err}"
@@ -54,15 +69,7 @@ fn a_quota_token_over_plain_http_is_refused_at_start() {
 
 #[test]
 fn secure_metrics_without_a_probe_address_are_refused_at_start() {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpujob-operator"))
-        .arg("run")
-        .env("GPUJOB_METRICS_SECURE", "true")
-        // Nothing to connect to: the refusal must come before any API call.
-        .env("KUBECONFIG", "/nonexistent")
-        .output()
-        .expect("run gpujob-operator");
-    assert!(!out.status.success(), "refused, not started");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_at_start(&[], &[("GPUJOB_METRICS_SECURE", "true")]);
     assert!(
         err.contains("--metrics-secure needs --probe-address"),
         "a clear error: {err}"
@@ -71,14 +78,8 @@ fn secure_metrics_without_a_probe_address_are_refused_at_start() {
 
 #[test]
 fn shard_cuts_that_do_not_fit_the_shard_count_are_refused_at_start() {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpujob-operator"))
-        .args(["run", "--shards", "3", "--shard-cuts", "0x8000000000000000"])
-        // Nothing to connect to: the refusal must come before any API call.
-        .env("KUBECONFIG", "/nonexistent")
-        .output()
-        .expect("run gpujob-operator");
-    assert!(!out.status.success(), "refused, not started");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let args = ["--shards", "3", "--shard-cuts", "0x8000000000000000"].map(std::ffi::OsStr::new);
+    let err = refused_at_start(&args, &[]);
     assert!(
         err.contains("--shard-cuts") && err.contains("1 cuts make 2 shards, not 3"),
         "a clear error: {err}"
