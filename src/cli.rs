@@ -550,7 +550,6 @@ impl RunArgs {
         if self.resync.is_zero() {
             return Err("--resync must be greater than zero".to_owned());
         }
-        self.shard_map()?;
         if self.shards > 1 && !self.leader_elect {
             return Err(format!(
                 "--shards {} needs leader election: without it one replica works on every GpuJob",
