@@ -4,7 +4,7 @@
 //! GpuJobs stay together, and the shard never changes for an object's lifetime.
 //! Contiguous ranges, not `hash mod N`, because an API server can select them: the
 //! sharded list and watch (KEP-5866) sends only objects whose FNV-1a 64 hash of a field
-//! lies in `[start, end)` ([`selector`]). Other tools can compute the same function.
+//! lies in `[start, end)` ([`ShardMap::selector`]). Other tools can compute the same function.
 
 use crate::hash::fnv1a64;
 
@@ -60,12 +60,6 @@ pub fn shard_of_hash(hash: u64, shards: u32) -> u32 {
 /// The shard of GpuJobs in `namespace`, out of `shards` (at least 1).
 pub fn shard_of(namespace: &str, shards: u32) -> u32 {
     shard_of_hash(fnv1a64(namespace.as_bytes()), shards)
-}
-
-/// The API server's shard selector for the namespaces of `held` (shards of the even map
-/// of `shards`): [`ShardMap::selector`].
-pub fn selector(held: impl IntoIterator<Item = u32>, shards: u32) -> Option<String> {
-    ShardMap::even(shards).selector(held)
 }
 
 /// Where each shard's range starts. The even map cuts the hash space into equal ranges;
@@ -358,33 +352,33 @@ mod tests {
 
     #[test]
     fn selectors_join_adjacent_shards_and_name_the_api_servers_bounds() {
-        assert_eq!(selector([], 4), None);
+        assert_eq!(ShardMap::even(4).selector([]), None);
         assert_eq!(
-            selector([1], 4).as_deref(),
+            ShardMap::even(4).selector([1]).as_deref(),
             Some(
                 "shardRange(object.metadata.namespace, '0x4000000000000000', '0x8000000000000000')"
             )
         );
         // As the API server's own documentation writes the 4-shard split's last range.
         assert_eq!(
-            selector([3], 4).as_deref(),
+            ShardMap::even(4).selector([3]).as_deref(),
             Some(
                 "shardRange(object.metadata.namespace, '0xc000000000000000', '0x10000000000000000')"
             )
         );
         assert_eq!(
-            selector([3, 0, 1, 1], 4).as_deref(),
+            ShardMap::even(4).selector([3, 0, 1, 1]).as_deref(),
             Some(
                 "shardRange(object.metadata.namespace, '0x0000000000000000', '0x8000000000000000') || shardRange(object.metadata.namespace, '0xc000000000000000', '0x10000000000000000')"
             )
         );
         assert_eq!(
-            selector(0..4, 4).as_deref(),
+            ShardMap::even(4).selector(0..4).as_deref(),
             Some(
                 "shardRange(object.metadata.namespace, '0x0000000000000000', '0x10000000000000000')"
             )
         );
-        assert_eq!(selector([9], 4), None, "no such shard");
+        assert_eq!(ShardMap::even(4).selector([9]), None, "no such shard");
     }
 
     #[test]
