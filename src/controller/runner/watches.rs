@@ -65,24 +65,16 @@ const SETTLE: Duration = Duration::from_millis(200);
 async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Arc<Status>) {
     let mut own = intake.own.clone();
     let map = own.borrow().map.clone();
-    let shards = map.shards();
     let mut tasks = JoinSet::new();
-    if shards <= 1 || ctx.settings.namespace.is_some() {
-        ctx.metrics.sharded_watch.set(0);
+    let sharded = map.shards() > 1
+        && ctx.settings.namespace.is_none()
+        && selects(&client, &status, &map).await;
+    ctx.metrics.sharded_watch.set(i64::from(sharded));
+    if !sharded {
         start(&mut tasks, &client, &ctx, &intake, &status, Scope::All);
         while tasks.join_next().await.is_some() {}
         return;
     }
-    if !selects(&client, &status, &map).await {
-        info!(
-            "the API server does not select objects by shard (no shardInfo on a sharded list of Jobs: feature gate ShardedListAndWatch off, or Kubernetes before 1.36); watching every GpuJob and Job and keeping them all"
-        );
-        ctx.metrics.sharded_watch.set(0);
-        start(&mut tasks, &client, &ctx, &intake, &status, Scope::All);
-        while tasks.join_next().await.is_some() {}
-        return;
-    }
-    ctx.metrics.sharded_watch.set(1);
     let mut current: Option<Scope> = None;
     loop {
         let wanted = scope_of(&own.borrow_and_update(), ctx.settings.warm_shards);
@@ -196,6 +188,11 @@ async fn selects(client: &Client, status: &Status, map: &ShardMap) -> bool {
                         "the API server echoed another shard selector than the one sent; watching everything"
                     );
                     return false;
+                }
+                if echoed.is_none() {
+                    info!(
+                        "the API server does not select objects by shard (no shardInfo on a sharded list of Jobs: feature gate ShardedListAndWatch off, or Kubernetes before 1.36); watching every GpuJob and Job and keeping them all"
+                    );
                 }
                 return echoed.is_some();
             }
