@@ -76,8 +76,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             None => None,
         };
         // The servers are up before leadership is won, on standbys too, and until the very end.
+        let bound = server::bind(listen).await?;
         let (server_stop, server_stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(server::run(listen, status.clone(), reviews, async move {
+        let server = tokio::spawn(bound.run(status.clone(), reviews, async move {
             let _ = server_stopped.await;
         }));
         let result = if !args.leader_elect {

@@ -116,122 +116,155 @@ pub struct Webhook {
 /// client connects (a connection looks at it too), so the exported expiry is current.
 const CERTIFICATE_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Runs the servers `listen` asks for until `shutdown` resolves. `reviews`: the client
-/// that makes TokenReviews and SubjectAccessReviews, needed when `listen.tls` is set.
-pub async fn run(
+/// The servers' sockets, bound before the replica does anything else: an address in
+/// use stops the process at start, naming the address, instead of leaving a replica
+/// that works without its metrics, probes or webhook.
+#[derive(Debug)]
+pub struct Bound {
     listen: Listen,
-    status: Arc<Status>,
-    reviews: Option<kube::Client>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    use futures::FutureExt;
-    let shutdown = shutdown.boxed().shared();
-    let probes = async {
-        match listen.probes {
-            Some(addr) => {
-                serve_plain(
-                    addr,
-                    probes_router(status.clone()),
-                    "/healthz and /readyz",
-                    shutdown.clone(),
-                    |_| {},
-                )
-                .await
-            }
-            None => Ok(()),
-        }
-    };
-    let metrics = async {
-        match (listen.tls.clone(), listen.probes) {
-            (Some(tls), _) => {
-                let client = reviews.clone().ok_or_else(|| {
-                    anyhow::anyhow!("secure metrics need a client for TokenReviews")
-                })?;
-                let auth = auth::Authorizer::new(auth::KubeReviewer::new(client), auth::CACHE_TTL);
-                tls::serve(
-                    listen.metrics,
-                    secure_metrics_router(status.clone(), auth),
-                    tls,
-                    "/metrics, to bearer tokens allowed get /metrics",
-                    shutdown.clone(),
-                    |_| {},
-                )
-                .await
-            }
-            (None, Some(_)) => {
-                serve_plain(
-                    listen.metrics,
-                    metrics_router(status.clone()),
-                    "/metrics",
-                    shutdown.clone(),
-                    |_| {},
-                )
-                .await
-            }
-            (None, None) => serve(listen.metrics, status.clone(), shutdown.clone(), |_| {}).await,
-        }
-    };
-    let webhook = async {
-        match listen.conversion.clone() {
-            Some(webhook) => {
-                webhook.certificates.export_expiry(
-                    status.metrics.conversion_certificate_expiry.clone(),
-                    CERTIFICATE_CHECK,
-                );
-                tls::serve(
-                    webhook.address,
-                    conversion::router(status.metrics.clone()),
-                    webhook.tls,
-                    "the conversion webhook (POST /convert)",
-                    shutdown.clone(),
-                    |_| status.set_serves_conversions(),
-                )
-                .await
-            }
-            None => {
-                info!(
-                    "conversion webhook off (no --conversion-cert-dir): only gpujob.dev/v1, the stored version, can be read and written while the CRD asks this operator to convert"
-                );
-                Ok(())
-            }
-        }
-    };
-    tokio::try_join!(probes, metrics, webhook)?;
-    Ok(())
+    metrics: tokio::net::TcpListener,
+    probes: Option<tokio::net::TcpListener>,
+    conversion: Option<tokio::net::TcpListener>,
 }
 
-/// Binds `addr` and serves all three endpoints until `shutdown` resolves. Returns the
-/// bound address through `bound` (useful with port 0).
+/// Binds every address `listen` names.
+pub async fn bind(listen: Listen) -> anyhow::Result<Bound> {
+    let metrics = bind_one(listen.metrics, "/metrics").await?;
+    let probes = match listen.probes {
+        Some(addr) => Some(bind_one(addr, "/healthz and /readyz").await?),
+        None => None,
+    };
+    let conversion = match &listen.conversion {
+        Some(webhook) => Some(bind_one(webhook.address, "the conversion webhook").await?),
+        None => None,
+    };
+    Ok(Bound {
+        listen,
+        metrics,
+        probes,
+        conversion,
+    })
+}
+
+async fn bind_one(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding the server of {what} to {addr}: {e}"))
+}
+
+impl Bound {
+    /// Serves until `shutdown` resolves. `reviews`: the client that makes TokenReviews
+    /// and SubjectAccessReviews, needed when `listen.tls` is set.
+    pub async fn run(
+        self,
+        status: Arc<Status>,
+        reviews: Option<kube::Client>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        use futures::FutureExt;
+        let Bound {
+            listen,
+            metrics,
+            probes,
+            conversion,
+        } = self;
+        let shutdown = shutdown.boxed().shared();
+        let probes = async {
+            match probes {
+                Some(listener) => {
+                    serve_plain(
+                        listener,
+                        probes_router(status.clone()),
+                        "/healthz and /readyz",
+                        shutdown.clone(),
+                    )
+                    .await
+                }
+                None => Ok(()),
+            }
+        };
+        let metrics = async {
+            match (listen.tls.clone(), listen.probes) {
+                (Some(tls), _) => {
+                    let client = reviews.clone().ok_or_else(|| {
+                        anyhow::anyhow!("secure metrics need a client for TokenReviews")
+                    })?;
+                    let auth =
+                        auth::Authorizer::new(auth::KubeReviewer::new(client), auth::CACHE_TTL);
+                    tls::serve(
+                        metrics,
+                        secure_metrics_router(status.clone(), auth),
+                        tls,
+                        "/metrics, to bearer tokens allowed get /metrics",
+                        shutdown.clone(),
+                    )
+                    .await
+                }
+                (None, Some(_)) => {
+                    serve_plain(
+                        metrics,
+                        metrics_router(status.clone()),
+                        "/metrics",
+                        shutdown.clone(),
+                    )
+                    .await
+                }
+                (None, None) => serve(metrics, status.clone(), shutdown.clone()).await,
+            }
+        };
+        let webhook = async {
+            match (listen.conversion.clone(), conversion) {
+                (Some(webhook), Some(listener)) => {
+                    webhook.certificates.export_expiry(
+                        status.metrics.conversion_certificate_expiry.clone(),
+                        CERTIFICATE_CHECK,
+                    );
+                    status.set_serves_conversions();
+                    tls::serve(
+                        listener,
+                        conversion::router(status.metrics.clone()),
+                        webhook.tls,
+                        "the conversion webhook (POST /convert)",
+                        shutdown.clone(),
+                    )
+                    .await
+                }
+                _ => {
+                    info!(
+                        "conversion webhook off (no --conversion-cert-dir): only gpujob.dev/v1, the stored version, can be read and written while the CRD asks this operator to convert"
+                    );
+                    Ok(())
+                }
+            }
+        };
+        tokio::try_join!(probes, metrics, webhook)?;
+        Ok(())
+    }
+}
+
+/// Serves all three endpoints on `listener` until `shutdown` resolves.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     status: Arc<Status>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    bound: impl FnOnce(SocketAddr),
 ) -> anyhow::Result<()> {
     serve_plain(
-        addr,
+        listener,
         router(status),
         "/metrics, /healthz and /readyz",
         shutdown,
-        bound,
     )
     .await
 }
 
-/// Binds `addr` and serves `router` (`what` it answers, for the log) over plain HTTP.
+/// Serves `router` (`what` it answers, for the log) over plain HTTP on `listener`.
 async fn serve_plain(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     router: Router,
     what: &str,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    bound: impl FnOnce(SocketAddr),
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("binding the server of {what} to {addr}: {e}"))?;
-    let local = listener.local_addr()?;
-    info!(address = %local, "serving {what}");
-    bound(local);
+    info!(address = %listener.local_addr()?, "serving {what}");
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await?;
@@ -327,19 +360,12 @@ mod tests {
     async fn serves_over_a_real_socket() {
         let status = Status::new(Metrics::new());
         status.set_ready(true);
-        let (tx, rx) = tokio::sync::oneshot::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(
-            "127.0.0.1:0".parse().unwrap(),
-            status,
-            async {
-                let _ = stopped.await;
-            },
-            move |a| {
-                let _ = tx.send(a);
-            },
-        ));
-        let addr = rx.await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, status, async {
+            let _ = stopped.await;
+        }));
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         stream

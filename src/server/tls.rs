@@ -375,23 +375,17 @@ fn read_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, String> {
     })
 }
 
-/// Binds `addr` and serves `router` over HTTPS until `shutdown` resolves; then it stops
+/// Serves `router` over HTTPS on `listener` until `shutdown` resolves; then it stops
 /// accepting and drops the connections still open (a scrape is retried by the next one,
 /// a conversion by the API server's client). `what`: what it serves, for the log.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     router: Router,
     tls: Arc<rustls::ServerConfig>,
     what: &'static str,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    bound: impl FnOnce(SocketAddr),
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("binding the HTTPS server of {what} to {addr}: {e}"))?;
-    let local = listener.local_addr()?;
-    info!(address = %local, "serving {what} over HTTPS");
-    bound(local);
+    info!(address = %listener.local_addr()?, "serving {what} over HTTPS");
     let acceptor = TlsAcceptor::from(tls);
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -529,21 +523,12 @@ mod tests {
         let first = ca.leaf();
         write_pair(&dir, &first, 0);
         let config = webhook_config(&dir).unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(
-            "127.0.0.1:0".parse().unwrap(),
-            Router::new(),
-            config,
-            "a test",
-            async {
-                let _ = stopped.await;
-            },
-            move |a| {
-                let _ = tx.send(a);
-            },
-        ));
-        let addr = rx.await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, Router::new(), config, "a test", async {
+            let _ = stopped.await;
+        }));
         assert_eq!(served_cert(addr, &ca).await, der_of(&first.0));
 
         let second = ca.leaf();

@@ -85,3 +85,53 @@ fn shard_cuts_that_do_not_fit_the_shard_count_are_refused_at_start() {
         "a clear error: {err}"
     );
 }
+
+/// A listen address another process holds stops the replica at start, naming it: a
+/// replica without its metrics, probes or webhook must not go on working unseen (a
+/// Service would send it conversions it cannot answer).
+#[test]
+fn an_address_in_use_stops_the_replica_at_start() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let address = taken.local_addr().expect("its address").to_string();
+    // A kubeconfig that loads; its server is never reached before the bind.
+    let kubeconfig =
+        std::env::temp_dir().join(format!("gpujob-cli-kubeconfig-{}", std::process::id()));
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\n\
+         users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n\
+         current-context: x\n",
+    )
+    .expect("write kubeconfig");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpujob-operator"))
+        .args(["run", "--listen-address", &address])
+        .env("KUBECONFIG", &kubeconfig)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run gpujob-operator");
+    // Not a speed bound: a replica that ignores the failed bind runs until killed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let _ = std::fs::remove_file(&kubeconfig);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+        .expect("read stderr");
+    let status = status.unwrap_or_else(|| panic!("still running a minute later:\n{err}"));
+    assert!(!status.success(), "refused, not started");
+    assert!(
+        err.contains(&format!("binding the server of /metrics to {address}")),
+        "a clear error: {err}"
+    );
+    drop(taken);
+}
