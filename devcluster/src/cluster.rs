@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -225,7 +225,9 @@ impl ControlPlane {
             None
         };
         let pki = Pki::ensure(&state_dir.join("pki"))?;
-        let [etcd_port, etcd_peer_port, apiserver_port] = free_ports()?;
+        let ports =
+            crate::ports::free_distinct(3).map_err(Error::io("finding a free loopback port"))?;
+        let [etcd_port, etcd_peer_port, apiserver_port] = [ports[0], ports[1], ports[2]];
         let server = format!("https://127.0.0.1:{apiserver_port}");
 
         // Tokens, one per identity plus the controller manager, the scheduler and kwok.
@@ -805,23 +807,6 @@ fn remaining(deadline: Instant) -> Duration {
     deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_secs(1))
-}
-
-/// Three distinct free loopback ports. Another process could take one before the
-/// component binds it; the component then exits and start-up reports its log.
-fn free_ports() -> Result<[u16; 3], Error> {
-    let listeners: Vec<TcpListener> = (0..3)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()
-        .map_err(Error::io("finding a free loopback port"))?;
-    let mut ports = [0u16; 3];
-    for (slot, l) in ports.iter_mut().zip(&listeners) {
-        *slot = l
-            .local_addr()
-            .map_err(Error::io("finding a free loopback port"))?
-            .port();
-    }
-    Ok(ports)
 }
 
 fn random_hex(bytes: usize) -> Result<String, Error> {

@@ -33,6 +33,7 @@ pub mod kwok;
 pub mod metrics;
 pub mod nodes;
 pub mod pki;
+pub mod ports;
 mod process;
 pub mod wait;
 

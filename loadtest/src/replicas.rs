@@ -110,7 +110,7 @@ impl Replicas {
     /// Replica `identity`, a new process; its log is appended to.
     fn spawn(&self, identity: &str) -> anyhow::Result<Replica> {
         // A free port now; the replica binds it a moment later.
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], devcluster::ports::free()?));
         let log = log_dir().join(format!("{identity}.log"));
         let out = std::fs::OpenOptions::new()
             .create(true)

@@ -39,8 +39,10 @@ impl Setup {
         Api::namespaced(self.env.admin.clone(), &self.env.ns)
     }
 
-    /// Waits until the API server can read GpuJobs as v2 (a replica's webhook answers).
+    /// Waits until a replica's webhook converts and the API server can read every GpuJob
+    /// there is as v2.
     async fn wait_v2_readable(&self, what: &str) {
+        self.wait_webhook(what).await;
         let api = self.raw("v2");
         wait::until(what, WAIT, Duration::from_millis(100), || {
             let api = api.clone();

@@ -59,28 +59,6 @@ impl Setup {
         Api::all(self.env.admin.clone())
     }
 
-    /// Waits until a replica's webhook converts (a dry-run create of a v2 object: an
-    /// empty list would not need the webhook at all).
-    async fn wait_webhook(&self, what: &str) {
-        let api = self.raw("v2");
-        let object: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "gpujob.dev/v2", "kind": "GpuJob",
-            "metadata": {"name": "webhook-check"},
-            "spec": {"image": "busybox", "resources": {"gpus": 1}},
-        }))
-        .unwrap();
-        let dry_run = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        wait::until(what, WAIT, Duration::from_millis(100), || {
-            let (api, object, dry_run) = (api.clone(), object.clone(), dry_run.clone());
-            async move { api.create(&dry_run, &object).await.ok().map(|_| ()) }
-        })
-        .await
-        .unwrap();
-    }
-
     async fn create_v2(&self, name: &str, spec: Value) -> DynamicObject {
         let sent = json!({
             "apiVersion": "gpujob.dev/v2", "kind": "GpuJob",

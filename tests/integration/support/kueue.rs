@@ -11,7 +11,7 @@
 //! the storage version, so no conversion is ever asked for.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;
@@ -96,11 +96,7 @@ impl Drop for Kueue {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    devcluster::ports::free().unwrap()
 }
 
 fn spawn(cluster: &ControlPlane, dir: &Path, config: &Path, run: u32) -> Child {

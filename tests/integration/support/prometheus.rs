@@ -17,14 +17,11 @@ pub struct Prometheus {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    devcluster::ports::free().unwrap()
 }
 
-/// A loopback address with a free port, for a replica's --listen-address.
+/// A loopback address with a free port, for a replica's --listen-address (from below the
+/// ephemeral range: see devcluster::ports).
 pub fn free_address() -> String {
     format!("127.0.0.1:{}", free_port())
 }

@@ -9,11 +9,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpujob_operator::api::{Conversion, CrdOptions, StorageVersion};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use std::time::Duration;
 
-use super::TestEnv;
+use devcluster::wait;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use serde_json::json;
+
 use super::prometheus::{free_address, get_text};
 use super::replicas::{self, Replica};
+use super::{TestEnv, WAIT};
 
 /// A private control plane whose CRD sends conversions to a [`forwarder`] in front of
 /// the replicas' webhook addresses (fixed, so a restarted replica comes back there).
@@ -83,6 +87,28 @@ impl WebhookCluster {
         ];
         args.extend_from_slice(extra);
         replicas::start(&self.env.cluster, &self.env.ns, n, &args)
+    }
+
+    /// Waits until a replica's webhook converts (a dry-run create of a v2 object: an
+    /// empty list would not need the webhook at all).
+    pub async fn wait_webhook(&self, what: &str) {
+        let api = self.raw("v2");
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "gpujob.dev/v2", "kind": "GpuJob",
+            "metadata": {"name": "webhook-check"},
+            "spec": {"image": "busybox", "resources": {"gpus": 1}},
+        }))
+        .unwrap();
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        wait::until(what, WAIT, Duration::from_millis(100), || {
+            let (api, object, dry_run) = (api.clone(), object.clone(), dry_run.clone());
+            async move { api.create(&dry_run, &object).await.ok().map(|_| ()) }
+        })
+        .await
+        .unwrap();
     }
 
     /// The raw objects as the API server sends them in `version` (no serde defaults
