@@ -1,7 +1,9 @@
 //! The two watches: GpuJobs and the Jobs they control, each event fed to the view
-//! (`view/`). Each event queues the GpuJob it concerns; a relist queues every GpuJob
-//! that was or is there, since anything may have changed while nobody watched (for
-//! Jobs, also every GpuJob whose Jobs the view's write memory still speaks of).
+//! (`view/`). Each event queues the GpuJob it concerns; a relist queues every GpuJob it
+//! changed (one that came, went, or has another resourceVersion, or whose Jobs did), and
+//! for Jobs also every GpuJob whose Jobs the view's write memory still speaks of. One
+//! the relist left as cached was looked at already, as it is: queued again, a takeover
+//! that restarts the watches would look at every GpuJob they cover once more.
 //! New work goes to the queue's prompt lane: a GpuJob without a status (never looked at),
 //! and a Job that has finished (its GpuJob's next step is due).
 //!
@@ -241,14 +243,14 @@ async fn gpujobs(
         .filter(move |event| std::future::ready(in_scope(event, &filter, &foreign)))
         .modify(trim_gpujob);
     let mut events = stream.boxed();
-    // A relist reaches the store only when complete (InitDone); then every GpuJob it had
-    // before or has now is looked at.
-    let mut before: Vec<Key> = Vec::new();
+    // A relist reaches the store only when complete (InitDone); then every GpuJob it
+    // changed is looked at.
+    let mut changed: Vec<Key> = Vec::new();
     let received = ctx.metrics.watch_objects.with_label_values(&["gpujobs"]);
     while let Some(event) = events.next().await {
         if let Ok(event) = &event {
             received.inc_by(objects_in(event));
-            ctx.view.gpujob_event(event);
+            changed = ctx.view.gpujob_event(event);
         }
         match event {
             Ok(watcher::Event::Apply(gj)) if gj.status.is_none() => {
@@ -260,17 +262,17 @@ async fn gpujobs(
             Ok(watcher::Event::Delete(gj)) => {
                 intake.add(Key::of(&gj));
             }
-            Ok(watcher::Event::Init) => {
-                before = ctx.view.keys();
-            }
-            Ok(watcher::Event::InitApply(_)) => {}
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
             Ok(watcher::Event::InitDone) => {
-                ctx.view.listed(Cached::GpuJobs, &scope);
-                for key in std::mem::take(&mut before) {
+                for key in std::mem::take(&mut changed) {
                     intake.add(key);
                 }
-                for key in ctx.view.keys() {
-                    intake.add(key);
+                // The GpuJobs of shards both caches now cover for the first time (when
+                // the Job list completed first).
+                if let Some(new) = ctx.view.listed(Cached::GpuJobs, &scope) {
+                    for key in ctx.view.keys_where(|ns| new.contains(ns)) {
+                        intake.add(key);
+                    }
                 }
             }
             Err(e) => {

@@ -107,20 +107,23 @@ impl View {
     }
 
     /// A GpuJob watch event: into the cache; a GpuJob delivered settles what the memory
-    /// kept of the status writes it shows.
-    pub fn gpujob_event(&self, event: &Event<GpuJob>) {
-        self.gpujobs.apply(event);
+    /// kept of the status writes it shows. Returns, at the end of a relist, the GpuJobs
+    /// it changed ([`GpuJobCache::apply`]).
+    pub fn gpujob_event(&self, event: &Event<GpuJob>) -> Vec<Key> {
+        let changed = self.gpujobs.apply(event);
         if let Event::Apply(gj) = event
             && gj.status.is_some()
         {
             self.memory.gpujob_seen(&Key::of(gj), gj);
         }
+        changed
     }
 
     /// A Job watch event: into the index; what the memory kept about that Job goes.
-    /// Returns the GpuJobs to look at because of it: the event's (`touched`), and at
-    /// the end of a relist also every GpuJob the memory spoke of (`relisted`: a Job may
-    /// have come and gone between two lists, unseen).
+    /// Returns the GpuJobs to look at because of it: the event's (`touched`; at the end
+    /// of a relist, those whose Jobs it changed), and at the end of a relist also every
+    /// GpuJob the memory spoke of (`relisted`: a Job may have come and gone between two
+    /// lists, unseen).
     pub fn job_event(&self, event: &Event<Job>) -> JobEventKeys {
         let touched = self.jobs.apply(event);
         if let Event::Apply(job) | Event::Delete(job) = event

@@ -90,6 +90,22 @@ impl Table {
     }
 }
 
+/// The GpuJobs in one table and not the other, or in both as different records (packed
+/// alike, so equal bytes are the same delivery of the same object).
+fn differing(old: &Table, new: &Table) -> Vec<Key> {
+    let mut keys: Vec<Key> = new
+        .iter()
+        .filter(|(ns, name, json)| old.get(&Key::new(ns, name)) != Some(*json))
+        .map(|(ns, name, _)| Key::new(ns, name))
+        .collect();
+    keys.extend(
+        old.iter()
+            .map(|(ns, name, _)| Key::new(ns, name))
+            .filter(|key| new.get(key).is_none()),
+    );
+    keys
+}
+
 impl Default for GpuJobCache {
     fn default() -> GpuJobCache {
         GpuJobCache {
@@ -101,8 +117,10 @@ impl Default for GpuJobCache {
 
 impl GpuJobCache {
     /// Applies one watch event, as kube-runtime's reflector does: a relist shows only
-    /// when complete (InitDone), and then replaces everything.
-    pub fn apply(&self, event: &Event<GpuJob>) {
+    /// when complete (InitDone), and then replaces everything. Returns, at the end of a
+    /// relist, the GpuJobs it changed: those that came, went, or differ from what was
+    /// cached (another resourceVersion); nothing for any other event.
+    pub fn apply(&self, event: &Event<GpuJob>) -> Vec<Key> {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         match event {
             Event::Init => inner.relist = Some(Table::default()),
@@ -113,13 +131,16 @@ impl GpuJobCache {
                 }
             }
             Event::InitDone => {
+                let mut changed = Vec::new();
                 if let Some(mut relist) = inner.relist.take() {
+                    changed = differing(&inner.table, &relist);
                     let Table { records, hasher } = &mut relist;
                     records.shrink_to_fit(|r| record_hash(hasher, r));
                     inner.table = relist;
                 }
                 drop(inner);
                 self.ready.send_replace(true);
+                return changed;
             }
             Event::Apply(gj) => {
                 let key = Key::of(gj);
@@ -129,6 +150,7 @@ impl GpuJobCache {
             }
             Event::Delete(gj) => inner.table.remove(&Key::of(gj)),
         }
+        Vec::new()
     }
 
     /// The GpuJob as last delivered.
@@ -354,6 +376,31 @@ mod tests {
         assert!(cache.keys_where(|ns| ns == "other").is_empty());
         let all: Vec<GpuJob> = cache.with_each_where(|_| true, |each| each.collect());
         assert_eq!(all, vec![gpujob("c", "4")]);
+    }
+
+    #[test]
+    fn a_relist_names_only_the_gpujobs_it_changed() {
+        // Watches start again whenever the shards held or kept warm change: a relist
+        // that named every GpuJob would have each looked at again, for nothing.
+        let cache = GpuJobCache::default();
+        for (name, rv) in [("same", "1"), ("moved", "2"), ("gone", "3")] {
+            cache.apply(&Event::Apply(gpujob(name, rv)));
+        }
+        cache.apply(&Event::Init);
+        for (name, rv) in [("same", "1"), ("moved", "5"), ("new", "6")] {
+            assert!(cache.apply(&Event::InitApply(gpujob(name, rv))).is_empty());
+        }
+        let mut changed = cache.apply(&Event::InitDone);
+        changed.sort();
+        assert_eq!(
+            changed,
+            ["gone", "moved", "new"].map(|n| Key::new("ns", n)).to_vec()
+        );
+        // The first list names everything it found.
+        let fresh = GpuJobCache::default();
+        fresh.apply(&Event::Init);
+        fresh.apply(&Event::InitApply(gpujob("same", "1")));
+        assert_eq!(fresh.apply(&Event::InitDone), vec![Key::new("ns", "same")]);
     }
 
     #[test]

@@ -210,6 +210,25 @@ impl Cached {
     }
 }
 
+/// The owners of the Jobs in one table and not the other, or in both as different
+/// records (a Job's record holds its resourceVersion).
+fn changed_owners(old: &Table, new: &Table) -> BTreeSet<Key> {
+    let mut keys = BTreeSet::new();
+    for (a, b) in [(old, new), (new, old)] {
+        for job in a.slots.iter().flatten() {
+            let Some((names, _)) = job.names() else {
+                continue;
+            };
+            let there = b.get(names.namespace, names.name);
+            if there != Some(job) {
+                keys.extend(job.owner());
+                keys.extend(there.and_then(Cached::owner));
+            }
+        }
+    }
+    keys
+}
+
 /// The names of the Job in `slot`.
 fn names_at(slots: &[Option<Cached>], slot: u32) -> Option<Names<'_>> {
     let (names, _) = slots.get(slot as usize)?.as_ref()?.names()?;
@@ -287,6 +306,17 @@ impl Table {
         Some(cached)
     }
 
+    /// The Job `namespace/name`.
+    fn get(&self, namespace: &str, name: &str) -> Option<&Cached> {
+        let slots = &self.slots;
+        let slot = self
+            .by_name
+            .find(name_hash(&self.hasher, namespace, name), |s| {
+                names_at(slots, *s).is_some_and(|n| n.namespace == namespace && n.name == name)
+            })?;
+        slots.get(*slot as usize)?.as_ref()
+    }
+
     /// The Jobs controlled by the GpuJob with `uid`.
     fn of_owner(&self, uid: &str) -> impl Iterator<Item = &Cached> {
         self.by_owner
@@ -298,11 +328,6 @@ impl Table {
     /// How many Jobs are kept (every freed slot is on the free list).
     fn len(&self) -> usize {
         self.slots.len().saturating_sub(self.free.len())
-    }
-
-    /// Every GpuJob that controls a Job here.
-    fn owners(&self) -> impl Iterator<Item = Key> {
-        self.slots.iter().flatten().filter_map(Cached::owner)
     }
 
     /// Lets go of the room a relist's growth left over.
@@ -347,9 +372,10 @@ pub fn owner_of(job: &Job) -> Option<(Key, String)> {
 
 impl JobIndex {
     /// Applies one watch event; returns the GpuJobs to reconcile because of it. A relist
-    /// (after a watch could not resume, e.g. kube-apiserver restarted) is applied at
-    /// once when complete, and then every GpuJob that had or has a Job is returned: its
-    /// Jobs may have changed while nobody was watching.
+    /// (the watches started again, or could not resume, e.g. kube-apiserver restarted)
+    /// is applied at once when complete, and then every GpuJob whose Jobs it changed is
+    /// returned: one that had or has a Job that came, went or differs (another
+    /// resourceVersion) from the one cached.
     pub fn apply(&self, event: &Event<Job>) -> Vec<Key> {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         match event {
@@ -364,12 +390,12 @@ impl JobIndex {
                 Vec::new()
             }
             Event::InitDone => {
-                let mut keys: BTreeSet<Key> = inner.table.owners().collect();
+                let mut keys = BTreeSet::new();
                 if let Some(mut table) = inner.relist.take() {
+                    keys = changed_owners(&inner.table, &table);
                     table.shrink();
                     inner.table = table;
                 }
-                keys.extend(inner.table.owners());
                 drop(inner);
                 self.ready.send_replace(true);
                 keys.into_iter().collect()
@@ -481,7 +507,7 @@ mod tests {
         idx.apply(&Event::Apply(job("a-2", Some(("b", "u2")))));
         assert!(idx.jobs_of("u1").is_empty());
         assert_eq!(idx.jobs_of("u2").len(), 1);
-        // A relist replaces everything, and owners that lost Jobs are reconciled too.
+        // A relist replaces everything; owners that lost or gained Jobs are reconciled.
         idx.apply(&Event::Init);
         idx.apply(&Event::InitApply(job("c-1", Some(("c", "u3")))));
         assert_eq!(
@@ -489,6 +515,34 @@ mod tests {
             vec![Key::new("ns", "b"), Key::new("ns", "c")]
         );
         assert!(idx.jobs_of("u2").is_empty());
+    }
+
+    #[test]
+    fn a_relist_names_only_the_gpujobs_whose_jobs_it_changed() {
+        let at = |name: &str, owner: (&str, &str), rv: &str| {
+            let mut j = job(name, Some(owner));
+            j.metadata.resource_version = Some(rv.into());
+            j
+        };
+        let idx = JobIndex::default();
+        idx.apply(&Event::Apply(at("same-1", ("same", "u1"), "1")));
+        idx.apply(&Event::Apply(at("moved-1", ("moved", "u2"), "2")));
+        idx.apply(&Event::Apply(at("gone-1", ("gone", "u3"), "3")));
+        idx.apply(&Event::Apply(at("regone-1", ("regone", "u4"), "4")));
+        idx.apply(&Event::Init);
+        idx.apply(&Event::InitApply(at("same-1", ("same", "u1"), "1")));
+        idx.apply(&Event::InitApply(at("moved-1", ("moved", "u2"), "7")));
+        idx.apply(&Event::InitApply(at("new-1", ("new", "u5"), "8")));
+        // The same Job, now controlled by another GpuJob: both are named.
+        idx.apply(&Event::InitApply(at("regone-1", ("other", "u6"), "4")));
+        assert_eq!(
+            idx.apply(&Event::InitDone),
+            ["gone", "moved", "new", "other", "regone"]
+                .map(|n| Key::new("ns", n))
+                .to_vec()
+        );
+        assert_eq!(idx.jobs_of("u1").len(), 1, "kept as listed");
+        assert!(idx.jobs_of("u3").is_empty());
     }
 
     #[test]
