@@ -76,6 +76,7 @@ pub struct Metrics {
     pub watch_foreign: IntCounterVec,
     pub sharded_watch: IntGauge,
     pub cached_objects: IntGaugeVec,
+    pub shard_first_look: HistogramVec,
     pub conversion_requests: IntCounterVec,
     pub conversion_duration: Histogram,
     pub conversion_certificate_expiry: IntGauge,
@@ -337,6 +338,16 @@ impl Metrics {
                 "gpujob_sharded_watch",
                 "1 when this replica's watches ask the API server for its shards' objects only (the server echoed the shard selector), 0 when they receive every object",
             )?,
+            shard_first_look: HistogramVec::new(
+                histogram(
+                    "gpujob_shard_first_look_seconds",
+                    "By shard: seconds from this replica gaining the shard to every GpuJob the shard had then looked at once (a hand-over's length; with sharded watches, a cold shard's list included)",
+                    vec![
+                        0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                    ],
+                ),
+                &["shard"],
+            )?,
             cached_objects: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_cached_objects",
@@ -405,6 +416,7 @@ impl Metrics {
             Box::new(self.watch_foreign.clone()),
             Box::new(self.sharded_watch.clone()),
             Box::new(self.cached_objects.clone()),
+            Box::new(self.shard_first_look.clone()),
             Box::new(self.conversion_requests.clone()),
             Box::new(self.conversion_duration.clone()),
             Box::new(self.conversion_certificate_expiry.clone()),
@@ -421,6 +433,7 @@ impl Metrics {
             let s = s.to_string();
             self.shard_owner.with_label_values(&[s.as_str()]);
             self.gpujobs_per_shard.with_label_values(&[s.as_str()]);
+            self.shard_first_look.with_label_values(&[s.as_str()]);
         }
     }
 

@@ -150,6 +150,22 @@ async fn wait_cached(r: &Running, who: &str, gpujobs: usize) -> Metrics {
     .unwrap()
 }
 
+/// `gpujob_shard_first_look_seconds_count` of each of `shards`, summed over `rs`.
+async fn first_looks(rs: &[Running], shards: &[u32]) -> BTreeMap<u32, f64> {
+    let mut counts = BTreeMap::new();
+    for r in rs {
+        let m = scrape(r).await.unwrap();
+        for s in shards {
+            let shard = s.to_string();
+            *counts.entry(*s).or_insert(0.0) += m.sum(
+                "gpujob_shard_first_look_seconds_count",
+                &[("shard", shard.as_str())],
+            );
+        }
+    }
+    counts
+}
+
 fn foreign(m: &Metrics) -> f64 {
     m.sum("gpujob_watch_foreign_objects_total", &[])
 }
@@ -186,11 +202,30 @@ async fn each_replica_caches_its_shards_and_those_it_would_take_and_a_takeover_l
 
     // replica-3 dies: the others take its shards, each one it kept warm, and work them.
     // Two replicas left: each keeps the other's shards warm, so each caches everything.
+    let holders = shards::holders(&env.admin, &env.ns, SHARDS).await;
+    let its: Vec<u32> = (0..SHARDS)
+        .filter(|s| holders[*s as usize].as_deref() == Some("replica-3"))
+        .collect();
+    let looks_before = first_looks(&rs[..2], &its).await;
     let mut three = rs.pop().unwrap();
     three.replica.signal(Signal::SIGKILL);
     three.replica.wait_exit(Duration::from_secs(10)).await;
     let two_ids = ["replica-1", "replica-2"];
     wait_balanced(&env, SHARDS, &two_ids, 3, Duration::from_secs(60)).await;
+    // Each of its shards reports its hand-over: every GpuJob it had looked at.
+    wait::until(
+        "the survivors to report the first look of replica-3's shards",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let now = first_looks(&rs, &its).await;
+            its.iter()
+                .all(|s| now.get(s) > looks_before.get(s))
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
     create(&env, &namespaces, 2, "b").await;
     let counts = wait_succeeded(&env, &namespaces).await;
     let total: usize = counts.values().sum();

@@ -10,8 +10,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::info;
 
+use super::first_look::FirstLooks;
 use super::{Context, Key};
 use crate::lease::Ownership;
 use crate::queue::Queue;
@@ -48,7 +50,12 @@ impl Terms {
     }
 }
 
-pub(super) async fn run(ctx: Arc<Context>, queue: Queue<Key>, mut own: watch::Receiver<Ownership>) {
+pub(super) async fn run(
+    ctx: Arc<Context>,
+    queue: Queue<Key>,
+    mut own: watch::Receiver<Ownership>,
+    looks: Arc<FirstLooks>,
+) {
     let mut terms = Terms::default();
     loop {
         let now = own.borrow_and_update().clone();
@@ -57,6 +64,9 @@ pub(super) async fn run(ctx: Arc<Context>, queue: Queue<Key>, mut own: watch::Re
             info!(shards = ?changes.lost, "shards lost: their reconciles stop, their GpuJobs are another replica's now");
             ctx.view
                 .shards_lost(|key| changes.lost.contains(&now.shard_of(&key.namespace)));
+            for shard in &changes.lost {
+                looks.lost(*shard);
+            }
         }
         if !changes.gained.is_empty() {
             let epochs: Vec<u64> = changes
@@ -65,11 +75,20 @@ pub(super) async fn run(ctx: Arc<Context>, queue: Queue<Key>, mut own: watch::Re
                 .filter_map(|s| now.tenure(*s).map(|t| t.epoch))
                 .collect();
             info!(shards = ?changes.gained, ?epochs, "shards gained: reconciling their GpuJobs");
-            for key in ctx
-                .view
-                .keys_where(|ns| changes.gained.contains(&now.shard_of(ns)))
-            {
-                queue.add(key);
+            let at = Instant::now();
+            for &shard in &changes.gained {
+                looks.gained(shard, at);
+                let keys = ctx.view.keys_where(|ns| now.shard_of(ns) == shard);
+                // Not covered yet (sharded watches, a cold shard): its GpuJobs are known,
+                // and queued, when both caches have listed it (`watches.rs`).
+                if ctx.view.covers_shard(shard)
+                    && let Some(done) = looks.known(shard, keys.clone(), at)
+                {
+                    done.report(&ctx.metrics);
+                }
+                for key in keys {
+                    queue.add(key);
+                }
             }
         }
         if own.changed().await.is_err() {

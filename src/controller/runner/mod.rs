@@ -2,6 +2,7 @@
 //! reconcile the keys of shards this replica holds (`worker.rs`), ownership changes hand
 //! work over shard by shard (`handover.rs`), shutdown drains.
 
+mod first_look;
 mod handover;
 mod watches;
 mod worker;
@@ -20,6 +21,7 @@ use super::{Context, Key, Settings, apply, domain, init_metrics};
 use crate::health::Status;
 use crate::lease::Ownership;
 use crate::queue::Queue;
+use first_look::FirstLooks;
 
 /// Where watch events and resyncs put keys: the work queue, for GpuJobs of shards this
 /// replica holds. A standby queues nothing (gaining a shard queues its GpuJobs), so its
@@ -28,6 +30,8 @@ use crate::queue::Queue;
 struct Intake {
     queue: Queue<Key>,
     own: watch::Receiver<Ownership>,
+    /// The shards gained whose GpuJobs are not all looked at yet.
+    looks: Arc<FirstLooks>,
 }
 
 impl Intake {
@@ -112,7 +116,9 @@ pub async fn run(
     let intake = Intake {
         queue: queue.clone(),
         own: ownership.clone(),
+        looks: Arc::default(),
     };
+    let looks = intake.looks.clone();
     let watches = watches::spawn(&client, &ctx, &intake, &status);
 
     // Workers start only once both caches hold a full list, so the first reconcile of
@@ -132,7 +138,12 @@ pub async fn run(
     }
     on_scrape(&status, &ctx, &queue, &ownership);
     let background = [
-        tokio::spawn(handover::run(ctx.clone(), queue.clone(), ownership.clone())),
+        tokio::spawn(handover::run(
+            ctx.clone(),
+            queue.clone(),
+            ownership.clone(),
+            looks.clone(),
+        )),
         tokio::spawn(resync(ctx.clone(), intake)),
     ];
     let (stop_workers, stopping) = watch::channel(false);
@@ -143,6 +154,7 @@ pub async fn run(
                 queue.clone(),
                 ownership.clone(),
                 stopping.clone(),
+                looks.clone(),
             ))
         })
         .collect();

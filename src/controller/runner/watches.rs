@@ -270,9 +270,7 @@ async fn gpujobs(
                 // The GpuJobs of shards both caches now cover for the first time (when
                 // the Job list completed first).
                 if let Some(new) = ctx.view.listed(Cached::GpuJobs, &scope) {
-                    for key in ctx.view.keys_where(|ns| new.contains(ns)) {
-                        intake.add(key);
-                    }
+                    newly_covered(&ctx, &intake, &new);
                 }
             }
             Err(e) => {
@@ -321,9 +319,7 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
                 if matches!(event, watcher::Event::InitDone)
                     && let Some(new) = ctx.view.listed(Cached::Jobs, &scope)
                 {
-                    for key in ctx.view.keys_where(|ns| new.contains(ns)) {
-                        intake.add(key);
-                    }
+                    newly_covered(&ctx, &intake, &new);
                 }
             }
             Err(e) => warn!(
@@ -331,6 +327,24 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
                 crate::apierror::describe_watch(&e)
             ),
         }
+    }
+}
+
+/// Both caches cover the shards of `new` for the first time: every GpuJob of them is
+/// queued, and a shard gained cold learns which GpuJobs it has to look at.
+fn newly_covered(ctx: &Context, intake: &Intake, new: &Scope) {
+    let own = intake.own.borrow().clone();
+    let at = tokio::time::Instant::now();
+    for shard in 0..own.shards() {
+        if new.contains_shard(shard) && intake.looks.unknown(shard) {
+            let keys = ctx.view.keys_where(|ns| own.shard_of(ns) == shard);
+            if let Some(done) = intake.looks.known(shard, keys, at) {
+                done.report(&ctx.metrics);
+            }
+        }
+    }
+    for key in ctx.view.keys_where(|ns| new.contains(ns)) {
+        intake.add(key);
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{debug, error, info};
 
+use super::first_look::FirstLooks;
 use super::{Context, Key};
 use crate::controller::error::Error;
 use crate::controller::plan::Next;
@@ -19,6 +20,7 @@ pub(super) async fn run(
     queue: Queue<Key>,
     mut own: watch::Receiver<Ownership>,
     mut stopping: watch::Receiver<bool>,
+    looks: Arc<FirstLooks>,
 ) {
     let mut lost = own.clone();
     loop {
@@ -71,7 +73,12 @@ pub(super) async fn run(
             None => {
                 info!(gpujob = %key, shard, "reconcile cancelled: this replica's term for the shard ended")
             }
-            Some(result) => follow_up(&ctx, &queue, &key, result),
+            Some(result) => {
+                follow_up(&ctx, &queue, &key, result);
+                if let Some(done) = looks.looked(shard, &key, tokio::time::Instant::now()) {
+                    done.report(&ctx.metrics);
+                }
+            }
         }
         queue.done(&key);
     }

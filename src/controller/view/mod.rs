@@ -174,6 +174,11 @@ impl View {
         self.coverage.covers(namespace)
     }
 
+    /// Do both caches hold every GpuJob and Job of shard `shard`?
+    pub fn covers_shard(&self, shard: u32) -> bool {
+        self.coverage.covers_shard(shard)
+    }
+
     /// Resolves once both caches hold a full list.
     pub async fn wait_ready(&self) {
         self.gpujobs.wait_ready().await;

@@ -29,6 +29,14 @@ impl Scope {
         }
     }
 
+    /// Does the scope hold shard `shard` (of its map)?
+    pub fn contains_shard(&self, shard: u32) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Shards { held, .. } => held.contains(&shard),
+        }
+    }
+
     /// The API server's shard selector for this scope; `None` for everything, and for
     /// no shard (nothing to watch).
     pub fn selector(&self) -> Option<String> {
@@ -127,6 +135,14 @@ impl Coverage {
                 })
             }
         }
+    }
+
+    /// Do both caches cover shard `shard`?
+    pub fn covers_shard(&self, shard: u32) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .iter()
+            .all(|s| s.as_ref().is_some_and(|s| s.contains_shard(shard)))
     }
 
     /// Do both caches cover `namespace`?
