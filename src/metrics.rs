@@ -77,6 +77,7 @@ pub struct Metrics {
     pub sharded_watch: IntGauge,
     pub cached_objects: IntGaugeVec,
     pub shard_first_look: HistogramVec,
+    pub shard_cached: IntGaugeVec,
     pub conversion_requests: IntCounterVec,
     pub conversion_duration: Histogram,
     pub conversion_certificate_expiry: IntGauge,
@@ -348,6 +349,13 @@ impl Metrics {
                 ),
                 &["shard"],
             )?,
+            shard_cached: IntGaugeVec::new(
+                Opts::new(
+                    "gpujob_shard_cached",
+                    "By shard: 1 when both of this replica's caches hold the shard's GpuJobs and Jobs (every shard without sharded watches; with them, the shards held and kept warm)",
+                ),
+                &["shard"],
+            )?,
             cached_objects: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_cached_objects",
@@ -417,6 +425,7 @@ impl Metrics {
             Box::new(self.sharded_watch.clone()),
             Box::new(self.cached_objects.clone()),
             Box::new(self.shard_first_look.clone()),
+            Box::new(self.shard_cached.clone()),
             Box::new(self.conversion_requests.clone()),
             Box::new(self.conversion_duration.clone()),
             Box::new(self.conversion_certificate_expiry.clone()),
@@ -434,6 +443,7 @@ impl Metrics {
             self.shard_owner.with_label_values(&[s.as_str()]);
             self.gpujobs_per_shard.with_label_values(&[s.as_str()]);
             self.shard_first_look.with_label_values(&[s.as_str()]);
+            self.shard_cached.with_label_values(&[s.as_str()]);
         }
     }
 

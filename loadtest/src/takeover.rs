@@ -1,7 +1,8 @@
 //! Takeover at scale (`--compare --takeover`): with every GpuJob converged, `kill -9` of
-//! the replica doing the work; a survivor takes its Lease (or shards), looks at every
-//! GpuJob, and should write nothing. Measures how long that takes, what it wrote, and
-//! the survivor's memory.
+//! the replica doing the work; survivors take its Lease (or shards), look at every GpuJob
+//! of them, and should write nothing. Measures how long that takes, shard by shard (each
+//! new holder's `gpujob_shard_first_look_seconds{shard}`: from its gain to every GpuJob
+//! of the shard looked at), what they wrote, and their memory.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -18,6 +19,21 @@ use crate::measure::identity_of;
 use crate::replicas::{Replicas, queue_depth};
 
 const RECONCILES: &str = "controller_runtime_reconcile_total";
+const FIRST_LOOK: &str = "gpujob_shard_first_look_seconds";
+
+/// One shard of the killed replica, taken over.
+#[derive(Debug)]
+pub struct ShardLook {
+    pub shard: u32,
+    /// The survivor that reported its first look.
+    pub holder: String,
+    /// Its GpuJobs (the holder's `gpujob_gpujobs_per_shard`).
+    pub gpujobs: f64,
+    /// Gain → every GpuJob it had looked at, as the holder measured it.
+    pub first_look: f64,
+    /// Did the holder cache the shard before the kill (kept it warm)?
+    pub warm: bool,
+}
 
 #[derive(Debug)]
 pub struct Takeover {
@@ -25,8 +41,11 @@ pub struct Takeover {
     pub killed: String,
     /// Kill → every Lease (shard) held by a survivor.
     pub held_after: Duration,
-    /// Kill → the survivors reconciled at least once per GpuJob and their queues are empty.
+    /// Kill → each of the killed replica's shards reported by its new holder as looked at
+    /// whole, and the queues empty.
     pub looked_after: Duration,
+    /// Each of the killed replica's shards.
+    pub shards: Vec<ShardLook>,
     /// Reconciles the survivors counted meanwhile.
     pub reconciles: f64,
     /// Writes to GpuJobs and Jobs in the load namespaces after the kill, by the survivors.
@@ -71,10 +90,17 @@ pub async fn run(
     }
     let audit = cluster.audit();
     let cursor = audit.cursor()?;
-    let killed = if shards == 1 {
-        replicas.kill_leader(admin).await?
+    // The survivors' first looks so far, and which shards each caches (warm).
+    let ahead: Vec<(String, Metrics)> = replicas
+        .scrape()
+        .await
+        .into_iter()
+        .filter_map(|(who, text)| Some((who, Metrics::parse(&text).ok()?)))
+        .collect();
+    let (killed, held) = if shards == 1 {
+        (replicas.kill_leader(admin).await?, vec![0])
     } else {
-        replicas.kill_busiest(admin, shards).await?.0
+        replicas.kill_busiest(admin, shards).await?
     };
     let killed_at = Instant::now();
     let before: BTreeMap<String, f64> = replicas
@@ -94,7 +120,7 @@ pub async fn run(
             .await?;
     }
     let held_after = killed_at.elapsed();
-    let (looked_after, reconciled) = loop {
+    let (looked_after, reconciled, looks) = loop {
         let scrapes = replicas.scrape().await;
         let done: f64 = scrapes
             .iter()
@@ -104,12 +130,14 @@ pub async fn run(
             .iter()
             .filter_map(|(_, text)| queue_depth(text).ok())
             .sum();
-        if done >= gpujobs as f64 && depth == 0.0 {
-            break (killed_at.elapsed(), done);
+        let looks = first_looks(&ahead, &scrapes, &held);
+        if looks.len() == held.len() && depth == 0.0 {
+            break (killed_at.elapsed(), done, looks);
         }
         if Instant::now() >= deadline {
             bail!(
-                "takeover: the survivors reconciled {done} times for {gpujobs} GpuJobs before the deadline"
+                "takeover: {} of shards {held:?} reported their first look before the deadline ({done} reconciles)",
+                looks.len()
             );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -152,6 +180,7 @@ pub async fn run(
         killed,
         held_after,
         looked_after,
+        shards: looks,
         reconciles: reconciled,
         writes,
         events,
@@ -159,6 +188,49 @@ pub async fn run(
         survivors,
         restarted,
     })
+}
+
+/// The shards of `held` whose first look a survivor reported since `ahead` (each one's
+/// scrape before the kill), with what that survivor's metrics say of it now.
+fn first_looks(
+    ahead: &[(String, Metrics)],
+    scrapes: &[(String, String)],
+    held: &[u32],
+) -> Vec<ShardLook> {
+    let mut looks = Vec::new();
+    for (who, text) in scrapes {
+        let Ok(now) = Metrics::parse(text) else {
+            continue;
+        };
+        let was = ahead.iter().find(|(w, _)| w == who).map(|(_, m)| m);
+        for shard in held {
+            let label = shard.to_string();
+            let of = |m: &Metrics, suffix: &str| {
+                m.sum(&format!("{FIRST_LOOK}_{suffix}"), &[("shard", label.as_str())])
+            };
+            let count = of(&now, "count") - was.map_or(0.0, |m| of(m, "count"));
+            if count < 1.0 {
+                continue;
+            }
+            // The latest look's seconds: the sum's growth over as many looks (one, unless
+            // the shard moved again).
+            let seconds = (of(&now, "sum") - was.map_or(0.0, |m| of(m, "sum"))) / count;
+            looks.push(ShardLook {
+                shard: *shard,
+                holder: who.clone(),
+                gpujobs: now.sum("gpujob_gpujobs_per_shard", &[("shard", label.as_str())]),
+                first_look: seconds,
+                warm: was.is_some_and(|m| caches_shard(m, *shard)),
+            });
+        }
+    }
+    looks.sort_by_key(|l| l.shard);
+    looks
+}
+
+/// Did a replica whose metrics are `m` have `shard` in both caches?
+fn caches_shard(m: &Metrics, shard: u32) -> bool {
+    m.sum("gpujob_shard_cached", &[("shard", shard.to_string().as_str())]) > 0.0
 }
 
 /// Reconciles a replica counted, whatever their result.
@@ -184,11 +256,22 @@ pub fn report(t: &Takeover) -> String {
     );
     let _ = writeln!(
         r,
-        "| kill → every GpuJob looked at, queues empty | {:.1} s ({:.1} s after the takeover; {} reconciles) |",
+        "| kill → each of its shards looked at whole by its new holder, queues empty | {:.1} s ({:.1} s after every Lease was held; {} reconciles) |",
         t.looked_after.as_secs_f64(),
         (t.looked_after.saturating_sub(t.held_after)).as_secs_f64(),
         t.reconciles
     );
+    for l in &t.shards {
+        let _ = writeln!(
+            r,
+            "| shard {} → {} ({} before the kill): {} GpuJobs, gain → every one looked at | {:.1} s |",
+            l.shard,
+            l.holder,
+            if l.warm { "cached" } else { "not cached" },
+            l.gpujobs,
+            l.first_look
+        );
+    }
     let _ = writeln!(
         r,
         "| writes to GpuJobs and Jobs by the survivors after the kill | {} |",

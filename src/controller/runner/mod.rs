@@ -214,6 +214,12 @@ fn on_scrape(
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         let own = own.borrow().clone();
+        for s in 0..own.shards() {
+            ctx.metrics
+                .shard_cached
+                .with_label_values(&[s.to_string().as_str()])
+                .set(i64::from(ctx.view.covers_shard(s)));
+        }
         {
             let mut computed = computed.lock().unwrap_or_else(|p| p.into_inner());
             let now = tokio::time::Instant::now();
