@@ -105,16 +105,33 @@ pub fn decide(v: &View<'_>) -> Decision {
     decision
 }
 
-/// The shards this replica would take if one other live replica were gone (each in
-/// turn): what it should keep warm to take over without a relist. Computed by
-/// [`decide`] itself on the view without that replica, so room and rank count as they
-/// will then.
+/// What this replica should keep warm to take over without a relist: the shards it
+/// would take if one other live replica were gone (each in turn), and those it takes
+/// next anyway (free ones, and those of a replica no longer live, whose Leases will
+/// expire). Computed by [`decide`] itself on the view as it would be then, so room and
+/// rank count as they will. Without the second kind, a dead replica's shards would leave
+/// the warm set when its heartbeat expired or its Leases did, a moment before the
+/// takeover, and be listed again.
 pub fn successor_of(v: &View<'_>) -> BTreeSet<u32> {
-    let mut warm = BTreeSet::new();
+    let dead = |m: &String| m != v.me && !v.members.contains(m);
+    // A shard of a replica no longer live is as good as free: it will be.
+    let base: Vec<Holder> = v
+        .holders
+        .iter()
+        .map(|h| match h {
+            Holder::Held(m) if dead(m) => Holder::Free(Duration::ZERO),
+            other => other.clone(),
+        })
+        .collect();
+    // What it takes next: free shards, and those of replicas no longer live.
+    let mut warm: BTreeSet<u32> = decide(&View {
+        holders: &base,
+        ..*v
+    })
+    .take;
     for gone in v.members.iter().filter(|m| m.as_str() != v.me) {
         let members: BTreeSet<String> = v.members.iter().filter(|m| *m != gone).cloned().collect();
-        let holders: Vec<Holder> = v
-            .holders
+        let holders: Vec<Holder> = base
             .iter()
             .map(|h| match h {
                 Holder::Held(m) if m == gone => Holder::Free(Duration::ZERO),
@@ -126,12 +143,9 @@ pub fn successor_of(v: &View<'_>) -> BTreeSet<u32> {
             holders: &holders,
             ..*v
         };
-        let decision = decide(&without);
-        warm.extend(
-            decision.take.into_iter().filter(
-                |s| matches!(v.holders.get(*s as usize), Some(Holder::Held(m)) if m == gone),
-            ),
-        );
+        // Its shards, and free ones (a Lease that expired before its holder's
+        // heartbeat did) it would take then.
+        warm.extend(decide(&without).take);
     }
     warm
 }

@@ -402,3 +402,44 @@ fn each_held_shard_has_one_warm_successor_and_it_takes_the_shard_when_its_holder
         }
     }
 }
+
+#[test]
+fn the_shards_of_a_replica_no_longer_live_stay_warm_with_the_replica_that_will_take_them() {
+    // c has gone (its heartbeat expired, or its Leases, or both) while its shards are
+    // not yet taken: the warm sets must keep them with their taker all along, or the
+    // takeover would list them again.
+    let all = members(&["a", "b", "c"]);
+    let mut holders = vec![Holder::Free(Duration::ZERO); 6];
+    while round(&all, &mut holders) > 0 {}
+    let left = members(&["a", "b"]);
+    let of_c: Vec<usize> = (0..6)
+        .filter(|s| holders[*s] == Holder::Held("c".to_owned()))
+        .collect();
+    assert_eq!(of_c.len(), 2);
+    let mut after = holders.clone();
+    for s in &of_c {
+        after[*s] = Holder::Free(Duration::ZERO);
+    }
+    while round(&left, &mut after) > 0 {}
+    let mut expired = holders.clone();
+    for s in &of_c {
+        expired[*s] = Holder::Free(Duration::from_secs(1));
+    }
+    for s in of_c {
+        let Holder::Held(taker) = &after[s] else {
+            panic!("shard {s} left free")
+        };
+        let shard = u32::try_from(s).unwrap();
+        for (members, holders, when) in [
+            (&all, &holders, "while c lived"),
+            (&left, &holders, "c's heartbeat expired"),
+            (&left, &expired, "c's heartbeat and Leases expired"),
+            (&all, &expired, "c's Leases expired before its heartbeat"),
+        ] {
+            assert!(
+                successor_for(taker, members, holders).contains(&shard),
+                "shard {s}, taken by {taker}, not warm there when {when}"
+            );
+        }
+    }
+}
