@@ -12,7 +12,7 @@
 #   scripts/loadtest.sh --gpujobs 10000 --trickle 20      # 20 more, one a second, in namespace trickle:
 #                        # how long new work waits behind the burst for its first Job
 #   LOADTEST_PROFILE=release scripts/loadtest.sh --gpujobs 10000 --replicas 2 --compare
-#                        # the floor, a stock kube-runtime controller and the operator, each alone;
+#                        # the floor, a kube-runtime reference controller and the operator, each alone;
 #                        # with --report DIR/R.md also DIR/R-converged.png and DIR/R-operator.png
 #                        # (linked from it; without --report, in the replicas' log folder);
 #                        # --takeover: then kill -9 of the operator's working replica, and how long
@@ -34,7 +34,7 @@ profile="${LOADTEST_PROFILE:-dev}"
 prepare_machine
 
 step "build ($profile profile for the operator, the reference controller and the load generator)"
-# The stock controller --compare measures is built like the operator: a dev build of
+# The reference controller --compare measures is built like the operator: a dev build of
 # one against a release build of the other would compare the builds. The load
 # generator too: it shares the 2 cores with them, and --compare's floor is its writes.
 if [[ "$profile" == "release" ]]; then

@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used)] // a measurement: a panic is the report
 use gpujob_operator::api::GpuJob;
 use gpujob_operator::controller::view::cache::{GpuJobCache, JobIndex};
+use gpujob_operator::controller::view::scope::Scope;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::watcher::Event;
 use serde_json::json;
@@ -67,22 +68,22 @@ fn main() {
     let gpujobs = GpuJobCache::default();
     let jobs = JobIndex::default();
     if what == "gpujobs" || what == "both" {
-        gpujobs.apply(&Event::Init);
+        gpujobs.apply(&Event::Init, &Scope::All);
         for i in 0..n {
             let mut gj: GpuJob = serde_json::from_value(gpujob(i)).unwrap();
             gj.metadata.managed_fields = None;
-            gpujobs.apply(&Event::InitApply(gj));
+            gpujobs.apply(&Event::InitApply(gj), &Scope::All);
         }
-        gpujobs.apply(&Event::InitDone);
+        gpujobs.apply(&Event::InitDone, &Scope::All);
     }
     let after_gj = rss_kib();
     if what == "jobs" || what == "both" {
-        jobs.apply(&Event::Init);
+        jobs.apply(&Event::Init, &Scope::All);
         for i in 0..n {
             let j: Job = serde_json::from_value(job(i)).unwrap();
-            jobs.apply(&Event::InitApply(j));
+            jobs.apply(&Event::InitApply(j), &Scope::All);
         }
-        jobs.apply(&Event::InitDone);
+        jobs.apply(&Event::InitDone, &Scope::All);
     }
     let after_jobs = rss_kib();
     println!(

@@ -4,7 +4,8 @@
 //!       attempt's Job, created running, and one status patch per GpuJob) at the same
 //!       concurrency, once every GpuJob is created. The operator does one more: it
 //!       creates the Job suspended and starts it (docs/ha-and-sharding.md, High availability);
-//!   (b) the reference controller: stock kube-runtime (`gpujob-reference-controller`);
+//!   (b) the reference controller: a careful kube-runtime controller that reads its
+//!       caches before it writes (`gpujob-reference-controller`);
 //!   (c) the operator, `--replicas` of it.
 //! Converged: `status.observedGeneration` is the GpuJob's generation and an attempt has
 //! started (all three create the Job before they write that status). On one control
@@ -94,7 +95,7 @@ impl Contender {
                 "floor: a bare client doing the minimal two writes (a running Job, a status patch), no controller"
             }
             Contender::Reference => {
-                "a stock kube-runtime `Controller` (`Controller::new(..).owns(jobs)`, default config)"
+                "a kube-runtime `Controller` written with care (`Controller::new(..).owns_stream(..)` of a Job reflector, default config; creates a Job only when its cache and the status do not show it, patches the status only when it differs)"
             }
             Contender::Operator => "gpujob-operator",
         }
@@ -104,7 +105,7 @@ impl Contender {
     fn short(self) -> &'static str {
         match self {
             Contender::Floor => "floor (bare client)",
-            Contender::Reference => "stock kube-runtime controller",
+            Contender::Reference => "kube-runtime reference controller",
             Contender::Operator => "gpujob-operator",
         }
     }
@@ -692,12 +693,12 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
     let mut r = String::new();
     let _ = writeln!(
         r,
-        "# Load test: the operator against a stock controller and the floor\n\n\
+        "# Load test: the operator against a reference controller and the floor\n\n\
          {} GpuJobs over {} namespaces, created {} at a time; each controller alone, one \
          after the other, {} (Kubernetes v1.37, this machine's {} \
          cores shared by everything). Converged: `observedGeneration` current and the first \
          attempt's Job created. The operator: {} replica(s), `--shards {}`{}, {flags}; the \
-         stock controller is built the same way.\n",
+         reference controller is built the same way.\n",
         plan.gpujobs,
         plan.namespaces.len(),
         plan.concurrency,

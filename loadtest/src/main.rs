@@ -74,7 +74,7 @@ struct Args {
     #[arg(long, default_value_t = 1.0)]
     trickle_every: f64,
     /// Run the same GpuJobs three times, each alone: a bare client doing the operator's
-    /// minimal writes (the floor), a stock kube-runtime controller, and the operator;
+    /// minimal writes (the floor), a kube-runtime reference controller, and the operator;
     /// report them side by side (converged: observedGeneration current and the first
     /// attempt's Job created; pods run for an hour, so each GpuJob's writes are those to
     /// Running; --sim-duration-seconds and --kill-leader-after do not apply).
@@ -101,7 +101,7 @@ struct Args {
     /// The operator binary to run.
     #[arg(long)]
     operator_bin: PathBuf,
-    /// The stock kube-runtime controller `--compare` runs (built like the operator);
+    /// The kube-runtime reference controller `--compare` runs (built like the operator);
     /// default: `gpujob-reference-controller` beside this binary.
     #[arg(long)]
     reference_bin: Option<PathBuf>,

@@ -206,7 +206,10 @@ fn first_looks(
         for shard in held {
             let label = shard.to_string();
             let of = |m: &Metrics, suffix: &str| {
-                m.sum(&format!("{FIRST_LOOK}_{suffix}"), &[("shard", label.as_str())])
+                m.sum(
+                    &format!("{FIRST_LOOK}_{suffix}"),
+                    &[("shard", label.as_str())],
+                )
             };
             let count = of(&now, "count") - was.map_or(0.0, |m| of(m, "count"));
             if count < 1.0 {
@@ -230,7 +233,10 @@ fn first_looks(
 
 /// Did a replica whose metrics are `m` have `shard` in both caches?
 fn caches_shard(m: &Metrics, shard: u32) -> bool {
-    m.sum("gpujob_shard_cached", &[("shard", shard.to_string().as_str())]) > 0.0
+    m.sum(
+        "gpujob_shard_cached",
+        &[("shard", shard.to_string().as_str())],
+    ) > 0.0
 }
 
 /// Reconciles a replica counted, whatever their result.

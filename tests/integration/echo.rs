@@ -14,6 +14,7 @@ use gpujob_operator::api::GpuJob;
 use gpujob_operator::controller::Next;
 use gpujob_operator::controller::events::transitions;
 use gpujob_operator::controller::plan::SCHEDULING_GRACE;
+use gpujob_operator::controller::view::scope::Scope;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::watcher::Event;
 use serde_json::json;
@@ -64,7 +65,7 @@ async fn writes_echoed_out_of_order_cost_no_second_patch_and_no_conflict() {
         );
         settled(&h, published as u64).await;
         if order == "job-event-first" {
-            h.ctx.view.job_event(&Event::Apply(job));
+            h.ctx.view.job_event(&Event::Apply(job), &Scope::All);
         } else {
             h.load_gpujobs(&[fresh]);
         }

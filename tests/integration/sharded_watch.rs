@@ -97,16 +97,9 @@ async fn wait_succeeded(env: &TestEnv, namespaces: &[(String, u32)]) -> BTreeMap
     counts
 }
 
-/// GpuJobs (and as many Jobs: one attempt each) in the namespaces of the shards `who`
-/// holds and keeps warm (those it would take if one of `live` were gone), as the Leases
-/// show them now.
-async fn share_of(
-    env: &TestEnv,
-    who: &str,
-    live: &[&str],
-    namespaces: &[(String, u32)],
-    counts: &BTreeMap<String, usize>,
-) -> (usize, usize) {
+/// The shards `who` holds, and those it holds and keeps warm (those it would take if one
+/// of `live` were gone), as the Leases show them now.
+async fn shards_of(env: &TestEnv, who: &str, live: &[&str]) -> (BTreeSet<u32>, BTreeSet<u32>) {
     let holders = shards::holders(&env.admin, &env.ns, SHARDS).await;
     let members: BTreeSet<String> = live.iter().map(|m| (*m).to_owned()).collect();
     let view: Vec<Holder> = holders
@@ -122,16 +115,40 @@ async fn share_of(
         holders: &view,
         lease_duration: replicas::LEASE_DURATION,
     });
-    let of = |pick: &dyn Fn(u32) -> bool| -> usize {
-        namespaces
-            .iter()
-            .filter(|(_, s)| pick(*s))
-            .map(|(ns, _)| counts[ns])
-            .sum()
-    };
-    let held = of(&|s| holders[s as usize].as_deref() == Some(who));
-    let cached = of(&|s| holders[s as usize].as_deref() == Some(who) || warm.contains(&s));
+    let held: BTreeSet<u32> = (0..SHARDS)
+        .filter(|s| holders[*s as usize].as_deref() == Some(who))
+        .collect();
+    let cached = held.union(&warm).copied().collect();
     (held, cached)
+}
+
+/// GpuJobs (and as many Jobs: one attempt each) in the namespaces of `shards`.
+fn count_in(
+    shards: &BTreeSet<u32>,
+    namespaces: &[(String, u32)],
+    counts: &BTreeMap<String, usize>,
+) -> usize {
+    namespaces
+        .iter()
+        .filter(|(_, s)| shards.contains(s))
+        .map(|(ns, _)| counts[ns])
+        .sum()
+}
+
+/// GpuJobs in the namespaces of the shards `who` holds, and of those it holds and keeps
+/// warm ([`shards_of`]).
+async fn share_of(
+    env: &TestEnv,
+    who: &str,
+    live: &[&str],
+    namespaces: &[(String, u32)],
+    counts: &BTreeMap<String, usize>,
+) -> (usize, usize) {
+    let (held, cached) = shards_of(env, who, live).await;
+    (
+        count_in(&held, namespaces, counts),
+        count_in(&cached, namespaces, counts),
+    )
 }
 
 /// Waits until replica `r` caches exactly `gpujobs` GpuJobs and as many Jobs.
@@ -164,6 +181,10 @@ async fn first_looks(rs: &[Running], shards: &[u32]) -> BTreeMap<u32, f64> {
         }
     }
     counts
+}
+
+fn received_gpujobs(m: &Metrics) -> f64 {
+    m.sum("gpujob_watch_objects_total", &[("resource", "gpujobs")])
 }
 
 fn foreign(m: &Metrics) -> f64 {
@@ -207,6 +228,11 @@ async fn each_replica_caches_its_shards_and_those_it_would_take_and_a_takeover_l
         .filter(|s| holders[*s as usize].as_deref() == Some("replica-3"))
         .collect();
     let looks_before = first_looks(&rs[..2], &its).await;
+    let mut watched_before = Vec::new();
+    for (r, who) in rs[..2].iter().zip(ids) {
+        let received = received_gpujobs(&scrape(r).await.unwrap());
+        watched_before.push((shards_of(&env, who, &ids).await.1, received));
+    }
     let mut three = rs.pop().unwrap();
     three.replica.signal(Signal::SIGKILL);
     three.replica.wait_exit(Duration::from_secs(10)).await;
@@ -226,6 +252,18 @@ async fn each_replica_caches_its_shards_and_those_it_would_take_and_a_takeover_l
     )
     .await
     .unwrap();
+    // Each survivor listed only the shards it did not watch before: a shard it held or
+    // kept warm went on with the watch it had.
+    for ((r, who), (before, received)) in rs.iter().zip(two_ids).zip(&watched_before) {
+        let (_, now) = shards_of(&env, who, &two_ids).await;
+        let m = wait_cached(r, who, count_in(&now, &namespaces, &counts)).await;
+        let new: BTreeSet<u32> = now.difference(before).copied().collect();
+        assert_eq!(
+            received_gpujobs(&m) - received,
+            count_in(&new, &namespaces, &counts) as f64,
+            "{who}: GpuJobs received since the kill, watching {before:?} then {now:?}"
+        );
+    }
     create(&env, &namespaces, 2, "b").await;
     let counts = wait_succeeded(&env, &namespaces).await;
     let total: usize = counts.values().sum();

@@ -10,10 +10,14 @@
 //! With more than one shard (and every namespace watched), the watches ask only for the
 //! objects of the shards this replica holds, when the API server can select them (the
 //! sharded list and watch, KEP-5866; told by the selector it echoes on a list, not by its
-//! version): when the shards held, or kept warm for a takeover (`Ownership::warm`),
-//! change, both watches start again for the new ones and the caches keep only those.
-//! Otherwise they receive everything, as with one shard.
+//! version): each shard held, or kept warm for a takeover (`Ownership::warm`), has a
+//! watch of its GpuJobs and one of its Jobs, each with that shard's range as selector.
+//! A shard newly held or kept warm starts its own two (listing that shard alone); a shard
+//! given up stops them and leaves the caches; the other shards' watches go on untouched,
+//! so a takeover of a warm shard lists nothing. Otherwise the watches receive
+//! everything, as with one shard.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +26,7 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 use tracing::{debug, info, warn};
 
 use super::{Context, Intake, Key};
@@ -77,30 +81,50 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
         while tasks.join_next().await.is_some() {}
         return;
     }
+    // Each shard watched has a watch of its GpuJobs and one of its Jobs.
+    let mut running: BTreeMap<u32, Vec<AbortHandle>> = BTreeMap::new();
     let mut current: Option<Scope> = None;
     loop {
         let wanted = scope_of(&own.borrow_and_update(), ctx.settings.warm_shards);
         if current.as_ref() != Some(&wanted) {
-            // The old watches stop before the caches hear of the new scope, so no event
-            // of a shard given up arrives after.
-            tasks.shutdown().await;
+            let parts: BTreeMap<u32, Scope> = wanted
+                .parts()
+                .into_iter()
+                .filter_map(|p| Some((p.shards().first().copied()?, p)))
+                .collect();
+            // A shard no longer wanted: its watches stop before the caches hear of the
+            // new scope (no event of it arrives after), then what they filled goes.
+            let gone: Vec<u32> = running
+                .keys()
+                .filter(|s| !parts.contains_key(s))
+                .copied()
+                .collect();
+            for shard in &gone {
+                for task in running.remove(shard).unwrap_or_default() {
+                    task.abort();
+                }
+            }
+            while tasks.try_join_next().is_some() {}
             ctx.view.watching(&wanted);
+            for shard in gone {
+                ctx.view.drop_part(&Scope::single(shard, map.clone()));
+            }
             if wanted.is_empty() {
                 ctx.view.watch_nothing(&wanted);
             } else {
                 info!(
-                    selector = wanted.selector().unwrap_or_default(),
+                    shards = ?parts.keys().collect::<Vec<_>>(),
                     "watching the GpuJobs and Jobs of the shards held and kept warm"
                 );
-                let selecting = selecting(&client, &wanted.selector().unwrap_or_default());
-                start(
-                    &mut tasks,
-                    &selecting,
-                    &ctx,
-                    &intake,
-                    &status,
-                    wanted.clone(),
-                );
+            }
+            // A shard newly wanted: its own watches, with its own selector.
+            for (shard, part) in parts {
+                if running.contains_key(&shard) {
+                    continue;
+                }
+                let selecting = selecting(&client, &part.selector().unwrap_or_default());
+                let handles = start(&mut tasks, &selecting, &ctx, &intake, &status, part);
+                running.insert(shard, handles);
             }
             current = Some(wanted);
         }
@@ -125,28 +149,31 @@ fn scope_of(own: &Ownership, warm: bool) -> Scope {
     }
 }
 
+/// Starts the watches of `part` (everything, or one shard); returns their handles.
 fn start(
     tasks: &mut JoinSet<()>,
     client: &Client,
     ctx: &Arc<Context>,
     intake: &Intake,
     status: &Arc<Status>,
-    scope: Scope,
-) {
+    part: Scope,
+) -> Vec<AbortHandle> {
     let ns = ctx.settings.namespace.as_deref();
-    tasks.spawn(gpujobs(
-        api::<GpuJob>(client, ns),
-        ctx.clone(),
-        intake.clone(),
-        status.clone(),
-        scope.clone(),
-    ));
-    tasks.spawn(jobs(
-        api::<Job>(client, ns),
-        ctx.clone(),
-        intake.clone(),
-        scope,
-    ));
+    vec![
+        tasks.spawn(gpujobs(
+            api::<GpuJob>(client, ns),
+            ctx.clone(),
+            intake.clone(),
+            status.clone(),
+            part.clone(),
+        )),
+        tasks.spawn(jobs(
+            api::<Job>(client, ns),
+            ctx.clone(),
+            intake.clone(),
+            part,
+        )),
+    ]
 }
 
 const PROBE_WAIT_MAX: Duration = Duration::from_secs(30);
@@ -250,7 +277,7 @@ async fn gpujobs(
     while let Some(event) = events.next().await {
         if let Ok(event) = &event {
             received.inc_by(objects_in(event));
-            changed = ctx.view.gpujob_event(event);
+            changed = ctx.view.gpujob_event(event, &scope);
         }
         match event {
             Ok(watcher::Event::Apply(gj)) if gj.status.is_none() => {
@@ -300,7 +327,7 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
                     &event,
                     watcher::Event::Apply(job) if job_state(job) != JobState::Active
                 );
-                let keys = ctx.view.job_event(&event);
+                let keys = ctx.view.job_event(&event, &scope);
                 for key in keys.touched {
                     debug!(gpujob = %key, event = event_name(&event), finished, "Job event");
                     if finished {

@@ -109,8 +109,8 @@ impl View {
     /// A GpuJob watch event: into the cache; a GpuJob delivered settles what the memory
     /// kept of the status writes it shows. Returns, at the end of a relist, the GpuJobs
     /// it changed ([`GpuJobCache::apply`]).
-    pub fn gpujob_event(&self, event: &Event<GpuJob>) -> Vec<Key> {
-        let changed = self.gpujobs.apply(event);
+    pub fn gpujob_event(&self, event: &Event<GpuJob>, part: &Scope) -> Vec<Key> {
+        let changed = self.gpujobs.apply(event, part);
         if let Event::Apply(gj) = event
             && gj.status.is_some()
         {
@@ -124,8 +124,8 @@ impl View {
     /// of a relist, those whose Jobs it changed), and at the end of a relist also every
     /// GpuJob the memory spoke of (`relisted`: a Job may have come and gone between two
     /// lists, unseen).
-    pub fn job_event(&self, event: &Event<Job>) -> JobEventKeys {
-        let touched = self.jobs.apply(event);
+    pub fn job_event(&self, event: &Event<Job>, part: &Scope) -> JobEventKeys {
+        let touched = self.jobs.apply(event, part);
         if let Event::Apply(job) | Event::Delete(job) = event
             && let Some((key, _)) = owner_of(job)
         {
@@ -157,13 +157,21 @@ impl View {
         self.coverage.listed(which, scope)
     }
 
-    /// Nothing to watch (no shard held): both caches are emptied and cover nothing,
-    /// which counts as listed (a replica holding nothing is ready).
+    /// The watches of `part` stopped (its shard is neither held nor kept warm): what
+    /// they filled leaves both caches. Call after [`View::watching`].
+    pub fn drop_part(&self, part: &Scope) {
+        self.gpujobs.drop_part(part);
+        self.jobs.drop_part(part);
+    }
+
+    /// Nothing to watch (no shard held): both caches are empty (each shard's part left
+    /// when its watches stopped) and cover nothing, which counts as listed (a replica
+    /// holding nothing is ready).
     pub fn watch_nothing(&self, empty: &Scope) {
-        self.gpujobs.apply(&Event::Init);
-        self.gpujobs.apply(&Event::InitDone);
-        self.jobs.apply(&Event::Init);
-        self.jobs.apply(&Event::InitDone);
+        self.gpujobs.apply(&Event::Init, empty);
+        self.gpujobs.apply(&Event::InitDone, empty);
+        self.jobs.apply(&Event::Init, empty);
+        self.jobs.apply(&Event::InitDone, empty);
         self.coverage.listed(Cached::GpuJobs, empty);
         self.coverage.listed(Cached::Jobs, empty);
     }

@@ -50,6 +50,51 @@ impl Scope {
         matches!(self, Scope::Shards { held, .. } if held.is_empty())
     }
 
+    /// The shards of a sharded scope (none for `All`).
+    pub fn shards(&self) -> Vec<u32> {
+        match self {
+            Scope::All => Vec::new(),
+            Scope::Shards { held, .. } => held.iter().copied().collect(),
+        }
+    }
+
+    /// Shard `shard` of `map` alone: what one sharded watch asks for.
+    pub fn single(shard: u32, map: Arc<ShardMap>) -> Scope {
+        Scope::Shards {
+            held: BTreeSet::from([shard]),
+            map,
+        }
+    }
+
+    /// The shards of a sharded scope, one scope each; `All` is one part, itself.
+    pub fn parts(&self) -> Vec<Scope> {
+        match self {
+            Scope::All => vec![Scope::All],
+            Scope::Shards { held, map } => held
+                .iter()
+                .map(|s| Scope::single(*s, map.clone()))
+                .collect(),
+        }
+    }
+
+    /// What either scope holds (of one map; a scope of another map is replaced).
+    fn join(&self, other: &Scope) -> Scope {
+        match (self, other) {
+            (Scope::All, _) | (_, Scope::All) => Scope::All,
+            (
+                Scope::Shards { held: a, map },
+                Scope::Shards {
+                    held: b,
+                    map: other_map,
+                },
+            ) if map == other_map => Scope::Shards {
+                held: a.union(b).copied().collect(),
+                map: map.clone(),
+            },
+            (_, other) => other.clone(),
+        }
+    }
+
     /// What two scopes both hold.
     fn meet(&self, other: &Scope) -> Scope {
         match (self, other) {
@@ -109,13 +154,18 @@ impl Coverage {
         }
     }
 
-    /// `which` completed a list of `scope`. Returns the shards both caches cover now
-    /// and did not before (`None`: none): their GpuJobs are due a look. Shards covered
+    /// `which` completed a list of `scope` (one watch's part: everything, or a shard;
+    /// it adds to what the cache covers). Returns the shards both caches cover now and
+    /// did not before (`None`: none): their GpuJobs are due a look. Shards covered
     /// before stay as they were (a relist queues what it changed, `watches.rs`).
     pub fn listed(&self, which: Cached, scope: &Scope) -> Option<Scope> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let before = both(&inner);
-        inner[Coverage::slot(which)] = Some(scope.clone());
+        let slot = &mut inner[Coverage::slot(which)];
+        *slot = Some(match slot.as_ref() {
+            Some(now) => now.join(scope),
+            None => scope.clone(),
+        });
         let after = both(&inner)?;
         let Some(before) = before else {
             return Some(after);

@@ -6,6 +6,7 @@ use gpujob_operator::api::{GpuJob, LABEL_UID};
 use gpujob_operator::controller::apply::Writer;
 use gpujob_operator::controller::error::Error;
 use gpujob_operator::controller::view::View;
+use gpujob_operator::controller::view::scope::Scope;
 use gpujob_operator::controller::{Context, Key, Next, Settings, reconcile};
 use gpujob_operator::lease::Ownership;
 use gpujob_operator::metrics::Metrics;
@@ -35,8 +36,8 @@ impl Harness {
             gpujob_operator::client::build(config, identity, Default::default(), None, None)
                 .unwrap();
         let view = View::new(client.clone());
-        view.job_event(&Event::Init);
-        view.job_event(&Event::InitDone);
+        view.job_event(&Event::Init, &Scope::All);
+        view.job_event(&Event::InitDone, &Scope::All);
         let (own, rx) = watch::channel(Ownership::unfenced());
         let metrics = Metrics::new();
         let writer = Writer::new(
@@ -68,20 +69,24 @@ impl Harness {
 
     /// The GpuJob cache holds exactly `objects` (a relist).
     pub fn load_gpujobs(&mut self, objects: &[GpuJob]) {
-        self.ctx.view.gpujob_event(&Event::Init);
+        self.ctx.view.gpujob_event(&Event::Init, &Scope::All);
         for o in objects {
-            self.ctx.view.gpujob_event(&Event::InitApply(o.clone()));
+            self.ctx
+                .view
+                .gpujob_event(&Event::InitApply(o.clone()), &Scope::All);
         }
-        self.ctx.view.gpujob_event(&Event::InitDone);
+        self.ctx.view.gpujob_event(&Event::InitDone, &Scope::All);
     }
 
     /// The Job cache holds exactly `jobs` (a relist).
     pub fn load_jobs(&self, jobs: &[Job]) {
-        self.ctx.view.job_event(&Event::Init);
+        self.ctx.view.job_event(&Event::Init, &Scope::All);
         for j in jobs {
-            self.ctx.view.job_event(&Event::InitApply(j.clone()));
+            self.ctx
+                .view
+                .job_event(&Event::InitApply(j.clone()), &Scope::All);
         }
-        self.ctx.view.job_event(&Event::InitDone);
+        self.ctx.view.job_event(&Event::InitDone, &Scope::All);
     }
 
     /// Both caches catch up with the API server now.

@@ -20,6 +20,7 @@ use tracing::error;
 use super::record;
 use crate::api::GpuJob;
 use crate::controller::Key;
+use crate::controller::view::scope::Scope;
 
 #[derive(Debug)]
 pub struct GpuJobCache {
@@ -30,8 +31,9 @@ pub struct GpuJobCache {
 #[derive(Debug, Default)]
 struct Inner {
     table: Table,
-    /// A relist in progress: the new contents, swapped in at InitDone.
-    relist: Option<Table>,
+    /// The relists in progress, one per watch (of everything, or of one shard): the new
+    /// contents of that part, swapped in at InitDone.
+    relists: Vec<(Scope, Table)>,
 }
 
 /// The GpuJobs, each one allocation ([`record`]): namespace and name, then the JSON.
@@ -60,6 +62,21 @@ fn is_key(record: &[u8], key: &Key) -> bool {
 }
 
 impl Table {
+    /// Files a record under its own namespace and name.
+    fn insert_record(&mut self, record: Box<[u8]>) {
+        let Some((ns, name, _)) = fields(&record) else {
+            return;
+        };
+        let key = Key::new(ns, name);
+        self.insert(&key, record);
+    }
+
+    /// Drops every record of the namespaces `part` holds.
+    fn remove_part(&mut self, part: &Scope) {
+        self.records
+            .retain(|r| !fields(r).is_some_and(|(ns, _, _)| part.contains(ns)));
+    }
+
     fn insert(&mut self, key: &Key, record: Box<[u8]>) {
         let Table { records, hasher } = self;
         let hash = key_hash(hasher, &key.namespace, &key.name);
@@ -90,9 +107,9 @@ impl Table {
     }
 }
 
-/// The GpuJobs in one table and not the other, or in both as different records (packed
-/// alike, so equal bytes are the same delivery of the same object).
-fn differing(old: &Table, new: &Table) -> Vec<Key> {
+/// The GpuJobs of `part` in one table and not the other, or in both as different
+/// records (packed alike, so equal bytes are the same delivery of the same object).
+fn differing(old: &Table, new: &Table, part: &Scope) -> Vec<Key> {
     let mut keys: Vec<Key> = new
         .iter()
         .filter(|(ns, name, json)| old.get(&Key::new(ns, name)) != Some(*json))
@@ -100,6 +117,7 @@ fn differing(old: &Table, new: &Table) -> Vec<Key> {
         .collect();
     keys.extend(
         old.iter()
+            .filter(|(ns, _, _)| part.contains(ns))
             .map(|(ns, name, _)| Key::new(ns, name))
             .filter(|key| new.get(key).is_none()),
     );
@@ -116,27 +134,40 @@ impl Default for GpuJobCache {
 }
 
 impl GpuJobCache {
-    /// Applies one watch event, as kube-runtime's reflector does: a relist shows only
-    /// when complete (InitDone), and then replaces everything. Returns, at the end of a
-    /// relist, the GpuJobs it changed: those that came, went, or differ from what was
-    /// cached (another resourceVersion); nothing for any other event.
-    pub fn apply(&self, event: &Event<GpuJob>) -> Vec<Key> {
+    /// Applies one event of the watch of `part` (everything, or one shard), as
+    /// kube-runtime's reflector does: a relist shows only when complete (InitDone), and
+    /// then replaces everything of `part`. Returns, at the end of a relist, the GpuJobs
+    /// it changed: those that came, went, or differ from what was cached (another
+    /// resourceVersion); nothing for any other event.
+    pub fn apply(&self, event: &Event<GpuJob>, part: &Scope) -> Vec<Key> {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         match event {
-            Event::Init => inner.relist = Some(Table::default()),
+            Event::Init => {
+                inner.relists.retain(|(p, _)| p != part);
+                inner.relists.push((part.clone(), Table::default()));
+            }
             Event::InitApply(gj) => {
                 let key = Key::of(gj);
-                if let Some((relist, packed)) = inner.relist.as_mut().zip(pack(&key, gj)) {
+                let relist = inner.relists.iter_mut().find(|(p, _)| p == part);
+                if let Some(((_, relist), packed)) = relist.zip(pack(&key, gj)) {
                     relist.insert(&key, packed);
                 }
             }
             Event::InitDone => {
                 let mut changed = Vec::new();
-                if let Some(mut relist) = inner.relist.take() {
-                    changed = differing(&inner.table, &relist);
-                    let Table { records, hasher } = &mut relist;
-                    records.shrink_to_fit(|r| record_hash(hasher, r));
-                    inner.table = relist;
+                if let Some(i) = inner.relists.iter().position(|(p, _)| p == part) {
+                    let (_, mut relist) = inner.relists.swap_remove(i);
+                    changed = differing(&inner.table, &relist, part);
+                    if *part == Scope::All {
+                        let Table { records, hasher } = &mut relist;
+                        records.shrink_to_fit(|r| record_hash(hasher, r));
+                        inner.table = relist;
+                    } else {
+                        inner.table.remove_part(part);
+                        for record in relist.records {
+                            inner.table.insert_record(record);
+                        }
+                    }
                 }
                 drop(inner);
                 self.ready.send_replace(true);
@@ -151,6 +182,16 @@ impl GpuJobCache {
             Event::Delete(gj) => inner.table.remove(&Key::of(gj)),
         }
         Vec::new()
+    }
+
+    /// The watch of `part` stopped: what it filled goes (and its relist, if one was
+    /// under way).
+    pub fn drop_part(&self, part: &Scope) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        inner.relists.retain(|(p, _)| p != part);
+        inner.table.remove_part(part);
+        let Table { records, hasher } = &mut inner.table;
+        records.shrink_to_fit(|r| record_hash(hasher, r));
     }
 
     /// The GpuJob as last delivered.
@@ -343,7 +384,7 @@ mod tests {
         // whether to write: a field changed by the packing would be written every time.
         let cache = GpuJobCache::default();
         let gj = gpujob("a", "7");
-        cache.apply(&Event::Apply(gj.clone()));
+        cache.apply(&Event::Apply(gj.clone()), &Scope::All);
         let read = cache.get(&Key::new("ns", "a")).expect("cached");
         assert_eq!(*read, gj);
         assert_eq!(cache.get(&Key::new("ns", "b")), None);
@@ -352,25 +393,25 @@ mod tests {
     #[test]
     fn events_and_relists_are_applied_as_the_reflector_does() {
         let cache = GpuJobCache::default();
-        cache.apply(&Event::Apply(gpujob("a", "1")));
-        cache.apply(&Event::Apply(gpujob("a", "2")));
+        cache.apply(&Event::Apply(gpujob("a", "1")), &Scope::All);
+        cache.apply(&Event::Apply(gpujob("a", "2")), &Scope::All);
         let rv = |c: &GpuJobCache, name: &str| {
             c.get(&Key::new("ns", name))
                 .and_then(|g| g.metadata.resource_version.clone())
         };
         assert_eq!(rv(&cache, "a").as_deref(), Some("2"), "the newest wins");
-        cache.apply(&Event::Apply(gpujob("b", "3")));
-        cache.apply(&Event::Delete(gpujob("b", "3")));
+        cache.apply(&Event::Apply(gpujob("b", "3")), &Scope::All);
+        cache.apply(&Event::Delete(gpujob("b", "3")), &Scope::All);
         assert_eq!(cache.keys(), vec![Key::new("ns", "a")]);
 
-        cache.apply(&Event::Init);
-        cache.apply(&Event::InitApply(gpujob("c", "4")));
+        cache.apply(&Event::Init, &Scope::All);
+        cache.apply(&Event::InitApply(gpujob("c", "4")), &Scope::All);
         assert_eq!(
             cache.keys(),
             vec![Key::new("ns", "a")],
             "a relist shows only when complete"
         );
-        cache.apply(&Event::InitDone);
+        cache.apply(&Event::InitDone, &Scope::All);
         assert_eq!(cache.keys(), vec![Key::new("ns", "c")], "then replaces all");
         assert_eq!(cache.keys_where(|ns| ns == "ns").len(), 1);
         assert!(cache.keys_where(|ns| ns == "other").is_empty());
@@ -384,13 +425,17 @@ mod tests {
         // that named every GpuJob would have each looked at again, for nothing.
         let cache = GpuJobCache::default();
         for (name, rv) in [("same", "1"), ("moved", "2"), ("gone", "3")] {
-            cache.apply(&Event::Apply(gpujob(name, rv)));
+            cache.apply(&Event::Apply(gpujob(name, rv)), &Scope::All);
         }
-        cache.apply(&Event::Init);
+        cache.apply(&Event::Init, &Scope::All);
         for (name, rv) in [("same", "1"), ("moved", "5"), ("new", "6")] {
-            assert!(cache.apply(&Event::InitApply(gpujob(name, rv))).is_empty());
+            assert!(
+                cache
+                    .apply(&Event::InitApply(gpujob(name, rv)), &Scope::All)
+                    .is_empty()
+            );
         }
-        let mut changed = cache.apply(&Event::InitDone);
+        let mut changed = cache.apply(&Event::InitDone, &Scope::All);
         changed.sort();
         assert_eq!(
             changed,
@@ -398,9 +443,59 @@ mod tests {
         );
         // The first list names everything it found.
         let fresh = GpuJobCache::default();
-        fresh.apply(&Event::Init);
-        fresh.apply(&Event::InitApply(gpujob("same", "1")));
-        assert_eq!(fresh.apply(&Event::InitDone), vec![Key::new("ns", "same")]);
+        fresh.apply(&Event::Init, &Scope::All);
+        fresh.apply(&Event::InitApply(gpujob("same", "1")), &Scope::All);
+        assert_eq!(
+            fresh.apply(&Event::InitDone, &Scope::All),
+            vec![Key::new("ns", "same")]
+        );
+    }
+
+    #[test]
+    fn a_shards_relist_replaces_that_shard_alone_and_a_stopped_shard_leaves() {
+        use crate::shard::{ShardMap, shard_of};
+        let map = Arc::new(ShardMap::even(2));
+        let ns_of = |want: u32| {
+            (0..)
+                .map(|i| format!("ns-{i}"))
+                .find(|ns| shard_of(ns, 2) == want)
+                .unwrap()
+        };
+        let (a, b) = (ns_of(0), ns_of(1));
+        let at = |ns: &str, name: &str, rv: &str| {
+            let mut gj = gpujob(name, rv);
+            gj.metadata.namespace = Some(ns.to_owned());
+            gj
+        };
+        let (zero, one) = (Scope::single(0, map.clone()), Scope::single(1, map));
+        let cache = GpuJobCache::default();
+        for (ns, part) in [(&a, &zero), (&b, &one)] {
+            cache.apply(&Event::Init, part);
+            cache.apply(&Event::InitApply(at(ns, "x", "1")), part);
+            cache.apply(&Event::InitApply(at(ns, "y", "1")), part);
+            assert_eq!(cache.apply(&Event::InitDone, part).len(), 2);
+        }
+        // Shard 1 lists again (its watch could not resume) while shard 0's events go on.
+        cache.apply(&Event::Init, &one);
+        cache.apply(&Event::InitApply(at(&b, "x", "2")), &one);
+        cache.apply(&Event::Apply(at(&a, "z", "3")), &zero);
+        assert_eq!(
+            cache.apply(&Event::InitDone, &one),
+            vec![Key::new(&b, "x"), Key::new(&b, "y")],
+            "x changed, y went; shard 0 is not this relist's"
+        );
+        let mut keys = cache.keys();
+        keys.sort();
+        let mut want = vec![
+            Key::new(&a, "x"),
+            Key::new(&a, "y"),
+            Key::new(&a, "z"),
+            Key::new(&b, "x"),
+        ];
+        want.sort();
+        assert_eq!(keys, want);
+        cache.drop_part(&zero);
+        assert_eq!(cache.keys(), vec![Key::new(&b, "x")]);
     }
 
     #[test]
@@ -429,8 +524,8 @@ mod tests {
         let cache = GpuJobCache::default();
         let waiting = tokio::time::timeout(std::time::Duration::ZERO, cache.wait_ready());
         assert!(waiting.await.is_err(), "not ready before a list");
-        cache.apply(&Event::Init);
-        cache.apply(&Event::InitDone);
+        cache.apply(&Event::Init, &Scope::All);
+        cache.apply(&Event::InitDone, &Scope::All);
         cache.wait_ready().await;
         assert!(cache.is_empty());
     }

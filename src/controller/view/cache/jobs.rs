@@ -18,12 +18,14 @@ use super::record;
 use crate::controller::Key;
 use crate::controller::job::controller_of;
 use crate::controller::seen_job::{SeenJob, SeenJobStatus};
+use crate::controller::view::scope::Scope;
 
 #[derive(Debug, Default)]
 struct Inner {
     table: Table,
-    /// A relist in progress: the new contents, swapped in at InitDone.
-    relist: Option<Table>,
+    /// The relists in progress, one per watch (of everything, or of one shard): the new
+    /// contents of that part, swapped in at InitDone.
+    relists: Vec<(Scope, Table)>,
 }
 
 /// The indexed Jobs, one record each in `slots`, found by their controlling GpuJob's uid
@@ -210,15 +212,18 @@ impl Cached {
     }
 }
 
-/// The owners of the Jobs in one table and not the other, or in both as different
-/// records (a Job's record holds its resourceVersion).
-fn changed_owners(old: &Table, new: &Table) -> BTreeSet<Key> {
+/// The owners of the Jobs of `part` in one table and not the other, or in both as
+/// different records (a Job's record holds its resourceVersion).
+fn changed_owners(old: &Table, new: &Table, part: &Scope) -> BTreeSet<Key> {
     let mut keys = BTreeSet::new();
     for (a, b) in [(old, new), (new, old)] {
         for job in a.slots.iter().flatten() {
             let Some((names, _)) = job.names() else {
                 continue;
             };
+            if !part.contains(names.namespace) {
+                continue;
+            }
             let there = b.get(names.namespace, names.name);
             if there != Some(job) {
                 keys.extend(job.owner());
@@ -330,6 +335,21 @@ impl Table {
         self.slots.len().saturating_sub(self.free.len())
     }
 
+    /// Drops every Job of the namespaces `part` holds.
+    fn remove_part(&mut self, part: &Scope) {
+        let names: Vec<(String, String)> = self
+            .slots
+            .iter()
+            .flatten()
+            .filter_map(|c| c.names())
+            .filter(|(n, _)| part.contains(n.namespace))
+            .map(|(n, _)| (n.namespace.to_owned(), n.name.to_owned()))
+            .collect();
+        for (namespace, name) in names {
+            self.remove(&namespace, &name);
+        }
+    }
+
     /// Lets go of the room a relist's growth left over.
     fn shrink(&mut self) {
         let Table {
@@ -371,30 +391,41 @@ pub fn owner_of(job: &Job) -> Option<(Key, String)> {
 }
 
 impl JobIndex {
-    /// Applies one watch event; returns the GpuJobs to reconcile because of it. A relist
-    /// (the watches started again, or could not resume, e.g. kube-apiserver restarted)
-    /// is applied at once when complete, and then every GpuJob whose Jobs it changed is
+    /// Applies one event of the watch of `part` (everything, or one shard); returns the
+    /// GpuJobs to reconcile because of it. A relist (the watch started again, or could
+    /// not resume, e.g. kube-apiserver restarted) is applied at once when complete,
+    /// replacing everything of `part`, and then every GpuJob whose Jobs it changed is
     /// returned: one that had or has a Job that came, went or differs (another
     /// resourceVersion) from the one cached.
-    pub fn apply(&self, event: &Event<Job>) -> Vec<Key> {
+    pub fn apply(&self, event: &Event<Job>, part: &Scope) -> Vec<Key> {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         match event {
             Event::Init => {
-                inner.relist = Some(Table::default());
+                inner.relists.retain(|(p, _)| p != part);
+                inner.relists.push((part.clone(), Table::default()));
                 Vec::new()
             }
             Event::InitApply(job) => {
-                if let Some((relist, cached)) = inner.relist.as_mut().zip(Cached::of_job(job)) {
+                let relist = inner.relists.iter_mut().find(|(p, _)| p == part);
+                if let Some(((_, relist), cached)) = relist.zip(Cached::of_job(job)) {
                     relist.insert(cached);
                 }
                 Vec::new()
             }
             Event::InitDone => {
                 let mut keys = BTreeSet::new();
-                if let Some(mut table) = inner.relist.take() {
-                    keys = changed_owners(&inner.table, &table);
-                    table.shrink();
-                    inner.table = table;
+                if let Some(i) = inner.relists.iter().position(|(p, _)| p == part) {
+                    let (_, mut table) = inner.relists.swap_remove(i);
+                    keys = changed_owners(&inner.table, &table, part);
+                    if *part == Scope::All {
+                        table.shrink();
+                        inner.table = table;
+                    } else {
+                        inner.table.remove_part(part);
+                        for job in table.slots.into_iter().flatten() {
+                            inner.table.insert(job);
+                        }
+                    }
                 }
                 drop(inner);
                 self.ready.send_replace(true);
@@ -418,6 +449,15 @@ impl JobIndex {
                 keys.into_iter().collect()
             }
         }
+    }
+
+    /// The watch of `part` stopped: what it filled goes (and its relist, if one was
+    /// under way).
+    pub fn drop_part(&self, part: &Scope) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        inner.relists.retain(|(p, _)| p != part);
+        inner.table.remove_part(part);
+        inner.table.shrink();
     }
 
     /// The Jobs controlled by the GpuJob with `uid`.
@@ -478,40 +518,46 @@ mod tests {
     #[test]
     fn indexes_by_controller_owner_and_follows_events() {
         let idx = JobIndex::default();
-        assert!(idx.apply(&Event::Init).is_empty());
+        assert!(idx.apply(&Event::Init, &Scope::All).is_empty());
         assert!(
-            idx.apply(&Event::InitApply(job("a-1", Some(("a", "u1")))))
-                .is_empty()
+            idx.apply(
+                &Event::InitApply(job("a-1", Some(("a", "u1")))),
+                &Scope::All
+            )
+            .is_empty()
         );
-        idx.apply(&Event::InitApply(job("stray", None)));
+        idx.apply(&Event::InitApply(job("stray", None)), &Scope::All);
         assert!(
             idx.jobs_of("u1").is_empty(),
             "a relist shows only when complete"
         );
         assert_eq!(
-            idx.apply(&Event::InitDone),
+            idx.apply(&Event::InitDone, &Scope::All),
             vec![Key::new("ns", "a")],
             "then its owners are reconciled"
         );
         assert_eq!(idx.jobs_of("u1").len(), 1);
 
         assert_eq!(
-            idx.apply(&Event::Apply(job("a-2", Some(("a", "u1"))))),
+            idx.apply(&Event::Apply(job("a-2", Some(("a", "u1")))), &Scope::All),
             vec![Key::new("ns", "a")]
         );
         assert_eq!(idx.jobs_of("u1").len(), 2);
-        idx.apply(&Event::Delete(job("a-1", Some(("a", "u1")))));
+        idx.apply(&Event::Delete(job("a-1", Some(("a", "u1")))), &Scope::All);
         let names: Vec<_> = idx.jobs_of("u1").iter().map(|j| j.name.clone()).collect();
         assert_eq!(names, vec!["a-2"]);
         // An owner reference rewritten to another GpuJob moves the Job.
-        idx.apply(&Event::Apply(job("a-2", Some(("b", "u2")))));
+        idx.apply(&Event::Apply(job("a-2", Some(("b", "u2")))), &Scope::All);
         assert!(idx.jobs_of("u1").is_empty());
         assert_eq!(idx.jobs_of("u2").len(), 1);
         // A relist replaces everything; owners that lost or gained Jobs are reconciled.
-        idx.apply(&Event::Init);
-        idx.apply(&Event::InitApply(job("c-1", Some(("c", "u3")))));
+        idx.apply(&Event::Init, &Scope::All);
+        idx.apply(
+            &Event::InitApply(job("c-1", Some(("c", "u3")))),
+            &Scope::All,
+        );
         assert_eq!(
-            idx.apply(&Event::InitDone),
+            idx.apply(&Event::InitDone, &Scope::All),
             vec![Key::new("ns", "b"), Key::new("ns", "c")]
         );
         assert!(idx.jobs_of("u2").is_empty());
@@ -525,24 +571,81 @@ mod tests {
             j
         };
         let idx = JobIndex::default();
-        idx.apply(&Event::Apply(at("same-1", ("same", "u1"), "1")));
-        idx.apply(&Event::Apply(at("moved-1", ("moved", "u2"), "2")));
-        idx.apply(&Event::Apply(at("gone-1", ("gone", "u3"), "3")));
-        idx.apply(&Event::Apply(at("regone-1", ("regone", "u4"), "4")));
-        idx.apply(&Event::Init);
-        idx.apply(&Event::InitApply(at("same-1", ("same", "u1"), "1")));
-        idx.apply(&Event::InitApply(at("moved-1", ("moved", "u2"), "7")));
-        idx.apply(&Event::InitApply(at("new-1", ("new", "u5"), "8")));
+        idx.apply(
+            &Event::Apply(at("same-1", ("same", "u1"), "1")),
+            &Scope::All,
+        );
+        idx.apply(
+            &Event::Apply(at("moved-1", ("moved", "u2"), "2")),
+            &Scope::All,
+        );
+        idx.apply(
+            &Event::Apply(at("gone-1", ("gone", "u3"), "3")),
+            &Scope::All,
+        );
+        idx.apply(
+            &Event::Apply(at("regone-1", ("regone", "u4"), "4")),
+            &Scope::All,
+        );
+        idx.apply(&Event::Init, &Scope::All);
+        idx.apply(
+            &Event::InitApply(at("same-1", ("same", "u1"), "1")),
+            &Scope::All,
+        );
+        idx.apply(
+            &Event::InitApply(at("moved-1", ("moved", "u2"), "7")),
+            &Scope::All,
+        );
+        idx.apply(
+            &Event::InitApply(at("new-1", ("new", "u5"), "8")),
+            &Scope::All,
+        );
         // The same Job, now controlled by another GpuJob: both are named.
-        idx.apply(&Event::InitApply(at("regone-1", ("other", "u6"), "4")));
+        idx.apply(
+            &Event::InitApply(at("regone-1", ("other", "u6"), "4")),
+            &Scope::All,
+        );
         assert_eq!(
-            idx.apply(&Event::InitDone),
+            idx.apply(&Event::InitDone, &Scope::All),
             ["gone", "moved", "new", "other", "regone"]
                 .map(|n| Key::new("ns", n))
                 .to_vec()
         );
         assert_eq!(idx.jobs_of("u1").len(), 1, "kept as listed");
         assert!(idx.jobs_of("u3").is_empty());
+    }
+
+    #[test]
+    fn a_shards_relist_replaces_its_jobs_alone_and_a_stopped_shard_leaves() {
+        use crate::shard::{ShardMap, shard_of};
+        let map = Arc::new(ShardMap::even(2));
+        let ns_of = |want: u32| {
+            (0..)
+                .map(|i| format!("ns-{i}"))
+                .find(|ns| shard_of(ns, 2) == want)
+                .unwrap()
+        };
+        let (a, b) = (ns_of(0), ns_of(1));
+        let at = |ns: &str, name: &str, owner: (&str, &str)| {
+            let mut j = job(name, Some(owner));
+            j.metadata.namespace = Some(ns.to_owned());
+            j
+        };
+        let (zero, one) = (Scope::single(0, map.clone()), Scope::single(1, map));
+        let idx = JobIndex::default();
+        idx.apply(&Event::Init, &zero);
+        idx.apply(&Event::InitApply(at(&a, "p-1", ("p", "u1"))), &zero);
+        idx.apply(&Event::InitDone, &zero);
+        idx.apply(&Event::Init, &one);
+        idx.apply(&Event::InitApply(at(&b, "q-1", ("q", "u2"))), &one);
+        idx.apply(&Event::InitDone, &one);
+        // Shard 1 lists again and finds nothing: q's Job went, p's stays.
+        idx.apply(&Event::Init, &one);
+        assert_eq!(idx.apply(&Event::InitDone, &one), vec![Key::new(&b, "q")]);
+        assert_eq!(idx.jobs_of("u1").len(), 1);
+        assert!(idx.jobs_of("u2").is_empty());
+        idx.drop_part(&zero);
+        assert!(idx.is_empty());
     }
 
     #[test]
@@ -676,11 +779,11 @@ mod tests {
         for via_relist in [false, true] {
             let idx = JobIndex::default();
             if via_relist {
-                idx.apply(&Event::Init);
-                idx.apply(&Event::InitApply(full.clone()));
-                idx.apply(&Event::InitDone);
+                idx.apply(&Event::Init, &Scope::All);
+                idx.apply(&Event::InitApply(full.clone()), &Scope::All);
+                idx.apply(&Event::InitDone, &Scope::All);
             } else {
-                idx.apply(&Event::Apply(full.clone()));
+                idx.apply(&Event::Apply(full.clone()), &Scope::All);
             }
             let cached = idx.jobs_of("u1");
             let cached = cached.first().expect("indexed by its owner");
