@@ -42,7 +42,7 @@ pub struct Takeover {
     /// Kill → every Lease (shard) held by a survivor.
     pub held_after: Duration,
     /// Kill → each of the killed replica's shards reported by its new holder as looked at
-    /// whole, and the queues empty.
+    /// whole (the queues may still hold other work: resyncs, echoes).
     pub looked_after: Duration,
     /// Each of the killed replica's shards.
     pub shards: Vec<ShardLook>,
@@ -126,12 +126,8 @@ pub async fn run(
             .iter()
             .map(|(who, text)| reconciles(text) - before.get(who).copied().unwrap_or(0.0))
             .sum();
-        let depth: f64 = scrapes
-            .iter()
-            .filter_map(|(_, text)| queue_depth(text).ok())
-            .sum();
         let looks = first_looks(&ahead, &scrapes, &held);
-        if looks.len() == held.len() && depth == 0.0 {
+        if looks.len() == held.len() {
             break (killed_at.elapsed(), done, looks);
         }
         if Instant::now() >= deadline {
@@ -262,7 +258,7 @@ pub fn report(t: &Takeover) -> String {
     );
     let _ = writeln!(
         r,
-        "| kill → each of its shards looked at whole by its new holder, queues empty | {:.1} s ({:.1} s after every Lease was held; {} reconciles) |",
+        "| kill → each of its shards looked at whole by its new holder | {:.1} s ({:.1} s after every Lease was held; {} reconciles meanwhile) |",
         t.looked_after.as_secs_f64(),
         (t.looked_after.saturating_sub(t.held_after)).as_secs_f64(),
         t.reconciles
