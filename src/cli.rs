@@ -202,7 +202,8 @@ pub struct RunArgs {
     /// (default: $POD_NAME, else $HOSTNAME, else "gpujob-operator").
     #[arg(long, env = "GPUJOB_IDENTITY")]
     pub identity: Option<String>,
-    /// Concurrent reconciles.
+    /// Concurrent reconciles. Each waits for the API server's answers, so with
+    /// --api-qps raised far above its default raise this too (about --api-qps / 16).
     #[arg(long, env = "GPUJOB_WORKERS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: u16,
     /// Wait before the attempt after the first failure; doubles per failure.
