@@ -204,24 +204,24 @@ impl Coverage {
     }
 }
 
+/// A namespace of shard `want` out of `of` (even ranges), for tests.
+#[cfg(test)]
+pub(crate) fn ns_of(want: u32, of: u32) -> String {
+    (0..)
+        .map(|i| format!("ns-{i}"))
+        .find(|ns| crate::shard::shard_of(ns, of) == want)
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::shard_of;
 
     fn shards(held: &[u32], of: u32) -> Scope {
         Scope::Shards {
             held: held.iter().copied().collect(),
             map: Arc::new(ShardMap::even(of)),
         }
-    }
-
-    /// A namespace of shard `want` out of `of`.
-    fn ns_of(want: u32, of: u32) -> String {
-        (0..)
-            .map(|i| format!("ns-{i}"))
-            .find(|ns| shard_of(ns, of) == want)
-            .unwrap()
     }
 
     #[test]

@@ -617,15 +617,10 @@ mod tests {
 
     #[test]
     fn a_shards_relist_replaces_its_jobs_alone_and_a_stopped_shard_leaves() {
-        use crate::shard::{ShardMap, shard_of};
+        use crate::controller::view::scope::ns_of;
+        use crate::shard::ShardMap;
         let map = Arc::new(ShardMap::even(2));
-        let ns_of = |want: u32| {
-            (0..)
-                .map(|i| format!("ns-{i}"))
-                .find(|ns| shard_of(ns, 2) == want)
-                .unwrap()
-        };
-        let (a, b) = (ns_of(0), ns_of(1));
+        let (a, b) = (ns_of(0, 2), ns_of(1, 2));
         let at = |ns: &str, name: &str, owner: (&str, &str)| {
             let mut j = job(name, Some(owner));
             j.metadata.namespace = Some(ns.to_owned());
