@@ -57,8 +57,9 @@ pub struct Takeover {
     pub events_of_killed: usize,
     /// Each survivor: identity, peak RSS (KiB) before the kill and at the end.
     pub survivors: Vec<(String, u64, u64)>,
-    /// The killed replica started again afterwards: start → ready (its caches loaded by
-    /// a list of every GpuJob and Job), its peak RSS and its RSS 5 s after ready (KiB).
+    /// The killed replica started again afterwards: start → ready (unsharded, its caches
+    /// loaded by a list of every GpuJob and Job; with sharded watches it is ready holding
+    /// nothing), its peak RSS and its RSS 5 s after ready (KiB).
     pub restarted: (Duration, u64, u64),
 }
 
@@ -160,9 +161,10 @@ pub async fn run(
             (who, was, peak)
         })
         .collect();
-    // Started again, the killed replica loads every converged GpuJob and Job by a list,
-    // as any replica (re)started in a running installation does: a standby's memory
-    // there, which a replica that grew with the load does not show.
+    // Started again, the killed replica loads converged GpuJobs and Jobs by a list (all of
+    // them unsharded; with sharded watches, those of the shards it then takes or keeps
+    // warm), as any replica (re)started in a running installation does: a standby's
+    // memory there, which a replica that grew with the load does not show.
     let ready_after = replicas.restart(&killed, deadline).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let restarted = replicas
@@ -300,7 +302,7 @@ pub fn report(t: &Takeover) -> String {
     let (ready, peak, now) = t.restarted;
     let _ = writeln!(
         r,
-        "| {} started again, a standby loading every GpuJob and Job by a list: start → ready; peak RSS; RSS 5 s later | {:.1} s; {} MiB; {} MiB |",
+        "| {} started again as a standby (unsharded, it lists every GpuJob and Job before it is ready; with sharded watches, only the shards it takes or keeps warm, after it is ready): start → ready; peak RSS; RSS 5 s later | {:.1} s; {} MiB; {} MiB |",
         t.killed,
         ready.as_secs_f64(),
         peak / 1024,
