@@ -17,7 +17,7 @@
 //! so a takeover of a warm shard lists nothing. Otherwise the watches receive
 //! everything, as with one shard.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,12 +99,22 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
                 .filter(|s| !parts.contains_key(s))
                 .copied()
                 .collect();
+            let mut stopping = HashSet::new();
             for shard in &gone {
                 for task in running.remove(shard).unwrap_or_default() {
                     task.abort();
+                    stopping.insert(task.id());
                 }
             }
-            while tasks.try_join_next().is_some() {}
+            // Until they have ended: one in the middle of applying a list would otherwise
+            // finish it after the caches let go of its shard.
+            while !stopping.is_empty() {
+                match tasks.join_next_with_id().await {
+                    Some(Ok((id, ()))) => stopping.remove(&id),
+                    Some(Err(e)) => stopping.remove(&e.id()),
+                    None => break,
+                };
+            }
             ctx.view.watching(&wanted);
             for shard in gone {
                 ctx.view.drop_part(&Scope::single(shard, map.clone()));
