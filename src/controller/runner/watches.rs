@@ -2,8 +2,9 @@
 //! (`view/`). Each event queues the GpuJob it concerns; a relist queues every GpuJob it
 //! changed (one that came, went, or has another resourceVersion, or whose Jobs did), and
 //! for Jobs also every GpuJob whose Jobs the view's write memory still speaks of. One
-//! the relist left as cached was looked at already, as it is: queued again, a takeover
-//! that restarts the watches would look at every GpuJob they cover once more.
+//! the relist left as cached was looked at already, as it is: queueing it again would
+//! make every relist (a watch that could not resume, a shard starting its watch) look at
+//! every GpuJob it covers once more.
 //! New work goes to the queue's prompt lane: a GpuJob without a status (never looked at),
 //! and a Job that has finished (its GpuJob's next step is due).
 //!
@@ -88,9 +89,9 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
         let wanted = scope_of(&own.borrow_and_update(), ctx.settings.warm_shards);
         if current.as_ref() != Some(&wanted) {
             let parts: BTreeMap<u32, Scope> = wanted
-                .parts()
+                .shards()
                 .into_iter()
-                .filter_map(|p| Some((p.shards().first().copied()?, p)))
+                .map(|s| (s, Scope::single(s, map.clone())))
                 .collect();
             // A shard no longer wanted: its watches stop before the caches hear of the
             // new scope (no event of it arrives after), then what they filled goes.

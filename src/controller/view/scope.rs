@@ -66,17 +66,6 @@ impl Scope {
         }
     }
 
-    /// The shards of a sharded scope, one scope each; `All` is one part, itself.
-    pub fn parts(&self) -> Vec<Scope> {
-        match self {
-            Scope::All => vec![Scope::All],
-            Scope::Shards { held, map } => held
-                .iter()
-                .map(|s| Scope::single(*s, map.clone()))
-                .collect(),
-        }
-    }
-
     /// What either scope holds (of one map; a scope of another map is replaced).
     fn join(&self, other: &Scope) -> Scope {
         match (self, other) {

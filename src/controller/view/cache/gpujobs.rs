@@ -17,7 +17,7 @@ use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 use tracing::error;
 
-use super::record;
+use super::{Relists, record};
 use crate::api::GpuJob;
 use crate::controller::Key;
 use crate::controller::view::scope::Scope;
@@ -31,9 +31,8 @@ pub struct GpuJobCache {
 #[derive(Debug, Default)]
 struct Inner {
     table: Table,
-    /// The relists in progress, one per watch (of everything, or of one shard): the new
-    /// contents of that part, swapped in at InitDone.
-    relists: Vec<(Scope, Table)>,
+    /// The relists in progress, one per watch (of everything, or of one shard).
+    relists: Relists<Table>,
 }
 
 /// The GpuJobs, each one allocation ([`record`]): namespace and name, then the JSON.
@@ -143,20 +142,18 @@ impl GpuJobCache {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         match event {
             Event::Init => {
-                inner.relists.retain(|(p, _)| p != part);
-                inner.relists.push((part.clone(), Table::default()));
+                inner.relists.begin(part);
             }
             Event::InitApply(gj) => {
                 let key = Key::of(gj);
-                let relist = inner.relists.iter_mut().find(|(p, _)| p == part);
-                if let Some(((_, relist), packed)) = relist.zip(pack(&key, gj)) {
+                let relist = inner.relists.get_mut(part);
+                if let Some((relist, packed)) = relist.zip(pack(&key, gj)) {
                     relist.insert(&key, packed);
                 }
             }
             Event::InitDone => {
                 let mut changed = Vec::new();
-                if let Some(i) = inner.relists.iter().position(|(p, _)| p == part) {
-                    let (_, mut relist) = inner.relists.swap_remove(i);
+                if let Some(mut relist) = inner.relists.finish(part) {
                     changed = differing(&inner.table, &relist, part);
                     if *part == Scope::All {
                         let Table { records, hasher } = &mut relist;
@@ -188,7 +185,7 @@ impl GpuJobCache {
     /// under way).
     pub fn drop_part(&self, part: &Scope) {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
-        inner.relists.retain(|(p, _)| p != part);
+        inner.relists.abandon(part);
         inner.table.remove_part(part);
         let Table { records, hasher } = &mut inner.table;
         records.shrink_to_fit(|r| record_hash(hasher, r));

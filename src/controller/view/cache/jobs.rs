@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::error;
 
-use super::record;
+use super::{Relists, record};
 use crate::controller::Key;
 use crate::controller::job::controller_of;
 use crate::controller::seen_job::{SeenJob, SeenJobStatus};
@@ -23,9 +23,8 @@ use crate::controller::view::scope::Scope;
 #[derive(Debug, Default)]
 struct Inner {
     table: Table,
-    /// The relists in progress, one per watch (of everything, or of one shard): the new
-    /// contents of that part, swapped in at InitDone.
-    relists: Vec<(Scope, Table)>,
+    /// The relists in progress, one per watch (of everything, or of one shard).
+    relists: Relists<Table>,
 }
 
 /// The indexed Jobs, one record each in `slots`, found by their controlling GpuJob's uid
@@ -401,21 +400,19 @@ impl JobIndex {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         match event {
             Event::Init => {
-                inner.relists.retain(|(p, _)| p != part);
-                inner.relists.push((part.clone(), Table::default()));
+                inner.relists.begin(part);
                 Vec::new()
             }
             Event::InitApply(job) => {
-                let relist = inner.relists.iter_mut().find(|(p, _)| p == part);
-                if let Some(((_, relist), cached)) = relist.zip(Cached::of_job(job)) {
+                let relist = inner.relists.get_mut(part);
+                if let Some((relist, cached)) = relist.zip(Cached::of_job(job)) {
                     relist.insert(cached);
                 }
                 Vec::new()
             }
             Event::InitDone => {
                 let mut keys = BTreeSet::new();
-                if let Some(i) = inner.relists.iter().position(|(p, _)| p == part) {
-                    let (_, mut table) = inner.relists.swap_remove(i);
+                if let Some(mut table) = inner.relists.finish(part) {
                     keys = changed_owners(&inner.table, &table, part);
                     if *part == Scope::All {
                         table.shrink();
@@ -455,7 +452,7 @@ impl JobIndex {
     /// under way).
     pub fn drop_part(&self, part: &Scope) {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
-        inner.relists.retain(|(p, _)| p != part);
+        inner.relists.abandon(part);
         inner.table.remove_part(part);
         inner.table.shrink();
     }
