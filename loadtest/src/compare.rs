@@ -59,6 +59,9 @@ pub struct Plan<'a> {
     pub phases: Vec<Contender>,
     /// After the operator's phase: kill its working replica and measure the takeover.
     pub takeover: bool,
+    /// With `takeover`: kill once this many GpuJobs have converged (under load), not
+    /// after all of them.
+    pub takeover_at: Option<usize>,
     /// Run every phase on the first control plane (cleaning up and letting it go quiet
     /// in between) rather than each on a fresh one. A control plane that has just
     /// deleted N GpuJobs, Jobs and pods is slower for whoever comes next (the stock
@@ -206,7 +209,7 @@ async fn phase(
     plan: &Plan<'_>,
     who: Contender,
 ) -> anyhow::Result<Figures> {
-    let running = match who {
+    let mut running = match who {
         Contender::Floor => Running::None,
         Contender::Reference => {
             let child = Command::new(&plan.reference_bin)
@@ -253,10 +256,20 @@ async fn phase(
     if who == Contender::Floor {
         floor_writes(cluster, plan).await?;
     }
+    let mut takeover = None;
     loop {
         let n = converged_at.lock().unwrap_or_else(|p| p.into_inner()).len();
         if n >= plan.gpujobs {
             break;
+        }
+        if let (Running::Operator(replicas), Some(at), None) =
+            (&mut running, plan.takeover_at, &takeover)
+            && plan.takeover
+            && n >= at
+        {
+            // The observer keeps recording convergence while the takeover is measured.
+            eprintln!("  takeover: {n} converged, killing the busiest replica under load");
+            takeover = Some(take_over(cluster, admin, replicas, plan, Some(n)).await?);
         }
         if Instant::now() >= plan.deadline {
             bail!(
@@ -340,29 +353,12 @@ async fn phase(
         .iter()
         .filter(|e| e.resource == "gpujobs" || e.resource == "jobs")
         .collect();
-    let mut running = running;
-    let takeover = match &mut running {
-        Running::Operator(replicas) if plan.takeover => {
-            eprintln!("  takeover: killing the working replica");
-            let t = takeover::run(
-                cluster,
-                admin,
-                replicas,
-                plan.gpujobs,
-                plan.shards,
-                plan.namespaces,
-                plan.deadline,
-            )
-            .await?;
-            eprintln!(
-                "  takeover: every GpuJob looked at {:.1}s after the kill; {} writes",
-                t.looked_after.as_secs_f64(),
-                t.writes
-            );
-            Some(t)
-        }
-        _ => None,
-    };
+    if let (Running::Operator(replicas), None) = (&mut running, &takeover)
+        && plan.takeover
+    {
+        eprintln!("  takeover: killing the working replica");
+        takeover = Some(take_over(cluster, admin, replicas, plan, None).await?);
+    }
     drop(running);
     Ok(Figures {
         who,
@@ -380,6 +376,34 @@ async fn phase(
         machine_cpu,
         requests,
     })
+}
+
+/// `kill -9` of the working replica and its takeover; `under_load`: how many GpuJobs had
+/// converged when it began, the rest still converging (else all had, queues empty).
+async fn take_over(
+    cluster: &ControlPlane,
+    admin: &Client,
+    replicas: &mut Replicas,
+    plan: &Plan<'_>,
+    under_load: Option<usize>,
+) -> anyhow::Result<Takeover> {
+    let t = takeover::run(
+        cluster,
+        admin,
+        replicas,
+        plan.gpujobs,
+        plan.shards,
+        plan.namespaces,
+        under_load,
+        plan.deadline,
+    )
+    .await?;
+    eprintln!(
+        "  takeover: its shards looked at whole {:.1}s after the kill; {} writes by the survivors",
+        t.looked_after.as_secs_f64(),
+        t.writes
+    );
+    Ok(t)
 }
 
 /// CPU seconds so far of each process sharing the machine during a phase, in a fixed

@@ -85,6 +85,11 @@ struct Args {
     /// GpuJob, its writes, its memory).
     #[arg(long, requires = "compare")]
     takeover: bool,
+    /// With --takeover: kill once this many GpuJobs have converged, while the rest still
+    /// converge (a takeover under load), instead of after all of them with the queues
+    /// empty.
+    #[arg(long, requires = "takeover")]
+    takeover_at: Option<usize>,
     /// With --compare: run every phase on one control plane, cleaning up in between,
     /// instead of each on a fresh one (the phases after the first then run on a control
     /// plane that has just deleted N GpuJobs, Jobs and pods, and are slower for it).
@@ -188,6 +193,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             deadline,
             phases: compare::contenders(&args.phases)?,
             takeover: args.takeover,
+            takeover_at: args.takeover_at,
             same_control_plane: args.same_control_plane,
             deploy: &args.deploy,
         };

@@ -1,6 +1,7 @@
 //! Takeover at scale (`--compare --takeover`): with every GpuJob converged, `kill -9` of
 //! the replica doing the work; survivors take its Lease (or shards), look at every GpuJob
-//! of them, and should write nothing. Measures how long that takes, shard by shard (each
+//! of them, and should write nothing. With `--takeover-at N` the kill comes once N have
+//! converged, under load: the survivors' writes then include converging the rest. Measures how long that takes, shard by shard (each
 //! new holder's `gpujob_shard_first_look_seconds{shard}`: from its gain to every GpuJob
 //! of the shard looked at), what they wrote, and their memory.
 
@@ -38,6 +39,8 @@ pub struct ShardLook {
 #[derive(Debug)]
 pub struct Takeover {
     pub gpujobs: usize,
+    /// Under load: how many GpuJobs had converged at the kill (the rest converging).
+    pub under_load: Option<usize>,
     pub killed: String,
     /// Kill → every Lease (shard) held by a survivor.
     pub held_after: Duration,
@@ -63,7 +66,9 @@ pub struct Takeover {
     pub restarted: (Duration, u64, u64),
 }
 
-/// Waits for the working replica's queue to drain, kills it, and measures the takeover.
+/// Waits for the working replica's queue to drain (unless `under_load`), kills it, and
+/// measures the takeover.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     cluster: &ControlPlane,
     admin: &Client,
@@ -71,10 +76,12 @@ pub async fn run(
     gpujobs: usize,
     shards: u32,
     namespaces: &[String],
+    under_load: Option<usize>,
     deadline: Instant,
 ) -> anyhow::Result<Takeover> {
-    // Quiet first: the echoes of the last writes are looked at before the kill.
-    loop {
+    // Quiet first (unless under load): the echoes of the last writes are looked at
+    // before the kill.
+    while under_load.is_none() {
         let depth: f64 = replicas
             .scrape()
             .await
@@ -175,6 +182,7 @@ pub async fn run(
         .context("the restarted replica's memory")?;
     Ok(Takeover {
         gpujobs,
+        under_load,
         killed,
         held_after,
         looked_after,
@@ -245,13 +253,23 @@ fn reconciles(text: &str) -> f64 {
 /// The takeover as a Markdown section.
 pub fn report(t: &Takeover) -> String {
     let mut r = String::new();
-    let _ = writeln!(
-        r,
-        "\n## Takeover at scale\n\n\
-         With all {} GpuJobs converged and the queues empty, `kill -9` of the replica that \
-         did the work ({}); a survivor took over and looked at every GpuJob.\n",
-        t.gpujobs, t.killed
-    );
+    let _ = match t.under_load {
+        None => writeln!(
+            r,
+            "\n## Takeover at scale\n\n\
+             With all {} GpuJobs converged and the queues empty, `kill -9` of the replica that \
+             did the work ({}); a survivor took over and looked at every GpuJob.\n",
+            t.gpujobs, t.killed
+        ),
+        Some(n) => writeln!(
+            r,
+            "\n## Takeover under load\n\n\
+             With {n} of {} GpuJobs converged and the rest converging, `kill -9` of the \
+             replica holding the most shards ({}); survivors took its shards over. Their \
+             reconciles, writes and Events after the kill include converging the rest.\n",
+            t.gpujobs, t.killed
+        ),
+    };
     let _ = writeln!(r, "| measure | value |\n|---|---|");
     let _ = writeln!(
         r,
@@ -291,10 +309,15 @@ pub fn report(t: &Takeover) -> String {
         "| Events of the killed replica recorded after the kill began (its Events queue, behind its writes) | {} |",
         t.events_of_killed
     );
+    let before_kill = if t.under_load.is_some() {
+        "before the kill"
+    } else {
+        "as a standby"
+    };
     for (who, before, after) in &t.survivors {
         let _ = writeln!(
             r,
-            "| {who}: peak RSS as a standby → after the takeover | {} MiB → {} MiB |",
+            "| {who}: peak RSS {before_kill} → after the takeover | {} MiB → {} MiB |",
             before / 1024,
             after / 1024
         );
