@@ -309,15 +309,10 @@ pub fn report(t: &Takeover) -> String {
         "| Events of the killed replica recorded after the kill began (its Events queue, behind its writes) | {} |",
         t.events_of_killed
     );
-    let before_kill = if t.under_load.is_some() {
-        "before the kill"
-    } else {
-        "as a standby"
-    };
     for (who, before, after) in &t.survivors {
         let _ = writeln!(
             r,
-            "| {who}: peak RSS {before_kill} → after the takeover | {} MiB → {} MiB |",
+            "| {who}: peak RSS before the kill → after the takeover | {} MiB → {} MiB |",
             before / 1024,
             after / 1024
         );
@@ -325,7 +320,7 @@ pub fn report(t: &Takeover) -> String {
     let (ready, peak, now) = t.restarted;
     let _ = writeln!(
         r,
-        "| {} started again as a standby (unsharded, it lists every GpuJob and Job before it is ready; with sharded watches, only the shards it takes or keeps warm, after it is ready): start → ready; peak RSS; RSS 5 s later | {:.1} s; {} MiB; {} MiB |",
+        "| {} started again; it rejoins and, when sharded, takes its share of shards back (unsharded, it lists every GpuJob and Job before it is ready; with sharded watches, only the shards it takes or keeps warm, after it is ready): start → ready; peak RSS; RSS 5 s later | {:.1} s; {} MiB; {} MiB |",
         t.killed,
         ready.as_secs_f64(),
         peak / 1024,
