@@ -54,6 +54,23 @@ pub fn stray_job_deleted(job: &str, attempt: Option<i32>, current: Option<i32>) 
     )
 }
 
+/// A Job deleted because it claims to be an attempt of the GpuJob (its controller owner
+/// reference) that this operator never made: its attempt label is past the next attempt
+/// the status allows (`recorded` + 1), missing, or on a Job not named as that attempt's.
+pub fn unrecognized_job_deleted(job: &str, attempt: Option<i32>, recorded: i32) -> Note {
+    let label = attempt.map_or_else(
+        || "no attempt number".to_owned(),
+        |a| format!("attempt label {a}"),
+    );
+    note(
+        Kind::Warning,
+        "UnrecognizedJobDeleted",
+        format!(
+            "deleting Job {job}: it is controlled by this GpuJob with {label}, but the operator never created it (attempts recorded: {recorded}; attempt k's Job is named <gpujob>-<k>); its pods never leave the operator's scheduling gate"
+        ),
+    )
+}
+
 /// The Events for the change from `before` to `after`.
 pub fn transitions(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
     let mut out = lifecycle(before, after);

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Container, EnvVar as K8sEnvVar, EnvVarSource, ObjectFieldSelector, PodAffinityTerm,
-    PodAntiAffinity, PodTemplateSpec, Toleration,
+    PodAntiAffinity, PodSchedulingGate, PodTemplateSpec, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -16,7 +16,8 @@ use crate::api::decode::{DecodeError, decode, join};
 use crate::api::{
     ANNOTATION_FAILURE_RULES, ANNOTATION_GENERATION, ENV_ATTEMPT, ENV_MASTER_ADDR, ENV_MASTER_PORT,
     ENV_RANK, ENV_WORLD_SIZE, GPU_RESOURCE, GpuJob, GpuJobSpec, LABEL_ATTEMPT, LABEL_GPU_PRODUCT,
-    LABEL_NAME, LABEL_PREFIX, LABEL_UID, MASTER_PORT, MULTI_NODE_ENV,
+    LABEL_KUEUE_QUEUE, LABEL_NAME, LABEL_PREFIX, LABEL_UID, MASTER_PORT, MULTI_NODE_ENV,
+    SCHEDULING_GATE,
 };
 use crate::failure_policy;
 use crate::hash::fnv1a64;
@@ -106,13 +107,17 @@ fn gpu_toleration() -> Toleration {
     }
 }
 
-/// The Job that runs `attempt` of `gpujob`, created suspended: its pods exist only once
-/// the shard's holder starts it ([`started`]), so a create delivered late (sent by a
-/// replica that then lost the shard) brings back a Job that runs nothing until the plan
-/// deletes it as a stray. Expects a spec that passed validation: a
-/// pod template that does not decode is left out here (validation reports it, and no
-/// Job is made for such a spec), and what validation refuses in a template (the fields
-/// the operator owns) is overwritten.
+/// The Job that runs `attempt` of `gpujob`. Its pods are created with the operator's
+/// scheduling gate ([`SCHEDULING_GATE`]): whoever creates or starts the Job (this
+/// operator, a deposed replica whose create lands late, Kueue, the Job controller racing
+/// a delete), no pod of it runs until the shard's holder removes the gate from that pod,
+/// after a read shows it is the current attempt's (`plan/gate.rs`). So the Job is created
+/// running, and the Job controller makes its pods at once, gated. With `spec.queueName`
+/// it is created suspended and labelled for that Kueue LocalQueue: Kueue admits it and
+/// unsuspends it, and its pods wait at the gate all the same. Expects a spec that passed
+/// validation: a pod template that does not decode is left out here (validation reports
+/// it, and no Job is made for such a spec), and what validation refuses in a template
+/// (the fields the operator owns) is overwritten.
 ///
 /// With `spec.nodes` > 1 it is an Indexed Job of that many pods, started together: each
 /// pod's host name is `<job>-<index>` (the Job controller sets it), its subdomain the
@@ -126,11 +131,16 @@ pub fn desired_job(gpujob: &GpuJob, attempt: i32) -> Job {
     let name = job_name(&gpujob.name_any_or_empty(), attempt);
     let nodes = spec.nodes();
     let multi = (nodes > 1).then_some(MultiNode { job: &name, nodes });
+    let queue = spec.queue_name();
+    let mut job_labels = labels.clone();
+    if let Some(q) = queue {
+        job_labels.insert(LABEL_KUEUE_QUEUE.to_owned(), q.to_owned());
+    }
     Job {
         metadata: ObjectMeta {
             name: Some(name.clone()),
             namespace: gpujob.metadata.namespace.clone(),
-            labels: Some(labels.clone()),
+            labels: Some(job_labels),
             // Which spec this attempt runs: a later spec change is seen against it.
             annotations: annotations(gpujob),
             owner_references: Some(vec![owner_reference(gpujob)]),
@@ -140,7 +150,9 @@ pub fn desired_job(gpujob: &GpuJob, attempt: i32) -> Job {
             // One Job per attempt: retries belong to the GpuJob, not the Job controller.
             backoff_limit: Some(0),
             pod_failure_policy: Some(failure_policy::pod_failure_policy(spec)),
-            suspend: Some(true),
+            // Kueue admits a Job only while it is suspended; without a queue the gate
+            // alone holds its pods.
+            suspend: queue.map(|_| true),
             active_deadline_seconds: spec.active_deadline_seconds,
             completion_mode: multi.map(|_| "Indexed".to_owned()),
             completions: multi.map(|m| m.nodes),
@@ -164,10 +176,41 @@ fn annotations(gpujob: &GpuJob) -> Option<BTreeMap<String, String>> {
     (!out.is_empty()).then_some(out)
 }
 
-/// Whether the holder has started `job` (or it was made before Jobs were created
-/// suspended): `spec.suspend` is not true.
-pub fn started(job: &Job) -> bool {
-    job.spec.as_ref().and_then(|s| s.suspend) != Some(true)
+/// Whether `job`'s pod template carries the operator's scheduling gate (every Job this
+/// version builds does; one an earlier version created suspended does not).
+pub fn gated(job: &Job) -> bool {
+    job.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.scheduling_gates.as_ref())
+        .is_some_and(|gates| gates.iter().any(|g| g.name == SCHEDULING_GATE))
+}
+
+/// Whether `job` is suspended (`spec.suspend: true`).
+pub fn suspended(job: &Job) -> bool {
+    job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
+}
+
+/// The GPUs all of `job`'s pods ask for together: its `main` container's GPU limit times
+/// its completions (one pod per node).
+pub fn gpus(job: &Job) -> Option<i32> {
+    let spec = job.spec.as_ref()?;
+    let per_pod = spec
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == CONTAINER_NAME)?
+        .resources
+        .as_ref()?
+        .limits
+        .as_ref()?
+        .get(GPU_RESOURCE)?
+        .0
+        .parse::<i32>()
+        .ok()?;
+    per_pod.checked_mul(spec.completions.unwrap_or(1).max(1))
 }
 
 /// What a multi-node attempt's pods are told of each other.
@@ -275,6 +318,19 @@ fn pod(
             .push(one_per_node(&pod_labels));
     }
     pod.restart_policy = Some("Never".to_owned());
+    // The operator's gate first; a template's own gates (another scheduler's, Kueue's)
+    // stay beside it.
+    let mut gates = vec![PodSchedulingGate {
+        name: SCHEDULING_GATE.to_owned(),
+    }];
+    gates.extend(
+        pod.scheduling_gates
+            .take()
+            .into_iter()
+            .flatten()
+            .filter(|g| g.name != SCHEDULING_GATE),
+    );
+    pod.scheduling_gates = Some(gates);
     let mut tolerations = vec![gpu_toleration()];
     tolerations.extend(
         pod.tolerations

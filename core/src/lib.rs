@@ -8,7 +8,8 @@
 //! - [`plan`]: `(GpuJob, its Jobs, what the outside answered, now) -> actions`;
 //! - [`job`], [`status`], [`events`]: the desired Job, condition helpers, Event notes;
 //! - [`rendezvous`]: a multi-node attempt's headless Service;
-//! - [`seen_job`]: a Job as the plan sees it, the same from every source;
+//! - [`seen_job`], [`seen_pod`]: a Job and a pod as the plan sees them, the same from
+//!   every source;
 //! - [`balance`]: which shards a replica should hold (rendezvous hashing);
 //! - [`shard`], [`hash`], [`backoff`], [`quota`]: small shared pieces.
 
@@ -23,6 +24,7 @@ pub mod plan;
 pub mod quota;
 pub mod rendezvous;
 pub mod seen_job;
+pub mod seen_pod;
 pub mod shard;
 pub mod status;
 pub mod validate;

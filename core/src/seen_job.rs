@@ -7,7 +7,7 @@ use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{ANNOTATION_FAILURE_RULES, LABEL_KUEUE_QUEUE};
-use crate::job::{attempt_of, controller_of, generation_of, started};
+use crate::job::{attempt_of, controller_of, gated, generation_of, gpus, suspended};
 
 /// A Job controlled by a GpuJob (its controller owner reference, not its labels).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -21,8 +21,14 @@ pub struct SeenJob {
     pub uid: Option<String>,
     pub resource_version: Option<String>,
     pub deletion_timestamp: Option<Time>,
-    /// Not started yet (`spec.suspend: true`): created suspended, waiting for the holder.
+    /// `spec.suspend: true`: waiting for Kueue to admit it (or evicted by Kueue), or made
+    /// by an earlier version, which created every Job suspended.
     pub suspended: bool,
+    /// Its pod template carries the operator's scheduling gate, so its pods are created
+    /// gated (every Job this version builds; one an earlier version made does not).
+    pub gated: bool,
+    /// The GPUs its pods ask for together (per-pod limit × pods).
+    pub gpus: Option<i32>,
     /// The attempt it runs (`gpujob.dev/attempt`, from 1); `None` when the label is
     /// missing or not a number.
     pub attempt: Option<i32>,
@@ -34,9 +40,9 @@ pub struct SeenJob {
     /// Pods per attempt when more than one (an Indexed Job's completions: a multi-node
     /// attempt, whose pods find each other through a headless Service).
     pub nodes: Option<i32>,
-    /// The Kueue LocalQueue it was handed to (`kueue.x-k8s.io/queue-name`): set by the
-    /// holder's start instead of unsuspending it; Kueue unsuspends it on admission (and
-    /// suspends it again should it evict it).
+    /// The Kueue LocalQueue it is in (`kueue.x-k8s.io/queue-name`): set when it was created
+    /// for a GpuJob with `spec.queueName`, or by Kueue's LocalQueue defaulting; Kueue
+    /// unsuspends it on admission (and suspends it again should it evict it).
     pub queue: Option<String>,
     pub status: SeenJobStatus,
 }
@@ -69,7 +75,9 @@ impl SeenJob {
             uid: m.uid.clone(),
             resource_version: m.resource_version.clone(),
             deletion_timestamp: m.deletion_timestamp.clone(),
-            suspended: !started(job),
+            suspended: suspended(job),
+            gated: gated(job),
+            gpus: gpus(job),
             attempt: attempt_of(job),
             generation: generation_of(job),
             failure_rules: m
@@ -101,29 +109,13 @@ impl SeenJob {
         })
     }
 
-    /// Whether the holder has started it: unsuspended it, or handed it to Kueue (or it was
-    /// made before Jobs were created suspended).
-    pub fn started(&self) -> bool {
-        !self.suspended || self.queue.is_some()
-    }
-
-    /// Handed to Kueue and not admitted (or evicted since): suspended, with a queue.
+    /// In a Kueue LocalQueue and not admitted (or evicted since): suspended, with a queue.
     pub fn queued(&self) -> bool {
         self.suspended && self.queue.is_some()
     }
 
     pub fn deleting(&self) -> bool {
         self.deletion_timestamp.is_some()
-    }
-
-    /// Whether the Job controller has seen it suspended (its `Suspended` condition):
-    /// after that it writes nothing to the Job until it is started, so a start sent with
-    /// the resourceVersion seen then is rarely refused.
-    pub fn suspension_seen(&self) -> bool {
-        self.status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Suspended" && c.status == "True")
     }
 
     pub fn is_controlled_by(&self, uid: &str) -> bool {
@@ -162,7 +154,11 @@ mod tests {
         );
         assert_eq!(seen.attempt, Some(2));
         assert_eq!(seen.generation, Some(4));
-        assert!(seen.suspended && !seen.started());
+        assert!(
+            !seen.suspended && seen.gated,
+            "created running, its pods gated"
+        );
+        assert_eq!(seen.gpus, Some(gpujob().spec.total_gpus()));
         assert!(seen.is_controlled_by("uid-1") && !seen.is_controlled_by("uid-2"));
         assert_eq!((seen.status.active, seen.status.ready), (Some(1), Some(0)));
     }

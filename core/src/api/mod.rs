@@ -55,9 +55,16 @@ pub const ANNOTATION_SKIP_RELEASE: &str = "gpujob.dev/skip-quota-release";
 /// Annotation asking for a new run of a finished GpuJob: each new value, once.
 pub const ANNOTATION_RERUN: &str = "gpujob.dev/rerun";
 /// Label that hands a Job to Kueue: the LocalQueue (in the Job's namespace) that admits
-/// it. The operator sets it when it starts an attempt of a GpuJob with
-/// `spec.queueName`; from then on Kueue, not the operator, unsuspends the Job.
+/// it. The operator creates the Job of a GpuJob with `spec.queueName` suspended and with
+/// this label; Kueue, not the operator, unsuspends it. Kueue may also add it (its
+/// LocalQueue defaulting labels every new Job in a namespace with a LocalQueue named
+/// `default`).
 pub const LABEL_KUEUE_QUEUE: &str = "kueue.x-k8s.io/queue-name";
+/// The operator's scheduling gate (`spec.schedulingGates`) on every attempt's pod: the
+/// scheduler places no pod that carries it. Only the holder of the GpuJob's shard
+/// removes it, pod by pod, once a read from the API server shows the pod is the current
+/// attempt's and no other attempt's pod can run (`plan/gate.rs`).
+pub const SCHEDULING_GATE: &str = "gpujob.dev/current-attempt";
 /// The extended resource GPUs are requested as.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Node label holding the GPU product name (NVIDIA GPU feature discovery): v2's

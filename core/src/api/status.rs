@@ -39,6 +39,11 @@ pub struct GpuJobStatus {
     /// exists; cleared once released).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation_id: Option<String>,
+    /// The GPUs that reservation holds, as the quota service granted them (`gpus` ×
+    /// `nodes` of the spec it was made for). A spec that asks for another number has it
+    /// released and made again before its next attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_gpus: Option<i32>,
     /// The last call to the quota service for this GpuJob, recorded before it was sent
     /// (docs/quota-api.md, "Fencing tokens"). Its number is the fencing sequence: a
     /// later call never carries a smaller one, so a call that lands late is refused by

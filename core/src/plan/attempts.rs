@@ -8,14 +8,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{
     ADMITTED, Action, FAILURE_RULE, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, Next,
-    OLD_ATTEMPT_STOPPING, PlanSettings, Planner, PodsLeft, QUEUED, SCHEDULING_GRACE,
-    SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE,
+    OLD_ATTEMPT_STOPPING, PlanSettings, Planner, QUEUED, SCHEDULING_GRACE, SPEC_CHANGE_PENDING,
+    Termination, UNSCHEDULABLE,
 };
 use crate::api::{ConditionStatus, FailureAction, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
-use crate::events::stray_job_deleted;
+use crate::events::{stray_job_deleted, unrecognized_job_deleted};
 use crate::failure_policy::{MatchedRule, action_name, matched_rule};
 use crate::job::{desired_job, job_name};
-use crate::rendezvous;
 use crate::seen_job::SeenJob;
 use crate::status::{READY, SUSPENDED, remove_condition, seconds};
 
@@ -160,15 +159,15 @@ impl Planner<'_, '_> {
         remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
     }
 
-    /// A GpuJob that is not final; `newest_job` is the highest attempt with a Job.
+    /// A GpuJob that is not final: follows the attempt its status records (a Job of the
+    /// next one is that attempt's only once [`Planner::try_start`] starts it).
     /// Returns the newest attempt afterwards.
-    pub(super) fn attempts(&mut self, newest_job: i32) -> i32 {
-        let attempt = self.current.attempts.max(newest_job);
+    pub(super) fn attempts(&mut self) -> i32 {
+        let attempt = self.current.attempts.max(0);
         let first = self.run_first_attempt();
         if attempt < first {
             // Nothing started in this run yet.
-            self.try_start(first);
-            self.next.attempts.max(attempt)
+            self.try_start(first).unwrap_or(attempt)
         } else {
             self.follow(attempt)
         }
@@ -176,7 +175,27 @@ impl Planner<'_, '_> {
 
     /// The first attempt of the current run (attempt numbers continue across runs).
     pub(super) fn run_first_attempt(&self) -> i32 {
-        self.current.run_first_attempt.unwrap_or(1)
+        self.current.run_first_attempt.unwrap_or(1).max(1)
+    }
+
+    /// Starts the attempt after `k` unless something forbids it now; returns the newest
+    /// attempt afterwards. Attempt numbers are `i32`, as Kubernetes integers are: past the
+    /// last one nothing starts (only a status written by hand gets there).
+    fn start_next(&mut self, k: i32) -> i32 {
+        match k.checked_add(1) {
+            Some(next) => self.try_start(next).unwrap_or(k),
+            None => {
+                self.next.phase = Some(Phase::Pending);
+                self.next.active_job = None;
+                self.requeue = Next::Done;
+                self.ready(
+                    ConditionStatus::False,
+                    "AttemptsExhausted",
+                    format!("attempt {k} was the last attempt number there is: no attempt starts"),
+                );
+                k
+            }
+        }
     }
 
     /// Whether a Job of this GpuJob still runs (its pods may hold GPUs), including one
@@ -185,14 +204,16 @@ impl Planner<'_, '_> {
         self.obs.jobs.iter().any(|j| live(j))
     }
 
-    /// The Job, other than `attempt`'s, whose pods may still run or be stopping: the
-    /// oldest, so that the words in Ready stay the same from one look to the next.
+    /// The Job, other than `attempt`'s own, whose pods may still run or be stopping: the
+    /// oldest, so that the words in Ready stay the same from one look to the next. A Job
+    /// of `attempt`'s number being deleted (a stray made from another spec) counts: its
+    /// name must be free before the attempt's own Job can be made.
     fn live_job(&self, attempt: i32) -> Option<&SeenJob> {
         self.obs
             .jobs
             .iter()
             .copied()
-            .filter(|j| j.attempt != Some(attempt) && live(j))
+            .filter(|j| (j.attempt != Some(attempt) || j.deleting()) && live(j))
             .min_by_key(|j| (j.attempt, j.name.clone()))
     }
 
@@ -232,14 +253,39 @@ impl Planner<'_, '_> {
         if let Some(why) = self.old_attempt_stopping(attempt) {
             return Some(why);
         }
-        if self.obs.quota_required && !super::reservation::usable(&self.next) {
+        if let Some(why) = self.host_names_too_long(attempt) {
+            return Some(why);
+        }
+        if self.obs.quota_required
+            && !super::reservation::sized(&self.next, self.gj.spec.total_gpus())
+        {
             return Some(self.quota_blocker());
         }
         None
     }
 
-    /// Starts `attempt` unless something forbids it now; then the GpuJob waits, Pending.
-    fn try_start(&mut self, attempt: i32) -> bool {
+    /// A multi-node attempt's pods are named `<job>-<index>` as hosts, a DNS label of at
+    /// most 63 characters: with a long GpuJob name, a high attempt number no longer fits
+    /// (validation checks the name against the attempts `maxRetries` allows; disruptions
+    /// and reruns go further). Then nothing starts: every pod create would be refused.
+    fn host_names_too_long(&self, attempt: i32) -> Option<(&'static str, String)> {
+        let nodes = self.gj.spec.nodes();
+        let longest = crate::validate::host_name_len(&self.name, attempt, nodes)?;
+        (longest > crate::validate::MAX_HOST_NAME).then(|| {
+            (
+                INVALID_SPEC,
+                format!(
+                    "attempt {attempt} cannot start: its pods' host names ({}-<index>) would have {longest} characters, more than {}; a GpuJob with spec.nodes {nodes} and this many attempts needs a shorter name",
+                    job_name(&self.name, attempt),
+                    crate::validate::MAX_HOST_NAME
+                ),
+            )
+        })
+    }
+
+    /// Starts `attempt` unless something forbids it now (then the GpuJob waits, Pending,
+    /// and `None`); returns the newest attempt afterwards.
+    fn try_start(&mut self, attempt: i32) -> Option<i32> {
         if let Some((reason, message)) = self.blocker(attempt) {
             self.next.phase = Some(if reason == SUSPENDED {
                 Phase::Suspended
@@ -261,13 +307,32 @@ impl Planner<'_, '_> {
                 _ => Next::Backoff,
             };
             let message = match &self.current.last_failure {
-                Some(f) if f.attempt == attempt - 1 => format!("{}; {message}", f.message),
+                Some(f) if Some(f.attempt) == attempt.checked_sub(1) => {
+                    format!("{}; {message}", f.message)
+                }
                 _ => message,
             };
             self.ready(ConditionStatus::False, reason, message);
-            return false;
+            return None;
         }
         let job = desired_job(self.gj, attempt);
+        // The attempt's Job may exist already: created by this operator just before a
+        // crash kept its status from being written, or by a replica that lost the shard
+        // while its create was in flight. It is this attempt's only when it is what would
+        // be created now (this generation; a Job of another spec is a stray, deleted, and
+        // its name waits: `live_job`).
+        let made = self.by_attempt.get(&attempt).copied();
+        if made.is_some_and(|j| j.generation != self.generation) {
+            self.next.phase = Some(Phase::Pending);
+            self.ready(
+                ConditionStatus::False,
+                OLD_ATTEMPT_STOPPING,
+                format!(
+                    "attempt {attempt} starts once the Job of that name built from another spec is gone"
+                ),
+            );
+            return None;
+        }
         self.next.attempts = attempt;
         self.next.phase = Some(Phase::Running);
         self.next.active_job = job.metadata.name.clone();
@@ -275,6 +340,12 @@ impl Planner<'_, '_> {
         self.next.replacing_attempt = None;
         self.next.start_time = self.next.start_time.or(Some(self.now));
         remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
+        if let Some(made) = made {
+            // Taken as it is, and followed from here (it may have run its course: a
+            // status lost with the Jobs kept).
+            debug_assert!(!made.deleting());
+            return Some(self.follow(attempt));
+        }
         self.actions.push(Action::CreateJob {
             attempt,
             job: Box::new(job),
@@ -284,7 +355,7 @@ impl Planner<'_, '_> {
             "JobRunning",
             running_message(&self.name, attempt),
         );
-        true
+        Some(attempt)
     }
 
     /// Follows attempt `k`, which has started; returns the newest attempt afterwards.
@@ -429,7 +500,7 @@ impl Planner<'_, '_> {
         let changed = matches!((built_from, self.generation), (Some(b), Some(g)) if b < g);
         if !changed {
             remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
-            self.start(k, job);
+            self.release_pods(k, job);
             return;
         }
         let (reason, message) = match (&self.invalid, self.gj.spec.update_policy) {
@@ -454,7 +525,7 @@ impl Planner<'_, '_> {
             }
         };
         self.condition(SPEC_CHANGE_PENDING, ConditionStatus::True, reason, message);
-        self.start(k, job);
+        self.release_pods(k, job);
     }
 
     /// The `Admitted` condition of a GpuJob queued through Kueue: what Kueue did with
@@ -510,73 +581,6 @@ impl Planner<'_, '_> {
         self.requeue = Next::Backoff;
     }
 
-    /// Attempt `k`'s Job was created suspended: it is started here (unsuspended, or
-    /// handed to its Kueue LocalQueue, which unsuspends it on admission), by the shard's
-    /// holder, once the Job controller has seen it suspended and no other
-    /// attempt's pods may still run (its Job, or, from attempt 2, any pod a pod read
-    /// finds). A Job created late by a deposed replica is never started: it is a stray,
-    /// or, when it is attempt `k`'s, it is started only as the current attempt, once.
-    fn start(&mut self, k: i32, job: Option<&SeenJob>) {
-        let Some(job) = job.filter(|j| !j.started() && !j.deleting()) else {
-            return;
-        };
-        if let Some((reason, message)) = self.old_attempt_stopping(k) {
-            self.next.phase = Some(Phase::Pending);
-            self.ready(ConditionStatus::False, reason, message);
-            return;
-        }
-        if !job.suspension_seen() {
-            // The Job controller's status write is an event: no timer is needed.
-            return;
-        }
-        let taken = self
-            .obs
-            .refused
-            .as_ref()
-            .filter(|r| r.attempt == k && r.reason == SERVICE_NAME_CONFLICT);
-        if let Some(r) = taken {
-            // Nothing tells the operator when that Service goes: look again in a while.
-            self.next.phase = Some(Phase::Pending);
-            self.next.last_error = Some(r.message.clone());
-            self.ready(
-                ConditionStatus::False,
-                SERVICE_NAME_CONFLICT,
-                r.message.clone(),
-            );
-            self.requeue = Next::After(self.settings.name_conflict_retry);
-            return;
-        }
-        // An earlier attempt's Job gone does not prove its pods are: read them (no pod
-        // of another attempt can exist before attempt 2).
-        if k > 1 {
-            match self.pods_left(Some(k)) {
-                PodsLeft::None => {}
-                PodsLeft::Asked => return,
-                PodsLeft::Some(why) => {
-                    self.next.phase = Some(Phase::Pending);
-                    let message = format!(
-                        "attempt {k} starts once the earlier attempts' pods are gone: {why}"
-                    );
-                    self.ready(ConditionStatus::False, OLD_ATTEMPT_STOPPING, message);
-                    return;
-                }
-            }
-        }
-        if let Some(rv) = &job.resource_version {
-            if let Some(service) = rendezvous::service(job) {
-                self.actions.push(Action::CreateService {
-                    attempt: k,
-                    service: Box::new(service),
-                });
-            }
-            self.actions.push(Action::StartJob {
-                name: job.name.clone(),
-                resource_version: rv.clone(),
-                queue: self.gj.spec.queue_name().map(str::to_owned),
-            });
-        }
-    }
-
     fn delete_for_replacement(&mut self, job: Option<&SeenJob>, why: JobDeletion) {
         let job = job.filter(|j| !j.deleting());
         self.actions.extend(job.and_then(|j| delete_action(j, why)));
@@ -604,13 +608,7 @@ impl Planner<'_, '_> {
                 self.ready(ConditionStatus::False, "Replacing", message);
                 k
             }
-            None => {
-                if self.try_start(k + 1) {
-                    k + 1
-                } else {
-                    k
-                }
-            }
+            None => self.start_next(k),
         }
     }
 
@@ -676,11 +674,15 @@ impl Planner<'_, '_> {
             .unwrap_or(failure.time);
         if self.now >= at || self.gj.spec.suspend {
             // Suspended: the backoff is counted again (from the failure) on resume.
-            return if self.try_start(k + 1) { k + 1 } else { k };
+            return self.start_next(k);
         }
         self.next.phase = Some(Phase::Pending);
         self.next.next_attempt_time = Some(at);
-        let message = format!("{}; attempt {} starts at {at}", failure.message, k + 1);
+        let message = format!(
+            "{}; attempt {} starts at {at}",
+            failure.message,
+            k.saturating_add(1)
+        );
         self.ready(ConditionStatus::False, "BackingOff", message);
         if let Ok(d) = Duration::try_from(self.now.duration_until(at)) {
             self.requeue = Next::After(d);
@@ -718,7 +720,9 @@ impl Planner<'_, '_> {
     /// their pods have ended (a Job that may still have live pods is a stray's case, or
     /// is going already).
     pub(super) fn collect_old_jobs(&mut self, attempt: i32) {
-        let oldest_kept = attempt - self.settings.keep_jobs.max(1) + 1;
+        let oldest_kept = attempt
+            .saturating_sub(self.settings.keep_jobs.max(1))
+            .saturating_add(1);
         for (a, job) in &self.by_attempt {
             if *a >= oldest_kept || live(job) {
                 continue;
@@ -728,20 +732,22 @@ impl Planner<'_, '_> {
     }
 
     /// Deletes every Job that is not `current`'s (`None`: the GpuJob has finished, so
-    /// none is) and has not finished: attempts run one at a time. A stable name refuses
+    /// none is) and has not finished: attempts run one at a time. A Job that is no
+    /// attempt this operator could have made ([`Planner::recognized`]) is one of them,
+    /// whatever its label says. A stable name refuses
     /// a second create only while the first Job exists, so a create sent by a replica
     /// that then lost the shard can land after its successor ended that attempt (after
     /// a replacement or a suspend) and run it again, beside the next one. Deleted in the
     /// foreground: no further attempt starts until its pods are gone.
     pub(super) fn stop_strays(&mut self, current: Option<i32>) {
+        let current_job = current.and_then(|k| self.by_attempt.get(&k).copied());
         let mut strays: Vec<&SeenJob> = self
             .obs
             .jobs
             .iter()
             .copied()
             .filter(|j| {
-                let a = j.attempt;
-                (current.is_none() || a != current)
+                current_job.is_none_or(|c| c.name != j.name)
                     && !j.deleting()
                     && seen_state(j) == JobState::Active
             })
@@ -752,12 +758,12 @@ impl Planner<'_, '_> {
                 continue;
             };
             self.actions.push(delete);
-            let name = job.name.as_str();
-            self.actions.push(Action::Publish(stray_job_deleted(
-                name,
-                job.attempt,
-                current,
-            )));
+            let note = if self.recognized(job).is_some() {
+                stray_job_deleted(&job.name, job.attempt, current)
+            } else {
+                unrecognized_job_deleted(&job.name, job.attempt, self.current.attempts)
+            };
+            self.actions.push(Action::Publish(note));
         }
     }
 }

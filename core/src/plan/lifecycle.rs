@@ -28,9 +28,11 @@ impl Planner<'_, '_> {
     /// continue (Job names stay unique), with no failures counted yet. Recorded before
     /// anything of the new run exists, so a crash in between cannot mistake the last
     /// run's Jobs for the new run's.
-    pub(super) fn start_new_run(&mut self, newest_job: i32, token: String) {
-        let first = self.current.attempts.max(newest_job) + 1;
-        let run = self.current.run.unwrap_or(1) + 1;
+    pub(super) fn start_new_run(&mut self, token: String) {
+        // At the end of the numbers (only a status written by hand gets there), the
+        // run starts nothing: its first attempt stays past the last.
+        let first = self.current.attempts.max(0).saturating_add(1);
+        let run = self.current.run.unwrap_or(1).saturating_add(1);
         let (generation, now) = (self.generation, self.now);
         self.checkpoint(|s| {
             s.run = Some(run);

@@ -10,8 +10,14 @@
 //! every decision that depends on an answer is made here too. A confirming read of the
 //! GpuJob ([`Action::Confirm`]) that finds the view current lets the same plan go on;
 //! one that finds it moved starts again from a new snapshot.
+//!
+//! Which attempt may run is decided in one place, at its pods (`gate.rs`): every
+//! attempt's pod is created with the operator's scheduling gate, and only the plan's
+//! [`Action::UngatePod`] lets one go, after a read of the API server shows it is the
+//! current attempt's and no other attempt's pod can run.
 
 mod attempts;
+mod gate;
 mod lifecycle;
 mod reservation;
 
@@ -26,6 +32,7 @@ use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::events::Note;
 use crate::quota::ReserveRequest;
 use crate::seen_job::SeenJob;
+use crate::seen_pod::SeenPod;
 pub use crate::status::{
     ADMITTED, QUEUED, SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, UNSCHEDULABLE,
 };
@@ -132,23 +139,18 @@ pub struct Observed<'a> {
     pub quota_required: bool,
     /// The quota service's answer to this reconcile's reserve or release.
     pub quota: Option<QuotaAnswer>,
-    /// The GpuJob's pods that have not terminated, read from the API server in this
-    /// reconcile ([`Action::CheckPods`]); `None` when not read.
-    pub pods: Option<Vec<LivePod>>,
+    /// The GpuJob's pods, read from the API server in this reconcile
+    /// ([`Action::ReadPods`]); `None` when not read. Only such a read lets a gate go.
+    pub pods: Option<Vec<SeenPod>>,
+    /// The GpuJob's pods as the pod cache has them. It may lag: it only tells the plan
+    /// that a read is due (a pod waits at the gate).
+    pub cached_pods: Vec<&'a SeenPod>,
     /// The GpuJob is known current in this term of its shard: read from the API server,
     /// or written by this replica, at this version (every write carries a
     /// resourceVersion precondition). Another cached view may lag behind the previous
     /// holder's writes.
     pub confirmed: bool,
     pub now: Timestamp,
-}
-
-/// A pod of the GpuJob that has not terminated (it may run, or still be stopping).
-#[derive(Debug, Clone, PartialEq)]
-pub struct LivePod {
-    pub name: String,
-    /// Its attempt label.
-    pub attempt: Option<i32>,
 }
 
 /// The running attempt's pod that kube-scheduler could not place, and its reason.
@@ -184,10 +186,20 @@ pub struct Refusal {
 /// What the quota service answered.
 #[derive(Debug, Clone, PartialEq)]
 pub enum QuotaAnswer {
-    Reserved { id: String },
-    Refused { reason: String, message: String },
+    /// Granted; `gpus`: what the service says the reservation holds (the request's
+    /// count when it does not say).
+    Reserved {
+        id: String,
+        gpus: i32,
+    },
+    Refused {
+        reason: String,
+        message: String,
+    },
     Released,
-    ReleaseFailed { message: String },
+    ReleaseFailed {
+        message: String,
+    },
 }
 
 /// Why the quota finalizer goes.
@@ -211,13 +223,14 @@ pub enum Action {
     AddFinalizer,
     /// Remove the quota finalizer.
     RemoveFinalizer(FinalizerRemoval),
-    /// Read the GpuJob from the API server before a quota call or a Job create made
-    /// from a view not known current in this term; when it changed since, the plan is
-    /// made again from it. The API server refuses a stale write of the GpuJob
+    /// Read the GpuJob from the API server before an action made from a view not known
+    /// current in this term ([`Action::needs_current_view`]); when it changed since, the
+    /// plan is made again from it. The API server refuses a stale write of the GpuJob
     /// (resourceVersion), but the quota service cannot refuse a call made from a stale
-    /// view (a reserve for a GpuJob that meanwhile finished would never be released),
-    /// and a Job create is refused only while the Job exists (one the previous holder
-    /// deleted to replace it would be created again).
+    /// view (a reserve for a GpuJob that meanwhile finished would never be released), a
+    /// Job create is refused only while the Job exists (one the previous holder deleted
+    /// to replace it would be created again), and a stale view takes a rerun's running
+    /// attempt for a stray or a replaced attempt for the current one.
     Confirm,
     /// Ask the quota service for a reservation, with this fencing sequence (recorded in
     /// `status.quotaCall` before). Ends the plan: the answer comes back.
@@ -225,30 +238,38 @@ pub enum Action {
     /// Release the GpuJob's reservation, with this fencing sequence (recorded in
     /// `status.quotaCall` before). Ends the plan: the answer comes back.
     Release(i64),
-    /// Read which of the GpuJob's pods have not terminated, before an attempt starts or
-    /// its quota is released: a Job gone (deleted in the foreground) does not prove its
-    /// pods are (the garbage collector can miss a pod created as the delete began).
-    /// Ends the plan: the answer comes back.
-    CheckPods,
+    /// Read the GpuJob's pods from the API server (a quorum list), before a gate goes or
+    /// quota is released: the pod cache may lag, and a Job gone (deleted in the
+    /// foreground) does not prove its pods are (the Job controller can create a pod for
+    /// a Job whose deletion it has not seen yet). Ends the plan: the answer comes back.
+    ReadPods,
     /// Create the Job of `attempt` (stable name: a second create is refused while the
-    /// first Job exists). The API server may refuse it; then the plan is made again with
-    /// the refusal.
+    /// first Job exists). Its pods come out gated. The API server may refuse it; then the
+    /// plan is made again with the refusal.
     CreateJob { attempt: i32, job: Box<Job> },
     /// Create a multi-node attempt's headless Service (`crate::rendezvous`), before its
     /// Job starts: its pods find each other through it from their first moment. One of
     /// that name owned by the Job already is the same Service (done); a foreign one is a
     /// refusal ([`SERVICE_NAME_CONFLICT`]), and the plan is made again with it.
     CreateService { attempt: i32, service: Box<Service> },
-    /// Start the current attempt's Job, created suspended, with a resourceVersion
-    /// precondition: only the Job as it was seen, never a Job of the same name created
-    /// since (by a create delivered late). Without `queue`, `spec.suspend: false`; with
-    /// it, the Job gets that Kueue LocalQueue's label and stays suspended until Kueue
-    /// admits it. Either way only the current attempt's Job is ever started, so a late
-    /// create is never run, by the operator or by Kueue.
-    StartJob {
+    /// Let one pod of the current attempt go: remove the operator's scheduling gate, with
+    /// the pod's resourceVersion as precondition (the pod as the read found it; one
+    /// changed since, a deletion begun say, is read and decided again). Only the gate
+    /// (`gate.rs`) plans it.
+    UngatePod {
+        name: String,
+        uid: String,
+        resource_version: String,
+    },
+    /// A Job an earlier version of the operator created suspended, whose pod template
+    /// has no gate: the gate is added to its template, and unless it waits for Kueue
+    /// (`queued`) it is unsuspended, in one patch with the Job's resourceVersion as
+    /// precondition (a suspended Job that never ran may have its scheduling gates
+    /// changed). Its pods then wait at the gate like every attempt's.
+    GateJob {
         name: String,
         resource_version: String,
-        queue: Option<String>,
+        queued: bool,
     },
     /// Delete a Job, with uid and resourceVersion preconditions; `why` decides how.
     DeleteJob {
@@ -277,10 +298,11 @@ impl Action {
             Action::Confirm => "Confirm",
             Action::Reserve(..) => "Reserve",
             Action::Release(_) => "Release",
-            Action::CheckPods => "CheckPods",
+            Action::ReadPods => "ReadPods",
             Action::CreateJob { .. } => "CreateJob",
             Action::CreateService { .. } => "CreateService",
-            Action::StartJob { .. } => "StartJob",
+            Action::UngatePod { .. } => "UngatePod",
+            Action::GateJob { .. } => "GateJob",
             Action::DeleteJob { .. } => "DeleteJob",
             Action::Publish(_) => "Publish",
             Action::DeleteGpuJob { .. } => "DeleteGpuJob",
@@ -291,7 +313,25 @@ impl Action {
     pub fn asks(&self) -> bool {
         matches!(
             self,
-            Action::Reserve(..) | Action::Release(_) | Action::CheckPods
+            Action::Reserve(..) | Action::Release(_) | Action::ReadPods
+        )
+    }
+
+    /// Whether the action is sent from the plan's view of the GpuJob without a
+    /// precondition on the GpuJob itself: a view not known current must be confirmed
+    /// first ([`Action::Confirm`]). The GpuJob's own writes carry its resourceVersion,
+    /// and an Event reports what this term recorded.
+    fn needs_current_view(&self) -> bool {
+        matches!(
+            self,
+            Action::Reserve(..)
+                | Action::Release(_)
+                | Action::ReadPods
+                | Action::CreateJob { .. }
+                | Action::CreateService { .. }
+                | Action::UngatePod { .. }
+                | Action::GateJob { .. }
+                | Action::DeleteJob { .. }
         )
     }
 }
@@ -381,6 +421,7 @@ pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
                 quota_required: obs.quota_required,
                 quota: obs.quota.clone(),
                 pods: obs.pods.clone(),
+                cached_pods: obs.cached_pods.clone(),
                 confirmed: obs.confirmed,
                 now: obs.now,
             };
@@ -417,6 +458,8 @@ struct Planner<'a, 'o> {
     next: GpuJobStatus,
     actions: Vec<Action>,
     requeue: Next,
+    /// The GpuJob's attempt Jobs: those this operator could have created, by attempt
+    /// ([`Planner::recognized`]). Any other Job it controls is a stray.
     by_attempt: BTreeMap<i32, &'a SeenJob>,
     /// Why no attempt may start for this generation (`InvalidSpec` and the field), if so.
     invalid: Option<(&'static str, String)>,
@@ -438,13 +481,33 @@ impl<'a, 'o> Planner<'a, 'o> {
             current,
             actions: Vec::new(),
             requeue: Next::Done,
-            by_attempt: obs
-                .jobs
-                .iter()
-                .filter_map(|j| j.attempt.map(|a| (a, *j)))
-                .collect(),
+            by_attempt: BTreeMap::new(),
             invalid: None,
         }
+        .with_attempts()
+    }
+
+    /// Files the attempt Jobs by number ([`Planner::recognized`]).
+    fn with_attempts(mut self) -> Self {
+        let obs = self.obs;
+        self.by_attempt = obs
+            .jobs
+            .iter()
+            .filter_map(|j| self.recognized(j).map(|a| (a, *j)))
+            .collect();
+        self
+    }
+
+    /// The attempt `job` runs, if it is one this operator could have created for this
+    /// GpuJob: named as that attempt's Job, and numbered at most one past the attempts
+    /// the status records (the next attempt's Job, whose create may have landed before
+    /// its status, or late). Anything else (a number past that, a label on a Job of
+    /// another name: anyone who may create Jobs can add a controller reference to the
+    /// GpuJob) is a stray, never an attempt.
+    fn recognized(&self, job: &SeenJob) -> Option<i32> {
+        let a = job.attempt?;
+        let limit = self.current.attempts.max(0).saturating_add(1);
+        (a <= limit && job.name == crate::job::job_name(&self.name, a)).then_some(a)
     }
 
     fn run(&mut self) {
@@ -461,24 +524,23 @@ impl<'a, 'o> Planner<'a, 'o> {
             self.actions
                 .push(Action::RemoveFinalizer(FinalizerRemoval::QuotaDisabled));
         }
-        let newest_job = self.by_attempt.keys().next_back().copied().unwrap_or(0);
         let final_ = |s: &GpuJobStatus| s.phase.is_some_and(crate::api::Phase::is_final);
         if final_(&self.current)
             && let Some(token) = self.rerun_requested()
         {
-            self.start_new_run(newest_job, token);
+            self.start_new_run(token);
         }
         let attempt = if final_(&self.current) {
             self.finished();
             // Nothing of a finished GpuJob runs.
             self.stop_strays(None);
-            self.current.attempts.max(newest_job)
+            self.current.attempts
         } else {
             self.suspension();
             if self.obs.quota_required && !self.reserve_first() {
                 return;
             }
-            let attempt = self.attempts(newest_job);
+            let attempt = self.attempts();
             self.stop_strays(Some(attempt));
             attempt
         };
@@ -544,57 +606,49 @@ impl<'a, 'o> Planner<'a, 'o> {
         };
     }
 
-    /// Which of the GpuJob's pods other than `except`'s may still run, from a pod read
-    /// of this reconcile; without one, asks for it ([`Action::CheckPods`]). Pods are not
-    /// watched: while some remain, the GpuJob looks again with backoff.
-    fn pods_left(&mut self, except: Option<i32>) -> PodsLeft {
+    /// Whether any of the GpuJob's pods may still run ([`SeenPod::may_run`]), from a pod
+    /// read of this reconcile; without one, asks for it ([`Action::ReadPods`]). Pods are
+    /// watched, but only a read is sure: while some remain, the GpuJob looks again with
+    /// backoff (their end is an event too).
+    fn pods_left(&mut self) -> PodsLeft {
         let Some(pods) = &self.obs.pods else {
-            self.ask(Action::CheckPods);
+            self.ask(Action::ReadPods);
             return PodsLeft::Asked;
         };
-        match pods
-            .iter()
-            .find(|p| except.is_none() || p.attempt != except)
-        {
+        match pods.iter().find(|p| p.may_run()) {
             None => PodsLeft::None,
             Some(p) => {
                 self.requeue = Next::Backoff;
-                let of = p
-                    .attempt
-                    .map_or_else(String::new, |a| format!(" (attempt {a})"));
-                PodsLeft::Some(format!("pod {}{of} has not stopped", p.name))
+                PodsLeft::Some(gate::not_stopped(p))
             }
         }
     }
 
-    /// Asks the outside world; nothing else is planned after a question.
-    /// Ends the plan with a question to the outside.
+    /// Ends the plan with a question to the outside: nothing else is planned after it.
     fn ask(&mut self, action: Action) {
         debug_assert!(action.asks());
         self.actions.push(action);
     }
 
-    /// Puts [`Action::Confirm`] before the first action a stale view could repeat
-    /// (a reserve or release, or a Job create: a stable name protects only while the
-    /// Job exists, and the previous holder may have deleted it to replace it), unless
-    /// the view is confirmed or an earlier action writes the GpuJob with a
-    /// resourceVersion precondition in any case (adding the finalizer).
+    /// Puts [`Action::Confirm`] before the first action sent from the view of the GpuJob
+    /// without a precondition on it ([`Action::needs_current_view`]: a reserve or release,
+    /// a Job create, which a stable name refuses only while the Job exists, a stray's
+    /// delete, a pod read for a gate), unless the view is known current in this term.
+    /// The executor passes over it when an earlier write of this run (which carries the
+    /// GpuJob's resourceVersion) has shown the view current.
     fn confirm_before_effects(&mut self) {
         if self.obs.confirmed {
             return;
         }
-        let first = self.actions.iter().position(|a| {
-            matches!(
-                a,
-                Action::AddFinalizer
-                    | Action::Reserve(..)
-                    | Action::Release(_)
-                    | Action::CreateJob { .. }
-            )
-        });
-        if let Some(i) = first
-            && self.actions[i] != Action::AddFinalizer
-        {
+        let Some(i) = self.actions.iter().position(Action::needs_current_view) else {
+            return;
+        };
+        // A finalizer patch always writes, with the GpuJob's resourceVersion: when one
+        // comes first, it confirms the view by itself.
+        let confirmed_before = self.actions[..i]
+            .iter()
+            .any(|a| matches!(a, Action::AddFinalizer | Action::RemoveFinalizer(_)));
+        if !confirmed_before {
             self.actions.insert(i, Action::Confirm);
         }
     }

@@ -1,10 +1,12 @@
 //! The external GPU quota around a GpuJob's life, in an order that survives a crash
-//! anywhere: spec validated → finalizer added → reservation made → its id recorded in
-//! status → only then the first Job. When the GpuJob is finished or deleted, or can no
-//! longer start an attempt (its spec became invalid, a foreign Job holds the next
-//! attempt's name) while none runs: release → confirmed and recorded → finalizer removed
-//! (kept while the GpuJob lives on). Every call is idempotent by GpuJob UID, so a
-//! repeated step never doubles or leaks a reservation.
+//! anywhere: spec validated → finalizer added → reservation made → its id and size
+//! recorded in status → only then the first Job. When the GpuJob is finished or deleted,
+//! or can no longer start an attempt (its spec became invalid, a foreign Job holds the
+//! next attempt's name), or asks for another number of GPUs (`gpus` × `nodes` edited)
+//! while none runs: release, once no pod of it may run (read from the API server) →
+//! confirmed and recorded → finalizer removed (kept while the GpuJob lives on; a
+//! resized spec reserves again before its next attempt). Every call is idempotent by
+//! GpuJob UID, so a repeated step never doubles or leaks a reservation.
 //!
 //! Every call is recorded in `status.quotaCall` before it is sent, with a fencing
 //! sequence that only grows: a repeat of a call whose answer is unknown reuses it, any
@@ -40,12 +42,12 @@ impl Planner<'_, '_> {
             return true;
         }
         match self.obs.quota.clone() {
-            Some(QuotaAnswer::Reserved { id }) => {
-                let (generation, now, gpus) =
-                    (self.generation, self.now, self.gj.spec.total_gpus());
+            Some(QuotaAnswer::Reserved { id, gpus }) => {
+                let (generation, now) = (self.generation, self.now);
                 // Recorded before any Job exists: the attempts below depend on it.
                 self.checkpoint(|s| {
                     s.reservation_id = Some(id.clone());
+                    s.reservation_gpus = Some(gpus);
                     if let Some(c) = s.quota_call.as_mut() {
                         c.pending = false;
                     }
@@ -131,10 +133,17 @@ impl Planner<'_, '_> {
 
     /// Why a new attempt waits for quota, for Ready.
     pub(super) fn quota_blocker(&self) -> (&'static str, String) {
-        match &self.obs.quota {
-            Some(QuotaAnswer::Refused { reason, message }) => (
+        let asks = self.gj.spec.total_gpus();
+        match (&self.obs.quota, self.next.reservation_gpus) {
+            (Some(QuotaAnswer::Refused { reason, message }), _) => (
                 "QuotaRefused",
                 format!("waiting for GPU quota: {reason}: {message}"),
+            ),
+            (_, Some(held)) if usable(&self.next) && held != asks => (
+                "QuotaPending",
+                format!(
+                    "the GPU quota reservation holds {held} GPUs and the spec asks for {asks}: it is released and made again once no pod of this GpuJob runs"
+                ),
             ),
             _ => (
                 "QuotaPending",
@@ -148,29 +157,40 @@ impl Planner<'_, '_> {
     /// keeps the finalizer: a fixed spec reserves again).
     pub(super) fn release_when_done_or_blocked(&mut self) {
         if self.next.phase.is_some_and(Phase::is_final) {
-            if may_hold(&self.next) || self.gj.holds_quota_finalizer() {
+            // The reservation covers the pods: it goes only once none may run (a Job
+            // deleted as a stray in this plan, its pods read from the API server).
+            if (may_hold(&self.next) || self.gj.holds_quota_finalizer())
+                && !self.holds_gpus()
+                && self.pods_left() == PodsLeft::None
+            {
                 self.settle_release(true, "GPU quota released".to_owned());
             }
             return;
         }
         // Backing off counts as not running: the spec may turn invalid meanwhile.
+        let asks = self.gj.spec.total_gpus();
+        let resized = self
+            .next
+            .reservation_gpus
+            .filter(|held| usable(&self.next) && *held != asks);
         let why = if self.gj.spec.suspend {
-            "Suspended"
+            "no attempt can start (Suspended)".to_owned()
         } else if self.invalid.is_some() {
-            INVALID_SPEC
+            format!("no attempt can start ({INVALID_SPEC})")
         } else if self.ready_reason_is(&[JOB_NAME_CONFLICT]) {
-            JOB_NAME_CONFLICT
+            format!("no attempt can start ({JOB_NAME_CONFLICT})")
+        } else if let Some(held) = resized {
+            format!(
+                "it held {held} GPUs and the spec asks for {asks}; the next attempt reserves again"
+            )
         } else {
             return;
         };
         let idle = matches!(self.next.phase, Some(Phase::Pending | Phase::Suspended))
             && !self.holds_gpus();
         // A reserve whose answer was lost may hold quota too: released all the same.
-        if idle && may_hold(&self.next) && self.pods_left(None) == PodsLeft::None {
-            self.settle_release(
-                false,
-                format!("GPU quota released: no attempt can start ({why})"),
-            );
+        if idle && may_hold(&self.next) && self.pods_left() == PodsLeft::None {
+            self.settle_release(false, format!("GPU quota released: {why}"));
         }
     }
 
@@ -212,7 +232,7 @@ impl Planner<'_, '_> {
         }
         // The reservation covers the attempt's pods: it goes only once they are gone
         // (their Jobs first, then the pods themselves, read).
-        if self.stop_jobs_of_deleted() || self.pods_left(None) != PodsLeft::None {
+        if self.stop_jobs_of_deleted() || self.pods_left() != PodsLeft::None {
             return;
         }
         self.settle_release(true, "GPU quota released".to_owned());
@@ -229,6 +249,7 @@ impl Planner<'_, '_> {
                 if let Some(c) = self.next.quota_call.as_mut() {
                     c.pending = false;
                 }
+                self.next.reservation_gpus = None;
                 if self.next.reservation_id.take().is_some() {
                     self.condition(QUOTA_RESERVED, ConditionStatus::False, "Released", message);
                 }
@@ -271,6 +292,20 @@ impl Planner<'_, '_> {
 /// release that did not confirm, it may be gone (or go late): reserve again first.
 pub(super) fn usable(s: &GpuJobStatus) -> bool {
     s.reservation_id.is_some() && !pending(s)
+}
+
+/// A usable reservation that holds at least `gpus`: what runs must be covered. One
+/// recorded before the operator recorded sizes holds what the spec asked then, taken as
+/// enough.
+pub(super) fn covers(s: &GpuJobStatus, gpus: i32) -> bool {
+    usable(s) && s.reservation_gpus.is_none_or(|held| held >= gpus)
+}
+
+/// A usable reservation of exactly `gpus`: a new attempt starts only on one made for what
+/// the spec asks now (a reservation made for more is released and made again first, so
+/// the difference goes back to the team's quota).
+pub(super) fn sized(s: &GpuJobStatus, gpus: i32) -> bool {
+    usable(s) && s.reservation_gpus.is_none_or(|held| held == gpus)
 }
 
 /// Whether the service may hold quota for this GpuJob: a reservation recorded, or a call

@@ -197,25 +197,56 @@ fn multi_node_env(spec: &GpuJobSpec, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Longest GpuJob name with `spec.nodes` > 1: the attempt's Service is named like its
-/// Job, `<name>-<attempt>`, and each pod's host name is `<job>-<index>`, a DNS label of
-/// at most 63 characters: 52 + `-` + 5 digits of attempt + `-` + 3 of index.
-pub const MAX_MULTI_NODE_NAME: usize = 52;
+/// Longest host name: a DNS label.
+pub const MAX_HOST_NAME: usize = 63;
+
+/// How many decimal digits `n` has (at least one).
+fn digits(n: i64) -> usize {
+    n.unsigned_abs()
+        .checked_ilog10()
+        .map_or(1, |d| d as usize + 1)
+}
+
+/// The longest host name of attempt `attempt`'s pods when `nodes` > 1 (`None` for one
+/// node, which needs none): the Job controller names each pod's host `<job>-<index>`,
+/// the Job being `<name>-<attempt>` ([`crate::job::job_name`], shortened with a hash
+/// past 63 characters).
+pub fn host_name_len(name: &str, attempt: i32, nodes: i32) -> Option<usize> {
+    (nodes > 1)
+        .then(|| crate::job::job_name(name, attempt).len() + 1 + digits(i64::from(nodes) - 1))
+}
 
 /// What `spec.nodes` > 1 asks of the GpuJob's name (which the schema cannot check: it
 /// depends on the spec): it becomes a Service name (a DNS-1035 label: starts with a
-/// letter, no dots) and part of each pod's host name.
+/// letter, no dots) and part of each pod's host name, which must fit in 63 characters
+/// for every attempt the retry policy counts (`maxRetries` + 1; the plan checks each
+/// further attempt, after disruptions or a rerun, before it starts it).
 pub fn multi_node_name(name: &str, spec: &GpuJobSpec) -> Result<(), FieldError> {
     let nodes = spec.nodes();
     if nodes <= 1 {
         return Ok(());
     }
     let starts_with_letter = name.starts_with(|c: char| c.is_ascii_lowercase());
-    if !is_dns_label(name) || !starts_with_letter || name.len() > MAX_MULTI_NODE_NAME {
+    if !is_dns_label(name) || !starts_with_letter {
         return err(
             "metadata.name",
             format!(
-                "{name:?}: with spec.nodes {nodes} the name must start with a letter, have no dots and at most {MAX_MULTI_NODE_NAME} characters (it names the attempt's Service and the pods' host names)"
+                "{name:?}: with spec.nodes {nodes} the name must start with a letter and have no dots (it names the attempt's Service and the pods' host names)"
+            ),
+        );
+    }
+    let last = spec.max_retries.max(0).saturating_add(1);
+    let longest = host_name_len(name, last, nodes).unwrap_or_default();
+    if longest > MAX_HOST_NAME {
+        // `<name>-<attempt>-<index>`.
+        let room = MAX_HOST_NAME
+            .saturating_sub(2 + digits(i64::from(last)) + digits(i64::from(nodes) - 1));
+        return err(
+            "metadata.name",
+            format!(
+                "{name:?}: with spec.nodes {nodes} and maxRetries {}, attempt {last}'s pod host names ({}-<index>) would have {longest} characters, more than {MAX_HOST_NAME}: use a name of at most {room} characters",
+                spec.max_retries,
+                crate::job::job_name(name, last),
             ),
         );
     }
@@ -609,15 +640,29 @@ mod tests {
         let s = multi(serde_json::json!({}));
         assert_eq!(validate(&s, &limits(8)), Ok(()));
         assert_eq!(multi_node_name("train-gpt", &s), Ok(()));
-        for bad in ["train.v2", "7b-train", &"a".repeat(MAX_MULTI_NODE_NAME + 1)] {
+        for bad in ["train.v2", "7b-train"] {
             let e = multi_node_name(bad, &s).unwrap_err();
             assert_eq!(e.field, "metadata.name", "{bad}");
             assert!(e.message.contains("start with a letter"), "{e}");
         }
-        assert_eq!(
-            multi_node_name(&"a".repeat(MAX_MULTI_NODE_NAME), &s),
-            Ok(())
-        );
+        // Host names `<name>-<attempt>-<index>` count the digits there are: maxRetries 3
+        // (attempt 4) and 2 nodes (index 1) leave 59 characters for the name.
+        assert_eq!(s.max_retries, 3);
+        assert_eq!(multi_node_name(&"a".repeat(59), &s), Ok(()));
+        let e = multi_node_name(&"a".repeat(60), &s).unwrap_err();
+        assert!(e.message.contains("at most 59 characters"), "{e}");
+        let mut many = s.clone();
+        many.max_retries = 99_999;
+        let e = multi_node_name(&"a".repeat(59), &many).unwrap_err();
+        assert!(e.message.contains("attempt 100000"), "{e}");
+        assert!(e.message.contains("at most 54 characters"), "{e}");
+        assert_eq!(multi_node_name(&"a".repeat(54), &many), Ok(()));
+        assert_eq!(host_name_len("train", 100_000, 2), Some(14));
+        assert_eq!(host_name_len("train", 1, 1), None);
+        assert_eq!(digits(0), 1);
+        assert_eq!(digits(9), 1);
+        assert_eq!(digits(10), 2);
+        assert_eq!(digits(i64::from(i32::MAX)), 10);
         // One node: any GpuJob name will do, as before.
         assert_eq!(multi_node_name("train.v2", &spec()), Ok(()));
 

@@ -1,6 +1,7 @@
 use super::*;
 use crate::api::{ConditionStatus, FailureRecord, GpuJobSpec, Phase, V2Only};
 use crate::job::desired_job;
+use crate::seen_pod::SeenPod;
 use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
@@ -112,6 +113,7 @@ fn run_with(
             quota: None,
             pods: Some(Vec::new()),
             confirmed: true,
+            cached_pods: Vec::new(),
             now: t(now),
         },
         &settings(),
@@ -139,7 +141,7 @@ fn plan_seeing_pods(
     answer: Option<QuotaAnswer>,
     quota_required: bool,
     confirmed: bool,
-    pods: Option<Vec<LivePod>>,
+    pods: Option<Vec<SeenPod>>,
     now: &str,
 ) -> Plan {
     plan(
@@ -154,6 +156,7 @@ fn plan_seeing_pods(
             quota: answer,
             pods,
             confirmed,
+            cached_pods: Vec::new(),
             now: t(now),
         },
         &settings(),
@@ -682,6 +685,7 @@ fn an_invalid_job_waits_for_a_spec_change() {
         quota: None,
         pods: Some(Vec::new()),
         confirmed: true,
+        cached_pods: Vec::new(),
         now: t(T0),
     };
     let p = plan(&obs, &settings());
@@ -730,7 +734,10 @@ mod quota {
     }
 
     fn granted() -> Option<QuotaAnswer> {
-        Some(QuotaAnswer::Reserved { id: "r-1".into() })
+        Some(QuotaAnswer::Reserved {
+            id: "r-1".into(),
+            gpus: 1,
+        })
     }
 
     /// A running GpuJob holding reservation r-1, as the protocol leaves it.
@@ -880,6 +887,7 @@ mod quota {
             quota: None,
             pods: Some(Vec::new()),
             confirmed: true,
+            cached_pods: Vec::new(),
             now: t(T0),
         };
         let p = plan(&obs, &settings());
@@ -1196,15 +1204,17 @@ mod quota {
         g.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:05:00Z")));
         let now = "2026-11-30T06:05:01Z";
         let with =
-            |pods: Option<Vec<LivePod>>| plan_seeing_pods(&g, &[], None, true, true, pods, now);
-        assert_eq!(kinds(&with(None)), vec!["CheckPods"]);
-        let orphan = LivePod {
+            |pods: Option<Vec<SeenPod>>| plan_seeing_pods(&g, &[], None, true, true, pods, now);
+        assert_eq!(kinds(&with(None)), vec!["ReadPods"]);
+        let orphan = SeenPod {
             name: "train-1-abcde".into(),
             attempt: Some(1),
+            bound: true,
+            ..SeenPod::default()
         };
         let p = with(Some(vec![orphan]));
         assert!(p.actions.is_empty(), "{:?}", kinds(&p));
-        assert_eq!(p.next, Next::Backoff, "pods are not watched");
+        assert_eq!(p.next, Next::Backoff, "only a read is sure");
         assert_eq!(
             kinds(&with(Some(Vec::new()))),
             vec!["RecordStatus", "Release"]
@@ -1363,7 +1373,14 @@ mod lifecycle {
         };
         let g = with_status(
             g.clone(),
-            &obs(&g, Some(QuotaAnswer::Reserved { id: "r-1".into() }), &[]),
+            &obs(
+                &g,
+                Some(QuotaAnswer::Reserved {
+                    id: "r-1".into(),
+                    gpus: 1,
+                }),
+                &[],
+            ),
         );
         let g = suspend(g, true);
         // The attempt's Job is gone; nothing runs: release.
@@ -1526,6 +1543,7 @@ mod lifecycle {
                 quota: None,
                 pods: Some(Vec::new()),
                 confirmed: true,
+                cached_pods: Vec::new(),
                 now: t("2026-11-30T08:00:00Z"),
             },
             &s,
@@ -1544,6 +1562,7 @@ mod lifecycle {
                 quota: None,
                 pods: Some(Vec::new()),
                 confirmed: true,
+                cached_pods: Vec::new(),
                 now: t("2026-11-30T08:00:00Z"),
             },
             &s,
@@ -1581,6 +1600,7 @@ mod lifecycle {
                     quota: answer,
                     pods: Some(Vec::new()),
                     confirmed: true,
+                    cached_pods: Vec::new(),
                     now: t("2026-11-30T07:00:00Z"),
                 },
                 &settings(),
@@ -1721,6 +1741,7 @@ mod v2_values {
                     quota: None,
                     pods: Some(Vec::new()),
                     confirmed: true,
+                    cached_pods: Vec::new(),
                     now: t(now),
                 },
                 &v1,
@@ -2199,522 +2220,4 @@ mod strays {
     }
 }
 
-mod created_suspended {
-    //! Every Job is created suspended and started by the holder as the current
-    //! attempt's: a create delivered late (sent by a replica that then lost the shard)
-    //! brings back a Job that runs nothing.
-
-    use super::*;
-
-    /// Attempt `attempt`'s Job as created, not started; `seen`: the Job controller has
-    /// marked it suspended.
-    fn held(g: &GpuJob, attempt: i32, seen: bool) -> Job {
-        let mut j = desired_job(g, attempt);
-        j.metadata.uid = Some(format!("job-uid-{attempt}"));
-        j.metadata.resource_version = Some(format!("{attempt}01"));
-        if seen {
-            j.status = Some(JobStatus {
-                conditions: Some(vec![JobCondition {
-                    type_: "Suspended".into(),
-                    status: "True".into(),
-                    reason: Some("JobSuspended".into()),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            });
-        }
-        j
-    }
-
-    fn starts(p: &Plan) -> Vec<(&str, &str)> {
-        p.actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::StartJob {
-                    name,
-                    resource_version,
-                    queue: None,
-                } => Some((name.as_str(), resource_version.as_str())),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_new_attempts_job_is_created_suspended() {
-        let g = gpujob(3);
-        let p = run(&g, &[], None, T0);
-        let created = p.actions.iter().find_map(|a| match a {
-            Action::CreateJob { job, .. } => Some(job),
-            _ => None,
-        });
-        let suspend = created
-            .and_then(|j| j.spec.as_ref())
-            .and_then(|s| s.suspend);
-        assert_eq!(suspend, Some(true), "{:?}", p.actions);
-    }
-
-    #[test]
-    fn the_current_attempt_starts_once_the_job_controller_saw_it_suspended() {
-        let g = gpujob(3);
-        let g = with_status(g.clone(), &run(&g, &[], None, T0));
-        // Just created (the create's answer, or the watch's first event): wait for the
-        // Job controller, whose status write is an event.
-        let p = run(&g, &[held(&g, 1, false)], None, "2026-11-30T06:00:01Z");
-        assert!(p.actions.is_empty(), "{:?}", p.actions);
-        assert_eq!(Some(&p.status), g.status.as_ref(), "nothing to write");
-        // Seen suspended: started, on the version seen; the status stays as it is.
-        let p = run(&g, &[held(&g, 1, true)], None, "2026-11-30T06:00:02Z");
-        assert_eq!(starts(&p), vec![("train-1", "101")]);
-        assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
-        assert_eq!(Some(&p.status), g.status.as_ref());
-        // Started: nothing more.
-        let p = run(&g, &[job(&g, 1, None)], None, "2026-11-30T06:00:03Z");
-        assert!(p.actions.is_empty(), "{:?}", p.actions);
-    }
-
-    fn nodes(mut g: GpuJob, nodes: i32) -> GpuJob {
-        g.spec.v2 = Some(V2Only {
-            nodes: Some(nodes),
-            ..V2Only::default()
-        });
-        g
-    }
-
-    #[test]
-    fn a_multi_node_attempts_service_is_created_before_its_job_starts() {
-        let g = nodes(gpujob(3), 2);
-        let first = run(&g, &[], None, T0);
-        assert_eq!(creates(&first), vec![1]);
-        assert!(
-            !first
-                .actions
-                .iter()
-                .any(|a| matches!(a, Action::CreateService { .. })),
-            "the Service is the Job's (owned by it): made once the Job exists: {:?}",
-            first.actions
-        );
-        let g = with_status(g, &first);
-        let p = run(&g, &[held(&g, 1, true)], None, "2026-11-30T06:00:02Z");
-        let kinds: Vec<&str> = p.actions.iter().map(Action::name).collect();
-        assert_eq!(kinds, vec!["CreateService", "StartJob"]);
-        let Action::CreateService {
-            attempt: 1,
-            service: svc,
-        } = &p.actions[0]
-        else {
-            panic!("service")
-        };
-        assert_eq!(svc.metadata.name.as_deref(), Some("train-1"));
-        let owner = &svc.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!(
-            (owner.kind.as_str(), owner.uid.as_str()),
-            ("Job", "job-uid-1")
-        );
-        // Started: nothing more (the Service stays with the Job).
-        let p = run(&g, &[job(&g, 1, None)], None, "2026-11-30T06:00:03Z");
-        assert!(p.actions.is_empty(), "{:?}", p.actions);
-        // One node: no Service.
-        let one = gpujob(3);
-        let one = with_status(one.clone(), &run(&one, &[], None, T0));
-        let p = run(&one, &[held(&one, 1, true)], None, "2026-11-30T06:00:02Z");
-        assert_eq!(starts(&p), vec![("train-1", "101")]);
-        assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
-    }
-
-    #[test]
-    fn a_foreign_service_under_the_attempts_name_keeps_its_job_suspended_and_says_why() {
-        let g = nodes(gpujob(3), 2);
-        let g = with_status(g.clone(), &run(&g, &[], None, T0));
-        let held = [held(&g, 1, true)];
-        let message = "Service ns/train-1 exists and is not this attempt's".to_owned();
-        let refused = Refusal {
-            attempt: 1,
-            reason: SERVICE_NAME_CONFLICT,
-            message: message.clone(),
-        };
-        let jobs = seen(&held);
-        let p = plan(
-            &Observed {
-                gpujob: &g,
-                jobs: jobs.iter().collect(),
-                termination: None,
-                unschedulable: None,
-                queue_wait: None,
-                refused: Some(refused),
-                quota_required: false,
-                quota: None,
-                pods: None,
-                confirmed: true,
-                now: t("2026-11-30T06:00:02Z"),
-            },
-            &settings(),
-        );
-        assert!(p.actions.is_empty(), "not started: {:?}", p.actions);
-        assert_eq!(p.status.phase, Some(Phase::Pending));
-        let c = p.status.condition(READY).unwrap();
-        assert_eq!(
-            (c.reason.as_str(), &c.message),
-            (SERVICE_NAME_CONFLICT, &message)
-        );
-        assert_eq!(p.status.last_error.as_ref(), Some(&message));
-        assert_eq!(p.next, Next::After(Duration::from_secs(30)));
-        // Looked at again: the Service is asked for again, and the Job started if it is.
-        let g = with_status(g, &p);
-        let p = run(&g, &held, None, "2026-11-30T06:00:40Z");
-        let kinds: Vec<&str> = p.actions.iter().map(Action::name).collect();
-        assert_eq!(kinds, vec!["CreateService", "StartJob"]);
-        assert_eq!(p.status.phase, Some(Phase::Running));
-        assert_eq!(ready(&p).1, "JobRunning");
-    }
-
-    #[test]
-    fn a_multi_node_gpujob_whose_name_cannot_name_its_pods_is_an_invalid_spec() {
-        let mut g = nodes(gpujob(3), 2);
-        g.metadata.name = Some("train.v2".into());
-        let p = run(&g, &[], None, T0);
-        assert!(creates(&p).is_empty(), "{:?}", p.actions);
-        assert_eq!(ready(&p), (ConditionStatus::False, INVALID_SPEC.to_owned()));
-        let message = &p.status.condition(READY).unwrap().message;
-        assert!(
-            message.contains("metadata.name") && message.contains("spec.nodes 2"),
-            "{message}"
-        );
-    }
-
-    #[test]
-    fn a_job_made_before_jobs_were_created_suspended_counts_as_started() {
-        let g = gpujob(3);
-        let g = with_status(g.clone(), &run(&g, &[], None, T0));
-        let mut old = job(&g, 1, None);
-        old.spec = None;
-        let p = run(&g, &[old], None, "2026-11-30T06:00:02Z");
-        assert!(p.actions.is_empty(), "{:?}", p.actions);
-    }
-
-    #[test]
-    fn the_current_attempt_is_not_started_while_another_attempts_pods_may_run() {
-        // Attempt 1 failed but its pods still terminate; attempt 2's Job exists (a
-        // create delivered late, say), suspended.
-        let g = gpujob(3);
-        let g2 = running(&g, 2, 1);
-        let mut one = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
-        if let Some(s) = one.status.as_mut() {
-            s.terminating = Some(1);
-        }
-        let p = run(
-            &g2,
-            &[one.clone(), held(&g, 2, true)],
-            None,
-            "2026-11-30T06:01:00Z",
-        );
-        assert!(starts(&p).is_empty(), "{:?}", p.actions);
-        assert_eq!(p.status.phase, Some(Phase::Pending));
-        let c = p.status.condition(READY).unwrap();
-        assert_eq!(c.reason, OLD_ATTEMPT_STOPPING);
-        assert!(
-            c.message.contains("Job train-1 (attempt 1)"),
-            "{}",
-            c.message
-        );
-        // Its pods gone: started.
-        if let Some(s) = one.status.as_mut() {
-            s.terminating = None;
-        }
-        let p = run(&g2, &[one, held(&g, 2, true)], None, "2026-11-30T06:01:05Z");
-        assert_eq!(starts(&p), vec![("train-2", "201")]);
-        assert_eq!(ready(&p).1, "JobRunning");
-    }
-
-    #[test]
-    fn a_job_replaced_or_stopped_before_it_started_is_deleted_not_started() {
-        let g = gpujob(3);
-        let g1 = with_status(g.clone(), &run(&g, &[], None, T0));
-        // A spec change under Recreate: replaced.
-        let mut g2 = g1.clone();
-        g2.metadata.generation = Some(2);
-        let p = run(&g2, &[held(&g1, 1, true)], None, "2026-11-30T06:00:05Z");
-        assert!(starts(&p).is_empty(), "{:?}", p.actions);
-        assert!(
-            p.actions.iter().any(|a| matches!(
-                a,
-                Action::DeleteJob {
-                    why: JobDeletion::Replaced,
-                    ..
-                }
-            )),
-            "{:?}",
-            p.actions
-        );
-        // Suspended: stopped.
-        let mut gs = g1.clone();
-        gs.spec.suspend = true;
-        let p = run(&gs, &[held(&g1, 1, true)], None, "2026-11-30T06:00:05Z");
-        assert!(starts(&p).is_empty(), "{:?}", p.actions);
-        // Being deleted: never started.
-        let mut deleting = held(&g1, 1, true);
-        deleting.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:00:04Z")));
-        let p = run(&g1, &[deleting], None, "2026-11-30T06:00:05Z");
-        assert!(starts(&p).is_empty(), "{:?}", p.actions);
-    }
-
-    #[test]
-    fn under_on_next_attempt_a_spec_change_does_not_hold_the_start() {
-        let mut g = gpujob(3);
-        g.spec.update_policy = crate::api::UpdatePolicy::OnNextAttempt;
-        let g1 = with_status(g.clone(), &run(&g, &[], None, T0));
-        let mut g2 = g1.clone();
-        g2.metadata.generation = Some(2);
-        let p = run(&g2, &[held(&g1, 1, true)], None, "2026-11-30T06:00:05Z");
-        assert_eq!(starts(&p), vec![("train-1", "101")]);
-    }
-
-    fn with_pods(g: &GpuJob, jobs: &[Job], pods: Option<Vec<LivePod>>, now: &str) -> Plan {
-        plan_seeing_pods(g, jobs, None, false, true, pods, now)
-    }
-
-    #[test]
-    fn from_attempt_two_the_pods_are_read_before_the_start_and_an_earlier_ones_waits_it() {
-        // Attempt 1 failed, its Job is gone (kept none); attempt 2's Job is seen
-        // suspended. A Job gone does not prove its pods are: read them first.
-        let g = gpujob(3);
-        let g2 = running(&g, 2, 1);
-        let two = held(&g, 2, true);
-        let now = "2026-11-30T06:01:00Z";
-        let p = with_pods(&g2, std::slice::from_ref(&two), None, now);
-        assert_eq!(
-            p.actions,
-            vec![Action::CheckPods],
-            "a question ends the plan"
-        );
-        // A pod of attempt 1 still stops: not started, said why, looked at again.
-        let stopping = vec![LivePod {
-            name: "train-1-abcde".into(),
-            attempt: Some(1),
-        }];
-        let p = with_pods(&g2, std::slice::from_ref(&two), Some(stopping), now);
-        assert!(starts(&p).is_empty(), "{:?}", p.actions);
-        assert_eq!(p.status.phase, Some(Phase::Pending));
-        assert_eq!(p.next, Next::Backoff, "pods are not watched");
-        let c = p.status.condition(READY).unwrap();
-        assert_eq!(c.reason, OLD_ATTEMPT_STOPPING);
-        assert!(
-            c.message
-                .contains("pod train-1-abcde (attempt 1) has not stopped"),
-            "{}",
-            c.message
-        );
-        // Only attempt 2's own pods (none yet, but they would not count): started.
-        let own = vec![LivePod {
-            name: "train-2-xyz".into(),
-            attempt: Some(2),
-        }];
-        let p = with_pods(&g2, std::slice::from_ref(&two), Some(own), now);
-        assert_eq!(starts(&p), vec![("train-2", "201")]);
-        // Attempt 1 never reads pods: no earlier attempt can have any.
-        let g1 = with_status(g.clone(), &run(&g, &[], None, T0));
-        let p = with_pods(&g1, &[held(&g1, 1, true)], None, "2026-11-30T06:00:02Z");
-        assert_eq!(starts(&p), vec![("train-1", "101")]);
-    }
-
-    #[test]
-    fn a_late_suspended_job_of_another_attempt_is_deleted_not_started() {
-        // Attempt 2 runs; attempt 1's Job came back late, suspended.
-        let g = gpujob(3);
-        let g2 = running(&g, 2, 1);
-        let mut late = held(&g, 1, true);
-        late.metadata.uid = Some("late".into());
-        let p = run(&g2, &[late, job(&g, 2, None)], None, "2026-11-30T06:01:00Z");
-        assert!(starts(&p).is_empty(), "{:?}", p.actions);
-        assert!(
-            p.actions.iter().any(|a| matches!(
-                a,
-                Action::DeleteJob {
-                    why: JobDeletion::Stray,
-                    ..
-                }
-            )),
-            "{:?}",
-            p.actions
-        );
-    }
-
-    mod queued_through_kueue {
-        //! A GpuJob with `spec.queueName`: its current attempt's Job is handed to the
-        //! Kueue LocalQueue (the queue-name label), never unsuspended by the operator;
-        //! Kueue admits (unsuspends) it, and may suspend it again.
-
-        use super::*;
-        use crate::api::LABEL_KUEUE_QUEUE;
-        use crate::status::ADMITTED;
-
-        const FULL: &str = "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor gpu, 8 more needed";
-
-        fn queued(mut g: GpuJob) -> GpuJob {
-            g.spec.v2 = Some(V2Only {
-                queue_name: Some("team-a".into()),
-                ..V2Only::default()
-            });
-            g
-        }
-
-        /// Attempt 1's Job, handed to team-a; `admitted`: Kueue unsuspended it and its
-        /// pod runs.
-        fn handed(g: &GpuJob, admitted: bool) -> Job {
-            let mut j = held(g, 1, true);
-            j.metadata
-                .labels
-                .get_or_insert_with(Default::default)
-                .insert(LABEL_KUEUE_QUEUE.into(), "team-a".into());
-            if admitted {
-                j.spec.as_mut().unwrap().suspend = Some(false);
-                j.status = Some(JobStatus {
-                    active: Some(1),
-                    ready: Some(1),
-                    ..Default::default()
-                });
-            }
-            j
-        }
-
-        fn with_wait(g: &GpuJob, jobs: &[Job], wait: Option<QueueWait>, now: &str) -> Plan {
-            plan(
-                &Observed {
-                    gpujob: g,
-                    jobs: seen(jobs).iter().collect(),
-                    termination: None,
-                    unschedulable: None,
-                    queue_wait: wait,
-                    refused: None,
-                    quota_required: false,
-                    quota: None,
-                    pods: Some(Vec::new()),
-                    confirmed: true,
-                    now: t(now),
-                },
-                &settings(),
-            )
-        }
-
-        fn admitted(p: &Plan) -> (ConditionStatus, String, String) {
-            let c = p.status.condition(ADMITTED).unwrap();
-            (c.status, c.reason.clone(), c.message.clone())
-        }
-
-        fn first_attempt_created(g: GpuJob) -> GpuJob {
-            let p = run(&g, &[], None, T0);
-            assert_eq!(creates(&p), vec![1]);
-            with_status(g, &p)
-        }
-
-        #[test]
-        fn the_current_attempts_job_is_handed_to_its_queue_not_started() {
-            let g = first_attempt_created(queued(gpujob(3)));
-            let p = run(&g, &[held(&g, 1, true)], None, "2026-11-30T06:00:02Z");
-            let Some(Action::StartJob {
-                name,
-                resource_version,
-                queue,
-            }) = p.actions.first()
-            else {
-                panic!("{:?}", p.actions)
-            };
-            assert_eq!(
-                (name.as_str(), resource_version.as_str(), queue.as_deref()),
-                ("train-1", "101", Some("team-a"))
-            );
-            assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
-            assert_eq!(admitted(&p).1, "Queuing");
-        }
-
-        #[test]
-        fn while_kueue_holds_the_job_the_gpujob_is_pending_with_kueues_words() {
-            let g = first_attempt_created(queued(gpujob(3)));
-            let wait = QueueWait {
-                attempt: 1,
-                reason: "Pending".into(),
-                message: FULL.into(),
-            };
-            let p = with_wait(&g, &[handed(&g, false)], Some(wait), "2026-11-30T06:00:05Z");
-            assert!(
-                p.actions.is_empty(),
-                "never started by the operator: {:?}",
-                p.actions
-            );
-            assert_eq!(p.status.phase, Some(Phase::Pending));
-            let c = p.status.condition(READY).unwrap();
-            assert_eq!(c.reason, QUEUED);
-            assert!(
-                c.message.contains("LocalQueue team-a") && c.message.contains(FULL),
-                "{c:?}"
-            );
-            let (status, reason, message) = admitted(&p);
-            assert_eq!(
-                (status, reason.as_str()),
-                (ConditionStatus::False, "Pending")
-            );
-            assert!(message.contains("8 more needed"), "{message}");
-            // Kueue's words change on the Workload, not the Job: looked at again.
-            assert_eq!(p.next, Next::Backoff);
-        }
-
-        #[test]
-        fn once_kueue_admits_the_job_the_gpujob_runs_admitted() {
-            let g = first_attempt_created(queued(gpujob(3)));
-            let p = with_wait(&g, &[handed(&g, true)], None, "2026-11-30T06:00:10Z");
-            assert!(p.actions.is_empty(), "{:?}", p.actions);
-            assert_eq!(p.status.phase, Some(Phase::Running));
-            let (status, reason, message) = admitted(&p);
-            assert_eq!(
-                (status, reason.as_str()),
-                (ConditionStatus::True, "Admitted")
-            );
-            assert!(
-                message.contains("attempt 1") && message.contains("team-a"),
-                "{message}"
-            );
-        }
-
-        #[test]
-        fn a_job_kueue_evicts_is_queued_again_as_the_same_attempt() {
-            let g = first_attempt_created(queued(gpujob(0)));
-            let running = with_wait(&g, &[handed(&g, true)], None, "2026-11-30T06:00:10Z");
-            let g = with_status(g, &running);
-            // Kueue preempted the workload: the Job is suspended again, its pods go.
-            let wait = QueueWait {
-                attempt: 1,
-                reason: "Preempted".into(),
-                message: "Preempted to accommodate a workload of higher priority".into(),
-            };
-            let p = with_wait(&g, &[handed(&g, false)], Some(wait), "2026-11-30T06:01:00Z");
-            assert!(
-                p.actions.is_empty(),
-                "no delete, no new attempt: {:?}",
-                p.actions
-            );
-            assert_eq!(p.status.attempts, 1);
-            assert_eq!(p.status.failures, 0);
-            assert_eq!(p.status.phase, Some(Phase::Pending));
-            assert_eq!(ready(&p).1, QUEUED);
-            assert_eq!(admitted(&p).1, "Preempted");
-        }
-
-        #[test]
-        fn a_queue_name_where_the_operator_reserves_quota_is_an_invalid_spec() {
-            let g = queued(gpujob(3));
-            let p = plan_from(&g, &[], None, true, true, T0);
-            assert!(creates(&p).is_empty(), "{:?}", p.actions);
-            assert!(
-                !p.actions.iter().any(|a| matches!(a, Action::Reserve(..))),
-                "{:?}",
-                p.actions
-            );
-            let c = p.status.condition(READY).unwrap();
-            assert_eq!(c.reason, INVALID_SPEC);
-            assert!(c.message.contains("spec.queueName"), "{c:?}");
-            // Without the quota service the same GpuJob runs.
-            let p = plan_from(&g, &[], None, false, true, T0);
-            assert_eq!(creates(&p), vec![1]);
-        }
-    }
-}
+mod gate;

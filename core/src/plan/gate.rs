@@ -1,0 +1,171 @@
+//! The gate at the pods: the one place that lets an attempt run.
+//!
+//! Every attempt's pod is created with the operator's scheduling gate
+//! ([`crate::api::SCHEDULING_GATE`]), so whatever brings a pod into being (this replica's
+//! create, a create or a removal of a gate that lands late from a replica that lost the
+//! shard, Kueue admitting a Job it labelled itself, the Job controller making a pod for a
+//! Job whose deletion it has not seen yet), that pod is not placed on a node until the
+//! plan lets it go here. It does so pod by pod ([`Action::UngatePod`], which carries the
+//! pod's resourceVersion), and only when all of this holds at once:
+//!
+//! - the view of the GpuJob is known current in this term (the executor confirms it
+//!   first: [`Action::Confirm`]), and its recorded status says the pod's attempt is the
+//!   current one, not replaced, not suspended, not finished;
+//! - the pod's Job is that attempt's Job, not being deleted, built from a generation the
+//!   update policy lets run (`Recreate` replaces an attempt of an older spec instead);
+//! - with external quota, a reservation is usable and covers the GPUs the Job asks for;
+//! - a read of the API server in this reconcile ([`Action::ReadPods`], a quorum list)
+//!   shows the pod waiting at the gate, and no pod of any other Job of the GpuJob that may
+//!   still run ([`SeenPod::may_run`]; one still gated counts, since a removal sent by a
+//!   deposed replica may still land on it).
+//!
+//! A pod of any other attempt is never let go: it stays unschedulable until its Job's
+//! deletion (the plan deletes every Job that is not the current attempt's) takes it.
+
+use super::{Action, Next, OLD_ATTEMPT_STOPPING, Planner, SERVICE_NAME_CONFLICT};
+use crate::api::{ConditionStatus, Phase, UpdatePolicy};
+use crate::rendezvous;
+use crate::seen_job::SeenJob;
+use crate::seen_pod::SeenPod;
+
+impl Planner<'_, '_> {
+    /// Attempt `k` runs (its Job is `job`): lets its pods that wait at the gate go, when
+    /// the gate's conditions hold (module docs); a Job an earlier version created
+    /// suspended and ungated gets the gate first.
+    pub(super) fn release_pods(&mut self, k: i32, job: Option<&SeenJob>) {
+        let Some(job) = job.filter(|j| !j.deleting()) else {
+            return;
+        };
+        if !job.gated {
+            if job.suspended
+                && let Some(rv) = &job.resource_version
+            {
+                self.actions.push(Action::GateJob {
+                    name: job.name.clone(),
+                    resource_version: rv.clone(),
+                    queued: job.queue.is_some(),
+                });
+            }
+            // Started by an earlier version: its pods were let go then.
+            return;
+        }
+        let Some(job_uid) = job.uid.as_deref() else {
+            return;
+        };
+        if job.queued() || !self.pods_wait_at_gate(job_uid) || !self.may_let_go(k, job) {
+            return;
+        }
+        let Some(pods) = self.obs.pods.as_ref() else {
+            self.ask(Action::ReadPods);
+            return;
+        };
+        if let Some(other) = pods.iter().find(|p| !p.of_job(job_uid) && p.may_run()) {
+            let message = format!(
+                "attempt {k} starts once the other attempts' pods are gone: {}",
+                not_stopped(other)
+            );
+            self.next.phase = Some(Phase::Pending);
+            self.ready(ConditionStatus::False, OLD_ATTEMPT_STOPPING, message);
+            // Their end is an event; the backoff bounds a missed one.
+            self.requeue = Next::Backoff;
+            return;
+        }
+        let go: Vec<&SeenPod> = pods
+            .iter()
+            .filter(|p| p.of_job(job_uid) && p.attempt == Some(k) && p.waits_at_gate())
+            .collect();
+        if go.is_empty() {
+            return;
+        }
+        let taken = self
+            .obs
+            .refused
+            .as_ref()
+            .filter(|r| r.attempt == k && r.reason == SERVICE_NAME_CONFLICT);
+        if let Some(r) = taken {
+            // Nothing tells the operator when that Service goes: look again in a while.
+            self.next.phase = Some(Phase::Pending);
+            self.next.last_error = Some(r.message.clone());
+            self.ready(
+                ConditionStatus::False,
+                SERVICE_NAME_CONFLICT,
+                r.message.clone(),
+            );
+            self.requeue = Next::After(self.settings.name_conflict_retry);
+            return;
+        }
+        // A multi-node attempt's pods find each other through its Service from their
+        // first moment: it exists before any of them runs.
+        if let Some(service) = rendezvous::service(job) {
+            self.actions.push(Action::CreateService {
+                attempt: k,
+                service: Box::new(service),
+            });
+        }
+        for p in go {
+            if let (Some(uid), Some(rv)) = (&p.uid, &p.resource_version) {
+                self.actions.push(Action::UngatePod {
+                    name: p.name.clone(),
+                    uid: uid.clone(),
+                    resource_version: rv.clone(),
+                });
+            }
+        }
+    }
+
+    /// Whether a pod of the Job with `job_uid` waits at the gate, as the pod cache or a
+    /// read of this reconcile shows: only then is a read due.
+    fn pods_wait_at_gate(&self, job_uid: &str) -> bool {
+        let waits = |p: &SeenPod| p.of_job(job_uid) && p.waits_at_gate();
+        match &self.obs.pods {
+            Some(read) => read.iter().any(waits),
+            None => self.obs.cached_pods.iter().any(|p| waits(p)),
+        }
+    }
+
+    /// The gate's conditions on the GpuJob and the Job (module docs); the pods are read
+    /// only once these hold.
+    fn may_let_go(&self, k: i32, job: &SeenJob) -> bool {
+        let recorded = &self.current;
+        // The attempt must be recorded before any of its pods runs: a crash after the
+        // gate went must never find a running attempt the status does not name. The
+        // status this plan writes records it; the next look lets the gate go.
+        if recorded.attempts != k
+            || recorded.phase.is_some_and(Phase::is_final)
+            || recorded.replacing_attempt == Some(k)
+            || self.gj.spec.suspend
+        {
+            return false;
+        }
+        let older_spec = job.generation != self.generation;
+        if older_spec
+            && self.gj.spec.update_policy == UpdatePolicy::Recreate
+            && self.invalid.is_none()
+        {
+            // Replaced, not run (`running`).
+            return false;
+        }
+        if self.obs.quota_required {
+            let asks = job.gpus.unwrap_or_else(|| self.gj.spec.total_gpus());
+            if !super::reservation::covers(recorded, asks) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// What Ready says of a pod that may still run.
+pub(super) fn not_stopped(p: &SeenPod) -> String {
+    let of = p
+        .attempt
+        .map_or_else(String::new, |a| format!(" (attempt {a})"));
+    let how = if p.gated {
+        "waits at the gate; it goes with its Job"
+    } else if p.deleting {
+        "is stopping"
+    } else {
+        "has not stopped"
+    };
+    format!("pod {}{of} {how}", p.name)
+}
