@@ -66,6 +66,8 @@ pub struct Metrics {
     pub unconverged: IntGauge,
     pub unconverged_oldest: Gauge,
     pub attempts_started: IntCounter,
+    /// Pods the gate let go (their scheduling gate removed).
+    pub pods_ungated: IntCounter,
     pub attempts_failed: IntCounter,
     pub attempts_uncounted: IntCounter,
     pub quota_refusals: IntCounter,
@@ -304,6 +306,10 @@ impl Metrics {
                 "gpujob_attempts_started_total",
                 "Attempts started (Jobs created)",
             )?,
+            pods_ungated: counter(
+                "gpujob_pods_ungated_total",
+                "Pods of current attempts let go by the operator (scheduling gate removed)",
+            )?,
             attempts_failed: counter(
                 "gpujob_attempts_failed_total",
                 "Attempts observed failed, counted against maxRetries",
@@ -415,6 +421,7 @@ impl Metrics {
             Box::new(self.unconverged.clone()),
             Box::new(self.unconverged_oldest.clone()),
             Box::new(self.attempts_started.clone()),
+            Box::new(self.pods_ungated.clone()),
             Box::new(self.attempts_failed.clone()),
             Box::new(self.attempts_uncounted.clone()),
             Box::new(self.quota_refusals.clone()),

@@ -12,7 +12,10 @@ pub enum ApiCall {
     CreateJob,
     /// A multi-node attempt's headless Service (its create, or the read after a 409).
     CreateService,
-    StartJob,
+    /// The removal of the operator's scheduling gate from a pod of the current attempt.
+    UngatePod,
+    /// The gate added to a Job an earlier version created suspended.
+    GateJob,
     DeleteJob,
     DeleteGpuJob,
     PatchStatus,
@@ -20,14 +23,15 @@ pub enum ApiCall {
 }
 
 impl ApiCall {
-    pub const ALL: [ApiCall; 11] = [
+    pub const ALL: [ApiCall; 12] = [
         ApiCall::ReadGpuJob,
         ApiCall::ReadJob,
         ApiCall::ReadPods,
         ApiCall::ReadWorkload,
         ApiCall::CreateJob,
         ApiCall::CreateService,
-        ApiCall::StartJob,
+        ApiCall::UngatePod,
+        ApiCall::GateJob,
         ApiCall::DeleteJob,
         ApiCall::DeleteGpuJob,
         ApiCall::PatchStatus,
@@ -43,7 +47,8 @@ impl ApiCall {
             ApiCall::ReadWorkload => "read_workload",
             ApiCall::CreateJob => "create_job",
             ApiCall::CreateService => "create_service",
-            ApiCall::StartJob => "start_job",
+            ApiCall::UngatePod => "ungate_pod",
+            ApiCall::GateJob => "gate_job",
             ApiCall::DeleteJob => "delete_job",
             ApiCall::DeleteGpuJob => "delete_gpujob",
             ApiCall::PatchStatus => "patch_status",
@@ -59,7 +64,8 @@ impl ApiCall {
             ApiCall::ReadWorkload => "reading the queued attempt's Kueue Workload",
             ApiCall::CreateJob => "creating the attempt's Job",
             ApiCall::CreateService => "creating the multi-node attempt's headless Service",
-            ApiCall::StartJob => "starting the attempt's Job (created suspended)",
+            ApiCall::UngatePod => "letting the current attempt's pod go (removing the scheduling gate)",
+            ApiCall::GateJob => "adding the scheduling gate to a Job an earlier version created",
             ApiCall::DeleteJob => "deleting an attempt's Job",
             ApiCall::DeleteGpuJob => "deleting the finished GpuJob (its time to live is over)",
             ApiCall::PatchStatus => "patching the GpuJob status",

@@ -9,7 +9,8 @@ use tracing::info;
 
 use super::apply::{self, Answer, End, Read};
 use super::error::Error;
-use super::plan::{LivePod, Next, QuotaAnswer, Refusal, plan};
+use super::plan::{Next, QuotaAnswer, Refusal, plan};
+use super::seen_pod::SeenPod;
 use super::view::Confirmed;
 use super::{Context, Key};
 use crate::quota::QuotaError;
@@ -23,7 +24,7 @@ const MAX_PLANS: usize = 7;
 struct Heard {
     quota: Option<QuotaAnswer>,
     refused: Option<Refusal>,
-    pods: Option<Vec<LivePod>>,
+    pods: Option<Vec<SeenPod>>,
     /// A failed release, reported as this reconcile's error once recorded in status.
     release_error: Option<QuotaError>,
 }
@@ -101,7 +102,7 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
                     }
                 }
                 End::Read(Read::Pods) => {
-                    heard.pods = Some(ctx.view.live_pods(key, &snap).await?);
+                    heard.pods = Some(ctx.view.read_pods(key, &snap).await?);
                     break Then::Plan;
                 }
                 End::Heard(answer) => {

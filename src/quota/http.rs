@@ -54,6 +54,9 @@ impl std::fmt::Debug for HttpProvider {
 #[derive(Deserialize)]
 struct Granted {
     id: String,
+    /// What the reservation holds, when the service says.
+    #[serde(default)]
+    gpus: Option<i32>,
 }
 
 #[derive(Deserialize, Default)]
@@ -251,7 +254,10 @@ impl QuotaProvider for HttpProvider {
                         body: format!("grant without a reservation id: {text}"),
                     });
                 }
-                Ok(Reserve::Granted { id: g.id })
+                Ok(Reserve::Granted {
+                    id: g.id,
+                    gpus: g.gpus,
+                })
             }
             StatusCode::CONFLICT => {
                 let r: Refusal = serde_json::from_str(&text).unwrap_or_default();

@@ -35,6 +35,8 @@ pub struct Call {
 pub enum Reserve {
     Granted {
         id: String,
+        /// The GPUs the service says the reservation holds, when it says.
+        gpus: Option<i32>,
     },
     /// Not enough quota now; ask again later.
     Refused {
@@ -117,7 +119,10 @@ impl Provider {
 impl QuotaProvider for Provider {
     async fn reserve(&self, req: &ReserveRequest, call: &Call) -> Result<Reserve, QuotaError> {
         match self {
-            Provider::None => Ok(Reserve::Granted { id: String::new() }),
+            Provider::None => Ok(Reserve::Granted {
+                id: String::new(),
+                gpus: None,
+            }),
             Provider::Http(h) => h.reserve(req, call).await,
         }
     }

@@ -3,10 +3,11 @@
 //! reconcile's shard is still held in the same term, before its deadline), writes the
 //! status at the end when it changed (a plan may also ask for a status write earlier,
 //! before a step that must find it recorded) and publishes the Events its transitions
-//! deserve (`recorder.rs`). Nothing here decides, and nothing here reads: it returns
-//! what its writes did ([`Outcome`]s, for the view to remember) and how the plan ended;
-//! an answer from the outside (quota, a refused Job) goes back to the plan, and a read the
-//! plan asks for (a confirming read, the GpuJob's pods) goes to the view.
+//! deserve (`recorder.rs`). Nothing here decides. It reads only what a write's answer
+//! needs (the object that holds a stable name after a create's 409); it returns what its
+//! writes did ([`Outcome`]s, for the view to remember) and how the plan ended; an answer
+//! from the outside (quota, a refused Job) goes back to the plan, and a read the plan
+//! asks for (a confirming read, the GpuJob's pods) goes to the view.
 
 mod recorder;
 mod writes;
@@ -18,8 +19,8 @@ use tracing::{info, warn};
 use super::error::Error;
 use super::events::transitions;
 use super::plan::{
-    Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, QuotaAnswer, Refusal,
-    SERVICE_NAME_CONFLICT,
+    Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, OLD_ATTEMPT_STOPPING,
+    QuotaAnswer, Refusal, SERVICE_NAME_CONFLICT,
 };
 use super::view::{Outcome, Snapshot};
 use super::{Context, Fence, Key};
@@ -149,10 +150,17 @@ impl Execution<'_> {
                     failpoint::hit("before-reserve");
                     return Ok(End::Heard(Answer::Quota(
                         match w.reserve(fence, req, *sequence).await? {
-                            Reserve::Granted { id } => {
+                            Reserve::Granted { id, gpus } => {
                                 failpoint::hit("after-reserve");
+                                if let Some(held) = gpus.filter(|g| *g != req.gpus) {
+                                    // The contract's grant holds what was asked; the
+                                    // request is what is recorded (a count taken from a
+                                    // service that disagrees would release and reserve
+                                    // again and again).
+                                    warn!(reservation = %id, asked = req.gpus, held, "the quota service granted a reservation of another size than asked; recording what was asked");
+                                }
                                 info!(reservation = %id, gpus = req.gpus, "GPU quota reserved");
-                                QuotaAnswer::Reserved { id }
+                                QuotaAnswer::Reserved { id, gpus: req.gpus }
                             }
                             Reserve::Refused { reason, message } => {
                                 self.ctx.metrics.quota_refusals.inc();
@@ -188,7 +196,7 @@ impl Execution<'_> {
                         Err(e) => Err(e),
                     };
                 }
-                Action::CheckPods => return Ok(End::Read(Read::Pods)),
+                Action::ReadPods => return Ok(End::Read(Read::Pods)),
                 Action::CreateJob { attempt, job } => {
                     if let Some(refusal) = self.create_job(*attempt, job).await? {
                         return Ok(End::Heard(Answer::Refused(refusal)));
@@ -210,33 +218,36 @@ impl Execution<'_> {
                         "the multi-node attempt's headless Service exists (created now or before)"
                     );
                 }
-                Action::StartJob {
+                Action::UngatePod {
+                    name,
+                    uid,
+                    resource_version,
+                } => {
+                    w.ungate_pod(fence, &key.namespace, name, resource_version)
+                        .await?;
+                    failpoint::hit("after-ungate");
+                    self.ctx.metrics.pods_ungated.inc();
+                    info!(pod = %name, pod_uid = %uid, "let the current attempt's pod go (removed the scheduling gate)");
+                }
+                Action::GateJob {
                     name,
                     resource_version,
-                    queue,
+                    queued,
                 } => {
-                    let started = w
-                        .start_job(
-                            fence,
-                            &key.namespace,
-                            name,
-                            resource_version,
-                            queue.as_deref(),
-                        )
+                    let gated = w
+                        .gate_job(fence, &key.namespace, name, resource_version, *queued)
                         .await;
-                    self.job_write(name, started)?;
-                    match queue {
-                        Some(queue) => info!(
-                            job = %name,
-                            queue = %queue,
-                            "handed the attempt's Job to its Kueue LocalQueue; Kueue starts it on admission"
-                        ),
-                        None => info!(job = %name, "started the attempt's Job (created suspended)"),
-                    }
-                    self.outcomes.push(Outcome::JobStarted {
+                    self.job_write(name, gated)?;
+                    info!(
+                        job = %name,
+                        queued,
+                        "a Job an earlier version created suspended got the scheduling gate{}",
+                        if *queued { "; Kueue starts it on admission" } else { " and was started" }
+                    );
+                    self.outcomes.push(Outcome::JobGated {
                         name: name.clone(),
                         replaced: resource_version.clone(),
-                        queue: queue.clone(),
+                        queued: *queued,
                     });
                 }
                 Action::DeleteJob {
@@ -313,6 +324,24 @@ impl Execution<'_> {
                 job,
                 "attempt's Job already existed (created by an earlier run); adopted",
             ),
+            Created::Other(job) => {
+                let name = job.metadata.name.clone().unwrap_or_default();
+                let message = format!(
+                    "Job {name} of this GpuJob holds attempt {attempt}'s name but is {}; attempt {attempt} is created once it is gone",
+                    if job.metadata.deletion_timestamp.is_some() {
+                        "being deleted"
+                    } else {
+                        "built from another generation of the spec"
+                    }
+                );
+                info!(attempt, "{message}");
+                self.outcomes.push(Outcome::JobCreated(job));
+                return Ok(Some(Refusal {
+                    attempt,
+                    reason: OLD_ATTEMPT_STOPPING,
+                    message,
+                }));
+            }
             Created::Invalid(message) => {
                 warn!(
                     attempt,

@@ -1,26 +1,27 @@
-//! Every call that changes something: to the API server (Jobs, GpuJob status and
-//! finalizers, Events) and to the quota service. Each is fenced: it starts only while
-//! the reconcile's shard is still held in the same term and before that term's deadline.
+//! Every call that changes something: to the API server (Jobs, pods' scheduling gates,
+//! GpuJob status and finalizers, Events) and to the quota service. Each is fenced: it
+//! starts only while the reconcile's shard is still held in the same term and before
+//! that term's deadline.
 //!
 //! Which writes are safe when late (sent after the deadline anyway, by a process paused
 //! between the last fence check and the socket): status and finalizer patches carry the
 //! resourceVersion they were computed from; deletes carry uid and resourceVersion
-//! preconditions; Event series updates carry the Event's resourceVersion; quota calls
+//! preconditions; the removal of a pod's scheduling gate carries the pod's
+//! resourceVersion; Event series updates carry the Event's resourceVersion; quota calls
 //! carry the GpuJob's fencing token (a sequence recorded in its status, with a
 //! resourceVersion precondition, before the call). Such a late write either fails, or
 //! lands on an object no other replica has written since it was read (a new Event is
 //! such an object: it reports a transition this replica recorded while it held the
-//! shard); a Job start (unsuspend) carries the resourceVersion the plan saw. Job
-//! creates use stable names (adopted only when the controller owner uid matches) but
-//! carry no precondition: a name refuses a second create only while the first Job
-//! exists, so a late create can bring back the Job of an attempt that the successor
-//! ended and deleted. Every Job is therefore created suspended, and runs nothing until
-//! the holder starts it as the current attempt's; the plan deletes every Job that is
-//! not the current attempt's and has not finished, and starts no attempt while an
-//! earlier attempt's Job may still have pods.
+//! shard). Job creates use stable names (adopted only when the controller owner uid
+//! matches) but carry no precondition: a name refuses a second create only while the
+//! first Job exists, so a late create can bring back the Job of an attempt that the
+//! successor ended and deleted. So the fence is at the pods: every Job's pods are
+//! created with the operator's scheduling gate, and only the plan's gate
+//! (`core/src/plan/gate.rs`) removes it, from the current attempt's pods; the plan
+//! deletes every Job that is not the current attempt's.
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Client;
 use kube::api::{
     Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
@@ -30,12 +31,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::recorder::Recorder;
-use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus, LABEL_KUEUE_QUEUE};
+use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus, SCHEDULING_GATE};
 use crate::client::FIELD_MANAGER;
 use crate::controller::Fence;
 use crate::controller::error::{ApiCall, Error, api_code};
 use crate::controller::events::Note;
-use crate::controller::job::{is_controlled_by, name_taken};
+use crate::controller::job::{generation_of, is_controlled_by, name_taken};
 use crate::controller::rendezvous;
 use crate::controller::status::merge_patch;
 use crate::lease::{Ownership, Tenure};
@@ -82,6 +83,9 @@ pub enum Created {
     Job(Box<Job>),
     /// Found already created for this GpuJob (an earlier run of the same step).
     Adopted(Box<Job>),
+    /// A Job of this GpuJob holds the name but is not this create's: being deleted, or
+    /// built from another generation (a create that landed late). Not adopted.
+    Other(Box<Job>),
     /// The API server refused it as invalid (422): terminal for this spec.
     Invalid(String),
     /// The name is taken by a Job this GpuJob does not control.
@@ -285,7 +289,13 @@ impl Writer {
         {
             Made::Created(created) => Ok(Created::Job(Box::new(created))),
             Made::Exists(existing) if is_controlled_by(&existing, owner_uid) => {
-                Ok(Created::Adopted(Box::new(existing)))
+                let same = existing.metadata.deletion_timestamp.is_none()
+                    && generation_of(&existing) == generation_of(job);
+                Ok(if same {
+                    Created::Adopted(Box::new(existing))
+                } else {
+                    Created::Other(Box::new(existing))
+                })
             }
             Made::Exists(_) => Ok(Created::NameTaken(name_taken(ns, name))),
             Made::Refused(kube::Error::Api(s)) if s.code == 422 => Ok(Created::Invalid(s.message)),
@@ -323,43 +333,79 @@ impl Writer {
         }
     }
 
-    /// Starts a Job that was created suspended (unsuspends it, or with `queue` gives it
-    /// that Kueue LocalQueue's label), with a resourceVersion precondition: the Job as
-    /// the plan saw it, not one created since under the same name. Changed
-    /// or gone since it was read: `Conflict`, so it is looked at again.
-    pub async fn start_job(
+    /// Lets pod `name` go: removes the operator's scheduling gate (a strategic merge
+    /// patch deleting that gate by name; other gates stay), with the resourceVersion the
+    /// plan's read found as precondition. Changed or gone since: `Conflict`, so the pods
+    /// are read and decided again.
+    pub async fn ungate_pod(
         &self,
         fence: &Fence,
         ns: &str,
         name: &str,
         resource_version: &str,
-        queue: Option<&str>,
+    ) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let patch = json!({
+            "metadata": {"resourceVersion": resource_version},
+            "spec": {"schedulingGates": [{"$patch": "delete", "name": SCHEDULING_GATE}]},
+        });
+        let what = format!("pod {ns}/{name}");
+        self.patch_precondition(fence, &api, &what, name, &patch, ApiCall::UngatePod)
+            .await
+    }
+
+    /// Puts the operator's scheduling gate on the pod template of Job `name`, which an
+    /// earlier version created suspended without it, and unless `queued` (Kueue admits
+    /// it) unsuspends it: one patch with the Job's resourceVersion as precondition. The
+    /// API server lets the scheduling gates of a suspended Job's template change while
+    /// the Job has never run.
+    pub async fn gate_job(
+        &self,
+        fence: &Fence,
+        ns: &str,
+        name: &str,
+        resource_version: &str,
+        queued: bool,
     ) -> Result<(), Error> {
         let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
+        let mut patch = json!({
+            "metadata": {"resourceVersion": resource_version},
+            "spec": {"template": {"spec": {"schedulingGates": [{"name": SCHEDULING_GATE}]}}},
+        });
+        if !queued {
+            patch["spec"]["suspend"] = json!(false);
+        }
+        let what = format!("Job {ns}/{name}");
+        self.patch_precondition(fence, &api, &what, name, &patch, ApiCall::GateJob)
+            .await
+    }
+
+    /// One fenced strategic merge patch of `name` (`what`: its kind, namespace and name,
+    /// for the error) carrying a resourceVersion precondition; the object changed or gone
+    /// since it was read is `Conflict`.
+    async fn patch_precondition<K>(
+        &self,
+        fence: &Fence,
+        api: &Api<K>,
+        what: &str,
+        name: &str,
+        patch: &serde_json::Value,
+        call: ApiCall,
+    ) -> Result<(), Error>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
         let pp = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
-        let patch = match queue {
-            // Still suspended: Kueue unsuspends it once it admits it.
-            Some(queue) => json!({
-                "metadata": {
-                    "resourceVersion": resource_version,
-                    "labels": {LABEL_KUEUE_QUEUE: queue},
-                },
-            }),
-            None => json!({
-                "metadata": {"resourceVersion": resource_version},
-                "spec": {"suspend": false},
-            }),
-        };
         self.check(fence)?;
-        match api.patch(name, &pp, &Patch::Merge(&patch)).await {
+        match api.patch(name, &pp, &Patch::Strategic(patch)).await {
             Ok(_) => Ok(()),
             Err(e) if matches!(api_code(&e), Some(404 | 409)) => Err(Error::Conflict {
-                what: format!("Job {ns}/{name}"),
+                what: what.to_owned(),
             }),
-            Err(e) => Err(self.failed(fence, ApiCall::StartJob, e)),
+            Err(e) => Err(self.failed(fence, call, e)),
         }
     }
 

@@ -38,17 +38,18 @@ struct Entry {
     /// Jobs being deleted in the foreground (name → uid): they stay until their pods
     /// are gone; shown as deleting until the cache says so.
     deleting: BTreeMap<String, String>,
-    /// Jobs started (name → the start): a cached copy at the version the start
-    /// replaced is shown started, until the cache shows a newer one.
-    started: BTreeMap<String, Start>,
+    /// Jobs an earlier version made that got the scheduling gate (name → the patch): a
+    /// cached copy at the version the patch replaced is shown gated, until the cache
+    /// shows a newer one.
+    gated: BTreeMap<String, Gating>,
 }
 
 /// A start the API server accepted: the resourceVersion it replaced, and the Kueue
 /// LocalQueue the Job was handed to (`None`: it was unsuspended).
 #[derive(Debug, Clone)]
-struct Start {
+struct Gating {
     replaced: String,
-    queue: Option<String>,
+    queued: bool,
 }
 
 impl Entry {
@@ -60,7 +61,7 @@ impl Entry {
             && self.created.is_empty()
             && self.deleted.is_empty()
             && self.deleting.is_empty()
-            && self.started.is_empty()
+            && self.gated.is_empty()
     }
 }
 
@@ -163,7 +164,7 @@ impl WriteMemory {
                 .iter()
                 .any(|j| j.name == *name && j.uid.as_deref() == Some(uid.as_str()) && !j.deleting())
         });
-        entry.started.retain(|name, start| {
+        entry.gated.retain(|name, start| {
             cached.iter().any(|j| {
                 j.name == *name && j.resource_version.as_deref() == Some(start.replaced.as_str())
             })
@@ -174,8 +175,8 @@ impl WriteMemory {
                 .filter(|j| !entry.deleted.contains_key(&j.name))
                 .map(|j| {
                     let deleting = entry.deleting.contains_key(&j.name);
-                    let started = entry.started.get(&j.name);
-                    if !deleting && started.is_none() {
+                    let gating = entry.gated.get(&j.name);
+                    if !deleting && gating.is_none() {
                         return j;
                     }
                     let mut shown = (*j).clone();
@@ -186,11 +187,12 @@ impl WriteMemory {
                                 jiff::Timestamp::now(),
                             ));
                     }
-                    if let Some(start) = started {
-                        // Started; the cache still shows the version the start replaced.
-                        match &start.queue {
-                            Some(queue) => shown.queue = Some(queue.clone()),
-                            None => shown.suspended = false,
+                    if let Some(gating) = gating {
+                        // Gated (and started unless Kueue starts it); the cache still
+                        // shows the version the patch replaced.
+                        shown.gated = true;
+                        if !gating.queued {
+                            shown.suspended = false;
                         }
                     }
                     Arc::new(shown)
@@ -230,7 +232,7 @@ impl WriteMemory {
             }
             entry.deleted.remove(name);
             entry.deleting.remove(name);
-            entry.started.remove(name);
+            entry.gated.remove(name);
         } else {
             entry.created.remove(name);
             if !entry.deleted.get(name).is_some_and(same) {
@@ -241,10 +243,10 @@ impl WriteMemory {
             {
                 entry.deleting.remove(name);
             }
-            if entry.started.get(name).map(|s| s.replaced.as_str())
+            if entry.gated.get(name).map(|s| s.replaced.as_str())
                 != job.metadata.resource_version.as_deref()
             {
-                entry.started.remove(name);
+                entry.gated.remove(name);
             }
         }
         if entry.is_empty() {
@@ -286,22 +288,22 @@ impl WriteMemory {
         }
     }
 
-    /// Records a start the API server accepted (an unsuspend, or with `queue` a hand-over
-    /// to that Kueue LocalQueue), of the Job `name` at resourceVersion `replaced`: until
-    /// the cache shows a newer version, the Job is shown started (else the next look
-    /// would start it again, and be refused).
-    pub fn job_started(
+    /// Records the scheduling gate the API server accepted on Job `name` (made suspended
+    /// by an earlier version; unless `queued`, also started) at resourceVersion
+    /// `replaced`: until the cache shows a newer version, the Job is shown gated (else
+    /// the next look would patch it again, and be refused).
+    pub fn job_gated(
         &self,
         key: &Key,
         owner: &GpuJob,
         name: String,
         replaced: String,
-        queue: Option<String>,
+        queued: bool,
     ) {
         let mut entries = self.lock();
         entry(&mut entries, key, owner)
-            .started
-            .insert(name, Start { replaced, queue });
+            .gated
+            .insert(name, Gating { replaced, queued });
     }
 
     /// Records a delete the API server accepted. `foreground`: the Job stays, deleting,
@@ -338,7 +340,7 @@ impl WriteMemory {
     }
 
     /// A relist of Jobs is complete: the cache holds what the API server has, so what
-    /// is remembered about Jobs (created, deleted, being deleted, started) goes. Returns the
+    /// is remembered about Jobs (created, deleted, being deleted, gated) goes. Returns the
     /// GpuJobs it was about, to be looked at again: a Job may have come and gone
     /// between two lists, with no event the cache could pass on.
     pub fn jobs_relisted(&self) -> Vec<Key> {
@@ -347,7 +349,7 @@ impl WriteMemory {
             if e.created.is_empty()
                 && e.deleted.is_empty()
                 && e.deleting.is_empty()
-                && e.started.is_empty()
+                && e.gated.is_empty()
             {
                 return true;
             }
@@ -355,7 +357,7 @@ impl WriteMemory {
             e.created.clear();
             e.deleted.clear();
             e.deleting.clear();
-            e.started.clear();
+            e.gated.clear();
             !e.is_empty()
         });
         keys
@@ -661,9 +663,10 @@ mod tests {
     }
 
     #[test]
-    fn a_started_job_shows_started_until_the_cache_shows_a_newer_version() {
+    fn a_gated_job_shows_gated_until_the_cache_shows_a_newer_version() {
         let m = WriteMemory::default();
         let owner = gj("1", "u");
+        // Made suspended and without the gate by an earlier version.
         let suspended = |rv: &str| {
             let mut j = job("a-1", "j1");
             j.metadata.resource_version = Some(rv.into());
@@ -674,39 +677,34 @@ mod tests {
             j
         };
         let cached = |rv: &str| vec![Arc::new(SeenJob::of(&suspended(rv)).unwrap())];
-        m.job_started(&key(), &owner, "a-1".into(), "5".into(), None);
+        m.job_gated(&key(), &owner, "a-1".into(), "5".into(), false);
         let shown = m.jobs(&key(), "u", || cached("5"));
-        assert!(!shown[0].suspended, "started, though the cache lags");
+        assert!(
+            !shown[0].suspended && shown[0].gated,
+            "gated and started, though the cache lags"
+        );
         assert_eq!(shown[0].resource_version.as_deref(), Some("5"));
         // A newer version (suspended again by someone, say) is the cache's word.
         let shown = m.jobs(&key(), "u", || cached("6"));
-        assert!(shown[0].suspended);
+        assert!(shown[0].suspended && !shown[0].gated);
         assert_eq!(m.entries(), 0, "nothing left to remember");
         // The watch delivering a newer version forgets it too, as does its deletion.
-        m.job_started(&key(), &owner, "a-1".into(), "5".into(), None);
+        m.job_gated(&key(), &owner, "a-1".into(), "5".into(), false);
         m.job_seen(&key(), &suspended("5"), false);
         assert_eq!(
             m.entries(),
             1,
-            "the version the start replaced settles nothing"
+            "the version the patch replaced settles nothing"
         );
         m.job_seen(&key(), &suspended("7"), false);
         assert_eq!(m.entries(), 0);
-        m.job_started(&key(), &owner, "a-1".into(), "5".into(), None);
+        m.job_gated(&key(), &owner, "a-1".into(), "5".into(), false);
         m.job_seen(&key(), &suspended("5"), true);
         assert_eq!(m.entries(), 0);
-        // Handed to a Kueue queue: shown queued, still suspended (Kueue starts it), so
-        // the next look neither hands it over again nor calls it running.
-        m.job_started(
-            &key(),
-            &owner,
-            "a-1".into(),
-            "5".into(),
-            Some("team".into()),
-        );
+        // In a Kueue queue: gated, still suspended (Kueue starts it).
+        m.job_gated(&key(), &owner, "a-1".into(), "5".into(), true);
         let shown = m.jobs(&key(), "u", || cached("5"));
-        assert_eq!(shown[0].queue.as_deref(), Some("team"));
-        assert!(shown[0].suspended && shown[0].started() && shown[0].queued());
+        assert!(shown[0].suspended && shown[0].gated);
     }
 
     #[test]

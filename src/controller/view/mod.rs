@@ -29,6 +29,7 @@ use kube::runtime::watcher::Event;
 use super::{Fence, Key};
 use crate::api::GpuJob;
 use crate::controller::seen_job::SeenJob;
+use crate::controller::seen_pod::SeenPod;
 use cache::{GpuJobCache, JobIndex, owner_of};
 use memory::WriteMemory;
 pub use observe::Snapshot;
@@ -46,11 +47,12 @@ pub enum Outcome {
     },
     /// A Job was created, or found already created for this GpuJob (adopted).
     JobCreated(Box<Job>),
-    /// Job `name` was started (unsuspended) from version `replaced`.
-    JobStarted {
+    /// Job `name`, made suspended by an earlier version, got the scheduling gate (and,
+    /// unless `queued`, was started) from version `replaced`.
+    JobGated {
         name: String,
         replaced: String,
-        queue: Option<String>,
+        queued: bool,
     },
     /// Job `name` (uid `uid`) was deleted; `foreground`: it stays until its pods are gone.
     JobDeleted {
@@ -193,6 +195,11 @@ impl View {
         self.jobs.wait_ready().await;
     }
 
+    /// The pods of the GpuJob with `uid`, as the pod cache has them.
+    pub fn pods_of(&self, _uid: &str) -> Vec<Arc<SeenPod>> {
+        Vec::new()
+    }
+
     /// How many GpuJobs and Jobs the caches hold.
     pub fn cached(&self) -> (usize, usize) {
         (self.gpujobs.len(), self.jobs.len())
@@ -248,13 +255,13 @@ impl View {
                         "a created Job without a GpuJob controller reference cannot be seen; the GpuJob waits for its cache"
                     ),
                 },
-                Outcome::JobStarted {
+                Outcome::JobGated {
                     name,
                     replaced,
-                    queue,
+                    queued,
                 } => {
                     self.memory
-                        .job_started(key, &snap.gpujob, name, replaced, queue);
+                        .job_gated(key, &snap.gpujob, name, replaced, queued);
                     self.show_remembered_jobs(key, snap);
                 }
                 Outcome::JobDeleted {
@@ -307,15 +314,15 @@ impl View {
         Ok(Confirmed::Moved)
     }
 
-    /// The snapshot's GpuJob's pods that have not terminated, read from the API server
-    /// (asked for by the plan: [`crate::controller::plan::Action::CheckPods`]).
-    pub async fn live_pods(
+    /// The snapshot's GpuJob's pods, read from the API server (a quorum list; asked for
+    /// by the plan: [`crate::controller::plan::Action::ReadPods`]).
+    pub async fn read_pods(
         &self,
         key: &Key,
         snap: &Snapshot,
-    ) -> Result<Vec<crate::controller::plan::LivePod>, super::error::Error> {
+    ) -> Result<Vec<SeenPod>, super::error::Error> {
         let uid = snap.gpujob.metadata.uid.as_deref().unwrap_or_default();
-        observe::live_pods(self, &key.namespace, uid).await
+        observe::read_pods(self, &key.namespace, uid).await
     }
 
     /// The snapshot and the memory follow a GpuJob this replica just wrote, or read from

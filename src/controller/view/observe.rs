@@ -14,14 +14,15 @@ use kube::core::GroupVersionKind;
 use jiff::Timestamp;
 
 use super::View;
-use crate::api::{GpuJob, LABEL_ATTEMPT, LABEL_UID, Phase};
+use crate::api::{GpuJob, LABEL_UID, Phase};
 use crate::controller::error::{ApiCall, Error};
 use crate::controller::job::{job_name, name_taken};
 use crate::controller::plan::{
-    JOB_NAME_CONFLICT, JobState, LivePod, Observed, PodsWaiting, QueueWait, QuotaAnswer, Refusal,
+    JOB_NAME_CONFLICT, JobState, Observed, PodsWaiting, QueueWait, QuotaAnswer, Refusal,
     Termination, Unschedulable, pods_waiting, seen_state,
 };
 use crate::controller::seen_job::SeenJob;
+use crate::controller::seen_pod::SeenPod;
 use crate::controller::status::READY;
 use crate::controller::{Fence, Key};
 
@@ -29,6 +30,9 @@ use crate::controller::{Fence, Key};
 pub struct Snapshot {
     pub gpujob: Arc<GpuJob>,
     pub jobs: Vec<Arc<SeenJob>>,
+    /// The GpuJob's pods as the pod cache has them (it may lag: they only tell the plan
+    /// that a read is due).
+    pub cached_pods: Vec<Arc<SeenPod>>,
     pub termination: Option<Termination>,
     pub unschedulable: Option<Unschedulable>,
     pub queue_wait: Option<QueueWait>,
@@ -47,7 +51,7 @@ impl Snapshot {
         quota_required: bool,
         quota: Option<QuotaAnswer>,
         refused: Option<Refusal>,
-        pods: Option<Vec<LivePod>>,
+        pods: Option<Vec<SeenPod>>,
         now: Timestamp,
     ) -> Observed<'_> {
         Observed {
@@ -60,6 +64,7 @@ impl Snapshot {
             quota_required,
             quota,
             pods,
+            cached_pods: self.cached_pods.iter().map(AsRef::as_ref).collect(),
             confirmed: self.confirmed,
             now,
         }
@@ -131,9 +136,11 @@ pub(super) async fn observe(
             .term_starts
             .covers(fence.shard, fence.epoch, &key.namespace, rv)
             .await;
+    let cached_pods = view.pods_of(&uid);
     Ok(Some(Snapshot {
         gpujob,
         jobs,
+        cached_pods,
         termination,
         unschedulable,
         queue_wait,
@@ -349,33 +356,17 @@ async fn unschedulable_of(
     }))
 }
 
-/// The GpuJob's pods (label `gpujob.dev/uid`) that have not terminated, read from the
-/// API server (a pod may outlive its Job: [`crate::controller::plan::Action::CheckPods`]).
-pub(super) async fn live_pods(view: &View, ns: &str, uid: &str) -> Result<Vec<LivePod>, Error> {
+/// The GpuJob's pods (label `gpujob.dev/uid`), read from the API server: a list without
+/// a resourceVersion, which the API server answers with what is current (a quorum read).
+/// Asked for by the plan ([`crate::controller::plan::Action::ReadPods`]) before a gate
+/// goes or quota is released.
+pub(super) async fn read_pods(view: &View, ns: &str, uid: &str) -> Result<Vec<SeenPod>, Error> {
     let pods: Api<Pod> = Api::namespaced(view.client.clone(), ns);
     let list = pods
         .list(&ListParams::default().labels(&format!("{LABEL_UID}={uid}")))
         .await
         .map_err(Error::kube(ApiCall::ReadPods))?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter(|p| {
-            !matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            )
-        })
-        .map(|p| LivePod {
-            attempt: p
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_ATTEMPT))
-                .and_then(|a| a.parse().ok()),
-            name: p.metadata.name.unwrap_or_default(),
-        })
-        .collect())
+    Ok(list.items.iter().filter_map(SeenPod::of).collect())
 }
 
 /// The pods of `job`, found by its `controller-uid` label (none for a Job without uid).

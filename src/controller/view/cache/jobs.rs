@@ -66,9 +66,14 @@ struct Kept {
     resource_version: Option<String>,
     #[serde(rename = "d", default, skip_serializing_if = "Option::is_none")]
     deletion_timestamp: Option<Time>,
-    /// Only while true: a started Job says nothing.
+    /// Only while true: a running Job says nothing.
     #[serde(rename = "p", default, skip_serializing_if = "std::ops::Not::not")]
     suspended: bool,
+    /// Only while false: every Job this version builds is gated.
+    #[serde(rename = "ng", default, skip_serializing_if = "std::ops::Not::not")]
+    ungated: bool,
+    #[serde(rename = "gp", default, skip_serializing_if = "Option::is_none")]
+    gpus: Option<i32>,
     #[serde(rename = "a", default, skip_serializing_if = "Option::is_none")]
     attempt: Option<i32>,
     #[serde(rename = "g", default, skip_serializing_if = "Option::is_none")]
@@ -106,6 +111,8 @@ impl Cached {
             resource_version: seen.resource_version.clone(),
             deletion_timestamp: seen.deletion_timestamp.clone(),
             suspended: seen.suspended,
+            ungated: !seen.gated,
+            gpus: seen.gpus,
             attempt: seen.attempt,
             generation: seen.generation,
             failure_rules: seen.failure_rules.clone(),
@@ -186,6 +193,8 @@ impl Cached {
             resource_version: kept.resource_version,
             deletion_timestamp: kept.deletion_timestamp,
             suspended: kept.suspended,
+            gated: !kept.ungated,
+            gpus: kept.gpus,
             attempt: kept.attempt,
             generation: kept.generation,
             failure_rules: kept.failure_rules,
@@ -784,7 +793,8 @@ mod tests {
                 SeenJob::of(&full).as_ref(),
                 "the same as the full Job seen"
             );
-            assert!(cached.suspended, "not started: created suspended");
+            assert!(!cached.suspended && cached.gated, "created running, its pods gated");
+            assert_eq!(cached.gpus, Some(1));
             assert_eq!(cached.name, "a-2");
             assert_eq!(cached.uid.as_deref(), Some("j1"));
             assert_eq!(cached.resource_version.as_deref(), Some("7"));
