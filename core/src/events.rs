@@ -71,6 +71,23 @@ pub fn unrecognized_job_deleted(job: &str, attempt: Option<i32>, recorded: i32) 
     )
 }
 
+/// A pod deleted because it waits at the operator's gate and is not the current
+/// attempt's (`current`; `None`: the GpuJob has finished): it never ran.
+pub fn stray_pod_deleted(pod: &str, attempt: Option<i32>, current: Option<i32>) -> Note {
+    let of = attempt.map_or_else(String::new, |a| format!(" (attempt {a})"));
+    let instead = match current {
+        Some(c) => format!("attempt {c} is the current one"),
+        None => "the GpuJob has finished".to_owned(),
+    };
+    note(
+        Kind::Warning,
+        "StrayPodDeleted",
+        format!(
+            "deleting pod {pod}{of}: it waits at the operator's scheduling gate, but {instead}; it never ran"
+        ),
+    )
+}
+
 /// The Events for the change from `before` to `after`.
 pub fn transitions(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
     let mut out = lifecycle(before, after);

@@ -14,6 +14,8 @@ pub enum ApiCall {
     CreateService,
     /// The removal of the operator's scheduling gate from a pod of the current attempt.
     UngatePod,
+    /// The delete of a pod that waits at the gate and is not the current attempt's.
+    DeletePod,
     /// The gate added to a Job an earlier version created suspended.
     GateJob,
     DeleteJob,
@@ -23,7 +25,7 @@ pub enum ApiCall {
 }
 
 impl ApiCall {
-    pub const ALL: [ApiCall; 12] = [
+    pub const ALL: [ApiCall; 13] = [
         ApiCall::ReadGpuJob,
         ApiCall::ReadJob,
         ApiCall::ReadPods,
@@ -31,6 +33,7 @@ impl ApiCall {
         ApiCall::CreateJob,
         ApiCall::CreateService,
         ApiCall::UngatePod,
+        ApiCall::DeletePod,
         ApiCall::GateJob,
         ApiCall::DeleteJob,
         ApiCall::DeleteGpuJob,
@@ -48,6 +51,7 @@ impl ApiCall {
             ApiCall::CreateJob => "create_job",
             ApiCall::CreateService => "create_service",
             ApiCall::UngatePod => "ungate_pod",
+            ApiCall::DeletePod => "delete_pod",
             ApiCall::GateJob => "gate_job",
             ApiCall::DeleteJob => "delete_job",
             ApiCall::DeleteGpuJob => "delete_gpujob",
@@ -65,6 +69,7 @@ impl ApiCall {
             ApiCall::CreateJob => "creating the attempt's Job",
             ApiCall::CreateService => "creating the multi-node attempt's headless Service",
             ApiCall::UngatePod => "letting the current attempt's pod go (removing the scheduling gate)",
+            ApiCall::DeletePod => "deleting a pod that waits at the gate and is not the current attempt's",
             ApiCall::GateJob => "adding the scheduling gate to a Job an earlier version created",
             ApiCall::DeleteJob => "deleting an attempt's Job",
             ApiCall::DeleteGpuJob => "deleting the finished GpuJob (its time to live is over)",

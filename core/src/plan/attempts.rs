@@ -115,7 +115,7 @@ pub fn pods_waiting(job: &SeenJob, now: Timestamp) -> PodsWaiting {
 /// gone, terminating ones included), or it counts terminating pods (Kubernetes before
 /// the terminal condition waited for them could mark a Job finished while its pods
 /// still stopped).
-pub(super) fn live(job: &SeenJob) -> bool {
+pub(in crate::plan) fn live(job: &SeenJob) -> bool {
     seen_state(job) == JobState::Active
         || job.deleting()
         || job.status.terminating.is_some_and(|n| n > 0)

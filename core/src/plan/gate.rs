@@ -20,10 +20,13 @@
 //!   deposed replica may still land on it).
 //!
 //! A pod of any other attempt is never let go: it stays unschedulable until its Job's
-//! deletion (the plan deletes every Job that is not the current attempt's) takes it.
+//! deletion (the plan deletes every Job that is not the current attempt's) takes it, or
+//! the plan deletes the pod itself ([`Action::DeletePod`]: one whose Job stays, or is
+//! gone).
 
 use super::{Action, Next, OLD_ATTEMPT_STOPPING, Planner, SERVICE_NAME_CONFLICT};
 use crate::api::{ConditionStatus, Phase, UpdatePolicy};
+use crate::events::{Note, stray_pod_deleted};
 use crate::rendezvous;
 use crate::seen_job::SeenJob;
 use crate::seen_pod::SeenPod;
@@ -152,6 +155,55 @@ impl Planner<'_, '_> {
             }
         }
         true
+    }
+}
+
+impl Planner<'_, '_> {
+    /// Deletes the pods that wait at the gate but are not attempt `current`'s (`None`: the
+    /// GpuJob has finished): made from a Job that is not deleted with them (a stray Job is,
+    /// in this plan or before, and its pods with it), or owned by no Job of this GpuJob.
+    /// They never ran; until they are gone, they hold the current attempt's gate.
+    pub(super) fn stop_stray_pods(&mut self, current: Option<i32>) {
+        let current_job = current
+            .and_then(|k| self.by_attempt.get(&k))
+            .and_then(|j| j.uid.clone());
+        let jobs = &self.obs.jobs;
+        let stray = |p: &SeenPod| {
+            p.waits_at_gate()
+                && current_job.as_deref().is_none_or(|uid| !p.of_job(uid))
+                && !jobs.iter().any(|j| {
+                    j.uid.is_some()
+                        && j.uid == p.job_uid
+                        && (j.deleting() || super::attempts::live(j))
+                })
+        };
+        let seen = match &self.obs.pods {
+            Some(read) => read.iter().any(stray),
+            None => self.obs.cached_pods.iter().any(|p| stray(p)),
+        };
+        if !seen {
+            return;
+        }
+        let Some(pods) = self.obs.pods.as_ref() else {
+            self.ask(Action::ReadPods);
+            return;
+        };
+        let deletes: Vec<(Action, Note)> = pods
+            .iter()
+            .filter(|p| stray(p))
+            .filter_map(|p| {
+                let delete = Action::DeletePod {
+                    name: p.name.clone(),
+                    uid: p.uid.clone()?,
+                    resource_version: p.resource_version.clone()?,
+                };
+                Some((delete, stray_pod_deleted(&p.name, p.attempt, current)))
+            })
+            .collect();
+        for (delete, note) in deletes {
+            self.actions.push(delete);
+            self.actions.push(Action::Publish(note));
+        }
     }
 }
 

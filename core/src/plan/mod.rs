@@ -261,6 +261,16 @@ pub enum Action {
         uid: String,
         resource_version: String,
     },
+    /// Delete a pod that waits at the gate but is not the current attempt's (made from a
+    /// Job that is no longer deleted, or owned by none), with uid and resourceVersion
+    /// preconditions: it never ran and never will, but until it is gone it holds the
+    /// next attempt's gate (its gate could have been removed late). Only `gate.rs` plans
+    /// it.
+    DeletePod {
+        name: String,
+        uid: String,
+        resource_version: String,
+    },
     /// A Job an earlier version of the operator created suspended, whose pod template
     /// has no gate: the gate is added to its template, and unless it waits for Kueue
     /// (`queued`) it is unsuspended, in one patch with the Job's resourceVersion as
@@ -302,6 +312,7 @@ impl Action {
             Action::CreateJob { .. } => "CreateJob",
             Action::CreateService { .. } => "CreateService",
             Action::UngatePod { .. } => "UngatePod",
+            Action::DeletePod { .. } => "DeletePod",
             Action::GateJob { .. } => "GateJob",
             Action::DeleteJob { .. } => "DeleteJob",
             Action::Publish(_) => "Publish",
@@ -330,6 +341,7 @@ impl Action {
                 | Action::CreateJob { .. }
                 | Action::CreateService { .. }
                 | Action::UngatePod { .. }
+                | Action::DeletePod { .. }
                 | Action::GateJob { .. }
                 | Action::DeleteJob { .. }
         )
@@ -534,6 +546,7 @@ impl<'a, 'o> Planner<'a, 'o> {
             self.finished();
             // Nothing of a finished GpuJob runs.
             self.stop_strays(None);
+            self.stop_stray_pods(None);
             self.current.attempts
         } else {
             self.suspension();
@@ -542,6 +555,7 @@ impl<'a, 'o> Planner<'a, 'o> {
             }
             let attempt = self.attempts();
             self.stop_strays(Some(attempt));
+            self.stop_stray_pods(Some(attempt));
             attempt
         };
         self.collect_old_jobs(attempt);

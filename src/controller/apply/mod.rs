@@ -229,6 +229,15 @@ impl Execution<'_> {
                     self.ctx.metrics.pods_ungated.inc();
                     info!(pod = %name, pod_uid = %uid, "let the current attempt's pod go (removed the scheduling gate)");
                 }
+                Action::DeletePod {
+                    name,
+                    uid,
+                    resource_version,
+                } => {
+                    w.delete_pod(fence, &key.namespace, name, uid, resource_version)
+                        .await?;
+                    warn!(pod = %name, "deleted a pod that waited at the scheduling gate and is not the current attempt's (it never ran)");
+                }
                 Action::GateJob {
                     name,
                     resource_version,

@@ -440,6 +440,35 @@ impl Writer {
             .await
     }
 
+    /// Deletes a pod that waits at the gate and is not the current attempt's, with uid and
+    /// resourceVersion preconditions (changed since it was read: `Conflict`, read again).
+    /// It was never placed, so it goes at once.
+    pub async fn delete_pod(
+        &self,
+        fence: &Fence,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        resource_version: &str,
+    ) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let target = Target {
+            what: "pod",
+            ns,
+            name,
+            uid,
+            resource_version,
+        };
+        self.delete(
+            fence,
+            &api,
+            &target,
+            PropagationPolicy::Background,
+            ApiCall::DeletePod,
+        )
+        .await
+    }
+
     /// Deletes the GpuJob itself, with uid and resourceVersion preconditions (a GpuJob
     /// changed since it was read, a rerun asked for say, is decided again). Its Jobs go
     /// with it (owner references); a quota finalizer still holds it until released.

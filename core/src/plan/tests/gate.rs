@@ -872,3 +872,69 @@ mod recognized_attempts {
         assert!(c.message.contains("64 characters"), "{}", c.message);
     }
 }
+
+#[test]
+fn a_gated_pod_of_another_attempt_whose_job_stays_is_deleted_then_the_gate_goes() {
+    // Attempt 1 failed and its Job is kept; a pod made from it (the Job controller
+    // racing its end) waits at the gate. Attempt 2 is current and its pod waits too.
+    let g = gpujob(3);
+    let g2 = running(&g, 2, 1);
+    let one = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
+    let jobs = [one, made(&g, 2)];
+    let race = pod(1, 9);
+    let now = "2026-11-30T06:01:00Z";
+    let p = Seen::new(&g2, &jobs)
+        .cached(&[race.clone(), pod(2, 0)])
+        .plan(now);
+    assert_eq!(kinds(&p), vec!["ReadPods"]);
+    let p = Seen::new(&g2, &jobs)
+        .cached(&[race.clone(), pod(2, 0)])
+        .read(&[race.clone(), pod(2, 0)])
+        .plan(now);
+    assert!(ungates(&p).is_empty(), "not while it may run: {:?}", p.actions);
+    assert!(
+        p.actions.iter().any(|a| matches!(a, Action::DeletePod { name, resource_version, .. }
+            if name == "train-1-9" && resource_version == "197")),
+        "{:?}",
+        p.actions
+    );
+    assert!(
+        p.actions.iter().any(|a| matches!(a, Action::Publish(n) if n.reason == "StrayPodDeleted")),
+        "{:?}",
+        p.actions
+    );
+    // Deleted (never placed): the gate goes.
+    let mut going = race;
+    going.deleting = true;
+    let p = Seen::new(&g2, &jobs)
+        .cached(&[going.clone(), pod(2, 0)])
+        .read(&[going, pod(2, 0)])
+        .plan(now);
+    assert_eq!(ungates(&p), vec![("train-2-0", "207")]);
+    assert!(
+        !p.actions.iter().any(|a| matches!(a, Action::DeletePod { .. })),
+        "{:?}",
+        p.actions
+    );
+}
+
+#[test]
+fn the_pods_of_a_stray_job_go_with_it() {
+    // A stray Job (attempt 1 back, late) is deleted in the foreground: its gated pods
+    // go with it, no pod delete of their own.
+    let g = gpujob(3);
+    let g2 = running(&g, 2, 1);
+    let mut late = made(&g, 1);
+    late.metadata.uid = Some("job-uid-1".into());
+    let jobs = [late, made(&g, 2)];
+    let p = Seen::new(&g2, &jobs)
+        .cached(&[pod(1, 0)])
+        .read(&[pod(1, 0)])
+        .plan("2026-11-30T06:01:00Z");
+    assert_eq!(stray_deletes(&p), vec!["train-1"]);
+    assert!(
+        !p.actions.iter().any(|a| matches!(a, Action::DeletePod { .. })),
+        "{:?}",
+        p.actions
+    );
+}
