@@ -16,11 +16,13 @@ use gpujob_operator::api::{
     Condition, ConditionStatus, GpuJob, LABEL_KUEUE_QUEUE, LABEL_UID, Phase,
 };
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use gpujob_operator::controller::job::desired_job;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
-use support::kueue::{Kueue, gpu_queue, kueue_crds, workload_of};
+use support::attempts::AttemptWatch;
+use support::kueue::{Kueue, gpu_queue, gpu_queue_named, kueue_crds, workload_of};
 use support::{TestEnv, phase, sim_env, test_crd};
 
 fn condition<'a>(g: &'a GpuJob, type_: &str) -> Option<&'a Condition> {
@@ -309,5 +311,90 @@ async fn a_gpujob_queued_where_kueue_is_not_installed_says_so_and_runs_nothing()
             .map(String::as_str),
         Some("team")
     );
+    drop(op);
+}
+
+/// Kueue's LocalQueue defaulting labels (and suspends) every new Job of a namespace with
+/// a LocalQueue named `default`: the operator's Jobs too, with no `spec.queueName`. Kueue
+/// then admits and starts the attempt, not the operator; its pods still wait at the
+/// operator's gate until the operator lets them go, and a multi-node attempt's Service
+/// exists before they run (before the gate, a Job labelled by Kueue counted as started:
+/// no Service was made and the pods could not find each other). A Job of another attempt
+/// (a create that lands late, made here as the operator makes Jobs) is admitted by Kueue
+/// as well: its pods never leave the gate, and it is deleted.
+#[tokio::test]
+async fn a_job_kueue_labels_by_default_runs_only_through_the_operators_gate() {
+    let env = TestEnv::private_with_crds("kueue-default", vec![test_crd(), kueue_crds()]).await;
+    let _kueue = Kueue::start_with_job_webhook(&env).await;
+    gpu_queue_named(&env, 16, "default").await;
+    let attempts = AttemptWatch::start(&env.admin);
+    let mut settings = env.settings();
+    settings.plan.limits.max_gpus = 16;
+    let op = env.operator("kueue-default", settings).await;
+
+    let long = sim_env(&[("SIM_DURATION_SECONDS", "3600")]);
+    let created = env
+        .create(
+            "pair",
+            json!({"image": "i", "gpus": 4, "maxRetries": 0, "env": long, "v2": {"nodes": 2}}),
+        )
+        .await;
+    let uid = created.metadata.uid.clone().unwrap();
+    let running = env
+        .wait_gpujob("pair", "admitted from the default LocalQueue and running", |g| {
+            phase(g) == Some(Phase::Running)
+                && condition(g, "Admitted").is_some_and(|c| c.status == ConditionStatus::True)
+        })
+        .await;
+    let jobs = jobs_of(&env, &uid).await;
+    assert_eq!(jobs.len(), 1);
+    let labels = jobs[0].metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get(LABEL_KUEUE_QUEUE).map(String::as_str),
+        Some("default"),
+        "labelled by Kueue's defaulting, not by the operator"
+    );
+    // Both pods run, and the Service they find each other through is the attempt's.
+    devcluster::wait::until(
+        "both pods of the attempt running",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (running_pods(&env, &uid).await.len() == 2).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let services: Api<Service> = Api::namespaced(env.admin.clone(), &env.ns);
+    let service = services
+        .get_opt("pair-1")
+        .await
+        .unwrap()
+        .expect("the multi-node attempt's headless Service");
+    let owner = &service.metadata.owner_references.unwrap()[0];
+    assert_eq!(owner.uid, jobs[0].metadata.uid.clone().unwrap());
+
+    // A Job of attempt 2 lands while attempt 1 runs: Kueue labels and admits it too
+    // (16 GPUs in the queue); the operator never lets its pods go, and deletes it.
+    let late = desired_job(&running, 2);
+    env.jobs()
+        .create(&PostParams::default(), &late)
+        .await
+        .unwrap();
+    devcluster::wait::until(
+        "the late Job of attempt 2 gone",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { env.jobs().get_opt("pair-2").await.unwrap().is_none().then_some(()) },
+    )
+    .await
+    .unwrap();
+    assert!(
+        attempts.overlaps().is_empty(),
+        "two attempts had pods that could run at once: {:?}",
+        attempts.overlaps()
+    );
+    let g = env.gpujobs().get("pair").await.unwrap();
+    let status = g.status.unwrap();
+    assert_eq!((status.attempts, status.failures), (1, 0), "{status:?}");
+    assert_eq!(running_pods(&env, &uid).await.len(), 2, "attempt 1 runs on");
     drop(op);
 }

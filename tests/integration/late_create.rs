@@ -2,16 +2,19 @@
 //! the first Job exists. A leader whose create of attempt k is still in flight when it
 //! is frozen and deposed can therefore bring attempt k back, on its old spec, after its
 //! successor has created attempt k, replaced it (a spec change under `Recreate`) and
-//! started k + 1. Here with the real binary: the fault proxy holds the leader's Job
-//! creates longer than a takeover and a replacement, then delivers them. The returned
-//! Job must never have a pod (Jobs are created suspended; only the holder starts the
-//! current attempt's), the successor must delete it, and at no moment may two attempts'
-//! Jobs have live pods (seen through watches of the GpuJob's pods and Jobs, in the order
-//! the API server committed them).
+//! started k + 1; or bring the next attempt's Job, numbered past what the status
+//! records, after a change that forbids it. And a removal of the scheduling gate, or a
+//! pod the Job controller makes for a Job whose end it has not seen, can land late too.
+//! Here with the real binary: the fault proxy holds the leader's writes longer than a
+//! takeover, then delivers them. A returned Job's pods must never be able to run (they
+//! wait at the operator's scheduling gate, which only the holder removes, from the
+//! current attempt's pods), the successor must delete it, and at no moment may two
+//! attempts' Jobs have pods that can run (ungated or bound to a node; seen through
+//! watches of the GpuJob's pods and Jobs, in the order the API server committed them).
 //!
 //! The GpuJob runs on a node of its own with room for two attempts, so nothing but the
-//! operator keeps the returned Job's pod from running: the Job controller would create
-//! it at once, and the scheduler place it, before the successor's delete lands.
+//! operator keeps the returned Job's pod from running: the Job controller creates it at
+//! once, and the scheduler would place it before the successor's delete lands.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -23,7 +26,7 @@ use std::time::Duration;
 use devcluster::faultproxy::{Fault, FaultProxy, Faults, Rule};
 use devcluster::{Identity, wait};
 use futures::StreamExt;
-use gpujob_operator::api::{GpuJob, LABEL_UID, Phase};
+use gpujob_operator::api::{GpuJob, LABEL_UID, Phase, SCHEDULING_GATE};
 use http::Method;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -48,13 +51,17 @@ const UNDO: Duration = Duration::from_secs(30);
 struct Seen {
     /// Jobs by uid, in the order they appeared: name, and whether it is gone.
     jobs: Vec<(String, String, bool)>,
-    /// Pods that are live (bound to a node, not terminated, not gone): pod uid → the
-    /// uid of its Job.
+    /// Pods that can run (ungated or bound to a node, not terminated, not gone): pod uid
+    /// → the uid of its Job.
     live: BTreeMap<String, String>,
     /// Jobs (uids) with a pod that was ever bound to a node.
     bound: BTreeSet<String>,
-    /// Jobs (uids) that ever had a pod, bound or not.
+    /// Jobs (uids) with a pod that could ever run (ungated or bound).
+    ran: BTreeSet<String>,
+    /// Jobs (uids) that ever had a pod, gated or not.
     had_pods: BTreeSet<String>,
+    /// Pods (names) that were ever bound to a node.
+    bound_pods: BTreeSet<String>,
     /// Each moment at which pods of more than one Job were live: those Jobs' names.
     overlaps: Vec<Vec<String>>,
 }
@@ -107,7 +114,11 @@ impl Seen {
             .find(|o| o.kind == "Job" && o.controller == Some(true))
             .map(|o| o.uid.clone())
             .unwrap_or_default();
-        let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+        let spec = pod.spec.as_ref();
+        let bound = spec.is_some_and(|s| s.node_name.is_some());
+        let gated = spec
+            .and_then(|s| s.scheduling_gates.as_ref())
+            .is_some_and(|g| g.iter().any(|g| g.name == SCHEDULING_GATE));
         let terminated = matches!(
             pod.status.as_ref().and_then(|s| s.phase.as_deref()),
             Some("Succeeded" | "Failed")
@@ -115,8 +126,11 @@ impl Seen {
         self.had_pods.insert(job.clone());
         if bound {
             self.bound.insert(job.clone());
+            self.bound_pods
+                .insert(pod.metadata.name.clone().unwrap_or_default());
         }
-        if bound && !terminated && !gone {
+        if (bound || !gated) && !terminated && !gone {
+            self.ran.insert(job.clone());
             self.live.insert(uid, job);
         } else {
             self.live.remove(&uid);
@@ -318,8 +332,8 @@ async fn a_late_job_create_never_runs_beside_the_next_attempt() {
         s.overlaps
     );
     assert!(
-        !s.had_pods.contains(&late),
-        "the returned attempt 2 had a pod: {s:#?}"
+        !s.ran.contains(&late),
+        "the returned attempt 2 had a pod that could run: {s:#?}"
     );
     assert!(
         s.bound.contains(&successors_two[0]),
@@ -382,9 +396,10 @@ async fn a_late_job_create_never_runs_beside_the_next_attempt() {
 /// A Job gone is not proof that its pods are: deleting a Job in the foreground, the
 /// garbage collector can miss a pod the Job controller created as the delete began (the
 /// soak found one running beside the next attempt). Here such a pod is made by hand: a
-/// pod of attempt 1, labelled as the Job controller labels it, that no Job owns and no
-/// node takes. Attempt 1 fails; attempt 2's Job is created (suspended) but not started
-/// while that pod is there, and is started once it is gone.
+/// pod of attempt 1, labelled as the Job controller labels it, without the operator's
+/// gate (as an earlier version made pods), that no Job owns and no node takes. Attempt 1
+/// fails; attempt 2's Job is created, but its pod waits at the gate while that pod is
+/// there, and is let go once it is gone.
 #[tokio::test]
 async fn a_pod_that_outlived_its_job_holds_the_next_attempt() {
     let env = TestEnv::new("late-pod").await;
@@ -416,11 +431,24 @@ async fn a_pod_that_outlived_its_job_holds_the_next_attempt() {
         })
         .await;
     assert_eq!(phase(&held), Some(Phase::Pending));
-    let two = env.jobs().get("train-2").await.unwrap();
-    assert_eq!(
-        two.spec.as_ref().and_then(|s| s.suspend),
-        Some(true),
-        "created, not started"
+    let gated = devcluster::wait::until(
+        "attempt 2's pod, waiting at the gate",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let list = pods
+                .list(&kube::api::ListParams::default().labels("job-name=train-2"))
+                .await
+                .ok()?;
+            list.items.into_iter().next()
+        },
+    )
+    .await
+    .unwrap();
+    let gates = gated.spec.and_then(|s| s.scheduling_gates).unwrap_or_default();
+    assert!(
+        gates.iter().any(|g| g.name == SCHEDULING_GATE),
+        "not let go while the pod of attempt 1 is there: {gates:?}"
     );
 
     pods.delete("train-1-orphan", &DeleteParams::default())
@@ -432,4 +460,277 @@ async fn a_pod_that_outlived_its_job_holds_the_next_attempt() {
     let status = done.status.unwrap();
     assert_eq!((status.attempts, status.failures), (2, 1));
     op.stop().await;
+}
+
+/// Starts replica 1 through a fault proxy and waits until it holds the Lease, then
+/// replica 2 beside it, each with `extra` flags.
+async fn leader_behind_proxy(
+    env: &TestEnv,
+    extra: &[&str],
+) -> (FaultProxy, replicas::Replica, replicas::Replica) {
+    let proxy = FaultProxy::start(&env.cluster).unwrap();
+    let kubeconfig = proxy
+        .kubeconfig(&env.cluster, Identity::Replica(1))
+        .unwrap();
+    let first = replicas::start_in_with_kubeconfig(&env.cluster, &env.ns, 1, extra, kubeconfig);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-1"
+    })
+    .await;
+    let second = replicas::start(&env.cluster, &env.ns, 2, extra);
+    (proxy, first, second)
+}
+
+/// Holds `resources`' requests of `methods` in the proxy for [`HOLD`], waits until one
+/// is held, and freezes `leader` with it in flight; then waits for replica 2 to lead.
+async fn hold_then_freeze(
+    env: &TestEnv,
+    proxy: &FaultProxy,
+    leader: &replicas::Replica,
+    methods: &[Method],
+    resources: &[&str],
+    what: &str,
+) -> tokio::time::Instant {
+    proxy.set(
+        Faults::new().rule(
+            Rule::new(Fault::Latency {
+                fixed: HOLD,
+                jitter: Duration::ZERO,
+            })
+            .methods(methods.iter().cloned())
+            .resources(resources.iter().copied()),
+        ),
+    );
+    let p = proxy.handle();
+    wait::until(
+        what,
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || {
+            let p = p.clone();
+            async move { (p.count("latency") >= 1).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    let held = tokio::time::Instant::now();
+    leader.signal(Signal::SIGSTOP);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-2"
+    })
+    .await;
+    held
+}
+
+/// The next attempt's Job, created by a leader that lost the shard before its status
+/// write, lands after a change that forbids that attempt (here the spec turned invalid:
+/// more GPUs than the operator allows). Before the gate it was taken for the current
+/// attempt (its number past the status) and started on the replaced spec. Now it is
+/// taken only when the attempt would be started now from the same spec: it is a stray,
+/// its pods never leave the gate, and the GpuJob waits for a valid spec.
+#[tokio::test]
+async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbids_it() {
+    let env = TestEnv::new("late-next").await;
+    let node = OwnNode::create(&env, 2).await;
+    let (proxy, first, second) =
+        leader_behind_proxy(&env, &["--max-gpus-per-job", "1"]).await;
+    let mut spec = node.place(json!({
+        "image": "i", "gpus": 1, "maxRetries": 3,
+        "env": sim_env(&[("SIM_FAIL_ATTEMPTS", "1"), ("SIM_DURATION_SECONDS", "2")]),
+    }));
+    spec["v2"]["backoffSeconds"] = json!(1);
+    let gj = env.create("train", spec).await;
+    let mut seen = watch_attempts(&env, &gj);
+    until(
+        &mut seen,
+        "attempt 1 to run",
+        Duration::from_secs(60),
+        |s| s.live_jobs() == BTreeSet::from(["train-1".to_owned()]),
+    )
+    .await;
+    // Attempt 1 fails; the leader's create of attempt 2 is held, and the leader frozen
+    // before it could record attempt 2.
+    let held = hold_then_freeze(
+        &env,
+        &proxy,
+        &first,
+        &[Method::POST],
+        &["jobs"],
+        "the leader's create of attempt 2 to be held",
+    )
+    .await;
+    // The spec turns invalid (2 GPUs, one allowed): no attempt may start.
+    env.gpujobs()
+        .patch(
+            "train",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"gpus": 2}})),
+        )
+        .await
+        .unwrap();
+    env.wait_gpujob("train", "waiting on the invalid spec", |g| {
+        ready(g).is_some_and(|(_, reason, _)| reason == "InvalidSpec")
+    })
+    .await;
+    assert!(held.elapsed() < HOLD, "the takeover took longer than the hold");
+    let s = until(
+        &mut seen,
+        "the deposed leader's create of attempt 2 to land",
+        HOLD + Duration::from_secs(30),
+        |s| s.uids_named("train-2").len() == 1,
+    )
+    .await;
+    let late = s.uids_named("train-2")[0].clone();
+    let s = until(
+        &mut seen,
+        "the successor to delete the late Job of attempt 2",
+        UNDO,
+        |s| s.gone(&late),
+    )
+    .await;
+    assert!(
+        !s.ran.contains(&late),
+        "the late attempt 2 had a pod that could run: {s:#?}"
+    );
+    let g = env.gpujobs().get("train").await.unwrap();
+    let status = g.status.clone().unwrap();
+    assert_eq!(
+        (phase(&g), status.attempts, status.failures),
+        (Some(Phase::Pending), 1, 1),
+        "{status:#?}"
+    );
+    first.signal(Signal::SIGCONT);
+    drop((first, second));
+    env.gpujobs()
+        .delete("train", &DeleteParams::default())
+        .await
+        .unwrap();
+    node.remove(&env).await;
+}
+
+/// The Job controller can create a pod for a Job whose end it has not seen yet (a pod of
+/// a replaced attempt, made from its Job's template), and the leader's write that lets
+/// the next attempt run can land after the leader lost the shard. Here both at once:
+/// the leader's start of attempt 2 is held in flight and the leader frozen; a pod of
+/// attempt 1 is made from attempt 1's Job as the Job controller makes pods; the
+/// successor waits for it; the held write lands. Before the gate, that pod ran (its
+/// Job's template had no gate; its process is made to stop slowly here, so it still ran
+/// then) and the late start ran attempt 2 beside it. Now the pod waits at the gate,
+/// never runs, and is deleted; attempt 2 runs alone.
+#[tokio::test]
+async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attempts() {
+    let env = TestEnv::new("late-start").await;
+    let node = OwnNode::create(&env, 2).await;
+    let (proxy, first, second) = leader_behind_proxy(&env, &[]).await;
+    let gj = env.create("train", spec(&node, "1")).await;
+    let mut seen = watch_attempts(&env, &gj);
+    until(
+        &mut seen,
+        "attempt 1 to run",
+        Duration::from_secs(60),
+        |s| s.live_jobs() == BTreeSet::from(["train-1".to_owned()]),
+    )
+    .await;
+    let one = env.jobs().get("train-1").await.unwrap();
+    // The writes that let an attempt run: a Job's start (an earlier version) or a pod's
+    // gate removed.
+    proxy.set(
+        Faults::new().rule(
+            Rule::new(Fault::Latency {
+                fixed: HOLD,
+                jitter: Duration::ZERO,
+            })
+            .methods([Method::PATCH])
+            .resources(["jobs", "pods"]),
+        ),
+    );
+    // Replaced (a spec change): attempt 1 stops, attempt 2 is made, and its start held.
+    edit(&env, &node, "2").await;
+    let p = proxy.handle();
+    wait::until(
+        "the leader's start of attempt 2 to be held",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || {
+            let p = p.clone();
+            async move { (p.count("latency") >= 1).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    let held = tokio::time::Instant::now();
+    first.signal(Signal::SIGSTOP);
+    // A pod of attempt 1, made from its Job's template as the Job controller makes them.
+    let template = one.spec.clone().unwrap().template;
+    let mut race: Pod = Pod {
+        metadata: template.metadata.clone().unwrap_or_default(),
+        spec: template.spec.clone(),
+        status: None,
+    };
+    race.metadata.name = Some("train-1-race".into());
+    // Its process stops slowly: were it running, it would still run when the held
+    // write lands.
+    if let Some(spec) = race.spec.as_mut() {
+        spec.termination_grace_period_seconds = Some(300);
+        if let Some(main) = spec.containers.first_mut() {
+            main.env.get_or_insert_with(Vec::new).push(
+                k8s_openapi::api::core::v1::EnvVar {
+                    name: "SIM_TERMINATION_SECONDS".into(),
+                    value: Some("300".into()),
+                    value_from: None,
+                },
+            );
+        }
+    }
+    race.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: "batch/v1".into(),
+        kind: "Job".into(),
+        name: "train-1".into(),
+        uid: one.metadata.uid.clone().unwrap(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
+    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    pods.create(&Default::default(), &race).await.unwrap();
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-2"
+    })
+    .await;
+    // Attempt 2 runs (let go by the successor, or by the held write once it lands).
+    let s = until(
+        &mut seen,
+        "attempt 2 to run",
+        HOLD + Duration::from_secs(30),
+        |s| s.live_jobs() == BTreeSet::from(["train-2".to_owned()]),
+    )
+    .await;
+    let _ = s;
+    // The held write has landed by now, whatever it found.
+    let wait_left = HOLD.saturating_sub(held.elapsed()) + Duration::from_secs(2);
+    tokio::time::sleep(wait_left).await;
+    let s = seen.borrow().clone();
+    assert!(
+        s.overlaps.is_empty(),
+        "two attempts had pods that could run at once: {:?}",
+        s.overlaps
+    );
+    assert!(
+        !s.bound_pods.contains("train-1-race"),
+        "the pod made for the replaced attempt ran: {s:#?}"
+    );
+    assert_eq!(
+        s.live_jobs(),
+        BTreeSet::from(["train-2".to_owned()]),
+        "attempt 2 runs alone"
+    );
+    let g = env.gpujobs().get("train").await.unwrap();
+    let status = g.status.clone().unwrap();
+    assert_eq!((status.attempts, status.failures), (2, 0), "{status:#?}");
+    first.signal(Signal::SIGCONT);
+    drop((first, second));
+    env.gpujobs()
+        .delete("train", &DeleteParams::default())
+        .await
+        .unwrap();
+    node.remove(&env).await;
 }

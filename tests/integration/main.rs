@@ -13,6 +13,7 @@ mod day2;
 mod echo;
 mod events;
 mod faults;
+mod forged;
 mod fence;
 mod ha;
 mod ha_apiserver;

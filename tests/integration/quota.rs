@@ -659,3 +659,167 @@ async fn a_grant_whose_answer_was_lost_is_released_when_the_gpujob_cannot_run() 
     }
     op.stop().await;
 }
+
+/// A Job of this GpuJob that is not the current attempt's and runs, with a pod that takes
+/// time to stop: made here as an earlier version made Jobs (started, its pods without
+/// the operator's gate), numbered as the next attempt.
+fn stray_job(gj: &gpujob_operator::api::GpuJob, stop_seconds: &str) -> k8s_openapi::api::batch::v1::Job {
+    let mut job = gpujob_operator::controller::job::desired_job(gj, 2);
+    let spec = job.spec.as_mut().unwrap();
+    spec.suspend = Some(false);
+    let pod = spec.template.spec.as_mut().unwrap();
+    pod.scheduling_gates = None;
+    pod.termination_grace_period_seconds = Some(120);
+    let main = pod.containers.first_mut().unwrap();
+    main.env.get_or_insert_with(Vec::new).extend([
+        k8s_openapi::api::core::v1::EnvVar {
+            name: "SIM_DURATION_SECONDS".into(),
+            value: Some("3600".into()),
+            value_from: None,
+        },
+        k8s_openapi::api::core::v1::EnvVar {
+            name: "SIM_TERMINATION_SECONDS".into(),
+            value: Some(stop_seconds.into()),
+            value_from: None,
+        },
+    ]);
+    job
+}
+
+/// The reservation covers every pod of the GpuJob: once the GpuJob has finished, it is
+/// released only when no pod of it can run. Here a stray Job (not the current attempt's)
+/// runs while attempt 1 succeeds; deleted, its pod takes a while to stop. Before, the
+/// GpuJob released its reservation in the same plan that deleted the stray, with that
+/// pod still running; now the release waits for it (its Job gone, then a read of the
+/// GpuJob's pods finding none that can run).
+#[tokio::test]
+async fn a_finished_gpujob_releases_its_reservation_only_once_no_pod_of_it_can_run() {
+    let (env, fake, settings) = setup("quota-final-pods").await;
+    let op = env.operator("quota-final-pods", settings).await;
+    let gj = env
+        .create(
+            "train",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "4")])}),
+        )
+        .await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    let running = env
+        .wait_gpujob("train", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    env.jobs()
+        .create(&Default::default(), &stray_job(&running, "15"))
+        .await
+        .unwrap();
+    // The release, whenever it comes: at that moment no pod of the GpuJob may run.
+    wait::until(
+        "the reservation released",
+        Duration::from_secs(90),
+        Duration::from_millis(50),
+        || async {
+            let released = fake.calls("release", &uid).iter().any(|c| c.code < 300);
+            released.then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(env.admin.clone(), &env.ns);
+    let left: Vec<String> = pods
+        .list(&kube::api::ListParams::default().labels(&format!("gpujob.dev/uid={uid}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "released while pods of the GpuJob could still run: {left:?}"
+    );
+    let done = env
+        .wait_gpujob("train", "Succeeded, released", |g| {
+            phase(g) == Some(Phase::Succeeded) && !g.holds_quota_finalizer()
+        })
+        .await;
+    assert_eq!(done.status.unwrap().attempts, 1);
+    op.stop().await;
+}
+
+/// A change of `gpus` (× `nodes`) reserves again before the next attempt: the
+/// reservation is released once the replaced attempt's pods are gone, and made anew for
+/// what the spec asks. Before, the next attempt ran on the old reservation (here 2 GPUs
+/// on a reservation of 1).
+#[tokio::test]
+async fn a_gpus_edit_reserves_again_before_the_next_attempt_runs() {
+    let (env, fake, settings) = setup("quota-resize").await;
+    let op = env.operator("quota-resize", settings).await;
+    let gj = env
+        .create(
+            "train",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
+        )
+        .await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    let running = env
+        .wait_gpujob("train", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    assert_eq!(fake.live_gpus(&uid), Some(1));
+    assert_eq!(running.status.unwrap().reservation_gpus, Some(1));
+    env.gpujobs()
+        .patch(
+            "train",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"gpus": 2}})),
+        )
+        .await
+        .unwrap();
+    let two = env
+        .wait_gpujob("train", "attempt 2 running", |g| {
+            phase(g) == Some(Phase::Running) && g.status.as_ref().is_some_and(|s| s.attempts == 2)
+        })
+        .await;
+    let pods = devcluster::wait::until(
+        "attempt 2's pod running",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let pods = env
+                .running_pods(&format!("gpujob.dev/uid={uid},gpujob.dev/attempt=2"))
+                .await;
+            (!pods.is_empty()).then_some(pods)
+        },
+    )
+    .await
+    .unwrap();
+    let asks = pods[0].spec.as_ref().unwrap().containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .limits
+        .as_ref()
+        .unwrap()["nvidia.com/gpu"]
+        .0
+        .clone();
+    assert_eq!(asks, "2");
+    assert_eq!(
+        fake.live_gpus(&uid),
+        Some(2),
+        "attempt 2 runs on a reservation of what it asks"
+    );
+    let status = two.status.unwrap();
+    assert_eq!(status.reservation_gpus, Some(2), "{status:?}");
+    let calls: Vec<&str> = fake
+        .calls("reserve", &uid)
+        .iter()
+        .chain(fake.calls("release", &uid).iter())
+        .map(|c| c.op)
+        .collect();
+    assert!(calls.contains(&"release"), "{calls:?}");
+    op.stop().await;
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 use devcluster::audit::AuditEvent;
 use devcluster::wait;
 use futures::StreamExt;
-use gpujob_operator::api::{GPU_RESOURCE, GpuJob, LABEL_NAME, Phase};
+use gpujob_operator::api::{GPU_RESOURCE, GpuJob, LABEL_NAME, LABEL_UID, Phase};
 use gpujob_operator::controller::plan::{JobState, job_state};
 use gpujob_operator::controller::validate::ServiceAccounts;
 use jiff::Timestamp;
@@ -277,15 +277,10 @@ async fn three_writes_per_gpujob_to_running_and_none_when_converged() {
         })
         .await;
     }
-    // Every Job created suspended and started.
-    wait::until("every Job started", WAIT, POLL, || async {
-        let jobs = env.jobs().list(&Default::default()).await.ok()?;
-        let started = jobs
-            .items
-            .iter()
-            .filter(|j| j.spec.as_ref().and_then(|s| s.suspend) == Some(false))
-            .count();
-        (started == N).then_some(())
+    // Every attempt's pod let go (its scheduling gate removed) and running.
+    wait::until("every attempt's pod running", WAIT, POLL, || async {
+        let running = env.running_pods(LABEL_UID).await.len();
+        (running == N).then_some(())
     })
     .await
     .unwrap();
@@ -298,7 +293,7 @@ async fn three_writes_per_gpujob_to_running_and_none_when_converged() {
         .count();
     let starts = writes
         .iter()
-        .filter(|e| e.resource == "jobs" && e.verb == "patch")
+        .filter(|e| e.resource == "pods" && e.verb == "patch")
         .count();
     let patches = writes
         .iter()
@@ -316,7 +311,7 @@ async fn three_writes_per_gpujob_to_running_and_none_when_converged() {
     assert_eq!(
         control.len(),
         3 * N,
-        "3.0 writes per GpuJob (create, start, status), nothing else: {control:#?}"
+        "3.0 writes per GpuJob (the Job's create, the status, the pod's gate removed), nothing else: {control:#?}"
     );
     assert_eq!(
         events.len(),

@@ -18,7 +18,7 @@ use http::Method;
 use devcluster::faultproxy::{Fault, FaultProxy, Faults, Rule};
 use devcluster::{Identity, wait};
 use gpujob_operator::api::Phase;
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use support::replicas::{self, wait_holder};
@@ -172,4 +172,121 @@ async fn a_gpujob_created_during_the_term_is_not_read_before_its_job() {
     );
     assert!(proxy.count("requests") > 0, "{:?}", proxy.counts());
     drop(replica);
+}
+
+/// After a takeover whose GpuJob watch lags, the successor's cache can show a GpuJob as
+/// it was before its predecessor's writes: finished, while a rerun since runs its next
+/// attempt. Before, the successor deleted that attempt's Job as a stray (nothing of a
+/// finished GpuJob runs) from that view, and the rerun's attempt was lost. Now every
+/// delete of a Job (and every start) is sent from a view confirmed in the term: the
+/// successor reads the GpuJob, finds the rerun, and its attempt runs on.
+#[tokio::test]
+async fn a_successor_with_a_stale_cache_does_not_delete_a_reruns_running_attempt() {
+    let env = TestEnv::new("stale-rerun").await;
+    let first = replicas::start(&env.cluster, &env.ns, 1, &[]);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-1"
+    })
+    .await;
+    env.create(
+        "train",
+        json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "1")])}),
+    )
+    .await;
+    env.wait_gpujob("train", "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
+        .await;
+
+    // Replica 2 lists it finished, then its GpuJob watch hangs (its Jobs watch stays
+    // live); it waits as a standby.
+    let hang = || Rule::new(Fault::Hang).watch(true).resources(["gpujobs"]);
+    let proxy = FaultProxy::start(&env.cluster).unwrap();
+    proxy.set(Faults::new().rule(hang()));
+    let kubeconfig = proxy
+        .kubeconfig(&env.cluster, Identity::Replica(2))
+        .unwrap();
+    let address = support::prometheus::free_address();
+    let second = replicas::start_in_with_kubeconfig(
+        &env.cluster,
+        &env.ns,
+        2,
+        &["--listen-address", &address],
+        kubeconfig,
+    );
+    let p = proxy.handle();
+    wait::until(
+        "the standby's GpuJob watch to hang after its list",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            let p = p.clone();
+            async move { (p.count("hang") >= 1).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+
+    // A rerun, running long this time: the leader starts attempt 2.
+    env.gpujobs()
+        .patch(
+            "train",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"annotations": {"gpujob.dev/rerun": "1"}},
+                "spec": {"env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])},
+            })),
+        )
+        .await
+        .unwrap();
+    let rerun = env
+        .wait_gpujob("train", "attempt 2 running", |g| {
+            phase(g) == Some(Phase::Running) && g.status.as_ref().is_some_and(|s| s.attempts == 2)
+        })
+        .await;
+    let uid = rerun.metadata.uid.clone().unwrap();
+    wait::until(
+        "attempt 2's pod running",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let pods = env
+                .running_pods(&format!("gpujob.dev/uid={uid},gpujob.dev/attempt=2"))
+                .await;
+            (!pods.is_empty()).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+
+    // The leader dies; replica 2 takes over, its cache showing the GpuJob finished.
+    first.signal(Signal::SIGKILL);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-2"
+    })
+    .await;
+    replicas::wait_reconciles(
+        "the successor to reconcile the GpuJob it has cached as finished",
+        &address,
+        &[],
+        1.0,
+    )
+    .await;
+    let log = second.log_text();
+    assert!(
+        log.contains("the cached GpuJob was behind the API server"),
+        "no confirming read before acting on the stale view: {log}"
+    );
+    let two = env.jobs().get("train-2").await.unwrap();
+    assert!(
+        two.metadata.deletion_timestamp.is_none(),
+        "the rerun's running attempt was deleted from the stale view: {log}"
+    );
+    let g = env.gpujobs().get("train").await.unwrap();
+    let status = g.status.unwrap();
+    assert_eq!(
+        (status.phase, status.attempts, status.failures),
+        (Some(Phase::Running), 2, 0),
+        "{log}"
+    );
+    proxy.clear();
+    drop((first, second));
 }

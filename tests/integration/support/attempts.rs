@@ -1,14 +1,16 @@
-//! At most one attempt per GpuJob has live pods, at every moment: a watch of every pod
-//! of every GpuJob (label `gpujob.dev/uid`), in the order the API server committed them.
-//! A pod is live from the moment it is bound to a node until it has terminated or is
-//! gone (a terminating pod is live: its process may still run). After a relist (a
-//! kube-apiserver restart, an expired watch) the whole list is judged at once.
+//! At most one attempt per GpuJob has pods that can run, at every moment: a watch of
+//! every pod of every GpuJob (label `gpujob.dev/uid`), in the order the API server
+//! committed them. A pod can run ("live" here) from the moment it no longer carries the
+//! operator's scheduling gate, or is bound to a node, until it has terminated or is gone
+//! (a terminating pod is live: its process may still run; an ungated pod not yet bound
+//! is live: the scheduler may place it any moment). After a relist (a kube-apiserver
+//! restart, an expired watch) the whole list is judged at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use gpujob_operator::api::{LABEL_ATTEMPT, LABEL_NAME, LABEL_UID};
+use gpujob_operator::api::{LABEL_ATTEMPT, LABEL_NAME, LABEL_UID, SCHEDULING_GATE};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::Api;
@@ -58,12 +60,16 @@ impl State {
 fn live(pod: &Pod) -> Option<(String, Owner, String, String)> {
     let m = &pod.metadata;
     let labels = m.labels.as_ref()?;
-    let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+    let spec = pod.spec.as_ref();
+    let bound = spec.is_some_and(|s| s.node_name.is_some());
+    let gated = spec
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| g.iter().any(|g| g.name == SCHEDULING_GATE));
     let terminated = matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     );
-    if !bound || terminated {
+    if (gated && !bound) || terminated {
         return None;
     }
     Some((

@@ -3,12 +3,15 @@
 //! with its own certificate management, only batch/v1 Jobs integrated, and one
 //! ResourceFlavor and ClusterQueue of GPUs with a LocalQueue in the test's namespace.
 //!
-//! Kueue's own Job webhooks are not registered with the API server (its manager serves
-//! them, nothing calls them): the operator creates every Job suspended and hands it to
-//! a queue by label, which is what those webhooks would let through. Kueue's conversion
-//! webhooks are declared on its CRDs, as its install does, so that its certificate
-//! management has somewhere to put the CA; every object here is written and read at
-//! the storage version, so no conversion is ever asked for.
+//! [`Kueue::start`] does not register Kueue's own Job webhooks with the API server (its
+//! manager serves them, nothing calls them): the operator creates a queued GpuJob's
+//! Job suspended and labelled for its queue, which is what those webhooks would let
+//! through. [`Kueue::start_with_job_webhook`] registers its Job defaulting webhook, as a
+//! cluster's Kueue has it: a Job created without a queue in a namespace with a LocalQueue
+//! named `default` is labelled for it and suspended (LocalQueueDefaulting). Kueue's
+//! conversion webhooks are declared on its CRDs, as its install does, so that its
+//! certificate management has somewhere to put the CA; every object here is written and
+//! read at the storage version, so no conversion is ever asked for.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -17,6 +20,7 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use devcluster::{ControlPlane, Identity, load_crds};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::json;
@@ -116,6 +120,81 @@ fn spawn(cluster: &ControlPlane, dir: &Path, config: &Path, run: u32) -> Child {
 }
 
 impl Kueue {
+    /// Starts Kueue on `env`'s control plane (which must have [`kueue_crds`]) with its
+    /// Job defaulting webhook registered for `env`'s namespace, and waits until it is
+    /// ready. Kueue serves the webhook with a certificate for 127.0.0.1 made here (its
+    /// own certificate management names its Service, which the API server here cannot
+    /// reach).
+    pub async fn start_with_job_webhook(env: &TestEnv) -> Kueue {
+        let dir = std::env::temp_dir().join(format!("gpujob-kueue-{}", env.ns));
+        let certs = dir.join("certs");
+        let ca = super::webhook::webhook_certs(&certs);
+        let health = free_port();
+        let port = free_port();
+        let config = dir.join("config.yaml");
+        let text = json!({
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": NAMESPACE,
+            "health": {"healthProbeBindAddress": format!("127.0.0.1:{health}")},
+            "metrics": {"bindAddress": "0"},
+            "webhook": {"host": "127.0.0.1", "port": port, "certDir": certs},
+            "internalCertManagement": {"enable": false},
+            "leaderElection": {"leaderElect": false},
+            "integrations": {"frameworks": ["batch/job"]},
+        });
+        std::fs::write(&config, serde_json::to_string(&text).unwrap()).unwrap();
+        let kueue = Kueue {
+            child: spawn(&env.cluster, &dir, &config, 1),
+            dir,
+        };
+        kueue.wait_ready(health, 1).await;
+        let hooks: Api<MutatingWebhookConfiguration> = Api::all(env.admin.clone());
+        let name = format!("kueue-job-defaulting-{}", env.ns);
+        let hook: MutatingWebhookConfiguration = serde_json::from_value(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [{
+                "name": "mjob.kb.io",
+                "clientConfig": {
+                    "url": format!("https://127.0.0.1:{port}/mutate-batch-v1-job"),
+                },
+                "rules": [{"apiGroups": ["batch"], "apiVersions": ["v1"],
+                           "operations": ["CREATE"], "resources": ["jobs"]}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": env.ns}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+            }],
+        }))
+        .unwrap();
+        let mut hook = hook;
+        for h in hook.webhooks.iter_mut().flatten() {
+            h.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca.clone().into_bytes()));
+        }
+        let pp = PatchParams::apply("gpujob-tests").force();
+        hooks.patch(&name, &pp, &Patch::Apply(&hook)).await.unwrap();
+        kueue
+    }
+
+    /// Waits until Kueue's health server says ready (`run`: which of its logs to show
+    /// if it never does).
+    async fn wait_ready(&self, health: u16, run: u32) {
+        let ready = devcluster::wait::until(
+            "Kueue ready",
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async { ready_on(health).then_some(()) },
+        )
+        .await;
+        if ready.is_err() {
+            let log = std::fs::read_to_string(self.dir.join(format!("kueue-{run}.log")))
+                .unwrap_or_default();
+            panic!("Kueue did not get ready; its log:\n{log}");
+        }
+    }
+
     /// Starts Kueue on `env`'s control plane (which must have [`kueue_crds`]) and waits
     /// until it is ready.
     pub async fn start(env: &TestEnv) -> Kueue {
@@ -176,17 +255,7 @@ impl Kueue {
         // Started again, it finds its certificates in place and is ready at once.
         let child = spawn(&env.cluster, &dir, &config, 2);
         let kueue = Kueue { child, dir };
-        let ready = devcluster::wait::until(
-            "Kueue ready",
-            Duration::from_secs(60),
-            Duration::from_millis(200),
-            || async { ready_on(health).then_some(()) },
-        )
-        .await;
-        if ready.is_err() {
-            let log = std::fs::read_to_string(kueue.dir.join("kueue-2.log")).unwrap_or_default();
-            panic!("Kueue did not get ready; its log:\n{log}");
-        }
+        kueue.wait_ready(health, 2).await;
         kueue
     }
 }
@@ -216,6 +285,12 @@ pub fn kueue_kind(kind: &str, plural: &str) -> ApiResource {
 /// Workload of higher priority preempts lower ones), and the LocalQueue `team` in
 /// `env`'s namespace pointing at it.
 pub async fn gpu_queue(env: &TestEnv, gpus: u32) {
+    gpu_queue_named(env, gpus, "team").await;
+}
+
+/// [`gpu_queue`] with the LocalQueue named `local` (`default`: the queue Kueue's
+/// LocalQueue defaulting labels every new Job of the namespace with).
+pub async fn gpu_queue_named(env: &TestEnv, gpus: u32, local: &'static str) {
     let pp = PatchParams::apply("gpujob-tests").force();
     let apply = |api: Api<DynamicObject>, name: &'static str, body: serde_json::Value| {
         let pp = pp.clone();
@@ -250,9 +325,9 @@ pub async fn gpu_queue(env: &TestEnv, gpus: u32) {
     let lq = kueue_kind("LocalQueue", "localqueues");
     apply(
         Api::namespaced_with(env.admin.clone(), &env.ns, &lq),
-        "team",
+        local,
         json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-               "metadata": {"name": "team"}, "spec": {"clusterQueue": "gpus"}}),
+               "metadata": {"name": local}, "spec": {"clusterQueue": "gpus"}}),
     )
     .await;
 }
@@ -275,3 +350,4 @@ pub async fn workload_of(env: &TestEnv, job_uid: &str) -> Option<serde_json::Val
         .next()
         .map(|w| serde_json::to_value(w).unwrap())
 }
+

@@ -58,6 +58,8 @@ pub struct Call {
     pub code: u16,
     /// The `Gpujob-Fencing-Token` it carried.
     pub token: Option<String>,
+    /// When it was processed.
+    pub at: jiff::Timestamp,
 }
 
 #[derive(Debug)]
@@ -65,6 +67,9 @@ struct Inner {
     reserve: Mode,
     release: Mode,
     live: BTreeMap<String, String>,
+    /// The GPUs each live reservation holds (what its first PUT asked: a repeated PUT
+    /// returns the reservation as it is, as the contract's idempotency says).
+    gpus: BTreeMap<String, i64>,
     /// Every id ever granted per uid (more than one would be a doubled reservation).
     granted: BTreeMap<String, BTreeSet<String>>,
     calls: Vec<Call>,
@@ -127,6 +132,7 @@ impl FakeQuota {
             reserve: Mode::Ok,
             release: Mode::Ok,
             live: BTreeMap::new(),
+            gpus: BTreeMap::new(),
             granted: BTreeMap::new(),
             calls: Vec::new(),
             next_id: 1,
@@ -222,6 +228,11 @@ impl FakeQuota {
     /// Live reservations: uid → id.
     pub fn live(&self) -> BTreeMap<String, String> {
         self.inner.lock().unwrap().live.clone()
+    }
+
+    /// The GPUs the live reservation of `uid` holds, if it has one.
+    pub fn live_gpus(&self, uid: &str) -> Option<i64> {
+        self.inner.lock().unwrap().gpus.get(uid).copied()
     }
 
     /// Distinct ids ever granted for `uid`.
@@ -390,9 +401,13 @@ fn process_reserve(
                         let id = format!("r-{}", inner.next_id);
                         inner.next_id += 1;
                         inner.live.insert(uid.clone(), id.clone());
+                        inner
+                            .gpus
+                            .insert(uid.clone(), body["gpus"].as_i64().unwrap_or_default());
                         id
                     }
                 };
+                let held = inner.gpus.get(&uid).copied().unwrap_or_default();
                 inner
                     .granted
                     .entry(uid.clone())
@@ -400,7 +415,7 @@ fn process_reserve(
                     .insert(id.clone());
                 (
                     StatusCode::OK,
-                    serde_json::json!({"id": id, "gpus": body["gpus"]}),
+                    serde_json::json!({"id": id, "gpus": held}),
                 )
             }
         }
@@ -410,6 +425,7 @@ fn process_reserve(
         uid,
         code: code.as_u16(),
         token,
+        at: jiff::Timestamp::now(),
     });
     (code, reply)
 }
@@ -443,6 +459,7 @@ fn process_release(s: &Shared, mode: Mode, uid: String, headers: &HeaderMap) -> 
     } else if mode == Mode::Fail {
         StatusCode::SERVICE_UNAVAILABLE
     } else if inner.live.remove(&uid).is_some() {
+        inner.gpus.remove(&uid);
         StatusCode::NO_CONTENT
     } else {
         StatusCode::NOT_FOUND
@@ -452,6 +469,7 @@ fn process_release(s: &Shared, mode: Mode, uid: String, headers: &HeaderMap) -> 
         uid,
         code: code.as_u16(),
         token,
+        at: jiff::Timestamp::now(),
     });
     code
 }
