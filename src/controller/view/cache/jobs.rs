@@ -3,43 +3,20 @@
 //! count; labels alone can be copied by anyone.
 
 use std::collections::BTreeSet;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-use hashbrown::HashTable;
 use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::watcher::Event;
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
 use tracing::error;
 
-use super::{Relists, record};
+use super::record;
+use super::table::{self, Owned, Record};
 use crate::controller::Key;
 use crate::controller::job::controller_of;
 use crate::controller::seen_job::{SeenJob, SeenJobStatus};
 use crate::controller::view::scope::Scope;
-
-#[derive(Debug, Default)]
-struct Inner {
-    table: Table,
-    /// The relists in progress, one per watch (of everything, or of one shard).
-    relists: Relists<Table>,
-}
-
-/// The indexed Jobs, one record each in `slots`, found by their controlling GpuJob's uid
-/// (`by_owner`) and by their own namespace and name (`by_name`, to move or drop a Job
-/// whose owner changed or that went). The two tables hold slot numbers, 4 bytes each,
-/// not copies of the keys.
-#[derive(Debug, Default)]
-struct Table {
-    slots: Vec<Option<Cached>>,
-    /// Slots emptied by a removal, reused first.
-    free: Vec<u32>,
-    by_owner: HashTable<u32>,
-    by_name: HashTable<u32>,
-    hasher: RandomState,
-}
 
 /// A cached Job controlled by a GpuJob, in one allocation ([`record`]): the owner's uid,
 /// the namespace, the owner's name and the Job's name, then the JSON of the rest of what
@@ -50,7 +27,7 @@ struct Table {
 pub(in crate::controller) struct Cached(Box<[u8]>);
 
 /// The identifying strings of a [`Cached`] Job.
-struct Names<'a> {
+struct Fields<'a> {
     owner_uid: &'a str,
     namespace: &'a str,
     owner: &'a str,
@@ -152,10 +129,10 @@ impl Cached {
         }
     }
 
-    fn names(&self) -> Option<(Names<'_>, &[u8])> {
+    fn fields(&self) -> Option<(Fields<'_>, &[u8])> {
         let ([owner_uid, namespace, owner, name], kept) = record::unpack(&self.0)?;
         Some((
-            Names {
+            Fields {
                 owner_uid,
                 namespace,
                 owner,
@@ -166,8 +143,8 @@ impl Cached {
     }
 
     /// The names and the decoded rest.
-    fn kept(&self) -> Option<(Names<'_>, Kept)> {
-        let (names, kept) = self.names()?;
+    fn kept(&self) -> Option<(Fields<'_>, Kept)> {
+        let (names, kept) = self.fields()?;
         match serde_json::from_slice(kept) {
             Ok(kept) => Some((names, kept)),
             Err(e) => {
@@ -216,179 +193,26 @@ impl Cached {
     }
 
     fn owner(&self) -> Option<Key> {
-        self.names().map(|(n, _)| Key::new(n.namespace, n.owner))
+        self.fields().map(|(n, _)| Key::new(n.namespace, n.owner))
     }
 }
 
-/// The owners of the Jobs of `part` in one table and not the other, or in both as
-/// different records (a Job's record holds its resourceVersion).
-fn changed_owners(old: &Table, new: &Table, part: &Scope) -> BTreeSet<Key> {
-    let mut keys = BTreeSet::new();
-    for (a, b) in [(old, new), (new, old)] {
-        for job in a.slots.iter().flatten() {
-            let Some((names, _)) = job.names() else {
-                continue;
-            };
-            if !part.contains(names.namespace) {
-                continue;
-            }
-            let there = b.get(names.namespace, names.name);
-            if there != Some(job) {
-                keys.extend(job.owner());
-                keys.extend(there.and_then(Cached::owner));
-            }
-        }
-    }
-    keys
-}
-
-/// The names of the Job in `slot`.
-fn names_at(slots: &[Option<Cached>], slot: u32) -> Option<Names<'_>> {
-    let (names, _) = slots.get(slot as usize)?.as_ref()?.names()?;
-    Some(names)
-}
-
-fn owner_hash(hasher: &RandomState, owner_uid: &str) -> u64 {
-    hasher.hash_one(owner_uid)
-}
-
-fn name_hash(hasher: &RandomState, namespace: &str, name: &str) -> u64 {
-    hasher.hash_one((namespace, name))
-}
-
-/// The hash `by_owner` files `slot` under.
-fn owner_hash_at(hasher: &RandomState, slots: &[Option<Cached>], slot: u32) -> u64 {
-    names_at(slots, slot).map_or(0, |n| owner_hash(hasher, n.owner_uid))
-}
-
-/// The hash `by_name` files `slot` under.
-fn name_hash_at(hasher: &RandomState, slots: &[Option<Cached>], slot: u32) -> u64 {
-    names_at(slots, slot).map_or(0, |n| name_hash(hasher, n.namespace, n.name))
-}
-
-impl Table {
-    /// Files `job`, replacing a Job of the same namespace and name.
-    fn insert(&mut self, job: Cached) {
-        let Some((names, _)) = job.names() else {
-            return;
-        };
-        let by_owner_hash = owner_hash(&self.hasher, names.owner_uid);
-        let by_name_hash = name_hash(&self.hasher, names.namespace, names.name);
-        self.remove(names.namespace, names.name);
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                self.slots[slot as usize] = Some(job);
-                slot
-            }
-            None => {
-                // Four billion Jobs in one replica's memory is not a case to handle.
-                let slot = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-                self.slots.push(Some(job));
-                slot
-            }
-        };
-        let Table {
-            slots,
-            by_owner,
-            by_name,
-            hasher,
-            ..
-        } = self;
-        by_owner.insert_unique(by_owner_hash, slot, |s| owner_hash_at(hasher, slots, *s));
-        by_name.insert_unique(by_name_hash, slot, |s| name_hash_at(hasher, slots, *s));
-    }
-
-    /// Drops the Job `namespace/name`; returns it if it was there.
-    fn remove(&mut self, namespace: &str, name: &str) -> Option<Cached> {
-        let slots = &self.slots;
-        let found = self
-            .by_name
-            .find_entry(name_hash(&self.hasher, namespace, name), |s| {
-                names_at(slots, *s).is_some_and(|n| n.namespace == namespace && n.name == name)
-            });
-        let slot = found.ok()?.remove().0;
-        let cached = self.slots.get_mut(slot as usize)?.take()?;
-        if let Some((names, _)) = cached.names()
-            && let Ok(entry) = self
-                .by_owner
-                .find_entry(owner_hash(&self.hasher, names.owner_uid), |s| *s == slot)
-        {
-            entry.remove();
-        }
-        self.free.push(slot);
-        Some(cached)
-    }
-
-    /// The Job `namespace/name`.
-    fn get(&self, namespace: &str, name: &str) -> Option<&Cached> {
-        let slots = &self.slots;
-        let slot = self
-            .by_name
-            .find(name_hash(&self.hasher, namespace, name), |s| {
-                names_at(slots, *s).is_some_and(|n| n.namespace == namespace && n.name == name)
-            })?;
-        slots.get(*slot as usize)?.as_ref()
-    }
-
-    /// The Jobs controlled by the GpuJob with `uid`.
-    fn of_owner(&self, uid: &str) -> impl Iterator<Item = &Cached> {
-        self.by_owner
-            .iter_hash(owner_hash(&self.hasher, uid))
-            .filter(move |s| names_at(&self.slots, **s).is_some_and(|n| n.owner_uid == uid))
-            .filter_map(|s| self.slots.get(*s as usize)?.as_ref())
-    }
-
-    /// How many Jobs are kept (every freed slot is on the free list).
-    fn len(&self) -> usize {
-        self.slots.len().saturating_sub(self.free.len())
-    }
-
-    /// Drops every Job of the namespaces `part` holds.
-    fn remove_part(&mut self, part: &Scope) {
-        let names: Vec<(String, String)> = self
-            .slots
-            .iter()
-            .flatten()
-            .filter_map(|c| c.names())
-            .filter(|(n, _)| part.contains(n.namespace))
-            .map(|(n, _)| (n.namespace.to_owned(), n.name.to_owned()))
-            .collect();
-        for (namespace, name) in names {
-            self.remove(&namespace, &name);
-        }
-    }
-
-    /// Lets go of the room a relist's growth left over.
-    fn shrink(&mut self) {
-        let Table {
-            slots,
-            free,
-            by_owner,
-            by_name,
-            hasher,
-        } = self;
-        // Slot numbers must stay; only the unused tail goes.
-        if free.is_empty() {
-            slots.shrink_to_fit();
-        }
-        by_owner.shrink_to_fit(|s| owner_hash_at(hasher, slots, *s));
-        by_name.shrink_to_fit(|s| name_hash_at(hasher, slots, *s));
+impl Record for Cached {
+    fn names(&self) -> Option<table::Names<'_>> {
+        let (n, _) = self.fields()?;
+        Some(table::Names {
+            owner_uid: n.owner_uid,
+            namespace: n.namespace,
+            name: n.name,
+        })
     }
 }
 
-#[derive(Debug)]
+/// The cached Jobs, found by their controlling GpuJob's uid and by their own namespace
+/// and name.
+#[derive(Debug, Default)]
 pub struct JobIndex {
-    inner: RwLock<Inner>,
-    ready: watch::Sender<bool>,
-}
-
-impl Default for JobIndex {
-    fn default() -> JobIndex {
-        JobIndex {
-            inner: RwLock::default(),
-            ready: watch::channel(false).0,
-        }
-    }
+    table: Owned<Cached>,
 }
 
 /// The GpuJob that controls `job`, as (key, uid).
@@ -400,87 +224,44 @@ pub fn owner_of(job: &Job) -> Option<(Key, String)> {
 
 impl JobIndex {
     /// Applies one event of the watch of `part` (everything, or one shard); returns the
-    /// GpuJobs to reconcile because of it. A relist (the watch started again, or could
-    /// not resume, e.g. kube-apiserver restarted) is applied at once when complete,
-    /// replacing everything of `part`, and then every GpuJob whose Jobs it changed is
-    /// returned: one that had or has a Job that came, went or differs (another
+    /// GpuJobs to reconcile because of it: the one that had the Job (an owner reference
+    /// can be rewritten) and the one that has it now. A relist (the watch started again,
+    /// or could not resume, e.g. kube-apiserver restarted) is applied at once when
+    /// complete, replacing everything of `part`, and then every GpuJob whose Jobs it
+    /// changed is returned: one that had or has a Job that came, went or differs (another
     /// resourceVersion) from the one cached.
     pub fn apply(&self, event: &Event<Job>, part: &Scope) -> Vec<Key> {
-        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
-        match event {
-            Event::Init => {
-                inner.relists.begin(part);
-                Vec::new()
-            }
-            Event::InitApply(job) => {
-                let relist = inner.relists.get_mut(part);
-                if let Some((relist, cached)) = relist.zip(Cached::of_job(job)) {
-                    relist.insert(cached);
-                }
-                Vec::new()
-            }
-            Event::InitDone => {
-                let mut keys = BTreeSet::new();
-                if let Some(mut table) = inner.relists.finish(part) {
-                    keys = changed_owners(&inner.table, &table, part);
-                    if *part == Scope::All {
-                        table.shrink();
-                        inner.table = table;
-                    } else {
-                        inner.table.remove_part(part);
-                        for job in table.slots.into_iter().flatten() {
-                            inner.table.insert(job);
-                        }
-                    }
-                }
-                drop(inner);
-                self.ready.send_replace(true);
-                keys.into_iter().collect()
-            }
-            Event::Apply(job) | Event::Delete(job) => {
-                let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
-                let name = job.metadata.name.as_deref().unwrap_or_default();
-                // The GpuJob that had it (an owner reference can be rewritten) and the
-                // one that has it now.
-                let mut keys: BTreeSet<Key> = inner
-                    .table
-                    .remove(namespace, name)
-                    .and_then(|c| c.owner())
-                    .into_iter()
-                    .collect();
-                keys.extend(owner_of(job).map(|(k, _)| k));
-                if let (Event::Apply(_), Some(cached)) = (event, Cached::of_job(job)) {
-                    inner.table.insert(cached);
-                }
-                keys.into_iter().collect()
-            }
+        let mut keys = BTreeSet::new();
+        self.table.apply(event, part, Cached::of_job, |old, new| {
+            keys.extend(old.and_then(Cached::owner));
+            keys.extend(new.and_then(Cached::owner));
+        });
+        if let Event::Apply(job) | Event::Delete(job) = event {
+            // Its controller, even when the Job is not (or no longer) kept.
+            keys.extend(owner_of(job).map(|(k, _)| k));
         }
+        keys.into_iter().collect()
     }
 
     /// The watch of `part` stopped: what it filled goes (and its relist, if one was
     /// under way).
     pub fn drop_part(&self, part: &Scope) {
-        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
-        inner.relists.abandon(part);
-        inner.table.remove_part(part);
-        inner.table.shrink();
+        self.table.drop_part(part);
     }
 
     /// The Jobs controlled by the GpuJob with `uid`.
     pub fn jobs_of(&self, uid: &str) -> Vec<Arc<SeenJob>> {
-        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        inner
-            .table
-            .of_owner(uid)
-            .filter_map(Cached::seen)
-            .map(Arc::new)
-            .collect()
+        self.table.of_owner(uid, |c| c.seen().map(Arc::new))
+    }
+
+    /// The GpuJob that controls the cached Job `namespace/name` (a pod's Job, say).
+    pub fn gpujob_of(&self, namespace: &str, name: &str) -> Option<Key> {
+        self.table.find(namespace, name, Cached::owner)
     }
 
     /// How many Jobs are cached.
     pub fn len(&self) -> usize {
-        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        inner.table.len()
+        self.table.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -489,8 +270,7 @@ impl JobIndex {
 
     /// Resolves once the first list has been loaded.
     pub async fn wait_ready(&self) {
-        let mut rx = self.ready.subscribe();
-        let _ = rx.wait_for(|ready| *ready).await;
+        self.table.wait_ready().await;
     }
 }
 
@@ -543,6 +323,9 @@ mod tests {
             "then its owners are reconciled"
         );
         assert_eq!(idx.jobs_of("u1").len(), 1);
+        assert_eq!(idx.gpujob_of("ns", "a-1"), Some(Key::new("ns", "a")));
+        assert_eq!(idx.gpujob_of("ns", "stray"), None, "not kept");
+        assert_eq!(idx.gpujob_of("other", "a-1"), None);
 
         assert_eq!(
             idx.apply(&Event::Apply(job("a-2", Some(("a", "u1")))), &Scope::All),
@@ -556,6 +339,7 @@ mod tests {
         idx.apply(&Event::Apply(job("a-2", Some(("b", "u2")))), &Scope::All);
         assert!(idx.jobs_of("u1").is_empty());
         assert_eq!(idx.jobs_of("u2").len(), 1);
+        assert_eq!(idx.gpujob_of("ns", "a-2"), Some(Key::new("ns", "b")));
         // A relist replaces everything; owners that lost or gained Jobs are reconciled.
         idx.apply(&Event::Init, &Scope::All);
         idx.apply(

@@ -1,11 +1,13 @@
 //! The replica's caches, fed by the watches: GpuJobs ([`GpuJobCache`], each kept packed)
-//! and the Jobs they control ([`JobIndex`], indexed by owner). Both keep only what the
-//! operator reads, compactly: at ten thousand GpuJobs they are most of a replica's
-//! memory (`benches/examples/footprint.rs` measures them).
+//! and the Jobs they control ([`JobIndex`], indexed by owner, in a table type of its own
+//! for any index by GpuJob: `table.rs`). Both keep only what the operator reads,
+//! compactly: at ten thousand GpuJobs they are most of a replica's memory
+//! (`benches/examples/footprint.rs` measures them).
 
 mod gpujobs;
 mod jobs;
 mod record;
+mod table;
 
 use super::scope::Scope;
 
