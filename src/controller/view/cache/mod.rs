@@ -1,11 +1,12 @@
-//! The replica's caches, fed by the watches: GpuJobs ([`GpuJobCache`], each kept packed)
-//! and the Jobs they control ([`JobIndex`], indexed by owner, in a table type of its own
-//! for any index by GpuJob: `table.rs`). Both keep only what the operator reads,
-//! compactly: at ten thousand GpuJobs they are most of a replica's memory
-//! (`benches/examples/footprint.rs` measures them).
+//! The replica's caches, fed by the watches: GpuJobs ([`GpuJobCache`], each kept packed),
+//! the Jobs they control ([`JobIndex`], indexed by owner) and their attempts' pods
+//! ([`PodIndex`], indexed by owner; one table type serves both indexes: `table.rs`).
+//! All keep only what the operator reads, compactly: at ten thousand GpuJobs they are
+//! most of a replica's memory (`benches/examples/footprint.rs` measures them).
 
 mod gpujobs;
 mod jobs;
+mod pods;
 mod record;
 mod table;
 
@@ -49,3 +50,4 @@ impl<T: Default> Relists<T> {
 pub use gpujobs::GpuJobCache;
 pub(super) use jobs::Cached;
 pub use jobs::{JobIndex, owner_of};
+pub use pods::PodIndex;
