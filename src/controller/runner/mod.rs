@@ -206,8 +206,8 @@ fn on_scrape(
     let computed = std::sync::Mutex::new(None::<(tokio::time::Instant, BTreeMap<u32, u64>)>);
     status.on_scrape(move || {
         queue.update_gauges();
-        let (gpujobs, jobs) = ctx.view.cached();
-        for (resource, n) in [("gpujobs", gpujobs), ("jobs", jobs)] {
+        let (gpujobs, jobs, pods) = ctx.view.cached();
+        for (resource, n) in [("gpujobs", gpujobs), ("jobs", jobs), ("pods", pods)] {
             ctx.metrics
                 .cached_objects
                 .with_label_values(&[resource])

@@ -3,16 +3,20 @@
 //! the caches have not shown yet (`memory.rs`) and where each shard's term began
 //! (`term_start.rs`). Four ways in, and no other:
 //!
-//! - the watches feed it events ([`View::gpujob_event`], [`View::job_event`]);
+//! - the watches feed it events ([`View::gpujob_event`], [`View::job_event`],
+//!   [`View::pod_event`]);
 //! - a reconcile asks it for a snapshot ([`View::snapshot`], `observe.rs`: caches and
-//!   memory, with the direct reads the caches cannot answer), and for the reads a plan
-//!   asks for ([`View::confirm`], [`View::live_pods`]);
+//!   memory, with the direct reads the caches cannot answer), for a GpuJob's cached pods
+//!   ([`View::pods_of`]), and for the reads a plan asks for ([`View::confirm`],
+//!   [`View::live_pods`]);
 //! - the executor's outcomes come back to it ([`View::record`]): what the API server
 //!   accepted is remembered until the caches show it;
 //! - hand-over tells it which shards were lost ([`View::shards_lost`]).
 //!
-//! What the caches cover (every object, or some shards': `scope.rs`) decides which
-//! GpuJobs may be reconciled ([`View::covers`]).
+//! What the GpuJob and Job caches cover (every object, or some shards': `scope.rs`)
+//! decides which GpuJobs may be reconciled ([`View::covers`]). The pod cache is not
+//! waited for: it only tells a plan that a pod waits at the gate, and the gate lets a pod
+//! go only after a read of the API server.
 
 pub mod cache;
 mod memory;
@@ -23,6 +27,7 @@ mod term_start;
 use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::runtime::watcher::Event;
 
@@ -30,7 +35,7 @@ use super::{Fence, Key};
 use crate::api::GpuJob;
 use crate::controller::seen_job::SeenJob;
 use crate::controller::seen_pod::SeenPod;
-use cache::{GpuJobCache, JobIndex, owner_of};
+use cache::{GpuJobCache, JobIndex, PodIndex, owner_of};
 use memory::WriteMemory;
 pub use observe::Snapshot;
 use scope::{Cached, Coverage, Scope};
@@ -81,6 +86,7 @@ pub struct View {
     client: Client,
     gpujobs: GpuJobCache,
     jobs: JobIndex,
+    pods: PodIndex,
     memory: WriteMemory,
     term_starts: TermStarts,
     coverage: Coverage,
@@ -90,6 +96,8 @@ impl std::fmt::Debug for View {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("View")
             .field("gpujobs", &self.gpujobs.len())
+            .field("jobs", &self.jobs.len())
+            .field("pods", &self.pods.len())
             .finish_non_exhaustive()
     }
 }
@@ -103,6 +111,7 @@ impl View {
             client,
             gpujobs: GpuJobCache::default(),
             jobs: JobIndex::default(),
+            pods: PodIndex::default(),
             memory: WriteMemory::default(),
             coverage: Coverage::default(),
         }
@@ -142,6 +151,20 @@ impl View {
         JobEventKeys { touched, relisted }
     }
 
+    /// A pod watch event: into the pod cache. Returns the GpuJobs whose gate has
+    /// something to do because of it ([`PodIndex::apply`]: a pod newly waiting at the
+    /// gate, one that could run and no longer can, one gone; at the end of a relist, those
+    /// whose pods it changed so), found through the pods' Jobs in the Job cache.
+    pub fn pod_event(&self, event: &Event<Pod>, part: &Scope) -> Vec<Key> {
+        self.pods.apply(event, part, &self.jobs)
+    }
+
+    /// The cached pods labelled with the GpuJob uid `uid`. The cache may lag: enough to
+    /// tell that a pod waits at the gate, never to let it go.
+    pub fn pods_of(&self, uid: &str) -> Vec<Arc<SeenPod>> {
+        self.pods.pods_of(uid)
+    }
+
     /// The shards for which `lost` holds changed hands: what this replica knew of their
     /// GpuJobs' writes is dropped (another replica may write them now).
     pub fn shards_lost(&self, lost: impl Fn(&Key) -> bool) {
@@ -160,13 +183,14 @@ impl View {
     }
 
     /// The watches of `part` stopped (its shard is neither held nor kept warm): what
-    /// they filled leaves both caches. Call after [`View::watching`].
+    /// they filled leaves the caches. Call after [`View::watching`].
     pub fn drop_part(&self, part: &Scope) {
         self.gpujobs.drop_part(part);
         self.jobs.drop_part(part);
+        self.pods.drop_part(part);
     }
 
-    /// Nothing to watch (no shard held): both caches are empty (each shard's part left
+    /// Nothing to watch (no shard held): the caches are empty (each shard's part left
     /// when its watches stopped) and cover nothing, which counts as listed (a replica
     /// holding nothing is ready).
     pub fn watch_nothing(&self, empty: &Scope) {
@@ -174,6 +198,8 @@ impl View {
         self.gpujobs.apply(&Event::InitDone, empty);
         self.jobs.apply(&Event::Init, empty);
         self.jobs.apply(&Event::InitDone, empty);
+        self.pods.apply(&Event::Init, empty, &self.jobs);
+        self.pods.apply(&Event::InitDone, empty, &self.jobs);
         self.coverage.listed(Cached::GpuJobs, empty);
         self.coverage.listed(Cached::Jobs, empty);
     }
@@ -189,20 +215,17 @@ impl View {
         self.coverage.covers_shard(shard)
     }
 
-    /// Resolves once both caches hold a full list.
+    /// Resolves once the GpuJob and Job caches hold a full list (the pod cache is not
+    /// waited for: a pod it has not listed yet is queued by its Job's first list, or by
+    /// its own, whichever completes last).
     pub async fn wait_ready(&self) {
         self.gpujobs.wait_ready().await;
         self.jobs.wait_ready().await;
     }
 
-    /// The pods of the GpuJob with `uid`, as the pod cache has them.
-    pub fn pods_of(&self, _uid: &str) -> Vec<Arc<SeenPod>> {
-        Vec::new()
-    }
-
-    /// How many GpuJobs and Jobs the caches hold.
-    pub fn cached(&self) -> (usize, usize) {
-        (self.gpujobs.len(), self.jobs.len())
+    /// How many GpuJobs, Jobs and pods the caches hold.
+    pub fn cached(&self) -> (usize, usize, usize) {
+        (self.gpujobs.len(), self.jobs.len(), self.pods.len())
     }
 
     /// Every cached GpuJob's key.
@@ -365,4 +388,46 @@ pub struct JobEventKeys {
     pub touched: Vec<Key>,
     /// After a relist: the GpuJobs whose Jobs the memory spoke of.
     pub relisted: Vec<Key>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn a_pod_at_the_gate_queues_its_gpujob_through_its_job_and_leaves_with_its_part() {
+        // Nothing here calls the API server.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let view = View::new(Client::try_from(config).unwrap());
+        let job: Job = serde_json::from_value(json!({"metadata": {
+            "name": "a-1", "namespace": "ns",
+            "ownerReferences": [{"apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+                "name": "a", "uid": "u1", "controller": true}],
+        }}))
+        .unwrap();
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "a-1-x", "namespace": "ns", "uid": "p1",
+                "resourceVersion": "1", "labels": {crate::api::LABEL_UID: "u1"},
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                    "name": "a-1", "uid": "j1", "controller": true}]},
+            "spec": {"containers": [],
+                "schedulingGates": [{"name": crate::api::SCHEDULING_GATE}]},
+        }))
+        .unwrap();
+        assert!(
+            view.pod_event(&Event::Apply(pod.clone()), &Scope::All)
+                .is_empty(),
+            "its Job is not cached yet"
+        );
+        view.job_event(&Event::Apply(job), &Scope::All);
+        assert_eq!(view.pods_of("u1").len(), 1);
+        assert_eq!(view.cached(), (0, 1, 1));
+        let a = vec![Key::new("ns", "a")];
+        assert_eq!(view.pod_event(&Event::Delete(pod.clone()), &Scope::All), a);
+        assert_eq!(view.pod_event(&Event::Apply(pod), &Scope::All), a);
+        view.drop_part(&Scope::All);
+        assert_eq!(view.cached(), (0, 0, 0));
+        assert!(view.pods_of("u1").is_empty());
+    }
 }
