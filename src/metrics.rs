@@ -20,7 +20,7 @@ pub const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
 /// `gpujob_events_total` results.
 pub const EVENT_RESULTS: [&str; 4] = ["created", "series", "failed", "dropped"];
 /// `gpujob_watch_objects_total` resources.
-pub const WATCHED: [&str; 2] = ["gpujobs", "jobs"];
+pub const WATCHED: [&str; 3] = ["gpujobs", "jobs", "pods"];
 /// `gpujob_conversion_requests_total` results: a ConversionReview answered with every
 /// object converted, or answered with a Failed result.
 pub const CONVERSION_RESULTS: [&str; 2] = ["success", "failed"];
@@ -333,7 +333,7 @@ impl Metrics {
             )?,
             watch_objects: counters(
                 "gpujob_watch_objects_total",
-                "Objects this replica's watches received, listed or changed or deleted, by resource (gpujobs, jobs): what the API server sent it, owned shard or not",
+                "Objects this replica's watches received, listed or changed or deleted, by resource (gpujobs, jobs, pods): what the API server sent it, owned shard or not",
                 &["resource"],
             )?,
             watch_foreign: counters(
@@ -365,7 +365,7 @@ impl Metrics {
             cached_objects: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_cached_objects",
-                    "Objects in this replica's caches, by resource (gpujobs, jobs): with sharded watches, only its shards'",
+                    "Objects in this replica's caches, by resource (gpujobs, jobs, pods): with sharded watches, only its shards'",
                 ),
                 &["resource"],
             )?,
@@ -514,6 +514,9 @@ mod tests {
             "rest_client_requests_total{code=\"409\",method=\"PATCH\"} 0",
             "leader_election_master_status{name=\"gpujob\"} 0",
             "gpujob_events_total{result=\"dropped\"} 0",
+            "gpujob_watch_objects_total{resource=\"pods\"} 0",
+            "gpujob_watch_foreign_objects_total{resource=\"pods\"} 0",
+            "gpujob_cached_objects{resource=\"pods\"} 0",
             "gpujob_conversion_requests_total{result=\"failed\"} 0",
             "gpujob_conversion_duration_seconds_count 0",
             "gpujob_conversion_certificate_expiration_timestamp_seconds 0",

@@ -45,10 +45,11 @@ async fn counters_and_gauges_follow_what_happened() {
     // One attempt for "ok", two for "bad" (maxRetries 1); both of "bad" failed.
     assert_eq!(value("gpujob_attempts_started_total", &[]), 3.0);
     assert_eq!(value("gpujob_attempts_failed_total", &[]), 2.0);
-    // What the watches received: each GpuJob and each of the three Jobs at least once
-    // (their status changes come again).
+    // What the watches received: each GpuJob, each of the three Jobs and each of their
+    // pods at least once (their status changes come again).
     assert!(value("gpujob_watch_objects_total", &[("resource", "gpujobs")]) >= 2.0);
     assert!(value("gpujob_watch_objects_total", &[("resource", "jobs")]) >= 3.0);
+    assert!(value("gpujob_watch_objects_total", &[("resource", "pods")]) >= 3.0);
     // Every write went through the client: three Job creates and the Events (attempt
     // started ×3, attempt failed ×2, retrying, succeeded, failed), all 201s on POST.
     let events = env

@@ -1,10 +1,13 @@
-//! The two watches: GpuJobs and the Jobs they control, each event fed to the view
-//! (`view/`). Each event queues the GpuJob it concerns; a relist queues every GpuJob it
-//! changed (one that came, went, or has another resourceVersion, or whose Jobs did), and
-//! for Jobs also every GpuJob whose Jobs the view's write memory still speaks of. One
-//! the relist left as cached was looked at already, as it is: queueing it again would
-//! make every relist (a watch that could not resume, a shard starting its watch) look at
-//! every GpuJob it covers once more.
+//! The three watches: GpuJobs, the Jobs they control and their attempts' pods, each
+//! event fed to the view (`view/`). Each GpuJob or Job event queues the GpuJob it
+//! concerns; a relist queues every GpuJob it changed (one that came, went, or has
+//! another resourceVersion, or whose Jobs did), and for Jobs also every GpuJob whose
+//! Jobs the view's write memory still speaks of. One the relist left as cached was
+//! looked at already, as it is: queueing it again would make every relist (a watch that
+//! could not resume, a shard starting its watch) look at every GpuJob it covers once
+//! more. A pod event, or a pod relist, queues a GpuJob only when its gate has something
+//! to do (a pod newly waiting at the gate, one that could run and no longer can, one
+//! gone: `View::pod_event`); a pod's status otherwise changes nothing the plan reads.
 //! New work goes to the queue's prompt lane: a GpuJob without a status (never looked at),
 //! and a Job that has finished (its GpuJob's next step is due).
 //!
@@ -12,18 +15,20 @@
 //! objects of the shards this replica holds, when the API server can select them (the
 //! sharded list and watch, KEP-5866; told by the selector it echoes on a list, not by its
 //! version): each shard held, or kept warm for a takeover (`Ownership::warm`), has a
-//! watch of its GpuJobs and one of its Jobs, each with that shard's range as selector.
-//! A shard newly held or kept warm starts its own two (listing that shard alone); a shard
-//! given up stops them and leaves the caches; the other shards' watches go on untouched,
-//! so a takeover of a warm shard lists nothing. Otherwise the watches receive
-//! everything, as with one shard.
+//! watch of its GpuJobs, one of its Jobs and one of its pods, each with that shard's range
+//! as selector. A shard newly held or kept warm starts its own three (listing that shard
+//! alone); a shard given up stops them and leaves the caches; the other shards' watches
+//! go on untouched, so a takeover of a warm shard lists nothing. Otherwise the watches
+//! receive everything, as with one shard.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -82,7 +87,7 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
         while tasks.join_next().await.is_some() {}
         return;
     }
-    // Each shard watched has a watch of its GpuJobs and one of its Jobs.
+    // Each shard watched has a watch of its GpuJobs, one of its Jobs and one of its pods.
     let mut running: BTreeMap<u32, Vec<AbortHandle>> = BTreeMap::new();
     let mut current: Option<Scope> = None;
     loop {
@@ -125,7 +130,7 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
             } else {
                 info!(
                     shards = ?parts.keys().collect::<Vec<_>>(),
-                    "watching the GpuJobs and Jobs of the shards held and kept warm"
+                    "watching the GpuJobs, Jobs and pods of the shards held and kept warm"
                 );
             }
             // A shard newly wanted: its own watches, with its own selector.
@@ -180,6 +185,12 @@ fn start(
         )),
         tasks.spawn(jobs(
             api::<Job>(client, ns),
+            ctx.clone(),
+            intake.clone(),
+            part.clone(),
+        )),
+        tasks.spawn(pods(
+            api::<Pod>(client, ns),
             ctx.clone(),
             intake.clone(),
             part,
@@ -267,6 +278,34 @@ fn config(ctx: &Context) -> watcher::Config {
 /// times as many list requests.
 const LIST_PAGE: u32 = 100;
 
+/// The events of a watch of `api` with `config`, of `scope` alone: an object from
+/// outside it (the API server did not apply the selector) is counted as foreign and
+/// dropped ([`in_scope`]); the objects kept are counted as received, as `resource`.
+fn watch_events<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    ctx: &Context,
+    scope: &Scope,
+    resource: &str,
+) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let foreign = ctx.metrics.watch_foreign.with_label_values(&[resource]);
+    let received = ctx.metrics.watch_objects.with_label_values(&[resource]);
+    let filter = scope.clone();
+    watcher(api, config)
+        .default_backoff()
+        .filter(move |event| std::future::ready(in_scope(event, &filter, &foreign)))
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                received.inc_by(objects_in(event));
+            }
+        })
+        .boxed()
+}
+
 async fn gpujobs(
     api: Api<GpuJob>,
     ctx: Arc<Context>,
@@ -274,20 +313,12 @@ async fn gpujobs(
     status: Arc<Status>,
     scope: Scope,
 ) {
-    let foreign = ctx.metrics.watch_foreign.with_label_values(&["gpujobs"]);
-    let filter = scope.clone();
-    let stream = watcher(api, config(&ctx))
-        .default_backoff()
-        .filter(move |event| std::future::ready(in_scope(event, &filter, &foreign)))
-        .modify(trim_gpujob);
-    let mut events = stream.boxed();
+    let mut events = watch_events(api, config(&ctx), &ctx, &scope, "gpujobs").modify(trim_gpujob);
     // A relist reaches the store only when complete (InitDone); then every GpuJob it
     // changed is looked at.
     let mut changed: Vec<Key> = Vec::new();
-    let received = ctx.metrics.watch_objects.with_label_values(&["gpujobs"]);
     while let Some(event) = events.next().await {
         if let Ok(event) = &event {
-            received.inc_by(objects_in(event));
             changed = ctx.view.gpujob_event(event, &scope);
         }
         match event {
@@ -323,17 +354,10 @@ async fn gpujobs(
 }
 
 async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
-    let foreign = ctx.metrics.watch_foreign.with_label_values(&["jobs"]);
-    let filter = scope.clone();
-    let stream = watcher(api, config(&ctx).labels(LABEL_UID))
-        .default_backoff()
-        .filter(move |event| std::future::ready(in_scope(event, &filter, &foreign)));
-    let mut events = stream.boxed();
-    let received = ctx.metrics.watch_objects.with_label_values(&["jobs"]);
+    let mut events = watch_events(api, config(&ctx).labels(LABEL_UID), &ctx, &scope, "jobs");
     while let Some(event) = events.next().await {
         match event {
             Ok(event) => {
-                received.inc_by(objects_in(&event));
                 let finished = matches!(
                     &event,
                     watcher::Event::Apply(job) if job_state(job) != JobState::Active
@@ -362,6 +386,30 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
             }
             Err(e) => warn!(
                 "Job watch: {}; retrying with backoff",
+                crate::apierror::describe_watch(&e)
+            ),
+        }
+    }
+}
+
+/// The pods of the GpuJobs (label `gpujob.dev/uid`, as every attempt's pod has): the pod
+/// cache says when a GpuJob's pod waits at the gate, so that its plan reads the pods and
+/// lets the gate go; a pod event queues the GpuJob only then ([`View::pod_event`]). Not
+/// part of what a reconcile waits for (`Coverage`): the gate acts only on a read.
+///
+/// [`View::pod_event`]: crate::controller::view::View::pod_event
+async fn pods(api: Api<Pod>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
+    let mut events = watch_events(api, config(&ctx).labels(LABEL_UID), &ctx, &scope, "pods");
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => {
+                for key in ctx.view.pod_event(&event, &scope) {
+                    debug!(gpujob = %key, event = event_name(&event), "pod event");
+                    intake.add(key);
+                }
+            }
+            Err(e) => warn!(
+                "pod watch: {}; retrying with backoff",
                 crate::apierror::describe_watch(&e)
             ),
         }
