@@ -68,8 +68,12 @@ impl ApiCall {
             ApiCall::ReadWorkload => "reading the queued attempt's Kueue Workload",
             ApiCall::CreateJob => "creating the attempt's Job",
             ApiCall::CreateService => "creating the multi-node attempt's headless Service",
-            ApiCall::UngatePod => "letting the current attempt's pod go (removing the scheduling gate)",
-            ApiCall::DeletePod => "deleting a pod that waits at the gate and is not the current attempt's",
+            ApiCall::UngatePod => {
+                "letting the current attempt's pod go (removing the scheduling gate)"
+            }
+            ApiCall::DeletePod => {
+                "deleting a pod that waits at the gate and is not the current attempt's"
+            }
             ApiCall::GateJob => "adding the scheduling gate to a Job an earlier version created",
             ApiCall::DeleteJob => "deleting an attempt's Job",
             ApiCall::DeleteGpuJob => "deleting the finished GpuJob (its time to live is over)",

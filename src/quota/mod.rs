@@ -39,10 +39,7 @@ pub enum Reserve {
         gpus: Option<i32>,
     },
     /// Not enough quota now; ask again later.
-    Refused {
-        reason: String,
-        message: String,
-    },
+    Refused { reason: String, message: String },
 }
 
 /// A call that did not get a usable answer; retried with backoff.

@@ -54,14 +54,23 @@ async fn a_job_claiming_an_attempt_number_the_operator_never_made_is_a_stray() {
         .find(|e| e.1 == "UnrecognizedJobDeleted")
         .unwrap();
     assert!(
-        warning.0 == "Warning" && warning.2.contains("train-forged") && warning.2.contains("2147483647"),
+        warning.0 == "Warning"
+            && warning.2.contains("train-forged")
+            && warning.2.contains("2147483647"),
         "{warning:?}"
     );
     wait::until(
         "the forged Job gone",
         Duration::from_secs(60),
         Duration::from_millis(100),
-        || async { env.jobs().get_opt("train-forged").await.unwrap().is_none().then_some(()) },
+        || async {
+            env.jobs()
+                .get_opt("train-forged")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
     )
     .await
     .unwrap();

@@ -758,7 +758,7 @@ const OPERATOR_RIGHTS: &[(&str, &str)] = &[
     ("gpujobs.gpujob.dev/status", "patch"),
     ("gpujobs.gpujob.dev/finalizers", "update"),
     ("jobs.batch", "get list watch create patch delete"),
-    ("pods", "list watch patch"),
+    ("pods", "list watch patch delete"),
     ("services", "get create"),
     ("workloads.kueue.x-k8s.io", "list"),
     ("events.events.k8s.io", "create patch"),

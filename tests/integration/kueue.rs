@@ -15,8 +15,8 @@ use std::time::Duration;
 use gpujob_operator::api::{
     Condition, ConditionStatus, GpuJob, LABEL_KUEUE_QUEUE, LABEL_UID, Phase,
 };
-use k8s_openapi::api::batch::v1::Job;
 use gpujob_operator::controller::job::desired_job;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -341,10 +341,14 @@ async fn a_job_kueue_labels_by_default_runs_only_through_the_operators_gate() {
         .await;
     let uid = created.metadata.uid.clone().unwrap();
     let running = env
-        .wait_gpujob("pair", "admitted from the default LocalQueue and running", |g| {
-            phase(g) == Some(Phase::Running)
-                && condition(g, "Admitted").is_some_and(|c| c.status == ConditionStatus::True)
-        })
+        .wait_gpujob(
+            "pair",
+            "admitted from the default LocalQueue and running",
+            |g| {
+                phase(g) == Some(Phase::Running)
+                    && condition(g, "Admitted").is_some_and(|c| c.status == ConditionStatus::True)
+            },
+        )
         .await;
     let jobs = jobs_of(&env, &uid).await;
     assert_eq!(jobs.len(), 1);
@@ -383,7 +387,14 @@ async fn a_job_kueue_labels_by_default_runs_only_through_the_operators_gate() {
         "the late Job of attempt 2 gone",
         Duration::from_secs(60),
         Duration::from_millis(200),
-        || async { env.jobs().get_opt("pair-2").await.unwrap().is_none().then_some(()) },
+        || async {
+            env.jobs()
+                .get_opt("pair-2")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
     )
     .await
     .unwrap();

@@ -445,7 +445,10 @@ async fn a_pod_that_outlived_its_job_holds_the_next_attempt() {
     )
     .await
     .unwrap();
-    let gates = gated.spec.and_then(|s| s.scheduling_gates).unwrap_or_default();
+    let gates = gated
+        .spec
+        .and_then(|s| s.scheduling_gates)
+        .unwrap_or_default();
     assert!(
         gates.iter().any(|g| g.name == SCHEDULING_GATE),
         "not let go while the pod of attempt 1 is there: {gates:?}"
@@ -532,8 +535,7 @@ async fn hold_then_freeze(
 async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbids_it() {
     let env = TestEnv::new("late-next").await;
     let node = OwnNode::create(&env, 2).await;
-    let (proxy, first, second) =
-        leader_behind_proxy(&env, &["--max-gpus-per-job", "1"]).await;
+    let (proxy, first, second) = leader_behind_proxy(&env, &["--max-gpus-per-job", "1"]).await;
     let mut spec = node.place(json!({
         "image": "i", "gpus": 1, "maxRetries": 3,
         "env": sim_env(&[("SIM_FAIL_ATTEMPTS", "1"), ("SIM_DURATION_SECONDS", "2")]),
@@ -572,7 +574,10 @@ async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbid
         ready(g).is_some_and(|(_, reason, _)| reason == "InvalidSpec")
     })
     .await;
-    assert!(held.elapsed() < HOLD, "the takeover took longer than the hold");
+    assert!(
+        held.elapsed() < HOLD,
+        "the takeover took longer than the hold"
+    );
     let s = until(
         &mut seen,
         "the deposed leader's create of attempt 2 to land",
@@ -673,23 +678,25 @@ async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attemp
     if let Some(spec) = race.spec.as_mut() {
         spec.termination_grace_period_seconds = Some(300);
         if let Some(main) = spec.containers.first_mut() {
-            main.env.get_or_insert_with(Vec::new).push(
-                k8s_openapi::api::core::v1::EnvVar {
+            main.env
+                .get_or_insert_with(Vec::new)
+                .push(k8s_openapi::api::core::v1::EnvVar {
                     name: "SIM_TERMINATION_SECONDS".into(),
                     value: Some("300".into()),
                     value_from: None,
-                },
-            );
+                });
         }
     }
-    race.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-        api_version: "batch/v1".into(),
-        kind: "Job".into(),
-        name: "train-1".into(),
-        uid: one.metadata.uid.clone().unwrap(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }]);
+    race.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "batch/v1".into(),
+            kind: "Job".into(),
+            name: "train-1".into(),
+            uid: one.metadata.uid.clone().unwrap(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        },
+    ]);
     let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
     pods.create(&Default::default(), &race).await.unwrap();
     wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {

@@ -73,7 +73,7 @@ async fn an_old_attempts_job_whose_delete_was_refused_is_deleted_on_a_later_look
         .await;
     h.refresh(&env).await;
     h.reconcile("old").await.unwrap();
-    h.start(&env, "old", "old-1").await;
+    h.release(&env, "old", "old-1").await;
     wait_job(&env, "old-1", "Failed", |j| {
         j.is_some_and(|j| matches!(job_state(j), JobState::Failed { .. }))
     })
@@ -128,7 +128,7 @@ async fn a_replacement_never_starts_while_the_replaced_attempts_job_remains() {
     h.refresh(&env).await;
     h.reconcile("train").await.unwrap();
     wait_job(&env, "train-1", "exists", |j| j.is_some()).await;
-    h.start(&env, "train", "train-1").await;
+    h.release(&env, "train", "train-1").await;
     h.refresh(&env).await;
 
     // The spec changes (Recreate) while the running Job's resourceVersion moves on: the

@@ -663,7 +663,10 @@ async fn a_grant_whose_answer_was_lost_is_released_when_the_gpujob_cannot_run() 
 /// A Job of this GpuJob that is not the current attempt's and runs, with a pod that takes
 /// time to stop: made here as an earlier version made Jobs (started, its pods without
 /// the operator's gate), numbered as the next attempt.
-fn stray_job(gj: &gpujob_operator::api::GpuJob, stop_seconds: &str) -> k8s_openapi::api::batch::v1::Job {
+fn stray_job(
+    gj: &gpujob_operator::api::GpuJob,
+    stop_seconds: &str,
+) -> k8s_openapi::api::batch::v1::Job {
     let mut job = gpujob_operator::controller::job::desired_job(gj, 2);
     let spec = job.spec.as_mut().unwrap();
     spec.suspend = Some(false);

@@ -125,10 +125,15 @@ async fn https_is_trusted_through_the_ca_file_and_refused_without_it() {
             .reserve(&request("u1"), &Call::default())
             .await
             .unwrap();
-        let Reserve::Granted { id } = granted else {
+        let Reserve::Granted { id, gpus } = granted else {
             panic!("expected a grant, got {granted:?}");
         };
         assert_eq!(quota.live().get("u1"), Some(&id));
+        assert_eq!(
+            gpus,
+            Some(request("u1").gpus),
+            "the grant says what it holds"
+        );
         trusting.release("u1", &Call::default()).await.unwrap();
         assert!(quota.live().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();

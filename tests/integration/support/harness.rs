@@ -2,7 +2,7 @@
 //! caches the test loads itself, so that their lag behind the operator's own writes (or
 //! behind someone else's) is forced rather than hoped for.
 
-use gpujob_operator::api::{GpuJob, LABEL_UID};
+use gpujob_operator::api::{GpuJob, LABEL_UID, SCHEDULING_GATE};
 use gpujob_operator::controller::apply::Writer;
 use gpujob_operator::controller::error::Error;
 use gpujob_operator::controller::view::View;
@@ -11,7 +11,8 @@ use gpujob_operator::controller::{Context, Key, Next, Settings, reconcile};
 use gpujob_operator::lease::Ownership;
 use gpujob_operator::metrics::Metrics;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 
@@ -89,7 +90,18 @@ impl Harness {
         self.ctx.view.job_event(&Event::InitDone, &Scope::All);
     }
 
-    /// Both caches catch up with the API server now.
+    /// The pod cache holds exactly `pods` (a relist).
+    pub fn load_pods(&self, pods: &[Pod]) {
+        self.ctx.view.pod_event(&Event::Init, &Scope::All);
+        for p in pods {
+            self.ctx
+                .view
+                .pod_event(&Event::InitApply(p.clone()), &Scope::All);
+        }
+        self.ctx.view.pod_event(&Event::InitDone, &Scope::All);
+    }
+
+    /// The caches catch up with the API server now.
     pub async fn refresh(&mut self, env: &TestEnv) {
         let gpujobs = env.gpujobs().list(&ListParams::default()).await.unwrap();
         self.load_gpujobs(&gpujobs.items);
@@ -99,31 +111,50 @@ impl Harness {
             .await
             .unwrap();
         self.load_jobs(&jobs.items);
+        let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+        let pods = pods
+            .list(&ListParams::default().labels(LABEL_UID))
+            .await
+            .unwrap();
+        self.load_pods(&pods.items);
     }
 
     pub async fn reconcile(&self, name: &str) -> Result<Next, Error> {
         reconcile(&self.ctx, &Key::new(&self.ns, name)).await
     }
 
-    /// Starts Job `job` of GpuJob `gpujob`, created suspended: once the Job controller
-    /// has marked it so, the caches catch up and a reconcile starts it (this harness
-    /// has no watch to bring that mark).
-    pub async fn start(&mut self, env: &TestEnv, gpujob: &str, job: &str) {
+    /// Lets Job `job` of GpuJob `gpujob` run: once the Job controller has made its pod
+    /// (waiting at the operator's scheduling gate), the caches catch up and a reconcile
+    /// lets the pod go (this harness has no watch to bring the pod).
+    pub async fn release(&mut self, env: &TestEnv, gpujob: &str, job: &str) {
+        let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+        let selector = format!("job-name={job}");
         devcluster::wait::until(
-            &format!("the Job controller to mark Job {job} suspended"),
+            &format!("the Job controller to make Job {job}'s pod"),
             std::time::Duration::from_secs(30),
             std::time::Duration::from_millis(50),
             || async {
-                let j = env.jobs().get_opt(job).await.ok()??;
-                let seen = gpujob_operator::controller::seen_job::SeenJob::of(&j)?;
-                seen.suspension_seen().then_some(())
+                let list = pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .ok()?;
+                (!list.items.is_empty()).then_some(())
             },
         )
         .await
         .unwrap();
         self.refresh(env).await;
         self.reconcile(gpujob).await.unwrap();
-        let j = env.jobs().get(job).await.unwrap();
-        assert_eq!(j.spec.and_then(|s| s.suspend), Some(false), "{job} started");
+        let list = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .unwrap();
+        let gated = list.items.iter().any(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .is_some_and(|g| g.iter().any(|g| g.name == SCHEDULING_GATE))
+        });
+        assert!(!gated, "{job}'s pod let go");
     }
 }

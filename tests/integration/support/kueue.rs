@@ -350,4 +350,3 @@ pub async fn workload_of(env: &TestEnv, job_uid: &str) -> Option<serde_json::Val
         .next()
         .map(|w| serde_json::to_value(w).unwrap())
 }
-

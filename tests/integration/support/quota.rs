@@ -413,10 +413,7 @@ fn process_reserve(
                     .entry(uid.clone())
                     .or_default()
                     .insert(id.clone());
-                (
-                    StatusCode::OK,
-                    serde_json::json!({"id": id, "gpus": held}),
-                )
+                (StatusCode::OK, serde_json::json!({"id": id, "gpus": held}))
             }
         }
     };

@@ -189,13 +189,15 @@ fn a_pod_waiting_at_the_gate_is_read_then_let_go_on_the_version_read() {
     assert_eq!(Some(&p.status), g.status.as_ref());
     // The cache shows a gated pod: read them (the cache may lag).
     let waiting = pod(1, 0);
-    let p = Seen::new(&g, &jobs).cached(&[waiting.clone()]).plan(LATER);
+    let p = Seen::new(&g, &jobs)
+        .cached(std::slice::from_ref(&waiting))
+        .plan(LATER);
     assert_eq!(p.actions, vec![Action::ReadPods]);
     // The read shows it gated: let go, with the version read, and nothing else.
     let mut read = waiting.clone();
     read.resource_version = Some("999".into());
     let p = Seen::new(&g, &jobs)
-        .cached(&[waiting.clone()])
+        .cached(std::slice::from_ref(&waiting))
         .read(&[read])
         .plan(LATER);
     assert_eq!(ungates(&p), vec![("train-1-0", "999")]);
@@ -229,7 +231,7 @@ fn no_pod_is_let_go_while_a_pod_of_another_job_may_run() {
     let waiting = pod(2, 0);
     let plan_with = |other: SeenPod| {
         Seen::new(&g2, &jobs)
-            .cached(&[waiting.clone()])
+            .cached(std::slice::from_ref(&waiting))
             .read(&[other, waiting.clone()])
             .plan("2026-11-30T06:01:00Z")
     };
@@ -261,7 +263,7 @@ fn no_pod_is_let_go_while_a_pod_of_another_job_may_run() {
     let mut deleted_gated = pod(1, 1);
     deleted_gated.deleting = true;
     let p = Seen::new(&g2, &jobs)
-        .cached(&[waiting.clone()])
+        .cached(std::slice::from_ref(&waiting))
         .read(&[finished, deleted_gated, waiting.clone()])
         .plan("2026-11-30T06:01:00Z");
     assert_eq!(ungates(&p), vec![("train-2-0", "207")]);
@@ -270,7 +272,7 @@ fn no_pod_is_let_go_while_a_pod_of_another_job_may_run() {
     let mut same_number = pod(2, 1);
     same_number.job_uid = Some("job-uid-2-old".into());
     let p = Seen::new(&g2, &jobs)
-        .cached(&[waiting.clone()])
+        .cached(std::slice::from_ref(&waiting))
         .read(&[same_number, waiting])
         .plan("2026-11-30T06:01:00Z");
     assert!(ungates(&p).is_empty(), "{:?}", p.actions);
@@ -891,15 +893,23 @@ fn a_gated_pod_of_another_attempt_whose_job_stays_is_deleted_then_the_gate_goes(
         .cached(&[race.clone(), pod(2, 0)])
         .read(&[race.clone(), pod(2, 0)])
         .plan(now);
-    assert!(ungates(&p).is_empty(), "not while it may run: {:?}", p.actions);
     assert!(
-        p.actions.iter().any(|a| matches!(a, Action::DeletePod { name, resource_version, .. }
-            if name == "train-1-9" && resource_version == "197")),
+        ungates(&p).is_empty(),
+        "not while it may run: {:?}",
+        p.actions
+    );
+    assert!(
+        p.actions.iter().any(
+            |a| matches!(a, Action::DeletePod { name, resource_version, .. }
+            if name == "train-1-9" && resource_version == "197")
+        ),
         "{:?}",
         p.actions
     );
     assert!(
-        p.actions.iter().any(|a| matches!(a, Action::Publish(n) if n.reason == "StrayPodDeleted")),
+        p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Publish(n) if n.reason == "StrayPodDeleted")),
         "{:?}",
         p.actions
     );
@@ -912,7 +922,9 @@ fn a_gated_pod_of_another_attempt_whose_job_stays_is_deleted_then_the_gate_goes(
         .plan(now);
     assert_eq!(ungates(&p), vec![("train-2-0", "207")]);
     assert!(
-        !p.actions.iter().any(|a| matches!(a, Action::DeletePod { .. })),
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::DeletePod { .. })),
         "{:?}",
         p.actions
     );
@@ -933,7 +945,9 @@ fn the_pods_of_a_stray_job_go_with_it() {
         .plan("2026-11-30T06:01:00Z");
     assert_eq!(stray_deletes(&p), vec!["train-1"]);
     assert!(
-        !p.actions.iter().any(|a| matches!(a, Action::DeletePod { .. })),
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::DeletePod { .. })),
         "{:?}",
         p.actions
     );

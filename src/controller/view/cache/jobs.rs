@@ -577,7 +577,10 @@ mod tests {
                 SeenJob::of(&full).as_ref(),
                 "the same as the full Job seen"
             );
-            assert!(!cached.suspended && cached.gated, "created running, its pods gated");
+            assert!(
+                !cached.suspended && cached.gated,
+                "created running, its pods gated"
+            );
             assert_eq!(cached.gpus, Some(1));
             assert_eq!(cached.name, "a-2");
             assert_eq!(cached.uid.as_deref(), Some("j1"));
