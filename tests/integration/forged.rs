@@ -104,7 +104,7 @@ async fn a_multi_node_attempt_whose_host_names_no_longer_fit_is_not_made_and_say
     env.create(
         &name,
         json!({"image": "i", "gpus": 1, "maxRetries": 3,
-               "v2": {"nodes": 10}, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
+               "v2": {"nodes": 2}, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
     )
     .await;
     let status = json!({"status": {

@@ -408,10 +408,23 @@ async fn a_pod_that_outlived_its_job_holds_the_next_attempt() {
         .create(
             "train",
             json!({"image": "i", "gpus": 1, "maxRetries": 1,
-                "env": sim_env(&[("SIM_FAIL_ATTEMPTS", "1"), ("SIM_DURATION_SECONDS", "1")])}),
+                "env": sim_env(&[("SIM_FAIL_ATTEMPTS", "1"), ("SIM_DURATION_SECONDS", "3")])}),
         )
         .await;
     let uid = gj.metadata.uid.clone().unwrap();
+    // Made while attempt 1 runs (one made before would hold attempt 1 too: a pod of the
+    // GpuJob not of the current attempt's Job that may run holds every gate).
+    devcluster::wait::until(
+        "attempt 1's pod running",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async {
+            let running = env.running_pods(&format!("{LABEL_UID}={uid}")).await;
+            (!running.is_empty()).then_some(())
+        },
+    )
+    .await
+    .unwrap();
     let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
     let orphan: Pod = serde_json::from_value(json!({
         "metadata": {"name": "train-1-orphan", "labels": {

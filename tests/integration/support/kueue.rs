@@ -122,9 +122,10 @@ fn spawn(cluster: &ControlPlane, dir: &Path, config: &Path, run: u32) -> Child {
 impl Kueue {
     /// Starts Kueue on `env`'s control plane (which must have [`kueue_crds`]) with its
     /// Job defaulting webhook registered for `env`'s namespace, and waits until it is
-    /// ready. Kueue serves the webhook with a certificate for 127.0.0.1 made here (its
-    /// own certificate management names its Service, which the API server here cannot
-    /// reach).
+    /// ready. Kueue's webhook server serves a certificate for 127.0.0.1 made here, put
+    /// where its certificate management looks for the mounted one (that management
+    /// names Kueue's Service, which the API server here cannot reach; it still fills its
+    /// Secret, which nothing here mounts).
     pub async fn start_with_job_webhook(env: &TestEnv) -> Kueue {
         let dir = std::env::temp_dir().join(format!("gpujob-kueue-{}", env.ns));
         let certs = dir.join("certs");
@@ -139,11 +140,11 @@ impl Kueue {
             "health": {"healthProbeBindAddress": format!("127.0.0.1:{health}")},
             "metrics": {"bindAddress": "0"},
             "webhook": {"host": "127.0.0.1", "port": port, "certDir": certs},
-            "internalCertManagement": {"enable": false},
             "leaderElection": {"leaderElect": false},
             "integrations": {"frameworks": ["batch/job"]},
         });
         std::fs::write(&config, serde_json::to_string(&text).unwrap()).unwrap();
+        cert_secret(env).await;
         let kueue = Kueue {
             child: spawn(&env.cluster, &dir, &config, 1),
             dir,
@@ -217,23 +218,7 @@ impl Kueue {
 
         // Kueue's certificate management fills a Secret that must exist, and waits for
         // the kubelet to mount it; here the test copies it into the folder.
-        let pp = PatchParams::apply("gpujob-tests").force();
-        let namespaces: Api<Namespace> = Api::all(env.admin.clone());
-        let ns: Namespace =
-            serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
-        namespaces
-            .patch(NAMESPACE, &pp, &Patch::Apply(&ns))
-            .await
-            .unwrap();
-        let secrets: Api<Secret> = Api::namespaced(env.admin.clone(), NAMESPACE);
-        let secret: Secret = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": CERT_SECRET},
-        }))
-        .unwrap();
-        secrets
-            .patch(CERT_SECRET, &pp, &Patch::Apply(&secret))
-            .await
-            .unwrap();
+        let secrets = cert_secret(env).await;
 
         let mut first = spawn(&env.cluster, &dir, &config, 1);
         let filled = devcluster::wait::until(
@@ -258,6 +243,27 @@ impl Kueue {
         kueue.wait_ready(health, 2).await;
         kueue
     }
+}
+
+/// Kueue's namespace and the Secret its certificate management fills (it must exist).
+async fn cert_secret(env: &TestEnv) -> Api<Secret> {
+    let pp = PatchParams::apply("gpujob-tests").force();
+    let namespaces: Api<Namespace> = Api::all(env.admin.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
+    namespaces
+        .patch(NAMESPACE, &pp, &Patch::Apply(&ns))
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(env.admin.clone(), NAMESPACE);
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": CERT_SECRET},
+    }))
+    .unwrap();
+    secrets
+        .patch(CERT_SECRET, &pp, &Patch::Apply(&secret))
+        .await
+        .unwrap();
+    secrets
 }
 
 /// Whether Kueue's health server answers 200 to /readyz.
@@ -349,4 +355,33 @@ pub async fn workload_of(env: &TestEnv, job_uid: &str) -> Option<serde_json::Val
         .into_iter()
         .next()
         .map(|w| serde_json::to_value(w).unwrap())
+}
+
+/// Waits until Kueue's LocalQueue defaulting labels a new Job of `env`'s namespace (its
+/// webhook is called and knows the LocalQueue `default`): a dry-run create of a probe
+/// Job, which the webhook mutates and nothing stores.
+pub async fn wait_defaulting(env: &TestEnv) {
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.admin.clone(), &env.ns);
+    let probe: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
+        "metadata": {"name": "kueue-defaulting-probe"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "i"}]}}},
+    }))
+    .unwrap();
+    let dry = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let labelled = devcluster::wait::until(
+        "Kueue to label a new Job for its LocalQueue default",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let made = jobs.create(&dry, &probe).await.ok()?;
+            let queue = made.metadata.labels?.get("kueue.x-k8s.io/queue-name")?.clone();
+            (queue == "default").then_some(())
+        },
+    )
+    .await;
+    assert!(labelled.is_ok(), "{labelled:?}");
 }
