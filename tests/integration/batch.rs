@@ -11,7 +11,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use gpujob_operator::api::{FailureRecord, LABEL_ATTEMPT, LABEL_UID, Phase};
+use gpujob_operator::api::{FailureRecord, LABEL_ATTEMPT, LABEL_UID, Phase, SCHEDULING_GATE};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -473,12 +473,19 @@ async fn a_foreign_service_under_the_attempts_name_holds_its_job_until_it_is_gon
             .any(|(_, r, note, _)| r == "ServiceNameConflict" && note.contains("clash-1")),
         "{events:?}"
     );
-    let jobs: Api<Job> = Api::namespaced(env.admin.clone(), &env.ns);
-    let job = jobs.get("clash-1").await.unwrap();
-    assert_eq!(
-        job.spec.unwrap().suspend,
-        Some(true),
-        "not started while its pods could not find each other"
+    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    let made = pods
+        .list(&ListParams::default().labels("job-name=clash-1"))
+        .await
+        .unwrap();
+    assert!(
+        made.items.iter().all(|p| p
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.as_ref())
+            .is_some_and(|g| g.iter().any(|g| g.name == SCHEDULING_GATE))),
+        "not let go while its pods could not find each other: {:?}",
+        made.items
     );
     assert!(running_pods(&env, &uid, 1).await.is_empty());
     let kept = services.get("clash-1").await.unwrap();

@@ -226,9 +226,10 @@ async fn cut_and_expired_watches_recover_without_redoing_work() {
         .unwrap()
         .into_iter()
         .filter(|e| e.user_agent == agent && e.succeeded())
-        .filter(|e| e.resource == "gpujobs" || e.resource == "jobs")
+        .filter(|e| matches!(e.resource.as_str(), "gpujobs" | "jobs" | "pods"))
         .collect();
-    // One Job create, its start and two status patches (Running, Succeeded) per GpuJob.
+    // One Job create, its pod let go (the scheduling gate removed) and two status patches
+    // (Running, Succeeded) per GpuJob.
     assert_eq!(writes.len(), 40, "{writes:#?}");
     op.stop().await;
 }

@@ -22,9 +22,7 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use support::attempts::AttemptWatch;
-use support::kueue::{
-    Kueue, gpu_queue, gpu_queue_named, kueue_crds, wait_defaulting, workload_of,
-};
+use support::kueue::{Kueue, gpu_queue, gpu_queue_named, kueue_crds, wait_defaulting, workload_of};
 use support::{TestEnv, phase, sim_env, test_crd};
 
 fn condition<'a>(g: &'a GpuJob, type_: &str) -> Option<&'a Condition> {
@@ -328,8 +326,8 @@ async fn a_gpujob_queued_where_kueue_is_not_installed_says_so_and_runs_nothing()
 async fn a_job_kueue_labels_by_default_runs_only_through_the_operators_gate() {
     let env = TestEnv::private_with_crds("kueue-default", vec![test_crd(), kueue_crds()]).await;
     let _kueue = Kueue::start_with_job_webhook(&env).await;
-    gpu_queue_named(&env, 16, "default").await;
-    wait_defaulting(&env).await;
+    gpu_queue_named(&env, 16, &env.ns, "default").await;
+    wait_defaulting(&env, &env.ns).await;
     let attempts = AttemptWatch::start(&env.admin);
     let mut settings = env.settings();
     settings.plan.limits.max_gpus = 16;

@@ -1,18 +1,24 @@
 //! The soak: three replicas of the real binary over three shards, each talking to the
-//! API server through a fault proxy of its own, GPU quota from a fake service, on a
-//! control plane of its own. GpuJobs with every kind of outcome arrive (success, a
-//! failure then success, exhausted retries, spec edits under both update policies,
-//! deletions while running and while backing off) while faults are injected at random
-//! from a seed: `kill -9` and SIGSTOP/SIGCONT of replicas, proxy faults of every kind,
-//! partitions of one replica, kube-apiserver restarts, quota refusals and failures,
-//! quota answers lost or applied late, a replica's Job creates held in flight past its
-//! freeze and its successor's takeover, and halfway through a rolling change of the
-//! shard count (3 to 4). Throughout, a watch of every pod checks that no two attempts
-//! of one GpuJob have live pods at once, and a sampler that no reservation stays
-//! without a GpuJob needing it. Then the faults stop and a checker asserts, from the
-//! audit log, the Lease history and the quota service's record, that nothing was done
-//! twice, nothing leaked, nobody wrote outside its tenure, no namespace had two writers
-//! within a lease duration, and everything converged to what its kind means.
+//! API server through a fault proxy of its own, GPU quota from a fake service, and Kueue
+//! with its Job defaulting webhook (half the namespaces have a LocalQueue named
+//! `default`, so Kueue labels, suspends, admits and starts their Jobs), on a control
+//! plane of its own. GpuJobs with every kind of outcome arrive (success, a failure then
+//! success, exhausted retries, spec edits under both update policies, a `gpus` edit
+//! under quota, a rerun of a finished GpuJob, deletions while running and while backing
+//! off) while faults are injected at random from a seed: `kill -9` and SIGSTOP/SIGCONT
+//! of replicas, proxy faults of every kind, partitions of one replica, kube-apiserver
+//! restarts, quota refusals and failures, quota answers lost or applied late, a
+//! replica's Job creates, or its writes that let pods run (a pod's scheduling gate
+//! removed, a Job started), held in flight past its freeze and its successor's
+//! takeover, a replica whose GpuJob watch hangs after a relist while another dies (its
+//! shards change hands to a replica whose cache lags), and halfway through a rolling
+//! change of the shard count (3 to 4). Throughout, a watch of every pod checks that no
+//! two attempts of one GpuJob have pods that can run (ungated or bound to a node) at
+//! once, and a sampler that no reservation stays without a GpuJob needing it. Then the
+//! faults stop and a checker asserts, from the audit log, the Lease history and the
+//! quota service's record, that nothing was done twice, nothing leaked, nobody wrote
+//! outside its tenure, no namespace had two writers within a lease duration, and
+//! everything converged to what its kind means.
 //!
 //! `soak_short` (about 2 minutes) runs in the test command; `soak_long` (30 minutes)
 //! by hand (`--run-ignored only -E 'test(soak_long)'`).
@@ -39,6 +45,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use support::attempts::AttemptWatch;
+use support::kueue::{Kueue, defaulting_in, gpu_queue_named, kueue_crds, wait_defaulting};
 use support::quota::{FakeQuota, Mode};
 use support::replicas::{self, LEASE_DURATION, Replica};
 use support::{TestEnv, sim_env};
@@ -86,9 +93,13 @@ enum Kind {
     EditOnNext,
     DeleteRunning,
     DeleteBackoff,
+    /// `gpus` 1 → 2 while attempt 1 runs (Recreate): attempt 2 runs on a new reservation.
+    EditGpus,
+    /// Succeeds, then a rerun is asked for: run 2 (attempt 2) succeeds too.
+    Rerun,
 }
 
-const KINDS: [(Kind, u64); 7] = [
+const KINDS: [(Kind, u64); 9] = [
     (Kind::Succeed, 40),
     (Kind::FailThenSucceed, 20),
     (Kind::Exhaust, 10),
@@ -96,6 +107,8 @@ const KINDS: [(Kind, u64); 7] = [
     (Kind::EditOnNext, 8),
     (Kind::DeleteRunning, 6),
     (Kind::DeleteBackoff, 6),
+    (Kind::EditGpus, 6),
+    (Kind::Rerun, 8),
 ];
 
 impl Kind {
@@ -131,6 +144,12 @@ impl Kind {
             }
             Kind::DeleteBackoff => json!({"image": "i", "gpus": 1, "maxRetries": 50,
                 "env": env(&[("SIM_FAIL_ATTEMPTS", "99"), ("SIM_DURATION_SECONDS", "0.5")])}),
+            Kind::EditGpus => {
+                json!({"image": "i", "gpus": 1, "env": env(&[("SIM_DURATION_SECONDS", "600")])})
+            }
+            Kind::Rerun => {
+                json!({"image": "i", "gpus": 1, "env": env(&[("SIM_DURATION_SECONDS", "1")])})
+            }
         }
     }
 }
@@ -195,6 +214,7 @@ async fn workload(admin: kube::Client, plan: Vec<Planned>, over: Duration) -> us
             p.kind,
             Kind::Succeed | Kind::FailThenSucceed | Kind::Exhaust
         ) {
+            // Acted on once it gets there (an edit, a rerun, a delete).
             actions.push(tokio::spawn(act(api, p)));
         }
         tokio::time::sleep(gap).await;
@@ -221,6 +241,7 @@ async fn act(api: Api<GpuJob>, p: Planned) -> bool {
             .unwrap_or_default();
         match p.kind {
             Kind::DeleteBackoff => ready == "BackingOff" && s.failures >= 1,
+            Kind::Rerun => s.phase == Some(Phase::Succeeded),
             _ => s.phase == Some(Phase::Running),
         }
     };
@@ -238,7 +259,10 @@ async fn act(api: Api<GpuJob>, p: Planned) -> bool {
                 break;
             }
             if finished(&g) {
-                if matches!(p.kind, Kind::EditRecreate | Kind::EditOnNext) {
+                if matches!(
+                    p.kind,
+                    Kind::EditRecreate | Kind::EditOnNext | Kind::EditGpus
+                ) {
                     return false;
                 }
                 break;
@@ -253,9 +277,22 @@ async fn act(api: Api<GpuJob>, p: Planned) -> bool {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     match p.kind {
-        Kind::EditRecreate | Kind::EditOnNext => {
-            let patch = json!({"spec": {"env": sim_env(&[("SIM_DURATION_SECONDS", "1"), ("EDITED", "yes")])}});
+        Kind::EditRecreate | Kind::EditOnNext | Kind::EditGpus => {
+            let env = sim_env(&[("SIM_DURATION_SECONDS", "1"), ("EDITED", "yes")]);
+            let patch = if p.kind == Kind::EditGpus {
+                json!({"spec": {"gpus": 2, "env": env}})
+            } else {
+                json!({"spec": {"env": env}})
+            };
             retrying("editing a GpuJob", || async {
+                api.patch(&p.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            })
+            .await;
+        }
+        Kind::Rerun => {
+            let patch = json!({"metadata": {"annotations": {"gpujob.dev/rerun": "2"}}});
+            retrying("asking for a rerun", || async {
                 api.patch(&p.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
             })
@@ -360,7 +397,8 @@ async fn soak(scale: Scale) {
         scale.label
     );
     let mut rng = Rng(SplitMix64::new(seed));
-    let mut env = TestEnv::private("soak").await;
+    let mut env = TestEnv::private_with_crds("soak", vec![support::test_crd(), kueue_crds()]).await;
+    let _kueue = Kueue::start_with_job_webhook(&env).await;
     let fake = FakeQuota::start().await;
     let mut flags = fake.flags(&env.ns);
     // Short timings throughout, as for the Leases: a request held unanswered is given up
@@ -394,6 +432,14 @@ async fn soak(scale: Scale) {
     let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     support::shards::wait_balanced(&env, SHARDS, &id_refs, 1, Duration::from_secs(60)).await;
     let namespaces = support::shards::namespaces(&env, SHARDS, 2).await;
+    // Half the namespaces have a LocalQueue named `default`: Kueue labels (and suspends)
+    // every new Job there, admits it (GPUs to spare) and starts it, whatever the operator
+    // meant. The operator's gate still decides which pods run.
+    for (ns, _) in namespaces.iter().step_by(2) {
+        defaulting_in(&env, ns).await;
+        gpu_queue_named(&env, 100_000, ns, "default").await;
+        wait_defaulting(&env, ns).await;
+    }
     let audit = env.cluster.audit();
 
     // A fault-free batch first: what the same kinds of GpuJob cost without faults.
@@ -498,7 +544,7 @@ async fn soak(scale: Scale) {
             })
             .collect();
         let i = usize::try_from(rng.below(u64::from(REPLICAS))).unwrap();
-        let label = match rng.below(11) {
+        let label = match rng.below(13) {
             0 | 1 if !busy.contains(&i) && rs[i].is_some() => {
                 // Its counters die with it: read them first.
                 if let Ok(counted) =
@@ -575,6 +621,59 @@ async fn soak(scale: Scale) {
                 ));
                 undo.push((now + HOLD + Duration::from_secs(1), Undo::ClearProxy(i)));
                 "create_held".to_owned()
+            }
+            7 if !busy.contains(&i) && rs[i].is_some() && may_hold => {
+                // Its writes that let pods run (a pod's scheduling gate removed; a Job an
+                // earlier version made, started) wait in the proxy; frozen with some in
+                // flight, it loses its shards, and they land after its successor took
+                // over (and may have replaced, stopped or finished those attempts).
+                let hold = Fault::Latency {
+                    fixed: HOLD,
+                    jitter: Duration::ZERO,
+                };
+                let rule = Rule::new(hold)
+                    .methods([Method::PATCH])
+                    .resources(["pods", "jobs"]);
+                proxies[i].set(Faults::new().seed(rng.next()).rule(rule));
+                tokio::time::sleep(rng.millis(500, 2000)).await;
+                rs[i].as_ref().unwrap().signal(Signal::SIGSTOP);
+                let now = Instant::now();
+                undo.push((
+                    now + LEASE_DURATION + rng.millis(500, 2000),
+                    Undo::Continue(i),
+                ));
+                undo.push((now + HOLD + Duration::from_secs(1), Undo::ClearProxy(i)));
+                "start_held".to_owned()
+            }
+            8 => {
+                // Replica i's watches cut, then its GpuJob watch hangs after the relist:
+                // its GpuJob cache stops where it is. Another replica dies, so that shards
+                // change hands, maybe to i, which then plans from that cache (a GpuJob
+                // finished there may be running a rerun, say).
+                let j = (i + 1 + usize::try_from(rng.below(u64::from(REPLICAS) - 1)).unwrap())
+                    % usize::from(REPLICAS);
+                if busy.contains(&i) || busy.contains(&j) || rs[i].is_none() || rs[j].is_none() {
+                    continue;
+                }
+                proxies[i].set(Faults::new().partition(Partition::Refuse));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let hang = Rule::new(Fault::Hang).watch(true).resources(["gpujobs"]);
+                proxies[i].set(Faults::new().seed(rng.next()).rule(hang));
+                if let Ok(counted) =
+                    tokio::time::timeout(Duration::from_secs(2), retries_by_code(&addresses[j..=j]))
+                        .await
+                {
+                    for (code, n) in counted {
+                        *retried_by_the_killed.entry(code).or_insert(0.0) += n;
+                    }
+                }
+                let mut r = rs[j].take().unwrap();
+                r.signal(Signal::SIGKILL);
+                r.wait_exit(Duration::from_secs(10)).await;
+                let now = Instant::now();
+                undo.push((now + rng.millis(4000, 8000), Undo::Restart(j)));
+                undo.push((now + rng.millis(6000, 12000), Undo::ClearProxy(i)));
+                "gpujob_watch_hung".to_owned()
             }
             _ if !busy.contains(&i) => {
                 let (label, faults) = random_faults(&mut rng);
@@ -679,7 +778,7 @@ async fn soak(scale: Scale) {
     );
     let _ = writeln!(
         text,
-        "| writes to GpuJobs and Jobs per GpuJob | {:.2} |",
+        "| writes to GpuJobs, Jobs and pods per GpuJob | {:.2} |",
         report.writes_per_gpujob
     );
     let cost = writes_by_kind(&events, &kinds);
@@ -778,6 +877,7 @@ async fn converge(
                         !s.phase.is_some_and(Phase::is_final)
                             || s.reservation_id.is_some()
                             || g.holds_quota_finalizer()
+                            || (**kind == Kind::Rerun && s.run != Some(2))
                     }
                     (_, None) => true,
                 })
@@ -907,7 +1007,11 @@ fn check(
             ));
         }
         let (phase, failures, exit) = match kind {
-            Kind::Succeed | Kind::EditRecreate | Kind::EditOnNext => (Phase::Succeeded, 0, None),
+            Kind::Succeed
+            | Kind::EditRecreate
+            | Kind::EditOnNext
+            | Kind::EditGpus
+            | Kind::Rerun => (Phase::Succeeded, 0, None),
             Kind::FailThenSucceed => (Phase::Succeeded, 1, Some(1)),
             Kind::Exhaust => (Phase::Failed, 2, Some(7)),
             Kind::DeleteRunning | Kind::DeleteBackoff => {
@@ -919,6 +1023,12 @@ fn check(
             v.push(format!(
                 "{ns}/{name} ({kind:?}): phase {:?}, {} failures; expected {phase:?}, {failures}",
                 s.phase, s.failures
+            ));
+        }
+        if *kind == Kind::Rerun && s.run != Some(2) {
+            v.push(format!(
+                "{ns}/{name} (Rerun): run {:?}, expected 2 (the rerun ran)",
+                s.run
             ));
         }
         if let Some(code) = exit
@@ -977,7 +1087,7 @@ fn check(
     let control = events
         .iter()
         .filter(|e| e.user.starts_with("replica-") && e.is_write() && e.succeeded())
-        .filter(|e| e.resource == "gpujobs" || e.resource == "jobs")
+        .filter(|e| matches!(e.resource.as_str(), "gpujobs" | "jobs" | "pods"))
         .count();
     Checked {
         violations: v,
@@ -1103,8 +1213,8 @@ fn orphan_sampler(admin: kube::Client, fake: FakeQuota) -> OrphanSampler {
     OrphanSampler { stop, task }
 }
 
-/// Successful replica writes to GpuJobs and their Jobs, and the number of GpuJobs, by
-/// kind (a Job `<name>-<k>` counts for GpuJob `<name>`).
+/// Successful replica writes to GpuJobs, their Jobs and their pods, and the number of
+/// GpuJobs, by kind (a Job `<name>-<k>`, or its pod, counts for GpuJob `<name>`).
 fn writes_by_kind(
     events: &[AuditEvent],
     kinds: &BTreeMap<(String, String), Kind>,
@@ -1122,6 +1232,13 @@ fn writes_by_kind(
             "jobs" => e
                 .name
                 .rsplit_once('-')
+                .map(|(b, _)| b.to_owned())
+                .unwrap_or_default(),
+            // `<gpujob>-<attempt>-<suffix>` (every soak GpuJob runs on one node).
+            "pods" => e
+                .name
+                .rsplit_once('-')
+                .and_then(|(job, _)| job.rsplit_once('-'))
                 .map(|(b, _)| b.to_owned())
                 .unwrap_or_default(),
             _ => continue,

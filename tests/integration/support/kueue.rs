@@ -121,7 +121,8 @@ fn spawn(cluster: &ControlPlane, dir: &Path, config: &Path, run: u32) -> Child {
 
 impl Kueue {
     /// Starts Kueue on `env`'s control plane (which must have [`kueue_crds`]) with its
-    /// Job defaulting webhook registered for `env`'s namespace, and waits until it is
+    /// Job defaulting webhook registered for the namespaces labelled
+    /// [`DEFAULTING_LABEL`] (`env`'s namespace is labelled here), and waits until it is
     /// ready. Kueue's webhook server serves a certificate for 127.0.0.1 made here, put
     /// where its certificate management looks for the mounted one (that management
     /// names Kueue's Service, which the API server here cannot reach; it still fills its
@@ -163,7 +164,7 @@ impl Kueue {
                 },
                 "rules": [{"apiGroups": ["batch"], "apiVersions": ["v1"],
                            "operations": ["CREATE"], "resources": ["jobs"]}],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": env.ns}},
+                "namespaceSelector": {"matchLabels": {DEFAULTING_LABEL: "true"}},
                 "failurePolicy": "Fail",
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
@@ -176,6 +177,7 @@ impl Kueue {
         }
         let pp = PatchParams::apply("gpujob-tests").force();
         hooks.patch(&name, &pp, &Patch::Apply(&hook)).await.unwrap();
+        defaulting_in(env, &env.ns).await;
         kueue
     }
 
@@ -287,16 +289,30 @@ pub fn kueue_kind(kind: &str, plural: &str) -> ApiResource {
     )
 }
 
+/// The namespace label that has Kueue's Job defaulting webhook called
+/// ([`Kueue::start_with_job_webhook`]).
+pub const DEFAULTING_LABEL: &str = "gpujob.test/kueue-defaulting";
+
+/// Has Kueue's Job defaulting webhook called for namespace `ns` too.
+pub async fn defaulting_in(env: &TestEnv, ns: &str) {
+    let namespaces: Api<Namespace> = Api::all(env.admin.clone());
+    let patch = json!({"metadata": {"labels": {DEFAULTING_LABEL: "true"}}});
+    namespaces
+        .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
 /// A ResourceFlavor `gpu`, a ClusterQueue `gpus` of `gpus` nvidia.com/gpu (in which a
 /// Workload of higher priority preempts lower ones), and the LocalQueue `team` in
 /// `env`'s namespace pointing at it.
 pub async fn gpu_queue(env: &TestEnv, gpus: u32) {
-    gpu_queue_named(env, gpus, "team").await;
+    gpu_queue_named(env, gpus, &env.ns, "team").await;
 }
 
-/// [`gpu_queue`] with the LocalQueue named `local` (`default`: the queue Kueue's
-/// LocalQueue defaulting labels every new Job of the namespace with).
-pub async fn gpu_queue_named(env: &TestEnv, gpus: u32, local: &'static str) {
+/// [`gpu_queue`] with the LocalQueue named `local` in namespace `ns` (`default`: the
+/// queue Kueue's LocalQueue defaulting labels every new Job of the namespace with).
+pub async fn gpu_queue_named(env: &TestEnv, gpus: u32, ns: &str, local: &'static str) {
     let pp = PatchParams::apply("gpujob-tests").force();
     let apply = |api: Api<DynamicObject>, name: &'static str, body: serde_json::Value| {
         let pp = pp.clone();
@@ -330,7 +346,7 @@ pub async fn gpu_queue_named(env: &TestEnv, gpus: u32, local: &'static str) {
     .await;
     let lq = kueue_kind("LocalQueue", "localqueues");
     apply(
-        Api::namespaced_with(env.admin.clone(), &env.ns, &lq),
+        Api::namespaced_with(env.admin.clone(), ns, &lq),
         local,
         json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
                "metadata": {"name": local}, "spec": {"clusterQueue": "gpus"}}),
@@ -357,11 +373,11 @@ pub async fn workload_of(env: &TestEnv, job_uid: &str) -> Option<serde_json::Val
         .map(|w| serde_json::to_value(w).unwrap())
 }
 
-/// Waits until Kueue's LocalQueue defaulting labels a new Job of `env`'s namespace (its
+/// Waits until Kueue's LocalQueue defaulting labels a new Job of namespace `ns` (its
 /// webhook is called and knows the LocalQueue `default`): a dry-run create of a probe
 /// Job, which the webhook mutates and nothing stores.
-pub async fn wait_defaulting(env: &TestEnv) {
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.admin.clone(), &env.ns);
+pub async fn wait_defaulting(env: &TestEnv, ns: &str) {
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(env.admin.clone(), ns);
     let probe: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
         "metadata": {"name": "kueue-defaulting-probe"},
         "spec": {"template": {"spec": {"restartPolicy": "Never",
@@ -378,7 +394,11 @@ pub async fn wait_defaulting(env: &TestEnv) {
         Duration::from_millis(200),
         || async {
             let made = jobs.create(&dry, &probe).await.ok()?;
-            let queue = made.metadata.labels?.get("kueue.x-k8s.io/queue-name")?.clone();
+            let queue = made
+                .metadata
+                .labels?
+                .get("kueue.x-k8s.io/queue-name")?
+                .clone();
             (queue == "default").then_some(())
         },
     )
