@@ -13,6 +13,7 @@ mod compare;
 mod measure;
 mod plots;
 mod replicas;
+mod running;
 mod takeover;
 mod trickle;
 
@@ -36,6 +37,9 @@ const NAMESPACE_PREFIX: &str = "load";
 /// Sharded start-up: how long to wait, once every shard has a holder, for the shards to
 /// be shared out evenly before creating GpuJobs anyway.
 const SETTLE: Duration = Duration::from_secs(60);
+/// `--until running`: the load has settled once its GpuJobs, Jobs and pods have not
+/// changed for this long (waited for until `--timeout-seconds` at most).
+const QUIET: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -119,6 +123,19 @@ struct Args {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 1800)]
     timeout_seconds: u64,
+    /// When the load is done: `finished`, every GpuJob ended; `running`, every GpuJob's
+    /// attempt runs (its pod Running, its status phase Running), then the load settles
+    /// (no change to its GpuJobs, Jobs and pods for 10 s, or the deadline), and the report
+    /// counts the operator's and kube-controller-manager's writes from creation to
+    /// running. `running` needs pods that outlive the run: --sim-duration-seconds at
+    /// least --timeout-seconds.
+    #[arg(long, default_value = "finished", value_parser = ["finished", "running"], conflicts_with = "compare")]
+    until: String,
+    /// Restart the control plane's kube-controller-manager with this client budget,
+    /// `QPS/BURST` (its default is 20/30; devcluster starts it with 300/600), before
+    /// the first GpuJob is created. The report states the budget either way.
+    #[arg(long, conflicts_with = "compare", value_parser = running::Budget::parse)]
+    kcm_api_budget: Option<running::Budget>,
     /// Also write the report to this file (with --compare, its PNG plots go beside it:
     /// `<stem>-converged.png`, `<stem>-operator.png`; without --report, into the replicas'
     /// log folder).
@@ -130,6 +147,18 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.gpujobs == 0 || args.replicas == 0 || args.concurrency == 0 || args.namespaces == 0 {
         bail!("--gpujobs, --replicas, --concurrency and --namespaces must be at least 1");
+    }
+    if args.until == "running"
+        && args
+            .sim_duration_seconds
+            .parse::<f64>()
+            .is_ok_and(|s| s < args.timeout_seconds as f64)
+    {
+        bail!(
+            "--until running needs pods that outlive the run: --sim-duration-seconds ({}) at least --timeout-seconds ({})",
+            args.sim_duration_seconds,
+            args.timeout_seconds
+        );
     }
     if (args.kill_leader_after.is_some() || args.takeover) && args.replicas < 2 {
         bail!(
@@ -221,6 +250,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let mut timeline = Timeline::default();
+    let until_running = args.until == "running";
+    // Before the replicas and the first GpuJob: the Job controller starts with nothing to do.
+    let kcm = match args.kcm_api_budget.clone() {
+        Some(budget) => Some(cluster::restart_kcm(&cluster, budget)?),
+        None => None,
+    };
+    let kcm_budget = match &kcm {
+        Some(k) => k.budget.clone(),
+        None => cluster::kcm_budget(&cluster)?,
+    };
+    eprintln!(
+        "kube-controller-manager's client budget: {} qps / {} burst ({})",
+        kcm_budget.qps, kcm_budget.burst, kcm_budget.source
+    );
     let mut replicas = Replicas::start(
         &cluster,
         &args.operator_bin,
@@ -253,6 +296,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // plane has GpuJobs) instead of polling lists, so the observer costs the API server
     // next to nothing.
     let (store, writer) = reflector::store::<GpuJob>();
+    let progress = Arc::new(running::Progress::default());
+    let seen = progress.clone();
     let watch = reflector::reflector(
         writer,
         watcher(
@@ -262,8 +307,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .default_backoff(),
     )
     .applied_objects()
-    .for_each(|_| async {});
+    .for_each(move |_| {
+        seen.touch();
+        async {}
+    });
     let watch = tokio::spawn(watch);
+    let progress_watches =
+        until_running.then(|| (progress.watch_pods(&admin), progress.watch_jobs(&admin)));
 
     let audit = cluster.audit();
     let cursor = audit.cursor()?;
@@ -337,29 +387,61 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .iter()
             .filter(|g| g.status.as_ref().is_some_and(|s| s.attempts >= 1))
             .count();
-        let finished = state
-            .iter()
-            .filter(|g| {
-                g.status
-                    .as_ref()
-                    .and_then(|s| s.phase)
-                    .is_some_and(Phase::is_final)
-            })
-            .count();
+        let done = if until_running {
+            state.iter().filter(|g| progress.is_running(g)).count()
+        } else {
+            state
+                .iter()
+                .filter(|g| {
+                    g.status
+                        .as_ref()
+                        .and_then(|s| s.phase)
+                        .is_some_and(Phase::is_final)
+                })
+                .count()
+        };
         if started == total && timeline.all_started.is_none() {
             timeline.all_started = Some(start.elapsed());
         }
-        if finished == total {
-            timeline.all_finished = start.elapsed();
+        if done == total {
+            if until_running {
+                timeline.all_running = Some(start.elapsed());
+            } else {
+                timeline.all_finished = Some(start.elapsed());
+            }
             break;
         }
         if Instant::now() >= deadline {
             bail!(
-                "gave up after {}s: {started} of {total} GpuJobs started, {finished} finished",
+                "gave up after {}s: {started} of {total} GpuJobs started, {done} {}",
                 args.timeout_seconds,
+                if until_running { "running" } else { "finished" },
             );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    if let Some(at) = timeline.all_running {
+        eprintln!(
+            "every GpuJob's attempt running {:.1}s after the first create; waiting for the load to settle",
+            at.as_secs_f64()
+        );
+        let since = Instant::now();
+        loop {
+            if progress.quiet_for() >= QUIET {
+                timeline.quiet = Some(since.elapsed().saturating_sub(progress.quiet_for()));
+                break;
+            }
+            if Instant::now() >= deadline {
+                eprintln!("the load had not settled by the deadline; reporting what there is");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        timeline.settle_waited = since.elapsed();
+    }
+    if let Some((pods, jobs)) = progress_watches {
+        pods.abort();
+        jobs.abort();
     }
     watch.abort();
     if let Some((watch_jobs, create)) = trickle_tasks {
@@ -372,10 +454,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             latencies,
         });
     }
-    eprintln!(
-        "every GpuJob finished {:.1}s after the first create",
-        timeline.all_finished.as_secs_f64()
-    );
+    if let Some(at) = timeline.all_finished {
+        eprintln!(
+            "every GpuJob finished {:.1}s after the first create",
+            at.as_secs_f64()
+        );
+    }
     if let Some((_, killed)) = &timeline.leader_killed
         && args.shards == 1
     {
@@ -410,7 +494,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         metrics: replicas.scrape().await,
         memory: replicas.memory(),
     };
-    let report = measure::report(
+    let mut report = measure::report(
         &measure::Setup {
             gpujobs: args.gpujobs,
             replicas: args.replicas,
@@ -426,12 +510,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
         &timeline,
         &outcome,
     );
+    if until_running {
+        let owners = running::load_owners(&namespaces, args.gpujobs);
+        let writes = running::count(&outcome.audit, &owners);
+        report.push_str(&running::report(
+            &writes,
+            &kcm_budget,
+            timeline.quiet.map(|q| q.as_secs_f64()),
+            timeline.settle_waited.as_secs_f64(),
+        ));
+    }
     println!("{report}");
     if let Some(path) = &args.report {
         std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("report written to {}", path.display());
     }
     drop(replicas);
+    drop(kcm);
     cluster.shutdown();
     Ok(())
 }

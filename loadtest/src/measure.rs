@@ -46,7 +46,14 @@ pub struct Timeline {
     pub created: Duration,
     /// Every GpuJob has started its first attempt.
     pub all_started: Option<Duration>,
-    pub all_finished: Duration,
+    pub all_finished: Option<Duration>,
+    /// `--until running`: every GpuJob's attempt running (pod and status).
+    pub all_running: Option<Duration>,
+    /// `--until running`: from every attempt running until the load stopped changing
+    /// (`None`: it had not when the wait ended).
+    pub quiet: Option<Duration>,
+    /// `--until running`: how long the settle was waited for.
+    pub settle_waited: Duration,
     pub leader_killed: Option<(Duration, String)>,
     /// `--shards 1`: who held the Lease after the kill.
     pub new_leader: Option<String>,
@@ -285,12 +292,22 @@ pub fn report(setup: &Setup, t: &Timeline, o: &Outcome) -> String {
     if let Some(s) = t.all_started {
         let _ = writeln!(r, "| every GpuJob's first attempt started | {} |", secs(s));
     }
-    let _ = writeln!(
-        r,
-        "| every GpuJob finished | {} ({:.1} GpuJobs/s) |",
-        secs(t.all_finished),
-        n / t.all_finished.as_secs_f64().max(0.001)
-    );
+    for (what, at) in [
+        ("every GpuJob finished", t.all_finished),
+        (
+            "every GpuJob's attempt running (its pod Running, its status Running)",
+            t.all_running,
+        ),
+    ] {
+        if let Some(at) = at {
+            let _ = writeln!(
+                r,
+                "| {what} | {} ({:.1} GpuJobs/s) |",
+                secs(at),
+                n / at.as_secs_f64().max(0.001)
+            );
+        }
+    }
     if let Some(tr) = &t.trickle {
         let q = |x: f64| crate::trickle::quantile(&tr.latencies, x).map_or("–".to_owned(), secs);
         let _ = writeln!(
