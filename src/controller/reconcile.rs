@@ -9,7 +9,7 @@ use tracing::info;
 
 use super::apply::{self, Answer, End, Read};
 use super::error::Error;
-use super::plan::{Next, QuotaAnswer, Refusal, plan};
+use super::plan::{Action, Next, QuotaAnswer, Refusal, plan};
 use super::seen_pod::SeenPod;
 use super::view::Confirmed;
 use super::{Context, Key};
@@ -85,8 +85,12 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
         // executor passes over any later confirm of this plan: this loop ends.
         let mut from = 0;
         let then = loop {
-            let run =
-                apply::execute(ctx, &fence, key, &snap, &plan.actions[from..], &plan.status).await;
+            let actions = &plan.actions[from..];
+            let run = apply::execute(ctx, &fence, key, &snap, actions, &plan.status).await;
+            // The pods as read are no longer as they are once this run wrote one.
+            if actions.iter().any(Action::writes_pods) {
+                heard.pods = None;
+            }
             ctx.view.record(key, &fence, &mut snap, run.outcomes);
             match run.end? {
                 End::Read(Read::Confirm { resume }) => {

@@ -257,7 +257,7 @@ impl Planner<'_, '_> {
             return Some(why);
         }
         if self.obs.quota_required
-            && !super::reservation::sized(&self.next, self.gj.spec.total_gpus())
+            && !super::reservation::sized(&self.next, self.gj.spec.total_gpus(), self.generation)
         {
             return Some(self.quota_blocker());
         }
@@ -322,7 +322,12 @@ impl Planner<'_, '_> {
         // be created now (this generation; a Job of another spec is a stray, deleted, and
         // its name waits: `live_job`).
         let made = self.by_attempt.get(&attempt).copied();
-        if made.is_some_and(|j| j.generation != self.generation) {
+        if let Some(stale) = made.filter(|j| j.generation != self.generation) {
+            // A running one goes as a stray (`stop_strays`); a finished one here, as an
+            // old Job: nothing else would delete it, and its name must be free.
+            if !stale.deleting() && seen_state(stale) != JobState::Active {
+                self.actions.extend(delete_action(stale, JobDeletion::Old));
+            }
             self.next.phase = Some(Phase::Pending);
             self.ready(
                 ConditionStatus::False,
@@ -619,7 +624,7 @@ impl Planner<'_, '_> {
             .as_ref()
             .is_none_or(|f| f.attempt < record.attempt);
         if new && record.counted {
-            self.next.failures += 1;
+            self.next.failures = self.next.failures.saturating_add(1);
         }
         self.next.last_error = Some(record.message.clone());
         self.next.last_failure = Some(record);
@@ -749,7 +754,9 @@ impl Planner<'_, '_> {
             .filter(|j| {
                 current_job.is_none_or(|c| c.name != j.name)
                     && !j.deleting()
-                    && seen_state(j) == JobState::Active
+                    // An attempt's finished Job is kept (`keep_jobs`); one that is no
+                    // attempt goes whatever its state.
+                    && (seen_state(j) == JobState::Active || self.recognized(j).is_none())
             })
             .collect();
         strays.sort_by_key(|j| (j.attempt, j.name.clone()));

@@ -20,9 +20,10 @@
 //!   deposed replica may still land on it).
 //!
 //! A pod of any other attempt is never let go: it stays unschedulable until its Job's
-//! deletion (the plan deletes every Job that is not the current attempt's) takes it, or
-//! the plan deletes the pod itself ([`Action::DeletePod`]: one whose Job stays, or is
-//! gone).
+//! deletion takes it (the plan deletes every Job that is not the current attempt's and
+//! has not finished; the garbage collector, the pods of a Job that is gone), or the plan
+//! deletes the pod itself ([`Action::DeletePod`]: one whose Job has finished and is
+//! kept, or one no Job owns).
 
 use super::{Action, Next, OLD_ATTEMPT_STOPPING, Planner, SERVICE_NAME_CONFLICT};
 use crate::api::{ConditionStatus, Phase, UpdatePolicy};
@@ -43,10 +44,14 @@ impl Planner<'_, '_> {
             if job.suspended
                 && let Some(rv) = &job.resource_version
             {
+                let queue = job
+                    .queue
+                    .clone()
+                    .or_else(|| self.gj.spec.queue_name().map(str::to_owned));
                 self.actions.push(Action::GateJob {
                     name: job.name.clone(),
                     resource_version: rv.clone(),
-                    queued: job.queue.is_some(),
+                    queue,
                 });
             }
             // Started by an earlier version: its pods were let go then.
@@ -55,7 +60,7 @@ impl Planner<'_, '_> {
         let Some(job_uid) = job.uid.as_deref() else {
             return;
         };
-        if job.queued() || !self.pods_wait_at_gate(job_uid) || !self.may_let_go(k, job) {
+        if job.queued() || !self.pods_wait_at_gate(k, job_uid) || !self.may_let_go(k, job) {
             return;
         }
         let Some(pods) = self.obs.pods.as_ref() else {
@@ -116,13 +121,18 @@ impl Planner<'_, '_> {
         }
     }
 
-    /// Whether a pod of the Job with `job_uid` waits at the gate, as the pod cache or a
-    /// read of this reconcile shows: only then is a read due.
-    fn pods_wait_at_gate(&self, job_uid: &str) -> bool {
-        let waits = |p: &SeenPod| p.of_job(job_uid) && p.waits_at_gate();
+    /// Whether a pod of attempt `k`'s Job (uid `job_uid`) waits at the gate: only then is
+    /// a read due.
+    fn pods_wait_at_gate(&self, k: i32, job_uid: &str) -> bool {
+        self.seen_pods(|p| p.of_job(job_uid) && p.attempt == Some(k) && p.waits_at_gate())
+    }
+
+    /// Whether a pod for which `pred` holds is seen: in the read of this reconcile, or,
+    /// without one, in the pod cache.
+    fn seen_pods(&self, pred: impl Fn(&SeenPod) -> bool) -> bool {
         match &self.obs.pods {
-            Some(read) => read.iter().any(waits),
-            None => self.obs.cached_pods.iter().any(|p| waits(p)),
+            Some(read) => read.iter().any(pred),
+            None => self.obs.cached_pods.iter().any(|p| pred(p)),
         }
     }
 
@@ -150,7 +160,7 @@ impl Planner<'_, '_> {
         }
         if self.obs.quota_required {
             let asks = job.gpus.unwrap_or_else(|| self.gj.spec.total_gpus());
-            if !super::reservation::covers(recorded, asks) {
+            if !super::reservation::covers(recorded, asks, job.generation) {
                 return false;
             }
         }
@@ -160,9 +170,12 @@ impl Planner<'_, '_> {
 
 impl Planner<'_, '_> {
     /// Deletes the pods that wait at the gate but are not attempt `current`'s (`None`: the
-    /// GpuJob has finished): made from a Job that is not deleted with them (a stray Job is,
-    /// in this plan or before, and its pods with it), or owned by no Job of this GpuJob.
-    /// They never ran; until they are gone, they hold the current attempt's gate.
+    /// GpuJob has finished) and that nothing else deletes: made from a Job that has
+    /// finished and is kept (the Job controller racing its end), or owned by no Job. A
+    /// stray Job's pods go with it; a pod whose Job the view does not have is left to the
+    /// garbage collector (the Job cache may only lag: a Job the holder made just before a
+    /// takeover, say, whose pod deleted here would fail it). They never ran; until they are
+    /// gone, they hold the current attempt's gate.
     pub(super) fn stop_stray_pods(&mut self, current: Option<i32>) {
         let current_job = current
             .and_then(|k| self.by_attempt.get(&k))
@@ -171,17 +184,14 @@ impl Planner<'_, '_> {
         let stray = |p: &SeenPod| {
             p.waits_at_gate()
                 && current_job.as_deref().is_none_or(|uid| !p.of_job(uid))
-                && !jobs.iter().any(|j| {
-                    j.uid.is_some()
-                        && j.uid == p.job_uid
-                        && (j.deleting() || super::attempts::live(j))
-                })
+                && match p.job_uid.as_deref() {
+                    None => true,
+                    Some(uid) => jobs.iter().any(|j| {
+                        j.uid.as_deref() == Some(uid) && !j.deleting() && !super::attempts::live(j)
+                    }),
+                }
         };
-        let seen = match &self.obs.pods {
-            Some(read) => read.iter().any(stray),
-            None => self.obs.cached_pods.iter().any(|p| stray(p)),
-        };
-        if !seen {
+        if !self.seen_pods(stray) {
             return;
         }
         let Some(pods) = self.obs.pods.as_ref() else {
@@ -213,7 +223,7 @@ pub(super) fn not_stopped(p: &SeenPod) -> String {
         .attempt
         .map_or_else(String::new, |a| format!(" (attempt {a})"));
     let how = if p.gated {
-        "waits at the gate; it goes with its Job"
+        "waits at the gate until it is deleted"
     } else if p.deleting {
         "is stopping"
     } else {

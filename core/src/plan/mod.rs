@@ -261,25 +261,26 @@ pub enum Action {
         uid: String,
         resource_version: String,
     },
-    /// Delete a pod that waits at the gate but is not the current attempt's (made from a
-    /// Job that is no longer deleted, or owned by none), with uid and resourceVersion
-    /// preconditions: it never ran and never will, but until it is gone it holds the
-    /// next attempt's gate (its gate could have been removed late). Only `gate.rs` plans
-    /// it.
+    /// Delete a pod that waits at the gate but is not the current attempt's, and that no
+    /// Job deletion will take (its Job has finished and is kept, or no Job owns it), with
+    /// uid and resourceVersion preconditions: it never ran and never will, but until it is
+    /// gone it holds the current attempt's gate. Only `gate.rs` plans it.
     DeletePod {
         name: String,
         uid: String,
         resource_version: String,
     },
     /// A Job an earlier version of the operator created suspended, whose pod template
-    /// has no gate: the gate is added to its template, and unless it waits for Kueue
-    /// (`queued`) it is unsuspended, in one patch with the Job's resourceVersion as
-    /// precondition (a suspended Job that never ran may have its scheduling gates
-    /// changed). Its pods then wait at the gate like every attempt's.
+    /// has no gate: the gate is added to its template, and without a Kueue LocalQueue it
+    /// is unsuspended; with one (`queue`: the Job's label, or the GpuJob's
+    /// `spec.queueName`, which that version added only when it started the Job) it gets
+    /// the queue's label and stays suspended for Kueue to admit. One patch, with the Job's
+    /// resourceVersion as precondition (a suspended Job that never ran may have its
+    /// scheduling gates changed). Its pods then wait at the gate like every attempt's.
     GateJob {
         name: String,
         resource_version: String,
-        queued: bool,
+        queue: Option<String>,
     },
     /// Delete a Job, with uid and resourceVersion preconditions; `why` decides how.
     DeleteJob {
@@ -326,6 +327,11 @@ impl Action {
             self,
             Action::Reserve(..) | Action::Release(_) | Action::ReadPods
         )
+    }
+
+    /// Whether the action writes a pod: a pod read made before it is stale after it.
+    pub fn writes_pods(&self) -> bool {
+        matches!(self, Action::UngatePod { .. } | Action::DeletePod { .. })
     }
 
     /// Whether the action is sent from the plan's view of the GpuJob without a
@@ -455,6 +461,18 @@ pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
     }
 }
 
+/// The attempt `job` runs, if it is one this operator could have created for the GpuJob
+/// named `gpujob` whose status records `recorded` attempts: named as that attempt's Job,
+/// and numbered at most one past `recorded` (the next attempt's Job, whose create may
+/// have landed before its status, or late). Anything else (a number past that, a label
+/// on a Job of another name: anyone who may create Jobs can add a controller reference
+/// to the GpuJob) is a stray, never an attempt.
+pub fn recognized_attempt(job: &SeenJob, gpujob: &str, recorded: i32) -> Option<i32> {
+    let a = job.attempt?;
+    let limit = recorded.max(0).saturating_add(1);
+    (a <= limit && job.name == crate::job::job_name(gpujob, a)).then_some(a)
+}
+
 /// One planning pass; its fields are what every step reads and writes.
 struct Planner<'a, 'o> {
     gj: &'a GpuJob,
@@ -510,16 +528,9 @@ impl<'a, 'o> Planner<'a, 'o> {
         self
     }
 
-    /// The attempt `job` runs, if it is one this operator could have created for this
-    /// GpuJob: named as that attempt's Job, and numbered at most one past the attempts
-    /// the status records (the next attempt's Job, whose create may have landed before
-    /// its status, or late). Anything else (a number past that, a label on a Job of
-    /// another name: anyone who may create Jobs can add a controller reference to the
-    /// GpuJob) is a stray, never an attempt.
+    /// [`recognized_attempt`] of `job` for this GpuJob.
     fn recognized(&self, job: &SeenJob) -> Option<i32> {
-        let a = job.attempt?;
-        let limit = self.current.attempts.max(0).saturating_add(1);
-        (a <= limit && job.name == crate::job::job_name(&self.name, a)).then_some(a)
+        recognized_attempt(job, &self.name, self.current.attempts)
     }
 
     fn run(&mut self) {

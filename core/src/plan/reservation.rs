@@ -134,15 +134,16 @@ impl Planner<'_, '_> {
     /// Why a new attempt waits for quota, for Ready.
     pub(super) fn quota_blocker(&self) -> (&'static str, String) {
         let asks = self.gj.spec.total_gpus();
-        match (&self.obs.quota, self.next.reservation_gpus) {
-            (Some(QuotaAnswer::Refused { reason, message }), _) => (
+        match &self.obs.quota {
+            Some(QuotaAnswer::Refused { reason, message }) => (
                 "QuotaRefused",
                 format!("waiting for GPU quota: {reason}: {message}"),
             ),
-            (_, Some(held)) if usable(&self.next) && held != asks => (
+            _ if usable(&self.next) && !sized(&self.next, asks, self.generation) => (
                 "QuotaPending",
                 format!(
-                    "the GPU quota reservation holds {held} GPUs and the spec asks for {asks}: it is released and made again once no pod of this GpuJob runs"
+                    "{}; the spec asks for {asks}: it is released and made again once no pod of this GpuJob runs",
+                    held_words(&self.next)
                 ),
             ),
             _ => (
@@ -169,19 +170,17 @@ impl Planner<'_, '_> {
         }
         // Backing off counts as not running: the spec may turn invalid meanwhile.
         let asks = self.gj.spec.total_gpus();
-        let resized = self
-            .next
-            .reservation_gpus
-            .filter(|held| usable(&self.next) && *held != asks);
+        let resized = usable(&self.next) && !sized(&self.next, asks, self.generation);
         let why = if self.gj.spec.suspend {
             "no attempt can start (Suspended)".to_owned()
         } else if self.invalid.is_some() {
             format!("no attempt can start ({INVALID_SPEC})")
         } else if self.ready_reason_is(&[JOB_NAME_CONFLICT]) {
             format!("no attempt can start ({JOB_NAME_CONFLICT})")
-        } else if let Some(held) = resized {
+        } else if resized {
             format!(
-                "it held {held} GPUs and the spec asks for {asks}; the next attempt reserves again"
+                "{}; the spec asks for {asks}; the next attempt reserves again",
+                held_words(&self.next)
             )
         } else {
             return;
@@ -288,24 +287,50 @@ impl Planner<'_, '_> {
     }
 }
 
+/// What a usable reservation holds, in words.
+fn held_words(s: &GpuJobStatus) -> String {
+    match s.reservation_gpus {
+        Some(held) => format!("the GPU quota reservation holds {held} GPUs"),
+        None => "the GPU quota reservation was made before the operator recorded its size, and the spec changed since".to_owned(),
+    }
+}
+
 /// A granted reservation no call since may have undone: attempts may run on it. After a
 /// release that did not confirm, it may be gone (or go late): reserve again first.
 pub(super) fn usable(s: &GpuJobStatus) -> bool {
     s.reservation_id.is_some() && !pending(s)
 }
 
-/// A usable reservation that holds at least `gpus`: what runs must be covered. One
-/// recorded before the operator recorded sizes holds what the spec asked then, taken as
-/// enough.
-pub(super) fn covers(s: &GpuJobStatus, gpus: i32) -> bool {
-    usable(s) && s.reservation_gpus.is_none_or(|held| held >= gpus)
+/// A usable reservation that holds at least `gpus`, for a Job built from generation
+/// `built_from`: what runs must be covered. One recorded before the operator recorded
+/// sizes holds what the spec asked when it was made: enough for a Job built from that
+/// generation or an older one.
+pub(super) fn covers(s: &GpuJobStatus, gpus: i32, built_from: Option<i64>) -> bool {
+    usable(s)
+        && match s.reservation_gpus {
+            Some(held) => held >= gpus,
+            None => built_from.is_some_and(|b| reserved_for(s).is_some_and(|r| b <= r)),
+        }
 }
 
-/// A usable reservation of exactly `gpus`: a new attempt starts only on one made for what
-/// the spec asks now (a reservation made for more is released and made again first, so
-/// the difference goes back to the team's quota).
-pub(super) fn sized(s: &GpuJobStatus, gpus: i32) -> bool {
-    usable(s) && s.reservation_gpus.is_none_or(|held| held == gpus)
+/// A usable reservation of exactly `gpus`, what generation `generation` asks: a new
+/// attempt starts only on one made for what the spec asks now (a reservation made for
+/// more is released and made again first, so the difference goes back to the team's
+/// quota). One recorded before the operator recorded sizes is taken as sized only while
+/// the spec has not changed since it was made; otherwise it is made again, once.
+pub(super) fn sized(s: &GpuJobStatus, gpus: i32, generation: Option<i64>) -> bool {
+    usable(s)
+        && match s.reservation_gpus {
+            Some(held) => held == gpus,
+            None => generation.is_some() && reserved_for(s) == generation,
+        }
+}
+
+/// The generation a granted reservation was made for (its `QuotaReserved` condition).
+fn reserved_for(s: &GpuJobStatus) -> Option<i64> {
+    s.condition(QUOTA_RESERVED)
+        .filter(|c| c.status == ConditionStatus::True)
+        .and_then(|c| c.observed_generation)
 }
 
 /// Whether the service may hold quota for this GpuJob: a reservation recorded, or a call

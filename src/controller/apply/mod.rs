@@ -241,22 +241,33 @@ impl Execution<'_> {
                 Action::GateJob {
                     name,
                     resource_version,
-                    queued,
+                    queue,
                 } => {
                     let gated = w
-                        .gate_job(fence, &key.namespace, name, resource_version, *queued)
+                        .gate_job(
+                            fence,
+                            &key.namespace,
+                            name,
+                            resource_version,
+                            queue.as_deref(),
+                        )
                         .await;
                     self.job_write(name, gated)?;
-                    info!(
-                        job = %name,
-                        queued,
-                        "a Job an earlier version created suspended got the scheduling gate{}",
-                        if *queued { "; Kueue starts it on admission" } else { " and was started" }
-                    );
+                    match queue {
+                        Some(queue) => info!(
+                            job = %name,
+                            queue = %queue,
+                            "a Job an earlier version created suspended got the scheduling gate and its Kueue LocalQueue; Kueue starts it on admission"
+                        ),
+                        None => info!(
+                            job = %name,
+                            "a Job an earlier version created suspended got the scheduling gate and was started"
+                        ),
+                    }
                     self.outcomes.push(Outcome::JobGated {
                         name: name.clone(),
                         replaced: resource_version.clone(),
-                        queued: *queued,
+                        queue: queue.clone(),
                     });
                 }
                 Action::DeleteJob {

@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::recorder::Recorder;
-use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus, SCHEDULING_GATE};
+use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus, LABEL_KUEUE_QUEUE, SCHEDULING_GATE};
 use crate::client::FIELD_MANAGER;
 use crate::controller::Fence;
 use crate::controller::error::{ApiCall, Error, api_code};
@@ -355,25 +355,27 @@ impl Writer {
     }
 
     /// Puts the operator's scheduling gate on the pod template of Job `name`, which an
-    /// earlier version created suspended without it, and unless `queued` (Kueue admits
-    /// it) unsuspends it: one patch with the Job's resourceVersion as precondition. The
-    /// API server lets the scheduling gates of a suspended Job's template change while
-    /// the Job has never run.
+    /// earlier version created suspended without it, and either gives it Kueue
+    /// LocalQueue `queue`'s label (Kueue admits and starts it) or, without one,
+    /// unsuspends it: one patch with the Job's resourceVersion as precondition. The API
+    /// server lets the scheduling gates of a suspended Job's template change while the
+    /// Job has never run.
     pub async fn gate_job(
         &self,
         fence: &Fence,
         ns: &str,
         name: &str,
         resource_version: &str,
-        queued: bool,
+        queue: Option<&str>,
     ) -> Result<(), Error> {
         let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
         let mut patch = json!({
             "metadata": {"resourceVersion": resource_version},
             "spec": {"template": {"spec": {"schedulingGates": [{"name": SCHEDULING_GATE}]}}},
         });
-        if !queued {
-            patch["spec"]["suspend"] = json!(false);
+        match queue {
+            Some(queue) => patch["metadata"]["labels"] = json!({LABEL_KUEUE_QUEUE: queue}),
+            None => patch["spec"]["suspend"] = json!(false),
         }
         let what = format!("Job {ns}/{name}");
         self.patch_precondition(fence, &api, &what, name, &patch, ApiCall::GateJob)

@@ -47,9 +47,12 @@ struct Entry {
 /// A start the API server accepted: the resourceVersion it replaced, and the Kueue
 /// LocalQueue the Job was handed to (`None`: it was unsuspended).
 #[derive(Debug, Clone)]
+/// The scheduling gate put on a Job an earlier version made ([`WriteMemory::job_gated`]).
 struct Gating {
+    /// The Job's resourceVersion the patch replaced.
     replaced: String,
-    queued: bool,
+    /// The Kueue LocalQueue it was handed to; `None`: it was started.
+    queue: Option<String>,
 }
 
 impl Entry {
@@ -191,8 +194,9 @@ impl WriteMemory {
                         // Gated (and started unless Kueue starts it); the cache still
                         // shows the version the patch replaced.
                         shown.gated = true;
-                        if !gating.queued {
-                            shown.suspended = false;
+                        match &gating.queue {
+                            Some(queue) => shown.queue = Some(queue.clone()),
+                            None => shown.suspended = false,
                         }
                     }
                     Arc::new(shown)
@@ -289,21 +293,21 @@ impl WriteMemory {
     }
 
     /// Records the scheduling gate the API server accepted on Job `name` (made suspended
-    /// by an earlier version; unless `queued`, also started) at resourceVersion
-    /// `replaced`: until the cache shows a newer version, the Job is shown gated (else
-    /// the next look would patch it again, and be refused).
+    /// by an earlier version; handed to Kueue LocalQueue `queue`, or without one
+    /// started) at resourceVersion `replaced`: until the cache shows a newer version, the
+    /// Job is shown so (else the next look would patch it again, and be refused).
     pub fn job_gated(
         &self,
         key: &Key,
         owner: &GpuJob,
         name: String,
         replaced: String,
-        queued: bool,
+        queue: Option<String>,
     ) {
         let mut entries = self.lock();
         entry(&mut entries, key, owner)
             .gated
-            .insert(name, Gating { replaced, queued });
+            .insert(name, Gating { replaced, queue });
     }
 
     /// Records a delete the API server accepted. `foreground`: the Job stays, deleting,
@@ -677,7 +681,7 @@ mod tests {
             j
         };
         let cached = |rv: &str| vec![Arc::new(SeenJob::of(&suspended(rv)).unwrap())];
-        m.job_gated(&key(), &owner, "a-1".into(), "5".into(), false);
+        m.job_gated(&key(), &owner, "a-1".into(), "5".into(), None);
         let shown = m.jobs(&key(), "u", || cached("5"));
         assert!(
             !shown[0].suspended && shown[0].gated,
@@ -689,7 +693,7 @@ mod tests {
         assert!(shown[0].suspended && !shown[0].gated);
         assert_eq!(m.entries(), 0, "nothing left to remember");
         // The watch delivering a newer version forgets it too, as does its deletion.
-        m.job_gated(&key(), &owner, "a-1".into(), "5".into(), false);
+        m.job_gated(&key(), &owner, "a-1".into(), "5".into(), None);
         m.job_seen(&key(), &suspended("5"), false);
         assert_eq!(
             m.entries(),
@@ -698,13 +702,20 @@ mod tests {
         );
         m.job_seen(&key(), &suspended("7"), false);
         assert_eq!(m.entries(), 0);
-        m.job_gated(&key(), &owner, "a-1".into(), "5".into(), false);
+        m.job_gated(&key(), &owner, "a-1".into(), "5".into(), None);
         m.job_seen(&key(), &suspended("5"), true);
         assert_eq!(m.entries(), 0);
-        // In a Kueue queue: gated, still suspended (Kueue starts it).
-        m.job_gated(&key(), &owner, "a-1".into(), "5".into(), true);
+        // Handed to a Kueue queue: gated and queued, still suspended (Kueue starts it).
+        m.job_gated(
+            &key(),
+            &owner,
+            "a-1".into(),
+            "5".into(),
+            Some("team".into()),
+        );
         let shown = m.jobs(&key(), "u", || cached("5"));
-        assert!(shown[0].suspended && shown[0].gated);
+        assert!(shown[0].suspended && shown[0].gated && shown[0].queued());
+        assert_eq!(shown[0].queue.as_deref(), Some("team"));
     }
 
     #[test]

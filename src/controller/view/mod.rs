@@ -1,14 +1,14 @@
 //! The view: what this replica knows of each GpuJob, kept in one place. It alone holds
 //! the caches the watches fill (`cache/`), the memory of this replica's own writes that
 //! the caches have not shown yet (`memory.rs`) and where each shard's term began
-//! (`term_start.rs`). Four ways in, and no other:
+//! (`term_start.rs`). Its ways in:
 //!
 //! - the watches feed it events ([`View::gpujob_event`], [`View::job_event`],
 //!   [`View::pod_event`]);
 //! - a reconcile asks it for a snapshot ([`View::snapshot`], `observe.rs`: caches and
 //!   memory, with the direct reads the caches cannot answer), for a GpuJob's cached pods
 //!   ([`View::pods_of`]), and for the reads a plan asks for ([`View::confirm`],
-//!   [`View::live_pods`]);
+//!   [`View::read_pods`]);
 //! - the executor's outcomes come back to it ([`View::record`]): what the API server
 //!   accepted is remembered until the caches show it;
 //! - hand-over tells it which shards were lost ([`View::shards_lost`]).
@@ -52,12 +52,12 @@ pub enum Outcome {
     },
     /// A Job was created, or found already created for this GpuJob (adopted).
     JobCreated(Box<Job>),
-    /// Job `name`, made suspended by an earlier version, got the scheduling gate (and,
-    /// unless `queued`, was started) from version `replaced`.
+    /// Job `name`, made suspended by an earlier version, got the scheduling gate from
+    /// version `replaced`: handed to Kueue LocalQueue `queue`, or, without one, started.
     JobGated {
         name: String,
         replaced: String,
-        queued: bool,
+        queue: Option<String>,
     },
     /// Job `name` (uid `uid`) was deleted; `foreground`: it stays until its pods are gone.
     JobDeleted {
@@ -281,10 +281,10 @@ impl View {
                 Outcome::JobGated {
                     name,
                     replaced,
-                    queued,
+                    queue,
                 } => {
                     self.memory
-                        .job_gated(key, &snap.gpujob, name, replaced, queued);
+                        .job_gated(key, &snap.gpujob, name, replaced, queue);
                     self.show_remembered_jobs(key, snap);
                 }
                 Outcome::JobDeleted {

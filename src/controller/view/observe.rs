@@ -19,7 +19,7 @@ use crate::controller::error::{ApiCall, Error};
 use crate::controller::job::{job_name, name_taken};
 use crate::controller::plan::{
     JOB_NAME_CONFLICT, JobState, Observed, PodsWaiting, QueueWait, QuotaAnswer, Refusal,
-    Termination, Unschedulable, pods_waiting, seen_state,
+    Termination, Unschedulable, pods_waiting, recognized_attempt, seen_state,
 };
 use crate::controller::seen_job::SeenJob;
 use crate::controller::seen_pod::SeenPod;
@@ -93,7 +93,8 @@ pub(super) async fn observe(
     let status = gpujob.status.clone().unwrap_or_default();
     let k = status.attempts;
     let final_ = status.phase.is_some_and(Phase::is_final);
-    if k >= 1 && !final_ && !jobs.iter().any(|j| j.attempt == Some(k)) {
+    let attempt_of = |j: &SeenJob| recognized_attempt(j, &key.name, k);
+    if k >= 1 && !final_ && !jobs.iter().any(|j| attempt_of(j) == Some(k)) {
         let api: Api<Job> = Api::namespaced(view.client.clone(), &key.namespace);
         let name = job_name(&key.name, k);
         if let Some(job) = api
@@ -113,13 +114,25 @@ pub(super) async fn observe(
 
     let refused = name_still_taken(view, key, &gpujob, &mut jobs).await?;
     let recorded = status.last_failure.as_ref().map(|f| f.attempt);
-    let termination = match unrecorded_failure(&jobs, recorded) {
+    // Only the Jobs that are attempts: a label anyone can write says nothing.
+    let attempts: Vec<(i32, &SeenJob)> = jobs
+        .iter()
+        .filter_map(|j| attempt_of(j).map(|a| (a, j.as_ref())))
+        .collect();
+    let termination = match unrecorded_failure(&attempts, recorded) {
         Some((attempt, job)) => termination_of(view, &key.namespace, job, attempt).await?,
         None => None,
     };
-    let newest = newest_attempt(&jobs);
+    let newest = attempts.iter().copied().max_by_key(|(a, _)| *a);
+    let mut cached_pods = view.pods_of(&uid);
     let unschedulable = match newest.filter(|(_, j)| waits_for_a_node(j, Timestamp::now())) {
-        Some((attempt, job)) => unschedulable_of(view, &key.namespace, job, attempt).await?,
+        Some((attempt, job)) => {
+            let (why, read) = unschedulable_of(view, &key.namespace, job, attempt).await?;
+            // Read anyway: a pod that waits at the gate there is as good a hint as the
+            // pod cache's (which may have missed it), so the gate reads and lets it go.
+            cached_pods.extend(read.into_iter().map(Arc::new));
+            why
+        }
         None => None,
     };
     let queue_wait = match newest.filter(|(_, j)| j.queued() && !j.deleting()) {
@@ -136,7 +149,6 @@ pub(super) async fn observe(
             .term_starts
             .covers(fence.shard, fence.epoch, &key.namespace, rv)
             .await;
-    let cached_pods = view.pods_of(&uid);
     Ok(Some(Snapshot {
         gpujob,
         jobs,
@@ -182,7 +194,9 @@ async fn name_still_taken(
     if !waiting {
         return Ok(None);
     }
-    let attempt = status.attempts + 1;
+    let Some(attempt) = status.attempts.checked_add(1) else {
+        return Ok(None);
+    };
     let name = job_name(&key.name, attempt);
     let api: Api<Job> = Api::namespaced(view.client.clone(), &key.namespace);
     let uid = gpujob.metadata.uid.as_deref().unwrap_or_default();
@@ -207,23 +221,19 @@ async fn name_still_taken(
 }
 
 /// The newest failed attempt whose failure the status does not record yet (`recorded`:
-/// the attempt of `status.lastFailure`). Not simply the newest Job: when the next
-/// attempt's Job already exists (its start was recorded, the failure before it was not),
-/// the failure to record is the one before.
-fn unrecorded_failure(jobs: &[Arc<SeenJob>], recorded: Option<i32>) -> Option<(i32, &SeenJob)> {
-    jobs.iter()
-        .filter_map(|j| j.attempt.map(|a| (a, j.as_ref())))
+/// the attempt of `status.lastFailure`), among the attempt Jobs `attempts`. Not simply
+/// the newest Job: when the next attempt's Job already exists (its start was recorded,
+/// the failure before it was not), the failure to record is the one before.
+fn unrecorded_failure<'a>(
+    attempts: &[(i32, &'a SeenJob)],
+    recorded: Option<i32>,
+) -> Option<(i32, &'a SeenJob)> {
+    attempts
+        .iter()
+        .copied()
         .filter(|(a, j)| {
             recorded.is_none_or(|r| *a > r) && matches!(seen_state(j), JobState::Failed { .. })
         })
-        .max_by_key(|(a, _)| *a)
-}
-
-/// The newest attempt and its Job: the one whose pods may wait for a node, or which may
-/// wait in its Kueue LocalQueue ([`SeenJob::queued`]).
-fn newest_attempt(jobs: &[Arc<SeenJob>]) -> Option<(i32, &SeenJob)> {
-    jobs.iter()
-        .filter_map(|j| j.attempt.map(|a| (a, j.as_ref())))
         .max_by_key(|(a, _)| *a)
 }
 
@@ -332,14 +342,16 @@ fn condition_reason(reason: &str) -> String {
 }
 
 /// The scheduler's reason for not placing the attempt's pod, from the pod's
-/// `PodScheduled` condition; `None` when it is placed or not yet tried.
+/// `PodScheduled` condition (`None` when it is placed, not yet tried, or waits at a
+/// scheduling gate), and the pods as read.
 async fn unschedulable_of(
     view: &View,
     ns: &str,
     job: &SeenJob,
     attempt: i32,
-) -> Result<Option<Unschedulable>, Error> {
-    Ok(pods_of(view, ns, job).await?.iter().find_map(|pod| {
+) -> Result<(Option<Unschedulable>, Vec<SeenPod>), Error> {
+    let pods = pods_of(view, ns, job).await?;
+    let why = pods.iter().find_map(|pod| {
         let c = pod
             .status
             .as_ref()?
@@ -353,7 +365,8 @@ async fn unschedulable_of(
                 message: c.message.clone().unwrap_or_default(),
             }
         })
-    }))
+    });
+    Ok((why, pods.iter().filter_map(SeenPod::of).collect()))
 }
 
 /// The GpuJob's pods (label `gpujob.dev/uid`), read from the API server: a list without
@@ -453,7 +466,11 @@ mod tests {
     }
 
     fn attempt(jobs: &[Arc<SeenJob>], recorded: Option<i32>) -> Option<i32> {
-        unrecorded_failure(jobs, recorded).map(|(a, _)| a)
+        let attempts: Vec<(i32, &SeenJob)> = jobs
+            .iter()
+            .filter_map(|j| j.attempt.map(|a| (a, j.as_ref())))
+            .collect();
+        unrecorded_failure(&attempts, recorded).map(|(a, _)| a)
     }
 
     #[test]

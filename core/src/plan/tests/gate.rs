@@ -242,7 +242,7 @@ fn no_pod_is_let_go_while_a_pod_of_another_job_may_run() {
     ungated_unbound.gated = false;
     for (other, words) in [
         (bound_stopping, "is stopping"),
-        (still_gated, "waits at the gate"),
+        (still_gated, "waits at the gate until it is deleted"),
         (ungated_unbound, "has not stopped"),
     ] {
         let p = plan_with(other);
@@ -471,8 +471,21 @@ fn a_job_an_earlier_version_created_suspended_gets_the_gate_then_starts() {
         vec![Action::GateJob {
             name: "train-1".into(),
             resource_version: "101".into(),
-            queued: false,
+            queue: None,
         }]
+    );
+    // Of a GpuJob with spec.queueName, not yet handed over (that version labelled it
+    // only when it started it): gated and handed to its queue, left suspended for Kueue.
+    let mut queued = g.clone();
+    queued.spec.v2 = Some(V2Only {
+        queue_name: Some("team-a".into()),
+        ..V2Only::default()
+    });
+    let p = Seen::new(&queued, std::slice::from_ref(&old)).plan(LATER);
+    assert!(
+        matches!(p.actions.as_slice(), [Action::GateJob { queue: Some(q), .. }] if q == "team-a"),
+        "{:?}",
+        p.actions
     );
     // Handed to Kueue by that version: gated, left suspended for Kueue.
     old.metadata
@@ -481,7 +494,7 @@ fn a_job_an_earlier_version_created_suspended_gets_the_gate_then_starts() {
         .insert(LABEL_KUEUE_QUEUE.into(), "team-a".into());
     let p = Seen::new(&g, std::slice::from_ref(&old)).plan(LATER);
     assert!(
-        matches!(p.actions.as_slice(), [Action::GateJob { queued: true, .. }]),
+        matches!(p.actions.as_slice(), [Action::GateJob { queue: Some(q), .. }] if q == "team-a"),
         "{:?}",
         p.actions
     );
@@ -951,4 +964,42 @@ fn the_pods_of_a_stray_job_go_with_it() {
         "{:?}",
         p.actions
     );
+}
+
+#[test]
+fn a_finished_late_job_of_the_next_attempt_from_another_spec_is_deleted_not_waited_for() {
+    // Attempt 1 failed; a late create of attempt 2 from generation 1 has failed too (its
+    // deadline passed at the gate); the spec is at generation 2. It must go, or attempt
+    // 2 would wait for its name forever.
+    let g = gpujob(3);
+    let one = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
+    let late = job(&g, 2, Some(("Failed", "DeadlineExceeded", T0)));
+    let mut g2 = running(&g, 1, 0);
+    g2.metadata.generation = Some(2);
+    let p = run(&g2, &[one, late], None, "2026-11-30T06:10:00Z");
+    assert!(creates(&p).is_empty(), "{:?}", p.actions);
+    assert!(
+        p.actions
+            .iter()
+            .any(|a| matches!(a, Action::DeleteJob { name, .. } if name == "train-2")),
+        "{:?}",
+        p.actions
+    );
+    assert_eq!(ready(&p).1, OLD_ATTEMPT_STOPPING);
+}
+
+#[test]
+fn a_finished_job_that_is_no_attempt_is_deleted_too() {
+    let g = attempt_one(&gpujob(3));
+    let mut forged = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
+    forged.metadata.name = Some("train-2147483647".into());
+    forged
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(crate::api::LABEL_ATTEMPT.into(), i32::MAX.to_string());
+    let jobs = [made(&g, 1), forged];
+    let p = Seen::new(&g, &jobs).plan(LATER);
+    assert_eq!(stray_deletes(&p), vec!["train-2147483647"]);
+    assert_eq!(p.status.attempts, 1);
 }
