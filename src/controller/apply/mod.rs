@@ -228,6 +228,7 @@ impl Execution<'_> {
                     failpoint::hit("after-ungate");
                     self.ctx.metrics.pods_ungated.inc();
                     info!(pod = %name, pod_uid = %uid, "let the current attempt's pod go (removed the scheduling gate)");
+                    self.outcomes.push(Outcome::PodUngated { uid: uid.clone() });
                 }
                 Action::DeletePod {
                     name,

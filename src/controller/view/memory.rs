@@ -21,6 +21,7 @@ use super::Key;
 use super::cache::Cached;
 use crate::api::GpuJob;
 use crate::controller::seen_job::SeenJob;
+use crate::controller::seen_pod::SeenPod;
 
 #[derive(Debug, Default)]
 struct Entry {
@@ -42,12 +43,14 @@ struct Entry {
     /// cached copy at the version the patch replaced is shown gated, until the cache
     /// shows a newer one.
     gated: BTreeMap<String, Gating>,
+    /// Pods (uids) whose scheduling gate this replica removed: shown let go until the
+    /// pod cache shows them so (or not at all), so that a look in between does not read
+    /// the pods again for nothing.
+    ungated: HashSet<String>,
 }
 
-/// A start the API server accepted: the resourceVersion it replaced, and the Kueue
-/// LocalQueue the Job was handed to (`None`: it was unsuspended).
-#[derive(Debug, Clone)]
 /// The scheduling gate put on a Job an earlier version made ([`WriteMemory::job_gated`]).
+#[derive(Debug, Clone)]
 struct Gating {
     /// The Job's resourceVersion the patch replaced.
     replaced: String,
@@ -65,6 +68,7 @@ impl Entry {
             && self.deleted.is_empty()
             && self.deleting.is_empty()
             && self.gated.is_empty()
+            && self.ungated.is_empty()
     }
 }
 
@@ -341,6 +345,50 @@ impl WriteMemory {
         } else {
             entry.deleted.insert(name, uid);
         }
+    }
+
+    /// Records that pod `pod_uid` of the GpuJob was let go (its gate removed).
+    pub fn pod_ungated(&self, key: &Key, owner: &GpuJob, pod_uid: String) {
+        let mut entries = self.lock();
+        entry(&mut entries, key, owner).ungated.insert(pod_uid);
+    }
+
+    /// The GpuJob's cached pods (`read`), with those this replica let go shown so until
+    /// the cache shows them let go or gone.
+    pub fn pods(
+        &self,
+        key: &Key,
+        uid: &str,
+        read: impl FnOnce() -> Vec<Arc<SeenPod>>,
+    ) -> Vec<Arc<SeenPod>> {
+        let mut entries = self.lock();
+        let cached = read();
+        let Some(entry) = entries
+            .get_mut(key)
+            .filter(|e| e.uid == uid && !e.ungated.is_empty())
+        else {
+            return cached;
+        };
+        entry.ungated.retain(|pod| {
+            cached
+                .iter()
+                .any(|p| p.uid.as_deref() == Some(pod) && p.gated)
+        });
+        let pods = cached
+            .into_iter()
+            .map(|p| match &p.uid {
+                Some(u) if entry.ungated.contains(u) => {
+                    let mut shown = (*p).clone();
+                    shown.gated = false;
+                    Arc::new(shown)
+                }
+                _ => p,
+            })
+            .collect();
+        if entry.is_empty() {
+            entries.remove(key);
+        }
+        pods
     }
 
     /// A relist of Jobs is complete: the cache holds what the API server has, so what
@@ -664,6 +712,37 @@ mod tests {
         m.job_created(&key(), &owner, &seen_job("a-1", "j1"));
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), false);
         assert!(m.jobs(&key(), "u", Vec::new).is_empty());
+    }
+
+    #[test]
+    fn a_pod_let_go_shows_so_until_the_cache_shows_it_let_go_or_gone() {
+        let m = WriteMemory::default();
+        let owner = gj("1", "u");
+        let pod = |uid: &str, gated: bool| {
+            Arc::new(SeenPod {
+                name: format!("a-1-{uid}"),
+                uid: Some(uid.into()),
+                gated,
+                ..SeenPod::default()
+            })
+        };
+        m.pod_ungated(&key(), &owner, "p1".into());
+        let shown = m.pods(&key(), "u", || vec![pod("p1", true), pod("p2", true)]);
+        assert!(!shown[0].gated, "let go, though the cache lags");
+        assert!(shown[1].gated, "another pod is as cached");
+        assert_eq!(m.entries(), 1);
+        // The cache shows it let go: nothing left to remember.
+        let shown = m.pods(&key(), "u", || vec![pod("p1", false)]);
+        assert!(!shown[0].gated);
+        assert_eq!(m.entries(), 0);
+        // Or gone.
+        m.pod_ungated(&key(), &owner, "p1".into());
+        assert!(m.pods(&key(), "u", Vec::new).is_empty());
+        assert_eq!(m.entries(), 0);
+        // Another GpuJob of the same name (another uid) is not shown anything.
+        m.pod_ungated(&key(), &owner, "p1".into());
+        let shown = m.pods(&key(), "other-uid", || vec![pod("p1", true)]);
+        assert!(shown[0].gated);
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub enum Outcome {
     /// A write to Job `name` was refused for its resourceVersion: a copy remembered of
     /// it is stale.
     JobConflict { name: String },
+    /// The pod with `uid` was let go (its scheduling gate removed).
+    PodUngated { uid: String },
 }
 
 /// What a confirming read found.
@@ -159,10 +161,11 @@ impl View {
         self.pods.apply(event, part, &self.jobs)
     }
 
-    /// The cached pods labelled with the GpuJob uid `uid`. The cache may lag: enough to
-    /// tell that a pod waits at the gate, never to let it go.
-    pub fn pods_of(&self, uid: &str) -> Vec<Arc<SeenPod>> {
-        self.pods.pods_of(uid)
+    /// The cached pods labelled with the GpuJob uid `uid` (with those this replica let
+    /// go shown so while the cache lags). Enough to tell that a pod waits at the gate,
+    /// never to let it go.
+    pub fn pods_of(&self, key: &Key, uid: &str) -> Vec<Arc<SeenPod>> {
+        self.memory.pods(key, uid, || self.pods.pods_of(uid))
     }
 
     /// The shards for which `lost` holds changed hands: what this replica knew of their
@@ -297,6 +300,14 @@ impl View {
                     self.show_remembered_jobs(key, snap);
                 }
                 Outcome::JobConflict { name } => self.memory.job_stale(key, &name),
+                Outcome::PodUngated { uid } => {
+                    for p in &mut snap.cached_pods {
+                        if p.uid.as_deref() == Some(uid.as_str()) {
+                            Arc::make_mut(p).gated = false;
+                        }
+                    }
+                    self.memory.pod_ungated(key, &snap.gpujob, uid);
+                }
             }
         }
     }
@@ -421,13 +432,14 @@ mod tests {
             "its Job is not cached yet"
         );
         view.job_event(&Event::Apply(job), &Scope::All);
-        assert_eq!(view.pods_of("u1").len(), 1);
+        let key = Key::new("ns", "a");
+        assert_eq!(view.pods_of(&key, "u1").len(), 1);
         assert_eq!(view.cached(), (0, 1, 1));
         let a = vec![Key::new("ns", "a")];
         assert_eq!(view.pod_event(&Event::Delete(pod.clone()), &Scope::All), a);
         assert_eq!(view.pod_event(&Event::Apply(pod), &Scope::All), a);
         view.drop_part(&Scope::All);
         assert_eq!(view.cached(), (0, 0, 0));
-        assert!(view.pods_of("u1").is_empty());
+        assert!(view.pods_of(&key, "u1").is_empty());
     }
 }

@@ -124,7 +124,7 @@ pub(super) async fn observe(
         None => None,
     };
     let newest = attempts.iter().copied().max_by_key(|(a, _)| *a);
-    let mut cached_pods = view.pods_of(&uid);
+    let mut cached_pods = view.pods_of(key, &uid);
     let unschedulable = match newest.filter(|(_, j)| waits_for_a_node(j, Timestamp::now())) {
         Some((attempt, job)) => {
             let (why, read) = unschedulable_of(view, &key.namespace, job, attempt).await?;
