@@ -132,6 +132,6 @@ export KUBEBUILDER_ASSETS
 echo "using $KUBEBUILDER_ASSETS" >&2
 step "compatibility subset: shared control plane, Kubernetes $compat"
 start_cluster "$compat"
-step "compatibility subset: install dry run, CEL rules, conversion webhook, HA, failure rules, one lifecycle"
+step "compatibility subset: install dry run, CEL rules, conversion webhook, HA, failure rules, one lifecycle, the upgrade's gated Job"
 cargo nextest run --workspace --exclude gpujob-benches --features gpujob-operator/failpoints --locked \
-  -E 'test(/^(install|validation|conversion|ha|batch)::/) | test(=reconcile::seed_walkthrough_one_job_then_succeeded_then_collected)'
+  -E 'test(/^(install|validation|conversion|ha|batch)::/) | test(=reconcile::seed_walkthrough_one_job_then_succeeded_then_collected) | test(=reconcile::a_job_an_earlier_release_created_suspended_gets_the_gate_then_runs)'

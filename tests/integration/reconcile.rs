@@ -611,3 +611,55 @@ async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed
     }
     op.stop().await;
 }
+
+/// An upgrade from the release that created every Job suspended and started it with a
+/// second write: a Job it created and had not started yet (suspended, its pods without
+/// the operator's gate) is given the gate and started by this release, in one patch the
+/// API server accepts for a suspended Job that never ran; its pod then waits at the gate
+/// and is let go like every attempt's.
+#[tokio::test]
+async fn a_job_an_earlier_release_created_suspended_gets_the_gate_then_runs() {
+    let env = TestEnv::new("upgrade-gate").await;
+    let gj = env
+        .create(
+            "train",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
+        )
+        .await;
+    // As the earlier release left it: the Job made, suspended, no gate; attempt 1
+    // recorded.
+    let mut old = gpujob_operator::controller::job::desired_job(&gj, 1);
+    if let Some(spec) = old.spec.as_mut() {
+        spec.suspend = Some(true);
+        if let Some(pod) = spec.template.spec.as_mut() {
+            pod.scheduling_gates = None;
+        }
+    }
+    env.jobs().create(&Default::default(), &old).await.unwrap();
+    let status = json!({"status": {"attempts": 1, "phase": "Running", "activeJob": "train-1",
+        "observedGeneration": gj.metadata.generation}});
+    env.gpujobs()
+        .patch_status("train", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let op = env.operator("upgrade-gate", env.settings()).await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    wait::until("attempt 1's pod running", WAIT, POLL, || async {
+        let running = env.running_pods(&format!("{LABEL_UID}={uid}")).await;
+        (running.len() == 1).then_some(())
+    })
+    .await
+    .unwrap();
+    let job = env.jobs().get("train-1").await.unwrap();
+    let spec = job.spec.unwrap();
+    assert_eq!(spec.suspend, Some(false), "started");
+    let gates = spec.template.spec.unwrap().scheduling_gates.unwrap_or_default();
+    assert!(
+        gates.iter().any(|g| g.name == gpujob_operator::api::SCHEDULING_GATE),
+        "the template got the gate: {gates:?}"
+    );
+    let g = env.gpujobs().get("train").await.unwrap();
+    let status = g.status.unwrap();
+    assert_eq!((status.attempts, status.failures), (1, 0), "{status:?}");
+    op.stop().await;
+}
