@@ -10,9 +10,6 @@
 
 use crate::support;
 
-use std::time::Duration;
-
-use devcluster::wait;
 use gpujob_operator::api::{LABEL_ATTEMPT, Phase};
 use gpujob_operator::controller::job::desired_job;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -59,21 +56,8 @@ async fn a_job_claiming_an_attempt_number_the_operator_never_made_is_a_stray() {
         warning.0 == "Warning" && warning.2.contains("train-2147483647"),
         "{warning:?}"
     );
-    wait::until(
-        "the forged Job gone",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            env.jobs()
-                .get_opt("train-2147483647")
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        },
-    )
-    .await
-    .unwrap();
+    env.wait_job_gone(&format!("train-{}", i32::MAX), "the forged Job gone")
+        .await;
     let one = env.jobs().get("train-1").await.unwrap();
     assert!(
         one.metadata.deletion_timestamp.is_none(),

@@ -384,21 +384,8 @@ async fn a_job_kueue_labels_by_default_runs_only_through_the_operators_gate() {
         .create(&PostParams::default(), &late)
         .await
         .unwrap();
-    devcluster::wait::until(
-        "the late Job of attempt 2 gone",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            env.jobs()
-                .get_opt("pair-2")
-                .await
-                .unwrap()
-                .is_none()
-                .then_some(())
-        },
-    )
-    .await
-    .unwrap();
+    env.wait_job_gone("pair-2", "the late Job of attempt 2 gone")
+        .await;
     assert!(
         attempts.overlaps().is_empty(),
         "two attempts had pods that could run at once: {:?}",

@@ -229,16 +229,7 @@ async fn a_late_job_create_never_runs_beside_the_next_attempt() {
     let node = OwnNode::create(&env, 2).await;
 
     // Replica 1 leads, through the fault proxy; replica 2 stands by.
-    let proxy = FaultProxy::start(&env.cluster).unwrap();
-    let kubeconfig = proxy
-        .kubeconfig(&env.cluster, Identity::Replica(1))
-        .unwrap();
-    let first = replicas::start_in_with_kubeconfig(&env.cluster, &env.ns, 1, &[], kubeconfig);
-    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
-        h == "replica-1"
-    })
-    .await;
-    let second = replicas::start(&env.cluster, &env.ns, 2, &[]);
+    let (proxy, first, second) = leader_behind_proxy(&env, &[]).await;
     let audit = env.cluster.audit();
     let start = audit.cursor().unwrap();
 
@@ -253,36 +244,16 @@ async fn a_late_job_create_never_runs_beside_the_next_attempt() {
     .await;
 
     // From now on the leader's Job creates wait in the proxy. A spec change: the leader
-    // replaces attempt 1, and its create of attempt 2 is held.
-    proxy.set(
-        Faults::new().rule(
-            Rule::new(Fault::Latency {
-                fixed: HOLD,
-                jitter: Duration::ZERO,
-            })
-            .methods([Method::POST])
-            .resources(["jobs"]),
-        ),
-    );
+    // replaces attempt 1, and its create of attempt 2 is held. Frozen with it in flight;
+    // replica 2 takes over and runs attempt 2 itself.
+    hold(&proxy, Method::POST, &["jobs"]);
     edit(&env, &node, "2").await;
-    let p = proxy.handle();
-    wait::until(
+    let held = freeze_once_held(
+        &env,
+        &proxy,
+        &first,
         "the leader's create of attempt 2 to be held",
-        Duration::from_secs(60),
-        Duration::from_millis(20),
-        || {
-            let p = p.clone();
-            async move { (p.count("latency") >= 1).then_some(()) }
-        },
     )
-    .await
-    .unwrap();
-    let held = tokio::time::Instant::now();
-    // Frozen with it in flight; replica 2 takes over and runs attempt 2 itself.
-    first.signal(Signal::SIGSTOP);
-    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
-        h == "replica-2"
-    })
     .await;
     let s = until(
         &mut seen,
@@ -497,26 +468,28 @@ async fn leader_behind_proxy(
     (proxy, first, second)
 }
 
-/// Holds `resources`' requests of `methods` in the proxy for [`HOLD`], waits until one
-/// is held, and freezes `leader` with it in flight; then waits for replica 2 to lead.
-async fn hold_then_freeze(
-    env: &TestEnv,
-    proxy: &FaultProxy,
-    leader: &replicas::Replica,
-    methods: &[Method],
-    resources: &[&str],
-    what: &str,
-) -> tokio::time::Instant {
+/// From now on, `method` requests to `resources` wait in the proxy for [`HOLD`].
+fn hold(proxy: &FaultProxy, method: Method, resources: &[&str]) {
     proxy.set(
         Faults::new().rule(
             Rule::new(Fault::Latency {
                 fixed: HOLD,
                 jitter: Duration::ZERO,
             })
-            .methods(methods.iter().cloned())
+            .methods([method])
             .resources(resources.iter().copied()),
         ),
     );
+}
+
+/// Waits until the proxy holds a request ([`hold`]), freezes `leader` with it in flight,
+/// and waits for replica 2 to lead; returns when the request was first seen held.
+async fn freeze_once_held(
+    env: &TestEnv,
+    proxy: &FaultProxy,
+    leader: &replicas::Replica,
+    what: &str,
+) -> tokio::time::Instant {
     let p = proxy.handle();
     wait::until(
         what,
@@ -565,12 +538,11 @@ async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbid
     .await;
     // Attempt 1 fails; the leader's create of attempt 2 is held, and the leader frozen
     // before it could record attempt 2.
-    let held = hold_then_freeze(
+    hold(&proxy, Method::POST, &["jobs"]);
+    let held = freeze_once_held(
         &env,
         &proxy,
         &first,
-        &[Method::POST],
-        &["jobs"],
         "the leader's create of attempt 2 to be held",
     )
     .await;
@@ -650,34 +622,18 @@ async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attemp
     )
     .await;
     let one = env.jobs().get("train-1").await.unwrap();
-    // The writes that let an attempt run: a Job's start (an earlier version) or a pod's
-    // gate removed.
-    proxy.set(
-        Faults::new().rule(
-            Rule::new(Fault::Latency {
-                fixed: HOLD,
-                jitter: Duration::ZERO,
-            })
-            .methods([Method::PATCH])
-            .resources(["jobs", "pods"]),
-        ),
-    );
-    // Replaced (a spec change): attempt 1 stops, attempt 2 is made, and its start held.
+    // The writes that let an attempt run: a pod's gate removed (a Job's start, before).
+    // Replaced (a spec change): attempt 1 stops, attempt 2 is made, and its start held;
+    // the leader frozen with it in flight, replica 2 takes over.
+    hold(&proxy, Method::PATCH, &["jobs", "pods"]);
     edit(&env, &node, "2").await;
-    let p = proxy.handle();
-    wait::until(
+    let held = freeze_once_held(
+        &env,
+        &proxy,
+        &first,
         "the leader's start of attempt 2 to be held",
-        Duration::from_secs(60),
-        Duration::from_millis(20),
-        || {
-            let p = p.clone();
-            async move { (p.count("latency") >= 1).then_some(()) }
-        },
     )
-    .await
-    .unwrap();
-    let held = tokio::time::Instant::now();
-    first.signal(Signal::SIGSTOP);
+    .await;
     // A pod of attempt 1, made from its Job's template as the Job controller makes them.
     let template = one.spec.clone().unwrap().template;
     let mut race: Pod = Pod {
@@ -712,10 +668,6 @@ async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attemp
     ]);
     let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
     pods.create(&Default::default(), &race).await.unwrap();
-    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
-        h == "replica-2"
-    })
-    .await;
     // Attempt 2 runs (let go by the successor, or by the held write once it lands).
     let s = until(
         &mut seen,

@@ -653,9 +653,16 @@ async fn a_job_an_earlier_release_created_suspended_gets_the_gate_then_runs() {
     let job = env.jobs().get("train-1").await.unwrap();
     let spec = job.spec.unwrap();
     assert_eq!(spec.suspend, Some(false), "started");
-    let gates = spec.template.spec.unwrap().scheduling_gates.unwrap_or_default();
+    let gates = spec
+        .template
+        .spec
+        .unwrap()
+        .scheduling_gates
+        .unwrap_or_default();
     assert!(
-        gates.iter().any(|g| g.name == gpujob_operator::api::SCHEDULING_GATE),
+        gates
+            .iter()
+            .any(|g| g.name == gpujob_operator::api::SCHEDULING_GATE),
         "the template got the gate: {gates:?}"
     );
     let g = env.gpujobs().get("train").await.unwrap();

@@ -602,15 +602,25 @@ async fn soak(scale: Scale) {
                 undo.push((now + rng.millis(2000, 6000), Undo::QuotaOk));
                 label.to_owned()
             }
-            6 if !busy.contains(&i) && rs[i].is_some() && may_hold => {
-                // Its Job creates wait in the proxy; frozen with some in flight, it loses
-                // its shards; they land after its successor took over (and may have
-                // replaced or finished those attempts).
+            kind @ (6 | 7) if !busy.contains(&i) && rs[i].is_some() && may_hold => {
+                // Its Job creates (6), or its writes that let pods run (7: a pod's
+                // scheduling gate removed; a Job an earlier version made, started), wait
+                // in the proxy; frozen with some in flight, it loses its shards, and they
+                // land after its successor took over (and may have replaced, stopped or
+                // finished those attempts).
                 let hold = Fault::Latency {
                     fixed: HOLD,
                     jitter: Duration::ZERO,
                 };
-                let rule = Rule::new(hold).methods([Method::POST]).resources(["jobs"]);
+                let (rule, label) = if kind == 6 {
+                    let rule = Rule::new(hold).methods([Method::POST]).resources(["jobs"]);
+                    (rule, "create_held")
+                } else {
+                    let rule = Rule::new(hold)
+                        .methods([Method::PATCH])
+                        .resources(["pods", "jobs"]);
+                    (rule, "start_held")
+                };
                 proxies[i].set(Faults::new().seed(rng.next()).rule(rule));
                 tokio::time::sleep(rng.millis(500, 2000)).await;
                 rs[i].as_ref().unwrap().signal(Signal::SIGSTOP);
@@ -620,30 +630,7 @@ async fn soak(scale: Scale) {
                     Undo::Continue(i),
                 ));
                 undo.push((now + HOLD + Duration::from_secs(1), Undo::ClearProxy(i)));
-                "create_held".to_owned()
-            }
-            7 if !busy.contains(&i) && rs[i].is_some() && may_hold => {
-                // Its writes that let pods run (a pod's scheduling gate removed; a Job an
-                // earlier version made, started) wait in the proxy; frozen with some in
-                // flight, it loses its shards, and they land after its successor took
-                // over (and may have replaced, stopped or finished those attempts).
-                let hold = Fault::Latency {
-                    fixed: HOLD,
-                    jitter: Duration::ZERO,
-                };
-                let rule = Rule::new(hold)
-                    .methods([Method::PATCH])
-                    .resources(["pods", "jobs"]);
-                proxies[i].set(Faults::new().seed(rng.next()).rule(rule));
-                tokio::time::sleep(rng.millis(500, 2000)).await;
-                rs[i].as_ref().unwrap().signal(Signal::SIGSTOP);
-                let now = Instant::now();
-                undo.push((
-                    now + LEASE_DURATION + rng.millis(500, 2000),
-                    Undo::Continue(i),
-                ));
-                undo.push((now + HOLD + Duration::from_secs(1), Undo::ClearProxy(i)));
-                "start_held".to_owned()
+                label.to_owned()
             }
             8 => {
                 // Replica i's watches cut, then its GpuJob watch hangs after the relist:
@@ -761,7 +748,7 @@ async fn soak(scale: Scale) {
     );
     let _ = writeln!(
         text,
-        "| attempts of one GpuJob with live pods at once, at most (pod events watched) | {} ({}) |",
+        "| attempts of one GpuJob with pods that can run at once (ungated or bound), at most (pod events watched) | {} ({}) |",
         pods.most_at_once(),
         pods.pods_seen()
     );

@@ -24,26 +24,25 @@ use serde_json::json;
 use support::replicas::{self, wait_holder};
 use support::{TestEnv, phase, sim_env};
 
-#[tokio::test]
-async fn a_successor_with_a_stale_cache_does_not_bring_back_a_deleted_gpujobs_job() {
-    let env = TestEnv::new("stale-takeover").await;
-    // Created before any replica runs: every cache lists it without a status.
-    env.create(
-        "gone",
-        json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
-    )
-    .await;
+/// The proxy rule that hangs GpuJob watches.
+fn hang() -> Rule {
+    Rule::new(Fault::Hang).watch(true).resources(["gpujobs"])
+}
 
-    // Replica 2 lists it, then its GpuJob watch hangs (its Jobs watch stays live); its
-    // Lease requests are refused for now, so replica 1 leads.
-    let hang = || Rule::new(Fault::Hang).watch(true).resources(["gpujobs"]);
-    let refuse_leases = Rule::new(Fault::Status {
-        code: 503,
-        retry_after: None,
-    })
-    .resources(["leases"]);
+/// Starts replica 2 behind a fault proxy whose GpuJob watches hang (with `also`, another
+/// rule), and waits until its GpuJob watch hangs after its list: its GpuJob cache keeps
+/// what that list saw, while its Jobs watch stays live. Returns the proxy, the replica
+/// and its metrics address.
+async fn standby_with_a_hung_gpujob_watch(
+    env: &TestEnv,
+    also: Option<Rule>,
+) -> (FaultProxy, replicas::Replica, String) {
     let proxy = FaultProxy::start(&env.cluster).unwrap();
-    proxy.set(Faults::new().rule(hang()).rule(refuse_leases));
+    let mut faults = Faults::new().rule(hang());
+    if let Some(rule) = also {
+        faults = faults.rule(rule);
+    }
+    proxy.set(faults);
     let kubeconfig = proxy
         .kubeconfig(&env.cluster, Identity::Replica(2))
         .unwrap();
@@ -67,6 +66,28 @@ async fn a_successor_with_a_stale_cache_does_not_bring_back_a_deleted_gpujobs_jo
     )
     .await
     .unwrap();
+    (proxy, second, address)
+}
+
+#[tokio::test]
+async fn a_successor_with_a_stale_cache_does_not_bring_back_a_deleted_gpujobs_job() {
+    let env = TestEnv::new("stale-takeover").await;
+    // Created before any replica runs: every cache lists it without a status.
+    env.create(
+        "gone",
+        json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
+    )
+    .await;
+
+    // Replica 2 lists it, then its GpuJob watch hangs (its Jobs watch stays live); its
+    // Lease requests are refused for now, so replica 1 leads.
+    let refuse_leases = Rule::new(Fault::Status {
+        code: 503,
+        retry_after: None,
+    })
+    .resources(["leases"]);
+    let (proxy, second, address) =
+        standby_with_a_hung_gpujob_watch(&env, Some(refuse_leases)).await;
     let first = replicas::start(&env.cluster, &env.ns, 1, &[]);
     wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
         h == "replica-1"
@@ -198,32 +219,7 @@ async fn a_successor_with_a_stale_cache_does_not_delete_a_reruns_running_attempt
 
     // Replica 2 lists it finished, then its GpuJob watch hangs (its Jobs watch stays
     // live); it waits as a standby.
-    let hang = || Rule::new(Fault::Hang).watch(true).resources(["gpujobs"]);
-    let proxy = FaultProxy::start(&env.cluster).unwrap();
-    proxy.set(Faults::new().rule(hang()));
-    let kubeconfig = proxy
-        .kubeconfig(&env.cluster, Identity::Replica(2))
-        .unwrap();
-    let address = support::prometheus::free_address();
-    let second = replicas::start_in_with_kubeconfig(
-        &env.cluster,
-        &env.ns,
-        2,
-        &["--listen-address", &address],
-        kubeconfig,
-    );
-    let p = proxy.handle();
-    wait::until(
-        "the standby's GpuJob watch to hang after its list",
-        Duration::from_secs(30),
-        Duration::from_millis(20),
-        || {
-            let p = p.clone();
-            async move { (p.count("hang") >= 1).then_some(()) }
-        },
-    )
-    .await
-    .unwrap();
+    let (proxy, second, address) = standby_with_a_hung_gpujob_watch(&env, None).await;
 
     // A rerun, running long this time: the leader starts attempt 2.
     env.gpujobs()

@@ -125,16 +125,24 @@ pub(super) async fn observe(
     };
     let newest = attempts.iter().copied().max_by_key(|(a, _)| *a);
     let mut cached_pods = view.pods_of(key, &uid);
-    let unschedulable = match newest.filter(|(_, j)| waits_for_a_node(j, Timestamp::now())) {
-        Some((attempt, job)) => {
-            let (why, read) = unschedulable_of(view, &key.namespace, job, attempt).await?;
-            // Read anyway: a pod that waits at the gate there is as good a hint as the
-            // pod cache's (which may have missed it), so the gate reads and lets it go.
-            cached_pods.extend(read.into_iter().map(Arc::new));
-            why
-        }
-        None => None,
+    // A pod that waits at the operator's gate waits for the gate, not for a node: the
+    // gate reads the pods when it lets it go, and the scheduler has nothing to say yet.
+    let at_gate = |job: &SeenJob| {
+        job.uid
+            .as_deref()
+            .is_some_and(|u| cached_pods.iter().any(|p| p.of_job(u) && p.waits_at_gate()))
     };
+    let unschedulable =
+        match newest.filter(|(_, j)| waits_for_a_node(j, Timestamp::now()) && !at_gate(j)) {
+            Some((attempt, job)) => {
+                let (why, read) = unschedulable_of(view, &key.namespace, job, attempt).await?;
+                // Read anyway: a pod that waits at the gate there is as good a hint as the
+                // pod cache's (which may have missed it), so the gate reads and lets it go.
+                cached_pods.extend(read.into_iter().map(Arc::new));
+                why
+            }
+            None => None,
+        };
     let queue_wait = match newest.filter(|(_, j)| j.queued() && !j.deleting()) {
         Some((attempt, job)) => queue_wait_of(view, &key.namespace, job, attempt).await?,
         None => None,

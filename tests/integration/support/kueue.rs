@@ -131,20 +131,8 @@ impl Kueue {
         let dir = std::env::temp_dir().join(format!("gpujob-kueue-{}", env.ns));
         let certs = dir.join("certs");
         let ca = super::webhook::webhook_certs(&certs);
-        let health = free_port();
-        let port = free_port();
-        let config = dir.join("config.yaml");
-        let text = json!({
-            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
-            "kind": "Configuration",
-            "namespace": NAMESPACE,
-            "health": {"healthProbeBindAddress": format!("127.0.0.1:{health}")},
-            "metrics": {"bindAddress": "0"},
-            "webhook": {"host": "127.0.0.1", "port": port, "certDir": certs},
-            "leaderElection": {"leaderElect": false},
-            "integrations": {"frameworks": ["batch/job"]},
-        });
-        std::fs::write(&config, serde_json::to_string(&text).unwrap()).unwrap();
+        let (health, port) = (free_port(), free_port());
+        let config = write_config(&dir, health, port, &certs);
         cert_secret(env).await;
         let kueue = Kueue {
             child: spawn(&env.cluster, &dir, &config, 1),
@@ -205,18 +193,7 @@ impl Kueue {
         let certs = dir.join("certs");
         std::fs::create_dir_all(&certs).unwrap();
         let health = free_port();
-        let config = dir.join("config.yaml");
-        let text = json!({
-            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
-            "kind": "Configuration",
-            "namespace": NAMESPACE,
-            "health": {"healthProbeBindAddress": format!("127.0.0.1:{health}")},
-            "metrics": {"bindAddress": "0"},
-            "webhook": {"host": "127.0.0.1", "port": free_port(), "certDir": certs},
-            "leaderElection": {"leaderElect": false},
-            "integrations": {"frameworks": ["batch/job"]},
-        });
-        std::fs::write(&config, serde_json::to_string(&text).unwrap()).unwrap();
+        let config = write_config(&dir, health, free_port(), &certs);
 
         // Kueue's certificate management fills a Secret that must exist, and waits for
         // the kubelet to mount it; here the test copies it into the folder.
@@ -245,6 +222,24 @@ impl Kueue {
         kueue.wait_ready(health, 2).await;
         kueue
     }
+}
+
+/// Kueue's configuration in `dir`: its health probe on `health`, its webhook server on
+/// `port` with the certificates in `certs`, only batch/v1 Jobs integrated.
+fn write_config(dir: &Path, health: u16, port: u16, certs: &Path) -> PathBuf {
+    let config = dir.join("config.yaml");
+    let text = json!({
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": NAMESPACE,
+        "health": {"healthProbeBindAddress": format!("127.0.0.1:{health}")},
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"host": "127.0.0.1", "port": port, "certDir": certs},
+        "leaderElection": {"leaderElect": false},
+        "integrations": {"frameworks": ["batch/job"]},
+    });
+    std::fs::write(&config, serde_json::to_string(&text).unwrap()).unwrap();
+    config
 }
 
 /// Kueue's namespace and the Secret its certificate management fills (it must exist).

@@ -292,6 +292,20 @@ impl TestEnv {
             .collect()
     }
 
+    /// Waits until Job `name` of this namespace is gone.
+    pub async fn wait_job_gone(&self, name: &str, what: &str) {
+        wait::until(what, WAIT, POLL, || async {
+            self.jobs()
+                .get_opt(name)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await
+        .unwrap();
+    }
+
     /// Waits until GpuJob `name` satisfies `pred`.
     pub async fn wait_gpujob(
         &self,
