@@ -40,11 +40,7 @@ fn cond<'a>(s: &'a GpuJobStatus, t: &str) -> Option<(&'a ConditionStatus, &'a st
 /// GpuJob has finished) and had not finished: it would run beside another attempt, or
 /// after the end. Not a status transition: published by the plan with the delete.
 pub fn stray_job_deleted(job: &str, attempt: Option<i32>, current: Option<i32>) -> Note {
-    let of = attempt.map_or_else(String::new, |a| format!(" (attempt {a})"));
-    let instead = match current {
-        Some(c) => format!("attempt {c} is the current one"),
-        None => "the GpuJob has finished".to_owned(),
-    };
+    let (of, instead) = (of_attempt(attempt), instead_of(current));
     note(
         Kind::Warning,
         "StrayJobDeleted",
@@ -74,11 +70,7 @@ pub fn unrecognized_job_deleted(job: &str, attempt: Option<i32>, recorded: i32) 
 /// A pod deleted because it waits at the operator's gate and is not the current
 /// attempt's (`current`; `None`: the GpuJob has finished): it never ran.
 pub fn stray_pod_deleted(pod: &str, attempt: Option<i32>, current: Option<i32>) -> Note {
-    let of = attempt.map_or_else(String::new, |a| format!(" (attempt {a})"));
-    let instead = match current {
-        Some(c) => format!("attempt {c} is the current one"),
-        None => "the GpuJob has finished".to_owned(),
-    };
+    let (of, instead) = (of_attempt(attempt), instead_of(current));
     note(
         Kind::Warning,
         "StrayPodDeleted",
@@ -86,6 +78,19 @@ pub fn stray_pod_deleted(pod: &str, attempt: Option<i32>, current: Option<i32>) 
             "deleting pod {pod}{of}: it waits at the operator's scheduling gate, but {instead}; it never ran"
         ),
     )
+}
+
+/// ` (attempt k)`, or nothing without a number.
+fn of_attempt(attempt: Option<i32>) -> String {
+    attempt.map_or_else(String::new, |a| format!(" (attempt {a})"))
+}
+
+/// Why nothing but attempt `current` may run (`None`: the GpuJob has finished).
+fn instead_of(current: Option<i32>) -> String {
+    match current {
+        Some(c) => format!("attempt {c} is the current one"),
+        None => "the GpuJob has finished".to_owned(),
+    }
 }
 
 /// The Events for the change from `before` to `after`.

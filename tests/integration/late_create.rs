@@ -235,13 +235,7 @@ async fn a_late_job_create_never_runs_beside_the_next_attempt() {
 
     let gj = env.create("train", spec(&node, "1")).await;
     let mut seen = watch_attempts(&env, &gj);
-    until(
-        &mut seen,
-        "attempt 1 to run",
-        Duration::from_secs(60),
-        |s| s.live_jobs() == BTreeSet::from(["train-1".to_owned()]),
-    )
-    .await;
+    runs_alone(&mut seen, "train-1").await;
 
     // From now on the leader's Job creates wait in the proxy. A spec change: the leader
     // replaces attempt 1, and its create of attempt 2 is held. Frozen with it in flight;
@@ -255,25 +249,13 @@ async fn a_late_job_create_never_runs_beside_the_next_attempt() {
         "the leader's create of attempt 2 to be held",
     )
     .await;
-    let s = until(
-        &mut seen,
-        "the successor's attempt 2 to run",
-        Duration::from_secs(60),
-        |s| s.live_jobs() == BTreeSet::from(["train-2".to_owned()]),
-    )
-    .await;
+    let s = runs_alone(&mut seen, "train-2").await;
     let successors_two = s.uids_named("train-2");
     assert_eq!(successors_two.len(), 1, "{s:#?}");
 
     // Another spec change: the successor replaces attempt 2 by attempt 3.
     edit(&env, &node, "3").await;
-    let s = until(
-        &mut seen,
-        "attempt 3 to run",
-        Duration::from_secs(60),
-        |s| s.live_jobs() == BTreeSet::from(["train-3".to_owned()]),
-    )
-    .await;
+    let s = runs_alone(&mut seen, "train-3").await;
     assert!(
         held.elapsed() < HOLD && s.uids_named("train-2").len() == 1,
         "the takeover and the replacement took longer than the create was held ({}s): raise HOLD; {s:#?}",
@@ -281,21 +263,7 @@ async fn a_late_job_create_never_runs_beside_the_next_attempt() {
     );
 
     // The held create lands: attempt 2 again, on the spec of generation 2.
-    let s = until(
-        &mut seen,
-        "the deposed leader's create of attempt 2 to land",
-        HOLD + Duration::from_secs(30),
-        |s| s.uids_named("train-2").len() == 2,
-    )
-    .await;
-    let late = s.uids_named("train-2")[1].clone();
-    let s = until(
-        &mut seen,
-        "the successor to delete the returned Job of attempt 2",
-        UNDO,
-        |s| s.gone(&late),
-    )
-    .await;
+    let (s, late) = lands_then_goes(&mut seen, "train-2", 2).await;
 
     assert!(
         s.overlaps.is_empty(),
@@ -355,13 +323,7 @@ async fn a_late_job_create_never_runs_beside_the_next_attempt() {
         "{log}"
     );
 
-    first.signal(Signal::SIGCONT);
-    drop((first, second));
-    env.gpujobs()
-        .delete("train", &DeleteParams::default())
-        .await
-        .unwrap();
-    node.remove(&env).await;
+    clean_up(&env, node, first, second).await;
 }
 
 /// A Job gone is not proof that its pods are: deleting a Job in the foreground, the
@@ -449,6 +411,58 @@ async fn a_pod_that_outlived_its_job_holds_the_next_attempt() {
     op.stop().await;
 }
 
+/// Waits until the Job named `job` alone has pods that can run; returns what was seen.
+async fn runs_alone(seen: &mut watch::Receiver<Seen>, job: &str) -> Seen {
+    until(
+        seen,
+        &format!("{job} to run, alone"),
+        Duration::from_secs(60),
+        |s| s.live_jobs() == BTreeSet::from([job.to_owned()]),
+    )
+    .await
+}
+
+/// Waits until the `nth` Job named `name` (a create held in flight) has landed, then until
+/// the successor has deleted it; returns what was seen and that Job's uid.
+async fn lands_then_goes(
+    seen: &mut watch::Receiver<Seen>,
+    name: &str,
+    nth: usize,
+) -> (Seen, String) {
+    let s = until(
+        seen,
+        &format!("the deposed leader's create of {name} to land"),
+        HOLD + Duration::from_secs(30),
+        |s| s.uids_named(name).len() == nth,
+    )
+    .await;
+    let late = s.uids_named(name)[nth - 1].clone();
+    let s = until(
+        seen,
+        &format!("the successor to delete the late {name}"),
+        UNDO,
+        |s| s.gone(&late),
+    )
+    .await;
+    (s, late)
+}
+
+/// Lets the frozen leader go on, stops both replicas, deletes the GpuJob and the node.
+async fn clean_up(
+    env: &TestEnv,
+    node: OwnNode,
+    first: replicas::Replica,
+    second: replicas::Replica,
+) {
+    first.signal(Signal::SIGCONT);
+    drop((first, second));
+    env.gpujobs()
+        .delete("train", &DeleteParams::default())
+        .await
+        .unwrap();
+    node.remove(env).await;
+}
+
 /// Starts replica 1 through a fault proxy and waits until it holds the Lease, then
 /// replica 2 beside it, each with `extra` flags.
 async fn leader_behind_proxy(
@@ -529,13 +543,7 @@ async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbid
     spec["v2"]["backoffSeconds"] = json!(1);
     let gj = env.create("train", spec).await;
     let mut seen = watch_attempts(&env, &gj);
-    until(
-        &mut seen,
-        "attempt 1 to run",
-        Duration::from_secs(60),
-        |s| s.live_jobs() == BTreeSet::from(["train-1".to_owned()]),
-    )
-    .await;
+    runs_alone(&mut seen, "train-1").await;
     // Attempt 1 fails; the leader's create of attempt 2 is held, and the leader frozen
     // before it could record attempt 2.
     hold(&proxy, Method::POST, &["jobs"]);
@@ -563,21 +571,7 @@ async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbid
         held.elapsed() < HOLD,
         "the takeover took longer than the hold"
     );
-    let s = until(
-        &mut seen,
-        "the deposed leader's create of attempt 2 to land",
-        HOLD + Duration::from_secs(30),
-        |s| s.uids_named("train-2").len() == 1,
-    )
-    .await;
-    let late = s.uids_named("train-2")[0].clone();
-    let s = until(
-        &mut seen,
-        "the successor to delete the late Job of attempt 2",
-        UNDO,
-        |s| s.gone(&late),
-    )
-    .await;
+    let (s, late) = lands_then_goes(&mut seen, "train-2", 1).await;
     assert!(
         !s.ran.contains(&late),
         "the late attempt 2 had a pod that could run: {s:#?}"
@@ -589,13 +583,7 @@ async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbid
         (Some(Phase::Pending), 1, 1),
         "{status:#?}"
     );
-    first.signal(Signal::SIGCONT);
-    drop((first, second));
-    env.gpujobs()
-        .delete("train", &DeleteParams::default())
-        .await
-        .unwrap();
-    node.remove(&env).await;
+    clean_up(&env, node, first, second).await;
 }
 
 /// The Job controller can create a pod for a Job whose end it has not seen yet (a pod of
@@ -614,13 +602,7 @@ async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attemp
     let (proxy, first, second) = leader_behind_proxy(&env, &[]).await;
     let gj = env.create("train", spec(&node, "1")).await;
     let mut seen = watch_attempts(&env, &gj);
-    until(
-        &mut seen,
-        "attempt 1 to run",
-        Duration::from_secs(60),
-        |s| s.live_jobs() == BTreeSet::from(["train-1".to_owned()]),
-    )
-    .await;
+    runs_alone(&mut seen, "train-1").await;
     let one = env.jobs().get("train-1").await.unwrap();
     // The writes that let an attempt run: a pod's gate removed (a Job's start, before).
     // Replaced (a spec change): attempt 1 stops, attempt 2 is made, and its start held;
@@ -698,11 +680,5 @@ async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attemp
     let g = env.gpujobs().get("train").await.unwrap();
     let status = g.status.clone().unwrap();
     assert_eq!((status.attempts, status.failures), (2, 0), "{status:#?}");
-    first.signal(Signal::SIGCONT);
-    drop((first, second));
-    env.gpujobs()
-        .delete("train", &DeleteParams::default())
-        .await
-        .unwrap();
-    node.remove(&env).await;
+    clean_up(&env, node, first, second).await;
 }
