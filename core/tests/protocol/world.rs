@@ -1,0 +1,391 @@
+//! Everything around the replicas: the API server's objects (with resourceVersions and
+//! preconditions), the Job controller (whose informer may lag a delete), kube-scheduler,
+//! the kubelet, the garbage collector and the user. Only the replicas decide with the
+//! real plan (`replica.rs`); what is here is how Kubernetes answers them.
+
+/// One GpuJob, `train` in namespace `ns`, uid `uid-1`.
+pub const GPUJOB: &str = "train";
+pub const NAMESPACE: &str = "ns";
+pub const GPUJOB_UID: &str = "uid-1";
+
+/// The GpuJob as the API server has it. The status is kept as the JSON the API server
+/// would store, so the state can be hashed and compared.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct GpuJobObj {
+    pub rv: u32,
+    pub generation: i64,
+    pub status: String,
+}
+
+/// A Job of the GpuJob: which attempt, from which generation, and what its controller
+/// and deletion did to it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct JobObj {
+    pub uid: u32,
+    pub rv: u32,
+    pub attempt: i32,
+    pub generation: i64,
+    pub suspended: bool,
+    /// Its pod template carries the operator's scheduling gate.
+    pub gated: bool,
+    /// Deleted in the foreground: stays until its pods are gone.
+    pub deleting: bool,
+    /// The Job controller marked it Failed, at this tick.
+    pub failed_at: Option<u8>,
+}
+
+/// A pod, made by the Job controller for the Job `job_uid`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct PodObj {
+    pub uid: u32,
+    pub rv: u32,
+    pub job_uid: u32,
+    pub attempt: i32,
+    pub gated: bool,
+    pub bound: bool,
+    pub failed: bool,
+    pub deleting: bool,
+}
+
+impl PodObj {
+    /// Let go of its gate or on a node, and not ended: it runs or may run.
+    pub fn can_run(&self) -> bool {
+        (!self.gated || self.bound) && !self.failed
+    }
+}
+
+/// A write a replica sends; the API server checks its preconditions when it lands,
+/// which may be long after it was sent.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub enum Write {
+    Status {
+        rv: u32,
+        status: String,
+    },
+    CreateJob {
+        attempt: i32,
+        generation: i64,
+        suspended: bool,
+        gated: bool,
+    },
+    DeleteJob {
+        uid: u32,
+        rv: u32,
+        foreground: bool,
+    },
+    Ungate {
+        uid: u32,
+        rv: u32,
+    },
+    DeletePod {
+        uid: u32,
+        rv: u32,
+    },
+}
+
+/// What the API server answered a write.
+#[derive(Debug)]
+pub enum Answer {
+    GpuJob(GpuJobObj),
+    Job(JobObj),
+    /// A Job of that name exists (409 AlreadyExists): this one.
+    Exists(JobObj),
+    /// Done to a Job or pod.
+    Done,
+    /// A precondition failed, or the object is gone (409 / 404).
+    Refused,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Api {
+    /// The last resourceVersion handed out (one counter for every object, as etcd's).
+    pub rv: u32,
+    pub uids: u32,
+    pub gpujob: GpuJobObj,
+    pub jobs: Vec<JobObj>,
+    pub pods: Vec<PodObj>,
+    /// Set when a status write lowered `status.attempts`.
+    pub attempts_fell: bool,
+    /// Set when a Job was created for an attempt past the next one after every
+    /// attempt created before it (a gap).
+    pub attempt_skipped: bool,
+    /// The attempts whose pods ran, in the order they first did.
+    pub ran: Vec<i32>,
+    /// Jobs gone from the API server, as they last were: the Job controller's informer
+    /// may not have seen them go.
+    pub gone_jobs: Vec<JobObj>,
+    /// The Jobs the Job controller made a pod for (one each: the model does not replace
+    /// a deleted pod).
+    pub made_pod_for: Vec<u32>,
+}
+
+impl Api {
+    pub fn new(status: String) -> Api {
+        Api {
+            rv: 1,
+            uids: 0,
+            gpujob: GpuJobObj {
+                rv: 1,
+                generation: 1,
+                status,
+            },
+            jobs: Vec::new(),
+            pods: Vec::new(),
+            attempts_fell: false,
+            attempt_skipped: false,
+            ran: Vec::new(),
+            gone_jobs: Vec::new(),
+            made_pod_for: Vec::new(),
+        }
+    }
+
+    fn next_rv(&mut self) -> u32 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn next_uid(&mut self) -> u32 {
+        self.uids += 1;
+        self.uids
+    }
+
+    pub fn job(&self, uid: u32) -> Option<&JobObj> {
+        self.jobs.iter().find(|j| j.uid == uid)
+    }
+
+    fn job_mut(&mut self, uid: u32) -> Option<&mut JobObj> {
+        self.jobs.iter_mut().find(|j| j.uid == uid)
+    }
+
+    pub fn pod(&self, uid: u32) -> Option<&PodObj> {
+        self.pods.iter().find(|p| p.uid == uid)
+    }
+
+    fn pod_mut(&mut self, uid: u32) -> Option<&mut PodObj> {
+        self.pods.iter_mut().find(|p| p.uid == uid)
+    }
+
+    /// Lands `write` now.
+    pub fn apply(&mut self, write: &Write) -> Answer {
+        match write {
+            Write::Status { rv, status } => {
+                if *rv != self.gpujob.rv {
+                    return Answer::Refused;
+                }
+                if attempts_of(status) < attempts_of(&self.gpujob.status) {
+                    self.attempts_fell = true;
+                }
+                self.gpujob.status = status.clone();
+                self.gpujob.rv = self.next_rv();
+                Answer::GpuJob(self.gpujob.clone())
+            }
+            Write::CreateJob {
+                attempt,
+                generation,
+                suspended,
+                gated,
+            } => {
+                // Jobs have stable names (`train-<attempt>`): the name is the attempt.
+                if let Some(j) = self.jobs.iter().find(|j| j.attempt == *attempt) {
+                    return Answer::Exists(j.clone());
+                }
+                let newest = self
+                    .jobs
+                    .iter()
+                    .chain(&self.gone_jobs)
+                    .map(|j| j.attempt)
+                    .max();
+                if *attempt > newest.unwrap_or(0) + 1 {
+                    self.attempt_skipped = true;
+                }
+                let job = JobObj {
+                    uid: self.next_uid(),
+                    rv: self.next_rv(),
+                    attempt: *attempt,
+                    generation: *generation,
+                    suspended: *suspended,
+                    gated: *gated,
+                    deleting: false,
+                    failed_at: None,
+                };
+                self.jobs.push(job.clone());
+                Answer::Job(job)
+            }
+            Write::DeleteJob {
+                uid,
+                rv,
+                foreground,
+            } => {
+                if self.job(*uid).is_none_or(|j| j.rv != *rv) {
+                    return Answer::Refused;
+                }
+                if *foreground {
+                    let rv = self.next_rv();
+                    if let Some(j) = self.job_mut(*uid) {
+                        j.deleting = true;
+                        j.rv = rv;
+                    }
+                } else {
+                    // In the background the Job goes at once; the garbage collector
+                    // takes its pods after.
+                    self.collect_job(*uid);
+                }
+                Answer::Done
+            }
+            Write::Ungate { uid, rv } => {
+                if self.pod(*uid).is_none_or(|p| p.rv != *rv) {
+                    return Answer::Refused;
+                }
+                let rv = self.next_rv();
+                if let Some(p) = self.pod_mut(*uid) {
+                    p.gated = false;
+                    p.rv = rv;
+                }
+                self.bind(*uid);
+                Answer::Done
+            }
+            Write::DeletePod { uid, rv } => {
+                if self.pod(*uid).is_none_or(|p| p.rv != *rv) {
+                    return Answer::Refused;
+                }
+                self.delete_pod(*uid);
+                Answer::Done
+            }
+        }
+    }
+
+    /// A pod on a node stops first (the kubelet); one on no node goes at once.
+    fn delete_pod(&mut self, uid: u32) {
+        let Some(p) = self.pod(uid) else { return };
+        if p.bound && !p.failed {
+            let rv = self.next_rv();
+            if let Some(p) = self.pod_mut(uid) {
+                p.deleting = true;
+                p.rv = rv;
+            }
+        } else {
+            self.pods.retain(|p| p.uid != uid);
+        }
+    }
+
+    /// The Job controller makes a pod for a Job its informer has, whether or not the
+    /// API server still has that Job.
+    pub fn create_pod(&mut self, job: u32) {
+        let Some(seen) = self
+            .jobs
+            .iter()
+            .chain(&self.gone_jobs)
+            .find(|j| j.uid == job)
+        else {
+            return;
+        };
+        let seen = seen.clone();
+        self.made_pod_for.push(job);
+        let pod = PodObj {
+            uid: self.next_uid(),
+            rv: self.next_rv(),
+            job_uid: seen.uid,
+            attempt: seen.attempt,
+            gated: seen.gated,
+            bound: false,
+            failed: false,
+            deleting: false,
+        };
+        let (uid, gated) = (pod.uid, pod.gated);
+        self.pods.push(pod);
+        if !gated {
+            self.bind(uid);
+        }
+    }
+
+    /// kube-scheduler places a pod no gate holds (the fake nodes have room for it).
+    fn bind(&mut self, uid: u32) {
+        let rv = self.next_rv();
+        let Some(p) = self.pod_mut(uid) else { return };
+        p.bound = true;
+        p.rv = rv;
+        let attempt = p.attempt;
+        self.ran.push(attempt);
+    }
+
+    pub fn fail_pod(&mut self, uid: u32) {
+        let rv = self.next_rv();
+        if let Some(p) = self.pod_mut(uid) {
+            p.failed = true;
+            p.rv = rv;
+        }
+    }
+
+    pub fn fail_job(&mut self, uid: u32, tick: u8) {
+        let rv = self.next_rv();
+        if let Some(j) = self.job_mut(uid) {
+            j.failed_at = Some(tick);
+            j.rv = rv;
+        }
+    }
+
+    /// The garbage collector: a pod whose Job is gone or deleted in the foreground is
+    /// deleted; a Job deleted in the foreground goes once its pods have.
+    pub fn collect_pod(&mut self, uid: u32) {
+        if self.pod(uid).is_some_and(|p| p.deleting) {
+            self.pods.retain(|p| p.uid != uid);
+        } else {
+            self.delete_pod(uid);
+        }
+    }
+
+    pub fn collect_job(&mut self, uid: u32) {
+        if let Some(i) = self.jobs.iter().position(|j| j.uid == uid) {
+            let gone = self.jobs.remove(i);
+            self.gone_jobs.push(gone);
+        }
+    }
+
+    /// The Jobs the Job controller may make a pod for: one its informer may have (in
+    /// the API server, or gone and not yet seen to go) that is not suspended, not seen
+    /// failed and has no pod yet. Its informer may lag, so any version of the Job it
+    /// could hold is taken as the newest here (the gate is in the template from the
+    /// create on, and suspension only ends).
+    pub fn pod_makers(&self) -> Vec<u32> {
+        self.jobs
+            .iter()
+            .chain(&self.gone_jobs)
+            .filter(|j| !j.suspended && j.failed_at.is_none())
+            .filter(|j| !self.made_pod_for.contains(&j.uid))
+            .map(|j| j.uid)
+            .collect()
+    }
+
+    /// The pods the garbage collector may act on now.
+    pub fn collectable_pods(&self) -> Vec<u32> {
+        self.pods
+            .iter()
+            .filter(|p| {
+                let owner_going = self.job(p.job_uid).is_none_or(|j| j.deleting);
+                // A deleting pod still running waits for its kubelet.
+                owner_going && (!p.deleting || p.failed || !p.bound)
+            })
+            .map(|p| p.uid)
+            .collect()
+    }
+
+    pub fn collectable_jobs(&self) -> Vec<u32> {
+        self.jobs
+            .iter()
+            .filter(|j| j.deleting && !self.pods.iter().any(|p| p.job_uid == j.uid))
+            .map(|j| j.uid)
+            .collect()
+    }
+
+    pub fn edit(&mut self) {
+        self.gpujob.generation += 1;
+        self.gpujob.rv = self.next_rv();
+    }
+}
+
+fn attempts_of(status: &str) -> i64 {
+    serde_json::from_str::<serde_json::Value>(status)
+        .ok()
+        .and_then(|v| v.get("attempts").and_then(serde_json::Value::as_i64))
+        .unwrap_or(0)
+}
