@@ -256,6 +256,26 @@ fn the_cache_may_know_the_job_before_the_status() {
     assert_eq!(p.status.phase, Some(Phase::Running));
 }
 
+/// Found by the protocol model (core/tests/protocol): a Job whose create landed and
+/// whose status write never did (the replica stopped between them) fails before any
+/// status names it. The next look adopts it as attempt 1, records its failure and, the
+/// backoff over, starts attempt 2 in one status write: `status.attempts` goes from 0 to
+/// 2 with no gap in the Jobs' numbers. The model's property is about Jobs, not status
+/// steps.
+#[test]
+fn an_unrecorded_attempt_that_failed_is_recorded_and_the_next_follows_it() {
+    let g = gpujob(3);
+    let jobs = [job(
+        &g,
+        1,
+        Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:00:30Z")),
+    )];
+    let p = run(&g, &jobs, exit(1, 1), "2026-11-30T07:00:00Z");
+    assert_eq!(creates(&p), vec![2], "the next attempt, never 1 again");
+    assert_eq!((p.status.attempts, p.status.failures), (2, 1));
+    assert_eq!(p.status.last_failure.map(|f| f.attempt), Some(1));
+}
+
 #[test]
 fn success_is_final() {
     let g = gpujob(3);
