@@ -6,14 +6,14 @@
 //! follows owners; the user edits the spec. Every interleaving up to a bound is
 //! explored, and in each state:
 //! - at most one attempt of the GpuJob has a pod that can run (let go of its gate, or
-//!   bound to a node, and not ended);
+//!   bound to a node, and not ended): counted by Job, so two Jobs of one attempt
+//!   number count as two;
 //! - no attempt's pods run twice, and attempts run in order;
 //! - Jobs are made for attempts 1, 2, … without a gap, and `status.attempts` never
 //!   goes down. (A Job of an attempt made again by a create that lands late is allowed:
 //!   it never runs.)
 //!
-//! What the model leaves out (quota, Kueue, multi-node, more than one GpuJob, lease
-//! expiry timing) is listed in docs/architecture.md.
+//! What the model leaves out is listed in docs/architecture.md.
 
 mod replica;
 mod world;
@@ -24,8 +24,9 @@ use stateright::{Checker, HasDiscoveries, Model, Property};
 use replica::{Faults, Replica, status_json};
 use world::Api;
 
-/// How far the checker goes in the test command (steps from the start);
-/// `GPUJOB_MODEL_DEPTH` asks for a deeper run.
+/// How far the checker goes in the test command: stateright counts the first state as
+/// depth 1 and does not check the states at the target depth, so 10 checks every state
+/// up to 8 steps from the start. `GPUJOB_MODEL_DEPTH` asks for a deeper run.
 const DEPTH: usize = 10;
 
 /// The safety property every gate exists for.
@@ -44,7 +45,7 @@ struct State {
     replicas: [Replica; 2],
     /// Which replica holds the shard now (the other is deposed, or never held it).
     holder: usize,
-    /// The clock, in hours: it moves on when a Job fails (its backoff then ends).
+    /// The clock, in hours (one is past any backoff).
     tick: u8,
     handovers: u8,
     failures: u8,
@@ -87,8 +88,8 @@ enum Step {
     FailPod {
         pod: u32,
     },
-    /// The kubelet has stopped a deleted pod: it is gone.
-    PodGone {
+    /// The kubelet has stopped a deleted pod: it ended Failed.
+    StopPod {
         pod: u32,
     },
     CollectPod {
@@ -99,6 +100,8 @@ enum Step {
     },
     /// The user changes the spec (the update policy is Recreate).
     Edit,
+    /// The clock moves past a failed attempt's backoff.
+    Tick,
 }
 
 struct Protocol {
@@ -139,9 +142,18 @@ impl Model for Protocol {
 
     fn actions(&self, s: &State, steps: &mut Vec<Step>) {
         for (r, rep) in s.replicas.iter().enumerate() {
-            if rep.holds && rep.in_flight.is_none() {
-                for sync in 0..8 {
-                    for freeze_at in [None, Some(0), Some(1)] {
+            // A write that timed out may still land while the next reconcile runs; one
+            // write in flight per replica at a time.
+            if rep.holds {
+                let freezes: &[Option<u8>] = if rep.in_flight.is_none() {
+                    &[None, Some(0), Some(1)]
+                } else {
+                    &[None]
+                };
+                // GpuJobs, Jobs and pods caught up or not; the pod watch with the Job
+                // watch (the pod cache only says a read is due).
+                for sync in [0, 1, 6, 7] {
+                    for &freeze_at in freezes {
                         steps.push(Step::Reconcile { r, sync, freeze_at });
                     }
                 }
@@ -180,7 +192,7 @@ impl Model for Protocol {
                 steps.push(Step::FailPod { pod: p.uid });
             }
             if p.deleting && p.bound && !p.failed {
-                steps.push(Step::PodGone { pod: p.uid });
+                steps.push(Step::StopPod { pod: p.uid });
             }
         }
         for pod in s.api.collectable_pods() {
@@ -191,6 +203,11 @@ impl Model for Protocol {
         }
         if s.edits < self.max_edits {
             steps.push(Step::Edit);
+        }
+        // Time matters only to a backoff after a failure.
+        let failed = s.api.jobs.iter().any(|j| j.failed_at == Some(s.tick));
+        if failed && s.tick < 1 {
+            steps.push(Step::Tick);
         }
     }
 
@@ -227,6 +244,7 @@ impl Model for Protocol {
                 s.replicas[next].holds = true;
                 // A new term: nothing it knew is known current in it.
                 s.replicas[next].current = None;
+                s.replicas[next].term_start = Some(s.api.rv);
                 s.holder = next;
                 s.handovers += 1;
             }
@@ -237,18 +255,19 @@ impl Model for Protocol {
             Step::FailJob { job } => {
                 let tick = s.tick;
                 s.api.fail_job(job, tick);
-                s.tick += 1;
             }
             Step::FailPod { pod } => {
                 s.api.fail_pod(pod);
                 s.failures += 1;
             }
-            Step::PodGone { pod } | Step::CollectPod { pod } => s.api.collect_pod(pod),
+            Step::StopPod { pod } => s.api.stop_pod(pod),
+            Step::CollectPod { pod } => s.api.collect_pod(pod),
             Step::CollectJob { job } => s.api.collect_job(job),
             Step::Edit => {
                 s.api.edit();
                 s.edits += 1;
             }
+            Step::Tick => s.tick += 1,
         }
         Some(s)
     }
@@ -273,8 +292,17 @@ impl Model for Protocol {
             Property::always("attempt numbers go up without gaps", |_, s: &State| {
                 !s.api.attempt_skipped && !s.api.attempts_fell
             }),
-            // The model is not vacuous: it reaches a retry that runs.
-            Property::sometimes("a second attempt runs", |_, s: &State| s.api.ran.len() >= 2),
+            // The model is not vacuous: it reaches a second attempt (a retry or a
+            // replacement) after the first ran.
+            Property::sometimes("a second attempt is made", |_, s: &State| {
+                let second = s
+                    .api
+                    .jobs
+                    .iter()
+                    .chain(&s.api.gone_jobs)
+                    .any(|j| j.attempt >= 2);
+                !s.api.ran.is_empty() && second
+            }),
         ]
     }
 }
@@ -301,8 +329,7 @@ fn no_interleaving_within_the_bound_runs_two_attempts_at_once() {
 }
 
 /// The gate left out of the Jobs the plan builds: the checker must find two attempts
-/// running (the Job controller makes a pod for a Job deleted under it). A checker that
-/// finds nothing here could find nothing anywhere.
+/// running, so the check can fail.
 #[test]
 fn without_the_gate_the_checker_finds_two_attempts_running() {
     let faults = Faults { ungated_jobs: true };

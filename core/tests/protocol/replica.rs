@@ -36,6 +36,9 @@ pub struct Replica {
     pub pods: Vec<PodObj>,
     /// The GpuJob's resourceVersion known current in this term (read or written by it).
     pub current: Option<u32>,
+    /// Where its term began (a quorum list's resourceVersion): a cached GpuJob strictly
+    /// past it needs no confirming read (`src/controller/view/term_start.rs`).
+    pub term_start: Option<u32>,
     /// A write sent and not yet landed.
     pub in_flight: Option<Write>,
 }
@@ -48,6 +51,7 @@ impl Replica {
             jobs: api.jobs.clone(),
             pods: api.pods.clone(),
             current: None,
+            term_start: holds.then_some(api.rv),
             in_flight: None,
         }
     }
@@ -57,7 +61,8 @@ impl Replica {
     pub fn reconcile(&mut self, api: &mut Api, tick: u8, freeze_at: Option<u8>, faults: Faults) {
         let settings = PlanSettings::default();
         let now = time(tick);
-        let mut confirmed = self.current == Some(self.gpujob.rv);
+        let mut confirmed = self.current == Some(self.gpujob.rv)
+            || self.term_start.is_some_and(|t| self.gpujob.rv > t);
         let mut refused: Option<Refusal> = None;
         let mut pods: Option<Vec<SeenPod>> = None;
         let mut writes = 0u8;
@@ -148,7 +153,7 @@ impl Replica {
                         other.name()
                     ),
                 };
-                if freeze_at == Some(writes) {
+                if freeze_at == Some(writes) && self.in_flight.is_none() {
                     self.in_flight = Some(write);
                     return;
                 }
@@ -165,7 +170,10 @@ impl Replica {
                     }
                     Answer::Job(job) => self.jobs.push(job),
                     Answer::Exists(job) => {
-                        let adopt = !job.deleting && job.generation == self.gpujob.generation;
+                        let Write::CreateJob { generation, .. } = &write else {
+                            unreachable!("a create's answer")
+                        };
+                        let adopt = !job.deleting && job.generation == *generation;
                         self.jobs.retain(|j| j.attempt != job.attempt);
                         self.jobs.push(job.clone());
                         if !adopt {
@@ -177,14 +185,16 @@ impl Replica {
                             continue 'plans;
                         }
                     }
-                    Answer::Done => {}
+                    // The write memory: what this replica did shows in its view
+                    // before its watches bring it.
+                    Answer::Done => self.remember(&write),
                     // An error ends the reconcile; it comes back with backoff.
                     Answer::Refused => return,
                 }
             }
             // The plan ran to its end: its status, when it changed.
             if let Some(write) = self.status_write(&plan.status) {
-                if freeze_at == Some(writes) {
+                if freeze_at == Some(writes) && self.in_flight.is_none() {
                     self.in_flight = Some(write);
                     return;
                 }
@@ -194,6 +204,34 @@ impl Replica {
                 }
             }
             return;
+        }
+        panic!(
+            "the plan asked more than {MAX_PLANS} times in one reconcile (the operator's Error::Undecided)"
+        );
+    }
+
+    /// Its own write, as the view's write memory shows it.
+    fn remember(&mut self, write: &Write) {
+        match write {
+            Write::DeleteJob {
+                uid, foreground, ..
+            } => {
+                if *foreground {
+                    self.jobs
+                        .iter_mut()
+                        .filter(|j| j.uid == *uid)
+                        .for_each(|j| j.deleting = true);
+                } else {
+                    self.jobs.retain(|j| j.uid != *uid);
+                }
+            }
+            Write::Ungate { uid, .. } => self
+                .pods
+                .iter_mut()
+                .filter(|p| p.uid == *uid)
+                .for_each(|p| p.gated = false),
+            Write::DeletePod { uid, .. } => self.pods.retain(|p| p.uid != *uid),
+            Write::Status { .. } | Write::CreateJob { .. } => {}
         }
     }
 

@@ -216,7 +216,12 @@ impl Api {
                 rv,
                 foreground,
             } => {
-                if self.job(*uid).is_none_or(|j| j.rv != *rv) {
+                // Gone already is done (the executor takes a 404 so); another version
+                // is a conflict.
+                let Some(job) = self.job(*uid) else {
+                    return Answer::Done;
+                };
+                if job.rv != *rv {
                     return Answer::Refused;
                 }
                 if *foreground {
@@ -245,7 +250,10 @@ impl Api {
                 Answer::Done
             }
             Write::DeletePod { uid, rv } => {
-                if self.pod(*uid).is_none_or(|p| p.rv != *rv) {
+                let Some(pod) = self.pod(*uid) else {
+                    return Answer::Done;
+                };
+                if pod.rv != *rv {
                     return Answer::Refused;
                 }
                 self.delete_pod(*uid);
@@ -321,6 +329,16 @@ impl Api {
         if let Some(j) = self.job_mut(uid) {
             j.failed_at = Some(tick);
             j.rv = rv;
+        }
+    }
+
+    /// The kubelet stopped a deleted pod that ran: it ends Failed (the Job controller
+    /// counts it), and goes once the garbage collector or its Job's deletion takes it.
+    pub fn stop_pod(&mut self, uid: u32) {
+        let rv = self.next_rv();
+        if let Some(p) = self.pod_mut(uid) {
+            p.failed = true;
+            p.rv = rv;
         }
     }
 
