@@ -1,7 +1,8 @@
 //! What a replica reports about itself: ready (caches synced), alive (the lease loop
 //! beats), whether it serves conversions, and its metrics. The controller and the lease
-//! loop write it; the HTTP server (`server/`) only reads it for `/readyz`, `/healthz`
-//! and `/metrics`.
+//! loop write it; the HTTP server (`server/`) reads it for `/readyz`, `/healthz` and
+//! `/metrics`, and writes one thing: that it serves conversions, once the webhook
+//! listens.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

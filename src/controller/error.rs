@@ -105,7 +105,8 @@ pub fn error_labels() -> impl Iterator<Item = &'static str> {
 /// Why a reconcile did not finish. Each variant has a stable short label for metrics and
 /// logs. Everything here is retried with per-key backoff, except `NotLeader` (the key
 /// looks again after a second: by then its shard's term was renewed, or the shard is
-/// gone and the key comes back with it); invalid specs are not errors (they become a
+/// gone and the key comes back with it) and `Conflict` (retried soon without growing
+/// the backoff: [`Error::retry_after`]); invalid specs are not errors (they become a
 /// condition and wait for a spec change).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

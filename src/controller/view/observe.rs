@@ -72,8 +72,8 @@ impl Snapshot {
 }
 
 /// `None` when the GpuJob is gone. `fence`: the term of the GpuJob's shard, in which the
-/// view counts as confirmed if its version is known current, or at or past the term's
-/// start.
+/// view counts as confirmed if its version is known current, or strictly past the
+/// term's start (`term_start.rs`).
 pub(super) async fn observe(
     view: &View,
     key: &Key,
