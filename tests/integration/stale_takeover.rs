@@ -69,6 +69,24 @@ async fn standby_with_a_hung_gpujob_watch(
     (proxy, second, address)
 }
 
+/// Kills the leader `first`, waits until `second` (metrics at `address`) holds the Lease
+/// and has reconciled (`what`), and returns its log.
+async fn successor_reconciles(
+    env: &TestEnv,
+    first: &replicas::Replica,
+    second: &replicas::Replica,
+    address: &str,
+    what: &str,
+) -> String {
+    first.signal(Signal::SIGKILL);
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-2"
+    })
+    .await;
+    replicas::wait_reconciles(what, address, &[], 1.0).await;
+    second.log_text()
+}
+
 #[tokio::test]
 async fn a_successor_with_a_stale_cache_does_not_bring_back_a_deleted_gpujobs_job() {
     let env = TestEnv::new("stale-takeover").await;
@@ -117,19 +135,14 @@ async fn a_successor_with_a_stale_cache_does_not_bring_back_a_deleted_gpujobs_jo
 
     // The leader dies; replica 2 takes over, its cache still showing the GpuJob without a
     // status and (its Jobs watch being live) without a Job.
-    first.signal(Signal::SIGKILL);
-    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
-        h == "replica-2"
-    })
-    .await;
-    replicas::wait_reconciles(
-        "the successor to reconcile the GpuJob it still has cached",
+    let log = successor_reconciles(
+        &env,
+        &first,
+        &second,
         &address,
-        &[],
-        1.0,
+        "the successor to reconcile the GpuJob it still has cached",
     )
     .await;
-    let log = second.log_text();
     assert!(
         !log.contains("attempt started"),
         "a Job was created from the stale view: {log}"
@@ -254,19 +267,14 @@ async fn a_successor_with_a_stale_cache_does_not_delete_a_reruns_running_attempt
     .unwrap();
 
     // The leader dies; replica 2 takes over, its cache showing the GpuJob finished.
-    first.signal(Signal::SIGKILL);
-    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
-        h == "replica-2"
-    })
-    .await;
-    replicas::wait_reconciles(
-        "the successor to reconcile the GpuJob it has cached as finished",
+    let log = successor_reconciles(
+        &env,
+        &first,
+        &second,
         &address,
-        &[],
-        1.0,
+        "the successor to reconcile the GpuJob it has cached as finished",
     )
     .await;
-    let log = second.log_text();
     assert!(
         log.contains("the cached GpuJob was behind the API server"),
         "no confirming read before acting on the stale view: {log}"
