@@ -244,7 +244,7 @@ impl Planner<'_, '_> {
         if self.gj.spec.suspend {
             return Some((SUSPENDED, suspended_message()));
         }
-        if let Some(r) = self.obs.refused.as_ref().filter(|r| r.attempt == attempt) {
+        if let Some(r) = self.refused.as_ref().filter(|r| r.attempt == attempt) {
             return Some((r.reason, r.message.clone()));
         }
         if let Some(inv) = &self.invalid {

@@ -19,6 +19,7 @@
 mod attempts;
 mod gate;
 mod lifecycle;
+mod reads;
 mod reservation;
 
 use std::collections::BTreeMap;
@@ -42,6 +43,7 @@ use crate::validate::{SpecLimits, multi_node_name, validate};
 pub use attempts::{
     JobState, PodsWaiting, backoff, backoff_for, job_state, pods_waiting, seen_state,
 };
+pub use reads::{Found, FoundJob, Read, Reads, termination_of, unschedulable_of, workload_wait};
 
 /// Condition reason for a spec the operator cannot run; it waits for a spec change.
 pub const INVALID_SPEC: &str = "InvalidSpec";
@@ -147,9 +149,14 @@ pub struct Observed<'a> {
     pub cached_pods: Vec<&'a SeenPod>,
     /// The GpuJob is known current in this term of its shard: read from the API server,
     /// or written by this replica, at this version (every write carries a
-    /// resourceVersion precondition). Another cached view may lag behind the previous
-    /// holder's writes.
+    /// resourceVersion precondition), or changed after the term began. Another cached
+    /// view may lag behind the previous holder's writes.
     pub confirmed: bool,
+    /// Where the term of the GpuJob's shard began is not known, and this reconcile is
+    /// the one to read it ([`Action::ReadTermStart`]) rather than confirm its GpuJob.
+    pub term_start_due: bool,
+    /// The reads ([`Action::Read`]) made in this reconcile.
+    pub reads: Reads,
     pub now: Timestamp,
 }
 
@@ -232,6 +239,14 @@ pub enum Action {
     /// to replace it would be created again), and a stale view takes a rerun's running
     /// attempt for a stray or a replaced attempt for the current one.
     Confirm,
+    /// Read where the term of the GpuJob's shard began (a quorum list's
+    /// resourceVersion), in place of a [`Action::Confirm`]: every GpuJob of the shard
+    /// changed after it counts as current in the term, so most need no read of their
+    /// own. One reconcile per shard and term reads it. Ends the plan.
+    ReadTermStart,
+    /// Read what the caches cannot say before deciding ([`Read`], `reads.rs`). A plan
+    /// that asks for reads asks for nothing else; the next plan has their answers.
+    Read(Read),
     /// Ask the quota service for a reservation, with this fencing sequence (recorded in
     /// `status.quotaCall` before). Ends the plan: the answer comes back.
     Reserve(ReserveRequest, i64),
@@ -307,6 +322,11 @@ impl Action {
             Action::AddFinalizer => "AddFinalizer",
             Action::RemoveFinalizer(_) => "RemoveFinalizer",
             Action::Confirm => "Confirm",
+            Action::ReadTermStart => "ReadTermStart",
+            Action::Read(Read::Job { .. }) => "ReadJob",
+            Action::Read(Read::Termination { .. }) => "ReadTermination",
+            Action::Read(Read::Placement { .. }) => "ReadPlacement",
+            Action::Read(Read::Workload { .. }) => "ReadWorkload",
             Action::Reserve(..) => "Reserve",
             Action::Release(_) => "Release",
             Action::ReadPods => "ReadPods",
@@ -325,7 +345,11 @@ impl Action {
     pub fn asks(&self) -> bool {
         matches!(
             self,
-            Action::Reserve(..) | Action::Release(_) | Action::ReadPods
+            Action::Reserve(..)
+                | Action::Release(_)
+                | Action::ReadPods
+                | Action::ReadTermStart
+                | Action::Read(_)
         )
     }
 
@@ -441,6 +465,8 @@ pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
                 pods: obs.pods.clone(),
                 cached_pods: obs.cached_pods.clone(),
                 confirmed: obs.confirmed,
+                term_start_due: obs.term_start_due,
+                reads: obs.reads.clone(),
                 now: obs.now,
             };
             &stripped
@@ -448,6 +474,17 @@ pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
         _ => obs,
     };
     let mut p = Planner::new(obs, settings);
+    if obs.gpujob.metadata.deletion_timestamp.is_none() {
+        let due = p.reads_due();
+        if !due.is_empty() {
+            // Nothing is decided without them.
+            return Plan {
+                actions: due.into_iter().map(Action::Read).collect(),
+                status: p.current,
+                next: Next::Done,
+            };
+        }
+    }
     p.run();
     // A question ends the plan: what follows is decided again with its answer.
     if let Some(i) = p.actions.iter().position(Action::asks) {
@@ -493,6 +530,8 @@ struct Planner<'a, 'o> {
     by_attempt: BTreeMap<i32, &'a SeenJob>,
     /// Why no attempt may start for this generation (`InvalidSpec` and the field), if so.
     invalid: Option<(&'static str, String)>,
+    /// The next attempt's Job cannot be created ([`Planner::refusal`]).
+    refused: Option<Refusal>,
 }
 
 impl<'a, 'o> Planner<'a, 'o> {
@@ -513,11 +552,13 @@ impl<'a, 'o> Planner<'a, 'o> {
             requeue: Next::Done,
             by_attempt: BTreeMap::new(),
             invalid: None,
+            refused: None,
         }
         .with_attempts()
     }
 
-    /// Files the attempt Jobs by number ([`Planner::recognized`]).
+    /// Files the attempt Jobs by number ([`Planner::recognized`]), and what refuses the
+    /// next one.
     fn with_attempts(mut self) -> Self {
         let obs = self.obs;
         self.by_attempt = obs
@@ -525,6 +566,7 @@ impl<'a, 'o> Planner<'a, 'o> {
             .iter()
             .filter_map(|j| self.recognized(j).map(|a| (a, *j)))
             .collect();
+        self.refused = self.refusal();
         self
     }
 
@@ -673,7 +715,14 @@ impl<'a, 'o> Planner<'a, 'o> {
         let confirmed_before = self.actions[..i]
             .iter()
             .any(|a| matches!(a, Action::AddFinalizer | Action::RemoveFinalizer(_)));
-        if !confirmed_before {
+        if confirmed_before {
+            return;
+        }
+        if self.obs.term_start_due {
+            // Read first; the next plan knows whether this version is past it.
+            self.actions.insert(i, Action::ReadTermStart);
+            self.actions.truncate(i + 1);
+        } else {
             self.actions.insert(i, Action::Confirm);
         }
     }

@@ -128,7 +128,7 @@ impl Planner<'_, '_> {
 
     /// Whether a new attempt could start once quota is granted.
     fn may_start(&self) -> bool {
-        self.invalid.is_none() && self.obs.refused.is_none() && !self.gj.spec.suspend
+        self.invalid.is_none() && self.refused.is_none() && !self.gj.spec.suspend
     }
 
     /// Why a new attempt waits for quota, for Ready.

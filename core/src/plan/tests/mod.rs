@@ -113,6 +113,8 @@ fn run_with(
             quota: None,
             pods: Some(Vec::new()),
             confirmed: true,
+            term_start_due: false,
+            reads: Reads::every(),
             cached_pods: Vec::new(),
             now: t(now),
         },
@@ -156,6 +158,8 @@ fn plan_seeing_pods(
             quota: answer,
             pods,
             confirmed,
+            term_start_due: false,
+            reads: Reads::every(),
             cached_pods: Vec::new(),
             now: t(now),
         },
@@ -705,6 +709,8 @@ fn an_invalid_job_waits_for_a_spec_change() {
         quota: None,
         pods: Some(Vec::new()),
         confirmed: true,
+        term_start_due: false,
+        reads: Reads::every(),
         cached_pods: Vec::new(),
         now: t(T0),
     };
@@ -907,6 +913,8 @@ mod quota {
             quota: None,
             pods: Some(Vec::new()),
             confirmed: true,
+            term_start_due: false,
+            reads: Reads::every(),
             cached_pods: Vec::new(),
             now: t(T0),
         };
@@ -1563,6 +1571,8 @@ mod lifecycle {
                 quota: None,
                 pods: Some(Vec::new()),
                 confirmed: true,
+                term_start_due: false,
+                reads: Reads::every(),
                 cached_pods: Vec::new(),
                 now: t("2026-11-30T08:00:00Z"),
             },
@@ -1582,6 +1592,8 @@ mod lifecycle {
                 quota: None,
                 pods: Some(Vec::new()),
                 confirmed: true,
+                term_start_due: false,
+                reads: Reads::every(),
                 cached_pods: Vec::new(),
                 now: t("2026-11-30T08:00:00Z"),
             },
@@ -1620,6 +1632,8 @@ mod lifecycle {
                     quota: answer,
                     pods: Some(Vec::new()),
                     confirmed: true,
+                    term_start_due: false,
+                    reads: Reads::every(),
                     cached_pods: Vec::new(),
                     now: t("2026-11-30T07:00:00Z"),
                 },
@@ -1761,6 +1775,8 @@ mod v2_values {
                     quota: None,
                     pods: Some(Vec::new()),
                     confirmed: true,
+                    term_start_due: false,
+                    reads: Reads::every(),
                     cached_pods: Vec::new(),
                     now: t(now),
                 },
@@ -2241,3 +2257,4 @@ mod strays {
 }
 
 mod gate;
+mod reads;

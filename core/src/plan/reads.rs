@@ -1,0 +1,314 @@
+//! The reads a plan asks for before it decides: what the caches cannot say, read from
+//! the API server by the executor ([`Action::Read`]) and handed back to the next plan
+//! of the same reconcile. The caches are enough for most GpuJobs most of the time; these
+//! reads are due only when a decision depends on something they may lag behind or never
+//! hold (a foreign Job, a pod's exit code, the scheduler's reason, Kueue's Workload).
+//!
+//! A read has no effect, so none waits for a confirmed view. Each is asked at most once
+//! per reconcile ([`Reads`] remembers what was asked), and the Jobs' reads come first
+//! (what they find decides which attempt the others are about): a reconcile makes at
+//! most two rounds of them.
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::{
+    Action, JOB_NAME_CONFLICT, JobState, Planner, PodsWaiting, QueueWait, Refusal, Termination,
+    Unschedulable, pods_waiting, seen_state,
+};
+use crate::api::Phase;
+use crate::job::{job_name, name_taken};
+use crate::seen_job::SeenJob;
+use crate::seen_pod::SeenPod;
+use crate::status::READY;
+
+/// A read of the API server a plan asks for before deciding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read {
+    /// The Job holding the name of `attempt`'s Job. For the recorded attempt, whose Job
+    /// the cache does not have: the cache may lag (a restart, a slow watch), and a Job
+    /// taken for gone starts the next attempt. For the next attempt, while a foreign Job
+    /// held its name when last tried: still held, nothing is reserved for an attempt
+    /// that cannot start (no cache watches foreign Jobs).
+    Job { attempt: i32 },
+    /// How a failed attempt's container ended, from its Job's pods (by `controller-uid`):
+    /// the Job itself only says `BackoffLimitExceeded`.
+    Termination { attempt: i32, job_uid: String },
+    /// Why the newest attempt's pods are not placed (their `PodScheduled` condition),
+    /// once the scheduler's grace is over ([`pods_waiting`]).
+    Placement { attempt: i32, job_uid: String },
+    /// Why Kueue holds the attempt's Job (its Workload, by `kueue.x-k8s.io/job-uid`).
+    Workload { attempt: i32, job_uid: String },
+}
+
+/// What a [`Read`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Found {
+    /// The Job holding `attempt`'s name.
+    Job { attempt: i32, job: FoundJob },
+    Termination {
+        attempt: i32,
+        termination: Option<Termination>,
+    },
+    /// `pods`: the attempt's pods as read; one waiting at the gate there is as good a
+    /// hint as the pod cache's (which may have missed it).
+    Placement {
+        attempt: i32,
+        unschedulable: Option<Unschedulable>,
+        pods: Vec<SeenPod>,
+    },
+    Workload(QueueWait),
+}
+
+/// Who holds an attempt's Job name.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FoundJob {
+    /// A Job this GpuJob controls (the view remembers it until its cache has it).
+    Ours(SeenJob),
+    /// A Job this GpuJob does not control.
+    Foreign,
+    /// No Job.
+    Absent,
+}
+
+/// The reads this reconcile has made, and what they found that the rest of
+/// [`super::Observed`] does not carry.
+#[derive(Debug, Clone, Default)]
+pub struct Reads {
+    made: Vec<Read>,
+    /// Every read counts as made (what the plan is given is all there is to know).
+    every: bool,
+    /// Attempts whose Job name a foreign Job holds.
+    foreign: Vec<i32>,
+}
+
+impl Reads {
+    /// As if every read had been made and found nothing more than the plan is given.
+    pub fn every() -> Reads {
+        Reads {
+            every: true,
+            ..Reads::default()
+        }
+    }
+
+    /// Whether `read` was made in this reconcile.
+    pub fn made(&self, read: &Read) -> bool {
+        self.every || self.made.contains(read)
+    }
+
+    /// `read` was made and found `found` (what it found about the Job name; the rest is
+    /// handed to the plan through [`super::Observed`]'s fields).
+    pub fn record(&mut self, read: Read, found: &Found) {
+        if let Found::Job {
+            attempt,
+            job: FoundJob::Foreign,
+        } = found
+        {
+            self.foreign.push(*attempt);
+        }
+        self.made.push(read);
+    }
+
+    /// How many reads were made.
+    pub fn count(&self) -> usize {
+        self.made.len()
+    }
+}
+
+impl Planner<'_, '_> {
+    /// The reads due before this GpuJob can be decided, not made yet in this reconcile:
+    /// the Jobs' first, then (with them answered) those about an attempt's pods or
+    /// Workload. Empty: decide.
+    pub(super) fn reads_due(&self) -> Vec<Read> {
+        let status = &self.current;
+        let k = status.attempts;
+        let final_ = status.phase.is_some_and(Phase::is_final);
+        let mut due = Vec::new();
+        if !final_ && k >= 1 && !self.by_attempt.contains_key(&k) {
+            due.push(Read::Job { attempt: k });
+        }
+        if let Some(next) = self.name_conflict_attempt()
+            && !self.by_attempt.contains_key(&next)
+        {
+            due.push(Read::Job { attempt: next });
+        }
+        due.retain(|r| !self.obs.reads.made(r));
+        if !due.is_empty() {
+            return due;
+        }
+        let uid_of = |j: &SeenJob| j.uid.clone();
+        if let Some((attempt, job)) = self.unrecorded_failure()
+            && self.obs.termination.is_none()
+            && let Some(job_uid) = uid_of(job)
+        {
+            due.push(Read::Termination { attempt, job_uid });
+        }
+        if let Some((&attempt, job)) = self.by_attempt.last_key_value() {
+            let at_gate = |u: &str| {
+                self.obs
+                    .cached_pods
+                    .iter()
+                    .any(|p| p.of_job(u) && p.waits_at_gate())
+            };
+            if let Some(job_uid) = uid_of(job) {
+                if pods_waiting(job, self.obs.now) == PodsWaiting::ReadPod
+                    && !at_gate(&job_uid)
+                    && self.obs.unschedulable.is_none()
+                {
+                    due.push(Read::Placement {
+                        attempt,
+                        job_uid: job_uid.clone(),
+                    });
+                }
+                if job.queued() && !job.deleting() && self.obs.queue_wait.is_none() {
+                    due.push(Read::Workload { attempt, job_uid });
+                }
+            }
+        }
+        due.retain(|r| !self.obs.reads.made(r));
+        due
+    }
+
+    /// The next attempt, while a foreign Job held its name when last tried (Ready says
+    /// so): its name is read again.
+    fn name_conflict_attempt(&self) -> Option<i32> {
+        let status = &self.current;
+        let waiting = !status.phase.is_some_and(Phase::is_final)
+            && status
+                .condition(READY)
+                .is_some_and(|c| c.reason == JOB_NAME_CONFLICT);
+        waiting.then(|| status.attempts.checked_add(1)).flatten()
+    }
+
+    /// The Job of the next attempt cannot be created: the API server refused it in this
+    /// reconcile, or a read found a foreign Job holding its name.
+    pub(super) fn refusal(&self) -> Option<Refusal> {
+        if let Some(r) = &self.obs.refused {
+            return Some(r.clone());
+        }
+        let attempt = self.name_conflict_attempt()?;
+        if !self.obs.reads.foreign.contains(&attempt) || self.by_attempt.contains_key(&attempt)
+        {
+            return None;
+        }
+        let ns = self.gj.metadata.namespace.as_deref().unwrap_or_default();
+        Some(Refusal {
+            attempt,
+            reason: JOB_NAME_CONFLICT,
+            message: name_taken(ns, &job_name(&self.name, attempt)),
+        })
+    }
+
+    /// The newest failed attempt whose failure the status does not record yet (by
+    /// `status.lastFailure`). Not simply the newest Job: when the next attempt's Job
+    /// already exists (its start was recorded, the failure before it was not), the
+    /// failure to record is the one before.
+    fn unrecorded_failure(&self) -> Option<(i32, &SeenJob)> {
+        let recorded = self.current.last_failure.as_ref().map(|f| f.attempt);
+        self.by_attempt
+            .iter()
+            .rev()
+            .find(|(a, j)| {
+                recorded.is_none_or(|r| **a > r) && matches!(seen_state(j), JobState::Failed { .. })
+            })
+            .map(|(a, j)| (*a, *j))
+    }
+}
+
+/// How a failed attempt's container ended, from its pods as read.
+pub fn termination_of(attempt: i32, pods: &[Pod]) -> Option<Termination> {
+    let t = pods.iter().find_map(|pod| {
+        let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+        statuses
+            .iter()
+            .find_map(|c| c.state.as_ref()?.terminated.clone())
+    })?;
+    Some(Termination {
+        attempt,
+        exit_code: Some(t.exit_code),
+        reason: t.reason.unwrap_or_else(|| "Error".to_owned()),
+        message: t.message.unwrap_or_default(),
+    })
+}
+
+/// The scheduler's reason for not placing the attempt's pods, from their `PodScheduled`
+/// condition (`None` when placed, not tried yet, or waiting at a scheduling gate).
+pub fn unschedulable_of(attempt: i32, pods: &[Pod]) -> Option<Unschedulable> {
+    pods.iter().find_map(|pod| {
+        let c = pod
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "PodScheduled")?;
+        (c.status == "False" && c.reason.as_deref() == Some("Unschedulable")).then(|| {
+            Unschedulable {
+                attempt,
+                message: c.message.clone().unwrap_or_default(),
+            }
+        })
+    })
+}
+
+/// What a Workload's conditions say of why it is not admitted.
+pub fn workload_wait(workload: &serde_json::Value, attempt: i32) -> QueueWait {
+    let conditions = workload
+        .pointer("/status/conditions")
+        .and_then(serde_json::Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let find = |type_: &str, status: &str| {
+        conditions.iter().find(|c| {
+            c.get("type").and_then(serde_json::Value::as_str) == Some(type_)
+                && c.get("status").and_then(serde_json::Value::as_str) == Some(status)
+        })
+    };
+    let said = find("Evicted", "True")
+        .or_else(|| find("QuotaReserved", "False"))
+        .or_else(|| find("Admitted", "False"));
+    let text = |c: &serde_json::Value, field: &str| {
+        c.get(field)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    match said {
+        Some(c) => QueueWait {
+            attempt,
+            reason: condition_reason(&text(c, "reason")),
+            message: text(c, "message"),
+        },
+        None => QueueWait {
+            attempt,
+            reason: "Pending".to_owned(),
+            message: "Kueue has not decided on the Workload yet".to_owned(),
+        },
+    }
+}
+
+/// `reason` when it has the form of a metav1.Condition reason (CamelCase; Kueue's do),
+/// else `Pending`: the GpuJob's schema would take any string, but tools that read
+/// conditions expect that form.
+fn condition_reason(reason: &str) -> String {
+    let ok = reason.len() <= 1024
+        && reason.starts_with(|c: char| c.is_ascii_alphabetic())
+        && reason
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ',' | ':'))
+        && !reason.ends_with([',', ':']);
+    if ok {
+        reason.to_owned()
+    } else {
+        "Pending".to_owned()
+    }
+}
+
+impl Action {
+    /// Whether the action reads without writing (the plan's questions to the API server).
+    pub fn reads(&self) -> bool {
+        matches!(
+            self,
+            Action::Read(_) | Action::Confirm | Action::ReadPods | Action::ReadTermStart
+        )
+    }
+}

@@ -1,0 +1,265 @@
+//! The reads a plan asks for before it decides (`reads.rs`).
+
+use super::*;
+
+/// A plan of `g` with `jobs`, with the reads `reads` made so far and what they found.
+fn plan_after(
+    g: &GpuJob,
+    jobs: &[Job],
+    reads: Reads,
+    termination: Option<Termination>,
+    queue_wait: Option<QueueWait>,
+    now: &str,
+) -> Plan {
+    let seen = seen(jobs);
+    plan(
+        &Observed {
+            gpujob: g,
+            jobs: seen.iter().collect(),
+            termination,
+            unschedulable: None,
+            queue_wait,
+            refused: None,
+            quota_required: false,
+            quota: None,
+            pods: Some(Vec::new()),
+            cached_pods: Vec::new(),
+            confirmed: true,
+            term_start_due: false,
+            reads,
+            now: t(now),
+        },
+        &settings(),
+    )
+}
+
+fn asked(p: &Plan) -> Vec<Read> {
+    p.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Read(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_recorded_attempt_the_cache_lacks_is_read_before_anything_is_decided() {
+    let g = running(&gpujob(3), 2, 1);
+    let p = plan_after(&g, &[], Reads::default(), None, None, T0);
+    assert_eq!(asked(&p), vec![Read::Job { attempt: 2 }]);
+    assert_eq!(p.actions.len(), 1, "nothing but the read: {:?}", p.actions);
+    assert_eq!(p.status, g.status.clone().unwrap(), "nothing decided");
+    // Read and not found: gone, a failed attempt (no second read).
+    let mut reads = Reads::default();
+    reads.record(
+        Read::Job { attempt: 2 },
+        &Found::Job {
+            attempt: 2,
+            job: FoundJob::Absent,
+        },
+    );
+    let p = plan_after(&g, &[], reads, None, None, T0);
+    assert!(asked(&p).is_empty(), "{:?}", p.actions);
+    let failure = p.status.last_failure.unwrap();
+    assert_eq!((failure.attempt, failure.reason.as_str()), (2, "JobDeleted"));
+}
+
+#[test]
+fn a_failed_attempt_not_recorded_reads_its_pods_for_the_exit_code_once() {
+    let g = running(&gpujob(3), 1, 0);
+    let failed = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
+    let p = plan_after(&g, std::slice::from_ref(&failed), Reads::default(), None, None, T0);
+    let read = Read::Termination {
+        attempt: 1,
+        job_uid: "job-uid-1".into(),
+    };
+    assert_eq!(asked(&p), vec![read.clone()]);
+    // Read: the exit code is recorded. Read and nothing found: recorded without it, and
+    // not asked again.
+    let p = plan_after(&g, std::slice::from_ref(&failed), Reads::every(), exit(1, 7), None, T0);
+    assert!(asked(&p).is_empty());
+    assert_eq!(p.status.last_failure.unwrap().exit_code, Some(7));
+    let mut reads = Reads::default();
+    reads.record(
+        read,
+        &Found::Termination {
+            attempt: 1,
+            termination: None,
+        },
+    );
+    let p = plan_after(&g, std::slice::from_ref(&failed), reads, None, None, T0);
+    assert!(asked(&p).is_empty(), "{:?}", p.actions);
+    assert_eq!(p.status.failures, 1);
+}
+
+#[test]
+fn the_failure_to_read_is_the_newest_not_yet_recorded() {
+    let g = gpujob(3);
+    let failed = |a| job(&g, a, Some(("Failed", "BackoffLimitExceeded", T0)));
+    let termination_of = |g: &GpuJob, jobs: &[Job]| {
+        asked(&plan_after(g, jobs, Reads::default(), None, None, T0))
+            .into_iter()
+            .find_map(|r| match r {
+                Read::Termination { attempt, .. } => Some(attempt),
+                _ => None,
+            })
+    };
+    // The newest attempt failed, not recorded: its pods.
+    let g2 = running(&g, 2, 1);
+    assert_eq!(termination_of(&g2, &[failed(1), failed(2)]), Some(2));
+    // Recorded already: no read.
+    let mut g2_recorded = g2.clone();
+    if let Some(s) = g2_recorded.status.as_mut() {
+        s.last_failure.as_mut().unwrap().attempt = 2;
+    }
+    assert_eq!(termination_of(&g2_recorded, &[failed(1), failed(2)]), None);
+    // Attempt 2 runs, attempt 1's failure is not recorded yet: attempt 1's pods (the
+    // newest Job alone would lose its exit code).
+    let mut g1 = running(&g, 2, 0);
+    g1.status.as_mut().unwrap().last_failure = None;
+    assert_eq!(termination_of(&g1, &[failed(1), job(&g, 2, None)]), Some(1));
+}
+
+#[test]
+fn a_foreign_job_on_the_next_name_is_read_again_and_refuses_the_attempt() {
+    let mut g = running(&gpujob(3), 1, 1);
+    let status = g.status.as_mut().unwrap();
+    status.phase = Some(Phase::Pending);
+    status.conditions.push(crate::api::Condition {
+        type_: READY.into(),
+        status: ConditionStatus::False,
+        reason: JOB_NAME_CONFLICT.into(),
+        message: "taken".into(),
+        last_transition_time: t(T0),
+        observed_generation: Some(1),
+    });
+    let failed = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
+    let jobs = std::slice::from_ref(&failed);
+    let p = plan_after(&g, jobs, Reads::default(), None, None, T0);
+    assert_eq!(asked(&p), vec![Read::Job { attempt: 2 }]);
+    let found = |job| {
+        let mut reads = Reads::default();
+        reads.record(Read::Job { attempt: 2 }, &Found::Job { attempt: 2, job });
+        let termination = Read::Termination {
+            attempt: 1,
+            job_uid: "job-uid-1".into(),
+        };
+        reads.record(
+            termination,
+            &Found::Termination {
+                attempt: 1,
+                termination: None,
+            },
+        );
+        plan_after(&g, jobs, reads, None, None, "2026-11-30T07:00:00Z")
+    };
+    let held = found(FoundJob::Foreign);
+    assert!(creates(&held).is_empty(), "{:?}", held.actions);
+    assert_eq!(ready(&held).1, JOB_NAME_CONFLICT);
+    let free = found(FoundJob::Absent);
+    assert_eq!(creates(&free), vec![2], "{:?}", free.actions);
+}
+
+#[test]
+fn a_queued_attempt_reads_its_workload_and_says_why_kueue_holds_it() {
+    let mut g = running(&gpujob(3), 1, 0);
+    g.spec.v2 = Some(V2Only {
+        queue_name: Some("team".into()),
+        ..Default::default()
+    });
+    let mut queued = job(&g, 1, None);
+    queued.spec.as_mut().unwrap().suspend = Some(true);
+    let jobs = std::slice::from_ref(&queued);
+    let p = plan_after(&g, jobs, Reads::default(), None, None, T0);
+    assert_eq!(
+        asked(&p),
+        vec![Read::Workload {
+            attempt: 1,
+            job_uid: "job-uid-1".into()
+        }]
+    );
+    let wait = workload_wait(
+        &json!({"status": {"conditions": [{"type": "QuotaReserved", "status": "False",
+            "reason": "Pending", "message": "insufficient quota"}]}}),
+        1,
+    );
+    let p = plan_after(&g, jobs, Reads::every(), None, Some(wait), T0);
+    assert!(asked(&p).is_empty());
+    let ready = p.status.condition(READY).unwrap();
+    assert_eq!(ready.reason, "Queued");
+    assert!(ready.message.contains("insufficient quota"), "{ready:?}");
+}
+
+#[test]
+fn a_workload_says_why_kueue_holds_the_attempt() {
+    let workload = |conditions: serde_json::Value| json!({"status": {"conditions": conditions}});
+    let pending = workload(json!([{
+        "type": "QuotaReserved", "status": "False", "reason": "Pending",
+        "message": "couldn't assign flavors to pod set main: insufficient quota",
+    }]));
+    let w = workload_wait(&pending, 2);
+    assert_eq!((w.attempt, w.reason.as_str()), (2, "Pending"));
+    assert!(w.message.contains("insufficient quota"), "{w:?}");
+    // Evicted and waiting for quota again: the eviction is the news.
+    let evicted = workload(json!([
+        {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "x"},
+        {"type": "Evicted", "status": "True", "reason": "Preempted",
+         "message": "Preempted to accommodate a higher priority Workload"},
+    ]));
+    assert_eq!(workload_wait(&evicted, 1).reason, "Preempted");
+    // Nothing decided yet; a reason the API server would refuse is not copied.
+    assert_eq!(workload_wait(&json!({}), 1).reason, "Pending");
+    let odd = workload(json!([
+        {"type": "QuotaReserved", "status": "False", "reason": "not a reason!"},
+    ]));
+    assert_eq!(workload_wait(&odd, 1).reason, "Pending");
+}
+
+#[test]
+fn a_pod_the_scheduler_cannot_place_says_why_and_its_exit_code_is_read_from_its_status() {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p"},
+        "status": {
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/4 nodes are available"}],
+            "containerStatuses": [{"name": "main", "image": "i", "imageID": "", "ready": false,
+                "restartCount": 0, "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}],
+        },
+    }))
+    .unwrap();
+    let pods = [pod];
+    let u = unschedulable_of(1, &pods).unwrap();
+    assert_eq!(u.message, "0/4 nodes are available");
+    let term = termination_of(1, &pods).unwrap();
+    assert_eq!((term.exit_code, term.reason.as_str()), (Some(3), "Error"));
+    assert!(unschedulable_of(1, &[]).is_none());
+    assert!(termination_of(1, &[]).is_none());
+}
+
+#[test]
+fn an_unknown_term_start_is_read_in_place_of_a_confirming_read() {
+    let g = gpujob(0);
+    let obs = |due| Observed {
+        gpujob: &g,
+        jobs: Vec::new(),
+        termination: None,
+        unschedulable: None,
+        queue_wait: None,
+        refused: None,
+        quota_required: false,
+        quota: None,
+        pods: None,
+        cached_pods: Vec::new(),
+        confirmed: false,
+        term_start_due: due,
+        reads: Reads::every(),
+        now: t(T0),
+    };
+    let kinds = |p: Plan| p.actions.iter().map(Action::name).collect::<Vec<_>>();
+    let p = plan(&obs(true), &settings());
+    assert_eq!(kinds(p.clone()).last(), Some(&"ReadTermStart"));
+    assert!(p.asks(), "nothing after the read: {:?}", kinds(p));
+    let p = plan(&obs(false), &settings());
+    assert!(kinds(p).contains(&"Confirm"));
+}
