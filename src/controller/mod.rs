@@ -119,10 +119,12 @@ impl Default for Settings {
 
 /// What every reconcile shares.
 pub struct Context {
-    /// Every read.
+    /// What this replica knows (caches and its own writes); no client.
     pub view: view::View,
-    /// Every write.
+    /// Every write (the executor's).
     pub writer: apply::Writer,
+    /// Every read a plan asks for (the executor's).
+    pub reader: apply::Reader,
     pub settings: Settings,
     pub metrics: Metrics,
 }

@@ -45,6 +45,16 @@ pub use attempts::{
 };
 pub use reads::{Found, FoundJob, Read, Reads, termination_of, unschedulable_of, workload_wait};
 
+/// How many plans one reconcile may make. A plan is made again only once a question it
+/// ended with is answered, and no plan asks again what its reconcile has answered: the
+/// term's start (once; then it is known, or failed and not offered for a while), a
+/// confirming read that found the GpuJob moved on (once: the read version is current),
+/// the reads (two rounds, the Jobs' first; again at most once after the GpuJob moved),
+/// the pods (again only after a pod write), the quota service (a reserve, a release) and
+/// a create refused (the Job, the Service): 11 at most, and one more for the plan that
+/// ends. More is a planning bug, which must not loop (the operator reports it as an
+/// error; the protocol model checks the bound in every state it explores).
+pub const MAX_PLANS: usize = 12;
 /// Condition reason for a spec the operator cannot run; it waits for a spec change.
 pub const INVALID_SPEC: &str = "InvalidSpec";
 /// Condition reason: a Job this GpuJob does not control holds the next attempt's name.

@@ -44,7 +44,10 @@ pub enum Read {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Found {
     /// The Job holding `attempt`'s name.
-    Job { attempt: i32, job: FoundJob },
+    Job {
+        attempt: i32,
+        job: FoundJob,
+    },
     Termination {
         attempt: i32,
         termination: Option<Termination>,
@@ -63,7 +66,7 @@ pub enum Found {
 #[derive(Debug, Clone, PartialEq)]
 pub enum FoundJob {
     /// A Job this GpuJob controls (the view remembers it until its cache has it).
-    Ours(SeenJob),
+    Ours(Box<SeenJob>),
     /// A Job this GpuJob does not control.
     Foreign,
     /// No Job.
@@ -186,8 +189,7 @@ impl Planner<'_, '_> {
             return Some(r.clone());
         }
         let attempt = self.name_conflict_attempt()?;
-        if !self.obs.reads.foreign.contains(&attempt) || self.by_attempt.contains_key(&attempt)
-        {
+        if !self.obs.reads.foreign.contains(&attempt) || self.by_attempt.contains_key(&attempt) {
             return None;
         }
         let ns = self.gj.metadata.namespace.as_deref().unwrap_or_default();

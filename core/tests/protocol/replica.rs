@@ -7,7 +7,10 @@
 
 use gpujob_core::api::{GpuJob, GpuJobSpec, GpuJobStatus};
 use gpujob_core::job::desired_job;
-use gpujob_core::plan::{Action, OLD_ATTEMPT_STOPPING, Observed, PlanSettings, Refusal, plan};
+use gpujob_core::plan::{
+    Action, Found, FoundJob, MAX_PLANS, OLD_ATTEMPT_STOPPING, Observed, PlanSettings, Read, Reads,
+    Refusal, plan,
+};
 use gpujob_core::seen_job::SeenJob;
 use gpujob_core::seen_pod::SeenPod;
 use jiff::Timestamp;
@@ -15,9 +18,6 @@ use k8s_openapi::api::batch::v1::JobCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::world::{Answer, Api, GPUJOB, GPUJOB_UID, GpuJobObj, JobObj, NAMESPACE, PodObj, Write};
-
-/// A plan asks at most this many times in one reconcile (as the operator's).
-const MAX_PLANS: usize = 7;
 
 /// What the model may leave out of a replica, to show the checker finds the hole.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -65,6 +65,7 @@ impl Replica {
             || self.term_start.is_some_and(|t| self.gpujob.rv > t);
         let mut refused: Option<Refusal> = None;
         let mut pods: Option<Vec<SeenPod>> = None;
+        let mut reads = Reads::default();
         let mut writes = 0u8;
         'plans: for _ in 0..MAX_PLANS {
             let gpujob = gpujob_at(&self.gpujob);
@@ -82,6 +83,8 @@ impl Replica {
                 pods: pods.clone(),
                 cached_pods: cached.iter().collect(),
                 confirmed,
+                term_start_due: false,
+                reads: reads.clone(),
                 now,
             };
             let plan = plan(&observed, &settings);
@@ -105,6 +108,35 @@ impl Replica {
                     Action::ReadPods => {
                         pods = Some(api.pods.iter().map(seen_pod).collect());
                         continue 'plans;
+                    }
+                    Action::Read(read) => {
+                        // The model's pods carry no exit code or scheduling reason, and
+                        // it has no Kueue: only a Job's read finds anything.
+                        let found = match read {
+                            Read::Job { attempt } => Found::Job {
+                                attempt: *attempt,
+                                job: match api.jobs.iter().find(|j| j.attempt == *attempt) {
+                                    Some(j) => {
+                                        self.jobs.retain(|c| c.attempt != j.attempt);
+                                        self.jobs.push(j.clone());
+                                        FoundJob::Ours(Box::new(seen_job(j)))
+                                    }
+                                    None => FoundJob::Absent,
+                                },
+                            },
+                            Read::Termination { attempt, .. } => Found::Termination {
+                                attempt: *attempt,
+                                termination: None,
+                            },
+                            Read::Placement { attempt, .. } => Found::Placement {
+                                attempt: *attempt,
+                                unschedulable: None,
+                                pods: Vec::new(),
+                            },
+                            Read::Workload { .. } => panic!("the model has no Kueue"),
+                        };
+                        reads.record(read.clone(), &found);
+                        continue;
                     }
                     Action::RecordStatus(status) => match self.status_write(status) {
                         Some(w) => w,
@@ -191,6 +223,10 @@ impl Replica {
                     // An error ends the reconcile; it comes back with backoff.
                     Answer::Refused => return,
                 }
+            }
+            if plan.actions.iter().any(|a| matches!(a, Action::Read(_))) {
+                // A plan that reads asks nothing else: the next one hears the answers.
+                continue 'plans;
             }
             // The plan ran to its end: its status, when it changed.
             if let Some(write) = self.status_write(&plan.status) {

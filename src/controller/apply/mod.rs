@@ -1,14 +1,15 @@
-//! The executor: the only place that writes or calls the outside world. It carries out
-//! a plan's actions in order, each fenced (`writes.rs`: no write starts unless the
-//! reconcile's shard is still held in the same term, before its deadline), writes the
-//! status at the end when it changed (a plan may also ask for a status write earlier,
-//! before a step that must find it recorded) and publishes the Events its transitions
-//! deserve (`recorder.rs`). Nothing here decides. It reads only what a write's answer
-//! needs (the object that holds a stable name after a create's 409); it returns what its
-//! writes did ([`Outcome`]s, for the view to remember) and how the plan ended; an answer
-//! from the outside (quota, a refused Job) goes back to the plan, and a read the plan
-//! asks for (a confirming read, the GpuJob's pods) goes to the view.
+//! The executor: the only place that reads or writes the API server or calls the
+//! outside world for a reconcile. It carries out a plan's actions in order: reads
+//! (`reads.rs`: a confirming read of the GpuJob, its pods, where the shard's term began,
+//! the plan's other [`Read`]s) and writes, each fenced (`writes.rs`: nothing starts
+//! unless the reconcile's shard is still held in the same term, before its deadline),
+//! writes the status at the end when it changed (a plan may also ask for a status write
+//! earlier, before a step that must find it recorded) and publishes the Events its
+//! transitions deserve (`recorder.rs`). Nothing here decides. It returns what the view
+//! must remember ([`Outcome`]s: writes accepted, what reads found), what the next plan
+//! must hear ([`Answer`]s: quota, a refused Job, reads), and how the run ended.
 
+mod reads;
 mod recorder;
 mod writes;
 
@@ -19,46 +20,40 @@ use tracing::{info, warn};
 use super::error::Error;
 use super::events::transitions;
 use super::plan::{
-    Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, OLD_ATTEMPT_STOPPING,
-    QuotaAnswer, Refusal, SERVICE_NAME_CONFLICT,
+    Action, FinalizerRemoval, Found, FoundJob, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion,
+    OLD_ATTEMPT_STOPPING, QuotaAnswer, Read, Refusal, SERVICE_NAME_CONFLICT,
 };
+use super::seen_pod::SeenPod;
 use super::view::{Outcome, Snapshot};
 use super::{Context, Fence, Key};
 use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
 use crate::failpoint;
 use crate::quota::{QuotaError, Reserve};
+pub use reads::Reader;
 pub use writes::{Created, Writer};
 
-/// What a run of the executor did: its writes' outcomes (also those before a failure),
-/// and how it ended.
+/// What a run of the executor did: what the view must remember (also of the actions
+/// before a failure), what the next plan must hear, and how it ended.
 #[derive(Debug)]
 pub struct Run {
     pub outcomes: Vec<Outcome>,
+    pub answers: Vec<Answer>,
     pub end: Result<End, Error>,
 }
 
 /// How far the actions got.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum End {
     /// Every action ran and the status is written (if it changed).
     Done,
-    /// An action got an answer the plan must hear; nothing after it ran.
-    Heard(Answer),
-    /// The plan asks the view for a read; nothing after it ran.
-    Read(Read),
+    /// The plan ended with a question, answered ([`Run::answers`], or a read the view
+    /// took: the GpuJob moved on, the term's start); nothing after it ran. Plan again.
+    Asked,
+    /// A confirming read found the GpuJob gone (or replaced by a new one of its name).
+    Gone,
 }
 
-/// A read a plan asks for.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Read {
-    /// A confirming read of the GpuJob; if it is current, the actions go on from index
-    /// `resume` of those this run was given.
-    Confirm { resume: usize },
-    /// The GpuJob's pods that have not terminated (the answer goes to the plan).
-    Pods,
-}
-
-/// An answer from outside the plan.
+/// An answer from outside the plan, for the next plan of the reconcile.
 #[derive(Debug)]
 pub enum Answer {
     Quota(QuotaAnswer),
@@ -66,6 +61,10 @@ pub enum Answer {
     ReleaseFailed(QuotaError),
     /// A Job create, or a multi-node attempt's Service, refused: plan again with it.
     Refused(Refusal),
+    /// The GpuJob's pods, read from the API server ([`Action::ReadPods`]).
+    Pods(Vec<SeenPod>),
+    /// What one of the plan's [`Read`]s found.
+    Found(Read, Found),
 }
 
 /// Carries out `actions` for the GpuJob `key` in the term `fence`, from the view in
@@ -85,22 +84,26 @@ pub async fn execute(
         gpujob: snap.gpujob.clone(),
         confirmed: snap.confirmed,
         outcomes: Vec::new(),
+        answers: Vec::new(),
     };
     let end = ex.run(key, actions, status).await;
     Run {
         outcomes: ex.outcomes,
+        answers: ex.answers,
         end,
     }
 }
 
-/// One run: the GpuJob as its last write left it, and what the writes did.
+/// One run: the GpuJob as its last write left it, and what the run found and did.
 struct Execution<'a> {
     ctx: &'a Context,
     fence: &'a Fence,
     gpujob: Arc<GpuJob>,
-    /// The view is known current in this term (read, or written by this run).
+    /// The snapshot's view was current in this term, or this run has since written or
+    /// read the GpuJob (the view records either so: `View::record`).
     confirmed: bool,
     outcomes: Vec<Outcome>,
+    answers: Vec<Answer>,
 }
 
 impl Execution<'_> {
@@ -144,11 +147,30 @@ impl Execution<'_> {
                         // with a resourceVersion precondition).
                         continue;
                     }
-                    return Ok(End::Read(Read::Confirm { resume: i + 1 }));
+                    if let Some(end) = self.confirm(key).await? {
+                        return Ok(end);
+                    }
+                }
+                Action::ReadTermStart => {
+                    w.check(fence)?;
+                    let start = self
+                        .ctx
+                        .reader
+                        .term_start(&key.namespace, fence.shard)
+                        .await;
+                    self.outcomes.push(Outcome::TermStart { start });
+                    return Ok(End::Asked);
+                }
+                Action::Read(read) => {
+                    self.read(key, read).await?;
+                    // The plan's reads come together; the next plan hears them all.
+                    if !matches!(actions.get(i + 1), Some(Action::Read(_))) {
+                        return Ok(End::Asked);
+                    }
                 }
                 Action::Reserve(req, sequence) => {
                     failpoint::hit("before-reserve");
-                    return Ok(End::Heard(Answer::Quota(
+                    return Ok(self.heard(Answer::Quota(
                         match w.reserve(fence, req, *sequence).await? {
                             Reserve::Granted { id, gpus } => {
                                 failpoint::hit("after-reserve");
@@ -184,29 +206,34 @@ impl Execution<'_> {
                                 reservation = reservation.as_deref().unwrap_or("-"),
                                 "GPU quota released"
                             );
-                            Ok(End::Heard(Answer::Quota(QuotaAnswer::Released)))
+                            Ok(self.heard(Answer::Quota(QuotaAnswer::Released)))
                         }
                         Err(Error::Quota(e)) => {
                             warn!(
                                 reservation = reservation.as_deref().unwrap_or("-"),
                                 "releasing GPU quota failed: {e}; retrying with backoff"
                             );
-                            Ok(End::Heard(Answer::ReleaseFailed(e)))
+                            Ok(self.heard(Answer::ReleaseFailed(e)))
                         }
                         Err(e) => Err(e),
                     };
                 }
-                Action::ReadPods => return Ok(End::Read(Read::Pods)),
+                Action::ReadPods => {
+                    w.check(fence)?;
+                    let uid = self.gpujob.metadata.uid.as_deref().unwrap_or_default();
+                    let pods = self.ctx.reader.pods(&key.namespace, uid).await?;
+                    return Ok(self.heard(Answer::Pods(pods)));
+                }
                 Action::CreateJob { attempt, job } => {
                     if let Some(refusal) = self.create_job(*attempt, job).await? {
-                        return Ok(End::Heard(Answer::Refused(refusal)));
+                        return Ok(self.heard(Answer::Refused(refusal)));
                     }
                 }
                 Action::CreateService { attempt, service } => {
                     let name = service.metadata.name.as_deref().unwrap_or_default();
                     if let Some(message) = w.create_service(fence, service).await? {
                         warn!(attempt, "{message}; looking again in a while");
-                        return Ok(End::Heard(Answer::Refused(Refusal {
+                        return Ok(self.heard(Answer::Refused(Refusal {
                             attempt: *attempt,
                             reason: SERVICE_NAME_CONFLICT,
                             message,
@@ -326,6 +353,61 @@ impl Execution<'_> {
         }
         self.write_status(status).await?;
         Ok(End::Done)
+    }
+
+    /// The plan ends with `answer`.
+    fn heard(&mut self, answer: Answer) -> End {
+        self.answers.push(answer);
+        End::Asked
+    }
+
+    /// A confirming read of the GpuJob: `None` when the run's view of it is current (the
+    /// run goes on); else how the run ends: the GpuJob moved on (the view takes the
+    /// read GpuJob; plan again), or is gone.
+    async fn confirm(&mut self, key: &Key) -> Result<Option<End>, Error> {
+        self.ctx.writer.check(self.fence)?;
+        let uid = self.gpujob.metadata.uid.clone().unwrap_or_default();
+        let seen = self
+            .gpujob
+            .metadata
+            .resource_version
+            .clone()
+            .unwrap_or_default();
+        let Some(current) = self.ctx.reader.gpujob(key, &uid).await? else {
+            self.outcomes.push(Outcome::GpuJobGone);
+            return Ok(Some(End::Gone));
+        };
+        let now_current = current.metadata.resource_version.as_deref() == Some(seen.as_str());
+        if !now_current {
+            info!(
+                seen = %seen,
+                current = current.metadata.resource_version.as_deref().unwrap_or("-"),
+                "the cached GpuJob was behind the API server; deciding again from the current one"
+            );
+        }
+        self.outcomes.push(Outcome::GpuJobRead {
+            seen,
+            read: Arc::new(current),
+        });
+        self.confirmed = now_current;
+        Ok((!now_current).then_some(End::Asked))
+    }
+
+    /// One of the plan's reads: what it found goes to the next plan, and a Job of ours
+    /// the cache lacked to the view too.
+    async fn read(&mut self, key: &Key, read: &Read) -> Result<(), Error> {
+        self.ctx.writer.check(self.fence)?;
+        let uid = self.gpujob.metadata.uid.as_deref().unwrap_or_default();
+        let found = self.ctx.reader.read(key, uid, read).await?;
+        if let Found::Job {
+            job: FoundJob::Ours(job),
+            ..
+        } = &found
+        {
+            self.outcomes.push(Outcome::JobRead(job.clone()));
+        }
+        self.answers.push(Answer::Found(read.clone(), found));
+        Ok(())
     }
 
     /// Creates the attempt's Job; `Some(refusal)` when the API server will not have it.

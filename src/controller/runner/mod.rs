@@ -101,7 +101,8 @@ pub async fn run(
     let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()))
         .fair_by(|k: &Key| k.namespace.as_str());
     let ctx = Arc::new(Context {
-        view: View::new(client.clone()),
+        view: View::default(),
+        reader: crate::controller::apply::Reader::new(client.clone()),
         writer: apply::Writer::new(
             client.clone(),
             events,

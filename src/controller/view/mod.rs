@@ -1,17 +1,14 @@
-//! The view: what this replica knows of each GpuJob, kept in one place. It alone holds
-//! the caches the watches fill (`cache/`), the memory of this replica's own writes that
-//! the caches have not shown yet (`memory.rs`) and where each shard's term began
-//! (`term_start.rs`). Its ways in:
-//!
-//! - the watches feed it events ([`View::gpujob_event`], [`View::job_event`],
-//!   [`View::pod_event`]);
-//! - a reconcile asks it for a snapshot ([`View::snapshot`], `observe.rs`: caches and
-//!   memory, with the direct reads the caches cannot answer), for a GpuJob's cached pods
-//!   ([`View::pods_of`]), and for the reads a plan asks for ([`View::confirm`],
-//!   [`View::read_pods`]);
-//! - the executor's outcomes come back to it ([`View::record`]): what the API server
-//!   accepted is remembered until the caches show it;
-//! - hand-over tells it which shards were lost ([`View::shards_lost`]).
+//! The view: what this replica knows of each GpuJob, kept in one place, with no
+//! client. It alone holds the caches the watches fill (`cache/`), the memory of what
+//! this replica wrote and read that the caches have not shown yet (`memory.rs`) and
+//! where each shard's term began (`term_start.rs`). What goes in: watch events
+//! ([`View::gpujob_event`], [`View::job_event`], [`View::pod_event`]), the executor's
+//! outcomes ([`View::record`]: writes accepted, what its reads found), and the watches'
+//! and hand-over's changes of scope ([`View::watching`], [`View::listed`],
+//! [`View::drop_part`], [`View::shards_lost`]). What comes out: a reconcile's snapshot
+//! ([`View::snapshot`], `observe.rs`), whether a version is current in a term
+//! ([`View::currency`]: the one place that says so), and what the caches hold for the
+//! queue, the metrics and readiness.
 //!
 //! What the GpuJob and Job caches cover (every object, or some shards': `scope.rs`)
 //! decides which GpuJobs may be reconciled ([`View::covers`]). The pod cache is not
@@ -25,10 +22,10 @@ pub mod scope;
 mod term_start;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
 use kube::runtime::watcher::Event;
 
 use super::{Fence, Key};
@@ -39,7 +36,7 @@ use cache::{GpuJobCache, JobIndex, PodIndex, owner_of};
 use memory::WriteMemory;
 pub use observe::Snapshot;
 use scope::{Cached, Coverage, Scope};
-use term_start::TermStarts;
+use term_start::{Covered, TermStarts};
 
 /// What became of a write the executor sent, as the view must remember it.
 #[derive(Debug)]
@@ -70,22 +67,20 @@ pub enum Outcome {
     JobConflict { name: String },
     /// The pod with `uid` was let go (its scheduling gate removed).
     PodUngated { uid: String },
-}
-
-/// What a confirming read found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Confirmed {
-    /// The snapshot's GpuJob is current (and counts so for the rest of the term).
-    Current,
-    /// The GpuJob moved past the snapshot: remembered; observe again.
-    Moved,
-    /// The GpuJob is gone, or replaced by a new one of the same name.
-    Gone,
+    /// A confirming read of the GpuJob, whose snapshot was at version `seen`, found
+    /// `read`: at `seen`, current in this term; past it, the snapshot follows it.
+    GpuJobRead { seen: String, read: Arc<GpuJob> },
+    /// A confirming read found the GpuJob gone, or replaced by a new one of its name.
+    GpuJobGone,
+    /// A read found a Job of the GpuJob's that the Job cache does not have (yet).
+    JobRead(Box<SeenJob>),
+    /// Where the term of the reconcile's shard began, as read (`None`: the read failed).
+    TermStart { start: Option<u64> },
 }
 
 /// What reconciles see.
+#[derive(Default)]
 pub struct View {
-    client: Client,
     gpujobs: GpuJobCache,
     jobs: JobIndex,
     pods: PodIndex,
@@ -105,20 +100,6 @@ impl std::fmt::Debug for View {
 }
 
 impl View {
-    /// Empty caches, not ready until each has had a full list. `client` is for reads
-    /// only.
-    pub fn new(client: Client) -> View {
-        View {
-            term_starts: TermStarts::new(client.clone()),
-            client,
-            gpujobs: GpuJobCache::default(),
-            jobs: JobIndex::default(),
-            pods: PodIndex::default(),
-            memory: WriteMemory::default(),
-            coverage: Coverage::default(),
-        }
-    }
-
     /// A GpuJob watch event: into the cache; a GpuJob delivered settles what the memory
     /// kept of the status writes it shows. Returns, at the end of a relist, the GpuJobs
     /// it changed ([`GpuJobCache::apply`]).
@@ -253,17 +234,35 @@ impl View {
 
     /// What a reconcile of `key` starts from, in the term `fence`; `None` when the
     /// GpuJob is gone.
-    pub async fn snapshot(
+    pub fn snapshot(&self, key: &Key, fence: &Fence) -> Option<Snapshot> {
+        observe::observe(self, key, fence)
+    }
+
+    /// Whether version `rv` of the GpuJob `key` is known current in the term `fence`:
+    /// read from the API server or written by this replica at that version in this term
+    /// (every write carries a resourceVersion precondition), or changed after the term
+    /// began (`term_start.rs`). `due`: the term's start is not known, and the caller is
+    /// the one to read it.
+    pub fn currency(&self, key: &Key, fence: &Fence, rv: &str, now: Instant) -> Covered {
+        if self.memory.is_current(key, fence.epoch, rv) {
+            return Covered {
+                past: true,
+                due: false,
+            };
+        }
+        self.term_starts.covers(fence.shard, fence.epoch, rv, now)
+    }
+
+    /// Remembers what the executor's writes did and its reads found, in order, and lets
+    /// `snap` follow them: until the caches catch up, reconciles see these. Returns
+    /// `false` when the GpuJob is gone.
+    pub fn record(
         &self,
         key: &Key,
         fence: &Fence,
-    ) -> Result<Option<Snapshot>, super::error::Error> {
-        observe::observe(self, key, fence).await
-    }
-
-    /// Remembers what the executor's writes did, in order, and lets `snap` follow them:
-    /// until the caches catch up, reconciles see these.
-    pub fn record(&self, key: &Key, fence: &Fence, snap: &mut Snapshot, outcomes: Vec<Outcome>) {
+        snap: &mut Snapshot,
+        outcomes: Vec<Outcome>,
+    ) -> bool {
         for outcome in outcomes {
             match outcome {
                 Outcome::GpuJobWritten { replaced, written } => {
@@ -308,55 +307,48 @@ impl View {
                     }
                     self.memory.pod_ungated(key, &snap.gpujob, uid);
                 }
+                Outcome::GpuJobRead { seen, read } => {
+                    if read.metadata.resource_version.as_deref() == Some(seen.as_str()) {
+                        // Current: so is this view for the rest of the term.
+                        self.memory.mark_current(key, fence.epoch, &seen);
+                        snap.confirmed = true;
+                    } else {
+                        self.remember(key, fence, snap, seen, read);
+                        // The rest of the snapshot (the Jobs above all) came from caches
+                        // as far behind as the GpuJob was: observe again, from the
+                        // current GpuJob (remembered), so that a running attempt whose
+                        // Job the cache has not seen is read rather than taken for lost.
+                        match observe::observe(self, key, fence) {
+                            Some(again) => *snap = again,
+                            None => return false,
+                        }
+                    }
+                }
+                Outcome::GpuJobGone => {
+                    self.memory.forget(key);
+                    return false;
+                }
+                Outcome::JobRead(job) => {
+                    // Remembered until the cache has it: should it go before then, only
+                    // the relist ending the lag can say so, and it names GpuJobs by this
+                    // memory.
+                    self.memory.job_read(key, &snap.gpujob, &job);
+                    if !snap.jobs.iter().any(|j| j.name == job.name) {
+                        snap.jobs.push(Arc::new(*job));
+                    }
+                }
+                Outcome::TermStart { start } => {
+                    let now = Instant::now();
+                    self.term_starts
+                        .learned(fence.shard, fence.epoch, start, now);
+                    let rv = snap.gpujob.metadata.resource_version.clone();
+                    let covered = self.currency(key, fence, rv.as_deref().unwrap_or_default(), now);
+                    snap.confirmed = covered.past;
+                    snap.term_start_due = covered.due;
+                }
             }
         }
-    }
-
-    /// A confirming read of the snapshot's GpuJob (a quorum read), asked for by the plan
-    /// before a quota call or a Job create from a view not known current in this term.
-    pub async fn confirm(
-        &self,
-        key: &Key,
-        fence: &Fence,
-        snap: &mut Snapshot,
-    ) -> Result<Confirmed, super::error::Error> {
-        let uid = snap.gpujob.metadata.uid.clone().unwrap_or_default();
-        let Some(current) = observe::read_gpujob(self, key, &uid).await? else {
-            self.memory.forget(key);
-            return Ok(Confirmed::Gone);
-        };
-        let seen = snap.gpujob.metadata.resource_version.clone();
-        if current.metadata.resource_version == seen {
-            // Current: so is this view for the rest of the term.
-            self.memory
-                .mark_current(key, fence.epoch, seen.as_deref().unwrap_or_default());
-            snap.confirmed = true;
-            return Ok(Confirmed::Current);
-        }
-        tracing::info!(
-            seen = seen.as_deref().unwrap_or("-"),
-            current = current.metadata.resource_version.as_deref().unwrap_or("-"),
-            "the cached GpuJob was behind the API server; deciding again from the current one"
-        );
-        self.remember(
-            key,
-            fence,
-            snap,
-            seen.unwrap_or_default(),
-            Arc::new(current),
-        );
-        Ok(Confirmed::Moved)
-    }
-
-    /// The snapshot's GpuJob's pods, read from the API server (a quorum list; asked for
-    /// by the plan: [`crate::controller::plan::Action::ReadPods`]).
-    pub async fn read_pods(
-        &self,
-        key: &Key,
-        snap: &Snapshot,
-    ) -> Result<Vec<SeenPod>, super::error::Error> {
-        let uid = snap.gpujob.metadata.uid.as_deref().unwrap_or_default();
-        observe::read_pods(self, &key.namespace, uid).await
+        true
     }
 
     /// The snapshot and the memory follow a GpuJob this replica just wrote, or read from
@@ -406,11 +398,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[tokio::test]
-    async fn a_pod_at_the_gate_queues_its_gpujob_through_its_job_and_leaves_with_its_part() {
-        // Nothing here calls the API server.
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        let view = View::new(Client::try_from(config).unwrap());
+    #[test]
+    fn a_pod_at_the_gate_queues_its_gpujob_through_its_job_and_leaves_with_its_part() {
+        let view = View::default();
         let job: Job = serde_json::from_value(json!({"metadata": {
             "name": "a-1", "namespace": "ns",
             "ownerReferences": [{"apiVersion": "gpujob.dev/v1", "kind": "GpuJob",

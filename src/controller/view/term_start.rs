@@ -1,5 +1,7 @@
 //! Where this replica's term of each shard began, as a resourceVersion `T`: read once
-//! per term by a quorum list, after the term was gained. A cached GpuJob whose
+//! per term by a quorum list, after the term was gained, by the executor when a plan
+//! asks (`Action::ReadTermStart`, which the view offers one reconcile of the shard at a
+//! time: [`TermStarts::covers`]). A cached GpuJob whose
 //! resourceVersion is past `T` needs no confirming read before its first effect
 //! (`Action::Confirm`): that is every GpuJob created or changed after a replica took its
 //! shard, so a burst of new GpuJobs costs no read each. Only GpuJobs last changed at or
@@ -35,128 +37,74 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use kube::Client;
-use kube::api::{Api, ListParams};
-use tracing::warn;
-
-use crate::api::GpuJob;
-
-/// After a failed read of a term's start, GpuJobs are confirmed one by one for this long
-/// before it is tried again.
+/// A read offered and not answered (its reconcile needed no confirmed view, failed, or
+/// was cancelled), or failed, is offered again after this long; meanwhile GpuJobs are
+/// confirmed one by one.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Copy)]
 enum Start {
     Known(u64),
-    /// One reconcile is reading it; the others confirm their GpuJob meanwhile.
-    Reading,
+    /// Offered to one reconcile at this instant; the others confirm their GpuJob.
+    Offered(Instant),
     Failed(Instant),
 }
 
+/// What [`TermStarts::covers`] says of a GpuJob version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Covered {
+    /// The version is past the term's start: current in the term.
+    pub past: bool,
+    /// The start is not known and the caller is the one to read it.
+    pub due: bool,
+}
+
 /// The start of each shard's current term, by shard: `(epoch, start)`.
+#[derive(Debug, Default)]
 pub struct TermStarts {
-    client: Client,
     by_shard: Mutex<HashMap<u32, (u64, Start)>>,
 }
 
-impl std::fmt::Debug for TermStarts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TermStarts")
-            .field("by_shard", &*self.lock())
-            .finish_non_exhaustive()
-    }
-}
-
 impl TermStarts {
-    pub fn new(client: Client) -> TermStarts {
-        TermStarts {
-            client,
-            by_shard: Mutex::default(),
-        }
-    }
-
     fn lock(&self) -> MutexGuard<'_, HashMap<u32, (u64, Start)>> {
         self.by_shard.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether version `rv` of a GpuJob in `namespace` is past the start of term `epoch`
-    /// of `shard`. `false` while the start is unknown (being read, or its read failed):
-    /// the caller then reads the GpuJob itself.
-    pub async fn covers(&self, shard: u32, epoch: u64, namespace: &str, rv: &str) -> bool {
-        match self.start(shard, epoch, namespace).await {
-            Some(start) => past(rv, start),
-            None => false,
+    /// Whether version `rv` of a GpuJob is past the start of term `epoch` of `shard`
+    /// (never while the start is unknown), and whether the caller should read the start
+    /// (`due`: unknown, and not offered to another caller in the last [`RETRY_AFTER`]).
+    pub fn covers(&self, shard: u32, epoch: u64, rv: &str, now: Instant) -> Covered {
+        let mut by_shard = self.lock();
+        let offer = match by_shard.get(&shard) {
+            Some((e, Start::Known(start))) if *e == epoch => {
+                return Covered {
+                    past: past(rv, *start),
+                    due: false,
+                };
+            }
+            Some((e, Start::Offered(at) | Start::Failed(at)))
+                if *e == epoch && now.saturating_duration_since(*at) < RETRY_AFTER =>
+            {
+                false
+            }
+            _ => true,
+        };
+        if offer {
+            by_shard.insert(shard, (epoch, Start::Offered(now)));
+        }
+        Covered {
+            past: false,
+            due: offer,
         }
     }
 
-    async fn start(&self, shard: u32, epoch: u64, namespace: &str) -> Option<u64> {
-        {
-            let mut by_shard = self.lock();
-            match by_shard.get(&shard) {
-                Some((e, Start::Known(start))) if *e == epoch => return Some(*start),
-                Some((e, Start::Reading)) if *e == epoch => return None,
-                Some((e, Start::Failed(at))) if *e == epoch && at.elapsed() < RETRY_AFTER => {
-                    return None;
-                }
-                _ => {
-                    by_shard.insert(shard, (epoch, Start::Reading));
-                }
-            }
-        }
-        // A reconcile cancelled mid-read (its term ended) leaves no `Reading` behind.
-        let mut reading = Unread {
-            starts: self,
-            shard,
-            epoch,
-            ended: false,
-        };
-        // Any namespace will do (one sequence for the whole store); the GpuJob's own is
-        // one this replica may list whatever its install's scope.
-        let api: Api<GpuJob> = Api::namespaced(self.client.clone(), namespace);
-        // No resourceVersion: a quorum read, whose list version is the store's now.
-        let read = api.list_metadata(&ListParams::default().limit(1)).await;
-        reading.ended = true;
-        let start = match read {
-            Ok(list) => list
-                .metadata
-                .resource_version
-                .and_then(|v| v.parse::<u64>().ok()),
-            Err(e) => {
-                warn!(
-                    shard,
-                    error = %e,
-                    "could not read where this term of the shard began; its GpuJobs are read from the API server before their first Job or quota call until it is known (next try in {}s)",
-                    RETRY_AFTER.as_secs()
-                );
-                None
-            }
-        };
+    /// A read of where term `epoch` of `shard` began found `start` (`None`: it failed).
+    pub fn learned(&self, shard: u32, epoch: u64, start: Option<u64>, now: Instant) {
         let mut by_shard = self.lock();
         // Only this term's entry: a newer term may have begun meanwhile.
-        if by_shard.get(&shard).is_some_and(|(e, _)| *e == epoch) {
-            let state = start.map_or(Start::Failed(Instant::now()), Start::Known);
+        if by_shard.get(&shard).is_none_or(|(e, _)| *e == epoch) {
+            let state = start.map_or(Start::Failed(now), Start::Known);
             by_shard.insert(shard, (epoch, state));
-        }
-        start
-    }
-}
-
-/// Clears a term's `Reading` when the read is dropped before it ends.
-struct Unread<'a> {
-    starts: &'a TermStarts,
-    shard: u32,
-    epoch: u64,
-    ended: bool,
-}
-
-impl Drop for Unread<'_> {
-    fn drop(&mut self) {
-        if self.ended {
-            return;
-        }
-        let mut by_shard = self.starts.lock();
-        if matches!(by_shard.get(&self.shard), Some((e, Start::Reading)) if *e == self.epoch) {
-            by_shard.remove(&self.shard);
         }
     }
 }
@@ -168,47 +116,45 @@ pub fn past(rv: &str, start: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
-    use kube::Client;
-    use tokio::net::TcpListener;
-    use tokio::sync::mpsc;
+    use super::{Covered, TermStarts, past};
 
-    use super::{TermStarts, past};
-
-    #[tokio::test]
-    async fn a_read_cancelled_with_its_reconcile_is_made_again_by_the_next() {
-        // An API server that accepts connections and never answers; each connection is
-        // one read of a term's start.
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let (tx, mut reads) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut open = Vec::new();
-            while let Ok((conn, _)) = listener.accept().await {
-                open.push(conn);
-                let _ = tx.send(());
-            }
-        });
-        let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
-        let starts = std::sync::Arc::new(TermStarts::new(client));
-        {
-            let first = starts.covers(0, 1, "ns", "10");
-            tokio::pin!(first);
-            tokio::select! {
-                _ = &mut first => panic!("nothing answers the read"),
-                _ = reads.recv() => {}
-            }
-            // Dropped here, as a reconcile is when its term ends.
-        }
-        let s = starts.clone();
-        let second = tokio::spawn(async move { s.covers(0, 1, "ns", "10").await });
-        let again = tokio::time::timeout(Duration::from_secs(30), reads.recv()).await;
-        second.abort();
-        assert!(
-            again.is_ok(),
-            "the next reconcile took the cancelled read for one still running"
+    #[test]
+    fn one_reconcile_at_a_time_is_offered_the_read_and_an_unanswered_offer_comes_back() {
+        let starts = TermStarts::default();
+        let t0 = Instant::now();
+        let unknown = |due| Covered { past: false, due };
+        assert_eq!(starts.covers(0, 1, "10", t0), unknown(true));
+        // Offered: the others confirm their GpuJob meanwhile.
+        assert_eq!(
+            starts.covers(0, 1, "10", t0 + Duration::from_secs(1)),
+            unknown(false)
         );
+        // Never answered (its reconcile ended first): offered again.
+        let later = t0 + Duration::from_secs(6);
+        assert_eq!(starts.covers(0, 1, "10", later), unknown(true));
+        // A failed read waits as long before the next.
+        starts.learned(0, 1, None, later);
+        assert_eq!(starts.covers(0, 1, "10", later), unknown(false));
+        assert_eq!(
+            starts.covers(0, 1, "10", later + Duration::from_secs(6)),
+            unknown(true)
+        );
+        starts.learned(0, 1, Some(10), later);
+        assert_eq!(
+            starts.covers(0, 1, "11", later),
+            Covered {
+                past: true,
+                due: false
+            }
+        );
+        assert_eq!(starts.covers(0, 1, "10", later), unknown(false));
+        // A new term knows nothing of the last one's start; an answer about the old
+        // term does not overwrite the new one's.
+        assert_eq!(starts.covers(0, 2, "11", later), unknown(true));
+        starts.learned(0, 1, Some(5), later);
+        assert_eq!(starts.covers(0, 2, "11", later), unknown(false));
     }
 
     #[test]

@@ -36,7 +36,7 @@ impl Harness {
         let client =
             gpujob_operator::client::build(config, identity, Default::default(), None, None)
                 .unwrap();
-        let view = View::new(client.clone());
+        let view = View::default();
         view.job_event(&Event::Init, &Scope::All);
         view.job_event(&Event::InitDone, &Scope::All);
         let (own, rx) = watch::channel(Ownership::unfenced());
@@ -52,6 +52,7 @@ impl Harness {
         let mut h = Harness {
             ctx: Context {
                 writer,
+                reader: gpujob_operator::controller::apply::Reader::new(client.clone()),
                 view,
                 settings,
                 metrics,

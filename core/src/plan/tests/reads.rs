@@ -62,14 +62,24 @@ fn a_recorded_attempt_the_cache_lacks_is_read_before_anything_is_decided() {
     let p = plan_after(&g, &[], reads, None, None, T0);
     assert!(asked(&p).is_empty(), "{:?}", p.actions);
     let failure = p.status.last_failure.unwrap();
-    assert_eq!((failure.attempt, failure.reason.as_str()), (2, "JobDeleted"));
+    assert_eq!(
+        (failure.attempt, failure.reason.as_str()),
+        (2, "JobDeleted")
+    );
 }
 
 #[test]
 fn a_failed_attempt_not_recorded_reads_its_pods_for_the_exit_code_once() {
     let g = running(&gpujob(3), 1, 0);
     let failed = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
-    let p = plan_after(&g, std::slice::from_ref(&failed), Reads::default(), None, None, T0);
+    let p = plan_after(
+        &g,
+        std::slice::from_ref(&failed),
+        Reads::default(),
+        None,
+        None,
+        T0,
+    );
     let read = Read::Termination {
         attempt: 1,
         job_uid: "job-uid-1".into(),
@@ -77,7 +87,14 @@ fn a_failed_attempt_not_recorded_reads_its_pods_for_the_exit_code_once() {
     assert_eq!(asked(&p), vec![read.clone()]);
     // Read: the exit code is recorded. Read and nothing found: recorded without it, and
     // not asked again.
-    let p = plan_after(&g, std::slice::from_ref(&failed), Reads::every(), exit(1, 7), None, T0);
+    let p = plan_after(
+        &g,
+        std::slice::from_ref(&failed),
+        Reads::every(),
+        exit(1, 7),
+        None,
+        T0,
+    );
     assert!(asked(&p).is_empty());
     assert_eq!(p.status.last_failure.unwrap().exit_code, Some(7));
     let mut reads = Reads::default();

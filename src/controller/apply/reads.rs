@@ -1,0 +1,167 @@
+//! The reads a plan asks for, made by the executor beside its writes: the only reads of
+//! the API server a reconcile makes (the watches feed the caches). Each read is made
+//! while the reconcile's shard is still held (`Writer::check`), so a replica that lost
+//! a shard stops reading its GpuJobs as it stops writing them.
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::core::GroupVersionKind;
+use tracing::warn;
+
+use crate::api::{GpuJob, LABEL_UID};
+use crate::controller::Key;
+use crate::controller::error::{ApiCall, Error};
+use crate::controller::job::job_name;
+use crate::controller::plan::{
+    Found, FoundJob, QueueWait, Read, termination_of, unschedulable_of, workload_wait,
+};
+use crate::controller::seen_job::SeenJob;
+use crate::controller::seen_pod::SeenPod;
+
+/// Reads of the API server, on the operator's client.
+#[derive(Clone)]
+pub struct Reader {
+    client: Client,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").finish_non_exhaustive()
+    }
+}
+
+impl Reader {
+    pub fn new(client: Client) -> Reader {
+        Reader { client }
+    }
+
+    /// The GpuJob as the API server has it now (a quorum read); `None` when it is gone,
+    /// or replaced by a new GpuJob of the same name (another `uid`).
+    pub async fn gpujob(&self, key: &Key, uid: &str) -> Result<Option<GpuJob>, Error> {
+        let api: Api<GpuJob> = Api::namespaced(self.client.clone(), &key.namespace);
+        let current = api
+            .get_opt(&key.name)
+            .await
+            .map_err(Error::kube(ApiCall::ReadGpuJob))?;
+        Ok(current.filter(|g| g.metadata.uid.as_deref() == Some(uid)))
+    }
+
+    /// The pods labelled with GpuJob uid `uid`: a list without a resourceVersion, which
+    /// the API server answers with what is current (a quorum read).
+    pub async fn pods(&self, ns: &str, uid: &str) -> Result<Vec<SeenPod>, Error> {
+        let list = self
+            .pods_labelled(ns, &format!("{LABEL_UID}={uid}"))
+            .await?;
+        Ok(list.iter().filter_map(SeenPod::of).collect())
+    }
+
+    /// Where a term that began now begins: the store's resourceVersion, from a quorum
+    /// list of one GpuJob's metadata in `ns` (any namespace will do: one sequence for
+    /// the whole store; the GpuJob's own is one this replica may list whatever its
+    /// install's scope). `None`, said in a warning, when it cannot be read.
+    pub async fn term_start(&self, ns: &str, shard: u32) -> Option<u64> {
+        let api: Api<GpuJob> = Api::namespaced(self.client.clone(), ns);
+        match api.list_metadata(&ListParams::default().limit(1)).await {
+            Ok(list) => list
+                .metadata
+                .resource_version
+                .and_then(|v| v.parse::<u64>().ok()),
+            Err(e) => {
+                warn!(
+                    shard,
+                    error = %e,
+                    "could not read where this term of the shard began; its GpuJobs are read from the API server before their first Job or quota call until it is known"
+                );
+                None
+            }
+        }
+    }
+
+    /// One of the plan's reads ([`Read`]) for the GpuJob `key` with uid `uid`.
+    pub async fn read(&self, key: &Key, uid: &str, read: &Read) -> Result<Found, Error> {
+        let ns = &key.namespace;
+        Ok(match read {
+            Read::Job { attempt } => {
+                let api: Api<Job> = Api::namespaced(self.client.clone(), ns);
+                let found = api
+                    .get_opt(&job_name(&key.name, *attempt))
+                    .await
+                    .map_err(Error::kube(ApiCall::ReadJob))?;
+                let job = match found.as_ref().map(SeenJob::of) {
+                    None => FoundJob::Absent,
+                    Some(Some(job)) if job.is_controlled_by(uid) => FoundJob::Ours(Box::new(job)),
+                    Some(_) => FoundJob::Foreign,
+                };
+                Found::Job {
+                    attempt: *attempt,
+                    job,
+                }
+            }
+            Read::Termination { attempt, job_uid } => Found::Termination {
+                attempt: *attempt,
+                termination: termination_of(*attempt, &self.pods_of_job(ns, job_uid).await?),
+            },
+            Read::Placement { attempt, job_uid } => {
+                let pods = self.pods_of_job(ns, job_uid).await?;
+                Found::Placement {
+                    attempt: *attempt,
+                    unschedulable: unschedulable_of(*attempt, &pods),
+                    pods: pods.iter().filter_map(SeenPod::of).collect(),
+                }
+            }
+            Read::Workload { attempt, job_uid } => {
+                Found::Workload(self.workload(ns, job_uid, *attempt).await?)
+            }
+        })
+    }
+
+    /// The pods of the Job with uid `job_uid`, by its `controller-uid` label.
+    async fn pods_of_job(&self, ns: &str, job_uid: &str) -> Result<Vec<Pod>, Error> {
+        self.pods_labelled(ns, &format!("controller-uid={job_uid}"))
+            .await
+    }
+
+    async fn pods_labelled(&self, ns: &str, selector: &str) -> Result<Vec<Pod>, Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let list = api
+            .list(&ListParams::default().labels(selector))
+            .await
+            .map_err(Error::kube(ApiCall::ReadPods))?;
+        Ok(list.items)
+    }
+
+    /// Why Kueue holds the Job with uid `job_uid`, from its Workload (found by Kueue's
+    /// label `kueue.x-k8s.io/job-uid`). A cluster without Kueue's API says so.
+    async fn workload(&self, ns: &str, job_uid: &str, attempt: i32) -> Result<QueueWait, Error> {
+        // Kueue's Workloads (`kueue.x-k8s.io/v1beta2`, served from Kueue 0.15).
+        let workloads = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),
+            "workloads",
+        );
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &workloads);
+        let listed = api
+            .list(&ListParams::default().labels(&format!("kueue.x-k8s.io/job-uid={job_uid}")))
+            .await;
+        let list = match listed {
+            Ok(list) => list,
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                return Ok(QueueWait {
+                    attempt,
+                    reason: "KueueNotInstalled".to_owned(),
+                    message: "the cluster serves no kueue.x-k8s.io/v1beta2 Workloads: is Kueue (0.15 or later) installed?".to_owned(),
+                });
+            }
+            Err(e) => return Err(Error::kube(ApiCall::ReadWorkload)(e)),
+        };
+        Ok(match list.items.first() {
+            Some(workload) => workload_wait(&workload.data, attempt),
+            None => QueueWait {
+                attempt,
+                reason: "NoWorkload".to_owned(),
+                message: "Kueue has made no Workload for the Job yet".to_owned(),
+            },
+        })
+    }
+}
