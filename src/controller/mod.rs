@@ -31,7 +31,7 @@ pub use runner::{run, run_unfenced};
 
 /// The term a reconcile runs in: its writes are valid only while `shard` is still held
 /// with this `epoch`, before that tenure's deadline. What it reads counts as current
-/// against the same term (`view/observe.rs`).
+/// against the same term (`View::currency`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {
     pub shard: u32,
