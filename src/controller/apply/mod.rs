@@ -9,6 +9,8 @@
 //! must remember ([`Outcome`]s: writes accepted, what reads found), what the next plan
 //! must hear ([`Answer`]s: quota, a refused Job, reads), and how the run ended.
 
+mod jobs;
+mod quota;
 mod reads;
 mod recorder;
 mod writes;
@@ -19,16 +21,12 @@ use tracing::{info, warn};
 
 use super::error::Error;
 use super::events::transitions;
-use super::plan::{
-    Action, FinalizerRemoval, Found, FoundJob, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion,
-    OLD_ATTEMPT_STOPPING, QuotaAnswer, Read, Refusal, SERVICE_NAME_CONFLICT,
-};
+use super::plan::{Action, FinalizerRemoval, Found, QuotaAnswer, Read, Refusal};
 use super::seen_pod::SeenPod;
 use super::view::{Outcome, Snapshot};
 use super::{Context, Fence, Key};
 use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
-use crate::failpoint;
-use crate::quota::{QuotaError, Reserve};
+use crate::quota::QuotaError;
 pub use reads::Reader;
 pub use writes::{Created, Writer};
 
@@ -152,13 +150,7 @@ impl Execution<'_> {
                     }
                 }
                 Action::ReadTermStart => {
-                    w.check(fence)?;
-                    let start = self
-                        .ctx
-                        .reader
-                        .term_start(&key.namespace, fence.shard)
-                        .await;
-                    self.outcomes.push(Outcome::TermStart { start });
+                    self.read_term_start(key).await?;
                     return Ok(End::Asked);
                 }
                 Action::Read(read) => {
@@ -168,61 +160,11 @@ impl Execution<'_> {
                         return Ok(End::Asked);
                     }
                 }
-                Action::Reserve(req, sequence) => {
-                    failpoint::hit("before-reserve");
-                    return Ok(self.heard(Answer::Quota(
-                        match w.reserve(fence, req, *sequence).await? {
-                            Reserve::Granted { id, gpus } => {
-                                failpoint::hit("after-reserve");
-                                if let Some(held) = gpus.filter(|g| *g != req.gpus) {
-                                    // The contract's grant holds what was asked; the
-                                    // request is what is recorded (a count taken from a
-                                    // service that disagrees would release and reserve
-                                    // again and again).
-                                    warn!(reservation = %id, asked = req.gpus, held, "the quota service granted a reservation of another size than asked; recording what was asked");
-                                }
-                                info!(reservation = %id, gpus = req.gpus, "GPU quota reserved");
-                                QuotaAnswer::Reserved { id, gpus: req.gpus }
-                            }
-                            Reserve::Refused { reason, message } => {
-                                self.ctx.metrics.quota_refusals.inc();
-                                info!(reason = %reason, "GPU quota refused: {message}; asking again with backoff");
-                                QuotaAnswer::Refused { reason, message }
-                            }
-                        },
-                    )));
-                }
-                Action::Release(sequence) => {
-                    let uid = self.gpujob.metadata.uid.clone().unwrap_or_default();
-                    let reservation = self
-                        .gpujob
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.reservation_id.clone());
-                    return match w.release(fence, &uid, *sequence).await {
-                        Ok(()) => {
-                            failpoint::hit("after-release");
-                            info!(
-                                reservation = reservation.as_deref().unwrap_or("-"),
-                                "GPU quota released"
-                            );
-                            Ok(self.heard(Answer::Quota(QuotaAnswer::Released)))
-                        }
-                        Err(Error::Quota(e)) => {
-                            warn!(
-                                reservation = reservation.as_deref().unwrap_or("-"),
-                                "releasing GPU quota failed: {e}; retrying with backoff"
-                            );
-                            Ok(self.heard(Answer::ReleaseFailed(e)))
-                        }
-                        Err(e) => Err(e),
-                    };
-                }
+                Action::Reserve(req, sequence) => return self.reserve(req, *sequence).await,
+                Action::Release(sequence) => return self.release(*sequence).await,
                 Action::ReadPods => {
-                    w.check(fence)?;
-                    let uid = self.gpujob.metadata.uid.as_deref().unwrap_or_default();
-                    let pods = self.ctx.reader.pods(&key.namespace, uid).await?;
-                    return Ok(self.heard(Answer::Pods(pods)));
+                    self.read_pods(key).await?;
+                    return Ok(End::Asked);
                 }
                 Action::CreateJob { attempt, job } => {
                     if let Some(refusal) = self.create_job(*attempt, job).await? {
@@ -230,112 +172,33 @@ impl Execution<'_> {
                     }
                 }
                 Action::CreateService { attempt, service } => {
-                    let name = service.metadata.name.as_deref().unwrap_or_default();
-                    if let Some(message) = w.create_service(fence, service).await? {
-                        warn!(attempt, "{message}; looking again in a while");
-                        return Ok(self.heard(Answer::Refused(Refusal {
-                            attempt: *attempt,
-                            reason: SERVICE_NAME_CONFLICT,
-                            message,
-                        })));
+                    if let Some(refusal) = self.create_service(*attempt, service).await? {
+                        return Ok(self.heard(Answer::Refused(refusal)));
                     }
-                    info!(
-                        attempt,
-                        service = name,
-                        "the multi-node attempt's headless Service exists (created now or before)"
-                    );
                 }
                 Action::UngatePod {
                     name,
                     uid,
                     resource_version,
-                } => {
-                    w.ungate_pod(fence, &key.namespace, name, resource_version)
-                        .await?;
-                    failpoint::hit("after-ungate");
-                    self.ctx.metrics.pods_ungated.inc();
-                    info!(pod = %name, pod_uid = %uid, "let the current attempt's pod go (removed the scheduling gate)");
-                    self.outcomes.push(Outcome::PodUngated { uid: uid.clone() });
-                }
+                } => self.ungate_pod(key, name, uid, resource_version).await?,
                 Action::DeletePod {
                     name,
                     uid,
                     resource_version,
-                } => {
-                    w.delete_pod(fence, &key.namespace, name, uid, resource_version)
-                        .await?;
-                    warn!(pod = %name, "deleted a pod that waited at the scheduling gate and is not the current attempt's (it never ran)");
-                }
+                } => self.delete_pod(key, name, uid, resource_version).await?,
                 Action::GateJob {
                     name,
                     resource_version,
                     queue,
-                } => {
-                    let gated = w
-                        .gate_job(
-                            fence,
-                            &key.namespace,
-                            name,
-                            resource_version,
-                            queue.as_deref(),
-                        )
-                        .await;
-                    self.job_write(name, gated)?;
-                    match queue {
-                        Some(queue) => info!(
-                            job = %name,
-                            queue = %queue,
-                            "a Job an earlier version created suspended got the scheduling gate and its Kueue LocalQueue; Kueue starts it on admission"
-                        ),
-                        None => info!(
-                            job = %name,
-                            "a Job an earlier version created suspended got the scheduling gate and was started"
-                        ),
-                    }
-                    self.outcomes.push(Outcome::JobGated {
-                        name: name.clone(),
-                        replaced: resource_version.clone(),
-                        queue: queue.clone(),
-                    });
-                }
+                } => self.gate_job(key, name, resource_version, queue).await?,
                 Action::DeleteJob {
                     name,
                     uid,
                     resource_version,
                     why,
                 } => {
-                    let foreground = why.foreground();
-                    let deleted = w
-                        .delete_job(
-                            fence,
-                            &key.namespace,
-                            name,
-                            uid,
-                            resource_version,
-                            foreground,
-                        )
-                        .await;
-                    self.job_write(name, deleted)?;
-                    match why {
-                        JobDeletion::Replaced => {
-                            info!(job = %name, "deleting the running attempt's Job to replace it (spec changed)")
-                        }
-                        JobDeletion::Suspended => {
-                            info!(job = %name, "deleting the running attempt's Job to stop it (suspended)")
-                        }
-                        JobDeletion::Stray => {
-                            warn!(job = %name, "deleting a Job that is not the current attempt's and has not finished (attempts run one at a time; a create delivered late can bring one back); no attempt starts until its pods are gone")
-                        }
-                        JobDeletion::Old => info!(job = %name, "deleted an old attempt's Job"),
-                        JobDeletion::GpuJobDeleted => {
-                            info!(job = %name, "deleting the running attempt's Job (the GpuJob is being deleted); GPU quota is released once its pods are gone")
-                        }
-                    }
-                    self.outcomes.push(Outcome::JobDeleted {
-                        name: name.clone(),
-                        uid: uid.clone(),
-                        foreground,
-                    });
+                    self.delete_job(key, name, uid, resource_version, *why)
+                        .await?
                 }
                 Action::DeleteGpuJob {
                     uid,
@@ -359,130 +222,6 @@ impl Execution<'_> {
     fn heard(&mut self, answer: Answer) -> End {
         self.answers.push(answer);
         End::Asked
-    }
-
-    /// A confirming read of the GpuJob: `None` when the run's view of it is current (the
-    /// run goes on); else how the run ends: the GpuJob moved on (the view takes the
-    /// read GpuJob; plan again), or is gone.
-    async fn confirm(&mut self, key: &Key) -> Result<Option<End>, Error> {
-        self.ctx.writer.check(self.fence)?;
-        let uid = self.gpujob.metadata.uid.clone().unwrap_or_default();
-        let seen = self
-            .gpujob
-            .metadata
-            .resource_version
-            .clone()
-            .unwrap_or_default();
-        let Some(current) = self.ctx.reader.gpujob(key, &uid).await? else {
-            self.outcomes.push(Outcome::GpuJobGone);
-            return Ok(Some(End::Gone));
-        };
-        let now_current = current.metadata.resource_version.as_deref() == Some(seen.as_str());
-        if !now_current {
-            info!(
-                seen = %seen,
-                current = current.metadata.resource_version.as_deref().unwrap_or("-"),
-                "the cached GpuJob was behind the API server; deciding again from the current one"
-            );
-        }
-        self.outcomes.push(Outcome::GpuJobRead {
-            seen,
-            read: Arc::new(current),
-        });
-        self.confirmed = now_current;
-        Ok((!now_current).then_some(End::Asked))
-    }
-
-    /// One of the plan's reads: what it found goes to the next plan, and a Job of ours
-    /// the cache lacked to the view too.
-    async fn read(&mut self, key: &Key, read: &Read) -> Result<(), Error> {
-        self.ctx.writer.check(self.fence)?;
-        let uid = self.gpujob.metadata.uid.as_deref().unwrap_or_default();
-        let found = self.ctx.reader.read(key, uid, read).await?;
-        if let Found::Job {
-            job: FoundJob::Ours(job),
-            ..
-        } = &found
-        {
-            self.outcomes.push(Outcome::JobRead(job.clone()));
-        }
-        self.answers.push(Answer::Found(read.clone(), found));
-        Ok(())
-    }
-
-    /// Creates the attempt's Job; `Some(refusal)` when the API server will not have it.
-    async fn create_job(
-        &mut self,
-        attempt: i32,
-        job: &k8s_openapi::api::batch::v1::Job,
-    ) -> Result<Option<Refusal>, Error> {
-        let uid = self.gpujob.metadata.uid.as_deref().unwrap_or_default();
-        let (job, how) = match self.ctx.writer.create_job(self.fence, uid, job).await? {
-            Created::Job(job) => {
-                failpoint::hit("after-job-create");
-                self.ctx.metrics.attempts_started.inc();
-                (job, "attempt started")
-            }
-            Created::Adopted(job) => (
-                job,
-                "attempt's Job already existed (created by an earlier run); adopted",
-            ),
-            Created::Other(job) => {
-                let name = job.metadata.name.clone().unwrap_or_default();
-                let message = format!(
-                    "Job {name} of this GpuJob holds attempt {attempt}'s name but is {}; attempt {attempt} is created once it is gone",
-                    if job.metadata.deletion_timestamp.is_some() {
-                        "being deleted"
-                    } else {
-                        "built from another generation of the spec"
-                    }
-                );
-                info!(attempt, "{message}");
-                self.outcomes.push(Outcome::JobCreated(job));
-                return Ok(Some(Refusal {
-                    attempt,
-                    reason: OLD_ATTEMPT_STOPPING,
-                    message,
-                }));
-            }
-            Created::Invalid(message) => {
-                warn!(
-                    attempt,
-                    "Job refused as invalid: {message}; waiting for a spec change"
-                );
-                return Ok(Some(Refusal {
-                    attempt,
-                    reason: INVALID_SPEC,
-                    message,
-                }));
-            }
-            Created::NameTaken(message) => {
-                warn!(attempt, "{message}; looking again in a while");
-                return Ok(Some(Refusal {
-                    attempt,
-                    reason: JOB_NAME_CONFLICT,
-                    message,
-                }));
-            }
-        };
-        info!(
-            attempt,
-            job = job.metadata.name.as_deref().unwrap_or_default(),
-            "{how}"
-        );
-        self.outcomes.push(Outcome::JobCreated(job));
-        Ok(None)
-    }
-
-    /// A write to Job `name` ended with `result`: refused for its resourceVersion, a
-    /// copy the view kept is stale and goes, so the next look reads the Job again.
-    fn job_write(&mut self, name: &str, result: Result<(), Error>) -> Result<(), Error> {
-        if let Err(Error::Conflict { .. }) = &result {
-            self.outcomes.push(Outcome::JobConflict {
-                name: name.to_owned(),
-            });
-        }
-        result
     }
 
     /// One status patch from the GpuJob as last seen to `status` (nothing when equal),

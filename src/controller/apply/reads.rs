@@ -1,17 +1,23 @@
 //! The reads a plan asks for, made by the executor beside its writes: the only reads of
 //! the API server a reconcile makes (the watches feed the caches). Each read is made
 //! while the reconcile's shard is still held (`Writer::check`), so a replica that lost
-//! a shard stops reading its GpuJobs as it stops writing them.
+//! a shard stops reading its GpuJobs as it stops writing them. What a read found goes
+//! back as an outcome (for the view) and an answer (for the next plan).
+
+use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::api::{GpuJob, LABEL_UID};
 use crate::controller::Key;
+use crate::controller::view::Outcome;
+
+use super::{Answer, End, Execution};
 use crate::controller::error::{ApiCall, Error};
 use crate::controller::job::job_name;
 use crate::controller::plan::{
@@ -163,5 +169,77 @@ impl Reader {
                 message: "Kueue has made no Workload for the Job yet".to_owned(),
             },
         })
+    }
+}
+
+impl Execution<'_> {
+    /// A confirming read of the GpuJob: `None` when the run's view of it is current (the
+    /// run goes on); else how the run ends: the GpuJob moved on (the view takes the
+    /// read GpuJob; plan again), or is gone.
+    pub(super) async fn confirm(&mut self, key: &Key) -> Result<Option<End>, Error> {
+        self.ctx.writer.check(self.fence)?;
+        let uid = self.gpujob.metadata.uid.clone().unwrap_or_default();
+        let seen = self
+            .gpujob
+            .metadata
+            .resource_version
+            .clone()
+            .unwrap_or_default();
+        let Some(current) = self.ctx.reader.gpujob(key, &uid).await? else {
+            self.outcomes.push(Outcome::GpuJobGone);
+            return Ok(Some(End::Gone));
+        };
+        let now_current = current.metadata.resource_version.as_deref() == Some(seen.as_str());
+        if !now_current {
+            info!(
+                seen = %seen,
+                current = current.metadata.resource_version.as_deref().unwrap_or("-"),
+                "the cached GpuJob was behind the API server; deciding again from the current one"
+            );
+        }
+        self.outcomes.push(Outcome::GpuJobRead {
+            seen,
+            read: Arc::new(current),
+        });
+        self.confirmed = now_current;
+        Ok((!now_current).then_some(End::Asked))
+    }
+
+    /// One of the plan's reads: what it found goes to the next plan, and a Job of ours
+    /// the cache lacked to the view too.
+    pub(super) async fn read(&mut self, key: &Key, read: &Read) -> Result<(), Error> {
+        self.ctx.writer.check(self.fence)?;
+        let uid = self.gpujob.metadata.uid.as_deref().unwrap_or_default();
+        let found = self.ctx.reader.read(key, uid, read).await?;
+        if let Found::Job {
+            job: FoundJob::Ours(job),
+            ..
+        } = &found
+        {
+            self.outcomes.push(Outcome::JobRead(job.clone()));
+        }
+        self.answers.push(Answer::Found(read.clone(), found));
+        Ok(())
+    }
+
+    /// Where the term of the reconcile's shard began, for the view.
+    pub(super) async fn read_term_start(&mut self, key: &Key) -> Result<(), Error> {
+        self.ctx.writer.check(self.fence)?;
+        let start = self
+            .ctx
+            .reader
+            .term_start(&key.namespace, self.fence.shard)
+            .await;
+        self.outcomes.push(Outcome::TermStart { start });
+        Ok(())
+    }
+
+    /// The GpuJob's pods, for the next plan.
+    pub(super) async fn read_pods(&mut self, key: &Key) -> Result<(), Error> {
+        self.ctx.writer.check(self.fence)?;
+        let uid = self.gpujob.metadata.uid.as_deref().unwrap_or_default();
+        let pods = self.ctx.reader.pods(&key.namespace, uid).await?;
+        self.answers.push(Answer::Pods(pods));
+        Ok(())
     }
 }

@@ -6,9 +6,8 @@
 //! outcomes ([`View::record`]: writes accepted, what its reads found), and the watches'
 //! and hand-over's changes of scope ([`View::watching`], [`View::listed`],
 //! [`View::drop_part`], [`View::shards_lost`]). What comes out: a reconcile's snapshot
-//! ([`View::snapshot`], `observe.rs`), whether a version is current in a term
-//! ([`View::currency`]: the one place that says so), and what the caches hold for the
-//! queue, the metrics and readiness.
+//! ([`View::snapshot`], `observe.rs`, which alone says whether a version is current in a
+//! term), and what the caches hold for the queue, the metrics and readiness.
 //!
 //! What the GpuJob and Job caches cover (every object, or some shards': `scope.rs`)
 //! decides which GpuJobs may be reconciled ([`View::covers`]). The pod cache is not
@@ -36,7 +35,7 @@ use cache::{GpuJobCache, JobIndex, PodIndex, owner_of};
 use memory::WriteMemory;
 pub use observe::Snapshot;
 use scope::{Cached, Coverage, Scope};
-use term_start::{Covered, TermStarts};
+use term_start::TermStarts;
 
 /// What became of a write the executor sent, as the view must remember it.
 #[derive(Debug)]
@@ -238,21 +237,6 @@ impl View {
         observe::observe(self, key, fence)
     }
 
-    /// Whether version `rv` of the GpuJob `key` is known current in the term `fence`:
-    /// read from the API server or written by this replica at that version in this term
-    /// (every write carries a resourceVersion precondition), or changed after the term
-    /// began (`term_start.rs`). `due`: the term's start is not known, and the caller is
-    /// the one to read it.
-    pub fn currency(&self, key: &Key, fence: &Fence, rv: &str, now: Instant) -> Covered {
-        if self.memory.is_current(key, fence.epoch, rv) {
-            return Covered {
-                past: true,
-                due: false,
-            };
-        }
-        self.term_starts.covers(fence.shard, fence.epoch, rv, now)
-    }
-
     /// Remembers what the executor's writes did and its reads found, in order, and lets
     /// `snap` follow them: until the caches catch up, reconciles see these. Returns
     /// `false` when the GpuJob is gone.
@@ -342,7 +326,8 @@ impl View {
                     self.term_starts
                         .learned(fence.shard, fence.epoch, start, now);
                     let rv = snap.gpujob.metadata.resource_version.clone();
-                    let covered = self.currency(key, fence, rv.as_deref().unwrap_or_default(), now);
+                    let covered =
+                        observe::currency(self, key, fence, rv.as_deref().unwrap_or_default(), now);
                     snap.confirmed = covered.past;
                     snap.term_start_due = covered.due;
                 }

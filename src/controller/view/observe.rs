@@ -20,8 +20,8 @@ pub struct Snapshot {
     /// The GpuJob's pods as the pod cache has them (it may lag: they only tell the plan
     /// that a read is due).
     pub cached_pods: Vec<Arc<SeenPod>>,
-    /// `gpujob` is known current in this term ([`View::currency`]). Otherwise the cache
-    /// may lag behind the previous holder of the shard.
+    /// `gpujob` is known current in this term ([`currency`]). Otherwise the cache may
+    /// lag behind the previous holder of the shard.
     pub confirmed: bool,
     /// Where the shard's term began is not known, and this reconcile is the one to read
     /// it (`Action::ReadTermStart`).
@@ -43,7 +43,7 @@ pub(super) fn observe(view: &View, key: &Key, fence: &Fence) -> Option<Snapshot>
         .resource_version
         .as_deref()
         .unwrap_or_default();
-    let Covered { past, due } = view.currency(key, fence, rv, Instant::now());
+    let Covered { past, due } = currency(view, key, fence, rv, Instant::now());
     Some(Snapshot {
         gpujob,
         jobs,
@@ -51,4 +51,19 @@ pub(super) fn observe(view: &View, key: &Key, fence: &Fence) -> Option<Snapshot>
         confirmed: past,
         term_start_due: due,
     })
+}
+
+/// Whether version `rv` of the GpuJob `key` is known current in the term `fence`, the one
+/// place that says so: read from the API server or written by this replica at that
+/// version in this term (every write carries a resourceVersion precondition), or changed
+/// after the term began (`term_start.rs`). `due`: the term's start is not known, and the
+/// caller is the one to read it.
+pub(super) fn currency(view: &View, key: &Key, fence: &Fence, rv: &str, now: Instant) -> Covered {
+    if view.memory.is_current(key, fence.epoch, rv) {
+        return Covered {
+            past: true,
+            due: false,
+        };
+    }
+    view.term_starts.covers(fence.shard, fence.epoch, rv, now)
 }
