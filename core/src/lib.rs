@@ -11,6 +11,8 @@
 //! - [`seen_job`], [`seen_pod`]: a Job and a pod as the plan sees them, the same from
 //!   every source;
 //! - [`balance`]: which shards a replica should hold (rendezvous hashing);
+//! - [`lease`]: one Lease's timing, when another holder's record has expired, and the
+//!   records that claim and release it;
 //! - [`shard`], [`hash`], [`backoff`], [`quota`]: small shared pieces.
 
 pub mod api;
@@ -20,6 +22,7 @@ pub mod events;
 pub mod failure_policy;
 pub mod hash;
 pub mod job;
+pub mod lease;
 pub mod plan;
 pub mod quota;
 pub mod rendezvous;

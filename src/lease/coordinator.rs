@@ -29,7 +29,6 @@ use tokio::time::{Instant, timeout};
 use tracing::{error, info, warn};
 
 use super::balance::{self, Holder, View};
-use super::decide::{observed, update};
 use super::group::{LABEL_GROUP, ShardLeases, other_split};
 use super::modes::live_sharded;
 use super::renew::renew;
@@ -38,6 +37,7 @@ use super::{
     gained_or_lost, jitter, report,
 };
 use crate::health::Status;
+use gpujob_core::lease::{observed, update};
 
 /// Holds shards until `stop`, publishing them on `tx`; then drains and releases every
 /// held shard and the member heartbeat. `stop` must resolve only once the controller
@@ -185,7 +185,7 @@ impl Coordinator {
         let members = if single {
             BTreeSet::from([self.me.clone()])
         } else {
-            self.live_members(&leases, now)
+            self.live_members(&leases, now.into_std())
         };
         if !self.may_take(&leases, &members).await {
             return;
@@ -257,8 +257,12 @@ impl Coordinator {
         let status = self.status.clone();
         let conflict = &status.metrics.shard_count_conflict;
         if self.leases.single() {
-            let Some(peer) = live_sharded(leases, &mut self.sharded_seen, &self.me, Instant::now())
-            else {
+            let Some(peer) = live_sharded(
+                leases,
+                &mut self.sharded_seen,
+                &self.me,
+                Instant::now().into_std(),
+            ) else {
                 conflict.set(0);
                 self.conflict_logged = false;
                 return true;
@@ -330,7 +334,7 @@ impl Coordinator {
             self.standing_by = None;
             return;
         }
-        let now = Instant::now();
+        let now = Instant::now().into_std();
         let holder = self.electors[0]
             .seen()
             .await
@@ -365,7 +369,7 @@ impl Coordinator {
                 ));
             }
         };
-        let now = Instant::now();
+        let now = Instant::now().into_std();
         let seen = self
             .legacy_seen
             .get_or_insert_with(|| observed(&lease, now));
@@ -418,7 +422,7 @@ impl Coordinator {
 
     /// Replicas whose member heartbeat changed within a lease duration (on this
     /// replica's clock), and this one.
-    fn live_members(&mut self, leases: &[Lease], now: Instant) -> BTreeSet<String> {
+    fn live_members(&mut self, leases: &[Lease], now: std::time::Instant) -> BTreeSet<String> {
         let mut live = BTreeSet::from([self.me.clone()]);
         let prefix = format!("{}-member-", self.leases.lease_name);
         for lease in leases {
@@ -461,7 +465,7 @@ impl Coordinator {
                     elector
                         .seen()
                         .await
-                        .filter(|o| o.held_by_other(&self.me, now))
+                        .filter(|o| o.held_by_other(&self.me, now.into_std()))
                         .and_then(|o| o.holder().map(str::to_owned))
                 }
                 None => None,
@@ -539,7 +543,13 @@ impl Coordinator {
         let Some(leases) = self.list().await else {
             return false;
         };
-        live_sharded(&leases, &mut self.sharded_seen, &self.me, Instant::now()).is_none()
+        live_sharded(
+            &leases,
+            &mut self.sharded_seen,
+            &self.me,
+            Instant::now().into_std(),
+        )
+        .is_none()
     }
 
     /// Gives back a Lease taken in this look, before anything was written in its term.

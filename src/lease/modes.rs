@@ -37,10 +37,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::coordination::v1::Lease;
-use tokio::time::Instant;
+use std::time::Instant;
 
-use super::decide::{Observed, observed, update};
+use gpujob_core::lease::{Observed, observed, update};
+use k8s_openapi::api::coordination::v1::Lease;
+
 use super::group::{LABEL_ROLE, LABEL_SHARDS};
 
 /// A live sharded replica, as a `--shards 1` replica sees it.
