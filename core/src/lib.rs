@@ -7,6 +7,7 @@
 //! - [`validate`]: what the schema cannot check;
 //! - [`plan`]: `(GpuJob, its Jobs, what the outside answered, now) -> actions`;
 //! - [`job`], [`status`], [`events`]: the desired Job, condition helpers, Event notes;
+//! - [`domain`]: the values of the domain gauges (GpuJobs by phase, waiting, unconverged);
 //! - [`rendezvous`]: a multi-node attempt's headless Service;
 //! - [`seen_job`], [`seen_pod`]: a Job and a pod as the plan sees them, the same from
 //!   every source;
@@ -18,6 +19,7 @@
 pub mod api;
 pub mod backoff;
 pub mod balance;
+pub mod domain;
 pub mod events;
 pub mod failure_policy;
 pub mod hash;
