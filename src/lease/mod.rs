@@ -23,7 +23,7 @@ pub use gpujob_core::balance;
 use std::time::Duration;
 
 use crate::metrics::{CONTROLLER, Metrics};
-pub use coordinator::run;
+pub use coordinator::{Params, run};
 pub use elector::{Attempt, Elector};
 pub use gpujob_core::lease::{Observed, Timing};
 pub use group::{LABEL_GROUP, LABEL_ROLE, LABEL_SHARD_MAP, LABEL_SHARDS, ShardLeases};
