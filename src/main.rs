@@ -113,13 +113,16 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 namespace: args.lease_namespace(),
                 map,
             };
-            let lease_task = {
-                let identity = identity.clone();
-                let status = status.clone();
-                tokio::spawn(async move {
-                    lease::run(lease_client, leases, &identity, timing, tx, in_flight, status, drained_rx).await;
-                })
+            let lease_loop = lease::Params {
+                client: lease_client,
+                leases,
+                identity: identity.clone(),
+                timing,
+                tx,
+                in_flight,
+                status: status.clone(),
             };
+            let lease_task = tokio::spawn(lease::run(lease_loop, drained_rx));
             let result = controller::run(kube_client, events_client, settings, rx, status, shutdown_signal()).await;
             // Drained: now the Leases can be released.
             let _ = drained.send(());

@@ -7,6 +7,7 @@
 //! (the label values of the controller's own vectors are created by the controller,
 //! which knows them: this module imports nothing of it).
 
+use gpujob_core::domain::{PHASES, Snapshot, WAITING_REASONS};
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -452,6 +453,26 @@ impl Metrics {
             self.shard_first_look.with_label_values(&[s.as_str()]);
             self.shard_cached.with_label_values(&[s.as_str()]);
         }
+    }
+
+    /// Publishes the domain gauges ([`gpujob_core::domain::snapshot`]; `None`: this
+    /// replica holds no shard, and reports zero so that sums across replicas count each
+    /// GpuJob once).
+    pub fn publish_domain(&self, snap: Option<&Snapshot>) {
+        let empty = Snapshot::default();
+        let snap = snap.unwrap_or(&empty);
+        for phase in PHASES {
+            let n = snap.by_phase.get(phase).copied().unwrap_or(0);
+            self.gpujobs.with_label_values(&[phase]).set(n);
+        }
+        for reason in WAITING_REASONS {
+            let n = snap.waiting.get(reason).copied().unwrap_or(0);
+            self.waiting.with_label_values(&[reason]).set(n);
+        }
+        self.unconverged.set(snap.unconverged);
+        self.cleanup_stuck.set(snap.cleanup_stuck);
+        self.unconverged_oldest
+            .set(snap.oldest_unconverged.as_secs_f64());
     }
 
     /// The label values this module knows, at zero.

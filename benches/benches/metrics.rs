@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gpujob_operator::api::{GpuJob, GpuJobStatus, Phase};
-use gpujob_operator::controller::domain::{FirstSeen, publish, snapshot};
+use gpujob_operator::controller::domain::{FirstSeen, snapshot};
 use gpujob_operator::metrics::Metrics;
 
 fn gpujobs(n: usize) -> Vec<GpuJob> {
@@ -40,7 +40,7 @@ fn scrape(c: &mut Criterion) {
     let now = jiff::Timestamp::now();
     let body = {
         let snap = snapshot(all.iter(), now, Duration::from_secs(600), &mut seen);
-        publish(&metrics, Some(&snap));
+        metrics.publish_domain(Some(&snap));
         metrics.encode()
     };
     println!(
@@ -55,7 +55,7 @@ fn scrape(c: &mut Criterion) {
                 Duration::from_secs(600),
                 &mut seen,
             );
-            publish(&metrics, Some(&snap));
+            metrics.publish_domain(Some(&snap));
             black_box(metrics.encode())
         })
     });

@@ -5,7 +5,6 @@
 //! `runner/` wires the watches, the view, the queue, the workers and ownership together.
 
 pub mod apply;
-pub mod domain;
 pub mod error;
 mod reconcile;
 mod runner;
@@ -13,7 +12,9 @@ pub mod view;
 
 // The pure parts of a reconcile live in the core crate; re-exported where the
 // controller has always had them.
-pub use gpujob_core::{events, job, plan, rendezvous, seen_job, seen_pod, status, validate};
+pub use gpujob_core::{
+    domain, events, job, plan, rendezvous, seen_job, seen_pod, status, validate,
+};
 
 use std::fmt;
 use std::time::Duration;
@@ -135,7 +136,7 @@ pub fn init_metrics(metrics: &Metrics) {
     for label in error::error_labels() {
         metrics.reconcile_errors_by_kind.with_label_values(&[label]);
     }
-    domain::publish(metrics, None);
+    metrics.publish_domain(None);
 }
 
 impl fmt::Debug for Context {

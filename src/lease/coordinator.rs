@@ -15,11 +15,16 @@
 //! reconciles are cancelled, its writes fenced), the coordinator waits until none of its
 //! reconciles runs, then releases the Lease with an empty holder, so another replica
 //! takes it on its next look instead of after a lease duration.
+//!
+//! What differs between one shard and many is [`Mode`], each behaviour once; the
+//! decisions themselves are pure (`modes.rs`, [`holders`], [`balance::decide`]) and take
+//! the instant of the look, so they are tested without an API server or a running clock.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 
+use gpujob_core::lease::Observed;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, ListParams};
@@ -29,203 +34,67 @@ use tokio::time::{Instant, timeout};
 use tracing::{error, info, warn};
 
 use super::balance::{self, Holder, View};
-use super::decide::{observed, update};
-use super::group::{LABEL_GROUP, ShardLeases, other_split};
-use super::modes::live_sharded;
+use super::group::{LABEL_GROUP, ShardLeases};
+use super::modes::{Gate, Sharded, Single, SingleLease};
 use super::renew::renew;
 use super::{
-    Attempt, Elector, InFlight, Observed, Ownership, Tenure, Timing, beat_limit, explain,
-    gained_or_lost, jitter, report,
+    Attempt, Elector, InFlight, Ownership, Tenure, Timing, beat_limit, explain, gained_or_lost,
+    jitter, report,
 };
 use crate::health::Status;
 
-/// Holds shards until `stop`, publishing them on `tx`; then drains and releases every
-/// held shard and the member heartbeat. `stop` must resolve only once the controller
-/// has drained (held shards are renewed meanwhile).
-#[allow(clippy::too_many_arguments)] // the lease loop's whole wiring, once, from main
-pub async fn run(
-    client: Client,
-    leases: ShardLeases,
-    identity: &str,
-    timing: Timing,
-    tx: watch::Sender<Ownership>,
-    in_flight: InFlight,
-    status: Arc<Status>,
-    stop: impl Future<Output = ()>,
-) {
-    let mut c = Coordinator::new(client, leases, identity, timing, tx, in_flight, status);
+/// The lease loop's wiring, built once by main.
+pub struct Params {
+    /// The client for Leases (a budget of its own: reconcile traffic never starves
+    /// renewals).
+    pub client: Client,
+    /// Where the Leases live, and the shards they guard.
+    pub leases: ShardLeases,
+    /// This replica's name, written as the holder of what it takes.
+    pub identity: String,
+    pub timing: Timing,
+    /// Where the shards held are published.
+    pub tx: watch::Sender<Ownership>,
+    /// Reconciles running per shard: a shard given up is released once none runs.
+    pub in_flight: InFlight,
+    /// The lease loop's heartbeat for /healthz, and the metrics.
+    pub status: Arc<Status>,
+}
+
+impl std::fmt::Debug for Params {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Params")
+            .field("leases", &self.leases)
+            .field("identity", &self.identity)
+            .field("timing", &self.timing)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Holds shards until `stop`, publishing them on `params.tx`; then drains and releases
+/// every held shard and the member heartbeat. `stop` must resolve only once the
+/// controller has drained (held shards are renewed meanwhile).
+pub async fn run(params: Params, stop: impl Future<Output = ()>) {
+    let mut c = Coordinator::new(params);
     tokio::pin!(stop);
     loop {
         c.tick().await;
         tokio::select! {
-            _ = tokio::time::sleep(jitter(c.timing.retry_period)) => {}
+            _ = tokio::time::sleep(jitter(c.group.timing.retry_period)) => {}
             _ = &mut stop => break,
         }
     }
     c.shut_down().await;
 }
 
-/// The single Lease of `--shards 1`, as one look saw it.
-enum Legacy {
-    /// Free, expired, released or missing.
-    None,
-    /// Held by this live replica.
-    Leads(String),
-    /// The read failed.
-    Unknown(String),
-}
-
-struct Coordinator {
+/// The group's Leases: where they live, and how long a call about them may take.
+struct Group {
     api: Api<Lease>,
     leases: ShardLeases,
-    me: String,
     timing: Timing,
-    /// The member heartbeat; none with one shard (`modes.rs`).
-    member: Option<Elector>,
-    member_held: bool,
-    electors: Vec<Arc<Elector>>,
-    tx: Arc<watch::Sender<Ownership>>,
-    renewers: BTreeMap<u32, JoinHandle<()>>,
-    /// Other replicas' member Leases as last seen (by Lease name), for their liveness.
-    members_seen: BTreeMap<String, Observed>,
-    /// With one shard: the group's member and shard Leases as last seen, for whether a
-    /// sharded replica is live.
-    sharded_seen: BTreeMap<String, Observed>,
-    /// Since when each shard has been seen free.
-    free_since: BTreeMap<u32, Instant>,
-    /// With more than one shard: the single Lease of `--shards 1`, as last seen.
-    legacy_seen: Option<Observed>,
-    /// Whether the current wait behind replicas with another count has been logged.
-    conflict_logged: bool,
-    /// With one shard: the holder this standby last said it waits on.
-    standing_by: Option<String>,
-    /// Looks taken so far: the first only registers this replica, so that replicas
-    /// starting together see each other before anyone takes a shard.
-    looks: u64,
-    in_flight: InFlight,
-    status: Arc<Status>,
 }
 
-impl Coordinator {
-    fn new(
-        client: Client,
-        leases: ShardLeases,
-        identity: &str,
-        timing: Timing,
-        tx: watch::Sender<Ownership>,
-        in_flight: InFlight,
-        status: Arc<Status>,
-    ) -> Coordinator {
-        let ns = leases.namespace.clone();
-        let electors = (0..leases.shards().max(1))
-            .map(|i| {
-                Arc::new(
-                    Elector::new(
-                        client.clone(),
-                        &ns,
-                        &leases.shard(i),
-                        identity,
-                        timing.clone(),
-                    )
-                    .with_labels(leases.shard_labels()),
-                )
-            })
-            .collect();
-        let member = (!leases.single()).then(|| {
-            Elector::new(
-                client.clone(),
-                &ns,
-                &leases.member(identity),
-                identity,
-                timing.clone(),
-            )
-            .with_labels(leases.member_labels())
-        });
-        tx.send_replace(Ownership::nothing_in(leases.map.clone()));
-        report(&status.metrics, &tx.borrow());
-        Coordinator {
-            api: Api::namespaced(client, &ns),
-            leases,
-            me: identity.to_owned(),
-            timing,
-            member,
-            member_held: false,
-            electors,
-            tx: Arc::new(tx),
-            renewers: BTreeMap::new(),
-            members_seen: BTreeMap::new(),
-            sharded_seen: BTreeMap::new(),
-            free_since: BTreeMap::new(),
-            legacy_seen: None,
-            conflict_logged: false,
-            standing_by: None,
-            looks: 0,
-            in_flight,
-            status,
-        }
-    }
-
-    /// One look: heartbeat, list, decide, act.
-    async fn tick(&mut self) {
-        self.status.beat(beat_limit(&self.timing));
-        self.renewers.retain(|_, h| !h.is_finished());
-        let single = self.leases.single();
-        if single && self.tx.borrow().holds_any() {
-            // Nothing to decide while holding the one shard: its renewer keeps it, and
-            // sharded replicas wait for it (modes.rs).
-            return;
-        }
-        // The heartbeat is written before the single Lease is read (modes.rs): a shard
-        // is taken only in a look whose heartbeat went through.
-        let registered = self.heartbeat().await;
-        let Some(leases) = self.list().await else {
-            return;
-        };
-        let now = Instant::now();
-        let members = if single {
-            BTreeSet::from([self.me.clone()])
-        } else {
-            self.live_members(&leases, now)
-        };
-        if !self.may_take(&leases, &members).await {
-            return;
-        }
-        let holders = self.holders(&leases, now).await;
-        let view = View {
-            me: &self.me,
-            members: &members,
-            holders: &holders,
-            lease_duration: self.timing.lease_duration,
-        };
-        let decision = balance::decide(&view);
-        let warm = if single {
-            BTreeSet::new()
-        } else {
-            balance::successor_of(&view)
-        };
-        self.tx.send_if_modified(|o| {
-            let changed = o.warm != warm;
-            o.warm = warm;
-            changed
-        });
-        for s in decision.release {
-            self.give_up(s, members.len()).await;
-        }
-        self.looks += 1;
-        // With one shard there is nobody to register with first.
-        if (self.looks == 1 && !single) || !registered {
-            return;
-        }
-        for s in decision.take {
-            if !self.tx.borrow().held.contains_key(&s) {
-                self.take(s).await;
-            }
-        }
-        if single {
-            self.say_standing_by().await;
-        }
-    }
-
+impl Group {
     /// One list of the group's Leases; `None` (logged) when it failed.
     async fn list(&self) -> Option<Vec<Lease>> {
         let list =
@@ -250,140 +119,86 @@ impl Coordinator {
         }
     }
 
-    /// Whether no live replica splits namespaces differently (modes.rs), so this look
-    /// may take shards. With more than one shard, a replica that does gives up what it
-    /// holds; with one, a live sharded replica only keeps this one from taking the Lease.
-    async fn may_take(&mut self, leases: &[Lease], members: &BTreeSet<String>) -> bool {
-        let status = self.status.clone();
-        let conflict = &status.metrics.shard_count_conflict;
-        if self.leases.single() {
-            let Some(peer) = live_sharded(leases, &mut self.sharded_seen, &self.me, Instant::now())
-            else {
-                conflict.set(0);
-                self.conflict_logged = false;
-                return true;
-            };
-            if !self.conflict_logged {
-                warn!(
-                    lease = %self.leases.lease_name,
-                    replica = %peer.identity,
-                    its_shards = peer.shards.map(|n| n.to_string()).unwrap_or_else(|| "unknown".to_owned()),
-                    "a replica running with more than one shard is live; this --shards 1 replica takes no Lease until every sharded replica is gone (docs/ha-and-sharding.md, Sharding)"
-                );
-                self.conflict_logged = true;
-            }
-            conflict.set(1);
-            return false;
-        }
-        match self.legacy_leader().await {
-            Legacy::None => self.conflict_logged = false,
-            Legacy::Leads(holder) => {
-                // It works on every GpuJob: hold nothing beside it.
-                if !self.conflict_logged {
-                    warn!(
-                        lease = %self.leases.lease_name,
-                        holder = %holder,
-                        "a replica running with --shards 1 holds the single Lease; holding no shard until it is released or expires"
-                    );
-                    self.conflict_logged = true;
-                }
-                conflict.set(1);
-                self.give_up_all(members.len()).await;
-                return false;
-            }
-            Legacy::Unknown(why) => {
-                // Whether a --shards 1 replica leads is unknown: take nothing. Shards
-                // already held stay: a --shards 1 replica that acquires the single
-                // Lease sees them and steps back before it writes (modes.rs).
-                warn!(
-                    lease = %self.leases.lease_name,
-                    "reading the single Lease failed: {why}; taking no shard in this look"
-                );
-                return false;
-            }
-        }
-        if let Some(other) = other_split(leases, &self.leases.map, members) {
-            // Two counts, or two maps, split namespaces differently under the same Lease
-            // names: hold nothing until every live replica agrees (the alert says so
-            // meanwhile).
-            if conflict.get() == 0 {
-                error!(
-                    replica = %other.replica,
-                    its_shards = other.shards,
-                    its_map = %other.map,
-                    our_shards = self.leases.shards(),
-                    our_map = %self.leases.map.name(),
-                    "another live replica splits namespaces into shards differently (another --shards, or another release's shard map); holding no shard until all replicas split alike (docs/ha-and-sharding.md, Sharding)"
-                );
-            }
-            conflict.set(1);
-            self.give_up_all(members.len()).await;
-            return false;
-        }
-        conflict.set(0);
-        true
-    }
-
-    /// With one shard: says once per holder whom this standby waits on.
-    async fn say_standing_by(&mut self) {
-        if self.tx.borrow().holds_any() {
-            self.standing_by = None;
-            return;
-        }
-        let now = Instant::now();
-        let holder = self.electors[0]
-            .seen()
-            .await
-            .filter(|o| o.held_by_other(&self.me, now))
-            .and_then(|o| o.holder().map(str::to_owned));
-        if holder.is_some() && holder != self.standing_by {
-            info!(
-                lease = %self.leases.lease_name,
-                leader = holder.as_deref().unwrap_or_default(),
-                "lease held by another replica: this replica stands by"
-            );
-            self.standing_by = holder;
-        }
-    }
-
-    /// Whether a replica running with `--shards 1` holds the single Lease (and so works
-    /// on every GpuJob). A failed read is no answer, not "nobody".
-    async fn legacy_leader(&mut self) -> Legacy {
+    /// The single Lease of `--shards 1`, read by a sharded replica. A failed read is no
+    /// answer, not "nobody".
+    async fn single(&self) -> SingleLease {
         let read = timeout(
             self.timing.renew_deadline,
             self.api.get_opt(&self.leases.lease_name),
         )
         .await;
-        let lease = match read {
-            Ok(Ok(Some(lease))) => lease,
-            Ok(Ok(None)) => return Legacy::None,
-            Ok(Err(e)) => return Legacy::Unknown(explain(&e, &self.leases.namespace)),
+        match read {
+            Ok(Ok(Some(lease))) => SingleLease::Found(Box::new(lease)),
+            Ok(Ok(None)) => SingleLease::Missing,
+            Ok(Err(e)) => SingleLease::Failed(explain(&e, &self.leases.namespace)),
             Err(_) => {
-                return Legacy::Unknown(format!(
-                    "no answer within {:?}",
-                    self.timing.renew_deadline
-                ));
+                SingleLease::Failed(format!("no answer within {:?}", self.timing.renew_deadline))
             }
-        };
-        let now = Instant::now();
-        let seen = self
-            .legacy_seen
-            .get_or_insert_with(|| observed(&lease, now));
-        update(seen, &lease, now);
-        match seen.holder() {
-            Some(holder) if seen.held_by_other(&self.me, now) => Legacy::Leads(holder.to_owned()),
-            _ => Legacy::None,
+        }
+    }
+}
+
+/// What differs between `--shards 1` and `--shards N > 1` (`modes.rs` says why), each
+/// behaviour once: the coordinator runs the same look for both and asks its mode at
+/// each step where they differ.
+#[allow(clippy::large_enum_variant)] // one per process
+enum Mode {
+    /// Plain leader election on `<lease-name>`: no member heartbeat; the group is read
+    /// only for whether a sharded replica is live.
+    Single(Single),
+    /// A member heartbeat written first in every look, and the single Lease of
+    /// `--shards 1` read after it.
+    Sharded {
+        rules: Sharded,
+        /// This replica's member heartbeat, `<lease-name>-member-<identity>`.
+        member: Elector,
+        member_held: bool,
+    },
+}
+
+impl Mode {
+    /// The one place that asks how many shards there are.
+    fn new(client: &Client, leases: &ShardLeases, identity: &str, timing: &Timing) -> Mode {
+        if leases.single() {
+            return Mode::Single(Single::new(identity));
+        }
+        let member = Elector::new(
+            client.clone(),
+            &leases.namespace,
+            &leases.member(identity),
+            identity,
+            timing.clone(),
+        )
+        .with_labels(leases.member_labels());
+        Mode::Sharded {
+            rules: Sharded::new(identity, &leases.lease_name, leases.map.clone()),
+            member,
+            member_held: false,
+        }
+    }
+
+    /// Whether this look has nothing to decide: with one shard, while holding it (its
+    /// renewer keeps it, and sharded replicas wait for it).
+    fn rests(&self, own: &Ownership) -> bool {
+        match self {
+            Mode::Single(_) => own.holds_any(),
+            Mode::Sharded { .. } => false,
         }
     }
 
     /// Renews (or first takes) this replica's member Lease; whether that went through
     /// (always, with one shard: there is none).
-    async fn heartbeat(&mut self) -> bool {
-        let Some(member) = &self.member else {
+    async fn heartbeat(&mut self, group: &Group) -> bool {
+        let Mode::Sharded {
+            member,
+            member_held,
+            ..
+        } = self
+        else {
             return true;
         };
-        let attempt = timeout(self.timing.renew_deadline, async {
-            if self.member_held {
+        let attempt = timeout(group.timing.renew_deadline, async {
+            if *member_held {
                 member.renew().await
             } else {
                 member.acquire().await
@@ -392,98 +207,331 @@ impl Coordinator {
         .await;
         match attempt {
             Ok(Ok(Attempt::Held { .. })) => {
-                self.member_held = true;
+                *member_held = true;
                 return true;
             }
             Ok(Ok(Attempt::Lost)) => {
-                self.member_held = false;
+                *member_held = false;
                 warn!(
-                    lease = %self.leases.member(&self.me),
+                    lease = %member.name(),
                     "member heartbeat: the Lease is held by another replica with this identity; identities must be unique"
                 );
             }
             Ok(Err(e)) => warn!(
                 "member heartbeat failed: {}: {}; taking no shard until it goes through; retrying in a retry period",
-                self.leases.member(&self.me),
-                explain(&e, &self.leases.namespace)
+                member.name(),
+                explain(&e, &group.leases.namespace)
             ),
             Err(_) => warn!(
                 "member heartbeat failed: {}: no answer within {:?}; taking no shard until it goes through",
-                self.leases.member(&self.me),
-                self.timing.renew_deadline
+                member.name(),
+                group.timing.renew_deadline
             ),
         }
         false
     }
 
-    /// Replicas whose member heartbeat changed within a lease duration (on this
-    /// replica's clock), and this one.
-    fn live_members(&mut self, leases: &[Lease], now: Instant) -> BTreeSet<String> {
-        let mut live = BTreeSet::from([self.me.clone()]);
-        let prefix = format!("{}-member-", self.leases.lease_name);
-        for lease in leases {
-            let name = lease.metadata.name.clone().unwrap_or_default();
-            if !name.starts_with(&prefix) {
-                continue;
-            }
-            let seen = self
-                .members_seen
-                .entry(name)
-                .or_insert_with(|| observed(lease, now));
-            update(seen, lease, now);
-            if let Some(holder) = seen.holder()
-                && (holder == self.me || seen.held_by_other(&self.me, now))
-            {
-                live.insert(holder.to_owned());
-            }
+    /// The live replicas, this one included, from the group as listed at `now`.
+    fn members(&mut self, leases: &[Lease], now: std::time::Instant) -> BTreeSet<String> {
+        match self {
+            Mode::Single(rules) => rules.members(),
+            Mode::Sharded { rules, .. } => rules.members(leases, now),
         }
-        live
     }
 
-    /// Who holds each shard, as this replica sees it.
-    async fn holders(&mut self, leases: &[Lease], now: Instant) -> Vec<Holder> {
-        let by_name: BTreeMap<String, &Lease> = leases
-            .iter()
-            .filter_map(|l| Some((l.metadata.name.clone()?, l)))
-            .collect();
-        let held = self.tx.borrow().held.clone();
-        let mut holders = Vec::new();
-        for (i, elector) in self.electors.iter().enumerate() {
-            let shard = u32::try_from(i).unwrap_or(u32::MAX);
-            if held.contains_key(&shard) {
-                self.free_since.remove(&shard);
-                holders.push(Holder::Held(self.me.clone()));
-                continue;
+    /// Whether no live replica splits namespaces differently, so this look may take
+    /// shards (a sharded replica reads the single Lease for it).
+    async fn gate(
+        &mut self,
+        group: &Group,
+        leases: &[Lease],
+        members: &BTreeSet<String>,
+        now: std::time::Instant,
+    ) -> Gate {
+        match self {
+            Mode::Single(rules) => rules.gate(leases, now),
+            Mode::Sharded { rules, .. } => {
+                let single = group.single().await;
+                rules.gate(single, leases, members, Instant::now().into_std())
             }
-            let other = match by_name.get(elector.name()) {
-                Some(lease) => {
-                    elector.observe(lease).await;
-                    elector
-                        .seen()
-                        .await
-                        .filter(|o| o.held_by_other(&self.me, now))
-                        .and_then(|o| o.holder().map(str::to_owned))
-                }
-                None => None,
-            };
-            holders.push(match other {
+        }
+    }
+
+    /// The shards to keep warm: those this replica would take if another went (none
+    /// with one shard).
+    fn warm(&self, view: &View<'_>) -> BTreeSet<u32> {
+        match self {
+            Mode::Single(_) => BTreeSet::new(),
+            Mode::Sharded { .. } => balance::successor_of(view),
+        }
+    }
+
+    /// After releasing: whether this look may take shards (with one shard there is
+    /// nobody to register with first).
+    fn ready(&mut self, registered: bool) -> bool {
+        match self {
+            Mode::Single(_) => registered,
+            Mode::Sharded { rules, .. } => rules.ready(registered),
+        }
+    }
+
+    /// Right after acquiring a shard's Lease, before anything is written in its term:
+    /// whether to keep it. With one shard, only if a second list shows no live sharded
+    /// replica (modes.rs); a failed list counts as one.
+    async fn keeps(&mut self, group: &Group) -> bool {
+        match self {
+            Mode::Single(rules) => {
+                let leases = group.list().await;
+                rules.still_alone(leases.as_deref(), Instant::now().into_std())
+            }
+            Mode::Sharded { .. } => true,
+        }
+    }
+
+    /// At the end of a look: with one shard, says once per holder whom this standby
+    /// waits on.
+    async fn after_look(&mut self, group: &Group, own: &Ownership, lease: &Elector) {
+        let Mode::Single(rules) = self else {
+            return;
+        };
+        let seen = lease.seen().await;
+        let now = Instant::now().into_std();
+        if let Some(holder) = rules.standing_by(own.holds_any(), seen.as_ref(), now) {
+            info!(
+                lease = %group.leases.lease_name,
+                leader = holder.as_str(),
+                "lease held by another replica: this replica stands by"
+            );
+        }
+    }
+
+    /// Releases the member heartbeat, if there is one and it is held.
+    async fn shut_down(&self, group: &Group) {
+        if let Mode::Sharded {
+            member,
+            member_held: true,
+            ..
+        } = self
+        {
+            let _ = timeout(group.timing.renew_deadline, member.release()).await;
+        }
+    }
+}
+
+/// Who holds each shard, as this replica sees it at `now`: itself for those in `held`;
+/// otherwise the holder its shard's Lease names, as last seen (`seen`, by shard), while
+/// that record is live; otherwise nobody, for as long as `free_since` (kept up to date
+/// here) says.
+fn holders(
+    me: &str,
+    held: &BTreeSet<u32>,
+    seen: &[Option<Observed>],
+    free_since: &mut BTreeMap<u32, std::time::Instant>,
+    now: std::time::Instant,
+) -> Vec<Holder> {
+    seen.iter()
+        .enumerate()
+        .map(|(i, lease)| {
+            let shard = u32::try_from(i).unwrap_or(u32::MAX);
+            if held.contains(&shard) {
+                free_since.remove(&shard);
+                return Holder::Held(me.to_owned());
+            }
+            let other = lease
+                .as_ref()
+                .filter(|o| o.held_by_other(me, now))
+                .and_then(|o| o.holder().map(str::to_owned));
+            match other {
                 Some(holder) => {
-                    self.free_since.remove(&shard);
+                    free_since.remove(&shard);
                     Holder::Held(holder)
                 }
                 // Free, expired, or still naming this replica from an earlier term.
                 None => {
-                    let since = *self.free_since.entry(shard).or_insert(now);
+                    let since = *free_since.entry(shard).or_insert(now);
                     Holder::Free(now.saturating_duration_since(since))
                 }
+            }
+        })
+        .collect()
+}
+
+struct Coordinator {
+    group: Group,
+    me: String,
+    mode: Mode,
+    /// One per shard, by shard number.
+    electors: Vec<Arc<Elector>>,
+    tx: Arc<watch::Sender<Ownership>>,
+    renewers: BTreeMap<u32, JoinHandle<()>>,
+    /// Since when each shard has been seen free.
+    free_since: BTreeMap<u32, std::time::Instant>,
+    in_flight: InFlight,
+    status: Arc<Status>,
+}
+
+impl Coordinator {
+    fn new(p: Params) -> Coordinator {
+        let Params {
+            client,
+            leases,
+            identity,
+            timing,
+            tx,
+            in_flight,
+            status,
+        } = p;
+        let electors = (0..leases.shards().max(1))
+            .map(|i| {
+                Arc::new(
+                    Elector::new(
+                        client.clone(),
+                        &leases.namespace,
+                        &leases.shard(i),
+                        &identity,
+                        timing.clone(),
+                    )
+                    .with_labels(leases.shard_labels()),
+                )
+            })
+            .collect();
+        let mode = Mode::new(&client, &leases, &identity, &timing);
+        tx.send_replace(Ownership::nothing_in(leases.map.clone()));
+        report(&status.metrics, &tx.borrow());
+        Coordinator {
+            group: Group {
+                api: Api::namespaced(client, &leases.namespace),
+                leases,
+                timing,
+            },
+            me: identity,
+            mode,
+            electors,
+            tx: Arc::new(tx),
+            renewers: BTreeMap::new(),
+            free_since: BTreeMap::new(),
+            in_flight,
+            status,
+        }
+    }
+
+    /// One look: heartbeat, list, decide, act.
+    async fn tick(&mut self) {
+        self.status.beat(beat_limit(&self.group.timing));
+        self.renewers.retain(|_, h| !h.is_finished());
+        if self.mode.rests(&self.tx.borrow()) {
+            return;
+        }
+        // The heartbeat is written before the single Lease is read (modes.rs): a shard
+        // is taken only in a look whose heartbeat went through.
+        let registered = self.mode.heartbeat(&self.group).await;
+        let Some(leases) = self.group.list().await else {
+            return;
+        };
+        let now = Instant::now().into_std();
+        let members = self.mode.members(&leases, now);
+        let gate = self.mode.gate(&self.group, &leases, &members, now).await;
+        self.say(&gate);
+        if let Some(on) = gate.conflict() {
+            self.status.metrics.shard_count_conflict.set(i64::from(on));
+        }
+        if gate.gives_up_all() {
+            self.give_up_all(members.len()).await;
+        }
+        if gate != Gate::Open {
+            return;
+        }
+        let holders = self.holders(&leases, now).await;
+        let view = View {
+            me: &self.me,
+            members: &members,
+            holders: &holders,
+            lease_duration: self.group.timing.lease_duration,
+        };
+        let decision = balance::decide(&view);
+        let warm = self.mode.warm(&view);
+        self.tx.send_if_modified(|o| {
+            let changed = o.warm != warm;
+            o.warm = warm;
+            changed
+        });
+        for s in decision.release {
+            self.give_up(s, members.len()).await;
+        }
+        if !self.mode.ready(registered) {
+            return;
+        }
+        for s in decision.take {
+            if !self.tx.borrow().held.contains_key(&s) {
+                self.take(s).await;
+            }
+        }
+        let own = self.tx.borrow().clone();
+        self.mode
+            .after_look(&self.group, &own, &self.electors[0])
+            .await;
+    }
+
+    /// Says why a look takes nothing (once per wait, where it can last).
+    fn say(&self, gate: &Gate) {
+        let lease = &self.group.leases.lease_name;
+        match gate {
+            Gate::Open => {}
+            Gate::ShardedLive { peer, say: true } => warn!(
+                lease = %lease,
+                replica = %peer.identity,
+                its_shards = peer.shards.map(|n| n.to_string()).unwrap_or_else(|| "unknown".to_owned()),
+                "a replica running with more than one shard is live; this --shards 1 replica takes no Lease until every sharded replica is gone (docs/ha-and-sharding.md, Sharding)"
+            ),
+            Gate::SingleLeads { holder, say: true } => warn!(
+                lease = %lease,
+                holder = %holder,
+                "a replica running with --shards 1 holds the single Lease; holding no shard until it is released or expires"
+            ),
+            Gate::SingleUnknown(why) => warn!(
+                lease = %lease,
+                "reading the single Lease failed: {why}; taking no shard in this look"
+            ),
+            Gate::OtherSplit { other, say: true } => error!(
+                replica = %other.replica,
+                its_shards = other.shards,
+                its_map = %other.map,
+                our_shards = self.group.leases.shards(),
+                our_map = %self.group.leases.map.name(),
+                "another live replica splits namespaces into shards differently (another --shards, or another release's shard map); holding no shard until all replicas split alike (docs/ha-and-sharding.md, Sharding)"
+            ),
+            Gate::ShardedLive { .. } | Gate::SingleLeads { .. } | Gate::OtherSplit { .. } => {}
+        }
+    }
+
+    /// Who holds each shard, as this replica sees it: the Leases of shards it does not
+    /// hold are taken in by their electors first.
+    async fn holders(&mut self, leases: &[Lease], now: std::time::Instant) -> Vec<Holder> {
+        let by_name: BTreeMap<String, &Lease> = leases
+            .iter()
+            .filter_map(|l| Some((l.metadata.name.clone()?, l)))
+            .collect();
+        let held: BTreeSet<u32> = self.tx.borrow().held.keys().copied().collect();
+        let mut seen = Vec::with_capacity(self.electors.len());
+        for (i, elector) in self.electors.iter().enumerate() {
+            let shard = u32::try_from(i).unwrap_or(u32::MAX);
+            let lease = by_name
+                .get(elector.name())
+                .filter(|_| !held.contains(&shard));
+            seen.push(match lease {
+                Some(lease) => {
+                    elector.observe(lease).await;
+                    elector.seen().await
+                }
+                None => None,
             });
         }
-        holders
+        holders(&self.me, &held, &seen, &mut self.free_since, now)
     }
 
     async fn take(&mut self, shard: u32) {
         let elector = self.electors[shard as usize].clone();
-        let attempt = timeout(self.timing.renew_deadline, elector.acquire()).await;
+        let attempt = timeout(self.group.timing.renew_deadline, elector.acquire()).await;
         let (sent, transitions) = match attempt {
             Ok(Ok(Attempt::Held { sent, transitions })) => (sent, transitions),
             Ok(Ok(Attempt::Lost)) => return,
@@ -503,12 +551,12 @@ impl Coordinator {
                 return;
             }
         };
-        if self.leases.single() && !self.still_alone().await {
+        if !self.mode.keeps(&self.group).await {
             self.hand_back(&elector).await;
             return;
         }
         let token = format!("{}/{transitions}", elector.name());
-        let tenure = Tenure::gained(Some(sent + self.timing.renew_deadline), Some(token));
+        let tenure = Tenure::gained(Some(sent + self.group.timing.renew_deadline), Some(token));
         info!(
             shard,
             lease = %elector.name(),
@@ -526,26 +574,17 @@ impl Coordinator {
             elector,
             shard,
             epoch,
-            self.timing.clone(),
+            self.group.timing.clone(),
             self.tx.clone(),
             self.status.clone(),
         );
         self.renewers.insert(shard, tokio::spawn(renewer));
     }
 
-    /// With one shard, right after taking the Lease and before any write: whether no
-    /// sharded replica is live (modes.rs). A failed list counts as one.
-    async fn still_alone(&mut self) -> bool {
-        let Some(leases) = self.list().await else {
-            return false;
-        };
-        live_sharded(&leases, &mut self.sharded_seen, &self.me, Instant::now()).is_none()
-    }
-
     /// Gives back a Lease taken in this look, before anything was written in its term.
     async fn hand_back(&self, elector: &Elector) {
         let lease = elector.name();
-        match timeout(self.timing.renew_deadline, elector.release()).await {
+        match timeout(self.group.timing.renew_deadline, elector.release()).await {
             Ok(Ok(_)) => {
                 info!(lease = %lease, "lease handed back unused: a sharded replica is live, or the list that would say failed")
             }
@@ -571,7 +610,7 @@ impl Coordinator {
             "shard over this replica's share: draining it, then releasing its lease"
         );
         self.stop_holding(shard);
-        if timeout(self.timing.renew_deadline, self.in_flight.idle(shard))
+        if timeout(self.group.timing.renew_deadline, self.in_flight.idle(shard))
             .await
             .is_err()
         {
@@ -581,7 +620,7 @@ impl Coordinator {
             );
         }
         match timeout(
-            self.timing.renew_deadline,
+            self.group.timing.renew_deadline,
             self.electors[shard as usize].release(),
         )
         .await
@@ -594,7 +633,7 @@ impl Coordinator {
             Ok(Err(e)) => warn!(
                 shard,
                 "releasing the shard failed: {}; it expires after the lease duration",
-                explain(&e, &self.leases.namespace)
+                explain(&e, &self.group.leases.namespace)
             ),
             Err(_) => warn!(
                 shard,
@@ -632,7 +671,7 @@ impl Coordinator {
         }
         let releases = held.iter().map(|s| {
             let elector = self.electors[*s as usize].clone();
-            async move { timeout(self.timing.renew_deadline, elector.release()).await }
+            async move { timeout(self.group.timing.renew_deadline, elector.release()).await }
         });
         let released = futures::future::join_all(releases).await;
         let ok = released
@@ -646,9 +685,211 @@ impl Coordinator {
                 "lease released for the shards held: other replicas take them at once"
             );
         }
-        if let Some(member) = self.member.as_ref().filter(|_| self.member_held) {
-            let _ = timeout(self.timing.renew_deadline, member.release()).await;
-        }
+        self.mode.shut_down(&self.group).await;
         report(&self.status.metrics, &self.tx.borrow());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::ShardMap;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use std::time::{Duration, Instant};
+
+    const LEASE: Duration = Duration::from_secs(15);
+
+    fn held_by(holder: &str, at: Instant) -> Option<Observed> {
+        Some(Observed {
+            spec: LeaseSpec {
+                holder_identity: Some(holder.to_owned()),
+                lease_duration_seconds: Some(15),
+                ..LeaseSpec::default()
+            },
+            resource_version: "1".to_owned(),
+            at,
+        })
+    }
+
+    fn names(of: &[&str]) -> BTreeSet<String> {
+        of.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// One look's decision, as `tick` makes it once the gate is open.
+    fn decide(
+        me: &str,
+        members: &BTreeSet<String>,
+        held: &BTreeSet<u32>,
+        seen: &[Option<Observed>],
+        free_since: &mut BTreeMap<u32, Instant>,
+        now: Instant,
+    ) -> balance::Decision {
+        let holders = holders(me, held, seen, free_since, now);
+        balance::decide(&View {
+            me,
+            members,
+            holders: &holders,
+            lease_duration: LEASE,
+        })
+    }
+
+    #[test]
+    fn a_shard_is_free_from_when_this_replica_first_saw_it_free() {
+        let t0 = Instant::now();
+        let mut free_since = BTreeMap::new();
+        let held = BTreeSet::from([0]);
+        // 0 is this replica's, 1 another's, 2 has no Lease, 3's holder is silent.
+        let seen = [
+            held_by("a", t0),
+            held_by("b", t0),
+            None,
+            held_by("c", t0 - LEASE),
+        ];
+        assert_eq!(
+            holders("a", &held, &seen, &mut free_since, t0),
+            [
+                Holder::Held("a".to_owned()),
+                Holder::Held("b".to_owned()),
+                Holder::Free(Duration::ZERO),
+                Holder::Free(Duration::ZERO),
+            ]
+        );
+        let later = t0 + Duration::from_secs(9);
+        let seen = [None, held_by("b", t0), None, held_by("c", t0 - LEASE)];
+        let h = holders("a", &BTreeSet::new(), &seen, &mut free_since, later);
+        assert_eq!(
+            h[0],
+            Holder::Free(Duration::ZERO),
+            "no longer held here: free from now"
+        );
+        assert_eq!(h[1], Holder::Held("b".to_owned()));
+        assert_eq!(h[2], Holder::Free(Duration::from_secs(9)));
+        assert_eq!(h[3], Holder::Free(Duration::from_secs(9)));
+        // Taken meanwhile, then free again: it ages from the second time.
+        let seen = [None, None, held_by("d", later), None];
+        holders("a", &BTreeSet::new(), &seen, &mut free_since, later);
+        let h = holders(
+            "a",
+            &BTreeSet::new(),
+            &[None, None, None, None],
+            &mut free_since,
+            later + LEASE,
+        );
+        assert_eq!(h[2], Holder::Free(Duration::ZERO));
+        assert_eq!(h[3], Holder::Free(Duration::from_secs(24)));
+        // A record still naming this replica from an earlier term is free.
+        let h = holders(
+            "a",
+            &BTreeSet::new(),
+            &[held_by("a", later)],
+            &mut BTreeMap::new(),
+            later,
+        );
+        assert_eq!(h, [Holder::Free(Duration::ZERO)]);
+    }
+
+    #[test]
+    fn a_free_shard_goes_at_once_to_the_replica_ranking_it_first_and_to_any_after_a_lease_duration()
+    {
+        let t0 = Instant::now();
+        let members = names(&["a", "b"]);
+        // The one that does not rank shard 0 first.
+        let (first, other) = if balance::weight("a", 0) > balance::weight("b", 0) {
+            ("a", "b")
+        } else {
+            ("b", "a")
+        };
+        let none = BTreeSet::new();
+        let mut mine = BTreeMap::new();
+        let d = decide(first, &members, &none, &[None], &mut mine, t0);
+        assert_eq!(d.take, BTreeSet::from([0]), "its own by rank");
+        let mut theirs = BTreeMap::new();
+        for after in [0, 14] {
+            let now = t0 + Duration::from_secs(after);
+            let d = decide(other, &members, &none, &[None], &mut theirs, now);
+            assert!(d.take.is_empty(), "free for {after} s: left to {first}");
+        }
+        // Seen held meanwhile: the wait starts again when it is free again.
+        let seen = [held_by(first, t0 + Duration::from_secs(14))];
+        decide(
+            other,
+            &members,
+            &none,
+            &seen,
+            &mut theirs,
+            t0 + Duration::from_secs(14),
+        );
+        let d = decide(other, &members, &none, &[None], &mut theirs, t0 + LEASE);
+        assert!(d.take.is_empty());
+        let d = decide(other, &members, &none, &[None], &mut theirs, t0 + LEASE * 2);
+        assert_eq!(
+            d.take,
+            BTreeSet::from([0]),
+            "free for a lease duration: anyone takes it"
+        );
+    }
+
+    #[test]
+    fn a_replica_over_its_share_when_one_joins_releases_what_it_ranks_lowest_and_takes_it_back_when_it_goes()
+     {
+        let t0 = Instant::now();
+        let six = Arc::new(ShardMap::even(6));
+        let mut rules = Sharded::new("a", "op", six.clone());
+        let mut free_since = BTreeMap::new();
+        let all: BTreeSet<u32> = (0..6).collect();
+        let mine = vec![None; 6];
+        let alone = rules.members(&[], t0);
+        let d = decide("a", &alone, &all, &mine, &mut free_since, t0);
+        assert_eq!(d, balance::Decision::default(), "alone, it keeps all six");
+
+        let mut b = Lease::default();
+        b.metadata.name = Some("op-member-b".to_owned());
+        b.metadata.resource_version = Some("1".to_owned());
+        b.spec = held_by("b", t0).map(|o| o.spec);
+        let two = rules.members(std::slice::from_ref(&b), t0);
+        assert_eq!(two, names(&["a", "b"]));
+        let d = decide("a", &two, &all, &mine, &mut free_since, t0);
+        let mut ranked: Vec<u32> = (0..6).collect();
+        ranked.sort_by_key(|s| balance::weight("a", *s));
+        assert_eq!(d.release, ranked[..3].iter().copied().collect());
+        assert!(d.take.is_empty());
+
+        // b never renews: a lease duration later it is no member, and what a released
+        // (free since then) is a's again at once.
+        let kept: BTreeSet<u32> = ranked[3..].iter().copied().collect();
+        let seen: Vec<Option<Observed>> = (0..6)
+            .map(|s| (!kept.contains(&s)).then(|| held_by("b", t0)).flatten())
+            .collect();
+        let later = t0 + LEASE;
+        let one = rules.members(std::slice::from_ref(&b), later);
+        assert_eq!(one, names(&["a"]));
+        let d = decide("a", &one, &kept, &seen, &mut free_since, later);
+        assert_eq!(d.take, ranked[..3].iter().copied().collect());
+        assert!(d.release.is_empty());
+    }
+
+    #[test]
+    fn with_one_shard_a_look_rests_while_holding_takes_at_once_and_keeps_nothing_warm() {
+        let t0 = Instant::now();
+        let mut mode = Mode::Single(Single::new("a"));
+        let mut own = Ownership::nothing_of(1);
+        assert!(!mode.rests(&own));
+        own.held.insert(0, Tenure::gained(None, None));
+        assert!(mode.rests(&own), "holding the one shard, nothing to decide");
+        assert!(mode.ready(true), "nobody to register with first");
+
+        // Another replica holds the Lease: a sharded replica would keep it warm, this
+        // one does not (its watches are not sharded).
+        let members = mode.members(&[], t0);
+        assert_eq!(members, names(&["a"]));
+        let holders = [Holder::Held("b".to_owned())];
+        let view = View {
+            me: "a",
+            members: &members,
+            holders: &holders,
+            lease_duration: LEASE,
+        };
+        assert_eq!(balance::successor_of(&view), BTreeSet::from([0]));
+        assert!(mode.warm(&view).is_empty());
     }
 }

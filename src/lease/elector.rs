@@ -9,7 +9,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::decide::{self, Observed, Timing, claim, release};
+use gpujob_core::lease::{self as decide, Observed, Timing, claim, release};
 
 /// Outcome of one attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl Elector {
     /// clock restarts only if its record changed since this elector last saw it.
     pub async fn observe(&self, lease: &Lease) {
         let mut observed = self.observed.lock().await;
-        note(&mut observed, lease, Instant::now());
+        note(&mut observed, lease, Instant::now().into_std());
     }
 
     pub fn identity(&self) -> &str {
@@ -114,7 +114,7 @@ impl Elector {
     async fn try_acquire_or_renew(&self, new_term: bool) -> Result<Attempt, kube::Error> {
         let mut observed = self.observed.lock().await;
         let current = self.api.get_opt(&self.name).await?;
-        let now = Instant::now();
+        let now = Instant::now().into_std();
         let Some(mut lease) = current else {
             let mut lease = Lease::default();
             lease.metadata.name = Some(self.name.clone());
@@ -135,7 +135,7 @@ impl Elector {
             let sent = Instant::now();
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(created) => {
-                    *observed = Some(decide::observed(&created, sent));
+                    *observed = Some(decide::observed(&created, sent.into_std()));
                     Ok(held(sent, &created))
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Lost),
@@ -175,7 +175,7 @@ impl Elector {
             .await
         {
             Ok(updated) => {
-                *observed = Some(decide::observed(&updated, sent));
+                *observed = Some(decide::observed(&updated, sent.into_std()));
                 Ok(held(sent, &updated))
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Lost),
@@ -201,7 +201,7 @@ impl Elector {
             .await
         {
             Ok(updated) => {
-                *observed = Some(decide::observed(&updated, Instant::now()));
+                *observed = Some(decide::observed(&updated, Instant::now().into_std()));
                 Ok(true)
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
@@ -211,7 +211,7 @@ impl Elector {
 }
 
 /// The expiry clock restarts whenever the record changes.
-fn note(observed: &mut Option<Observed>, lease: &Lease, now: Instant) {
+fn note(observed: &mut Option<Observed>, lease: &Lease, now: std::time::Instant) {
     let spec = lease.spec.clone().unwrap_or_default();
     let rv = lease.metadata.resource_version.clone().unwrap_or_default();
     let changed = observed

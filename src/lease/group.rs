@@ -78,7 +78,7 @@ impl ShardLeases {
 
 /// A live replica that splits namespaces differently: by its member Lease, another
 /// `--shards` or another map than `ours`.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtherSplit {
     pub replica: String,
     pub shards: u32,

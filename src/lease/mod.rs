@@ -12,7 +12,6 @@
 //! while a rolling update changes `--shards` is `modes.rs`.
 
 mod coordinator;
-mod decide;
 mod elector;
 mod group;
 mod modes;
@@ -24,9 +23,9 @@ pub use gpujob_core::balance;
 use std::time::Duration;
 
 use crate::metrics::{CONTROLLER, Metrics};
-pub use coordinator::run;
-pub use decide::{Observed, Timing};
+pub use coordinator::{Params, run};
 pub use elector::{Attempt, Elector};
+pub use gpujob_core::lease::{Observed, Timing};
 pub use group::{LABEL_GROUP, LABEL_ROLE, LABEL_SHARD_MAP, LABEL_SHARDS, ShardLeases};
 pub use modes::ShardedPeer;
 pub use ownership::{InFlight, InFlightGuard, Ownership, Tenure};

@@ -34,14 +34,261 @@
 //! "Live" follows the usual Lease rule on this replica's own clock: a record held by
 //! someone else that changed less than its lease duration ago (a record seen for the
 //! first time counts as just changed).
+//!
+//! The two sides' decisions are [`Single`] and [`Sharded`] here: pure, fed with what a
+//! look read and the instant it read it; the lease loop (`coordinator.rs`) does the
+//! reads and writes around them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Instant;
 
+use gpujob_core::lease::{Observed, observed, update};
 use k8s_openapi::api::coordination::v1::Lease;
-use tokio::time::Instant;
 
-use super::decide::{Observed, observed, update};
-use super::group::{LABEL_ROLE, LABEL_SHARDS};
+use super::group::{LABEL_ROLE, LABEL_SHARDS, OtherSplit, other_split};
+use crate::shard::ShardMap;
+
+/// Whether a look may take shards, and why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// No live replica splits namespaces differently: take what the balance says.
+    Open,
+    /// With one shard: a sharded replica is live, so take nothing (`say`: the first look
+    /// of this wait).
+    ShardedLive { peer: ShardedPeer, say: bool },
+    /// Sharded: a `--shards 1` replica holds the single Lease and works on every GpuJob:
+    /// give up every shard held.
+    SingleLeads { holder: String, say: bool },
+    /// Sharded: whether a `--shards 1` replica leads is unknown (the read failed): take
+    /// nothing; shards already held stay (a `--shards 1` replica that acquires the single
+    /// Lease sees them and steps back before it writes).
+    SingleUnknown(String),
+    /// Sharded: a live replica splits namespaces differently (another count or map): give
+    /// up every shard held (`say`: the conflict was not reported before).
+    OtherSplit { other: OtherSplit, say: bool },
+}
+
+impl Gate {
+    /// The value for `gpujob_shard_count_conflict` (`None`: unchanged).
+    pub fn conflict(&self) -> Option<bool> {
+        match self {
+            Gate::Open => Some(false),
+            Gate::SingleUnknown(_) => None,
+            Gate::ShardedLive { .. } | Gate::SingleLeads { .. } | Gate::OtherSplit { .. } => {
+                Some(true)
+            }
+        }
+    }
+
+    /// Whether every held shard is to be given up (another writer may be live beside
+    /// this replica).
+    pub fn gives_up_all(&self) -> bool {
+        matches!(self, Gate::SingleLeads { .. } | Gate::OtherSplit { .. })
+    }
+}
+
+/// The conflict gauge as last set, and whether the current wait has been said.
+#[derive(Debug, Default)]
+struct Conflict {
+    on: bool,
+    said: bool,
+}
+
+impl Conflict {
+    /// Records the gauge value `gate` sets, and passes it on.
+    fn set(&mut self, gate: Gate) -> Gate {
+        if let Some(on) = gate.conflict() {
+            self.on = on;
+        }
+        gate
+    }
+}
+
+/// What a `--shards 1` replica remembers between looks, and decides. It writes no member
+/// Lease, counts itself the only member, and keeps nothing warm.
+#[derive(Debug)]
+pub struct Single {
+    me: String,
+    /// The group's member and shard Leases as last seen, for whether a sharded replica is
+    /// live.
+    sharded_seen: BTreeMap<String, Observed>,
+    /// The holder this standby last said it waits on.
+    standing_by: Option<String>,
+    conflict: Conflict,
+}
+
+impl Single {
+    pub fn new(me: &str) -> Single {
+        Single {
+            me: me.to_owned(),
+            sharded_seen: BTreeMap::new(),
+            standing_by: None,
+            conflict: Conflict::default(),
+        }
+    }
+
+    /// The live members as this replica counts them: itself alone.
+    pub fn members(&self) -> BTreeSet<String> {
+        BTreeSet::from([self.me.clone()])
+    }
+
+    /// Before campaigning, from the group's Leases as listed at `now`: open while no
+    /// sharded replica is live.
+    pub fn gate(&mut self, leases: &[Lease], now: Instant) -> Gate {
+        let gate = match live_sharded(leases, &mut self.sharded_seen, &self.me, now) {
+            None => {
+                self.conflict.said = false;
+                Gate::Open
+            }
+            Some(peer) => Gate::ShardedLive {
+                peer,
+                say: !std::mem::replace(&mut self.conflict.said, true),
+            },
+        };
+        self.conflict.set(gate)
+    }
+
+    /// Right after taking the Lease and before any write, from a second list (`None`: it
+    /// failed, which counts as a live sharded replica): whether to keep it.
+    pub fn still_alone(&mut self, leases: Option<&[Lease]>, now: Instant) -> bool {
+        leases.is_some_and(|l| live_sharded(l, &mut self.sharded_seen, &self.me, now).is_none())
+    }
+
+    /// At the end of a look that holds nothing: the holder of the Lease (as its elector
+    /// last saw it) to say this standby waits on, once per holder.
+    pub fn standing_by(
+        &mut self,
+        holds_any: bool,
+        lease: Option<&Observed>,
+        now: Instant,
+    ) -> Option<String> {
+        if holds_any {
+            self.standing_by = None;
+            return None;
+        }
+        let holder = lease
+            .filter(|o| o.held_by_other(&self.me, now))
+            .and_then(|o| o.holder().map(str::to_owned));
+        if holder.is_some() && holder != self.standing_by {
+            self.standing_by.clone_from(&holder);
+            return holder;
+        }
+        None
+    }
+}
+
+/// The single Lease `<lease-name>`, as a sharded replica's read of it ended.
+#[derive(Debug, Clone)]
+pub enum SingleLease {
+    Found(Box<Lease>),
+    Missing,
+    /// The read failed (why).
+    Failed(String),
+}
+
+/// What a replica of `--shards N > 1` remembers between looks, and decides.
+#[derive(Debug)]
+pub struct Sharded {
+    me: String,
+    /// `<lease-name>-member-`: the names of member Leases.
+    member_prefix: String,
+    /// How this replica splits namespaces.
+    map: Arc<ShardMap>,
+    /// Member Leases as last seen (by Lease name), for their holders' liveness.
+    members_seen: BTreeMap<String, Observed>,
+    /// The single Lease of `--shards 1`, as last seen.
+    single_seen: Option<Observed>,
+    conflict: Conflict,
+    /// Looks that got as far as deciding: the first only registers this replica, so
+    /// that replicas starting together see each other before anyone takes a shard.
+    looks: u64,
+}
+
+impl Sharded {
+    pub fn new(me: &str, lease_name: &str, map: Arc<ShardMap>) -> Sharded {
+        Sharded {
+            me: me.to_owned(),
+            member_prefix: format!("{lease_name}-member-"),
+            map,
+            members_seen: BTreeMap::new(),
+            single_seen: None,
+            conflict: Conflict::default(),
+            looks: 0,
+        }
+    }
+
+    /// Replicas whose member heartbeat changed within its lease duration before `now`
+    /// (on this replica's clock), and this one.
+    pub fn members(&mut self, leases: &[Lease], now: Instant) -> BTreeSet<String> {
+        let mut live = BTreeSet::from([self.me.clone()]);
+        for lease in leases {
+            let name = lease.metadata.name.clone().unwrap_or_default();
+            if !name.starts_with(&self.member_prefix) {
+                continue;
+            }
+            let seen = self
+                .members_seen
+                .entry(name)
+                .or_insert_with(|| observed(lease, now));
+            update(seen, lease, now);
+            if let Some(holder) = seen.holder()
+                && (holder == self.me || seen.held_by_other(&self.me, now))
+            {
+                live.insert(holder.to_owned());
+            }
+        }
+        live
+    }
+
+    /// After this look's heartbeat and list, from the single Lease as read at `now`:
+    /// open while no `--shards 1` replica leads and every live member splits alike.
+    pub fn gate(
+        &mut self,
+        single: SingleLease,
+        leases: &[Lease],
+        members: &BTreeSet<String>,
+        now: Instant,
+    ) -> Gate {
+        let leads = match single {
+            SingleLease::Missing => None,
+            SingleLease::Failed(why) => return Gate::SingleUnknown(why),
+            SingleLease::Found(lease) => {
+                let seen = self
+                    .single_seen
+                    .get_or_insert_with(|| observed(&lease, now));
+                update(seen, &lease, now);
+                seen.holder()
+                    .filter(|_| seen.held_by_other(&self.me, now))
+                    .map(str::to_owned)
+            }
+        };
+        let gate = match leads {
+            Some(holder) => Gate::SingleLeads {
+                holder,
+                say: !std::mem::replace(&mut self.conflict.said, true),
+            },
+            None => {
+                self.conflict.said = false;
+                match other_split(leases, &self.map, members) {
+                    Some(other) => Gate::OtherSplit {
+                        other,
+                        say: !self.conflict.on,
+                    },
+                    None => Gate::Open,
+                }
+            }
+        };
+        self.conflict.set(gate)
+    }
+
+    /// After releasing what the balance says: whether this look may take shards. Not
+    /// the first (it only registers this replica), and not one whose heartbeat failed.
+    pub fn ready(&mut self, registered: bool) -> bool {
+        self.looks += 1;
+        self.looks > 1 && registered
+    }
+}
 
 /// A live sharded replica, as a `--shards 1` replica sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,8 +334,13 @@ pub fn live_sharded(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::group::LABEL_SHARD_MAP;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use std::time::Duration;
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
 
     fn lease(name: &str, role: &str, holder: Option<&str>, rv: &str) -> Lease {
         let mut l = Lease::default();
@@ -146,5 +398,237 @@ mod tests {
         assert_eq!(live_sharded(&all, &mut seen, "a", later), None);
         let renewed = lease("op-shard-0", "shard", Some("c"), "6");
         assert!(live_sharded(&[renewed], &mut seen, "a", later).is_some());
+    }
+
+    /// The member Lease of `holder`, written by a replica splitting by `map`.
+    fn member(holder: &str, rv: &str, map: &ShardMap) -> Lease {
+        let mut l = lease(&format!("op-member-{holder}"), "member", Some(holder), rv);
+        let labels = l.metadata.labels.get_or_insert_with(BTreeMap::new);
+        labels.insert(LABEL_SHARDS.to_owned(), map.shards().to_string());
+        labels.insert(LABEL_SHARD_MAP.to_owned(), map.name());
+        l
+    }
+
+    /// The single Lease `op` of `--shards 1`.
+    fn single_lease(holder: Option<&str>, rv: &str) -> SingleLease {
+        SingleLease::Found(Box::new(lease("op", "single", holder, rv)))
+    }
+
+    fn names(of: &[&str]) -> BTreeSet<String> {
+        of.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn one_shard_takes_nothing_while_a_sharded_replica_is_live_and_says_so_once_per_wait() {
+        let t0 = Instant::now();
+        let mut single = Single::new("a");
+        assert_eq!(single.gate(&[], t0), Gate::Open);
+        let b = lease("op-member-b", "member", Some("b"), "1");
+        let first = single.gate(std::slice::from_ref(&b), t0);
+        assert!(
+            matches!(&first, Gate::ShardedLive { peer, say: true } if peer.identity == "b"),
+            "{first:?}"
+        );
+        assert_eq!(first.conflict(), Some(true));
+        assert!(!first.gives_up_all(), "it holds nothing to give up");
+        let again = single.gate(std::slice::from_ref(&b), t0 + secs(2));
+        assert!(
+            matches!(again, Gate::ShardedLive { say: false, .. }),
+            "the same wait is said once: {again:?}"
+        );
+        // Unchanged for a lease duration: gone, and the conflict with it.
+        let gone = single.gate(std::slice::from_ref(&b), t0 + secs(15));
+        assert_eq!(gone, Gate::Open);
+        assert_eq!(gone.conflict(), Some(false));
+        // Back again: a new wait, said again.
+        let back = lease("op-member-b", "member", Some("b"), "2");
+        assert!(matches!(
+            single.gate(&[back], t0 + secs(16)),
+            Gate::ShardedLive { say: true, .. }
+        ));
+    }
+
+    #[test]
+    fn one_shard_keeps_a_lease_it_took_only_if_a_second_list_shows_no_sharded_replica() {
+        let t0 = Instant::now();
+        let mut single = Single::new("a");
+        assert!(single.still_alone(Some(&[]), t0));
+        assert!(
+            !single.still_alone(None, t0),
+            "a failed list counts as a live sharded replica"
+        );
+        let shard = lease("op-shard-2", "shard", Some("c"), "1");
+        assert!(!single.still_alone(Some(std::slice::from_ref(&shard)), t0));
+        assert!(
+            single.still_alone(Some(&[shard]), t0 + secs(15)),
+            "unchanged for a lease duration: its holder is gone"
+        );
+        assert_eq!(single.members(), names(&["a"]));
+    }
+
+    #[test]
+    fn a_standby_says_once_per_holder_whom_it_waits_on() {
+        let t0 = Instant::now();
+        let held_by = |holder: &str, at: Instant| Observed {
+            spec: LeaseSpec {
+                holder_identity: Some(holder.to_owned()),
+                lease_duration_seconds: Some(15),
+                ..LeaseSpec::default()
+            },
+            resource_version: "1".to_owned(),
+            at,
+        };
+        let mut single = Single::new("a");
+        let b = held_by("b", t0);
+        assert_eq!(
+            single.standing_by(false, Some(&b), t0),
+            Some("b".to_owned())
+        );
+        assert_eq!(single.standing_by(false, Some(&b), t0 + secs(2)), None);
+        assert_eq!(single.standing_by(false, None, t0 + secs(2)), None);
+        let c = held_by("c", t0 + secs(3));
+        assert_eq!(
+            single.standing_by(false, Some(&c), t0 + secs(3)),
+            Some("c".to_owned())
+        );
+        // Holding, nothing is said; after it, the holder is said again.
+        assert_eq!(single.standing_by(true, Some(&c), t0 + secs(4)), None);
+        assert_eq!(
+            single.standing_by(false, Some(&c), t0 + secs(4)),
+            Some("c".to_owned())
+        );
+        assert_eq!(
+            single.standing_by(false, Some(&b), t0 + secs(15)),
+            None,
+            "an expired holder is nobody to wait on"
+        );
+        assert_eq!(
+            single.standing_by(false, Some(&held_by("a", t0)), t0),
+            None,
+            "nor is this replica itself"
+        );
+    }
+
+    #[test]
+    fn the_first_sharded_look_only_registers_and_one_whose_heartbeat_failed_takes_nothing() {
+        let mut sharded = Sharded::new("a", "op", Arc::new(ShardMap::even(6)));
+        assert!(
+            !sharded.ready(true),
+            "the first look registers this replica"
+        );
+        assert!(sharded.ready(true));
+        assert!(!sharded.ready(false), "its heartbeat did not go through");
+        assert!(sharded.ready(true));
+    }
+
+    #[test]
+    fn members_are_live_while_their_heartbeat_changes_on_this_replicas_clock() {
+        let t0 = Instant::now();
+        let six = ShardMap::even(6);
+        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
+        let shard = lease("op-shard-0", "shard", Some("d"), "1");
+        let released = lease("op-member-e", "member", None, "1");
+        let list = [
+            member("b", "1", &six),
+            member("c", "1", &six),
+            shard,
+            released,
+        ];
+        assert_eq!(sharded.members(&list, t0), names(&["a", "b", "c"]));
+        // b renews at 10 s, c does not: c is gone a lease duration after it was seen.
+        let list = [member("b", "2", &six), member("c", "1", &six)];
+        assert_eq!(
+            sharded.members(&list, t0 + secs(10)),
+            names(&["a", "b", "c"])
+        );
+        assert_eq!(sharded.members(&list, t0 + secs(15)), names(&["a", "b"]));
+        assert_eq!(sharded.members(&list, t0 + secs(25)), names(&["a"]));
+    }
+
+    #[test]
+    fn a_one_shard_leader_makes_a_sharded_replica_give_up_everything_until_its_lease_expires() {
+        let t0 = Instant::now();
+        let mut sharded = Sharded::new("a", "op", Arc::new(ShardMap::even(6)));
+        let alone = names(&["a"]);
+        assert_eq!(
+            sharded.gate(SingleLease::Missing, &[], &alone, t0),
+            Gate::Open
+        );
+        let leads = sharded.gate(single_lease(Some("x"), "5"), &[], &alone, t0);
+        assert_eq!(
+            leads,
+            Gate::SingleLeads {
+                holder: "x".to_owned(),
+                say: true
+            }
+        );
+        assert!(leads.gives_up_all());
+        assert_eq!(leads.conflict(), Some(true));
+        assert_eq!(
+            sharded.gate(single_lease(Some("x"), "5"), &[], &alone, t0 + secs(14)),
+            Gate::SingleLeads {
+                holder: "x".to_owned(),
+                say: false
+            }
+        );
+        // A failed read: take nothing, give nothing up, leave the gauge as it is.
+        let unknown = sharded.gate(SingleLease::Failed("timeout".to_owned()), &[], &alone, t0);
+        assert_eq!(unknown, Gate::SingleUnknown("timeout".to_owned()));
+        assert!(!unknown.gives_up_all());
+        assert_eq!(unknown.conflict(), None);
+        // Unchanged for its lease duration: expired.
+        assert_eq!(
+            sharded.gate(single_lease(Some("x"), "5"), &[], &alone, t0 + secs(15)),
+            Gate::Open
+        );
+        // Renewed: leads again, a new wait; released (no holder): free at once.
+        assert!(matches!(
+            sharded.gate(single_lease(Some("x"), "6"), &[], &alone, t0 + secs(16)),
+            Gate::SingleLeads { say: true, .. }
+        ));
+        assert_eq!(
+            sharded.gate(single_lease(None, "7"), &[], &alone, t0 + secs(17)),
+            Gate::Open
+        );
+        assert_eq!(
+            sharded.gate(single_lease(Some("a"), "8"), &[], &alone, t0 + secs(18)),
+            Gate::Open,
+            "a single Lease naming this replica (an earlier run of it) is no other leader"
+        );
+    }
+
+    #[test]
+    fn a_live_member_that_splits_differently_makes_a_sharded_replica_give_up_everything() {
+        let t0 = Instant::now();
+        let six = ShardMap::even(6);
+        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
+        let alike = [member("b", "1", &six)];
+        let members = sharded.members(&alike, t0);
+        assert_eq!(
+            sharded.gate(SingleLease::Missing, &alike, &members, t0),
+            Gate::Open
+        );
+        let three = [member("c", "1", &ShardMap::even(3))];
+        let members = sharded.members(&three, t0);
+        let split = sharded.gate(SingleLease::Missing, &three, &members, t0);
+        assert!(
+            matches!(&split, Gate::OtherSplit { other, say: true } if other.replica == "c" && other.shards == 3),
+            "{split:?}"
+        );
+        assert!(split.gives_up_all());
+        assert_eq!(split.conflict(), Some(true));
+        assert!(
+            matches!(
+                sharded.gate(SingleLease::Missing, &three, &members, t0 + secs(2)),
+                Gate::OtherSplit { say: false, .. }
+            ),
+            "said once while the conflict lasts"
+        );
+        // Its heartbeat stops: a lease duration later it is not live, and the gate opens.
+        let members = sharded.members(&three, t0 + secs(15));
+        assert_eq!(
+            sharded.gate(SingleLease::Missing, &three, &members, t0 + secs(15)),
+            Gate::Open
+        );
     }
 }

@@ -234,7 +234,7 @@ fn on_scrape(
             *computed = Some((now, epochs));
         }
         if !own.holds_any() {
-            domain::publish(&ctx.metrics, None);
+            ctx.metrics.publish_domain(None);
             for s in 0..own.shards() {
                 ctx.metrics
                     .gpujobs_per_shard
@@ -269,7 +269,7 @@ fn on_scrape(
                 .with_label_values(&[s.to_string().as_str()])
                 .set(n);
         }
-        domain::publish(&ctx.metrics, Some(&snap));
+        ctx.metrics.publish_domain(Some(&snap));
     });
 }
 

@@ -2,13 +2,16 @@
 //! expired only when its record has not changed for a lease duration, measured on this
 //! replica's own monotonic clock from when it last saw the record change. Wall-clock
 //! times in the record are for humans and are never compared across machines.
+//!
+//! Nothing here reads a clock: the caller passes the instant it saw a record at and the
+//! instant to judge at (the operator's lease loop takes them from tokio's clock, so its
+//! tests can pause it), and the wall-clock time a claim records.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use tokio::time::Instant;
 
 /// Timing of one election.
 #[derive(Debug, Clone, PartialEq)]
@@ -134,7 +137,7 @@ pub fn release(previous: &LeaseSpec, wall: Timestamp) -> LeaseSpec {
 }
 
 /// A Lease as seen at `at`.
-pub(super) fn observed(lease: &Lease, at: Instant) -> Observed {
+pub fn observed(lease: &Lease, at: Instant) -> Observed {
     Observed {
         spec: lease.spec.clone().unwrap_or_default(),
         resource_version: lease.metadata.resource_version.clone().unwrap_or_default(),
@@ -143,7 +146,7 @@ pub(super) fn observed(lease: &Lease, at: Instant) -> Observed {
 }
 
 /// The expiry clock restarts only when the record changed.
-pub(super) fn update(seen: &mut Observed, lease: &Lease, now: Instant) {
+pub fn update(seen: &mut Observed, lease: &Lease, now: Instant) {
     let rv = lease.metadata.resource_version.clone().unwrap_or_default();
     if seen.resource_version != rv {
         *seen = observed(lease, now);
@@ -191,16 +194,14 @@ mod tests {
         assert!(t.validate().unwrap_err().contains("whole seconds"));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn another_holder_expires_by_local_observation_time_only() {
+    #[test]
+    fn another_holder_expires_by_local_observation_time_only() {
         let seen = Instant::now();
         let o = held("replica-2", seen);
         assert!(o.held_by_other("replica-1", seen));
-        tokio::time::advance(Duration::from_millis(2999)).await;
-        assert!(o.held_by_other("replica-1", Instant::now()));
-        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(o.held_by_other("replica-1", seen + Duration::from_millis(2999)));
         assert!(
-            !o.held_by_other("replica-1", Instant::now()),
+            !o.held_by_other("replica-1", seen + Duration::from_secs(3)),
             "unchanged for a lease duration: expired"
         );
         assert!(
@@ -213,6 +214,21 @@ mod tests {
             !released.held_by_other("replica-1", seen),
             "an empty holder is free at once"
         );
+    }
+
+    #[test]
+    fn the_expiry_clock_restarts_only_when_the_record_changes() {
+        let t0 = Instant::now();
+        let mut lease = Lease::default();
+        lease.metadata.resource_version = Some("7".into());
+        lease.spec = Some(held("replica-2", t0).spec);
+        let mut seen = observed(&lease, t0);
+        let later = t0 + Duration::from_secs(2);
+        update(&mut seen, &lease, later);
+        assert_eq!(seen.at, t0, "the same resourceVersion: unchanged");
+        lease.metadata.resource_version = Some("8".into());
+        update(&mut seen, &lease, later);
+        assert_eq!(seen.at, later, "a new resourceVersion: seen changing now");
     }
 
     #[test]

@@ -1,15 +1,15 @@
-//! Pure: the domain gauges (GpuJobs by phase, deliberately waiting, unconverged) from the
-//! cached GpuJobs of the shards this replica holds (a replica holding none reports
-//! zero), so a `sum()` across replicas never counts a GpuJob twice.
+//! Pure: the values of the domain gauges (GpuJobs by phase, deliberately waiting,
+//! unconverged) from the cached GpuJobs of the shards a replica holds, so a `sum()`
+//! across replicas never counts a GpuJob twice. The operator publishes a [`Snapshot`]
+//! (`Metrics::publish_domain`), and zero when it holds no shard.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::status::{CLEANUP_STUCK, READY};
 use crate::api::{GpuJob, Phase};
-use crate::metrics::Metrics;
+use crate::status::{CLEANUP_STUCK, READY};
 
 /// Ready reasons of a GpuJob that waits on purpose: not stuck, with metrics of its own.
 /// `Queued`: Kueue holds the attempt, as its ClusterQueue's quota and policy say.
@@ -111,26 +111,6 @@ pub fn snapshot<G: std::borrow::Borrow<GpuJob>>(
     }
     *first_seen = seen_now;
     snap
-}
-
-/// Publishes the domain gauges (`None`: this replica holds no shard; it reports zero so
-/// that sums across replicas count each GpuJob once).
-pub fn publish(metrics: &Metrics, snap: Option<&Snapshot>) {
-    let empty = Snapshot::default();
-    let snap = snap.unwrap_or(&empty);
-    for phase in PHASES {
-        let n = snap.by_phase.get(phase).copied().unwrap_or(0);
-        metrics.gpujobs.with_label_values(&[phase]).set(n);
-    }
-    for reason in WAITING_REASONS {
-        let n = snap.waiting.get(reason).copied().unwrap_or(0);
-        metrics.waiting.with_label_values(&[reason]).set(n);
-    }
-    metrics.unconverged.set(snap.unconverged);
-    metrics.cleanup_stuck.set(snap.cleanup_stuck);
-    metrics
-        .unconverged_oldest
-        .set(snap.oldest_unconverged.as_secs_f64());
 }
 
 fn phase_label(p: Phase) -> &'static str {
