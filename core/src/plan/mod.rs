@@ -4,12 +4,16 @@
 //! (`reservation.rs`: finalizer, reserve, record, release, finalizer removal), attempt
 //! numbering, retry timing, spec changes, phase and conditions (`attempts.rs`).
 //!
-//! A plan is carried out by the executor (`apply`). Actions that ask the outside world
-//! something (reserve, release, a Job the API server may refuse, the GpuJob's pods) end
-//! a plan: their answer comes back through [`Observed`] and the plan is made again, so
-//! every decision that depends on an answer is made here too. A confirming read of the
-//! GpuJob ([`Action::Confirm`]) that finds the view current lets the same plan go on;
-//! one that finds it moved starts again from a new snapshot.
+//! A plan is carried out by the executor (`apply`), which alone reads and writes. The
+//! plan asks for every read it needs as an action: what the caches cannot say
+//! ([`Action::Read`], `reads.rs`, asked before anything is decided), a confirming read
+//! of the GpuJob before the first effect from a view not known current
+//! ([`Action::Confirm`], or once per shard and term [`Action::ReadTermStart`]), the
+//! GpuJob's pods before a gate goes or quota is released ([`Action::ReadPods`]). Actions
+//! that ask (those reads, reserve, release, a Job the API server may refuse) end a plan:
+//! their answer comes back through [`Observed`] and the plan is made again, at most
+//! [`MAX_PLANS`] times per reconcile, so every decision that depends on an answer is made
+//! here too. A confirming read that finds the view current lets the same plan go on.
 //!
 //! Which attempt may run is decided in one place, at its pods (`gate.rs`): every
 //! attempt's pod is created with the operator's scheduling gate, and only the plan's

@@ -280,3 +280,88 @@ fn an_unknown_term_start_is_read_in_place_of_a_confirming_read() {
     let p = plan(&obs(false), &settings());
     assert!(kinds(p).contains(&"Confirm"));
 }
+
+#[test]
+fn reads_are_asked_in_at_most_two_rounds_and_never_again_once_answered() {
+    // Every shape a snapshot may have that asks for reads: a recorded attempt whose Job
+    // the cache lacks, the Job of the one before failed and not recorded, a queued Job,
+    // pods waiting past the scheduler's grace, a foreign Job on the next name.
+    let base = gpujob(3);
+    let failed = |g: &GpuJob, a| job(g, a, Some(("Failed", "BackoffLimitExceeded", T0)));
+    let mut queued_g = running(&base, 1, 0);
+    queued_g.spec.v2 = Some(V2Only {
+        queue_name: Some("team".into()),
+        ..Default::default()
+    });
+    let mut queued = job(&queued_g, 1, None);
+    queued.spec.as_mut().unwrap().suspend = Some(true);
+    let mut conflict = running(&base, 1, 1);
+    conflict
+        .status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .push(crate::api::Condition {
+            type_: READY.into(),
+            status: ConditionStatus::False,
+            reason: JOB_NAME_CONFLICT.into(),
+            message: "taken".into(),
+            last_transition_time: t(T0),
+            observed_generation: Some(1),
+        });
+    let g2 = running(&base, 2, 1);
+    let cases: Vec<(GpuJob, Vec<Job>)> = vec![
+        (g2.clone(), vec![]),
+        (g2.clone(), vec![failed(&g2, 1)]),
+        (
+            running(&base, 2, 0),
+            vec![failed(&base, 1), failed(&base, 2)],
+        ),
+        (queued_g.clone(), vec![queued]),
+        (running(&base, 1, 0), vec![waiting_job(&base, T0, 0)]),
+        (conflict.clone(), vec![failed(&conflict, 1)]),
+    ];
+    for (g, jobs) in cases {
+        let mut reads = Reads::default();
+        let mut rounds = 0;
+        loop {
+            let p = plan_after(&g, &jobs, reads.clone(), None, None, "2026-11-30T06:01:00Z");
+            let asked = asked(&p);
+            if asked.is_empty() {
+                break;
+            }
+            rounds += 1;
+            assert!(rounds <= 2, "a third round of reads: {asked:?}");
+            for read in asked {
+                assert!(!reads.made(&read), "asked again once answered: {read:?}");
+                // Nothing found: the most rounds, as nothing settles a question early.
+                let found = match &read {
+                    Read::Job { attempt } => Found::Job {
+                        attempt: *attempt,
+                        job: FoundJob::Absent,
+                    },
+                    Read::Termination { attempt, .. } => Found::Termination {
+                        attempt: *attempt,
+                        termination: None,
+                    },
+                    Read::Placement { attempt, .. } => Found::Placement {
+                        attempt: *attempt,
+                        unschedulable: None,
+                        pods: Vec::new(),
+                    },
+                    Read::Workload { attempt, .. } => Found::Workload(QueueWait {
+                        attempt: *attempt,
+                        reason: "Pending".into(),
+                        message: String::new(),
+                    }),
+                };
+                reads.record(read, &found);
+            }
+        }
+        assert!(
+            reads.count() > 0,
+            "each case asks for a read: {:?}",
+            g.status
+        );
+    }
+}
