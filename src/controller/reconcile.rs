@@ -115,6 +115,13 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
             next = ?plan.next,
             "planned"
         );
+        if !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::ReadTermStart))
+        {
+            ctx.view.term_start_declined(&fence, &mut snap);
+        }
         let run = apply::execute(ctx, &fence, key, &snap, &plan.actions, &plan.status).await;
         // The pods as read are no longer as they are once this run wrote one.
         if plan.actions.iter().any(Action::writes_pods) {

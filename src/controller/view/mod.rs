@@ -237,6 +237,14 @@ impl View {
         observe::observe(self, key, fence)
     }
 
+    /// The reconcile of `snap` was offered the read of where its shard's term began and
+    /// its plan did not ask for it: it goes to the next reconcile that needs it.
+    pub fn term_start_declined(&self, fence: &Fence, snap: &mut Snapshot) {
+        if std::mem::take(&mut snap.term_start_due) {
+            self.term_starts.declined(fence.shard, fence.epoch);
+        }
+    }
+
     /// Remembers what the executor's writes did and its reads found, in order, and lets
     /// `snap` follow them: until the caches catch up, reconciles see these. Returns
     /// `false` when the GpuJob is gone.

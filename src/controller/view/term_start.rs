@@ -98,6 +98,15 @@ impl TermStarts {
         }
     }
 
+    /// The caller offered the read of term `epoch` of `shard`'s start will not make it
+    /// (its GpuJob needed no confirmed view): the next caller is offered it.
+    pub fn declined(&self, shard: u32, epoch: u64) {
+        let mut by_shard = self.lock();
+        if matches!(by_shard.get(&shard), Some((e, Start::Offered(_))) if *e == epoch) {
+            by_shard.remove(&shard);
+        }
+    }
+
     /// A read of where term `epoch` of `shard` began found `start` (`None`: it failed).
     pub fn learned(&self, shard: u32, epoch: u64, start: Option<u64>, now: Instant) {
         let mut by_shard = self.lock();
@@ -133,6 +142,9 @@ mod tests {
         );
         // Never answered (its reconcile ended first): offered again.
         let later = t0 + Duration::from_secs(6);
+        assert_eq!(starts.covers(0, 1, "10", later), unknown(true));
+        // Declined (its GpuJob needed no confirmed view): offered to the next at once.
+        starts.declined(0, 1);
         assert_eq!(starts.covers(0, 1, "10", later), unknown(true));
         // A failed read waits as long before the next.
         starts.learned(0, 1, None, later);
