@@ -1,20 +1,63 @@
 //! Everything around the replicas: the API server's objects (with resourceVersions and
 //! preconditions), the Job controller (whose informer may lag a delete), kube-scheduler,
-//! the kubelet, the garbage collector and the user. Only the replicas decide with the
-//! real plan (`replica.rs`); what is here is how Kubernetes answers them.
+//! the kubelet, the garbage collector, Kueue, the quota service and the user. Only the
+//! replicas decide with the real plan (`replica.rs`); what is here is how the world
+//! answers them.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, RwLock};
+
+use gpujob_core::api::GpuJobStatus;
+use gpujob_core::plan::QuotaAnswer;
 
 /// One GpuJob, `train` in namespace `ns`, uid `uid-1`.
 pub const GPUJOB: &str = "train";
 pub const NAMESPACE: &str = "ns";
 pub const GPUJOB_UID: &str = "uid-1";
 
-/// The GpuJob as the API server has it. The status is kept as the JSON the API server
-/// would store, so the state can be hashed and compared.
+/// A GpuJob status, interned: the states hold a number, so hashing and comparing them
+/// is cheap, and each status is parsed once. Two statuses are the same when the API
+/// server would store the same JSON.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct Status(u32);
+
+#[derive(Default)]
+struct Statuses {
+    ids: HashMap<String, u32>,
+    all: Vec<GpuJobStatus>,
+}
+
+static STATUSES: LazyLock<RwLock<Statuses>> = LazyLock::new(RwLock::default);
+
+impl Status {
+    pub fn of(status: &GpuJobStatus) -> Status {
+        let json = serde_json::to_string(status).unwrap_or_default();
+        if let Some(id) = STATUSES.read().ok().and_then(|s| s.ids.get(&json).copied()) {
+            return Status(id);
+        }
+        let mut all = STATUSES.write().unwrap_or_else(|e| e.into_inner());
+        let next = u32::try_from(all.all.len()).unwrap_or(u32::MAX);
+        let id = *all.ids.entry(json).or_insert(next);
+        if id == next {
+            all.all.push(status.clone());
+        }
+        Status(id)
+    }
+
+    pub fn get(self) -> GpuJobStatus {
+        let all = STATUSES.read().unwrap_or_else(|e| e.into_inner());
+        all.all[self.0 as usize].clone()
+    }
+}
+
+/// The GpuJob as the API server has it.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct GpuJobObj {
     pub rv: u32,
     pub generation: i64,
-    pub status: String,
+    pub status: Status,
+    /// It holds the quota finalizer.
+    pub finalizer: bool,
 }
 
 /// A Job of the GpuJob: which attempt, from which generation, and what its controller
@@ -26,6 +69,8 @@ pub struct JobObj {
     pub attempt: i32,
     pub generation: i64,
     pub suspended: bool,
+    /// Labelled for a Kueue LocalQueue: Kueue admits it (unsuspends it).
+    pub queued: bool,
     /// Its pod template carries the operator's scheduling gate.
     pub gated: bool,
     /// Deleted in the foreground: stays until its pods are gone.
@@ -41,6 +86,8 @@ pub struct PodObj {
     pub rv: u32,
     pub job_uid: u32,
     pub attempt: i32,
+    /// The GPUs it asks for (its Job's generation's spec).
+    pub gpus: i32,
     pub gated: bool,
     pub bound: bool,
     pub failed: bool,
@@ -60,12 +107,18 @@ impl PodObj {
 pub enum Write {
     Status {
         rv: u32,
-        status: String,
+        status: Status,
+    },
+    /// Adds or removes the quota finalizer (a patch with the GpuJob's resourceVersion).
+    Finalizer {
+        rv: u32,
+        on: bool,
     },
     CreateJob {
         attempt: i32,
         generation: i64,
         suspended: bool,
+        queued: bool,
         gated: bool,
     },
     DeleteJob {
@@ -81,6 +134,14 @@ pub enum Write {
         uid: u32,
         rv: u32,
     },
+    /// A call to the quota service, with its fencing sequence.
+    Reserve {
+        sequence: i64,
+        gpus: i32,
+    },
+    Release {
+        sequence: i64,
+    },
 }
 
 /// What the API server answered a write.
@@ -92,6 +153,8 @@ pub enum Answer {
     Exists(JobObj),
     /// Done to a Job or pod.
     Done,
+    /// The quota service's answer.
+    Quota(QuotaAnswer),
     /// A precondition failed, or the object is gone (409 / 404).
     Refused,
 }
@@ -117,10 +180,20 @@ pub struct Api {
     /// The Jobs the Job controller made a pod for (one each: the model does not replace
     /// a deleted pod).
     pub made_pod_for: Vec<u32>,
+    pub quota: QuotaService,
+}
+
+/// The quota service: one reservation per GpuJob UID (calls are idempotent by it), and
+/// the largest fencing sequence it has seen; a call with a smaller one is refused (412).
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
+pub struct QuotaService {
+    /// The GPUs reserved for the GpuJob, if any.
+    pub held: Option<i32>,
+    pub fence: i64,
 }
 
 impl Api {
-    pub fn new(status: String) -> Api {
+    pub fn new(status: Status) -> Api {
         Api {
             rv: 1,
             uids: 0,
@@ -128,6 +201,7 @@ impl Api {
                 rv: 1,
                 generation: 1,
                 status,
+                finalizer: false,
             },
             jobs: Vec::new(),
             pods: Vec::new(),
@@ -136,6 +210,7 @@ impl Api {
             ran: Vec::new(),
             gone_jobs: Vec::new(),
             made_pod_for: Vec::new(),
+            quota: QuotaService::default(),
         }
     }
 
@@ -172,10 +247,18 @@ impl Api {
                 if *rv != self.gpujob.rv {
                     return Answer::Refused;
                 }
-                if attempts_of(status) < attempts_of(&self.gpujob.status) {
+                if status.get().attempts < self.gpujob.status.get().attempts {
                     self.attempts_fell = true;
                 }
-                self.gpujob.status = status.clone();
+                self.gpujob.status = *status;
+                self.gpujob.rv = self.next_rv();
+                Answer::GpuJob(self.gpujob.clone())
+            }
+            Write::Finalizer { rv, on } => {
+                if *rv != self.gpujob.rv {
+                    return Answer::Refused;
+                }
+                self.gpujob.finalizer = *on;
                 self.gpujob.rv = self.next_rv();
                 Answer::GpuJob(self.gpujob.clone())
             }
@@ -183,6 +266,7 @@ impl Api {
                 attempt,
                 generation,
                 suspended,
+                queued,
                 gated,
             } => {
                 // Jobs have stable names (`train-<attempt>`): the name is the attempt.
@@ -204,6 +288,7 @@ impl Api {
                     attempt: *attempt,
                     generation: *generation,
                     suspended: *suspended,
+                    queued: *queued,
                     gated: *gated,
                     deleting: false,
                     failed_at: None,
@@ -259,6 +344,25 @@ impl Api {
                 self.delete_pod(*uid);
                 Answer::Done
             }
+            Write::Reserve { sequence, gpus } => {
+                if *sequence < self.quota.fence {
+                    return Answer::Refused;
+                }
+                self.quota.fence = *sequence;
+                self.quota.held = Some(*gpus);
+                Answer::Quota(QuotaAnswer::Reserved {
+                    id: "rsv-1".into(),
+                    gpus: *gpus,
+                })
+            }
+            Write::Release { sequence } => {
+                if *sequence < self.quota.fence {
+                    return Answer::Refused;
+                }
+                self.quota.fence = *sequence;
+                self.quota.held = None;
+                Answer::Quota(QuotaAnswer::Released)
+            }
         }
     }
 
@@ -294,6 +398,7 @@ impl Api {
             rv: self.next_rv(),
             job_uid: seen.uid,
             attempt: seen.attempt,
+            gpus: gpus_at(seen.generation),
             gated: seen.gated,
             bound: false,
             failed: false,
@@ -401,9 +506,28 @@ impl Api {
     }
 }
 
-fn attempts_of(status: &str) -> i64 {
-    serde_json::from_str::<serde_json::Value>(status)
-        .ok()
-        .and_then(|v| v.get("attempts").and_then(serde_json::Value::as_i64))
-        .unwrap_or(0)
+/// The GPUs the spec of `generation` asks for: each edit asks for one more, so a
+/// reservation made before an edit no longer covers an attempt of the spec after it.
+pub fn gpus_at(generation: i64) -> i32 {
+    i32::try_from(generation).unwrap_or(i32::MAX)
+}
+
+impl Api {
+    /// Kueue admits a Job waiting in its LocalQueue: it unsuspends it.
+    pub fn admit(&mut self, uid: u32) {
+        let rv = self.next_rv();
+        if let Some(j) = self.job_mut(uid) {
+            j.suspended = false;
+            j.rv = rv;
+        }
+    }
+
+    /// The Jobs Kueue may admit: suspended, labelled for a queue, not being deleted.
+    pub fn admissible(&self) -> Vec<u32> {
+        self.jobs
+            .iter()
+            .filter(|j| j.suspended && j.queued && !j.deleting && j.failed_at.is_none())
+            .map(|j| j.uid)
+            .collect()
+    }
 }
