@@ -19,7 +19,6 @@ mod replica;
 mod world;
 
 use std::cell::RefCell;
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 use gpujob_core::api::GpuJobStatus;
 use stateright::{Checker, HasDiscoveries, Model, Property};
@@ -34,6 +33,10 @@ const DEPTH: usize = 10;
 
 /// The safety property every gate exists for.
 const ONE_ATTEMPT: &str = "at most one attempt has a pod that can run";
+/// With the quota service: the reservation stays while a pod may use it, and holds
+/// what runs.
+const NO_RELEASE_UNDER_POD: &str = "no reservation released while a pod of its GpuJob can run";
+const QUOTA_COVERS: &str = "quota never below what runs";
 
 fn depth() -> usize {
     std::env::var("GPUJOB_MODEL_DEPTH")
@@ -111,6 +114,10 @@ enum Step {
     Tick,
 }
 
+/// A reconcile's outcomes ([`Protocol::reconciled`]), and what it started from: the
+/// state, the replica and what it caught up.
+type Reconciled = (State, usize, u8, Vec<State>);
+
 struct Protocol {
     faults: Faults,
     quota_required: bool,
@@ -150,16 +157,14 @@ impl Protocol {
     /// checker asks for each in turn: one reconcile answers them all.
     fn reconciled(&self, last: &State, r: usize, sync: u8) -> Vec<State> {
         thread_local! {
-            static LAST: RefCell<Option<(u64, Vec<State>)>> = const { RefCell::new(None) };
+            static LAST: RefCell<Option<Reconciled>> = const { RefCell::new(None) };
         }
-        let mut h = DefaultHasher::new();
-        (last, r, sync).hash(&mut h);
-        let key = h.finish();
-        if let Some(states) = LAST.with_borrow(|l| {
+        let hit = LAST.with_borrow(|l| {
             l.as_ref()
-                .filter(|(k, _)| *k == key)
-                .map(|(_, s)| s.clone())
-        }) {
+                .filter(|(s, lr, ls, _)| (*lr, *ls) == (r, sync) && s == last)
+                .map(|(.., states)| states.clone())
+        });
+        if let Some(states) = hit {
             return states;
         }
         let mut s = last.clone();
@@ -183,7 +188,7 @@ impl Protocol {
             f.api = api;
             states.push(f);
         }
-        LAST.with_borrow_mut(|l| *l = Some((key, states.clone())));
+        LAST.with_borrow_mut(|l| *l = Some((last.clone(), r, sync, states.clone())));
         states
     }
 }
@@ -193,7 +198,8 @@ impl Model for Protocol {
     type Action = Step;
 
     fn init_states(&self) -> Vec<State> {
-        let api = Api::new(Status::of(&GpuJobStatus::default()));
+        let mut api = Api::new(Status::of(&GpuJobStatus::default()));
+        api.quota.ignores_tokens = self.faults.quota_ignores_tokens;
         let replicas = [Replica::new(&api, true), Replica::new(&api, false)];
         vec![State {
             api,
@@ -360,6 +366,26 @@ impl Model for Protocol {
             Property::always("attempt numbers go up without gaps", |_, s: &State| {
                 !s.api.attempt_skipped && !s.api.attempts_fell
             }),
+            // With the quota service: what runs is always covered by a reservation.
+            Property::always(NO_RELEASE_UNDER_POD, |m, s: &State| {
+                !m.quota_required || s.api.quota.held.is_some() || s.api.running_gpus() == 0
+            }),
+            Property::always(QUOTA_COVERS, |m, s: &State| {
+                !m.quota_required || s.api.running_gpus() <= s.api.quota.held.unwrap_or(0)
+            }),
+            // Not vacuous: the spec asks for more GPUs after an edit, and a reservation
+            // is released and made again for them once the attempt before has stopped.
+            Property::sometimes(
+                "a reservation is made again for an edited spec",
+                |m, s: &State| {
+                    // Reserve, release, reserve: three calls, the last for 2 GPUs.
+                    !m.quota_required || (s.api.quota.fence >= 3 && s.api.quota.held == Some(2))
+                },
+            ),
+            // Not vacuous with Kueue: an admitted Job's pod runs.
+            Property::sometimes("a Job Kueue admitted runs", |m, s: &State| {
+                !m.queue || !s.api.ran.is_empty()
+            }),
             // The model is not vacuous: it reaches a second attempt (a retry or a
             // replacement) after the first ran.
             Property::sometimes("a second attempt is made", |_, s: &State| {
@@ -375,12 +401,8 @@ impl Model for Protocol {
     }
 }
 
-fn check(faults: Faults, depth: usize) -> impl Checker<Protocol> {
-    let checker = Protocol::new(faults)
-        .checker()
-        .target_max_depth(depth)
-        .spawn_bfs()
-        .join();
+fn check(model: Protocol, depth: usize) -> impl Checker<Protocol> {
+    let checker = model.checker().target_max_depth(depth).spawn_bfs().join();
     eprintln!(
         "model: {} states ({} unique), depth {}",
         checker.state_count(),
@@ -392,8 +414,73 @@ fn check(faults: Faults, depth: usize) -> impl Checker<Protocol> {
 
 #[test]
 fn no_interleaving_within_the_bound_runs_two_attempts_at_once() {
-    let checker = check(Faults::default(), depth());
+    let checker = check(Protocol::new(Faults::default()), depth());
     checker.assert_properties();
+}
+
+/// With the quota service (`--quota-provider http`): the plan reserves before the first
+/// attempt, records each call's fencing sequence in `status.quotaCall` before it sends
+/// it, and releases and reserves again when an edit asks for more GPUs; calls may land
+/// late, and the service refuses one older than the last it saw.
+#[test]
+fn with_quota_no_reservation_is_released_under_a_running_pod() {
+    let model = Protocol {
+        quota_required: true,
+        ..Protocol::new(Faults::default())
+    };
+    check(model, depth()).assert_properties();
+}
+
+/// A quota service that ignores fencing tokens: a release that lands late frees the
+/// quota of a running attempt, and the checker must find it.
+#[test]
+fn with_quota_and_no_fencing_the_checker_finds_a_pod_running_without_quota() {
+    let model = Protocol {
+        quota_required: true,
+        ..Protocol::new(Faults {
+            quota_ignores_tokens: true,
+            ..Faults::default()
+        })
+    };
+    // Failures play no part in it.
+    let model = Protocol {
+        max_failures: 0,
+        ..model
+    };
+    let properties = [NO_RELEASE_UNDER_POD, QUOTA_COVERS];
+    // Its shortest trace is 9 steps: reserve and create, edit, a release left in flight,
+    // a hand-over, the successor's release and reserve, the late release, the pod, the
+    // gate.
+    let path = counterexample(model, &properties, depth().max(11));
+    eprintln!("counterexample, {} steps: {path:#?}", path.len());
+}
+
+/// The first counterexample to any of `properties` the checker finds, as its steps;
+/// panics when there is none within the bound.
+fn counterexample(model: Protocol, properties: &[&'static str], depth: usize) -> Vec<Step> {
+    let checker = model
+        .checker()
+        .target_max_depth(depth)
+        .finish_when(HasDiscoveries::AnyOf(properties.iter().copied().collect()))
+        .spawn_bfs()
+        .join();
+    let found = properties.iter().find_map(|p| checker.discovery(p));
+    let Some(path) = found else {
+        panic!("the checker found no counterexample to {properties:?}")
+    };
+    path.into_actions()
+}
+
+/// With `spec.queueName`: the plan creates each Job suspended and labelled for its
+/// Kueue LocalQueue; Kueue admits (unsuspends) it at any later step.
+#[test]
+fn with_kueue_no_interleaving_runs_two_attempts_at_once() {
+    let model = Protocol {
+        queue: true,
+        max_edits: 0,
+        ..Protocol::new(Faults::default())
+    };
+    check(model, depth()).assert_properties();
 }
 
 /// The gate left out of the Jobs the plan builds: the checker must find two attempts

@@ -40,6 +40,9 @@ pub struct Faults {
     /// The replica takes its cached GpuJob as known current in its term, without the
     /// confirming read the plan asks for.
     pub unconfirmed: bool,
+    /// The quota service ignores fencing tokens (a world fault: the contract makes
+    /// honouring them optional).
+    pub quota_ignores_tokens: bool,
 }
 
 /// What a reconcile depends on besides the replica and the API server.
@@ -339,6 +342,9 @@ impl Replica {
 
     /// The status patch from the GpuJob as this replica last saw it, if it changes it.
     fn status_write(&self, status: &GpuJobStatus) -> Option<Write> {
+        if *status == self.gpujob.status.get() {
+            return None;
+        }
         let status = Status::of(status);
         (status != self.gpujob.status).then_some(Write::Status {
             rv: self.gpujob.rv,
