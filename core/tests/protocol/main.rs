@@ -33,6 +33,8 @@ const DEPTH: usize = 10;
 
 /// The safety property every gate exists for.
 const ONE_ATTEMPT: &str = "at most one attempt has a pod that can run";
+/// No attempt's Job is made again, but by a create that lands late.
+const ONE_JOB_PER_ATTEMPT: &str = "a reconcile never makes a recorded attempt's Job again";
 /// With the quota service: the reservation stays while a pod may use it, and holds
 /// what runs.
 const NO_RELEASE_UNDER_POD: &str = "no reservation released while a pod of its GpuJob can run";
@@ -309,7 +311,7 @@ impl Model for Protocol {
             Step::Admit { job } => s.api.admit(job),
             Step::Deliver { r } => {
                 if let Some(write) = s.replicas[r].in_flight.take() {
-                    s.api.apply(&write);
+                    s.api.land_late(&write);
                 }
             }
             Step::Handover => {
@@ -366,6 +368,10 @@ impl Model for Protocol {
             Property::always("attempt numbers go up without gaps", |_, s: &State| {
                 !s.api.attempt_skipped && !s.api.attempts_fell
             }),
+            // A stale view must not start an attempt again: a create that reaches the
+            // API server while its sender reconciles makes no Job again for an attempt
+            // the status records.
+            Property::always(ONE_JOB_PER_ATTEMPT, |_, s: &State| !s.api.job_made_again),
             // With the quota service: what runs is always covered by a reservation.
             Property::always(NO_RELEASE_UNDER_POD, |m, s: &State| {
                 !m.quota_required || s.api.quota.held.is_some() || s.api.running_gpus() == 0
@@ -502,4 +508,19 @@ fn without_the_gate_the_checker_finds_two_attempts_running() {
     };
     let steps = path.into_actions();
     eprintln!("counterexample, {} steps: {steps:#?}", steps.len());
+}
+
+/// The confirming read left out (the replica takes its cached GpuJob as current): a
+/// replica that takes the shard with a GpuJob cache from before its predecessor
+/// recorded an attempt makes that attempt's Job again once the predecessor's Job is
+/// gone. The gate still holds its pods (the status write that would let them go is
+/// refused), so the checker finds this, not two attempts running.
+#[test]
+fn without_the_confirming_read_the_checker_finds_an_attempt_started_again() {
+    let model = Protocol::new(Faults {
+        unconfirmed: true,
+        ..Faults::default()
+    });
+    let path = counterexample(model, &[ONE_JOB_PER_ATTEMPT], depth());
+    eprintln!("counterexample, {} steps: {path:#?}", path.len());
 }

@@ -172,6 +172,12 @@ pub struct Api {
     /// Set when a Job was created for an attempt past the next one after every
     /// attempt created before it (a gap).
     pub attempt_skipped: bool,
+    /// Set when a replica's create made again the Job of an attempt the status records
+    /// (one that lands late, sent before, may: it never runs; and the Job of an attempt
+    /// never recorded, made from an older spec, is made again from the new one).
+    pub job_made_again: bool,
+    /// A write in flight is landing ([`Api::land_late`]).
+    landing_late: bool,
     /// The attempts whose pods ran, in the order they first did.
     pub ran: Vec<i32>,
     /// Jobs gone from the API server, as they last were: the Job controller's informer
@@ -211,6 +217,8 @@ impl Api {
             pods: Vec::new(),
             attempts_fell: false,
             attempt_skipped: false,
+            job_made_again: false,
+            landing_late: false,
             ran: Vec::new(),
             gone_jobs: Vec::new(),
             made_pod_for: Vec::new(),
@@ -242,6 +250,14 @@ impl Api {
 
     fn pod_mut(&mut self, uid: u32) -> Option<&mut PodObj> {
         self.pods.iter_mut().find(|p| p.uid == uid)
+    }
+
+    /// Lands `write`, sent some steps before by a replica that may since have reconciled
+    /// again or lost the shard.
+    pub fn land_late(&mut self, write: &Write) {
+        self.landing_late = true;
+        self.apply(write);
+        self.landing_late = false;
     }
 
     /// Lands `write` now.
@@ -285,6 +301,11 @@ impl Api {
                     .max();
                 if *attempt > newest.unwrap_or(0) + 1 {
                     self.attempt_skipped = true;
+                }
+                let recorded = *attempt <= self.gpujob.status.get().attempts;
+                let had_one = self.gone_jobs.iter().any(|j| j.attempt == *attempt);
+                if recorded && had_one && !self.landing_late {
+                    self.job_made_again = true;
                 }
                 let job = JobObj {
                     uid: self.next_uid(),
