@@ -19,8 +19,10 @@ mod replica;
 mod world;
 
 use std::cell::RefCell;
+use std::collections::HashSet;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
-use gpujob_core::api::GpuJobStatus;
+use gpujob_core::api::{GpuJobStatus, Phase};
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 use replica::{Env, Faults, Replica};
@@ -33,6 +35,10 @@ const DEPTH: usize = 10;
 
 /// The safety property every gate exists for.
 const ONE_ATTEMPT: &str = "at most one attempt has a pod that can run";
+/// Failures are counted for attempts that failed.
+const FAILURES_REAL: &str = "a failure is counted only for an attempt whose Job failed";
+/// Liveness, checked as a safety property of each state ([`Protocol::converges`]).
+const CONVERGES: &str = "every GpuJob converges once faults stop";
 /// No attempt's Job is made again, but by a create that lands late.
 const ONE_JOB_PER_ATTEMPT: &str = "a reconcile never makes a recorded attempt's Job again";
 /// With the quota service: the reservation stays while a pod may use it, and holds
@@ -129,7 +135,12 @@ struct Protocol {
     max_handovers: u8,
     max_failures: u8,
     max_edits: u8,
+    /// Check [`CONVERGES`] in every state.
+    liveness: bool,
 }
+
+/// How many fair rounds ([`Protocol::fair_round`]) a GpuJob gets to converge in.
+const MAX_ROUNDS: usize = 12;
 
 impl Protocol {
     fn new(faults: Faults) -> Protocol {
@@ -141,7 +152,81 @@ impl Protocol {
             max_handovers: 1,
             max_failures: 1,
             max_edits: 1,
+            // A model with a hole is checked for the safety property it breaks.
+            liveness: faults == Faults::default(),
         }
+    }
+
+    /// One round of the world once faults stop: what is in flight lands, the world
+    /// settles ([`Api::settle`]), the clock passes a backoff, and the replica that holds the shard catches up every
+    /// watch and reconciles, leaving nothing in flight.
+    fn fair_round(&self, last: &State) -> State {
+        let mut s = last.clone();
+        for rep in &mut s.replicas {
+            if let Some(write) = rep.in_flight.take() {
+                s.api.land_late(&write);
+            }
+        }
+        s.api.settle(&mut s.tick);
+        // The clock passes a backoff the status waits out.
+        let wait = s.api.gpujob.status.get().next_attempt_time;
+        if wait.is_some_and(|t| t > replica::time(s.tick)) {
+            s.tick += 1;
+        }
+        let State {
+            api,
+            replicas,
+            holder,
+            tick,
+            ..
+        } = &mut s;
+        let rep = &mut replicas[*holder];
+        rep.gpujob = api.gpujob.clone();
+        rep.jobs = api.jobs.clone();
+        rep.pods = api.pods.clone();
+        let env = Env {
+            freezes: 0,
+            ..self.env(*tick)
+        };
+        rep.reconcile(api, &env, &mut Vec::new());
+        s
+    }
+
+    /// Whether, from `s`, fair rounds reach a converged state: one a round leaves as it
+    /// is (the holder's reconcile sends nothing, nothing is in flight, the world has
+    /// settled) in which the GpuJob has observed its spec and its current attempt runs,
+    /// or it has finished. States known to converge are remembered (per thread).
+    fn converges(&self, s: &State) -> bool {
+        thread_local! {
+            static CONVERGING: RefCell<HashSet<u64>> = RefCell::default();
+        }
+        let key = |s: &State| {
+            let mut h = DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        };
+        let mut path = Vec::new();
+        let mut cur = s.clone();
+        for _ in 0..MAX_ROUNDS {
+            let k = key(&cur);
+            if CONVERGING.with_borrow(|c| c.contains(&k)) {
+                break;
+            }
+            path.push(k);
+            let next = self.fair_round(&cur);
+            if next == cur {
+                if !done(&cur) {
+                    return false;
+                }
+                break;
+            }
+            cur = next;
+        }
+        if path.len() == MAX_ROUNDS {
+            return false;
+        }
+        CONVERGING.with_borrow_mut(|c| c.extend(path));
+        true
     }
 
     fn env(&self, tick: u8) -> Env {
@@ -202,6 +287,7 @@ impl Model for Protocol {
     fn init_states(&self) -> Vec<State> {
         let mut api = Api::new(Status::of(&GpuJobStatus::default()));
         api.quota.ignores_tokens = self.faults.quota_ignores_tokens;
+        api.node_lost = self.faults.node_lost;
         let replicas = [Replica::new(&api, true), Replica::new(&api, false)];
         vec![State {
             api,
@@ -277,7 +363,7 @@ impl Model for Protocol {
             if p.bound && !p.failed && !p.deleting && s.failures < self.max_failures {
                 steps.push(Step::FailPod { pod: p.uid });
             }
-            if p.deleting && p.bound && !p.failed {
+            if p.deleting && p.bound && !p.failed && !s.api.node_lost {
                 steps.push(Step::StopPod { pod: p.uid });
             }
         }
@@ -392,6 +478,23 @@ impl Model for Protocol {
             Property::sometimes("a Job Kueue admitted runs", |m, s: &State| {
                 !m.queue || !s.api.ran.is_empty()
             }),
+            // Nothing but a pod's failure fails an attempt here (no one else deletes
+            // Jobs): a failure counted otherwise takes a retry the user never lost.
+            Property::always(FAILURES_REAL, |_, s: &State| {
+                let mut failed: Vec<i32> = s
+                    .api
+                    .jobs
+                    .iter()
+                    .chain(&s.api.gone_jobs)
+                    .filter(|j| j.failed_at.is_some())
+                    .map(|j| j.attempt)
+                    .collect();
+                failed.sort_unstable();
+                failed.dedup();
+                let counted = s.api.gpujob.status.get().failures;
+                usize::try_from(counted).is_ok_and(|c| c <= failed.len())
+            }),
+            Property::always(CONVERGES, |m, s: &State| !m.liveness || m.converges(s)),
             // The model is not vacuous: it reaches a second attempt (a retry or a
             // replacement) after the first ran.
             Property::sometimes("a second attempt is made", |_, s: &State| {
@@ -405,6 +508,24 @@ impl Model for Protocol {
             }),
         ]
     }
+}
+
+/// Converged: the GpuJob has observed its spec, and its current attempt's pod (of a
+/// Job of that spec) runs, or it has finished.
+fn done(s: &State) -> bool {
+    let status = s.api.gpujob.status.get();
+    if status.observed_generation != Some(s.api.gpujob.generation) {
+        return false;
+    }
+    if status.phase.is_some_and(Phase::is_final) {
+        return true;
+    }
+    status.phase == Some(Phase::Running)
+        && s.api.jobs.iter().any(|j| {
+            j.attempt == status.attempts
+                && j.generation == s.api.gpujob.generation
+                && s.api.pods.iter().any(|p| p.job_uid == j.uid && p.can_run())
+        })
 }
 
 fn check(model: Protocol, depth: usize) -> impl Checker<Protocol> {
@@ -522,5 +643,21 @@ fn without_the_confirming_read_the_checker_finds_an_attempt_started_again() {
         ..Faults::default()
     });
     let path = counterexample(model, &[ONE_JOB_PER_ATTEMPT], depth());
+    eprintln!("counterexample, {} steps: {path:#?}", path.len());
+}
+
+/// The node's kubelet is lost: a deleted pod that ran never stops. After an edit, the
+/// replacement waits for the old attempt's pod for good, and the liveness check must
+/// say the GpuJob does not converge (the operator can only report such a wait).
+#[test]
+fn with_a_lost_node_the_checker_finds_a_gpujob_that_never_converges() {
+    let model = Protocol {
+        liveness: true,
+        ..Protocol::new(Faults {
+            node_lost: true,
+            ..Faults::default()
+        })
+    };
+    let path = counterexample(model, &[CONVERGES], depth());
     eprintln!("counterexample, {} steps: {path:#?}", path.len());
 }

@@ -43,6 +43,9 @@ pub struct Faults {
     /// The quota service ignores fencing tokens (a world fault: the contract makes
     /// honouring them optional).
     pub quota_ignores_tokens: bool,
+    /// The node's kubelet is lost: a deleted pod that ran never stops (a world fault that
+    /// does not end).
+    pub node_lost: bool,
 }
 
 /// What a reconcile depends on besides the replica and the API server.
@@ -121,6 +124,7 @@ impl Replica {
             ..Heard::default()
         };
         'plans: for _ in 0..MAX_PLANS {
+            self.look_up_running_job(api);
             let gpujob = gpujob_at(&self.gpujob, env.queue);
             let seen_jobs: Vec<SeenJob> = self.jobs.iter().map(|j| seen_job(j, env)).collect();
             let cached: Vec<SeenPod> = self.pods.iter().map(seen_pod).collect();
@@ -155,6 +159,21 @@ impl Replica {
         panic!(
             "the plan asked more than {MAX_PLANS} times in one reconcile (the operator's Error::Undecided)"
         );
+    }
+
+    /// The status says attempt k runs but the Job cache has no Job for it: the view asks
+    /// the API server before the plan could take the Job for gone, and remembers what it
+    /// read until the cache has it (`src/controller/view/observe.rs`).
+    fn look_up_running_job(&mut self, api: &Api) {
+        let status = self.gpujob.status.get();
+        let k = status.attempts;
+        let final_ = status.phase.is_some_and(gpujob_core::api::Phase::is_final);
+        if k < 1 || final_ || self.jobs.iter().any(|j| j.attempt == k) {
+            return;
+        }
+        if let Some(job) = api.jobs.iter().find(|j| j.attempt == k) {
+            self.jobs.push(job.clone());
+        }
     }
 
     /// The executor: one action of a plan, carried out. Every action the plan may ask
@@ -359,7 +378,7 @@ static START: LazyLock<Timestamp> = LazyLock::new(|| {
         .unwrap_or(Timestamp::UNIX_EPOCH)
 });
 
-fn time(tick: u8) -> Timestamp {
+pub fn time(tick: u8) -> Timestamp {
     *START + jiff::SignedDuration::from_hours(i64::from(tick))
 }
 

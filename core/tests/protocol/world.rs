@@ -176,6 +176,8 @@ pub struct Api {
     /// (one that lands late, sent before, may: it never runs; and the Job of an attempt
     /// never recorded, made from an older spec, is made again from the new one).
     pub job_made_again: bool,
+    /// The node's kubelet is gone: deleted pods that ran never stop.
+    pub node_lost: bool,
     /// A write in flight is landing ([`Api::land_late`]).
     landing_late: bool,
     /// The attempts whose pods ran, in the order they first did.
@@ -218,6 +220,7 @@ impl Api {
             attempts_fell: false,
             attempt_skipped: false,
             job_made_again: false,
+            node_lost: false,
             landing_late: false,
             ran: Vec::new(),
             gone_jobs: Vec::new(),
@@ -549,6 +552,56 @@ pub fn gpus_at(generation: i64) -> i32 {
 }
 
 impl Api {
+    /// Once faults stop, everything but the replicas acts until nothing is left to do:
+    /// the kubelet stops deleted pods, the Job controller records failed pods and makes
+    /// the pods of the Jobs that exist (its informer has caught up), the garbage
+    /// collector collects, Kueue admits, the clock passes a backoff.
+    pub fn settle(&mut self, tick: &mut u8) {
+        loop {
+            let stop: Vec<u32> = self
+                .pods
+                .iter()
+                .filter(|p| p.deleting && p.bound && !p.failed && !self.node_lost)
+                .map(|p| p.uid)
+                .collect();
+            let failed: Vec<u32> = self
+                .jobs
+                .iter()
+                .filter(|j| j.failed_at.is_none())
+                .filter(|j| self.pods.iter().any(|p| p.job_uid == j.uid && p.failed))
+                .map(|j| j.uid)
+                .collect();
+            let make: Vec<u32> = self
+                .pod_makers()
+                .into_iter()
+                .filter(|uid| self.job(*uid).is_some_and(|j| !j.deleting))
+                .collect();
+            let pods = self.collectable_pods();
+            let jobs = self.collectable_jobs();
+            let admit = self.admissible();
+            let backoff = self.jobs.iter().any(|j| j.failed_at == Some(*tick));
+            if stop.is_empty()
+                && failed.is_empty()
+                && make.is_empty()
+                && pods.is_empty()
+                && jobs.is_empty()
+                && admit.is_empty()
+                && !backoff
+            {
+                return;
+            }
+            stop.into_iter().for_each(|p| self.stop_pod(p));
+            failed.into_iter().for_each(|j| self.fail_job(j, *tick));
+            make.into_iter().for_each(|j| self.create_pod(j));
+            pods.into_iter().for_each(|p| self.collect_pod(p));
+            jobs.into_iter().for_each(|j| self.collect_job(j));
+            admit.into_iter().for_each(|j| self.admit(j));
+            if backoff {
+                *tick += 1;
+            }
+        }
+    }
+
     /// Kueue admits a Job waiting in its LocalQueue: it unsuspends it.
     pub fn admit(&mut self, uid: u32) {
         let rv = self.next_rv();
