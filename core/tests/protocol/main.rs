@@ -57,13 +57,25 @@ fn depth() -> usize {
 struct State {
     api: Api,
     replicas: [Replica; 2],
-    /// Which replica holds the shard now (the other is deposed, or never held it).
-    holder: usize,
+    /// Which replica holds the shard now (the other is deposed, or never held it); none
+    /// after a lease was lost, until a replica acquires it.
+    holder: Option<usize>,
     /// The clock, in hours (one is past any backoff).
     tick: u8,
     handovers: u8,
     failures: u8,
     edits: u8,
+}
+
+impl State {
+    /// Replica `r` begins a term as the shard's holder: nothing it knew is known current
+    /// in it, and the term starts at the API server's resourceVersion now.
+    fn acquire(&mut self, r: usize) {
+        self.replicas[r].holds = true;
+        self.replicas[r].current = None;
+        self.replicas[r].term_start = Some(self.api.rv);
+        self.holder = Some(r);
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -83,8 +95,17 @@ enum Step {
     Deliver {
         r: usize,
     },
-    /// The shard's Lease goes to the other replica (a new term).
+    /// The shard's Lease goes to the other replica (a new term): the holder drained it
+    /// and released it to the other.
     Handover,
+    /// The holder's Lease runs out (it crashed, froze or was cut off): nobody holds the
+    /// shard.
+    LeaseLost,
+    /// Replica `r` acquires the unheld shard (a new term, also for the replica that lost
+    /// it).
+    Acquire {
+        r: usize,
+    },
     SyncGpuJob {
         r: usize,
     },
@@ -168,6 +189,10 @@ impl Protocol {
             }
         }
         s.api.settle(&mut s.tick);
+        // A live replica takes a shard nobody holds.
+        if s.holder.is_none() {
+            s.acquire(0);
+        }
         // The clock passes a backoff the status waits out.
         let wait = s.api.gpujob.status.get().next_attempt_time;
         if wait.is_some_and(|t| t > replica::time(s.tick)) {
@@ -180,7 +205,10 @@ impl Protocol {
             tick,
             ..
         } = &mut s;
-        let rep = &mut replicas[*holder];
+        let Some(holder) = *holder else {
+            unreachable!("acquired above")
+        };
+        let rep = &mut replicas[holder];
         rep.gpujob = api.gpujob.clone();
         rep.jobs = api.jobs.clone();
         rep.pods = api.pods.clone();
@@ -292,7 +320,7 @@ impl Model for Protocol {
         vec![State {
             api,
             replicas,
-            holder: 0,
+            holder: Some(0),
             tick: 0,
             handovers: 0,
             failures: 0,
@@ -347,8 +375,12 @@ impl Model for Protocol {
                 }
             }
         }
-        if s.handovers < self.max_handovers {
+        if s.handovers < self.max_handovers && s.holder.is_some() {
             steps.push(Step::Handover);
+            steps.push(Step::LeaseLost);
+        }
+        if s.holder.is_none() {
+            steps.extend((0..2).map(|r| Step::Acquire { r }));
         }
         for job in s.api.pod_makers() {
             steps.push(Step::CreatePod { job });
@@ -401,15 +433,17 @@ impl Model for Protocol {
                 }
             }
             Step::Handover => {
-                let next = 1 - s.holder;
-                s.replicas[s.holder].holds = false;
-                s.replicas[next].holds = true;
-                // A new term: nothing it knew is known current in it.
-                s.replicas[next].current = None;
-                s.replicas[next].term_start = Some(s.api.rv);
-                s.holder = next;
+                let held = s.holder?;
+                s.replicas[held].holds = false;
+                s.acquire(1 - held);
                 s.handovers += 1;
             }
+            Step::LeaseLost => {
+                let held = s.holder.take()?;
+                s.replicas[held].holds = false;
+                s.handovers += 1;
+            }
+            Step::Acquire { r } => s.acquire(r),
             Step::SyncGpuJob { r } => s.replicas[r].gpujob = s.api.gpujob.clone(),
             Step::SyncJobs { r } => s.replicas[r].jobs = s.api.jobs.clone(),
             Step::SyncPods { r } => s.replicas[r].pods = s.api.pods.clone(),
@@ -510,9 +544,12 @@ impl Model for Protocol {
     }
 }
 
-/// Converged: the GpuJob has observed its spec, and its current attempt's pod (of a
+/// Converged: a replica holds the shard, the GpuJob has observed its spec, and its current attempt's pod (of a
 /// Job of that spec) runs, or it has finished.
 fn done(s: &State) -> bool {
+    if s.holder.is_none() {
+        return false;
+    }
     let status = s.api.gpujob.status.get();
     if status.observed_generation != Some(s.api.gpujob.generation) {
         return false;
