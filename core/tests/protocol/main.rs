@@ -64,6 +64,7 @@ struct State {
     tick: u8,
     handovers: u8,
     failures: u8,
+    successes: u8,
     edits: u8,
 }
 
@@ -119,12 +120,16 @@ enum Step {
     CreatePod {
         job: u32,
     },
-    /// The Job controller records that a Job's pod failed.
-    FailJob {
+    /// The Job controller records that a Job's pod ended: Failed, or Complete.
+    EndJob {
         job: u32,
     },
     /// A running pod fails.
     FailPod {
+        pod: u32,
+    },
+    /// A running pod succeeds.
+    SucceedPod {
         pod: u32,
     },
     /// The kubelet has stopped a deleted pod: it ended Failed.
@@ -155,6 +160,7 @@ struct Protocol {
     freezes: usize,
     max_handovers: u8,
     max_failures: u8,
+    max_successes: u8,
     max_edits: u8,
     /// Check [`CONVERGES`] in every state.
     liveness: bool,
@@ -172,6 +178,7 @@ impl Protocol {
             freezes: 2,
             max_handovers: 1,
             max_failures: 1,
+            max_successes: 0,
             max_edits: 1,
             // A model with a hole is checked for the safety property it breaks.
             liveness: faults == Faults::default(),
@@ -324,6 +331,7 @@ impl Model for Protocol {
             tick: 0,
             handovers: 0,
             failures: 0,
+            successes: 0,
             edits: 0,
         }]
     }
@@ -385,17 +393,18 @@ impl Model for Protocol {
         for job in s.api.pod_makers() {
             steps.push(Step::CreatePod { job });
         }
-        for j in &s.api.jobs {
-            let pod_failed = s.api.pods.iter().any(|p| p.job_uid == j.uid && p.failed);
-            if j.failed_at.is_none() && pod_failed {
-                steps.push(Step::FailJob { job: j.uid });
-            }
+        for job in s.api.ending_jobs() {
+            steps.push(Step::EndJob { job });
         }
         for p in &s.api.pods {
-            if p.bound && !p.failed && !p.deleting && s.failures < self.max_failures {
+            let running = p.bound && !p.ended && !p.deleting;
+            if running && s.failures < self.max_failures {
                 steps.push(Step::FailPod { pod: p.uid });
             }
-            if p.deleting && p.bound && !p.failed && !s.api.node_lost {
+            if running && s.successes < self.max_successes {
+                steps.push(Step::SucceedPod { pod: p.uid });
+            }
+            if p.deleting && p.bound && !p.ended && !s.api.node_lost {
                 steps.push(Step::StopPod { pod: p.uid });
             }
         }
@@ -448,13 +457,17 @@ impl Model for Protocol {
             Step::SyncJobs { r } => s.replicas[r].jobs = s.api.jobs.clone(),
             Step::SyncPods { r } => s.replicas[r].pods = s.api.pods.clone(),
             Step::CreatePod { job } => s.api.create_pod(job),
-            Step::FailJob { job } => {
+            Step::EndJob { job } => {
                 let tick = s.tick;
-                s.api.fail_job(job, tick);
+                s.api.end_job(job, tick);
             }
             Step::FailPod { pod } => {
-                s.api.fail_pod(pod);
+                s.api.end_pod(pod, false);
                 s.failures += 1;
+            }
+            Step::SucceedPod { pod } => {
+                s.api.end_pod(pod, true);
+                s.successes += 1;
             }
             Step::StopPod { pod } => s.api.stop_pod(pod),
             Step::CollectPod { pod } => s.api.collect_pod(pod),
@@ -508,6 +521,12 @@ impl Model for Protocol {
                     !m.quota_required || (s.api.quota.fence >= 3 && s.api.quota.held == Some(2))
                 },
             ),
+            // Not vacuous: a GpuJob that succeeded releases its reservation, then its
+            // finalizer.
+            Property::sometimes("a finished GpuJob releases its quota", |m, s: &State| {
+                let finished = s.api.gpujob.status.get().phase == Some(Phase::Succeeded);
+                m.max_successes == 0 || (finished && !s.api.gpujob.finalizer)
+            }),
             // Not vacuous with Kueue: an admitted Job's pod runs.
             Property::sometimes("a Job Kueue admitted runs", |m, s: &State| {
                 !m.queue || !s.api.ran.is_empty()
@@ -590,6 +609,7 @@ fn no_interleaving_within_the_bound_runs_two_attempts_at_once() {
 fn with_quota_no_reservation_is_released_under_a_running_pod() {
     let model = Protocol {
         quota_required: true,
+        max_successes: 1,
         ..Protocol::new(Faults::default())
     };
     check(model, depth()).assert_properties();

@@ -463,6 +463,14 @@ fn seen_job(job: &JobObj, env: &Env) -> SeenJob {
     if job.deleting {
         seen.deletion_timestamp = Some(Time(time(0)));
     }
+    if job.completed {
+        seen.status.conditions = vec![JobCondition {
+            type_: "Complete".into(),
+            status: "True".into(),
+            last_transition_time: Some(Time(time(0))),
+            ..Default::default()
+        }];
+    }
     if let Some(at) = job.failed_at {
         seen.status.conditions = vec![JobCondition {
             type_: "Failed".into(),
@@ -488,7 +496,7 @@ fn seen_pod(pod: &PodObj) -> SeenPod {
         job_uid: Some(format!("job-{}", pod.job_uid)),
         gated: pod.gated,
         bound: pod.bound,
-        terminal: pod.failed,
+        terminal: pod.ended,
         deleting: pod.deleting,
     }
 }

@@ -77,6 +77,8 @@ pub struct JobObj {
     pub deleting: bool,
     /// The Job controller marked it Failed, at this tick.
     pub failed_at: Option<u8>,
+    /// The Job controller marked it Complete.
+    pub completed: bool,
 }
 
 /// A pod, made by the Job controller for the Job `job_uid`.
@@ -90,14 +92,16 @@ pub struct PodObj {
     pub gpus: i32,
     pub gated: bool,
     pub bound: bool,
-    pub failed: bool,
+    /// Its containers ended: it failed, was stopped, or succeeded.
+    pub ended: bool,
+    pub succeeded: bool,
     pub deleting: bool,
 }
 
 impl PodObj {
     /// Let go of its gate or on a node, and not ended: it runs or may run.
     pub fn can_run(&self) -> bool {
-        (!self.gated || self.bound) && !self.failed
+        (!self.gated || self.bound) && !self.ended
     }
 }
 
@@ -320,6 +324,7 @@ impl Api {
                     gated: *gated,
                     deleting: false,
                     failed_at: None,
+                    completed: false,
                 };
                 self.jobs.push(job.clone());
                 Answer::Job(job)
@@ -408,7 +413,7 @@ impl Api {
     /// A pod on a node stops first (the kubelet); one on no node goes at once.
     fn delete_pod(&mut self, uid: u32) {
         let Some(p) = self.pod(uid) else { return };
-        if p.bound && !p.failed {
+        if p.bound && !p.ended {
             let rv = self.next_rv();
             if let Some(p) = self.pod_mut(uid) {
                 p.deleting = true;
@@ -440,7 +445,8 @@ impl Api {
             gpus: gpus_at(seen.generation),
             gated: seen.gated,
             bound: false,
-            failed: false,
+            ended: false,
+            succeeded: false,
             deleting: false,
         };
         let (uid, gated) = (pod.uid, pod.gated);
@@ -460,20 +466,39 @@ impl Api {
         self.ran.push(attempt);
     }
 
-    pub fn fail_pod(&mut self, uid: u32) {
+    /// A running pod's containers end: it failed, or it succeeded.
+    pub fn end_pod(&mut self, uid: u32, succeeded: bool) {
         let rv = self.next_rv();
         if let Some(p) = self.pod_mut(uid) {
-            p.failed = true;
+            p.ended = true;
+            p.succeeded = succeeded;
             p.rv = rv;
         }
     }
 
-    pub fn fail_job(&mut self, uid: u32, tick: u8) {
+    /// The Job controller records a Job's end from its pod's: Complete when it
+    /// succeeded, else Failed (its backoff limit is 0).
+    pub fn end_job(&mut self, uid: u32, tick: u8) {
         let rv = self.next_rv();
+        let succeeded = self.pods.iter().any(|p| p.job_uid == uid && p.succeeded);
         if let Some(j) = self.job_mut(uid) {
-            j.failed_at = Some(tick);
+            if succeeded {
+                j.completed = true;
+            } else {
+                j.failed_at = Some(tick);
+            }
             j.rv = rv;
         }
+    }
+
+    /// The Jobs whose pod ended and whose end the Job controller has not recorded.
+    pub fn ending_jobs(&self) -> Vec<u32> {
+        self.jobs
+            .iter()
+            .filter(|j| j.failed_at.is_none() && !j.completed)
+            .filter(|j| self.pods.iter().any(|p| p.job_uid == j.uid && p.ended))
+            .map(|j| j.uid)
+            .collect()
     }
 
     /// The kubelet stopped a deleted pod that ran: it ends Failed (the Job controller
@@ -481,7 +506,7 @@ impl Api {
     pub fn stop_pod(&mut self, uid: u32) {
         let rv = self.next_rv();
         if let Some(p) = self.pod_mut(uid) {
-            p.failed = true;
+            p.ended = true;
             p.rv = rv;
         }
     }
@@ -512,7 +537,7 @@ impl Api {
         self.jobs
             .iter()
             .chain(&self.gone_jobs)
-            .filter(|j| !j.suspended && j.failed_at.is_none())
+            .filter(|j| !j.suspended && j.failed_at.is_none() && !j.completed)
             .filter(|j| !self.made_pod_for.contains(&j.uid))
             .map(|j| j.uid)
             .collect()
@@ -525,7 +550,7 @@ impl Api {
             .filter(|p| {
                 let owner_going = self.job(p.job_uid).is_none_or(|j| j.deleting);
                 // A deleting pod still running waits for its kubelet.
-                owner_going && (!p.deleting || p.failed || !p.bound)
+                owner_going && (!p.deleting || p.ended || !p.bound)
             })
             .map(|p| p.uid)
             .collect()
@@ -553,7 +578,7 @@ pub fn gpus_at(generation: i64) -> i32 {
 
 impl Api {
     /// Once faults stop, everything but the replicas acts until nothing is left to do:
-    /// the kubelet stops deleted pods, the Job controller records failed pods and makes
+    /// the kubelet stops deleted pods, the Job controller records ended pods and makes
     /// the pods of the Jobs that exist (its informer has caught up), the garbage
     /// collector collects, Kueue admits, the clock passes a backoff.
     pub fn settle(&mut self, tick: &mut u8) {
@@ -561,16 +586,10 @@ impl Api {
             let stop: Vec<u32> = self
                 .pods
                 .iter()
-                .filter(|p| p.deleting && p.bound && !p.failed && !self.node_lost)
+                .filter(|p| p.deleting && p.bound && !p.ended && !self.node_lost)
                 .map(|p| p.uid)
                 .collect();
-            let failed: Vec<u32> = self
-                .jobs
-                .iter()
-                .filter(|j| j.failed_at.is_none())
-                .filter(|j| self.pods.iter().any(|p| p.job_uid == j.uid && p.failed))
-                .map(|j| j.uid)
-                .collect();
+            let ended = self.ending_jobs();
             let make: Vec<u32> = self
                 .pod_makers()
                 .into_iter()
@@ -581,7 +600,7 @@ impl Api {
             let admit = self.admissible();
             let backoff = self.jobs.iter().any(|j| j.failed_at == Some(*tick));
             if stop.is_empty()
-                && failed.is_empty()
+                && ended.is_empty()
                 && make.is_empty()
                 && pods.is_empty()
                 && jobs.is_empty()
@@ -591,7 +610,7 @@ impl Api {
                 return;
             }
             stop.into_iter().for_each(|p| self.stop_pod(p));
-            failed.into_iter().for_each(|j| self.fail_job(j, *tick));
+            ended.into_iter().for_each(|j| self.end_job(j, *tick));
             make.into_iter().for_each(|j| self.create_pod(j));
             pods.into_iter().for_each(|p| self.collect_pod(p));
             jobs.into_iter().for_each(|j| self.collect_job(j));
@@ -616,6 +635,7 @@ impl Api {
         self.jobs
             .iter()
             .filter(|j| j.suspended && j.queued && !j.deleting && j.failed_at.is_none())
+            .filter(|j| !j.completed)
             .map(|j| j.uid)
             .collect()
     }
