@@ -1,17 +1,24 @@
 //! The attempt protocol, model-checked with stateright: two replicas, each running
-//! gpujob-core's real plan on its own lagging caches, hand one GpuJob's shard over while
-//! writes they sent are still in flight; the API server checks preconditions when a
-//! write lands; the Job controller's informer may lag a Job's deletion and make a pod
-//! for it; the scheduler binds what no gate holds; pods fail; the garbage collector
-//! follows owners; the user edits the spec. Every interleaving up to a bound is
-//! explored, and in each state:
+//! gpujob-core's real plan on its own lagging caches, hand one GpuJob's shard over (or
+//! lose its Lease) while writes and quota calls they sent are still in flight; the API
+//! server checks preconditions when a write lands; the Job controller's informer may
+//! lag a Job's deletion and make a pod for it; the scheduler binds what no gate holds;
+//! pods fail (and, in the quota configuration, succeed); the garbage collector follows
+//! owners; the user edits the spec; the quota service fences calls by their sequence;
+//! Kueue admits queued Jobs. Every interleaving up to a bound is explored, and in each
+//! state:
 //! - at most one attempt of the GpuJob has a pod that can run (let go of its gate, or
 //!   bound to a node, and not ended): counted by Job, so two Jobs of one attempt
 //!   number count as two;
 //! - no attempt's pods run twice, and attempts run in order;
-//! - Jobs are made for attempts 1, 2, … without a gap, and `status.attempts` never
-//!   goes down. (A Job of an attempt made again by a create that lands late is allowed:
-//!   it never runs.)
+//! - Jobs are made for attempts 1, 2, … without a gap, `status.attempts` never goes
+//!   down, and no reconcile makes again the Job of an attempt the status records (a
+//!   create that lands late may: it never runs);
+//! - a failure is counted only for an attempt whose Job failed;
+//! - with the quota service, the reservation holds at least the GPUs of every pod that
+//!   can run (so it is never released under one);
+//! - every GpuJob converges once faults stop ([`Protocol::converges`]), a shard nobody
+//!   holds included.
 //!
 //! What the model leaves out is listed in docs/architecture.md.
 
