@@ -237,7 +237,8 @@ impl Protocol {
     /// Whether, from `s`, fair rounds reach a converged state: one a round leaves as it
     /// is (the holder's reconcile sends nothing, nothing is in flight, the world has
     /// settled) in which the GpuJob has observed its spec and its current attempt runs,
-    /// or it has finished. States known to converge are remembered (per thread).
+    /// or it has finished. States known to converge are remembered (per thread: the
+    /// checker's threads are its own, one model each).
     fn converges(&self, s: &State) -> bool {
         thread_local! {
             static CONVERGING: RefCell<HashSet<u64>> = RefCell::default();
@@ -283,7 +284,8 @@ impl Protocol {
 
     /// Replica `r`'s reconcile from `last` after catching up `sync`: the state it
     /// leaves, then the states it leaves with its write number 0, 1, … in flight. The
-    /// checker asks for each in turn: one reconcile answers them all.
+    /// checker asks for each in turn: one reconcile answers them all. (The memo is per
+    /// thread, and the checker runs on threads of its own: one model each.)
     fn reconciled(&self, last: &State, r: usize, sync: u8) -> Vec<State> {
         thread_local! {
             static LAST: RefCell<Option<Reconciled>> = const { RefCell::new(None) };
