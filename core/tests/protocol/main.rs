@@ -1,28 +1,39 @@
 //! The attempt protocol, model-checked with stateright: two replicas, each running
-//! gpujob-core's real plan on its own lagging caches, hand one GpuJob's shard over while
-//! writes they sent are still in flight; the API server checks preconditions when a
-//! write lands; the Job controller's informer may lag a Job's deletion and make a pod
-//! for it; the scheduler binds what no gate holds; pods fail; the garbage collector
-//! follows owners; the user edits the spec. Every interleaving up to a bound is
-//! explored, and in each state:
+//! gpujob-core's real plan on its own lagging caches, hand one GpuJob's shard over (or
+//! lose its Lease) while writes and quota calls they sent are still in flight; the API
+//! server checks preconditions when a write lands; the Job controller's informer may
+//! lag a Job's deletion and make a pod for it; the scheduler binds what no gate holds;
+//! pods fail (and, in the quota configuration, succeed); the garbage collector follows
+//! owners; the user edits the spec; the quota service fences calls by their sequence;
+//! Kueue admits queued Jobs. Every interleaving up to a bound is explored, and in each
+//! state:
 //! - at most one attempt of the GpuJob has a pod that can run (let go of its gate, or
 //!   bound to a node, and not ended): counted by Job, so two Jobs of one attempt
 //!   number count as two;
 //! - no attempt's pods run twice, and attempts run in order;
-//! - Jobs are made for attempts 1, 2, … without a gap, and `status.attempts` never
-//!   goes down. (A Job of an attempt made again by a create that lands late is allowed:
-//!   it never runs.)
+//! - Jobs are made for attempts 1, 2, … without a gap, `status.attempts` never goes
+//!   down, and no reconcile makes again the Job of an attempt the status records (a
+//!   create that lands late may: it never runs);
+//! - a failure is counted only for an attempt whose Job failed;
+//! - with the quota service, the reservation holds at least the GPUs of every pod that
+//!   can run (so it is never released under one);
+//! - every GpuJob converges once faults stop ([`Protocol::converges`]), a shard nobody
+//!   holds included.
 //!
 //! What the model leaves out is listed in docs/architecture.md.
 
 mod replica;
 mod world;
 
-use gpujob_core::api::GpuJobStatus;
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use gpujob_core::api::{GpuJobStatus, Phase};
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
-use replica::{Faults, Replica, status_json};
-use world::Api;
+use replica::{Env, Faults, Replica};
+use world::{Api, Status};
 
 /// How far the checker goes in the test command: stateright counts the first state as
 /// depth 1 and does not check the states at the target depth, so 10 checks every state
@@ -31,6 +42,16 @@ const DEPTH: usize = 10;
 
 /// The safety property every gate exists for.
 const ONE_ATTEMPT: &str = "at most one attempt has a pod that can run";
+/// Failures are counted for attempts that failed.
+const FAILURES_REAL: &str = "a failure is counted only for an attempt whose Job failed";
+/// Liveness, checked as a safety property of each state ([`Protocol::converges`]).
+const CONVERGES: &str = "every GpuJob converges once faults stop";
+/// No attempt's Job is made again, but by a create that lands late.
+const ONE_JOB_PER_ATTEMPT: &str = "a reconcile never makes a recorded attempt's Job again";
+/// With the quota service: the reservation stays while a pod may use it, and holds
+/// what runs.
+const NO_RELEASE_UNDER_POD: &str = "no reservation released while a pod of its GpuJob can run";
+const QUOTA_COVERS: &str = "quota never below what runs";
 
 fn depth() -> usize {
     std::env::var("GPUJOB_MODEL_DEPTH")
@@ -43,13 +64,26 @@ fn depth() -> usize {
 struct State {
     api: Api,
     replicas: [Replica; 2],
-    /// Which replica holds the shard now (the other is deposed, or never held it).
-    holder: usize,
+    /// Which replica holds the shard now (the other is deposed, or never held it); none
+    /// after a lease was lost, until a replica acquires it.
+    holder: Option<usize>,
     /// The clock, in hours (one is past any backoff).
     tick: u8,
     handovers: u8,
     failures: u8,
+    successes: u8,
     edits: u8,
+}
+
+impl State {
+    /// Replica `r` begins a term as the shard's holder: nothing it knew is known current
+    /// in it, and the term starts at the API server's resourceVersion now.
+    fn acquire(&mut self, r: usize) {
+        self.replicas[r].holds = true;
+        self.replicas[r].current = None;
+        self.replicas[r].term_start = Some(self.api.rv);
+        self.holder = Some(r);
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -61,12 +95,25 @@ enum Step {
         sync: u8,
         freeze_at: Option<u8>,
     },
+    /// Kueue admits a Job waiting in its queue.
+    Admit {
+        job: u32,
+    },
     /// Replica `r`'s write in flight lands.
     Deliver {
         r: usize,
     },
-    /// The shard's Lease goes to the other replica (a new term).
+    /// The shard's Lease goes to the other replica (a new term): the holder drained it
+    /// and released it to the other.
     Handover,
+    /// The holder's Lease runs out (it crashed, froze or was cut off): nobody holds the
+    /// shard.
+    LeaseLost,
+    /// Replica `r` acquires the unheld shard (a new term, also for the replica that lost
+    /// it).
+    Acquire {
+        r: usize,
+    },
     SyncGpuJob {
         r: usize,
     },
@@ -80,12 +127,16 @@ enum Step {
     CreatePod {
         job: u32,
     },
-    /// The Job controller records that a Job's pod failed.
-    FailJob {
+    /// The Job controller records that a Job's pod ended: Failed, or Complete.
+    EndJob {
         job: u32,
     },
     /// A running pod fails.
     FailPod {
+        pod: u32,
+    },
+    /// A running pod succeeds.
+    SucceedPod {
         pod: u32,
     },
     /// The kubelet has stopped a deleted pod: it ended Failed.
@@ -104,21 +155,172 @@ enum Step {
     Tick,
 }
 
+/// A reconcile's outcomes ([`Protocol::reconciled`]), and what it started from: the
+/// state, the replica and what it caught up.
+type Reconciled = (State, usize, u8, Vec<State>);
+
 struct Protocol {
     faults: Faults,
+    quota_required: bool,
+    queue: bool,
+    /// How many of a reconcile's first writes may be the one left in flight.
+    freezes: usize,
     max_handovers: u8,
     max_failures: u8,
+    max_successes: u8,
     max_edits: u8,
+    /// Check [`CONVERGES`] in every state.
+    liveness: bool,
 }
+
+/// How many fair rounds ([`Protocol::fair_round`]) a GpuJob gets to converge in.
+const MAX_ROUNDS: usize = 12;
 
 impl Protocol {
     fn new(faults: Faults) -> Protocol {
         Protocol {
             faults,
+            quota_required: false,
+            queue: false,
+            freezes: 2,
             max_handovers: 1,
             max_failures: 1,
+            max_successes: 0,
             max_edits: 1,
+            // A model with a hole is checked for the safety property it breaks.
+            liveness: faults == Faults::default(),
         }
+    }
+
+    /// One round of the world once faults stop: what is in flight lands, the world
+    /// settles ([`Api::settle`]), the clock passes a backoff, and the replica that holds the shard catches up every
+    /// watch and reconciles, leaving nothing in flight.
+    fn fair_round(&self, last: &State) -> State {
+        let mut s = last.clone();
+        for rep in &mut s.replicas {
+            if let Some(write) = rep.in_flight.take() {
+                s.api.land_late(&write);
+            }
+        }
+        s.api.settle(&mut s.tick);
+        // A live replica takes a shard nobody holds.
+        if s.holder.is_none() {
+            s.acquire(0);
+        }
+        // The clock passes a backoff the status waits out.
+        let wait = s.api.gpujob.status.get().next_attempt_time;
+        if wait.is_some_and(|t| t > replica::time(s.tick)) {
+            s.tick += 1;
+        }
+        let State {
+            api,
+            replicas,
+            holder,
+            tick,
+            ..
+        } = &mut s;
+        let Some(holder) = *holder else {
+            unreachable!("acquired above")
+        };
+        let rep = &mut replicas[holder];
+        rep.gpujob = api.gpujob.clone();
+        rep.jobs = api.jobs.clone();
+        rep.pods = api.pods.clone();
+        let env = Env {
+            freezes: 0,
+            ..self.env(*tick)
+        };
+        rep.reconcile(api, &env, &mut Vec::new());
+        s
+    }
+
+    /// Whether, from `s`, fair rounds reach a converged state: one a round leaves as it
+    /// is (the holder's reconcile sends nothing, nothing is in flight, the world has
+    /// settled) in which the GpuJob has observed its spec and its current attempt runs,
+    /// or it has finished. States known to converge are remembered (per thread: the
+    /// checker's threads are its own, one model each).
+    fn converges(&self, s: &State) -> bool {
+        thread_local! {
+            static CONVERGING: RefCell<HashSet<u64>> = RefCell::default();
+        }
+        let key = |s: &State| {
+            let mut h = DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        };
+        let mut path = Vec::new();
+        let mut cur = s.clone();
+        for _ in 0..MAX_ROUNDS {
+            let k = key(&cur);
+            if CONVERGING.with_borrow(|c| c.contains(&k)) {
+                break;
+            }
+            path.push(k);
+            let next = self.fair_round(&cur);
+            if next == cur {
+                if !done(&cur) {
+                    return false;
+                }
+                break;
+            }
+            cur = next;
+        }
+        if path.len() == MAX_ROUNDS {
+            return false;
+        }
+        CONVERGING.with_borrow_mut(|c| c.extend(path));
+        true
+    }
+
+    fn env(&self, tick: u8) -> Env {
+        Env {
+            tick,
+            faults: self.faults,
+            quota_required: self.quota_required,
+            queue: self.queue,
+            freezes: self.freezes,
+        }
+    }
+
+    /// Replica `r`'s reconcile from `last` after catching up `sync`: the state it
+    /// leaves, then the states it leaves with its write number 0, 1, … in flight. The
+    /// checker asks for each in turn: one reconcile answers them all. (The memo is per
+    /// thread, and the checker runs on threads of its own: one model each.)
+    fn reconciled(&self, last: &State, r: usize, sync: u8) -> Vec<State> {
+        thread_local! {
+            static LAST: RefCell<Option<Reconciled>> = const { RefCell::new(None) };
+        }
+        let hit = LAST.with_borrow(|l| {
+            l.as_ref()
+                .filter(|(s, lr, ls, _)| (*lr, *ls) == (r, sync) && s == last)
+                .map(|(.., states)| states.clone())
+        });
+        if let Some(states) = hit {
+            return states;
+        }
+        let mut s = last.clone();
+        let State { api, replicas, .. } = &mut s;
+        let rep = &mut replicas[r];
+        if sync & 1 != 0 {
+            rep.gpujob = api.gpujob.clone();
+        }
+        if sync & 2 != 0 {
+            rep.jobs = api.jobs.clone();
+        }
+        if sync & 4 != 0 {
+            rep.pods = api.pods.clone();
+        }
+        let mut frozen = Vec::new();
+        rep.reconcile(api, &self.env(last.tick), &mut frozen);
+        let mut states = vec![s];
+        for (rep, api) in frozen {
+            let mut f = states[0].clone();
+            f.replicas[r] = rep;
+            f.api = api;
+            states.push(f);
+        }
+        LAST.with_borrow_mut(|l| *l = Some((last.clone(), r, sync, states.clone())));
+        states
     }
 }
 
@@ -127,15 +329,18 @@ impl Model for Protocol {
     type Action = Step;
 
     fn init_states(&self) -> Vec<State> {
-        let api = Api::new(status_json(&GpuJobStatus::default()));
+        let mut api = Api::new(Status::of(&GpuJobStatus::default()));
+        api.quota.ignores_tokens = self.faults.quota_ignores_tokens;
+        api.node_lost = self.faults.node_lost;
         let replicas = [Replica::new(&api, true), Replica::new(&api, false)];
         vec![State {
             api,
             replicas,
-            holder: 0,
+            holder: Some(0),
             tick: 0,
             handovers: 0,
             failures: 0,
+            successes: 0,
             edits: 0,
         }]
     }
@@ -145,15 +350,27 @@ impl Model for Protocol {
             // A write that timed out may still land while the next reconcile runs; one
             // write in flight per replica at a time.
             if rep.holds {
-                let freezes: &[Option<u8>] = if rep.in_flight.is_none() {
-                    &[None, Some(0), Some(1)]
+                let freezes = if rep.in_flight.is_none() {
+                    self.freezes
                 } else {
-                    &[None]
+                    0
                 };
                 // GpuJobs, Jobs and pods caught up or not; the pod watch with the Job
-                // watch (the pod cache only says a read is due).
+                // watch (the pod cache only says a read is due). A watch already caught
+                // up makes no other state.
+                let gpujob_behind = rep.gpujob != s.api.gpujob;
+                let jobs_behind = rep.jobs != s.api.jobs || rep.pods != s.api.pods;
                 for sync in [0, 1, 6, 7] {
-                    for &freeze_at in freezes {
+                    if (sync & 1 != 0 && !gpujob_behind) || (sync & 6 != 0 && !jobs_behind) {
+                        continue;
+                    }
+                    steps.push(Step::Reconcile {
+                        r,
+                        sync,
+                        freeze_at: None,
+                    });
+                    for f in 0..freezes {
+                        let freeze_at = u8::try_from(f).ok();
                         steps.push(Step::Reconcile { r, sync, freeze_at });
                     }
                 }
@@ -175,23 +392,28 @@ impl Model for Protocol {
                 }
             }
         }
-        if s.handovers < self.max_handovers {
+        if s.handovers < self.max_handovers && s.holder.is_some() {
             steps.push(Step::Handover);
+            steps.push(Step::LeaseLost);
+        }
+        if s.holder.is_none() {
+            steps.extend((0..2).map(|r| Step::Acquire { r }));
         }
         for job in s.api.pod_makers() {
             steps.push(Step::CreatePod { job });
         }
-        for j in &s.api.jobs {
-            let pod_failed = s.api.pods.iter().any(|p| p.job_uid == j.uid && p.failed);
-            if j.failed_at.is_none() && pod_failed {
-                steps.push(Step::FailJob { job: j.uid });
-            }
+        for job in s.api.ending_jobs() {
+            steps.push(Step::EndJob { job });
         }
         for p in &s.api.pods {
-            if p.bound && !p.failed && !p.deleting && s.failures < self.max_failures {
+            let running = p.bound && !p.ended && !p.deleting;
+            if running && s.failures < self.max_failures {
                 steps.push(Step::FailPod { pod: p.uid });
             }
-            if p.deleting && p.bound && !p.failed {
+            if running && s.successes < self.max_successes {
+                steps.push(Step::SucceedPod { pod: p.uid });
+            }
+            if p.deleting && p.bound && !p.ended && !s.api.node_lost {
                 steps.push(Step::StopPod { pod: p.uid });
             }
         }
@@ -200,6 +422,9 @@ impl Model for Protocol {
         }
         for job in s.api.collectable_jobs() {
             steps.push(Step::CollectJob { job });
+        }
+        for job in s.api.admissible() {
+            steps.push(Step::Admit { job });
         }
         if s.edits < self.max_edits {
             steps.push(Step::Edit);
@@ -215,50 +440,43 @@ impl Model for Protocol {
         let mut s = last.clone();
         match step {
             Step::Reconcile { r, sync, freeze_at } => {
-                let State {
-                    api,
-                    replicas,
-                    tick,
-                    ..
-                } = &mut s;
-                let rep = &mut replicas[r];
-                if sync & 1 != 0 {
-                    rep.gpujob = api.gpujob.clone();
-                }
-                if sync & 2 != 0 {
-                    rep.jobs = api.jobs.clone();
-                }
-                if sync & 4 != 0 {
-                    rep.pods = api.pods.clone();
-                }
-                rep.reconcile(api, *tick, freeze_at, self.faults);
+                let i = freeze_at.map_or(0, |f| usize::from(f) + 1);
+                // A reconcile with fewer writes than that: the same as one without.
+                return self.reconciled(last, r, sync).into_iter().nth(i);
             }
+            Step::Admit { job } => s.api.admit(job),
             Step::Deliver { r } => {
                 if let Some(write) = s.replicas[r].in_flight.take() {
-                    s.api.apply(&write);
+                    s.api.land_late(&write);
                 }
             }
             Step::Handover => {
-                let next = 1 - s.holder;
-                s.replicas[s.holder].holds = false;
-                s.replicas[next].holds = true;
-                // A new term: nothing it knew is known current in it.
-                s.replicas[next].current = None;
-                s.replicas[next].term_start = Some(s.api.rv);
-                s.holder = next;
+                let held = s.holder?;
+                s.replicas[held].holds = false;
+                s.acquire(1 - held);
                 s.handovers += 1;
             }
+            Step::LeaseLost => {
+                let held = s.holder.take()?;
+                s.replicas[held].holds = false;
+                s.handovers += 1;
+            }
+            Step::Acquire { r } => s.acquire(r),
             Step::SyncGpuJob { r } => s.replicas[r].gpujob = s.api.gpujob.clone(),
             Step::SyncJobs { r } => s.replicas[r].jobs = s.api.jobs.clone(),
             Step::SyncPods { r } => s.replicas[r].pods = s.api.pods.clone(),
             Step::CreatePod { job } => s.api.create_pod(job),
-            Step::FailJob { job } => {
+            Step::EndJob { job } => {
                 let tick = s.tick;
-                s.api.fail_job(job, tick);
+                s.api.end_job(job, tick);
             }
             Step::FailPod { pod } => {
-                s.api.fail_pod(pod);
+                s.api.end_pod(pod, false);
                 s.failures += 1;
+            }
+            Step::SucceedPod { pod } => {
+                s.api.end_pod(pod, true);
+                s.successes += 1;
             }
             Step::StopPod { pod } => s.api.stop_pod(pod),
             Step::CollectPod { pod } => s.api.collect_pod(pod),
@@ -292,6 +510,53 @@ impl Model for Protocol {
             Property::always("attempt numbers go up without gaps", |_, s: &State| {
                 !s.api.attempt_skipped && !s.api.attempts_fell
             }),
+            // A stale view must not start an attempt again: a create that reaches the
+            // API server while its sender reconciles makes no Job again for an attempt
+            // the status records.
+            Property::always(ONE_JOB_PER_ATTEMPT, |_, s: &State| !s.api.job_made_again),
+            // With the quota service: what runs is always covered by a reservation.
+            Property::always(NO_RELEASE_UNDER_POD, |m, s: &State| {
+                !m.quota_required || s.api.quota.held.is_some() || s.api.running_gpus() == 0
+            }),
+            Property::always(QUOTA_COVERS, |m, s: &State| {
+                !m.quota_required || s.api.running_gpus() <= s.api.quota.held.unwrap_or(0)
+            }),
+            // Not vacuous: the spec asks for more GPUs after an edit, and a reservation
+            // is released and made again for them once the attempt before has stopped.
+            Property::sometimes(
+                "a reservation is made again for an edited spec",
+                |m, s: &State| {
+                    // Reserve, release, reserve: three calls, the last for 2 GPUs.
+                    !m.quota_required || (s.api.quota.fence >= 3 && s.api.quota.held == Some(2))
+                },
+            ),
+            // Not vacuous: a GpuJob that succeeded releases its reservation, then its
+            // finalizer.
+            Property::sometimes("a finished GpuJob releases its quota", |m, s: &State| {
+                let finished = s.api.gpujob.status.get().phase == Some(Phase::Succeeded);
+                m.max_successes == 0 || (finished && !s.api.gpujob.finalizer)
+            }),
+            // Not vacuous with Kueue: an admitted Job's pod runs.
+            Property::sometimes("a Job Kueue admitted runs", |m, s: &State| {
+                !m.queue || !s.api.ran.is_empty()
+            }),
+            // Nothing but a pod's failure fails an attempt here (no one else deletes
+            // Jobs): a failure counted otherwise takes a retry the user never lost.
+            Property::always(FAILURES_REAL, |_, s: &State| {
+                let mut failed: Vec<i32> = s
+                    .api
+                    .jobs
+                    .iter()
+                    .chain(&s.api.gone_jobs)
+                    .filter(|j| j.failed_at.is_some())
+                    .map(|j| j.attempt)
+                    .collect();
+                failed.sort_unstable();
+                failed.dedup();
+                let counted = s.api.gpujob.status.get().failures;
+                usize::try_from(counted).is_ok_and(|c| c <= failed.len())
+            }),
+            Property::always(CONVERGES, |m, s: &State| !m.liveness || m.converges(s)),
             // The model is not vacuous: it reaches a second attempt (a retry or a
             // replacement) after the first ran.
             Property::sometimes("a second attempt is made", |_, s: &State| {
@@ -307,12 +572,29 @@ impl Model for Protocol {
     }
 }
 
-fn check(faults: Faults, depth: usize) -> impl Checker<Protocol> {
-    let checker = Protocol::new(faults)
-        .checker()
-        .target_max_depth(depth)
-        .spawn_bfs()
-        .join();
+/// Converged: a replica holds the shard, the GpuJob has observed its spec, and its current attempt's pod (of a
+/// Job of that spec) runs, or it has finished.
+fn done(s: &State) -> bool {
+    if s.holder.is_none() {
+        return false;
+    }
+    let status = s.api.gpujob.status.get();
+    if status.observed_generation != Some(s.api.gpujob.generation) {
+        return false;
+    }
+    if status.phase.is_some_and(Phase::is_final) {
+        return true;
+    }
+    status.phase == Some(Phase::Running)
+        && s.api.jobs.iter().any(|j| {
+            j.attempt == status.attempts
+                && j.generation == s.api.gpujob.generation
+                && s.api.pods.iter().any(|p| p.job_uid == j.uid && p.can_run())
+        })
+}
+
+fn check(model: Protocol, depth: usize) -> impl Checker<Protocol> {
+    let checker = model.checker().target_max_depth(depth).spawn_bfs().join();
     eprintln!(
         "model: {} states ({} unique), depth {}",
         checker.state_count(),
@@ -324,15 +606,84 @@ fn check(faults: Faults, depth: usize) -> impl Checker<Protocol> {
 
 #[test]
 fn no_interleaving_within_the_bound_runs_two_attempts_at_once() {
-    let checker = check(Faults::default(), depth());
+    let checker = check(Protocol::new(Faults::default()), depth());
     checker.assert_properties();
+}
+
+/// With the quota service (`--quota-provider http`): the plan reserves before the first
+/// attempt, records each call's fencing sequence in `status.quotaCall` before it sends
+/// it, and releases and reserves again when an edit asks for more GPUs; calls may land
+/// late, and the service refuses one older than the last it saw.
+#[test]
+fn with_quota_no_reservation_is_released_under_a_running_pod() {
+    let model = Protocol {
+        quota_required: true,
+        max_successes: 1,
+        ..Protocol::new(Faults::default())
+    };
+    check(model, depth()).assert_properties();
+}
+
+/// A quota service that ignores fencing tokens: a release that lands late frees the
+/// quota of a running attempt, and the checker must find it.
+#[test]
+fn with_quota_and_no_fencing_the_checker_finds_a_pod_running_without_quota() {
+    let model = Protocol {
+        quota_required: true,
+        ..Protocol::new(Faults {
+            quota_ignores_tokens: true,
+            ..Faults::default()
+        })
+    };
+    // Failures play no part in it.
+    let model = Protocol {
+        max_failures: 0,
+        ..model
+    };
+    let properties = [NO_RELEASE_UNDER_POD, QUOTA_COVERS];
+    // Its shortest trace is 9 steps: reserve and create, edit, a release left in flight,
+    // a hand-over, the successor's release and reserve, the late release, the pod, the
+    // gate.
+    let path = counterexample(model, &properties, depth().max(11));
+    eprintln!("counterexample, {} steps: {path:#?}", path.len());
+}
+
+/// The first counterexample to any of `properties` the checker finds, as its steps;
+/// panics when there is none within the bound.
+fn counterexample(model: Protocol, properties: &[&'static str], depth: usize) -> Vec<Step> {
+    let checker = model
+        .checker()
+        .target_max_depth(depth)
+        .finish_when(HasDiscoveries::AnyOf(properties.iter().copied().collect()))
+        .spawn_bfs()
+        .join();
+    let found = properties.iter().find_map(|p| checker.discovery(p));
+    let Some(path) = found else {
+        panic!("the checker found no counterexample to {properties:?}")
+    };
+    path.into_actions()
+}
+
+/// With `spec.queueName`: the plan creates each Job suspended and labelled for its
+/// Kueue LocalQueue; Kueue admits (unsuspends) it at any later step.
+#[test]
+fn with_kueue_no_interleaving_runs_two_attempts_at_once() {
+    let model = Protocol {
+        queue: true,
+        max_edits: 0,
+        ..Protocol::new(Faults::default())
+    };
+    check(model, depth()).assert_properties();
 }
 
 /// The gate left out of the Jobs the plan builds: the checker must find two attempts
 /// running, so the check can fail.
 #[test]
 fn without_the_gate_the_checker_finds_two_attempts_running() {
-    let faults = Faults { ungated_jobs: true };
+    let faults = Faults {
+        ungated_jobs: true,
+        ..Faults::default()
+    };
     let checker = Protocol::new(faults)
         .checker()
         .target_max_depth(depth())
@@ -344,4 +695,35 @@ fn without_the_gate_the_checker_finds_two_attempts_running() {
     };
     let steps = path.into_actions();
     eprintln!("counterexample, {} steps: {steps:#?}", steps.len());
+}
+
+/// The confirming read left out (the replica takes its cached GpuJob as current): a
+/// replica that takes the shard with a GpuJob cache from before its predecessor
+/// recorded an attempt makes that attempt's Job again once the predecessor's Job is
+/// gone. The gate still holds its pods (the status write that would let them go is
+/// refused), so the checker finds this, not two attempts running.
+#[test]
+fn without_the_confirming_read_the_checker_finds_an_attempt_started_again() {
+    let model = Protocol::new(Faults {
+        unconfirmed: true,
+        ..Faults::default()
+    });
+    let path = counterexample(model, &[ONE_JOB_PER_ATTEMPT], depth());
+    eprintln!("counterexample, {} steps: {path:#?}", path.len());
+}
+
+/// The node's kubelet is lost: a deleted pod that ran never stops. After an edit, the
+/// replacement waits for the old attempt's pod for good, and the liveness check must
+/// say the GpuJob does not converge (the operator can only report such a wait).
+#[test]
+fn with_a_lost_node_the_checker_finds_a_gpujob_that_never_converges() {
+    let model = Protocol {
+        liveness: true,
+        ..Protocol::new(Faults {
+            node_lost: true,
+            ..Faults::default()
+        })
+    };
+    let path = counterexample(model, &[CONVERGES], depth());
+    eprintln!("counterexample, {} steps: {path:#?}", path.len());
 }
