@@ -38,15 +38,16 @@ async fn the_client_refuses_writes_outside_a_held_shards_tenure() {
     let shards = (2..64)
         .find(|n| shard_of(&env.ns, *n) != shard_of(&other, *n))
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let held = BTreeMap::from([(
-        shard_of(&env.ns, shards),
-        Tenure::gained(Some(deadline), None),
-    )]);
-    let (_own, rx) = watch::channel(Ownership {
-        held,
+    // Held until `deadline`: far off while the writes before it are made (however slow
+    // the machine), then moved close and waited for.
+    let held_until = |deadline| Ownership {
+        held: BTreeMap::from([(
+            shard_of(&env.ns, shards),
+            Tenure::gained(Some(deadline), None),
+        )]),
         ..Ownership::nothing_of(shards)
-    });
+    };
+    let (own, rx) = watch::channel(held_until(Instant::now() + Duration::from_secs(3600)));
     let config = env.cluster.config(Identity::Admin).await.unwrap();
     let client =
         gpujob_operator::client::build(config, "fence", Default::default(), None, Some(rx))
@@ -66,6 +67,8 @@ async fn the_client_refuses_writes_outside_a_held_shards_tenure() {
         "reads pass"
     );
 
+    let deadline = Instant::now() + Duration::from_millis(50);
+    own.send_replace(held_until(deadline));
     tokio::time::sleep_until(deadline).await;
     let late = mine.create(&PostParams::default(), &gpujob("c")).await;
     assert!(late.is_err(), "past the deadline: {late:?}");
