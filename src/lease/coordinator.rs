@@ -694,21 +694,12 @@ impl Coordinator {
 mod tests {
     use super::*;
     use crate::shard::ShardMap;
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
     use std::time::{Duration, Instant};
 
     const LEASE: Duration = Duration::from_secs(15);
 
     fn held_by(holder: &str, at: Instant) -> Option<Observed> {
-        Some(Observed {
-            spec: LeaseSpec {
-                holder_identity: Some(holder.to_owned()),
-                lease_duration_seconds: Some(15),
-                ..LeaseSpec::default()
-            },
-            resource_version: "1".to_owned(),
-            at,
-        })
+        Some(super::super::modes::tests::held_by(holder, at))
     }
 
     fn names(of: &[&str]) -> BTreeSet<String> {

@@ -332,7 +332,7 @@ pub fn live_sharded(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::lease::group::LABEL_SHARD_MAP;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
@@ -340,6 +340,19 @@ mod tests {
 
     fn secs(n: u64) -> Duration {
         Duration::from_secs(n)
+    }
+
+    /// A Lease seen at `at`, held by `holder` for 15 s.
+    pub(in crate::lease) fn held_by(holder: &str, at: Instant) -> Observed {
+        Observed {
+            spec: LeaseSpec {
+                holder_identity: Some(holder.to_owned()),
+                lease_duration_seconds: Some(15),
+                ..LeaseSpec::default()
+            },
+            resource_version: "1".to_owned(),
+            at,
+        }
     }
 
     fn lease(name: &str, role: &str, holder: Option<&str>, rv: &str) -> Lease {
@@ -469,15 +482,6 @@ mod tests {
     #[test]
     fn a_standby_says_once_per_holder_whom_it_waits_on() {
         let t0 = Instant::now();
-        let held_by = |holder: &str, at: Instant| Observed {
-            spec: LeaseSpec {
-                holder_identity: Some(holder.to_owned()),
-                lease_duration_seconds: Some(15),
-                ..LeaseSpec::default()
-            },
-            resource_version: "1".to_owned(),
-            at,
-        };
         let mut single = Single::new("a");
         let b = held_by("b", t0);
         assert_eq!(

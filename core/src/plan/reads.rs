@@ -40,6 +40,34 @@ pub enum Read {
     Workload { attempt: i32, job_uid: String },
 }
 
+impl Read {
+    /// What the read answers when it finds nothing: no Job, no exit code, no reason the
+    /// scheduler gave, a Workload Kueue has not decided on. (For tests and the protocol
+    /// model, whose pods carry none of these.)
+    pub fn found_nothing(&self) -> Found {
+        match self {
+            Read::Job { attempt } => Found::Job {
+                attempt: *attempt,
+                job: FoundJob::Absent,
+            },
+            Read::Termination { attempt, .. } => Found::Termination {
+                attempt: *attempt,
+                termination: None,
+            },
+            Read::Placement { attempt, .. } => Found::Placement {
+                attempt: *attempt,
+                unschedulable: None,
+                pods: Vec::new(),
+            },
+            Read::Workload { attempt, .. } => Found::Workload(QueueWait {
+                attempt: *attempt,
+                reason: "Pending".to_owned(),
+                message: "Kueue has not decided on the Workload yet".to_owned(),
+            }),
+        }
+    }
+}
+
 /// What a [`Read`] found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Found {

@@ -212,22 +212,7 @@ impl Replica {
                             None => FoundJob::Absent,
                         },
                     },
-                    Read::Termination { attempt, .. } => Found::Termination {
-                        attempt: *attempt,
-                        termination: None,
-                    },
-                    Read::Placement { attempt, .. } => Found::Placement {
-                        attempt: *attempt,
-                        unschedulable: None,
-                        pods: Vec::new(),
-                    },
-                    Read::Workload { attempt, .. } => {
-                        Found::Workload(gpujob_core::plan::QueueWait {
-                            attempt: *attempt,
-                            reason: "Pending".to_owned(),
-                            message: String::new(),
-                        })
-                    }
+                    _ => read.found_nothing(),
                 };
                 heard.reads.record(read.clone(), &found);
                 return Flow::Go;

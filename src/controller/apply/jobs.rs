@@ -64,12 +64,7 @@ impl Execution<'_> {
                 }));
             }
             Created::NameTaken(message) => {
-                warn!(attempt, "{message}; looking again in a while");
-                return Ok(Some(Refusal {
-                    attempt,
-                    reason: JOB_NAME_CONFLICT,
-                    message,
-                }));
+                return Ok(Some(name_taken(attempt, JOB_NAME_CONFLICT, message)));
             }
         };
         info!(
@@ -101,12 +96,7 @@ impl Execution<'_> {
     ) -> Result<Option<Refusal>, Error> {
         let name = service.metadata.name.as_deref().unwrap_or_default();
         if let Some(message) = self.ctx.writer.create_service(self.fence, service).await? {
-            warn!(attempt, "{message}; looking again in a while");
-            return Ok(Some(Refusal {
-                attempt,
-                reason: SERVICE_NAME_CONFLICT,
-                message,
-            }));
+            return Ok(Some(name_taken(attempt, SERVICE_NAME_CONFLICT, message)));
         }
         info!(
             attempt,
@@ -236,5 +226,16 @@ impl Execution<'_> {
             foreground,
         });
         Ok(())
+    }
+}
+
+/// A foreign object holds the name of `attempt`'s Job or Service: said, and looked at
+/// again later (`reason` says which).
+fn name_taken(attempt: i32, reason: &'static str, message: String) -> Refusal {
+    warn!(attempt, "{message}; looking again in a while");
+    Refusal {
+        attempt,
+        reason,
+        message,
     }
 }

@@ -335,26 +335,7 @@ fn reads_are_asked_in_at_most_two_rounds_and_never_again_once_answered() {
             for read in asked {
                 assert!(!reads.made(&read), "asked again once answered: {read:?}");
                 // Nothing found: the most rounds, as nothing settles a question early.
-                let found = match &read {
-                    Read::Job { attempt } => Found::Job {
-                        attempt: *attempt,
-                        job: FoundJob::Absent,
-                    },
-                    Read::Termination { attempt, .. } => Found::Termination {
-                        attempt: *attempt,
-                        termination: None,
-                    },
-                    Read::Placement { attempt, .. } => Found::Placement {
-                        attempt: *attempt,
-                        unschedulable: None,
-                        pods: Vec::new(),
-                    },
-                    Read::Workload { attempt, .. } => Found::Workload(QueueWait {
-                        attempt: *attempt,
-                        reason: "Pending".into(),
-                        message: String::new(),
-                    }),
-                };
+                let found = read.found_nothing();
                 reads.record(read, &found);
             }
         }
