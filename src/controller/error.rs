@@ -131,7 +131,9 @@ pub enum Error {
         "{what} has no resourceVersion in this replica's view; the write was not sent, re-reading"
     )]
     Unconditioned { what: String },
-    #[error("not leader (lease lost or past its renew deadline); the write was not sent")]
+    #[error(
+        "not leader (lease lost or past its renew deadline); the call (a write, or a read a plan asked for) was not sent"
+    )]
     NotLeader,
     #[error("{0}")]
     Quota(#[from] crate::quota::QuotaError),

@@ -4,8 +4,6 @@
 //! executor's answer goes to the next plan, made from the snapshot as the view now has
 //! it; nothing here decides, reads or writes.
 
-use std::sync::Arc;
-
 use jiff::Timestamp;
 use tracing::info;
 
@@ -29,14 +27,16 @@ struct Heard {
     termination: Option<Termination>,
     unschedulable: Option<Unschedulable>,
     queue_wait: Option<QueueWait>,
+    /// Pods a placement read found: a pod waiting at the gate there is as good a hint as
+    /// the pod cache's (which may have missed it).
+    placed: Vec<SeenPod>,
     reads: Reads,
     /// A failed release, reported as this reconcile's error once recorded in status.
     release_error: Option<QuotaError>,
 }
 
 impl Heard {
-    /// Takes `answer`; pods a read found go to `snap` (a hint, as the pod cache's).
-    fn record(&mut self, answer: Answer, snap: &mut Snapshot) {
+    fn record(&mut self, answer: Answer) {
         match answer {
             Answer::Quota(a) => self.quota = Some(a),
             Answer::ReleaseFailed(e) => {
@@ -58,7 +58,7 @@ impl Heard {
                         ..
                     } => {
                         self.unschedulable = unschedulable;
-                        snap.cached_pods.extend(pods.into_iter().map(Arc::new));
+                        self.placed.extend(pods);
                     }
                     Found::Workload(wait) => self.queue_wait = Some(wait),
                 }
@@ -68,7 +68,7 @@ impl Heard {
 
     /// What the plan sees: `snap`, with what was heard so far.
     fn observed<'s>(
-        &self,
+        &'s self,
         snap: &'s Snapshot,
         quota_required: bool,
         now: Timestamp,
@@ -83,7 +83,12 @@ impl Heard {
             quota_required,
             quota: self.quota.clone(),
             pods: self.pods.clone(),
-            cached_pods: snap.cached_pods.iter().map(AsRef::as_ref).collect(),
+            cached_pods: snap
+                .cached_pods
+                .iter()
+                .map(AsRef::as_ref)
+                .chain(&self.placed)
+                .collect(),
             confirmed: snap.confirmed,
             term_start_due: snap.term_start_due,
             reads: self.reads.clone(),
@@ -115,20 +120,13 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
             next = ?plan.next,
             "planned"
         );
-        if !plan
-            .actions
-            .iter()
-            .any(|a| matches!(a, Action::ReadTermStart))
-        {
-            ctx.view.term_start_declined(&fence, &mut snap);
-        }
         let run = apply::execute(ctx, &fence, key, &snap, &plan.actions, &plan.status).await;
         // The pods as read are no longer as they are once this run wrote one.
         if plan.actions.iter().any(Action::writes_pods) {
             heard.pods = None;
         }
         for answer in run.answers {
-            heard.record(answer, &mut snap);
+            heard.record(answer);
         }
         if !ctx.view.record(key, &fence, &mut snap, run.outcomes) {
             info!("the GpuJob is gone (read from the API server); nothing is done for it");

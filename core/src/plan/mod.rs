@@ -50,14 +50,23 @@ pub use attempts::{
 pub use reads::{Found, FoundJob, Read, Reads, termination_of, unschedulable_of, workload_wait};
 
 /// How many plans one reconcile may make. A plan is made again only once a question it
-/// ended with is answered, and no plan asks again what its reconcile has answered: the
-/// term's start (once; then it is known, or failed and not offered for a while), a
-/// confirming read that found the GpuJob moved on (once: the read version is current),
-/// the reads (two rounds, the Jobs' first; again at most once after the GpuJob moved),
-/// the pods (again only after a pod write), the quota service (a reserve, a release) and
-/// a create refused (the Job, the Service): 11 at most, and one more for the plan that
-/// ends. More is a planning bug, which must not loop (the operator reports it as an
-/// error; the protocol model checks the bound in every state it explores).
+/// ended with is answered, and no plan asks again what its reconcile has answered. What
+/// may come, at most, before the plan that ends:
+/// - the reads (`reads.rs`): two rounds (the Jobs', then those the Jobs found make due);
+///   a plan that reads asks nothing else;
+/// - the term's start, only in a reconcile's first plan (the executor declines it for
+///   the rest of the reconcile once a run has not read it), so never beside the first
+///   reads: with them, one;
+/// - a confirming read that finds the GpuJob moved on (once: the version read is
+///   current), and two more rounds of reads for the version it found;
+/// - the pods (a second time only after a pod write, which comes at most once before a
+///   question: the gate's writes end a plan's questions);
+/// - the quota service (a reserve, a release) and a create refused (the Job, or the
+///   Service before it: either ends the attempt's start).
+///
+/// That is 2 + 1 + 2 + 2 + 2 + 1 = 10 questions, 11 plans; 12 leaves one to spare. More
+/// is a planning defect, which must not loop: the operator reports it as an error
+/// (`Undecided`), and the protocol model fails on it in every state it explores.
 pub const MAX_PLANS: usize = 12;
 /// Condition reason for a spec the operator cannot run; it waits for a spec change.
 pub const INVALID_SPEC: &str = "InvalidSpec";
@@ -488,16 +497,14 @@ pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
         _ => obs,
     };
     let mut p = Planner::new(obs, settings);
-    if obs.gpujob.metadata.deletion_timestamp.is_none() {
-        let due = p.reads_due();
-        if !due.is_empty() {
-            // Nothing is decided without them.
-            return Plan {
-                actions: due.into_iter().map(Action::Read).collect(),
-                status: p.current,
-                next: Next::Done,
-            };
-        }
+    let due = p.reads_due();
+    if !due.is_empty() {
+        // Nothing is decided without them.
+        return Plan {
+            actions: due.into_iter().map(Action::Read).collect(),
+            status: p.current,
+            next: Next::Done,
+        };
     }
     p.run();
     // A question ends the plan: what follows is decided again with its answer.

@@ -149,26 +149,35 @@ impl Planner<'_, '_> {
     /// The reads due before this GpuJob can be decided, not made yet in this reconcile:
     /// the Jobs' first, then (with them answered) those about an attempt's pods or
     /// Workload. Empty: decide.
+    ///
+    /// A GpuJob being deleted reads only its recorded attempt's Job: a Job taken for gone
+    /// is neither deleted nor waited for, and its pods (which it may still make) would
+    /// hold no reservation once it is released.
     pub(super) fn reads_due(&self) -> Vec<Read> {
         let status = &self.current;
         let k = status.attempts;
         let final_ = status.phase.is_some_and(Phase::is_final);
+        let deleting = self.gj.metadata.deletion_timestamp.is_some();
         let mut due = Vec::new();
         if !final_ && k >= 1 && !self.by_attempt.contains_key(&k) {
             due.push(Read::Job { attempt: k });
         }
         if let Some(next) = self.name_conflict_attempt()
             && !self.by_attempt.contains_key(&next)
+            && !deleting
         {
             due.push(Read::Job { attempt: next });
         }
         due.retain(|r| !self.obs.reads.made(r));
-        if !due.is_empty() {
+        if !due.is_empty() || deleting {
             return due;
         }
+        // A fact heard in this reconcile about another attempt (the GpuJob moved on
+        // since) does not answer for this one.
+        let unknown = |a: Option<i32>, attempt: i32| a.is_none_or(|a| a != attempt);
         let uid_of = |j: &SeenJob| j.uid.clone();
         if let Some((attempt, job)) = self.unrecorded_failure()
-            && self.obs.termination.is_none()
+            && unknown(self.obs.termination.as_ref().map(|t| t.attempt), attempt)
             && let Some(job_uid) = uid_of(job)
         {
             due.push(Read::Termination { attempt, job_uid });
@@ -183,14 +192,17 @@ impl Planner<'_, '_> {
             if let Some(job_uid) = uid_of(job) {
                 if pods_waiting(job, self.obs.now) == PodsWaiting::ReadPod
                     && !at_gate(&job_uid)
-                    && self.obs.unschedulable.is_none()
+                    && unknown(self.obs.unschedulable.as_ref().map(|u| u.attempt), attempt)
                 {
                     due.push(Read::Placement {
                         attempt,
                         job_uid: job_uid.clone(),
                     });
                 }
-                if job.queued() && !job.deleting() && self.obs.queue_wait.is_none() {
+                if job.queued()
+                    && !job.deleting()
+                    && unknown(self.obs.queue_wait.as_ref().map(|w| w.attempt), attempt)
+                {
                     due.push(Read::Workload { attempt, job_uid });
                 }
             }

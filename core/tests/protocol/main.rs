@@ -77,11 +77,11 @@ struct State {
 
 impl State {
     /// Replica `r` begins a term as the shard's holder: nothing it knew is known current
-    /// in it, and the term starts at the API server's resourceVersion now.
+    /// in it, and where the term began is not known until a plan asks to read it.
     fn acquire(&mut self, r: usize) {
         self.replicas[r].holds = true;
         self.replicas[r].current = None;
-        self.replicas[r].term_start = Some(self.api.rv);
+        self.replicas[r].term_start = None;
         self.holder = Some(r);
     }
 }

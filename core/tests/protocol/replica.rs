@@ -69,8 +69,9 @@ pub struct Replica {
     pub pods: Vec<PodObj>,
     /// The GpuJob's resourceVersion known current in this term (read or written by it).
     pub current: Option<u32>,
-    /// Where its term began (a quorum list's resourceVersion): a cached GpuJob strictly
-    /// past it needs no confirming read (`src/controller/view/term_start.rs`).
+    /// Where its term began (a quorum list's resourceVersion, read when a plan asks:
+    /// `Action::ReadTermStart`): a cached GpuJob strictly past it needs no confirming
+    /// read (`src/controller/view/term_start.rs`).
     pub term_start: Option<u32>,
     /// A write sent and not yet landed.
     pub in_flight: Option<Write>,
@@ -80,6 +81,9 @@ pub struct Replica {
 #[derive(Default)]
 struct Heard {
     confirmed: bool,
+    /// The term's start is not known and this reconcile may read it: only in its first
+    /// plan (the executor declines it for the rest of the reconcile, as the operator's).
+    term_start_due: bool,
     refused: Option<Refusal>,
     quota: Option<QuotaAnswer>,
     pods: Option<Vec<SeenPod>>,
@@ -106,7 +110,7 @@ impl Replica {
             jobs: api.jobs.clone(),
             pods: api.pods.clone(),
             current: None,
-            term_start: holds.then_some(api.rv),
+            term_start: None,
             in_flight: None,
         }
     }
@@ -120,6 +124,7 @@ impl Replica {
             confirmed: env.faults.unconfirmed
                 || self.current == Some(self.gpujob.rv)
                 || self.term_start.is_some_and(|t| self.gpujob.rv > t),
+            term_start_due: self.term_start.is_none(),
             ..Heard::default()
         };
         'plans: for _ in 0..MAX_PLANS {
@@ -138,11 +143,12 @@ impl Replica {
                 pods: heard.pods.clone(),
                 cached_pods: cached.iter().collect(),
                 confirmed: heard.confirmed,
-                term_start_due: false,
+                term_start_due: heard.term_start_due && !heard.confirmed,
                 reads: heard.reads.clone(),
                 now,
             };
             let plan = plan(&observed, &SETTINGS);
+            heard.term_start_due = false;
             for action in &plan.actions {
                 match self.carry_out(action, api, env, &mut heard, frozen) {
                     Flow::Go => {}
@@ -193,6 +199,12 @@ impl Replica {
             }
             Action::ReadPods => {
                 heard.pods = Some(api.pods.iter().map(seen_pod).collect());
+                return Flow::Replan;
+            }
+            Action::ReadTermStart => {
+                // A quorum list's resourceVersion: the store's now.
+                self.term_start = Some(api.rv);
+                heard.confirmed |= self.gpujob.rv > api.rv;
                 return Flow::Replan;
             }
             Action::Read(read) => {

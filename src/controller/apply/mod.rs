@@ -85,6 +85,13 @@ pub async fn execute(
         answers: Vec::new(),
     };
     let end = ex.run(key, actions, status).await;
+    let read_term_start = ex
+        .outcomes
+        .iter()
+        .any(|o| matches!(o, Outcome::TermStart { .. }));
+    if snap.term_start_due && !read_term_start {
+        ex.outcomes.push(Outcome::TermStartDeclined);
+    }
     Run {
         outcomes: ex.outcomes,
         answers: ex.answers,

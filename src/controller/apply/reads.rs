@@ -1,5 +1,8 @@
-//! The reads a plan asks for, made by the executor beside its writes: the only reads of
-//! the API server a reconcile makes (the watches feed the caches). Each read is made
+//! The reads a plan asks for, made by the executor beside its writes: with the read of
+//! the object that holds a stable name after a create's 409 (`writes.rs`: a write's
+//! answer), the only reads of the API server a reconcile makes (the watches feed the
+//! caches). A read of where a term began that fails is not an error: it is logged, and
+//! the shard's GpuJobs are confirmed one by one meanwhile. Each read is made
 //! while the reconcile's shard is still held (`Writer::check`), so a replica that lost
 //! a shard stops reading its GpuJobs as it stops writing them. What a read found goes
 //! back as an outcome (for the view) and an answer (for the next plan).

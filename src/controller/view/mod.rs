@@ -7,7 +7,9 @@
 //! and hand-over's changes of scope ([`View::watching`], [`View::listed`],
 //! [`View::drop_part`], [`View::shards_lost`]). What comes out: a reconcile's snapshot
 //! ([`View::snapshot`], `observe.rs`, which alone says whether a version is current in a
-//! term), and what the caches hold for the queue, the metrics and readiness.
+//! term; a snapshot may also offer its reconcile the read of where the term began, one
+//! reconcile of a shard at a time, until an outcome says it was read or declined), and
+//! what the caches hold for the queue, the metrics and readiness.
 //!
 //! What the GpuJob and Job caches cover (every object, or some shards': `scope.rs`)
 //! decides which GpuJobs may be reconciled ([`View::covers`]). The pod cache is not
@@ -37,7 +39,8 @@ pub use observe::Snapshot;
 use scope::{Cached, Coverage, Scope};
 use term_start::TermStarts;
 
-/// What became of a write the executor sent, as the view must remember it.
+/// What became of a write the executor sent, or what one of its reads found, as the view
+/// must remember it.
 #[derive(Debug)]
 pub enum Outcome {
     /// The API server accepted a write of the GpuJob (status or finalizers) made from
@@ -75,6 +78,10 @@ pub enum Outcome {
     JobRead(Box<SeenJob>),
     /// Where the term of the reconcile's shard began, as read (`None`: the read failed).
     TermStart { start: Option<u64> },
+    /// The snapshot offered the read of the term's start, and the run did not make it
+    /// (its plan needed no confirmed view, or the run ended first): the next reconcile
+    /// that needs it is offered it.
+    TermStartDeclined,
 }
 
 /// What reconciles see.
@@ -237,14 +244,6 @@ impl View {
         observe::observe(self, key, fence)
     }
 
-    /// The reconcile of `snap` was offered the read of where its shard's term began and
-    /// its plan did not ask for it: it goes to the next reconcile that needs it.
-    pub fn term_start_declined(&self, fence: &Fence, snap: &mut Snapshot) {
-        if std::mem::take(&mut snap.term_start_due) {
-            self.term_starts.declined(fence.shard, fence.epoch);
-        }
-    }
-
     /// Remembers what the executor's writes did and its reads found, in order, and lets
     /// `snap` follow them: until the caches catch up, reconciles see these. Returns
     /// `false` when the GpuJob is gone.
@@ -329,6 +328,10 @@ impl View {
                         snap.jobs.push(Arc::new(*job));
                     }
                 }
+                Outcome::TermStartDeclined => {
+                    self.term_starts.declined(fence.shard, fence.epoch);
+                    snap.term_start_due = false;
+                }
                 Outcome::TermStart { start } => {
                     let now = Instant::now();
                     self.term_starts
@@ -390,6 +393,108 @@ pub struct JobEventKeys {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn gpujob(rv: &str, attempts: i32) -> GpuJob {
+        serde_json::from_value(json!({
+            "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": rv},
+            "spec": {"image": "i", "gpus": 1},
+            "status": {"attempts": attempts},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn what_the_executors_reads_found_is_what_the_next_snapshot_shows() {
+        let view = View::default();
+        let key = Key::new("ns", "a");
+        let fence = Fence { shard: 0, epoch: 1 };
+        view.gpujob_event(&Event::Apply(gpujob("10", 1)), &Scope::All);
+        let mut snap = view.snapshot(&key, &fence).unwrap();
+        assert!(!snap.confirmed, "nothing read in this term yet");
+        assert!(
+            snap.term_start_due,
+            "the first reconcile is offered the term's start"
+        );
+        assert!(
+            !view.snapshot(&key, &fence).unwrap().term_start_due,
+            "one at a time"
+        );
+
+        // Declined: offered to the next at once.
+        assert!(view.record(&key, &fence, &mut snap, vec![Outcome::TermStartDeclined]));
+        assert!(view.snapshot(&key, &fence).unwrap().term_start_due);
+
+        // A confirming read at the snapshot's version: current for the rest of the term.
+        let read = |rv, attempts| Outcome::GpuJobRead {
+            seen: "10".into(),
+            read: Arc::new(gpujob(rv, attempts)),
+        };
+        assert!(view.record(&key, &fence, &mut snap, vec![read("10", 1)]));
+        assert!(snap.confirmed);
+        assert!(view.snapshot(&key, &fence).unwrap().confirmed);
+        let next_term = Fence { shard: 0, epoch: 2 };
+        assert!(!view.snapshot(&key, &next_term).unwrap().confirmed);
+
+        // Moved on: the snapshot follows the version read, confirmed, and so does the next.
+        let mut snap = view.snapshot(&key, &next_term).unwrap();
+        assert!(view.record(&key, &next_term, &mut snap, vec![read("12", 2)]));
+        assert_eq!(snap.gpujob.metadata.resource_version.as_deref(), Some("12"));
+        assert!(snap.confirmed);
+        let again = view.snapshot(&key, &next_term).unwrap();
+        assert_eq!(again.gpujob.status.as_ref().unwrap().attempts, 2);
+
+        // A Job read past the cache shows until the cache has it.
+        let job: Job = serde_json::from_value(json!({"metadata": {
+            "name": "a-2", "namespace": "ns", "uid": "j2", "resourceVersion": "11",
+            "labels": {crate::api::LABEL_UID: "u1", "gpujob.dev/attempt": "2"},
+            "ownerReferences": [{"apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+                "name": "a", "uid": "u1", "controller": true}],
+        }}))
+        .unwrap();
+        let seen = SeenJob::of(&job).unwrap();
+        assert!(view.record(
+            &key,
+            &next_term,
+            &mut snap,
+            vec![Outcome::JobRead(Box::new(seen))]
+        ));
+        assert!(snap.jobs.iter().any(|j| j.name == "a-2"));
+        assert!(
+            view.snapshot(&key, &next_term)
+                .unwrap()
+                .jobs
+                .iter()
+                .any(|j| j.name == "a-2")
+        );
+
+        // The term's start, read: versions past it are current, others not.
+        let third = Fence { shard: 0, epoch: 3 };
+        let mut snap = view.snapshot(&key, &third).unwrap();
+        assert!(snap.term_start_due && !snap.confirmed);
+        view.record(
+            &key,
+            &third,
+            &mut snap,
+            vec![Outcome::TermStart { start: Some(11) }],
+        );
+        assert!(snap.confirmed, "12 is past 11");
+        let mut snap = view.snapshot(&key, &Fence { shard: 0, epoch: 4 }).unwrap();
+        let fourth = Fence { shard: 0, epoch: 4 };
+        view.record(
+            &key,
+            &fourth,
+            &mut snap,
+            vec![Outcome::TermStart { start: Some(12) }],
+        );
+        assert!(
+            !snap.confirmed && !snap.term_start_due,
+            "12 is not past 12: read it"
+        );
+
+        // Gone: the reconcile ends, and the view forgets what it remembered of it.
+        assert!(!view.record(&key, &fourth, &mut snap, vec![Outcome::GpuJobGone]));
+    }
 
     #[test]
     fn a_pod_at_the_gate_queues_its_gpujob_through_its_job_and_leaves_with_its_part() {

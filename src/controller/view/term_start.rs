@@ -45,6 +45,8 @@ const RETRY_AFTER: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Copy)]
 enum Start {
     Known(u64),
+    /// Unknown, and offered to no one: the next caller is.
+    Open,
     /// Offered to one reconcile at this instant; the others confirm their GpuJob.
     Offered(Instant),
     Failed(Instant),
@@ -76,6 +78,8 @@ impl TermStarts {
     pub fn covers(&self, shard: u32, epoch: u64, rv: &str, now: Instant) -> Covered {
         let mut by_shard = self.lock();
         let offer = match by_shard.get(&shard) {
+            // A caller still in an ended term reads nothing for it.
+            Some((e, _)) if *e > epoch => false,
             Some((e, Start::Known(start))) if *e == epoch => {
                 return Covered {
                     past: past(rv, *start),
@@ -103,7 +107,7 @@ impl TermStarts {
     pub fn declined(&self, shard: u32, epoch: u64) {
         let mut by_shard = self.lock();
         if matches!(by_shard.get(&shard), Some((e, Start::Offered(_))) if *e == epoch) {
-            by_shard.remove(&shard);
+            by_shard.insert(shard, (epoch, Start::Open));
         }
     }
 
@@ -167,6 +171,10 @@ mod tests {
         assert_eq!(starts.covers(0, 2, "11", later), unknown(true));
         starts.learned(0, 1, Some(5), later);
         assert_eq!(starts.covers(0, 2, "11", later), unknown(false));
+        // Nor does a caller of the old term take the new term's offer.
+        starts.declined(0, 2);
+        assert_eq!(starts.covers(0, 1, "11", later), unknown(false));
+        assert_eq!(starts.covers(0, 2, "11", later), unknown(true));
     }
 
     #[test]

@@ -346,3 +346,66 @@ fn reads_are_asked_in_at_most_two_rounds_and_never_again_once_answered() {
         );
     }
 }
+
+#[test]
+fn a_gpujob_being_deleted_reads_the_recorded_attempts_job_before_it_releases_anything() {
+    let mut g = running(&gpujob(3), 2, 1);
+    g.metadata.deletion_timestamp = Some(Time(t(T0)));
+    g.metadata.finalizers = Some(vec![crate::api::FINALIZER_QUOTA.into()]);
+    let status = g.status.as_mut().unwrap();
+    status.reservation_id = Some("r-1".into());
+    status.reservation_gpus = Some(1);
+    let seen = |reads: Reads| {
+        plan(
+            &Observed {
+                gpujob: &g,
+                jobs: Vec::new(),
+                termination: None,
+                unschedulable: None,
+                queue_wait: None,
+                refused: None,
+                quota_required: true,
+                quota: None,
+                pods: Some(Vec::new()),
+                cached_pods: Vec::new(),
+                confirmed: true,
+                term_start_due: false,
+                reads,
+                now: t(T0),
+            },
+            &settings(),
+        )
+    };
+    let p = seen(Reads::default());
+    assert_eq!(asked(&p), vec![Read::Job { attempt: 2 }], "{:?}", p.actions);
+    // Read and not found: the release may go on.
+    let mut reads = Reads::default();
+    reads.record(
+        Read::Job { attempt: 2 },
+        &Read::Job { attempt: 2 }.found_nothing(),
+    );
+    let kinds: Vec<_> = seen(reads).actions.iter().map(Action::name).collect();
+    assert!(kinds.contains(&"Release"), "{kinds:?}");
+}
+
+#[test]
+fn what_was_heard_of_another_attempt_does_not_answer_for_this_one() {
+    let g = running(&gpujob(3), 1, 0);
+    let failed = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
+    // An exit code heard of attempt 3 (the GpuJob was there, then moved on).
+    let p = plan_after(
+        &g,
+        std::slice::from_ref(&failed),
+        Reads::default(),
+        exit(3, 1),
+        None,
+        T0,
+    );
+    assert_eq!(
+        asked(&p),
+        vec![Read::Termination {
+            attempt: 1,
+            job_uid: "job-uid-1".into()
+        }]
+    );
+}
