@@ -541,10 +541,15 @@ impl ControlPlane {
         Metrics::parse(&text)
     }
 
-    /// A command with `KUBECONFIG` set to `who`'s kubeconfig.
+    /// A command with `KUBECONFIG` set to `who`'s kubeconfig, and kubectl's cache in the
+    /// cluster's state folder.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>, who: Identity) -> Command {
         let mut cmd = Command::new(program);
         cmd.env("KUBECONFIG", self.kubeconfig(who));
+        // kubectl's discovery cache is kept by server address: another control plane
+        // that once listened on this port (with other CRD versions) would answer for
+        // this one. Each cluster keeps its own.
+        cmd.env("KUBECACHEDIR", self.info.state_dir.join("kubectl-cache"));
         cmd
     }
 
