@@ -10,8 +10,8 @@
 use gpujob_core::domain::{PHASES, Snapshot, WAITING_REASONS};
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The controller name in `controller`/`name` labels.
@@ -61,6 +61,11 @@ pub struct Metrics {
     pub shard_count_conflict: IntGauge,
     pub shard_owner: IntGaugeVec,
     pub shard_transitions: IntCounter,
+    /// By shard: how long this replica has seen it free while it could have taken it.
+    pub shard_unheld: GaugeVec,
+    /// How long this replica has held no shard while a shard was free.
+    pub replica_idle: Gauge,
+    pub lease_duration: Gauge,
     pub gpujobs_per_shard: IntGaugeVec,
     pub gpujobs: IntGaugeVec,
     pub waiting: IntGaugeVec,
@@ -274,6 +279,21 @@ impl Metrics {
                 "gpujob_shard_transitions_total",
                 "Times this replica gained or lost a shard",
             )?,
+            shard_unheld: GaugeVec::new(
+                Opts::new(
+                    "gpujob_shard_unheld_seconds",
+                    "By shard: seconds this replica has seen the shard with no live holder while it could have taken it itself (its heartbeat went through and no replica splitting namespaces differently was live); 0 while any replica holds it, and on a replica that cannot judge (it holds the one shard of --shards 1, its list failed, or it may take no shard)",
+                ),
+                &["shard"],
+            )?,
+            replica_idle: Gauge::with_opts(Opts::new(
+                "gpujob_replica_idle_seconds",
+                "Seconds this replica has held no shard while it saw a shard free and could have taken it; 0 while it holds one or none is free",
+            ))?,
+            lease_duration: Gauge::with_opts(Opts::new(
+                "gpujob_lease_duration_seconds",
+                "The lease duration this replica runs with (--lease-duration): a Lease not renewed for this long expires; the unheld and idle alerts compare with it",
+            ))?,
             gpujobs_per_shard: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_gpujobs_per_shard",
@@ -416,6 +436,9 @@ impl Metrics {
             Box::new(self.shard_count_conflict.clone()),
             Box::new(self.shard_owner.clone()),
             Box::new(self.shard_transitions.clone()),
+            Box::new(self.shard_unheld.clone()),
+            Box::new(self.replica_idle.clone()),
+            Box::new(self.lease_duration.clone()),
             Box::new(self.gpujobs_per_shard.clone()),
             Box::new(self.gpujobs.clone()),
             Box::new(self.waiting.clone()),
@@ -449,6 +472,7 @@ impl Metrics {
         for s in 0..shards {
             let s = s.to_string();
             self.shard_owner.with_label_values(&[s.as_str()]);
+            self.shard_unheld.with_label_values(&[s.as_str()]);
             self.gpujobs_per_shard.with_label_values(&[s.as_str()]);
             self.shard_first_look.with_label_values(&[s.as_str()]);
             self.shard_cached.with_label_values(&[s.as_str()]);

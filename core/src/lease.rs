@@ -92,6 +92,22 @@ impl Observed {
         let valid_for = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
         now < self.at + valid_for
     }
+
+    /// How long the record has been released or expired, on this replica's clock: since
+    /// it was seen changing to no holder, or since its lease duration ran out after it
+    /// was last seen changing. `None` while it is held by a live replica or names `me`
+    /// (a replica never judges its own record gone). No remote timestamp is compared.
+    pub fn gone_for(&self, me: &str, now: Instant) -> Option<Duration> {
+        let ends = match self.holder() {
+            None => self.at,
+            Some(holder) if holder == me => return None,
+            Some(_) => {
+                let secs = self.spec.lease_duration_seconds.unwrap_or(0).max(0);
+                self.at + Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+            }
+        };
+        (now >= ends).then(|| now.saturating_duration_since(ends))
+    }
 }
 
 /// The record this replica writes to take (`new_term`) or renew the Lease. Every new
@@ -213,6 +229,44 @@ mod tests {
         assert!(
             !released.held_by_other("replica-1", seen),
             "an empty holder is free at once"
+        );
+    }
+
+    #[test]
+    fn a_record_is_gone_from_its_release_or_expiry_on_the_local_clock() {
+        let t0 = Instant::now();
+        let o = held("replica-2", t0);
+        assert_eq!(o.gone_for("replica-1", t0), None, "live");
+        assert_eq!(
+            o.gone_for("replica-1", t0 + Duration::from_millis(2999)),
+            None
+        );
+        assert_eq!(
+            o.gone_for("replica-1", t0 + Duration::from_secs(3)),
+            Some(Duration::ZERO),
+            "expired as held_by_other judges it"
+        );
+        assert_eq!(
+            o.gone_for("replica-1", t0 + Duration::from_secs(10)),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            o.gone_for("replica-2", t0 + Duration::from_secs(100)),
+            None,
+            "a replica never judges its own record gone"
+        );
+        // The record's wall-clock times say nothing: a renewTime far in the past or
+        // future does not move the judgement.
+        let mut skewed = o.clone();
+        skewed.spec.renew_time = Some(MicroTime("2001-01-01T00:00:00Z".parse().unwrap()));
+        assert_eq!(skewed.gone_for("replica-1", t0), None);
+        let mut released = o.clone();
+        released.spec.holder_identity = None;
+        assert_eq!(released.gone_for("replica-1", t0), Some(Duration::ZERO));
+        assert_eq!(
+            released.gone_for("replica-1", t0 + Duration::from_secs(5)),
+            Some(Duration::from_secs(5)),
+            "released: gone from when it was seen released"
         );
     }
 

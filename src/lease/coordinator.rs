@@ -23,19 +23,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use gpujob_core::lease::Observed;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::balance::{self, Holder, View};
 use super::group::{LABEL_GROUP, ShardLeases};
-use super::modes::{Gate, Sharded, Single, SingleLease};
+use super::modes::{Gate, Gone, MEMBER_GONE_LEASE_DURATIONS, Sharded, Single, SingleLease};
 use super::renew::renew;
 use super::{
     Attempt, Elector, InFlight, Ownership, Tenure, Timing, beat_limit, explain, gained_or_lost,
@@ -199,7 +200,12 @@ impl Mode {
         };
         let attempt = timeout(group.timing.renew_deadline, async {
             if *member_held {
-                member.renew().await
+                // Lost: released, or deleted by another replica that judged this one gone
+                // (it was silent for many lease durations): a new term at once.
+                match member.renew().await {
+                    Ok(Attempt::Lost) => member.acquire().await,
+                    other => other,
+                }
             } else {
                 member.acquire().await
             }
@@ -236,6 +242,20 @@ impl Mode {
         match self {
             Mode::Single(rules) => rules.members(),
             Mode::Sharded { rules, .. } => rules.members(leases, now),
+        }
+    }
+
+    /// Member Leases released or expired for longer than `after` on this replica's clock
+    /// (after [`Mode::gate`] in the same look: both modes have taken the list in).
+    fn gone_members(
+        &self,
+        leases: &[Lease],
+        after: Duration,
+        now: std::time::Instant,
+    ) -> Vec<Gone> {
+        match self {
+            Mode::Single(rules) => rules.gone_members(leases, after, now),
+            Mode::Sharded { rules, .. } => rules.gone_members(leases, after, now),
         }
     }
 
@@ -305,16 +325,40 @@ impl Mode {
         }
     }
 
-    /// Releases the member heartbeat, if there is one and it is held.
+    /// Deletes the member heartbeat, if there is one and it is held, with the uid and
+    /// resourceVersion of this replica's last write of it as preconditions (a successor
+    /// of the same name keeps its own); when that is refused or fails, releases it, so
+    /// it is not live for others at once and is deleted by them later.
     async fn shut_down(&self, group: &Group) {
-        if let Mode::Sharded {
+        let Mode::Sharded {
             member,
             member_held: true,
             ..
         } = self
-        {
-            let _ = timeout(group.timing.renew_deadline, member.release()).await;
+        else {
+            return;
+        };
+        let deadline = group.timing.renew_deadline;
+        match timeout(deadline, member.delete_own()).await {
+            Ok(Ok(true)) => {
+                info!(lease = %member.name(), "member heartbeat Lease deleted");
+                return;
+            }
+            Ok(Ok(false)) => info!(
+                lease = %member.name(),
+                "member heartbeat Lease changed since this replica last wrote it: not deleted; releasing it"
+            ),
+            Ok(Err(e)) => warn!(
+                lease = %member.name(),
+                "deleting the member heartbeat Lease failed: {}; releasing it",
+                explain(&e, &group.leases.namespace)
+            ),
+            Err(_) => warn!(
+                lease = %member.name(),
+                "deleting the member heartbeat Lease: no answer; releasing it"
+            ),
         }
+        let _ = timeout(deadline, member.release()).await;
     }
 }
 
@@ -356,6 +400,48 @@ fn holders(
         .collect()
 }
 
+/// What the progress gauges say after a look in which this replica could take shards
+/// (and could since `could_since`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Unheld {
+    /// By shard: how long it has been free while this replica could have taken it (zero
+    /// while anyone holds it).
+    shards: Vec<Duration>,
+    /// How long this replica has held no shard while some shard was free (zero while it
+    /// holds one, or while none is free).
+    idle: Duration,
+}
+
+/// The progress gauges from one look's [`holders`] at `now` (`idle_since` is kept up to
+/// date here: since when this replica has held nothing while a shard was free).
+fn unheld(
+    me: &str,
+    holders: &[Holder],
+    could_since: std::time::Instant,
+    idle_since: &mut Option<std::time::Instant>,
+    now: std::time::Instant,
+) -> Unheld {
+    let could = now.saturating_duration_since(could_since);
+    let shards = holders
+        .iter()
+        .map(|h| match h {
+            Holder::Free(free) => (*free).min(could),
+            Holder::Held(_) => Duration::ZERO,
+        })
+        .collect();
+    let holds_any = holders
+        .iter()
+        .any(|h| matches!(h, Holder::Held(m) if m == me));
+    let free_any = holders.iter().any(|h| matches!(h, Holder::Free(_)));
+    let idle = if holds_any || !free_any {
+        *idle_since = None;
+        Duration::ZERO
+    } else {
+        now.saturating_duration_since(*idle_since.get_or_insert(now))
+    };
+    Unheld { shards, idle }
+}
+
 struct Coordinator {
     group: Group,
     me: String,
@@ -366,6 +452,13 @@ struct Coordinator {
     renewers: BTreeMap<u32, JoinHandle<()>>,
     /// Since when each shard has been seen free.
     free_since: BTreeMap<u32, std::time::Instant>,
+    /// Since when every look could take shards (gate open, heartbeat through, not the
+    /// first look): the unheld gauges count from then only.
+    could_since: Option<std::time::Instant>,
+    /// Since when this replica has held nothing while a shard was free.
+    idle_since: Option<std::time::Instant>,
+    /// Member Leases the last look judged gone, to delete after it.
+    gone: Vec<Gone>,
     in_flight: InFlight,
     status: Arc<Status>,
 }
@@ -396,6 +489,10 @@ impl Coordinator {
             })
             .collect();
         let mode = Mode::new(&client, &leases, &identity, &timing);
+        status
+            .metrics
+            .lease_duration
+            .set(timing.lease_duration.as_secs_f64());
         tx.send_replace(Ownership::nothing_in(leases.map.clone()));
         report(&status.metrics, &tx.borrow());
         Coordinator {
@@ -410,27 +507,41 @@ impl Coordinator {
             tx: Arc::new(tx),
             renewers: BTreeMap::new(),
             free_since: BTreeMap::new(),
+            could_since: None,
+            idle_since: None,
+            gone: Vec::new(),
             in_flight,
             status,
         }
     }
 
-    /// One look: heartbeat, list, decide, act.
+    /// One look, then the deletes of member Leases it found gone.
     async fn tick(&mut self) {
+        self.look().await;
+        self.delete_gone().await;
+    }
+
+    /// One look: heartbeat, list, decide, act.
+    async fn look(&mut self) {
         self.status.beat(beat_limit(&self.group.timing));
         self.renewers.retain(|_, h| !h.is_finished());
         if self.mode.rests(&self.tx.borrow()) {
+            // Holding the one shard: nothing is unheld, and this replica is not idle.
+            self.could_not();
             return;
         }
         // The heartbeat is written before the single Lease is read (modes.rs): a shard
         // is taken only in a look whose heartbeat went through.
         let registered = self.mode.heartbeat(&self.group).await;
         let Some(leases) = self.group.list().await else {
+            self.could_not();
             return;
         };
         let now = Instant::now().into_std();
         let members = self.mode.members(&leases, now);
         let gate = self.mode.gate(&self.group, &leases, &members, now).await;
+        let after = self.group.timing.lease_duration * MEMBER_GONE_LEASE_DURATIONS;
+        self.gone = self.mode.gone_members(&leases, after, now);
         self.say(&gate);
         if let Some(on) = gate.conflict() {
             self.status.metrics.shard_count_conflict.set(i64::from(on));
@@ -439,6 +550,8 @@ impl Coordinator {
             self.give_up_all(members.len()).await;
         }
         if gate != Gate::Open {
+            // Shards are left unheld on purpose (gpujob_shard_count_conflict says why).
+            self.could_not();
             return;
         }
         let holders = self.holders(&leases, now).await;
@@ -459,8 +572,10 @@ impl Coordinator {
             self.give_up(s, members.len()).await;
         }
         if !self.mode.ready(registered) {
+            self.could_not();
             return;
         }
+        self.report_unheld(&holders, now);
         for s in decision.take {
             if !self.tx.borrow().held.contains_key(&s) {
                 self.take(s).await;
@@ -470,6 +585,89 @@ impl Coordinator {
         self.mode
             .after_look(&self.group, &own, &self.electors[0])
             .await;
+    }
+
+    /// A look that could take shards: the unheld gauges from its view.
+    fn report_unheld(&mut self, holders: &[Holder], now: std::time::Instant) {
+        let since = *self.could_since.get_or_insert(now);
+        let u = unheld(&self.me, holders, since, &mut self.idle_since, now);
+        let m = &self.status.metrics;
+        for (s, d) in u.shards.iter().enumerate() {
+            m.shard_unheld
+                .with_label_values(&[s.to_string().as_str()])
+                .set(d.as_secs_f64());
+        }
+        m.replica_idle.set(u.idle.as_secs_f64());
+    }
+
+    /// A look that could not take shards (it holds the one shard, its view failed, or
+    /// it may not take any): no shard is counted unheld by it, nor is it idle.
+    fn could_not(&mut self) {
+        self.could_since = None;
+        self.idle_since = None;
+        let m = &self.status.metrics;
+        for s in 0..self.electors.len() {
+            m.shard_unheld
+                .with_label_values(&[s.to_string().as_str()])
+                .set(0.0);
+        }
+        m.replica_idle.set(0.0);
+    }
+
+    /// Deletes the member Leases the last look judged gone, each with the uid and
+    /// resourceVersion it was judged by (a Lease renewed or created again since stays),
+    /// a few per look, all within one renew deadline.
+    async fn delete_gone(&mut self) {
+        const PER_LOOK: usize = 10;
+        let gone: Vec<Gone> = std::mem::take(&mut self.gone)
+            .into_iter()
+            .take(PER_LOOK)
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let api = &self.group.api;
+        let deletes = gone.iter().map(|g| async move {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(g.uid.clone()),
+                    resource_version: Some(g.resource_version.clone()),
+                }),
+                ..DeleteParams::default()
+            };
+            (g, api.delete(&g.name, &dp).await)
+        });
+        let Ok(done) = timeout(
+            self.group.timing.renew_deadline,
+            futures::future::join_all(deletes),
+        )
+        .await
+        else {
+            warn!(
+                "deleting member Leases of replicas gone: no answer; trying again in a later look"
+            );
+            return;
+        };
+        for (g, result) in done {
+            match result {
+                Ok(_) => info!(
+                    lease = %g.name,
+                    gone_for = ?g.for_,
+                    "member Lease of a replica gone for over {MEMBER_GONE_LEASE_DURATIONS} lease durations deleted"
+                ),
+                // Renewed, created again or deleted since it was judged: left as it is.
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => debug!(
+                    lease = %g.name,
+                    code = s.code,
+                    "member Lease changed or gone since it was judged gone: not deleted"
+                ),
+                Err(e) => warn!(
+                    lease = %g.name,
+                    "deleting the member Lease of a replica gone failed: {}",
+                    explain(&e, &self.group.leases.namespace)
+                ),
+            }
+        }
     }
 
     /// Says why a look takes nothing (once per wait, where it can last).
@@ -882,5 +1080,69 @@ mod tests {
         };
         assert_eq!(balance::successor_of(&view), BTreeSet::from([0]));
         assert!(mode.warm(&view).is_empty());
+    }
+
+    #[test]
+    fn a_shard_counts_unheld_from_when_it_was_seen_free_or_this_replica_could_take_it() {
+        let t0 = Instant::now();
+        let secs = Duration::from_secs;
+        let mut idle_since = None;
+        let holders = [
+            Holder::Held("a".to_owned()),
+            Holder::Held("b".to_owned()),
+            Holder::Free(secs(40)),
+            Holder::Free(secs(3)),
+        ];
+        // Could take shards for 10 s only: a shard free for longer counts 10 s.
+        let u = unheld("a", &holders, t0, &mut idle_since, t0 + secs(10));
+        assert_eq!(
+            u.shards,
+            [Duration::ZERO, Duration::ZERO, secs(10), secs(3)]
+        );
+        assert_eq!(u.idle, Duration::ZERO, "a holds shard 0: not idle");
+        assert_eq!(idle_since, None);
+        let u = unheld("a", &holders, t0 - secs(100), &mut idle_since, t0);
+        assert_eq!(u.shards[2], secs(40));
+    }
+
+    #[test]
+    fn a_replica_is_idle_while_it_holds_nothing_and_a_shard_is_free() {
+        let t0 = Instant::now();
+        let secs = Duration::from_secs;
+        let mut idle_since = None;
+        let all_held = [Holder::Held("b".to_owned()), Holder::Held("c".to_owned())];
+        let one_free = [Holder::Held("b".to_owned()), Holder::Free(secs(1))];
+        let mine = [Holder::Held("a".to_owned()), Holder::Free(secs(1))];
+        // Nothing free: holding nothing is no idleness (more replicas than shards).
+        let u = unheld("a", &all_held, t0, &mut idle_since, t0);
+        assert_eq!(u.idle, Duration::ZERO);
+        assert_eq!(
+            unheld("a", &one_free, t0, &mut idle_since, t0).idle,
+            Duration::ZERO
+        );
+        assert_eq!(
+            unheld("a", &one_free, t0, &mut idle_since, t0 + secs(7)).idle,
+            secs(7)
+        );
+        assert_eq!(
+            unheld("a", &one_free, t0, &mut idle_since, t0 + secs(31)).idle,
+            secs(31)
+        );
+        // Takes a shard: not idle; idle again later counts from then.
+        assert_eq!(
+            unheld("a", &mine, t0, &mut idle_since, t0 + secs(32)).idle,
+            Duration::ZERO
+        );
+        unheld("a", &one_free, t0, &mut idle_since, t0 + secs(40));
+        assert_eq!(
+            unheld("a", &one_free, t0, &mut idle_since, t0 + secs(42)).idle,
+            secs(2)
+        );
+        // Nothing free any more: not idle.
+        assert_eq!(
+            unheld("a", &all_held, t0, &mut idle_since, t0 + secs(43)).idle,
+            Duration::ZERO
+        );
+        assert_eq!(idle_since, None);
     }
 }

@@ -5,7 +5,7 @@
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -31,6 +31,9 @@ pub struct Elector {
     /// listed in one call).
     labels: std::collections::BTreeMap<String, String>,
     observed: Mutex<Option<Observed>>,
+    /// The uid and resourceVersion of the last record this elector wrote that the API
+    /// server confirmed: what a delete of its own Lease requires it to still be.
+    written: Mutex<Option<Preconditions>>,
 }
 
 impl std::fmt::Debug for Elector {
@@ -59,6 +62,7 @@ impl Elector {
             timing,
             labels: Default::default(),
             observed: Mutex::new(None),
+            written: Mutex::new(None),
         }
     }
 
@@ -136,6 +140,7 @@ impl Elector {
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(created) => {
                     *observed = Some(decide::observed(&created, sent.into_std()));
+                    self.wrote(&created).await;
                     Ok(held(sent, &created))
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Lost),
@@ -176,6 +181,7 @@ impl Elector {
         {
             Ok(updated) => {
                 *observed = Some(decide::observed(&updated, sent.into_std()));
+                self.wrote(&updated).await;
                 Ok(held(sent, &updated))
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Lost),
@@ -202,11 +208,43 @@ impl Elector {
         {
             Ok(updated) => {
                 *observed = Some(decide::observed(&updated, Instant::now().into_std()));
+                self.wrote(&updated).await;
                 Ok(true)
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Deletes the Lease if it is still the record this elector last wrote: the delete
+    /// carries that record's uid and resourceVersion, so a Lease written since (by a
+    /// successor of the same name, say, or a write of this one whose answer was lost) or
+    /// created again stays. `false` when it was not deleted for that reason (or nothing
+    /// was written yet).
+    pub async fn delete_own(&self) -> Result<bool, kube::Error> {
+        let Some(preconditions) = self.written.lock().await.clone() else {
+            return Ok(false);
+        };
+        let dp = DeleteParams {
+            preconditions: Some(preconditions),
+            ..DeleteParams::default()
+        };
+        match self.api.delete(&self.name, &dp).await {
+            Ok(_) => {
+                *self.written.lock().await = None;
+                *self.observed.lock().await = None;
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn wrote(&self, lease: &Lease) {
+        *self.written.lock().await = Some(Preconditions {
+            uid: lease.metadata.uid.clone(),
+            resource_version: lease.metadata.resource_version.clone(),
+        });
     }
 }
 

@@ -3,9 +3,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::coordination::v1::Lease;
-
 use std::sync::Arc;
+use std::time::Instant;
+
+use gpujob_core::lease::{Observed, observed, update};
+use k8s_openapi::api::coordination::v1::Lease;
 
 use crate::shard::{ShardMap, UNLABELLED_MAP};
 
@@ -85,6 +87,22 @@ pub struct OtherSplit {
     pub map: String,
 }
 
+/// How the writer of a Lease with role `role` splits namespaces, if it splits them
+/// otherwise than `ours` does: its count and map. Leases written before the count label
+/// existed say nothing; one with a count and no map was written by a release that split
+/// by [`UNLABELLED_MAP`].
+fn other_split_of<'a>(lease: &'a Lease, role: &str, ours: &ShardMap) -> Option<(u32, &'a str)> {
+    let labels = lease.metadata.labels.as_ref()?;
+    if labels.get(LABEL_ROLE).map(String::as_str) != Some(role) {
+        return None;
+    }
+    let shards: u32 = labels.get(LABEL_SHARDS)?.parse().ok()?;
+    let map = labels
+        .get(LABEL_SHARD_MAP)
+        .map_or(UNLABELLED_MAP, String::as_str);
+    (shards != ours.shards() || map != ours.name()).then_some((shards, map))
+}
+
 /// The first live member whose split differs from this replica's. Member Leases written
 /// before the count label existed say nothing and are skipped; one with a count and no
 /// map was written by a release that split by [`UNLABELLED_MAP`].
@@ -93,23 +111,58 @@ pub fn other_split(
     ours: &ShardMap,
     live: &BTreeSet<String>,
 ) -> Option<OtherSplit> {
-    let our_map = ours.name();
     leases.iter().find_map(|lease| {
-        let labels = lease.metadata.labels.as_ref()?;
-        if labels.get(LABEL_ROLE).map(String::as_str) != Some("member") {
-            return None;
-        }
-        let shards: u32 = labels.get(LABEL_SHARDS)?.parse().ok()?;
-        let map = labels
-            .get(LABEL_SHARD_MAP)
-            .map_or(UNLABELLED_MAP, String::as_str);
+        let (shards, map) = other_split_of(lease, "member", ours)?;
         let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
-        ((shards != ours.shards() || map != our_map) && live.contains(holder)).then(|| OtherSplit {
+        live.contains(holder).then(|| OtherSplit {
             replica: holder.to_owned(),
             shards,
             map: map.to_owned(),
         })
     })
+}
+
+/// The first shard Lease held by a live replica other than `me` (its record changed
+/// within its lease duration on this replica's clock, `seen` being updated from this
+/// list) whose labels say it splits namespaces otherwise than `ours`: a replica whose
+/// member heartbeat is stale or missing but which renews shard Leases still writes.
+pub fn other_split_held(
+    leases: &[Lease],
+    ours: &ShardMap,
+    seen: &mut BTreeMap<String, Observed>,
+    me: &str,
+    now: Instant,
+) -> Option<OtherSplit> {
+    let listed: BTreeSet<&str> = leases
+        .iter()
+        .filter_map(|l| l.metadata.name.as_deref())
+        .collect();
+    seen.retain(|name, _| listed.contains(name.as_str()));
+    let mut found = None;
+    for lease in leases {
+        let labels = lease.metadata.labels.as_ref();
+        if labels.and_then(|l| l.get(LABEL_ROLE)).map(String::as_str) != Some("shard") {
+            continue;
+        }
+        let Some(name) = lease.metadata.name.clone() else {
+            continue;
+        };
+        // Every shard Lease's expiry clock is kept, also those that split alike: a
+        // label can change with a renewal (a replica restarted under its name).
+        let record = seen.entry(name).or_insert_with(|| observed(lease, now));
+        update(record, lease, now);
+        if found.is_some() || !record.held_by_other(me, now) {
+            continue;
+        }
+        if let Some((shards, map)) = other_split_of(lease, "shard", ours) {
+            found = record.holder().map(|holder| OtherSplit {
+                replica: holder.to_owned(),
+                shards,
+                map: map.to_owned(),
+            });
+        }
+    }
+    found
 }
 #[cfg(test)]
 mod tests {

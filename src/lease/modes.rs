@@ -41,12 +41,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gpujob_core::lease::{Observed, observed, update};
 use k8s_openapi::api::coordination::v1::Lease;
 
-use super::group::{LABEL_ROLE, LABEL_SHARDS, OtherSplit, other_split};
+use super::group::{LABEL_ROLE, LABEL_SHARDS, OtherSplit, other_split, other_split_held};
 use crate::shard::ShardMap;
 
 /// Whether a look may take shards, and why not.
@@ -149,6 +149,12 @@ impl Single {
         self.conflict.set(gate)
     }
 
+    /// Member Leases of the group gone for longer than `after` by this replica's
+    /// observation (call after [`Single::gate`] in the same look, which takes the list in).
+    pub fn gone_members(&self, leases: &[Lease], after: Duration, now: Instant) -> Vec<Gone> {
+        gone_members(leases, &self.sharded_seen, &self.me, None, after, now)
+    }
+
     /// Right after taking the Lease and before any write, from a second list (`None`: it
     /// failed, which counts as a live sharded replica): whether to keep it.
     pub fn still_alone(&mut self, leases: Option<&[Lease]>, now: Instant) -> bool {
@@ -197,6 +203,9 @@ pub struct Sharded {
     map: Arc<ShardMap>,
     /// Member Leases as last seen (by Lease name), for their holders' liveness.
     members_seen: BTreeMap<String, Observed>,
+    /// Shard Leases as last seen (by Lease name), for whether a live holder splits
+    /// differently.
+    shards_seen: BTreeMap<String, Observed>,
     /// The single Lease of `--shards 1`, as last seen.
     single_seen: Option<Observed>,
     conflict: Conflict,
@@ -212,6 +221,7 @@ impl Sharded {
             member_prefix: format!("{lease_name}-member-"),
             map,
             members_seen: BTreeMap::new(),
+            shards_seen: BTreeMap::new(),
             single_seen: None,
             conflict: Conflict::default(),
             looks: 0,
@@ -222,6 +232,7 @@ impl Sharded {
     /// (on this replica's clock), and this one.
     pub fn members(&mut self, leases: &[Lease], now: Instant) -> BTreeSet<String> {
         let mut live = BTreeSet::from([self.me.clone()]);
+        forget_unlisted(&mut self.members_seen, leases);
         for lease in leases {
             let name = lease.metadata.name.clone().unwrap_or_default();
             if !name.starts_with(&self.member_prefix) {
@@ -241,8 +252,18 @@ impl Sharded {
         live
     }
 
+    /// Member Leases of other replicas gone for longer than `after` by this replica's
+    /// observation (call after [`Sharded::members`] in the same look, which takes the
+    /// list in). Its own member Lease is never among them.
+    pub fn gone_members(&self, leases: &[Lease], after: Duration, now: Instant) -> Vec<Gone> {
+        let own = format!("{}{}", self.member_prefix, self.me);
+        gone_members(leases, &self.members_seen, &self.me, Some(&own), after, now)
+    }
+
     /// After this look's heartbeat and list, from the single Lease as read at `now`:
-    /// open while no `--shards 1` replica leads and every live member splits alike.
+    /// open while no `--shards 1` replica leads and every live replica splits alike, by
+    /// its member Lease or by a shard Lease it holds (so a replica whose heartbeat is
+    /// stale but whose shard Leases are renewed still counts).
     pub fn gate(
         &mut self,
         single: SingleLease,
@@ -270,7 +291,10 @@ impl Sharded {
             },
             None => {
                 self.conflict.said = false;
-                match other_split(leases, &self.map, members) {
+                let by_member = other_split(leases, &self.map, members);
+                let by_shard =
+                    other_split_held(leases, &self.map, &mut self.shards_seen, &self.me, now);
+                match by_member.or(by_shard) {
                     Some(other) => Gate::OtherSplit {
                         other,
                         say: !self.conflict.on,
@@ -299,6 +323,72 @@ pub struct ShardedPeer {
     pub shards: Option<u32>,
 }
 
+/// A member Lease to delete: released or expired for longer than the threshold on this
+/// replica's clock, with the uid and resourceVersion it was judged by (the delete's
+/// preconditions: a Lease renewed or created again since is not deleted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gone {
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    /// How long it has been released or expired.
+    pub for_: Duration,
+}
+
+/// How many lease durations a member Lease stays after its replica released it or
+/// stopped renewing it, before a live replica deletes it.
+pub const MEMBER_GONE_LEASE_DURATIONS: u32 = 10;
+
+/// The member Leases in `leases` whose record, as `seen` holds it (updated from this
+/// very list), has been released or expired for longer than `after`: judged by when this
+/// replica saw it change, never by the record's timestamps. Not `own` (this replica's
+/// member Lease), nor one naming `me`; only records whose resourceVersion is the one
+/// listed.
+pub fn gone_members(
+    leases: &[Lease],
+    seen: &BTreeMap<String, Observed>,
+    me: &str,
+    own: Option<&str>,
+    after: Duration,
+    now: Instant,
+) -> Vec<Gone> {
+    leases
+        .iter()
+        .filter_map(|lease| {
+            let labels = lease.metadata.labels.as_ref()?;
+            if labels.get(LABEL_ROLE).map(String::as_str) != Some("member") {
+                return None;
+            }
+            let name = lease.metadata.name.as_deref()?;
+            if Some(name) == own {
+                return None;
+            }
+            let record = seen.get(name)?;
+            let rv = lease.metadata.resource_version.as_deref()?;
+            if record.resource_version != rv {
+                return None;
+            }
+            let for_ = record.gone_for(me, now).filter(|d| *d > after)?;
+            Some(Gone {
+                name: name.to_owned(),
+                uid: lease.metadata.uid.clone()?,
+                resource_version: rv.to_owned(),
+                for_,
+            })
+        })
+        .collect()
+}
+
+/// Forgets the records of Leases no longer listed (deleted), so that what a replica
+/// remembers is bounded by the Leases there are.
+fn forget_unlisted(seen: &mut BTreeMap<String, Observed>, leases: &[Lease]) {
+    let listed: BTreeSet<&str> = leases
+        .iter()
+        .filter_map(|l| l.metadata.name.as_deref())
+        .collect();
+    seen.retain(|name, _| listed.contains(name.as_str()));
+}
+
 /// The first member or shard Lease held by a live replica other than `me`, updating
 /// `seen` (the expiry clock of a record restarts only when it changes).
 pub fn live_sharded(
@@ -307,6 +397,7 @@ pub fn live_sharded(
     me: &str,
     now: Instant,
 ) -> Option<ShardedPeer> {
+    forget_unlisted(seen, leases);
     let mut found = None;
     for lease in leases {
         let labels = lease.metadata.labels.as_ref();
@@ -632,6 +723,244 @@ pub(super) mod tests {
         let members = sharded.members(&three, t0 + secs(15));
         assert_eq!(
             sharded.gate(SingleLease::Missing, &three, &members, t0 + secs(15)),
+            Gate::Open
+        );
+    }
+
+    /// `l` with a uid, as the API server lists it.
+    fn with_uid(mut l: Lease, uid: &str) -> Lease {
+        l.metadata.uid = Some(uid.to_owned());
+        l
+    }
+
+    #[test]
+    fn a_member_lease_released_or_expired_for_ten_lease_durations_is_gone_by_the_local_clock() {
+        let t0 = Instant::now();
+        let six = ShardMap::even(6);
+        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
+        let after = secs(15) * MEMBER_GONE_LEASE_DURATIONS;
+        let own = with_uid(member("a", "1", &six), "ua");
+        let dead = with_uid(member("b", "4", &six), "ub");
+        let released = with_uid(lease("op-member-c", "member", None, "5"), "uc");
+        let shard = with_uid(lease("op-shard-0", "shard", Some("e"), "7"), "ue");
+        let list = |d: &str| {
+            vec![
+                own.clone(),
+                dead.clone(),
+                released.clone(),
+                with_uid(member("d", d, &six), "ud"),
+                shard.clone(),
+            ]
+        };
+        sharded.members(&list("6"), t0);
+        assert!(sharded.gone_members(&list("6"), after, t0).is_empty());
+        // d renews every look; b never does, c stays released. b expires 15 s after it
+        // was first seen; c has been released since it was first seen.
+        let mut rv = 6;
+        let mut look = |at: Duration, sharded: &mut Sharded| {
+            rv += 1;
+            let l = list(&rv.to_string());
+            sharded.members(&l, t0 + at);
+            (sharded.gone_members(&l, after, t0 + at), l)
+        };
+        let (gone, _) = look(secs(150), &mut sharded);
+        assert!(
+            gone.is_empty(),
+            "released exactly 10 lease durations: not yet"
+        );
+        let (gone, _) = look(secs(151), &mut sharded);
+        assert_eq!(
+            gone,
+            [Gone {
+                name: "op-member-c".to_owned(),
+                uid: "uc".to_owned(),
+                resource_version: "5".to_owned(),
+                for_: secs(151),
+            }],
+            "released for over 10 lease durations; b expired only at 15 s"
+        );
+        let (gone, _) = look(secs(166), &mut sharded);
+        let names: Vec<&str> = gone.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, ["op-member-b", "op-member-c"]);
+        assert_eq!(gone[0].for_, secs(151));
+        assert_eq!(gone[0].resource_version, "4", "the version judged");
+        assert_eq!(gone[0].uid, "ub");
+
+        // Own member Lease: never, even unchanged for ever (its heartbeat failing).
+        assert!(
+            !sharded
+                .gone_members(&list("99"), after, t0 + secs(10_000))
+                .iter()
+                .any(|g| g.name == "op-member-a")
+        );
+        // Nor when its record says released (written so by an earlier run of this
+        // replica): this replica renews it in its next heartbeat.
+        let own_released = vec![with_uid(lease("op-member-a", "member", None, "2"), "ua")];
+        sharded.members(&own_released, t0 + secs(166));
+        assert!(
+            sharded
+                .gone_members(&own_released, after, t0 + secs(10_000))
+                .is_empty()
+        );
+        // b comes back (a new record): live again, its clock restarts.
+        let back = vec![with_uid(member("b", "50", &six), "ub")];
+        sharded.members(&back, t0 + secs(170));
+        assert!(
+            sharded
+                .gone_members(&back, after, t0 + secs(170))
+                .is_empty()
+        );
+        assert!(
+            sharded
+                .gone_members(&back, after, t0 + secs(170) + secs(15) + after)
+                .is_empty(),
+            "gone only from when it expires (15 s after its change) plus the threshold"
+        );
+        assert_eq!(
+            sharded
+                .gone_members(&back, after, t0 + secs(171) + secs(15) + after)
+                .len(),
+            1
+        );
+        // A list showing another version than the one judged deletes nothing: it is
+        // judged again first.
+        let newer = vec![with_uid(member("b", "51", &six), "ub")];
+        assert!(
+            sharded
+                .gone_members(&newer, after, t0 + secs(10_000))
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_one_shard_standby_judges_member_leases_gone_too_and_never_shard_leases() {
+        let t0 = Instant::now();
+        let mut single = Single::new("a");
+        let after = secs(15) * MEMBER_GONE_LEASE_DURATIONS;
+        let list = [
+            with_uid(lease("op-member-b", "member", Some("b"), "1"), "ub"),
+            with_uid(lease("op-shard-0", "shard", Some("c"), "2"), "uc"),
+        ];
+        single.gate(&list, t0);
+        assert!(single.gone_members(&list, after, t0 + after).is_empty());
+        single.gate(&list, t0 + after + secs(16));
+        let gone = single.gone_members(&list, after, t0 + after + secs(16));
+        assert_eq!(
+            gone.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
+            ["op-member-b"]
+        );
+    }
+
+    #[test]
+    fn records_of_leases_no_longer_listed_are_forgotten() {
+        let t0 = Instant::now();
+        let six = ShardMap::even(6);
+        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
+        let b = member("b", "1", &six);
+        sharded.members(std::slice::from_ref(&b), t0);
+        // Deleted: forgotten. Created again later: first sight, live for a lease
+        // duration from then.
+        sharded.members(&[], t0 + secs(100));
+        assert_eq!(
+            sharded.members(&[member("b", "9", &six)], t0 + secs(200)),
+            names(&["a", "b"])
+        );
+        let mut seen = BTreeMap::new();
+        live_sharded(std::slice::from_ref(&b), &mut seen, "a", t0);
+        assert_eq!(seen.len(), 1);
+        live_sharded(&[], &mut seen, "a", t0);
+        assert!(seen.is_empty());
+    }
+
+    /// Shard Lease `i` held by `holder`, written by a replica splitting by `map`.
+    fn shard_of(i: u32, holder: &str, rv: &str, map: &ShardMap) -> Lease {
+        let mut l = lease(&format!("op-shard-{i}"), "shard", Some(holder), rv);
+        let labels = l.metadata.labels.get_or_insert_with(BTreeMap::new);
+        labels.insert(LABEL_SHARDS.to_owned(), map.shards().to_string());
+        labels.insert(LABEL_SHARD_MAP.to_owned(), map.name());
+        l
+    }
+
+    #[test]
+    fn a_live_shard_holder_that_splits_differently_closes_the_gate_without_a_live_member() {
+        let t0 = Instant::now();
+        let six = ShardMap::even(6);
+        let three = ShardMap::even(3);
+        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
+        // c's member heartbeat is stale (or gone), but it renews shard 1 at its count, 3.
+        let list = |rv: &str| [member("b", "1", &six), shard_of(1, "c", rv, &three)];
+        let members = sharded.members(&list("1"), t0);
+        assert_eq!(members, names(&["a", "b"]), "c is no live member");
+        let gate = sharded.gate(SingleLease::Missing, &list("1"), &members, t0);
+        assert!(
+            matches!(&gate, Gate::OtherSplit { other, say: true } if other.replica == "c" && other.shards == 3),
+            "{gate:?}"
+        );
+        assert!(gate.gives_up_all());
+        // Renewed: still live, still a conflict (said once).
+        let gate = sharded.gate(SingleLease::Missing, &list("2"), &members, t0 + secs(14));
+        assert!(
+            matches!(gate, Gate::OtherSplit { say: false, .. }),
+            "{gate:?}"
+        );
+        // Not renewed for a lease duration (15 s after it last changed): expired, open.
+        assert_eq!(
+            sharded.gate(SingleLease::Missing, &list("2"), &members, t0 + secs(29)),
+            Gate::Open
+        );
+        // Another map at the same count is another split too.
+        let cut = ShardMap::parse("0x1,0x2,0x3,0x4,0x5", 6).unwrap();
+        let list = [shard_of(2, "d", "5", &cut)];
+        let gate = sharded.gate(SingleLease::Missing, &list, &members, t0 + secs(30));
+        assert!(
+            matches!(&gate, Gate::OtherSplit { other, .. } if other.replica == "d" && other.map == cut.name()),
+            "{gate:?}"
+        );
+    }
+
+    #[test]
+    fn shard_leases_that_split_alike_released_or_naming_this_replica_are_no_conflict() {
+        let t0 = Instant::now();
+        let six = ShardMap::even(6);
+        let three = ShardMap::even(3);
+        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
+        let alone = names(&["a"]);
+        let mut released = shard_of(0, "c", "1", &three);
+        released.spec.as_mut().unwrap().holder_identity = None;
+        let list = [
+            shard_of(1, "b", "1", &six),
+            released,
+            // This replica's own, from a run with another count (restarted under its
+            // name): it is no other writer.
+            shard_of(2, "a", "1", &three),
+        ];
+        assert_eq!(
+            sharded.gate(SingleLease::Missing, &list, &alone, t0),
+            Gate::Open
+        );
+        // Written before the count label: says nothing.
+        let mut unlabelled = lease("op-shard-3", "shard", Some("d"), "1");
+        unlabelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(LABEL_SHARDS);
+        assert_eq!(
+            sharded.gate(SingleLease::Missing, &[unlabelled], &alone, t0),
+            Gate::Open
+        );
+        // The single Lease (role `single`) is judged as the single Lease, not here.
+        let single = shard_of(0, "x", "1", &ShardMap::even(1));
+        let mut single = single;
+        single
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(LABEL_ROLE.to_owned(), "single".to_owned());
+        assert_eq!(
+            sharded.gate(SingleLease::Missing, &[single], &alone, t0),
             Gate::Open
         );
     }

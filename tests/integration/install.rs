@@ -769,7 +769,10 @@ const REVIEWED_SECURE_METRICS: &[(&str, &str)] = &[
     ("tokenreviews.authentication.k8s.io", "create"),
     ("subjectaccessreviews.authorization.k8s.io", "create"),
 ];
-const LEASES: (&str, &str) = ("leases.coordination.k8s.io", "get list create update");
+const LEASES: (&str, &str) = (
+    "leases.coordination.k8s.io",
+    "get list create update delete",
+);
 
 /// The shipped install's RBAC objects (and its Namespace), as they would be applied.
 fn rbac_of(objects: &[serde_json::Value]) -> Vec<serde_json::Value> {

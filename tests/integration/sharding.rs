@@ -594,3 +594,82 @@ async fn a_sharded_replica_gives_up_its_shards_while_a_one_shard_leader_renews()
     wait_balanced(&env, 6, &["replica-3"], 6, Duration::from_secs(30)).await;
     drop(new);
 }
+
+#[tokio::test]
+async fn a_stopped_replica_deletes_its_member_lease_and_a_killed_ones_is_deleted_after_ten_lease_durations()
+ {
+    let env = TestEnv::private("shards-members").await;
+    let start = env.cluster.audit().cursor().unwrap();
+    let mut rs: Vec<Replica> = (1..=3).map(|n| replica(&env, n, 3)).collect();
+    let three = ["replica-1", "replica-2", "replica-3"];
+    wait_balanced(&env, 3, &three, 1, Duration::from_secs(60)).await;
+    let leases: Api<Lease> = Api::namespaced(env.admin.clone(), &env.ns);
+    let member = |n: u8| format!("{}-member-replica-{n}", replicas::LEASE);
+    for n in 1..=3 {
+        assert!(leases.get_opt(&member(n)).await.unwrap().is_some());
+    }
+
+    // Stopped gracefully: its member Lease is gone by the time it has exited.
+    rs[1].signal(Signal::SIGTERM);
+    rs[1].wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(
+        leases.get_opt(&member(2)).await.unwrap().map(|l| l.spec),
+        None,
+        "replica-2 stopped: its member Lease is deleted"
+    );
+
+    // Killed: its member Lease stays until it has been expired for ten lease durations
+    // on the survivor's clock (expired a lease duration after its last renewal), then
+    // the survivor deletes it.
+    rs[2].signal(Signal::SIGKILL);
+    rs[2].wait_exit(Duration::from_secs(5)).await;
+    let killed_at = tokio::time::Instant::now();
+    let threshold = LEASE_DURATION * 10;
+    tokio::time::sleep(threshold - Duration::from_secs(2)).await;
+    let left = leases.get_opt(&member(3)).await.unwrap();
+    assert_eq!(
+        left.as_ref()
+            .and_then(|l| l.spec.as_ref()?.holder_identity.clone()),
+        Some("replica-3".to_owned()),
+        "the killed replica's member Lease stays for ten lease durations"
+    );
+    devcluster::wait::until(
+        "the killed replica's member Lease deleted",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            leases
+                .get_opt(&member(3))
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let after = killed_at.elapsed();
+    println!("member Lease of the killed replica deleted {after:?} after the kill");
+    assert!(
+        after >= threshold,
+        "deleted {after:?} after the kill: before ten lease durations"
+    );
+    // The survivor keeps its own, and holds every shard.
+    assert!(leases.get_opt(&member(1)).await.unwrap().is_some());
+    wait_balanced(&env, 3, &three[..1], 3, Duration::from_secs(30)).await;
+    // Who deleted what: each replica its own at its stop, the survivor the killed one's.
+    let deletes: Vec<(String, String)> = audit_since(&env, start)
+        .into_iter()
+        .filter(|e| e.resource == "leases" && e.verb == "delete" && e.code < 300)
+        .map(|e| (e.user, e.name))
+        .collect();
+    assert_eq!(
+        deletes,
+        [
+            ("replica-2".to_owned(), member(2)),
+            ("replica-1".to_owned(), member(3)),
+        ],
+        "{deletes:?}"
+    );
+    drop(rs);
+}
