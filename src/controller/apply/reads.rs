@@ -10,11 +10,11 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::api::{GpuJob, LABEL_UID};
 use crate::controller::Key;
@@ -24,7 +24,8 @@ use super::{Answer, End, Execution};
 use crate::controller::error::{ApiCall, Error};
 use crate::controller::job::job_name;
 use crate::controller::plan::{
-    Found, FoundJob, QueueWait, Read, termination_of, unschedulable_of, workload_wait,
+    Found, FoundJob, NodeHealth, NodeState, QueueWait, Read, node_state_of, termination_of,
+    unschedulable_of, workload_wait,
 };
 use crate::controller::seen_job::SeenJob;
 use crate::controller::seen_pod::SeenPod;
@@ -123,7 +124,31 @@ impl Reader {
             Read::Workload { attempt, job_uid } => {
                 Found::Workload(self.workload(ns, job_uid, *attempt).await?)
             }
+            Read::Node { name } => Found::Node(NodeHealth {
+                name: name.clone(),
+                state: self.node(name).await?,
+            }),
         })
+    }
+
+    /// Whether the Node `name` can still stop its pods. An install that may not read
+    /// Nodes (the chart's namespaced mode without its ClusterRole: 403) is not an
+    /// error: the node's state is unknown, and the GpuJob says only that the old pod
+    /// is stopping.
+    async fn node(&self, name: &str) -> Result<NodeState, Error> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api.get_opt(name).await {
+            Ok(Some(node)) => Ok(node_state_of(&node)),
+            Ok(None) => Ok(NodeState::Gone),
+            Err(kube::Error::Api(e)) if e.code == 403 => {
+                debug!(
+                    node = name,
+                    "may not read Nodes: the node's state is unknown"
+                );
+                Ok(NodeState::Unreadable)
+            }
+            Err(e) => Err(Error::kube(ApiCall::ReadNode)(e)),
+        }
     }
 
     /// The pods of the Job with uid `job_uid`, by its `controller-uid` label.

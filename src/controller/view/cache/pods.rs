@@ -18,7 +18,7 @@ use crate::controller::seen_pod::SeenPod;
 use crate::controller::view::scope::Scope;
 
 /// A cached pod, in one allocation ([`record`]): the GpuJob's uid, the namespace, the
-/// controlling Job's name, the pod's name, its uid, resourceVersion and Job's uid, then
+/// controlling Job's name, the pod's name, its uid, resourceVersion, Job's uid and node, then
 /// a byte of flags and, when it has one, its attempt (4 bytes): about 170 bytes for
 /// real names and uids. `benches/examples/footprint.rs` measures the index whole.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,6 +43,8 @@ struct Fields<'a> {
     uid: Option<&'a str>,
     resource_version: Option<&'a str>,
     job_uid: Option<&'a str>,
+    /// Empty: not bound (a node's name is never empty).
+    node: Option<&'a str>,
     flags: u8,
     attempt: Option<i32>,
 }
@@ -75,6 +77,7 @@ impl Cached {
             seen.uid.as_deref().unwrap_or_default(),
             seen.resource_version.as_deref().unwrap_or_default(),
             seen.job_uid.as_deref().unwrap_or_default(),
+            seen.node.as_deref().unwrap_or_default(),
         ];
         match record::pack(fields, &tail) {
             Some(packed) => Some(Cached(packed)),
@@ -101,6 +104,7 @@ impl Cached {
                 uid,
                 resource_version,
                 job_uid,
+                node,
             ],
             tail,
         ) = record::unpack(&self.0)?;
@@ -117,6 +121,7 @@ impl Cached {
             uid: present(flags, HAS_UID, uid),
             resource_version: present(flags, HAS_RESOURCE_VERSION, resource_version),
             job_uid: present(flags, HAS_JOB_UID, job_uid),
+            node: (!node.is_empty()).then_some(node),
             flags,
             attempt,
         })
@@ -137,6 +142,7 @@ impl Cached {
             job_uid: owned(f.job_uid),
             gated: f.flags & GATED != 0,
             bound: f.flags & BOUND != 0,
+            node: owned(f.node),
             terminal: f.flags & TERMINAL != 0,
             deleting: f.flags & DELETING != 0,
         })
@@ -162,7 +168,8 @@ impl Record for Cached {
 /// Of a pod that was `old` and is `new` (`None`: not there), the versions whose
 /// GpuJob's gate has something to do: `new` newly seen waiting at the gate (a read may
 /// let it go); `old` gone, or `new` no longer able to run when `old` could (an attempt
-/// waiting for another's pods to stop may go on). Anything else (scheduled, Running,
+/// waiting for another's pods to stop may go on), or its deletion begun on its node.
+/// Anything else (scheduled, Running,
 /// Ready, a new resourceVersion) changes nothing the gate reads. A name taken by another
 /// pod (another uid) is the old one gone and a new one seen.
 fn gate_cares<'a>(old: Option<&'a SeenPod>, new: Option<&'a SeenPod>) -> Vec<&'a SeenPod> {
@@ -174,10 +181,13 @@ fn gate_cares<'a>(old: Option<&'a SeenPod>, new: Option<&'a SeenPod>) -> Vec<&'a
         }
         (None, Some(n)) => n.waits_at_gate().then_some(n).into_iter().collect(),
         (Some(o), None) => vec![o],
-        (Some(o), Some(n)) => (o.may_run() && !n.may_run())
-            .then_some(n)
-            .into_iter()
-            .collect(),
+        // Or a pod that may run begins its deletion on a node: the next attempt may
+        // wait for it, and says where (a lost node: `plan/gate.rs`).
+        (Some(o), Some(n)) => ((o.may_run() && !n.may_run())
+            || (o.stopping_on().is_none() && n.stopping_on().is_some()))
+        .then_some(n)
+        .into_iter()
+        .collect(),
         (None, None) => Vec::new(),
     }
 }
@@ -359,9 +369,11 @@ mod tests {
             }
         });
         assert!(apply(&ready).is_empty());
-        // Bound and being deleted: its kubelet may still run it.
+        // Bound and being deleted: its kubelet may still run it, and the next attempt
+        // may wait for it (on a lost node, says so).
         let stopping = next(&ready, "7", deleting);
-        assert!(apply(&stopping).is_empty());
+        assert_eq!(apply(&stopping), a);
+        assert!(apply(&next(&stopping, "7a", |_| {})).is_empty());
         // Finished: it could run and no longer can.
         let failed = next(&stopping, "8", phase("Failed"));
         assert_eq!(apply(&failed), a);
@@ -538,6 +550,7 @@ mod tests {
             (seen_all[0].attempt, seen_all[0].bound, seen_all[0].terminal),
             (Some(2), true, true)
         );
+        assert!(seen_all[0].node.is_some() && seen_all[1].node.is_none());
         assert_eq!(
             (seen_all[1].uid.as_deref(), seen_all[1].job.as_deref()),
             (None, None)
