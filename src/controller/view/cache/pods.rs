@@ -18,9 +18,10 @@ use crate::controller::seen_pod::SeenPod;
 use crate::controller::view::scope::Scope;
 
 /// A cached pod, in one allocation ([`record`]): the GpuJob's uid, the namespace, the
-/// controlling Job's name, the pod's name, its uid, resourceVersion, Job's uid and node, then
-/// a byte of flags and, when it has one, its attempt (4 bytes): about 170 bytes for
-/// real names and uids. `benches/examples/footprint.rs` measures the index whole.
+/// controlling Job's name, the pod's name, its uid, resourceVersion, Job's uid and node
+/// (empty when not bound), then a byte of flags and, when it has one, its attempt (4
+/// bytes): about 170 bytes for real names and uids, plus the node's name (measured
+/// before it was kept). `benches/examples/footprint.rs` measures the index whole.
 #[derive(Debug, Clone, PartialEq)]
 pub(in crate::controller) struct Cached(Box<[u8]>);
 
