@@ -193,6 +193,14 @@ fn gate_cares<'a>(old: Option<&'a SeenPod>, new: Option<&'a SeenPod>) -> Vec<&'a
     }
 }
 
+/// The GpuJob whose attempt `attempt`'s Job is named `job` (`<gpujob>-<attempt>`, when
+/// that name was not shortened).
+fn gpujob_named(job: &str, attempt: Option<i32>) -> Option<String> {
+    let k = attempt?;
+    let gpujob = job.strip_suffix(&format!("-{k}"))?;
+    (crate::controller::job::job_name(gpujob, k) == job).then(|| gpujob.to_owned())
+}
+
 /// The cached pods, found by their GpuJob's uid and by their own namespace and name.
 #[derive(Debug, Default)]
 pub struct PodIndex {
@@ -207,20 +215,29 @@ impl PodIndex {
     /// pod whose Job is not cached yet queues nothing (the Job's own event will, and
     /// that reconcile finds the pod here, cached before `jobs` was asked).
     pub fn apply(&self, event: &Event<Pod>, part: &Scope, jobs: &JobIndex) -> Vec<Key> {
-        // (namespace, Job) of each pod the gate cares about: noted under the write lock,
-        // looked up in `jobs` after it.
-        let mut due: BTreeSet<(String, String)> = BTreeSet::new();
+        // (namespace, Job, the GpuJob its name says when the pod ended) of each pod the
+        // gate cares about: noted under the write lock, looked up in `jobs` after it.
+        let mut due: BTreeSet<(String, String, Option<String>)> = BTreeSet::new();
         self.table.apply(event, part, Cached::of_pod, |old, new| {
             let (old, new) = (old.and_then(Cached::seen), new.and_then(Cached::seen));
             for pod in gate_cares(old.as_ref(), new.as_ref()) {
+                let ended = !pod.may_run() || new.as_ref().is_none_or(|n| n.uid != pod.uid);
                 if let Some(job) = &pod.job {
-                    due.insert((pod.namespace.clone(), job.clone()));
+                    let named = ended.then(|| gpujob_named(job, pod.attempt)).flatten();
+                    due.insert((pod.namespace.clone(), job.clone(), named));
                 }
             }
         });
+        // A pod that outlived its Job (deleted in the background, say, its pod left
+        // stopping on a lost node) ends unheard through `jobs`: its Job's name says
+        // whose it was. (A GpuJob of that name that is gone, or another, is looked at for
+        // nothing.)
         let keys: BTreeSet<Key> = due
             .iter()
-            .filter_map(|(namespace, job)| jobs.gpujob_of(namespace, job))
+            .filter_map(|(namespace, job, named)| {
+                jobs.gpujob_of(namespace, job)
+                    .or_else(|| named.as_ref().map(|n| Key::new(namespace, n)))
+            })
             .collect();
         keys.into_iter().collect()
     }
@@ -401,7 +418,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_whose_job_is_unknown_queues_nothing_and_is_cached_all_the_same() {
+    fn a_pod_whose_job_is_unknown_queues_only_its_end_and_is_cached_all_the_same() {
         let jobs = jobs_of_a("ns");
         let idx = PodIndex::default();
         let unknown = pod("ns", "b-1-x", "b-1", "u2");
@@ -411,18 +428,37 @@ mod tests {
             "the Job's own event queues the GpuJob"
         );
         assert_eq!(idx.pods_of("u2").len(), 1, "which then finds the pod here");
-        // The same for a pod of no Job at all, or of a Job of another namespace.
+        // The same for a pod of no Job at all, or of a Job of another namespace (whose
+        // end is heard by its Job's name, below).
         let orphan = next(&pod("ns", "c-x", "c", "u3"), "1", |p| {
             p.metadata.owner_references = None;
         });
         let elsewhere = pod("other", "a-1-x", "a-1", "u1");
-        for p in [orphan, elsewhere] {
+        for (p, at_end) in [(orphan, vec![]), (elsewhere, vec![Key::new("other", "a")])] {
             assert!(
                 idx.apply(&Event::Apply(p.clone()), &Scope::All, &jobs)
                     .is_empty()
             );
-            assert!(idx.apply(&Event::Delete(p), &Scope::All, &jobs).is_empty());
+            assert_eq!(idx.apply(&Event::Delete(p), &Scope::All, &jobs), at_end);
         }
+        // A pod of an attempt whose Job is gone: its end is heard through its Job's name
+        // (attempt label 1, Job b-1: GpuJob b); its arrival is not.
+        let outlived = next(&pod("ns", "b-1-y", "b-1", "u2"), "1", |p| {
+            if let Some(l) = p.metadata.labels.as_mut() {
+                l.insert(LABEL_ATTEMPT.into(), "1".into());
+            }
+            bound(p);
+        });
+        assert!(
+            idx.apply(&Event::Apply(outlived.clone()), &Scope::All, &jobs)
+                .is_empty()
+        );
+        assert_eq!(
+            idx.apply(&Event::Delete(outlived), &Scope::All, &jobs),
+            vec![Key::new("ns", "b")]
+        );
+        assert_eq!(gpujob_named("b-1", Some(2)), None);
+        assert_eq!(gpujob_named("b-1", None), None);
         // Once the Job is cached, the pod's going is heard.
         jobs.apply(&Event::Apply(job("ns", "b-1", "b", "u2")), &Scope::All);
         assert_eq!(
