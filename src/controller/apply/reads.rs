@@ -271,3 +271,65 @@ impl Execution<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+
+    /// A client whose API server answers every request with `status` and `body`.
+    fn answering(status: u16, body: serde_json::Value) -> Client {
+        let service = tower::service_fn(move |_req: Request<Body>| {
+            let body = body.to_string();
+            async move {
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(body.into_bytes()))
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    fn status(code: u16, reason: &str) -> serde_json::Value {
+        serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": format!("nodes \"gpu-7\" is {reason}"), "reason": reason, "code": code})
+    }
+
+    #[tokio::test]
+    async fn a_node_read_says_ready_not_ready_gone_or_unreadable() {
+        let node = |ready: &str| {
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-7"},
+                "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "NodeStatusUnknown"}]}})
+        };
+        let read = |client| async move { Reader::new(client).node("gpu-7").await };
+        assert_eq!(
+            read(answering(200, node("True"))).await.unwrap(),
+            NodeState::Ready
+        );
+        assert_eq!(
+            read(answering(200, node("Unknown"))).await.unwrap(),
+            NodeState::NotReady {
+                status: "Unknown".into(),
+                reason: "NodeStatusUnknown".into()
+            }
+        );
+        assert_eq!(
+            read(answering(404, status(404, "NotFound"))).await.unwrap(),
+            NodeState::Gone
+        );
+        // An install that may not read Nodes: not an error, the state is unknown.
+        assert_eq!(
+            read(answering(403, status(403, "Forbidden")))
+                .await
+                .unwrap(),
+            NodeState::Unreadable
+        );
+        // Anything else is an error of the reconcile (retried with backoff).
+        let e = read(answering(500, status(500, "InternalError")))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("Node"), "{e}");
+    }
+}
