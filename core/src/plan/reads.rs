@@ -2,12 +2,14 @@
 //! the API server by the executor ([`Action::Read`]) and handed back to the next plan
 //! of the same reconcile. The caches are enough for most GpuJobs most of the time; these
 //! reads are due only when a decision depends on something they may lag behind or never
-//! hold (a foreign Job, a pod's exit code, the scheduler's reason, Kueue's Workload).
+//! hold (a foreign Job, a pod's exit code, the scheduler's reason, Kueue's Workload,
+//! whether the node of a pod being deleted is Ready).
 //!
 //! A read has no effect, so none waits for a confirmed view. Each is asked at most once
 //! per reconcile ([`Reads`] remembers what was asked), and the Jobs' reads come first
 //! (what they find decides which attempt the others are about): a reconcile makes at
-//! most two rounds of them.
+//! most two rounds of them (a Node is read in the second, from the pod cache, never in
+//! a round of its own after the pod read).
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
