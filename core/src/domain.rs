@@ -13,12 +13,15 @@ use crate::status::{CLEANUP_STUCK, READY};
 
 /// Ready reasons of a GpuJob that waits on purpose: not stuck, with metrics of its own.
 /// `Queued`: Kueue holds the attempt, as its ClusterQueue's quota and policy say.
-pub const WAITING_REASONS: [&str; 5] = [
+/// `WaitingForLostNode`: the next attempt waits for an old pod on a node that is not
+/// Ready; only a person ends it (its own alert, `GpuJobWaitingForLostNode`).
+pub const WAITING_REASONS: [&str; 6] = [
     "BackingOff",
     "QuotaRefused",
     "InvalidSpec",
     "Suspended",
     "Queued",
+    "WaitingForLostNode",
 ];
 /// The `phase` label values, `Unknown` for GpuJobs without a phase yet.
 pub const PHASES: [&str; 6] = [
@@ -263,7 +266,18 @@ mod tests {
             1,
             Some(status(Phase::Pending, 1, "Queued", "2026-11-30T05:00:00Z")),
         );
-        let all = [stuck, running, backing_off, queued];
+        // Waiting for an old pod on a lost node: its own gauge and alert.
+        let lost = gj(
+            "l",
+            1,
+            Some(status(
+                Phase::Pending,
+                1,
+                "WaitingForLostNode",
+                "2026-11-30T05:00:00Z",
+            )),
+        );
+        let all = [stuck, running, backing_off, queued, lost];
         let early = snapshot(
             &all,
             t("2026-11-30T06:09:00Z"),
@@ -283,6 +297,7 @@ mod tests {
         );
         assert_eq!(late.oldest_unconverged, Duration::from_secs(900));
         assert_eq!(late.waiting["Queued"], 1);
+        assert_eq!(late.waiting["WaitingForLostNode"], 1);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::api::{ConditionStatus, GpuJobStatus, Phase};
 
 use crate::status::{
     ADMITTED, CLEANUP_STUCK, QUEUED, QUOTA_RESERVED, READY, SERVICE_NAME_CONFLICT,
-    SPEC_CHANGE_PENDING, SUSPENDED, UNSCHEDULABLE,
+    SPEC_CHANGE_PENDING, SUSPENDED, UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -210,9 +210,9 @@ fn attempts(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
             ),
         ));
     }
-    // Once per wait (not again when the wording changes): no node for the pods, or a
-    // multi-node attempt's Service name taken.
-    for reason in [UNSCHEDULABLE, SERVICE_NAME_CONFLICT] {
+    // Once per wait (not again when the wording changes): no node for the pods, a
+    // multi-node attempt's Service name taken, or an old pod on a lost node.
+    for reason in [UNSCHEDULABLE, SERVICE_NAME_CONFLICT, WAITING_FOR_LOST_NODE] {
         let waiting = |s: &GpuJobStatus| matches!(cond(s, READY), Some((_, r, _)) if r == reason);
         if waiting(after) && !waiting(before) {
             let message = cond(after, READY).map(|(_, _, m)| m.to_owned());
@@ -337,6 +337,41 @@ mod tests {
 
     fn reasons(n: &[Note]) -> Vec<&'static str> {
         n.iter().map(|n| n.reason).collect()
+    }
+
+    #[test]
+    fn a_wait_for_a_lost_node_is_a_warning_once() {
+        let pending = GpuJobStatus {
+            attempts: 1,
+            phase: Some(Phase::Pending),
+            ..Default::default()
+        };
+        let stopping = with_cond(
+            pending.clone(),
+            READY,
+            ConditionStatus::False,
+            "OldAttemptStopping",
+            "attempt 2 starts once ...",
+        );
+        let lost = |m: &str| {
+            with_cond(
+                pending.clone(),
+                READY,
+                ConditionStatus::False,
+                WAITING_FOR_LOST_NODE,
+                m,
+            )
+        };
+        let n = transitions(&stopping, &lost("node gpu-7 is not Ready"));
+        assert_eq!(reasons(&n), vec![WAITING_FOR_LOST_NODE]);
+        assert_eq!(n[0].kind, Kind::Warning);
+        assert!(n[0].note.contains("gpu-7"), "{}", n[0].note);
+        // Not again while it waits, though the words change.
+        let n = transitions(
+            &lost("node gpu-7 is not Ready"),
+            &lost("node gpu-7 is gone"),
+        );
+        assert!(n.is_empty(), "{n:?}");
     }
 
     #[test]

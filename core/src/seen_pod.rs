@@ -26,6 +26,9 @@ pub struct SeenPod {
     pub gated: bool,
     /// Bound to a node (`spec.nodeName`): it runs, or its kubelet may still run it.
     pub bound: bool,
+    /// The node it is bound to (`spec.nodeName`): when it is being deleted there and
+    /// that node is not Ready, only a person can end the wait (`plan/gate.rs`).
+    pub node: Option<String>,
     /// Succeeded or Failed: nothing of it runs any more.
     pub terminal: bool,
     /// Being deleted (`metadata.deletionTimestamp`).
@@ -60,6 +63,7 @@ impl SeenPod {
                 .and_then(|s| s.scheduling_gates.as_ref())
                 .is_some_and(|g| g.iter().any(|g| g.name == SCHEDULING_GATE)),
             bound: spec.and_then(|s| s.node_name.as_ref()).is_some(),
+            node: spec.and_then(|s| s.node_name.clone()),
             terminal: matches!(
                 pod.status.as_ref().and_then(|s| s.phase.as_deref()),
                 Some("Succeeded" | "Failed")
@@ -82,6 +86,14 @@ impl SeenPod {
     /// not finished.
     pub fn waits_at_gate(&self) -> bool {
         self.gated && !self.deleting && !self.terminal
+    }
+
+    /// The node it is being deleted on while it may still run there: its kubelet has
+    /// to confirm the stop, so the node's state decides how long that takes.
+    pub fn stopping_on(&self) -> Option<&str> {
+        (self.deleting && self.may_run())
+            .then_some(self.node.as_deref())
+            .flatten()
     }
 
     /// Whether it belongs to the Job with uid `job_uid`.
@@ -161,12 +173,14 @@ mod tests {
         // Gated and being deleted: never placed.
         let p = seen(&deleting);
         assert!(!p.may_run() && !p.waits_at_gate());
+        assert_eq!(p.stopping_on(), None);
         // Bound and being deleted: its kubelet may still run it.
         let p = seen(&|p| {
             bound(p);
             deleting(p);
         });
         assert!(p.may_run() && !p.gated);
+        assert_eq!(p.stopping_on(), Some("gpu-1"));
         // Finished: runs nothing, bound or not.
         let p = seen(&|p| {
             bound(p);
@@ -176,6 +190,7 @@ mod tests {
             });
         });
         assert!(!p.may_run());
+        assert_eq!((p.node.as_deref(), p.stopping_on()), (Some("gpu-1"), None));
         // Ungated and not yet bound: the scheduler may place it any moment.
         let p = seen(&|p| {
             if let Some(s) = p.spec.as_mut() {

@@ -22,6 +22,10 @@ pub const SUSPENDED: &str = "Suspended";
 /// Ready reason: kube-scheduler finds no node for the running attempt's pod (too few
 /// free GPUs, a selector nothing matches); the GpuJob is Pending until one frees up.
 pub const UNSCHEDULABLE: &str = "Unschedulable";
+/// Ready reason: the next attempt waits for a pod being deleted on a node that is not
+/// Ready (or gone), whose kubelet cannot confirm the stop; a person ends the wait
+/// (docs/runbooks.md#gpujobwaitingforlostnode).
+pub const WAITING_FOR_LOST_NODE: &str = "WaitingForLostNode";
 /// Ready reason: a Service the operator did not make holds the name of a multi-node
 /// attempt's Service; its Job waits, not started, and the GpuJob looks again in a while.
 pub const SERVICE_NAME_CONFLICT: &str = "ServiceNameConflict";

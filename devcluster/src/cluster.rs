@@ -360,8 +360,11 @@ impl ControlPlane {
                     kubeconfig_path(&state_dir, "kube-controller-manager").display()
                 ),
                 // endpointslice: a multi-node attempt's headless Service lists its pods
-                // under their host names, as the cluster DNS would serve them.
-                "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token,clusterrole-aggregation,endpointslice"
+                // under their host names, as the cluster DNS would serve them. podgc:
+                // a node marked out of service (node.kubernetes.io/out-of-service) that
+                // is not Ready has its terminating pods deleted, as on a real cluster
+                // (`nodes::lose` makes a node so).
+                "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token,clusterrole-aggregation,endpointslice,podgc"
                     .to_owned(),
                 "--leader-elect=false".to_owned(),
                 "--secure-port=0".to_owned(),

@@ -116,6 +116,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lost_node_is_not_made_ready_again() {
+        let key = format!(
+            r#"'.metadata.annotations["{}"]'"#,
+            crate::nodes::LOST_ANNOTATION
+        );
+        let at = NODE_STAGES
+            .find(&key)
+            .expect("the node Stage skips lost nodes");
+        assert!(
+            NODE_STAGES[at..]
+                .trim_start_matches(&key)
+                .trim_start()
+                .starts_with("operator: 'DoesNotExist'"),
+            "{}",
+            &NODE_STAGES[at..]
+        );
+    }
+
+    #[test]
     fn the_config_hands_kwok_the_nodes_devcluster_annotates() {
         let config = config_yaml();
         assert!(config.contains(&format!(

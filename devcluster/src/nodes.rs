@@ -6,7 +6,8 @@
 //!
 //! No node-lifecycle controller runs either, so a node stays Ready without heartbeats;
 //! devcluster lifts the not-ready taint admission gives a new node, as that controller
-//! would.
+//! would. A test makes a node lost ([`lose`]: NotReady, as that controller would once
+//! its kubelet stopped) and marks it out of service ([`mark_out_of_service`]).
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -146,6 +147,94 @@ pub async fn put(client: kube::Client, node: &serde_json::Value) -> Result<(), E
     .map_err(Error::kube(format!("untainting fake node {name}")))?;
     Ok(())
 }
+
+/// Marks a node whose kubelet is gone, as the node-lifecycle controller (which does not
+/// run here) would: kwok no longer reports it Ready (its node Stage skips a node with
+/// this annotation), and it is made Ready=Unknown and tainted unreachable. kwok still
+/// plays the pods bound to it by their `SIM_*` env (a pod that should hang while it is
+/// deleted there sets `SIM_TERMINATION_SECONDS` and its grace period long). With
+/// [`OUT_OF_SERVICE_TAINT`] added (non-graceful node shutdown), kube-controller-manager's
+/// pod garbage collector deletes its terminating pods.
+pub const LOST_ANNOTATION: &str = "devcluster.dev/lost";
+/// `node.kubernetes.io/out-of-service`: a person's word that the node is down.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+
+/// Makes node `name` lost ([`LOST_ANNOTATION`]): its Ready condition Unknown, tainted
+/// `node.kubernetes.io/unreachable` (NoSchedule and NoExecute; no taint-eviction
+/// controller runs here, so the pods stay).
+pub async fn lose(client: kube::Client, name: &str) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(client);
+    let node = api
+        .get(name)
+        .await
+        .map_err(Error::kube(format!("reading node {name}")))?;
+    let mut taints: Vec<serde_json::Value> = node
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != UNREACHABLE_TAINT)
+        .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect}))
+        .collect();
+    for effect in ["NoSchedule", "NoExecute"] {
+        taints.push(json!({"key": UNREACHABLE_TAINT, "effect": effect}));
+    }
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({
+            "metadata": {"annotations": {LOST_ANNOTATION: "true"}},
+            "spec": {"taints": taints},
+        })),
+    )
+    .await
+    .map_err(Error::kube(format!("marking node {name} lost")))?;
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Strategic(json!({"status": {"conditions": [{
+            "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+        }]}})),
+    )
+    .await
+    .map_err(Error::kube(format!("making node {name} NotReady")))?;
+    Ok(())
+}
+
+/// Adds [`OUT_OF_SERVICE_TAINT`] (`nodeshutdown:NoExecute`) to node `name`, as the
+/// runbook of a lost node says.
+pub async fn mark_out_of_service(client: kube::Client, name: &str) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(client);
+    let node = api
+        .get(name)
+        .await
+        .map_err(Error::kube(format!("reading node {name}")))?;
+    let mut taints: Vec<serde_json::Value> = node
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != OUT_OF_SERVICE_TAINT)
+        .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect}))
+        .collect();
+    taints
+        .push(json!({"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}));
+    // The resourceVersion read: a taint another writer added meanwhile is not lost.
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({
+            "metadata": {"resourceVersion": node.metadata.resource_version},
+            "spec": {"taints": taints},
+        })),
+    )
+    .await
+    .map_err(Error::kube(format!("marking node {name} out of service")))?;
+    Ok(())
+}
+
+const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
 
 #[cfg(test)]
 mod tests {

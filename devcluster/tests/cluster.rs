@@ -678,3 +678,75 @@ async fn a_finished_pod_is_removed_at_once() {
         asked.elapsed()
     );
 }
+
+/// A lost node stays NotReady (kwok no longer reports it Ready), a pod deleted there
+/// hangs Terminating, and once the node is marked out of service the pod garbage
+/// collector deletes it.
+#[tokio::test]
+async fn a_lost_nodes_terminating_pod_goes_once_the_node_is_out_of_service() {
+    use devcluster::nodes::{GpuNodes, lose, mark_out_of_service, put};
+    use k8s_openapi::api::core::v1::Node;
+
+    let cluster = cluster().await;
+    let ns = cluster.create_namespace("dc-lost").await.unwrap();
+    let admin = cluster.client(Identity::Admin).await.unwrap();
+    let name = format!("lost-{ns}");
+    let mut node = GpuNodes {
+        count: 1,
+        gpus_per_node: 1,
+        products: vec![name.clone()],
+    }
+    .node(0);
+    node["metadata"]["name"] = json!(name);
+    node["metadata"]["labels"]["kubernetes.io/hostname"] = json!(name);
+    put(admin.clone(), &node).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "stuck"},
+        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": false,
+            "nodeName": name, "terminationGracePeriodSeconds": 3600,
+            "containers": [{"name": "main", "image": "busybox", "env": [
+                {"name": "SIM_DURATION_SECONDS", "value": "3600"},
+                {"name": "SIM_TERMINATION_SECONDS", "value": "3600"},
+            ]}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    wait_phase(&pods, "stuck", "Running").await;
+
+    lose(admin.clone(), &name).await.unwrap();
+    pods.delete("stuck", &DeleteParams::default())
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let ready = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status.clone())
+    };
+    // Well past kwok's reaction time: still NotReady, the pod still there.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        ready(&nodes.get(&name).await.unwrap()).as_deref(),
+        Some("Unknown")
+    );
+    let p = pods.get("stuck").await.unwrap();
+    assert!(p.metadata.deletion_timestamp.is_some());
+
+    mark_out_of_service(admin.clone(), &name).await.unwrap();
+    // The pod garbage collector looks every 20 s.
+    wait::until(
+        "the pod to be deleted",
+        Duration::from_secs(90),
+        POLL,
+        || {
+            let pods = pods.clone();
+            async move { pods.get_opt("stuck").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    nodes.delete(&name, &DeleteParams::default()).await.unwrap();
+}

@@ -9,6 +9,8 @@ pub enum ApiCall {
     ReadPods,
     /// The Kueue Workload of a queued attempt's Job (why Kueue holds it).
     ReadWorkload,
+    /// The Node a pod of the GpuJob is being deleted on (whether it is lost).
+    ReadNode,
     CreateJob,
     /// A multi-node attempt's headless Service (its create, or the read after a 409).
     CreateService,
@@ -25,11 +27,12 @@ pub enum ApiCall {
 }
 
 impl ApiCall {
-    pub const ALL: [ApiCall; 13] = [
+    pub const ALL: [ApiCall; 14] = [
         ApiCall::ReadGpuJob,
         ApiCall::ReadJob,
         ApiCall::ReadPods,
         ApiCall::ReadWorkload,
+        ApiCall::ReadNode,
         ApiCall::CreateJob,
         ApiCall::CreateService,
         ApiCall::UngatePod,
@@ -48,6 +51,7 @@ impl ApiCall {
             ApiCall::ReadJob => "read_job",
             ApiCall::ReadPods => "read_pods",
             ApiCall::ReadWorkload => "read_workload",
+            ApiCall::ReadNode => "read_node",
             ApiCall::CreateJob => "create_job",
             ApiCall::CreateService => "create_service",
             ApiCall::UngatePod => "ungate_pod",
@@ -66,6 +70,7 @@ impl ApiCall {
             ApiCall::ReadJob => "reading an attempt's Job",
             ApiCall::ReadPods => "reading the GpuJob's pods",
             ApiCall::ReadWorkload => "reading the queued attempt's Kueue Workload",
+            ApiCall::ReadNode => "reading the Node an old attempt's pod is being deleted on",
             ApiCall::CreateJob => "creating the attempt's Job",
             ApiCall::CreateService => "creating the multi-node attempt's headless Service",
             ApiCall::UngatePod => {

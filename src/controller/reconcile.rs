@@ -10,8 +10,8 @@ use tracing::info;
 use super::apply::{self, Answer, End};
 use super::error::Error;
 use super::plan::{
-    Action, Found, MAX_PLANS, Next, Observed, QueueWait, QuotaAnswer, Reads, Refusal, Termination,
-    Unschedulable, plan,
+    Action, Found, MAX_PLANS, Next, NodeHealth, Observed, QueueWait, QuotaAnswer, Reads, Refusal,
+    Termination, Unschedulable, plan,
 };
 use super::seen_pod::SeenPod;
 use super::view::Snapshot;
@@ -30,6 +30,8 @@ struct Heard {
     /// Pods a placement read found: a pod waiting at the gate there is as good a hint as
     /// the pod cache's (which may have missed it).
     placed: Vec<SeenPod>,
+    /// The Nodes read: those a pod of the GpuJob is being deleted on.
+    nodes: Vec<NodeHealth>,
     reads: Reads,
     /// A failed release, reported as this reconcile's error once recorded in status.
     release_error: Option<QuotaError>,
@@ -61,6 +63,7 @@ impl Heard {
                         self.placed.extend(pods);
                     }
                     Found::Workload(wait) => self.queue_wait = Some(wait),
+                    Found::Node(node) => self.nodes.push(node),
                 }
             }
         }
@@ -92,6 +95,7 @@ impl Heard {
             confirmed: snap.confirmed,
             term_start_due: snap.term_start_due,
             reads: self.reads.clone(),
+            nodes: self.nodes.clone(),
             now,
         }
     }

@@ -773,6 +773,9 @@ const LEASES: (&str, &str) = (
     "leases.coordination.k8s.io",
     "get list create update delete",
 );
+/// The Node an old attempt's pod is being deleted on (is it lost?): cluster-scoped, so
+/// only a cluster-wide install has it; the chart's namespaced mode goes without.
+const NODES: (&str, &str) = ("nodes", "get");
 
 /// The shipped install's RBAC objects (and its Namespace), as they would be applied.
 fn rbac_of(objects: &[serde_json::Value]) -> Vec<serde_json::Value> {
@@ -927,7 +930,12 @@ async fn the_operator_can_do_nothing_beyond_the_reviewed_list() {
     let operator = render(&Path::new(DEPLOY).join("operator"));
     kubectl_apply(&cluster, &rbac_of(&operator), &[]);
     let everyone = everyone(&cluster);
-    let reviewed: Vec<_> = OPERATOR_RIGHTS.iter().chain(&everyone).copied().collect();
+    let reviewed: Vec<_> = OPERATOR_RIGHTS
+        .iter()
+        .chain(&everyone)
+        .chain(&[NODES])
+        .copied()
+        .collect();
     rights_are_exactly(
         &cluster,
         Identity::Operator,
@@ -958,6 +966,7 @@ async fn with_secure_metrics_the_operator_may_also_ask_who_reads_metrics() {
         .iter()
         .chain(&everyone)
         .chain(REVIEWED_SECURE_METRICS)
+        .chain(&[NODES])
         .copied()
         .collect();
     rights_are_exactly(

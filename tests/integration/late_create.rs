@@ -48,7 +48,7 @@ const UNDO: Duration = Duration::from_secs(30);
 
 /// What the watches saw of the GpuJob's Jobs and pods.
 #[derive(Debug, Default, Clone)]
-struct Seen {
+pub(crate) struct Seen {
     /// Jobs by uid, in the order they appeared: name, and whether it is gone.
     jobs: Vec<(String, String, bool)>,
     /// Pods that can run (ungated or bound to a node, not terminated, not gone): pod uid
@@ -63,7 +63,7 @@ struct Seen {
     /// Pods (names) that were ever bound to a node.
     bound_pods: BTreeSet<String>,
     /// Each moment at which pods of more than one Job were live: those Jobs' names.
-    overlaps: Vec<Vec<String>>,
+    pub(crate) overlaps: Vec<Vec<String>>,
 }
 
 impl Seen {
@@ -75,7 +75,7 @@ impl Seen {
     }
 
     /// The Jobs with live pods, by name.
-    fn live_jobs(&self) -> BTreeSet<String> {
+    pub(crate) fn live_jobs(&self) -> BTreeSet<String> {
         self.live.values().map(|u| self.name_of(u)).collect()
     }
 
@@ -145,7 +145,7 @@ impl Seen {
 
 /// Watches the Jobs and pods of `gj` into a [`Seen`]; each watch applies its events in
 /// the order the API server committed them.
-fn watch_attempts(env: &TestEnv, gj: &GpuJob) -> watch::Receiver<Seen> {
+pub(crate) fn watch_attempts(env: &TestEnv, gj: &GpuJob) -> watch::Receiver<Seen> {
     let selector = format!("{LABEL_UID}={}", gj.metadata.uid.clone().unwrap());
     let config = watcher::Config::default().labels(&selector);
     let jobs = watcher(
@@ -185,7 +185,7 @@ enum Either {
 }
 
 /// Waits, without polling, until what the watches saw satisfies `pred`.
-async fn until(
+pub(crate) async fn until(
     seen: &mut watch::Receiver<Seen>,
     what: &str,
     within: Duration,

@@ -21,6 +21,7 @@ mod install;
 mod kueue;
 mod late_create;
 mod lease;
+mod lost_node;
 mod metrics;
 mod metrics_secure;
 mod migration;

@@ -7,9 +7,9 @@ use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{
-    ADMITTED, Action, FAILURE_RULE, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, Next,
-    OLD_ATTEMPT_STOPPING, PlanSettings, Planner, QUEUED, SCHEDULING_GRACE, SPEC_CHANGE_PENDING,
-    Termination, UNSCHEDULABLE,
+    ADMITTED, Action, FAILURE_RULE, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion,
+    LOST_NODE_RECHECK, Next, OLD_ATTEMPT_STOPPING, PlanSettings, Planner, QUEUED, SCHEDULING_GRACE,
+    SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
 };
 use crate::api::{ConditionStatus, FailureAction, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
 use crate::events::{stray_job_deleted, unrecognized_job_deleted};
@@ -217,11 +217,31 @@ impl Planner<'_, '_> {
             .min_by_key(|j| (j.attempt, j.name.clone()))
     }
 
-    /// Why `attempt` cannot start while another attempt's Job may still have pods.
+    /// Why `attempt` cannot start while another attempt's Job may still have pods: one
+    /// of them being deleted on a lost node (a read found it not Ready, or gone) says
+    /// so, with the node ([`WAITING_FOR_LOST_NODE`]).
     fn old_attempt_stopping(&self, attempt: i32) -> Option<(&'static str, String)> {
         // Two attempts' pods at once would break a distributed run (duplicate ranks).
         // The Job's deletion or end is an event: no timer is needed.
         let job = self.live_job(attempt)?;
+        let live_uids: Vec<&str> = self
+            .obs
+            .jobs
+            .iter()
+            .filter(|j| (j.attempt != Some(attempt) || j.deleting()) && live(j))
+            .filter_map(|j| j.uid.as_deref())
+            .collect();
+        let on_lost_node = self.lost_pod(|p| {
+            p.job_uid
+                .as_deref()
+                .is_some_and(|uid| live_uids.contains(&uid))
+        });
+        if let Some((pod, node)) = on_lost_node {
+            return Some((
+                WAITING_FOR_LOST_NODE,
+                super::gate::waiting_for_lost_node(attempt, pod, node),
+            ));
+        }
         let name = job.name.as_str();
         let how = if job.deleting() {
             "is being deleted"
@@ -303,6 +323,8 @@ impl Planner<'_, '_> {
                 SUSPENDED => Next::Done,
                 // The Job watch says when it is gone.
                 OLD_ATTEMPT_STOPPING => Next::Done,
+                // Nothing watches Nodes: read it again in a while.
+                WAITING_FOR_LOST_NODE => Next::After(LOST_NODE_RECHECK),
                 // Waiting for quota: ask again with backoff.
                 _ => Next::Backoff,
             };

@@ -40,6 +40,7 @@ use crate::seen_job::SeenJob;
 use crate::seen_pod::SeenPod;
 pub use crate::status::{
     ADMITTED, QUEUED, SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, UNSCHEDULABLE,
+    WAITING_FOR_LOST_NODE,
 };
 use crate::status::{READY, seconds, set_condition};
 use crate::validate::{SpecLimits, multi_node_name, validate};
@@ -47,7 +48,10 @@ use crate::validate::{SpecLimits, multi_node_name, validate};
 pub use attempts::{
     JobState, PodsWaiting, backoff, backoff_for, job_state, pods_waiting, seen_state,
 };
-pub use reads::{Found, FoundJob, Read, Reads, termination_of, unschedulable_of, workload_wait};
+pub use reads::{
+    Found, FoundJob, NodeHealth, NodeState, Read, Reads, node_state_of, termination_of,
+    unschedulable_of, workload_wait,
+};
 
 /// How many plans one reconcile may make. A plan is made again only once a question it
 /// ended with is answered, and no plan asks again what its reconcile has answered. What
@@ -78,6 +82,10 @@ pub const JOB_NAME_CONFLICT: &str = "JobNameConflict";
 pub const SCHEDULING_GRACE: Duration = Duration::from_secs(5);
 /// Condition reason: the next attempt waits until an earlier attempt's pods are gone.
 pub const OLD_ATTEMPT_STOPPING: &str = "OldAttemptStopping";
+/// How often a GpuJob waiting for a pod on a lost node ([`WAITING_FOR_LOST_NODE`])
+/// reads that node again: nothing watches Nodes, and a node that comes back, or a pod
+/// a person force-deletes, ends the wait (the latter is an event too).
+pub const LOST_NODE_RECHECK: Duration = Duration::from_secs(60);
 /// Why a GpuJob with `spec.queueName` does not run where the operator reserves quota.
 const BOTH_QUEUES: &str = "invalid spec: spec.queueName: this operator reserves GPUs from an external quota service (--quota-provider http); a GpuJob queues through Kueue or through that service, not both: remove spec.queueName, or run it where the operator has no quota service";
 /// Ready reason: a failure rule (`FailGpuJob`) ended the GpuJob.
@@ -180,6 +188,9 @@ pub struct Observed<'a> {
     pub term_start_due: bool,
     /// The reads ([`Action::Read`]) made in this reconcile.
     pub reads: Reads,
+    /// The Nodes read in this reconcile ([`Read::Node`]): those a pod of the GpuJob is
+    /// being deleted on.
+    pub nodes: Vec<NodeHealth>,
     pub now: Timestamp,
 }
 
@@ -350,6 +361,7 @@ impl Action {
             Action::Read(Read::Termination { .. }) => "ReadTermination",
             Action::Read(Read::Placement { .. }) => "ReadPlacement",
             Action::Read(Read::Workload { .. }) => "ReadWorkload",
+            Action::Read(Read::Node { .. }) => "ReadNode",
             Action::Reserve(..) => "Reserve",
             Action::Release(_) => "Release",
             Action::ReadPods => "ReadPods",
@@ -490,6 +502,7 @@ pub fn plan(obs: &Observed<'_>, settings: &PlanSettings) -> Plan {
                 confirmed: obs.confirmed,
                 term_start_due: obs.term_start_due,
                 reads: obs.reads.clone(),
+                nodes: Vec::new(),
                 now: obs.now,
             };
             &stripped

@@ -2,14 +2,16 @@
 //! the API server by the executor ([`Action::Read`]) and handed back to the next plan
 //! of the same reconcile. The caches are enough for most GpuJobs most of the time; these
 //! reads are due only when a decision depends on something they may lag behind or never
-//! hold (a foreign Job, a pod's exit code, the scheduler's reason, Kueue's Workload).
+//! hold (a foreign Job, a pod's exit code, the scheduler's reason, Kueue's Workload,
+//! whether the node of a pod being deleted is Ready).
 //!
 //! A read has no effect, so none waits for a confirmed view. Each is asked at most once
 //! per reconcile ([`Reads`] remembers what was asked), and the Jobs' reads come first
 //! (what they find decides which attempt the others are about): a reconcile makes at
-//! most two rounds of them.
+//! most two rounds of them (a Node is read in the second, from the pod cache, never in
+//! a round of its own after the pod read).
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::{
     Action, JOB_NAME_CONFLICT, JobState, Planner, PodsWaiting, QueueWait, Refusal, Termination,
@@ -38,6 +40,10 @@ pub enum Read {
     Placement { attempt: i32, job_uid: String },
     /// Why Kueue holds the attempt's Job (its Workload, by `kueue.x-k8s.io/job-uid`).
     Workload { attempt: i32, job_uid: String },
+    /// The Node a pod of the GpuJob is being deleted on while it may still run there
+    /// ([`SeenPod::stopping_on`]): whether its kubelet can still confirm the stop
+    /// (no cache watches Nodes).
+    Node { name: String },
 }
 
 impl Read {
@@ -64,7 +70,64 @@ impl Read {
                 reason: "Pending".to_owned(),
                 message: "Kueue has not decided on the Workload yet".to_owned(),
             }),
+            Read::Node { name } => Found::Node(NodeHealth {
+                name: name.clone(),
+                state: NodeState::Gone,
+            }),
         }
+    }
+}
+
+/// What a read of a Node found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHealth {
+    pub name: String,
+    pub state: NodeState,
+}
+
+/// Whether a Node's kubelet can still stop the pods bound to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeState {
+    /// Its Ready condition is True.
+    Ready,
+    /// Its Ready condition is False or Unknown, or missing (`status`: which, `reason`:
+    /// the node's own words, `NodeStatusUnknown` from the node lifecycle controller):
+    /// a pod being deleted there stops only once its kubelet is back, or a person marks
+    /// the node out of service.
+    NotReady { status: String, reason: String },
+    /// No such Node: nothing will confirm the stop of a pod bound to it but the pod
+    /// garbage collector.
+    Gone,
+    /// The operator may not read Nodes (a namespaced install without a ClusterRole):
+    /// the node's state is unknown, and the wait says only that the pod is stopping.
+    Unreadable,
+}
+
+impl NodeState {
+    /// Whether the node cannot confirm a pod's stop: only a person (or the node's
+    /// return) ends a wait for one.
+    pub fn lost(&self) -> bool {
+        matches!(self, NodeState::NotReady { .. } | NodeState::Gone)
+    }
+}
+
+/// A Node's state from its Ready condition.
+pub fn node_state_of(node: &Node) -> NodeState {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+    match ready {
+        Some(c) if c.status == "True" => NodeState::Ready,
+        Some(c) => NodeState::NotReady {
+            status: c.status.clone(),
+            reason: c.reason.clone().unwrap_or_default(),
+        },
+        None => NodeState::NotReady {
+            status: "Unknown".to_owned(),
+            reason: "NoReadyCondition".to_owned(),
+        },
     }
 }
 
@@ -88,6 +151,7 @@ pub enum Found {
         pods: Vec<SeenPod>,
     },
     Workload(QueueWait),
+    Node(NodeHealth),
 }
 
 /// Who holds an attempt's Job name.
@@ -206,6 +270,20 @@ impl Planner<'_, '_> {
                     due.push(Read::Workload { attempt, job_uid });
                 }
             }
+        }
+        // A pod being deleted on a node while the next attempt waits for it: whether
+        // that node can still stop it (from the pod cache, so it is read with the reads
+        // above, not in a round of its own after the pod read).
+        if !self.current.phase.is_some_and(Phase::is_final) {
+            let mut nodes: Vec<&str> = self
+                .obs
+                .cached_pods
+                .iter()
+                .filter_map(|p| p.stopping_on())
+                .collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            due.extend(nodes.into_iter().map(|n| Read::Node { name: n.to_owned() }));
         }
         due.retain(|r| !self.obs.reads.made(r));
         due

@@ -145,6 +145,7 @@ impl Replica {
                 confirmed: heard.confirmed,
                 term_start_due: heard.term_start_due && !heard.confirmed,
                 reads: heard.reads.clone(),
+                nodes: Vec::new(),
                 now,
             };
             let plan = plan(&observed, &SETTINGS);
@@ -209,7 +210,8 @@ impl Replica {
             }
             Action::Read(read) => {
                 // The model's pods carry no exit code or scheduling reason, and its
-                // Kueue leaves no Workload to read: only a Job's read finds anything. A
+                // Kueue leaves no Workload to read, and its pods are bound to no named
+                // node (no Node is read): only a Job's read finds anything. A
                 // Job found is remembered until the cache has it, as the view does.
                 let found = match read {
                     Read::Job { attempt } => Found::Job {
@@ -519,6 +521,7 @@ fn seen_pod(pod: &PodObj) -> SeenPod {
         job_uid: Some(format!("job-{}", pod.job_uid)),
         gated: pod.gated,
         bound: pod.bound,
+        node: None,
         terminal: pod.ended,
         deleting: pod.deleting,
     }

@@ -10,11 +10,11 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::api::{GpuJob, LABEL_UID};
 use crate::controller::Key;
@@ -24,7 +24,8 @@ use super::{Answer, End, Execution};
 use crate::controller::error::{ApiCall, Error};
 use crate::controller::job::job_name;
 use crate::controller::plan::{
-    Found, FoundJob, QueueWait, Read, termination_of, unschedulable_of, workload_wait,
+    Found, FoundJob, NodeHealth, NodeState, QueueWait, Read, node_state_of, termination_of,
+    unschedulable_of, workload_wait,
 };
 use crate::controller::seen_job::SeenJob;
 use crate::controller::seen_pod::SeenPod;
@@ -123,7 +124,31 @@ impl Reader {
             Read::Workload { attempt, job_uid } => {
                 Found::Workload(self.workload(ns, job_uid, *attempt).await?)
             }
+            Read::Node { name } => Found::Node(NodeHealth {
+                name: name.clone(),
+                state: self.node(name).await?,
+            }),
         })
+    }
+
+    /// Whether the Node `name` can still stop its pods. An install that may not read
+    /// Nodes (the chart's namespaced mode without its ClusterRole: 403) is not an
+    /// error: the node's state is unknown, and the GpuJob says only that the old pod
+    /// is stopping.
+    async fn node(&self, name: &str) -> Result<NodeState, Error> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api.get_opt(name).await {
+            Ok(Some(node)) => Ok(node_state_of(&node)),
+            Ok(None) => Ok(NodeState::Gone),
+            Err(kube::Error::Api(e)) if e.code == 403 => {
+                debug!(
+                    node = name,
+                    "may not read Nodes: the node's state is unknown"
+                );
+                Ok(NodeState::Unreadable)
+            }
+            Err(e) => Err(Error::kube(ApiCall::ReadNode)(e)),
+        }
     }
 
     /// The pods of the Job with uid `job_uid`, by its `controller-uid` label.
@@ -244,5 +269,67 @@ impl Execution<'_> {
         let pods = self.ctx.reader.pods(&key.namespace, uid).await?;
         self.answers.push(Answer::Pods(pods));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+
+    /// A client whose API server answers every request with `status` and `body`.
+    fn answering(status: u16, body: serde_json::Value) -> Client {
+        let service = tower::service_fn(move |_req: Request<Body>| {
+            let body = body.to_string();
+            async move {
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(body.into_bytes()))
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    fn status(code: u16, reason: &str) -> serde_json::Value {
+        serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": format!("nodes \"gpu-7\" is {reason}"), "reason": reason, "code": code})
+    }
+
+    #[tokio::test]
+    async fn a_node_read_says_ready_not_ready_gone_or_unreadable() {
+        let node = |ready: &str| {
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-7"},
+                "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "NodeStatusUnknown"}]}})
+        };
+        let read = |client| async move { Reader::new(client).node("gpu-7").await };
+        assert_eq!(
+            read(answering(200, node("True"))).await.unwrap(),
+            NodeState::Ready
+        );
+        assert_eq!(
+            read(answering(200, node("Unknown"))).await.unwrap(),
+            NodeState::NotReady {
+                status: "Unknown".into(),
+                reason: "NodeStatusUnknown".into()
+            }
+        );
+        assert_eq!(
+            read(answering(404, status(404, "NotFound"))).await.unwrap(),
+            NodeState::Gone
+        );
+        // An install that may not read Nodes: not an error, the state is unknown.
+        assert_eq!(
+            read(answering(403, status(403, "Forbidden")))
+                .await
+                .unwrap(),
+            NodeState::Unreadable
+        );
+        // Anything else is an error of the reconcile (retried with backoff).
+        let e = read(answering(500, status(500, "InternalError")))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("Node"), "{e}");
     }
 }

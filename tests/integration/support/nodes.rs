@@ -43,6 +43,24 @@ impl OwnNode {
         spec
     }
 
+    /// Creates a second node like this one (`<name>-b`, the same product and taint), so
+    /// that an attempt can run elsewhere when one of the two is lost; returns its name.
+    pub async fn add_twin(&self, env: &TestEnv, gpus: u16) -> String {
+        let twin = format!("{}-b", self.name);
+        let mut node = GpuNodes {
+            count: 1,
+            gpus_per_node: gpus,
+            products: vec![self.name.clone()],
+        }
+        .node(0);
+        node["metadata"]["name"] = json!(twin);
+        node["metadata"]["labels"]["kubernetes.io/hostname"] = json!(twin);
+        node["spec"]["taints"] =
+            json!([{"key": DEDICATED, "value": self.name, "effect": "NoSchedule"}]);
+        put(env.admin.clone(), &node).await.unwrap();
+        twin
+    }
+
     pub async fn remove(self, env: &TestEnv) {
         Api::<Node>::all(env.admin.clone())
             .delete(&self.name, &DeleteParams::default())

@@ -28,6 +28,7 @@ fn pod(attempt: i32, n: u8) -> SeenPod {
         job_uid: Some(format!("job-uid-{attempt}")),
         gated: true,
         bound: false,
+        node: None,
         terminal: false,
         deleting: false,
     }
@@ -101,6 +102,7 @@ impl<'a> Seen<'a> {
                 confirmed: self.confirmed,
                 term_start_due: false,
                 reads: Reads::every(),
+                nodes: Vec::new(),
                 now: t(now),
             },
             &settings(),
@@ -449,6 +451,7 @@ fn a_multi_node_attempts_service_exists_before_any_of_its_pods_goes() {
             confirmed: true,
             term_start_due: false,
             reads: Reads::every(),
+            nodes: Vec::new(),
             now: t(LATER),
         },
         &settings(),

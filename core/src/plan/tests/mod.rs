@@ -115,6 +115,7 @@ fn run_with(
             confirmed: true,
             term_start_due: false,
             reads: Reads::every(),
+            nodes: Vec::new(),
             cached_pods: Vec::new(),
             now: t(now),
         },
@@ -160,6 +161,7 @@ fn plan_seeing_pods(
             confirmed,
             term_start_due: false,
             reads: Reads::every(),
+            nodes: Vec::new(),
             cached_pods: Vec::new(),
             now: t(now),
         },
@@ -711,6 +713,7 @@ fn an_invalid_job_waits_for_a_spec_change() {
         confirmed: true,
         term_start_due: false,
         reads: Reads::every(),
+        nodes: Vec::new(),
         cached_pods: Vec::new(),
         now: t(T0),
     };
@@ -915,6 +918,7 @@ mod quota {
             confirmed: true,
             term_start_due: false,
             reads: Reads::every(),
+            nodes: Vec::new(),
             cached_pods: Vec::new(),
             now: t(T0),
         };
@@ -1573,6 +1577,7 @@ mod lifecycle {
                 confirmed: true,
                 term_start_due: false,
                 reads: Reads::every(),
+                nodes: Vec::new(),
                 cached_pods: Vec::new(),
                 now: t("2026-11-30T08:00:00Z"),
             },
@@ -1594,6 +1599,7 @@ mod lifecycle {
                 confirmed: true,
                 term_start_due: false,
                 reads: Reads::every(),
+                nodes: Vec::new(),
                 cached_pods: Vec::new(),
                 now: t("2026-11-30T08:00:00Z"),
             },
@@ -1634,6 +1640,7 @@ mod lifecycle {
                     confirmed: true,
                     term_start_due: false,
                     reads: Reads::every(),
+                    nodes: Vec::new(),
                     cached_pods: Vec::new(),
                     now: t("2026-11-30T07:00:00Z"),
                 },
@@ -1777,6 +1784,7 @@ mod v2_values {
                     confirmed: true,
                     term_start_due: false,
                     reads: Reads::every(),
+                    nodes: Vec::new(),
                     cached_pods: Vec::new(),
                     now: t(now),
                 },
@@ -2257,4 +2265,5 @@ mod strays {
 }
 
 mod gate;
+mod lost_node;
 mod reads;

@@ -27,6 +27,7 @@ fn plan_after(
             confirmed: true,
             term_start_due: false,
             reads,
+            nodes: Vec::new(),
             now: t(now),
         },
         &settings(),
@@ -271,6 +272,7 @@ fn an_unknown_term_start_is_read_in_place_of_a_confirming_read() {
         confirmed: false,
         term_start_due: due,
         reads: Reads::every(),
+        nodes: Vec::new(),
         now: t(T0),
     };
     let kinds = |p: Plan| p.actions.iter().map(Action::name).collect::<Vec<_>>();
@@ -371,6 +373,7 @@ fn a_gpujob_being_deleted_reads_the_recorded_attempts_job_before_it_releases_any
                 confirmed: true,
                 term_start_due: false,
                 reads,
+                nodes: Vec::new(),
                 now: t(T0),
             },
             &settings(),

@@ -18,9 +18,10 @@ use crate::controller::seen_pod::SeenPod;
 use crate::controller::view::scope::Scope;
 
 /// A cached pod, in one allocation ([`record`]): the GpuJob's uid, the namespace, the
-/// controlling Job's name, the pod's name, its uid, resourceVersion and Job's uid, then
-/// a byte of flags and, when it has one, its attempt (4 bytes): about 170 bytes for
-/// real names and uids. `benches/examples/footprint.rs` measures the index whole.
+/// controlling Job's name, the pod's name, its uid, resourceVersion, Job's uid and node
+/// (empty when not bound), then a byte of flags and, when it has one, its attempt (4
+/// bytes): about 170 bytes for real names and uids, plus the node's name (measured
+/// before it was kept). `benches/examples/footprint.rs` measures the index whole.
 #[derive(Debug, Clone, PartialEq)]
 pub(in crate::controller) struct Cached(Box<[u8]>);
 
@@ -43,6 +44,8 @@ struct Fields<'a> {
     uid: Option<&'a str>,
     resource_version: Option<&'a str>,
     job_uid: Option<&'a str>,
+    /// Empty: not bound (a node's name is never empty).
+    node: Option<&'a str>,
     flags: u8,
     attempt: Option<i32>,
 }
@@ -75,6 +78,7 @@ impl Cached {
             seen.uid.as_deref().unwrap_or_default(),
             seen.resource_version.as_deref().unwrap_or_default(),
             seen.job_uid.as_deref().unwrap_or_default(),
+            seen.node.as_deref().unwrap_or_default(),
         ];
         match record::pack(fields, &tail) {
             Some(packed) => Some(Cached(packed)),
@@ -101,6 +105,7 @@ impl Cached {
                 uid,
                 resource_version,
                 job_uid,
+                node,
             ],
             tail,
         ) = record::unpack(&self.0)?;
@@ -117,6 +122,7 @@ impl Cached {
             uid: present(flags, HAS_UID, uid),
             resource_version: present(flags, HAS_RESOURCE_VERSION, resource_version),
             job_uid: present(flags, HAS_JOB_UID, job_uid),
+            node: (!node.is_empty()).then_some(node),
             flags,
             attempt,
         })
@@ -137,6 +143,7 @@ impl Cached {
             job_uid: owned(f.job_uid),
             gated: f.flags & GATED != 0,
             bound: f.flags & BOUND != 0,
+            node: owned(f.node),
             terminal: f.flags & TERMINAL != 0,
             deleting: f.flags & DELETING != 0,
         })
@@ -162,7 +169,8 @@ impl Record for Cached {
 /// Of a pod that was `old` and is `new` (`None`: not there), the versions whose
 /// GpuJob's gate has something to do: `new` newly seen waiting at the gate (a read may
 /// let it go); `old` gone, or `new` no longer able to run when `old` could (an attempt
-/// waiting for another's pods to stop may go on). Anything else (scheduled, Running,
+/// waiting for another's pods to stop may go on), or its deletion begun on its node.
+/// Anything else (scheduled, Running,
 /// Ready, a new resourceVersion) changes nothing the gate reads. A name taken by another
 /// pod (another uid) is the old one gone and a new one seen.
 fn gate_cares<'a>(old: Option<&'a SeenPod>, new: Option<&'a SeenPod>) -> Vec<&'a SeenPod> {
@@ -174,12 +182,23 @@ fn gate_cares<'a>(old: Option<&'a SeenPod>, new: Option<&'a SeenPod>) -> Vec<&'a
         }
         (None, Some(n)) => n.waits_at_gate().then_some(n).into_iter().collect(),
         (Some(o), None) => vec![o],
-        (Some(o), Some(n)) => (o.may_run() && !n.may_run())
-            .then_some(n)
-            .into_iter()
-            .collect(),
+        // Or a pod that may run begins its deletion on a node: the next attempt may
+        // wait for it, and says where (a lost node: `plan/gate.rs`).
+        (Some(o), Some(n)) => ((o.may_run() && !n.may_run())
+            || (o.stopping_on().is_none() && n.stopping_on().is_some()))
+        .then_some(n)
+        .into_iter()
+        .collect(),
         (None, None) => Vec::new(),
     }
+}
+
+/// The GpuJob whose attempt `attempt`'s Job is named `job` (`<gpujob>-<attempt>`, when
+/// that name was not shortened).
+fn gpujob_named(job: &str, attempt: Option<i32>) -> Option<String> {
+    let k = attempt?;
+    let gpujob = job.strip_suffix(&format!("-{k}"))?;
+    (crate::controller::job::job_name(gpujob, k) == job).then(|| gpujob.to_owned())
 }
 
 /// The cached pods, found by their GpuJob's uid and by their own namespace and name.
@@ -196,20 +215,29 @@ impl PodIndex {
     /// pod whose Job is not cached yet queues nothing (the Job's own event will, and
     /// that reconcile finds the pod here, cached before `jobs` was asked).
     pub fn apply(&self, event: &Event<Pod>, part: &Scope, jobs: &JobIndex) -> Vec<Key> {
-        // (namespace, Job) of each pod the gate cares about: noted under the write lock,
-        // looked up in `jobs` after it.
-        let mut due: BTreeSet<(String, String)> = BTreeSet::new();
+        // (namespace, Job, the GpuJob its name says when the pod ended) of each pod the
+        // gate cares about: noted under the write lock, looked up in `jobs` after it.
+        let mut due: BTreeSet<(String, String, Option<String>)> = BTreeSet::new();
         self.table.apply(event, part, Cached::of_pod, |old, new| {
             let (old, new) = (old.and_then(Cached::seen), new.and_then(Cached::seen));
             for pod in gate_cares(old.as_ref(), new.as_ref()) {
+                let ended = !pod.may_run() || new.as_ref().is_none_or(|n| n.uid != pod.uid);
                 if let Some(job) = &pod.job {
-                    due.insert((pod.namespace.clone(), job.clone()));
+                    let named = ended.then(|| gpujob_named(job, pod.attempt)).flatten();
+                    due.insert((pod.namespace.clone(), job.clone(), named));
                 }
             }
         });
+        // A pod that outlived its Job (deleted in the background, say, its pod left
+        // stopping on a lost node) ends unheard through `jobs`: its Job's name says
+        // whose it was. (A GpuJob of that name that is gone, or another, is looked at for
+        // nothing.)
         let keys: BTreeSet<Key> = due
             .iter()
-            .filter_map(|(namespace, job)| jobs.gpujob_of(namespace, job))
+            .filter_map(|(namespace, job, named)| {
+                jobs.gpujob_of(namespace, job)
+                    .or_else(|| named.as_ref().map(|n| Key::new(namespace, n)))
+            })
             .collect();
         keys.into_iter().collect()
     }
@@ -359,9 +387,11 @@ mod tests {
             }
         });
         assert!(apply(&ready).is_empty());
-        // Bound and being deleted: its kubelet may still run it.
+        // Bound and being deleted: its kubelet may still run it, and the next attempt
+        // may wait for it (on a lost node, says so).
         let stopping = next(&ready, "7", deleting);
-        assert!(apply(&stopping).is_empty());
+        assert_eq!(apply(&stopping), a);
+        assert!(apply(&next(&stopping, "7a", |_| {})).is_empty());
         // Finished: it could run and no longer can.
         let failed = next(&stopping, "8", phase("Failed"));
         assert_eq!(apply(&failed), a);
@@ -388,7 +418,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_whose_job_is_unknown_queues_nothing_and_is_cached_all_the_same() {
+    fn a_pod_whose_job_is_unknown_queues_only_its_end_and_is_cached_all_the_same() {
         let jobs = jobs_of_a("ns");
         let idx = PodIndex::default();
         let unknown = pod("ns", "b-1-x", "b-1", "u2");
@@ -398,18 +428,37 @@ mod tests {
             "the Job's own event queues the GpuJob"
         );
         assert_eq!(idx.pods_of("u2").len(), 1, "which then finds the pod here");
-        // The same for a pod of no Job at all, or of a Job of another namespace.
+        // The same for a pod of no Job at all, or of a Job of another namespace (whose
+        // end is heard by its Job's name, below).
         let orphan = next(&pod("ns", "c-x", "c", "u3"), "1", |p| {
             p.metadata.owner_references = None;
         });
         let elsewhere = pod("other", "a-1-x", "a-1", "u1");
-        for p in [orphan, elsewhere] {
+        for (p, at_end) in [(orphan, vec![]), (elsewhere, vec![Key::new("other", "a")])] {
             assert!(
                 idx.apply(&Event::Apply(p.clone()), &Scope::All, &jobs)
                     .is_empty()
             );
-            assert!(idx.apply(&Event::Delete(p), &Scope::All, &jobs).is_empty());
+            assert_eq!(idx.apply(&Event::Delete(p), &Scope::All, &jobs), at_end);
         }
+        // A pod of an attempt whose Job is gone: its end is heard through its Job's name
+        // (attempt label 1, Job b-1: GpuJob b); its arrival is not.
+        let outlived = next(&pod("ns", "b-1-y", "b-1", "u2"), "1", |p| {
+            if let Some(l) = p.metadata.labels.as_mut() {
+                l.insert(LABEL_ATTEMPT.into(), "1".into());
+            }
+            bound(p);
+        });
+        assert!(
+            idx.apply(&Event::Apply(outlived.clone()), &Scope::All, &jobs)
+                .is_empty()
+        );
+        assert_eq!(
+            idx.apply(&Event::Delete(outlived), &Scope::All, &jobs),
+            vec![Key::new("ns", "b")]
+        );
+        assert_eq!(gpujob_named("b-1", Some(2)), None);
+        assert_eq!(gpujob_named("b-1", None), None);
         // Once the Job is cached, the pod's going is heard.
         jobs.apply(&Event::Apply(job("ns", "b-1", "b", "u2")), &Scope::All);
         assert_eq!(
@@ -538,6 +587,7 @@ mod tests {
             (seen_all[0].attempt, seen_all[0].bound, seen_all[0].terminal),
             (Some(2), true, true)
         );
+        assert!(seen_all[0].node.is_some() && seen_all[1].node.is_none());
         assert_eq!(
             (seen_all[1].uid.as_deref(), seen_all[1].job.as_deref()),
             (None, None)

@@ -1,0 +1,309 @@
+//! A next attempt that waits for a pod being deleted on a node that is not Ready, or
+//! gone: the plan reads that Node with its other reads, and says so in Ready
+//! (`WaitingForLostNode`, the node named) instead of `OldAttemptStopping`.
+
+use super::*;
+
+const NODE: &str = "gpu-7";
+const LATER: &str = "2026-11-30T06:10:00Z";
+
+/// A pod of attempt `attempt`'s Job (uid `job-uid-<attempt>`), let go and placed on
+/// [`NODE`], running.
+fn placed(attempt: i32) -> SeenPod {
+    SeenPod {
+        name: format!("train-{attempt}-0"),
+        namespace: "ns".into(),
+        owner_uid: "uid-1".into(),
+        uid: Some(format!("pod-{attempt}")),
+        resource_version: Some(format!("{attempt}07")),
+        attempt: Some(attempt),
+        job: Some(format!("train-{attempt}")),
+        job_uid: Some(format!("job-uid-{attempt}")),
+        gated: false,
+        bound: true,
+        node: Some(NODE.into()),
+        terminal: false,
+        deleting: false,
+    }
+}
+
+fn stopping(mut p: SeenPod) -> SeenPod {
+    p.deleting = true;
+    p
+}
+
+/// Attempt `attempt`'s pod, waiting at the gate.
+fn gated(attempt: i32) -> SeenPod {
+    let mut p = placed(attempt);
+    p.gated = true;
+    p.bound = false;
+    p.node = None;
+    p
+}
+
+fn not_ready(status: &str, reason: &str) -> NodeState {
+    NodeState::NotReady {
+        status: status.into(),
+        reason: reason.into(),
+    }
+}
+
+/// What the plan sees.
+struct Seen<'a> {
+    g: &'a GpuJob,
+    jobs: &'a [Job],
+    cached: Vec<SeenPod>,
+    read: Option<Vec<SeenPod>>,
+    reads: Reads,
+    node: Option<NodeState>,
+}
+
+impl Seen<'_> {
+    fn plan(&self) -> Plan {
+        let jobs = seen(self.jobs);
+        plan(
+            &Observed {
+                gpujob: self.g,
+                jobs: jobs.iter().collect(),
+                termination: None,
+                unschedulable: None,
+                queue_wait: None,
+                refused: None,
+                quota_required: false,
+                quota: None,
+                pods: self.read.clone(),
+                cached_pods: self.cached.iter().collect(),
+                confirmed: true,
+                term_start_due: false,
+                reads: self.reads.clone(),
+                nodes: self
+                    .node
+                    .iter()
+                    .map(|state| NodeHealth {
+                        name: NODE.into(),
+                        state: state.clone(),
+                    })
+                    .collect(),
+                now: t(LATER),
+            },
+            &settings(),
+        )
+    }
+}
+
+/// Attempt 2 recorded, its Job made and its pod waiting at the gate; attempt 1's pod,
+/// its Job gone, is `old`. The pod read shows both; the Node read found `node`.
+fn gate_waits(g2: &GpuJob, jobs: &[Job], old: SeenPod, node: Option<NodeState>) -> Plan {
+    let pods = vec![old, gated(2)];
+    Seen {
+        g: g2,
+        jobs,
+        cached: pods.clone(),
+        read: Some(pods),
+        reads: Reads::every(),
+        node,
+    }
+    .plan()
+}
+
+fn made(g: &GpuJob, attempt: i32) -> Job {
+    let mut j = desired_job(g, attempt);
+    j.metadata.uid = Some(format!("job-uid-{attempt}"));
+    j.metadata.resource_version = Some(format!("{attempt}01"));
+    j
+}
+
+fn ungates(p: &Plan) -> usize {
+    p.actions
+        .iter()
+        .filter(|a| matches!(a, Action::UngatePod { .. }))
+        .count()
+}
+
+#[test]
+fn a_pod_stopping_on_a_node_has_that_node_read_with_the_other_reads() {
+    let g = gpujob(3);
+    let g2 = running(&g, 2, 1);
+    let jobs = [made(&g, 2)];
+    let asked = |cached: Vec<SeenPod>, reads: Reads| {
+        let p = Seen {
+            g: &g2,
+            jobs: &jobs,
+            cached,
+            read: None,
+            reads,
+            node: None,
+        }
+        .plan();
+        p.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Read(r) => Some(r.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let node_read = Read::Node { name: NODE.into() };
+    // Being deleted on its node: read it, and nothing else is planned before.
+    assert_eq!(
+        asked(vec![stopping(placed(1)), gated(2)], Reads::default()),
+        vec![node_read.clone()]
+    );
+    // Two pods on the same node: one read.
+    let mut twin = stopping(placed(1));
+    twin.name = "train-1-1".into();
+    assert_eq!(
+        asked(vec![stopping(placed(1)), twin, gated(2)], Reads::default()),
+        vec![node_read.clone()]
+    );
+    // Running and not deleted, finished, or deleted before it was placed: its node is
+    // not what the next attempt waits on.
+    let mut finished = stopping(placed(1));
+    finished.terminal = true;
+    for pod in [placed(1), finished, stopping(gated(1))] {
+        assert_eq!(
+            asked(vec![pod.clone(), gated(2)], Reads::default()),
+            vec![],
+            "{pod:?}"
+        );
+    }
+    // Asked once per reconcile.
+    let mut reads = Reads::default();
+    reads.record(
+        node_read.clone(),
+        &Found::Node(NodeHealth {
+            name: NODE.into(),
+            state: NodeState::Ready,
+        }),
+    );
+    assert_eq!(asked(vec![stopping(placed(1)), gated(2)], reads), vec![]);
+    // A finished GpuJob waits for nothing.
+    let mut done = g2.clone();
+    if let Some(s) = done.status.as_mut() {
+        s.phase = Some(Phase::Succeeded);
+    }
+    let p = Seen {
+        g: &done,
+        jobs: &jobs,
+        cached: vec![stopping(placed(1))],
+        read: None,
+        reads: Reads::default(),
+        node: None,
+    }
+    .plan();
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Read(Read::Node { .. }))),
+        "{:?}",
+        p.actions
+    );
+}
+
+#[test]
+fn the_gate_says_which_lost_node_holds_the_next_attempt() {
+    let g = gpujob(3);
+    let g2 = running(&g, 2, 1);
+    let jobs = [made(&g, 2)];
+    for node in [
+        not_ready("Unknown", "NodeStatusUnknown"),
+        not_ready("False", "KubeletNotReady"),
+        NodeState::Gone,
+    ] {
+        let p = gate_waits(&g2, &jobs, stopping(placed(1)), Some(node.clone()));
+        assert_eq!(ungates(&p), 0, "{:?}", p.actions);
+        assert_eq!(p.status.phase, Some(Phase::Pending));
+        let c = p.status.condition(READY).unwrap();
+        assert_eq!(c.reason, WAITING_FOR_LOST_NODE, "{node:?}");
+        for words in [
+            "attempt 2 starts once pod train-1-0 (attempt 1) is gone",
+            "node gpu-7",
+            "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+        ] {
+            assert!(c.message.contains(words), "{words}: {}", c.message);
+        }
+        assert_eq!(
+            p.next,
+            Next::After(LOST_NODE_RECHECK),
+            "nothing watches Nodes"
+        );
+    }
+    let p = gate_waits(
+        &g2,
+        &jobs,
+        stopping(placed(1)),
+        Some(not_ready("Unknown", "NodeStatusUnknown")),
+    );
+    let message = &p.status.condition(READY).unwrap().message;
+    assert!(
+        message.contains("is not Ready (Ready=Unknown, NodeStatusUnknown)"),
+        "{message}"
+    );
+    // A Ready node stops its pod itself; a node the operator may not read, or did not
+    // read, is not known lost; a pod not being deleted is not waited for as a stopping
+    // one. All of these say OldAttemptStopping, as before.
+    for (old, node) in [
+        (stopping(placed(1)), Some(NodeState::Ready)),
+        (stopping(placed(1)), Some(NodeState::Unreadable)),
+        (stopping(placed(1)), None),
+        (placed(1), Some(not_ready("Unknown", "NodeStatusUnknown"))),
+    ] {
+        let p = gate_waits(&g2, &jobs, old.clone(), node.clone());
+        assert_eq!(ungates(&p), 0, "{:?}", p.actions);
+        let c = p.status.condition(READY).unwrap();
+        assert_eq!(c.reason, OLD_ATTEMPT_STOPPING, "{old:?} {node:?}");
+        assert_eq!(p.next, Next::Backoff);
+    }
+    // Once the pod has ended (its node back, or a person marked it out of service and
+    // the pod garbage collector deleted it), the gate goes.
+    let mut ended = stopping(placed(1));
+    ended.terminal = true;
+    let p = gate_waits(&g2, &jobs, ended, Some(NodeState::Gone));
+    assert_eq!(ungates(&p), 1, "{:?}", p.actions);
+}
+
+#[test]
+fn an_old_attempts_job_whose_pod_is_on_a_lost_node_says_so() {
+    // Attempt 1 failed, its backoff is over, but its Job still counts a pod
+    // terminating: it is being deleted on a node that is not Ready.
+    let g = running(&gpujob(3), 1, 0);
+    let mut failed = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
+    if let Some(s) = failed.status.as_mut() {
+        s.terminating = Some(1);
+    }
+    let jobs = [failed];
+    let with = |cached: Vec<SeenPod>, node: Option<NodeState>| {
+        Seen {
+            g: &g,
+            jobs: &jobs,
+            cached,
+            read: None,
+            reads: Reads::every(),
+            node,
+        }
+        .plan()
+    };
+    let p = with(
+        vec![stopping(placed(1))],
+        Some(not_ready("False", "KubeletNotReady")),
+    );
+    assert!(creates(&p).is_empty(), "{:?}", p.actions);
+    assert_eq!(p.status.phase, Some(Phase::Pending));
+    let c = p.status.condition(READY).unwrap();
+    assert_eq!(c.reason, WAITING_FOR_LOST_NODE);
+    assert!(
+        c.message.contains("node gpu-7") && c.message.contains("pod train-1-0 (attempt 1)"),
+        "{}",
+        c.message
+    );
+    assert_eq!(p.next, Next::After(LOST_NODE_RECHECK));
+    // The node Ready: the Job's pods stop by themselves (the Job watch says when).
+    let p = with(vec![stopping(placed(1))], Some(NodeState::Ready));
+    assert_eq!(ready(&p).1, OLD_ATTEMPT_STOPPING);
+    assert_eq!(p.next, Next::Done);
+    // A pod of another Job (not the one waited for) on the lost node is not the reason.
+    let mut other = stopping(placed(1));
+    other.job_uid = Some("job-uid-9".into());
+    let p = with(vec![other], Some(NodeState::Gone));
+    assert_eq!(ready(&p).1, OLD_ATTEMPT_STOPPING);
+}
