@@ -164,21 +164,9 @@ pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 /// controller runs here, so the pods stay).
 pub async fn lose(client: kube::Client, name: &str) -> Result<(), Error> {
     let api: Api<Node> = Api::all(client);
-    let node = api
-        .get(name)
-        .await
-        .map_err(Error::kube(format!("reading node {name}")))?;
-    let mut taints: Vec<serde_json::Value> = node
-        .spec
-        .and_then(|s| s.taints)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| t.key != UNREACHABLE_TAINT)
-        .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect}))
-        .collect();
-    for effect in ["NoSchedule", "NoExecute"] {
-        taints.push(json!({"key": UNREACHABLE_TAINT, "effect": effect}));
-    }
+    let unreachable = ["NoSchedule", "NoExecute"]
+        .map(|effect| json!({"key": UNREACHABLE_TAINT, "effect": effect}));
+    let (taints, _) = taints_with(&api, name, UNREACHABLE_TAINT, &unreachable).await?;
     api.patch(
         name,
         &PatchParams::default(),
@@ -206,26 +194,16 @@ pub async fn lose(client: kube::Client, name: &str) -> Result<(), Error> {
 /// runbook of a lost node says.
 pub async fn mark_out_of_service(client: kube::Client, name: &str) -> Result<(), Error> {
     let api: Api<Node> = Api::all(client);
-    let node = api
-        .get(name)
-        .await
-        .map_err(Error::kube(format!("reading node {name}")))?;
-    let mut taints: Vec<serde_json::Value> = node
-        .spec
-        .and_then(|s| s.taints)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| t.key != OUT_OF_SERVICE_TAINT)
-        .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect}))
-        .collect();
-    taints
-        .push(json!({"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}));
+    let taint =
+        json!({"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"});
+    let (taints, resource_version) =
+        taints_with(&api, name, OUT_OF_SERVICE_TAINT, &[taint]).await?;
     // The resourceVersion read: a taint another writer added meanwhile is not lost.
     api.patch(
         name,
         &PatchParams::default(),
         &Patch::Merge(json!({
-            "metadata": {"resourceVersion": node.metadata.resource_version},
+            "metadata": {"resourceVersion": resource_version},
             "spec": {"taints": taints},
         })),
     )
@@ -235,6 +213,30 @@ pub async fn mark_out_of_service(client: kube::Client, name: &str) -> Result<(),
 }
 
 const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
+
+/// Node `name`'s taints with those of `key` replaced by `added`, and the resourceVersion
+/// they were read at.
+async fn taints_with(
+    api: &Api<Node>,
+    name: &str,
+    key: &str,
+    added: &[serde_json::Value],
+) -> Result<(Vec<serde_json::Value>, Option<String>), Error> {
+    let node = api
+        .get(name)
+        .await
+        .map_err(Error::kube(format!("reading node {name}")))?;
+    let mut taints: Vec<serde_json::Value> = node
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != key)
+        .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect}))
+        .collect();
+    taints.extend_from_slice(added);
+    Ok((taints, node.metadata.resource_version))
+}
 
 #[cfg(test)]
 mod tests {
