@@ -237,10 +237,7 @@ impl Planner<'_, '_> {
                 .is_some_and(|uid| live_uids.contains(&uid))
         });
         if let Some((pod, node)) = on_lost_node {
-            return Some((
-                WAITING_FOR_LOST_NODE,
-                super::gate::waiting_for_lost_node(attempt, pod, node),
-            ));
+            return Some((WAITING_FOR_LOST_NODE, node.waiting_message(attempt, pod)));
         }
         let name = job.name.as_str();
         let how = if job.deleting() {

@@ -26,7 +26,7 @@
 //! kept, or one no Job owns).
 
 use super::{
-    Action, LOST_NODE_RECHECK, Next, NodeHealth, NodeState, OLD_ATTEMPT_STOPPING, Planner,
+    Action, LOST_NODE_RECHECK, Next, NodeHealth, OLD_ATTEMPT_STOPPING, Planner,
     SERVICE_NAME_CONFLICT, WAITING_FOR_LOST_NODE,
 };
 use crate::api::{ConditionStatus, Phase, UpdatePolicy};
@@ -73,7 +73,7 @@ impl Planner<'_, '_> {
         if let Some(other) = pods.iter().find(|p| !p.of_job(job_uid) && p.may_run()) {
             self.next.phase = Some(Phase::Pending);
             if let Some((pod, node)) = self.lost_pod(|p| !p.of_job(job_uid)) {
-                let message = waiting_for_lost_node(k, pod, node);
+                let message = node.waiting_message(k, pod);
                 self.ready(ConditionStatus::False, WAITING_FOR_LOST_NODE, message);
                 // Nothing watches Nodes: look again in a while.
                 self.requeue = Next::After(LOST_NODE_RECHECK);
@@ -147,7 +147,7 @@ impl Planner<'_, '_> {
     }
 
     /// A pod for which `pred` holds that is being deleted on a node a read of this
-    /// reconcile found lost ([`NodeState::lost`]): not Ready, or gone. From the pod read
+    /// reconcile found lost ([`super::NodeState::lost`]): not Ready, or gone. From the pod read
     /// of this reconcile, or, without one, from the pod cache.
     pub(super) fn lost_pod(
         &self,
@@ -254,28 +254,6 @@ impl Planner<'_, '_> {
             self.actions.push(Action::Publish(note));
         }
     }
-}
-
-/// What Ready says while attempt `k` waits for `pod`, being deleted on a lost `node`:
-/// which node, and what a person does about it.
-pub(super) fn waiting_for_lost_node(k: i32, pod: &SeenPod, node: &NodeHealth) -> String {
-    let of = pod
-        .attempt
-        .map_or_else(String::new, |a| format!(" (attempt {a})"));
-    let how = match &node.state {
-        NodeState::NotReady { status, reason } if reason.is_empty() => {
-            format!("is not Ready (Ready={status})")
-        }
-        NodeState::NotReady { status, reason } => {
-            format!("is not Ready (Ready={status}, {reason})")
-        }
-        _ => "is gone".to_owned(),
-    };
-    let name = &node.name;
-    format!(
-        "attempt {k} starts once pod {}{of} is gone: it is being deleted on node {name}, which {how}, so nothing confirms that it stopped; once the node is known to be down, mark it out of service (kubectl taint nodes {name} node.kubernetes.io/out-of-service=nodeshutdown:NoExecute) and its pods are deleted",
-        pod.name
-    )
 }
 
 /// What Ready says of a pod that may still run.

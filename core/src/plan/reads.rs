@@ -85,6 +85,30 @@ pub struct NodeHealth {
     pub state: NodeState,
 }
 
+impl NodeHealth {
+    /// What Ready says while attempt `k` waits for `pod`, being deleted on this lost
+    /// node: which node, and what a person does about it.
+    pub(super) fn waiting_message(&self, k: i32, pod: &SeenPod) -> String {
+        let of = pod
+            .attempt
+            .map_or_else(String::new, |a| format!(" (attempt {a})"));
+        let how = match &self.state {
+            NodeState::NotReady { status, reason } if reason.is_empty() => {
+                format!("is not Ready (Ready={status})")
+            }
+            NodeState::NotReady { status, reason } => {
+                format!("is not Ready (Ready={status}, {reason})")
+            }
+            _ => "is gone".to_owned(),
+        };
+        let name = &self.name;
+        format!(
+            "attempt {k} starts once pod {}{of} is gone: it is being deleted on node {name}, which {how}, so nothing confirms that it stopped; once the node is known to be down, mark it out of service (kubectl taint nodes {name} node.kubernetes.io/out-of-service=nodeshutdown:NoExecute) and its pods are deleted",
+            pod.name
+        )
+    }
+}
+
 /// Whether a Node's kubelet can still stop the pods bound to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeState {
