@@ -16,7 +16,7 @@ fn made(g: &GpuJob, attempt: i32) -> Job {
 }
 
 /// A pod of attempt `attempt`'s Job (uid `job-uid-<attempt>`), gated unless `ungated`.
-fn pod(attempt: i32, n: u8) -> SeenPod {
+pub(super) fn pod(attempt: i32, n: u8) -> SeenPod {
     SeenPod {
         name: format!("train-{attempt}-{n}"),
         namespace: "ns".into(),

@@ -10,21 +10,11 @@ const LATER: &str = "2026-11-30T06:10:00Z";
 /// A pod of attempt `attempt`'s Job (uid `job-uid-<attempt>`), let go and placed on
 /// [`NODE`], running.
 fn placed(attempt: i32) -> SeenPod {
-    SeenPod {
-        name: format!("train-{attempt}-0"),
-        namespace: "ns".into(),
-        owner_uid: "uid-1".into(),
-        uid: Some(format!("pod-{attempt}")),
-        resource_version: Some(format!("{attempt}07")),
-        attempt: Some(attempt),
-        job: Some(format!("train-{attempt}")),
-        job_uid: Some(format!("job-uid-{attempt}")),
-        gated: false,
-        bound: true,
-        node: Some(NODE.into()),
-        terminal: false,
-        deleting: false,
-    }
+    let mut p = super::gate::pod(attempt, 0);
+    p.gated = false;
+    p.bound = true;
+    p.node = Some(NODE.into());
+    p
 }
 
 fn stopping(mut p: SeenPod) -> SeenPod {
