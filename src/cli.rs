@@ -393,6 +393,15 @@ impl RunArgs {
             .unwrap_or_else(|| "gpujob-operator".to_owned())
     }
 
+    /// The settings that change what a replica does to a GpuJob, as its shard Leases
+    /// name them (`lease::Split`): replicas with other settings hold no shard beside it.
+    pub fn split_settings(&self) -> Vec<String> {
+        match self.quota_provider {
+            QuotaKind::None => Vec::new(),
+            QuotaKind::Http => vec!["quota-http".to_owned()],
+        }
+    }
+
     /// The quota provider, checked (an `http` provider needs a URL). Needs the rustls
     /// crypto provider installed.
     pub fn quota(&self) -> Result<Provider, String> {

@@ -112,6 +112,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 lease_name: args.lease_name.clone(),
                 namespace: args.lease_namespace(),
                 map,
+                settings: args.split_settings(),
             };
             let lease_loop = lease::Params {
                 client: lease_client,

@@ -139,6 +139,9 @@ pub struct Matcher {
     /// `Some(true)`: watches only (`watch=true` or `watch=1` in the query, or the old
     /// `/watch/` path prefix); `Some(false)`: everything but watches.
     pub watch: Option<bool>,
+    /// Only requests for one object whose name contains this (`-member-`: a sharded
+    /// replica's heartbeat Lease); lists and creates (no name in the path) do not match.
+    pub name_contains: Option<String>,
 }
 
 impl Matcher {
@@ -147,7 +150,11 @@ impl Matcher {
         let resource =
             self.resources.is_empty() || self.resources.iter().any(|want| info.is_resource(want));
         let watch = self.watch.is_none_or(|w| w == info.watch);
-        method && resource && watch
+        let name = self
+            .name_contains
+            .as_deref()
+            .is_none_or(|want| info.name.as_deref().is_some_and(|n| n.contains(want)));
+        method && resource && watch && name
     }
 }
 
@@ -185,6 +192,12 @@ impl Rule {
     /// Only for these resources (see [`Matcher::resources`]).
     pub fn resources<S: Into<String>>(mut self, resources: impl IntoIterator<Item = S>) -> Rule {
         self.matcher.resources = resources.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Only for objects whose name contains `part` (see [`Matcher::name_contains`]).
+    pub fn name_contains(mut self, part: &str) -> Rule {
+        self.matcher.name_contains = Some(part.to_owned());
         self
     }
 
@@ -607,6 +620,8 @@ impl SplitMix64 {
 struct RequestInfo {
     method: Method,
     resource: Option<String>,
+    /// The object's name, for a request about one object.
+    name: Option<String>,
     subresource: Option<String>,
     watch: bool,
 }
@@ -627,10 +642,10 @@ impl RequestInfo {
         }
         // namespaces/<ns>/<resource>/<name>/<subresource>, or <resource>/<name>/<subresource>
         // (which covers namespaces/<name> itself).
-        let (resource, subresource) = if rest.len() >= 3 && rest[0] == "namespaces" {
-            (rest.get(2), rest.get(4))
+        let (resource, name, subresource) = if rest.len() >= 3 && rest[0] == "namespaces" {
+            (rest.get(2), rest.get(3), rest.get(4))
         } else {
-            (rest.first(), rest.get(2))
+            (rest.first(), rest.get(1), rest.get(2))
         };
         watch |= uri.query().is_some_and(|q| {
             q.split('&')
@@ -639,6 +654,7 @@ impl RequestInfo {
         RequestInfo {
             method: method.clone(),
             resource: resource.map(|s| (*s).to_owned()),
+            name: name.map(|s| (*s).to_owned()),
             subresource: subresource.map(|s| (*s).to_owned()),
             watch,
         }
@@ -1234,6 +1250,20 @@ mod tests {
         let not_watches = Rule::new(Fault::Hang).watch(false);
         assert!(not_watches.applies(&info(Method::GET, "/api/v1/configmaps")));
         assert!(!not_watches.applies(&info(Method::GET, "/api/v1/configmaps?watch=1")));
+        // By name: one object's requests, not lists or creates.
+        let member = Rule::new(Fault::Hang)
+            .resources(["leases"])
+            .name_contains("-member-");
+        let leases = "/apis/coordination.k8s.io/v1/namespaces/n/leases";
+        assert!(member.applies(&info(Method::PUT, &format!("{leases}/op-member-r1"))));
+        assert!(member.applies(&info(Method::GET, &format!("{leases}/op-member-r1"))));
+        assert!(!member.applies(&info(Method::PUT, &format!("{leases}/op-shard-0"))));
+        assert!(!member.applies(&info(Method::GET, leases)));
+        assert!(!member.applies(&info(Method::POST, leases)));
+        assert_eq!(
+            info(Method::GET, "/api/v1/namespaces/ns").name.as_deref(),
+            Some("ns")
+        );
     }
 
     #[test]

@@ -463,6 +463,7 @@ fn shard_names(shards: u32) -> ShardLeases {
         lease_name: LEASE.to_owned(),
         namespace: LEASE_NAMESPACE.to_owned(),
         map: std::sync::Arc::new(gpujob_operator::shard::ShardMap::even(shards)),
+        settings: Vec::new(),
     }
 }
 

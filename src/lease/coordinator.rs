@@ -1,20 +1,22 @@
 //! The one lease loop, for any `--shards N` (N = 1 included). Shard i is guarded by
 //! Lease `<lease-name>-shard-<i>`, and with one shard by `<lease-name>` itself (the
-//! Lease users know; replicas of earlier releases share it). Every retry period (with
-//! jitter) a coordinator renews its member heartbeat Lease,
-//! `<lease-name>-member-<identity>` (not with one shard: `modes.rs`), lists the group's
-//! Leases (one call), works out the live replicas (a member whose record changed within
-//! a lease duration on this replica's own clock, the same rule as for shard Leases) and
-//! who holds what, and takes or gives up shards as [`balance::decide`] says. Each held
-//! shard is renewed by a task of its own (`renew.rs`).
+//! Lease users know; replicas of earlier releases share it). A sharded replica's member
+//! heartbeat Lease, `<lease-name>-member-<identity>` (none with one shard: `modes.rs`),
+//! is renewed by a task of its own (`heartbeat.rs`). Every retry period (with jitter)
+//! the coordinator lists the group's Leases (one call), works out the live replicas of
+//! its split (a member whose record changed within a lease duration on this replica's
+//! own clock, the same rule as for shard Leases) and who holds what, and takes or gives
+//! up shards as [`balance::decide`] says, all its takes at once. Each held shard is
+//! renewed by a task of its own (`renew.rs`).
 //!
-//! Replicas with different `--shards`, or different shard maps, never write one
-//! namespace both: `modes.rs` says how.
+//! Replicas with different `--shards`, shard maps or settings never write one namespace
+//! both, and while they meet the established ones keep working: `modes.rs` says how.
 //!
 //! Giving a shard up drains it: it leaves the published ownership (no new keys, its
-//! reconciles are cancelled, its writes fenced), the coordinator waits until none of its
-//! reconciles runs, then releases the Lease with an empty holder, so another replica
-//! takes it on its next look instead of after a lease duration.
+//! reconciles are cancelled, its writes fenced), and a task of its own waits until none
+//! of its reconciles runs, then releases the Lease with an empty holder, so another
+//! replica takes it on its next look instead of after a lease duration. The look goes
+//! on meanwhile: a slow drain never holds up the loop, nor /healthz.
 //!
 //! What differs between one shard and many is [`Mode`], each behaviour once; the
 //! decisions themselves are pure (`modes.rs`, [`holders`], [`balance::decide`]) and take
@@ -36,6 +38,7 @@ use tracing::{debug, error, info, warn};
 
 use super::balance::{self, Holder, View};
 use super::group::{LABEL_GROUP, ShardLeases};
+use super::heartbeat::Heartbeat;
 use super::modes::{Gate, Gone, MEMBER_GONE_LEASE_DURATIONS, Sharded, Single, SingleLease};
 use super::renew::renew;
 use super::{
@@ -147,19 +150,25 @@ enum Mode {
     /// Plain leader election on `<lease-name>`: no member heartbeat; the group is read
     /// only for whether a sharded replica is live.
     Single(Single),
-    /// A member heartbeat written first in every look, and the single Lease of
-    /// `--shards 1` read after it.
+    /// A member heartbeat renewed by its own task, and the single Lease of `--shards 1`
+    /// read in every look.
     Sharded {
         rules: Sharded,
         /// This replica's member heartbeat, `<lease-name>-member-<identity>`.
-        member: Elector,
-        member_held: bool,
+        heartbeat: Heartbeat,
     },
 }
 
 impl Mode {
     /// The one place that asks how many shards there are.
-    fn new(client: &Client, leases: &ShardLeases, identity: &str, timing: &Timing) -> Mode {
+    fn new(
+        client: &Client,
+        leases: &ShardLeases,
+        identity: &str,
+        timing: &Timing,
+        tx: &Arc<watch::Sender<Ownership>>,
+        status: &Arc<Status>,
+    ) -> Mode {
         if leases.single() {
             return Mode::Single(Single::new(identity));
         }
@@ -172,9 +181,13 @@ impl Mode {
         )
         .with_labels(leases.member_labels());
         Mode::Sharded {
-            rules: Sharded::new(identity, &leases.lease_name, leases.map.clone()),
-            member,
-            member_held: false,
+            rules: Sharded::new(
+                identity,
+                &leases.lease_name,
+                leases.split(),
+                timing.lease_duration,
+            ),
+            heartbeat: Heartbeat::start(member, tx.clone(), status.clone()),
         }
     }
 
@@ -187,57 +200,17 @@ impl Mode {
         }
     }
 
-    /// Renews (or first takes) this replica's member Lease; whether that went through
-    /// (always, with one shard: there is none).
-    async fn heartbeat(&mut self, group: &Group) -> bool {
-        let Mode::Sharded {
-            member,
-            member_held,
-            ..
-        } = self
-        else {
-            return true;
-        };
-        let attempt = timeout(group.timing.renew_deadline, async {
-            if *member_held {
-                // Lost: released, or deleted by another replica that judged this one gone
-                // (it was silent for many lease durations): a new term at once.
-                match member.renew().await {
-                    Ok(Attempt::Lost) => member.acquire().await,
-                    other => other,
-                }
-            } else {
-                member.acquire().await
-            }
-        })
-        .await;
-        match attempt {
-            Ok(Ok(Attempt::Held { .. })) => {
-                *member_held = true;
-                return true;
-            }
-            Ok(Ok(Attempt::Lost)) => {
-                *member_held = false;
-                warn!(
-                    lease = %member.name(),
-                    "member heartbeat: the Lease is held by another replica with this identity; identities must be unique"
-                );
-            }
-            Ok(Err(e)) => warn!(
-                "member heartbeat failed: {}: {}; taking no shard until it goes through; retrying in a retry period",
-                member.name(),
-                explain(&e, &group.leases.namespace)
-            ),
-            Err(_) => warn!(
-                "member heartbeat failed: {}: no answer within {:?}; taking no shard until it goes through",
-                member.name(),
-                group.timing.renew_deadline
-            ),
+    /// Whether this replica's member heartbeat is through at `now` (always, with one
+    /// shard: there is none): a look that starts so may take shards.
+    fn registered(&self, now: Instant) -> bool {
+        match self {
+            Mode::Single(_) => true,
+            Mode::Sharded { heartbeat, .. } => heartbeat.through(now),
         }
-        false
     }
 
-    /// The live replicas, this one included, from the group as listed at `now`.
+    /// The live replicas of this split, this one included, from the group as listed at
+    /// `now`.
     fn members(&mut self, leases: &[Lease], now: std::time::Instant) -> BTreeSet<String> {
         match self {
             Mode::Single(rules) => rules.members(),
@@ -259,20 +232,21 @@ impl Mode {
         }
     }
 
-    /// Whether no live replica splits namespaces differently, so this look may take
-    /// shards (a sharded replica reads the single Lease for it).
+    /// Whether this look may take shards: no replica of another split holds one or
+    /// comes first (a sharded replica reads the single Lease for it). `holding`: this
+    /// replica holds shards.
     async fn gate(
         &mut self,
         group: &Group,
         leases: &[Lease],
-        members: &BTreeSet<String>,
+        holding: bool,
         now: std::time::Instant,
     ) -> Gate {
         match self {
             Mode::Single(rules) => rules.gate(leases, now),
             Mode::Sharded { rules, .. } => {
                 let single = group.single().await;
-                rules.gate(single, leases, members, Instant::now().into_std())
+                rules.gate(single, leases, holding, Instant::now().into_std())
             }
         }
     }
@@ -295,16 +269,16 @@ impl Mode {
         }
     }
 
-    /// Right after acquiring a shard's Lease, before anything is written in its term:
-    /// whether to keep it. With one shard, only if a second list shows no live sharded
-    /// replica (modes.rs); a failed list counts as one.
+    /// Right after acquiring shard Leases, before anything is written in their terms:
+    /// whether to keep them, if a second list shows no live replica that splits
+    /// otherwise holding (with one shard: no live sharded replica); a failed list counts
+    /// as one (modes.rs).
     async fn keeps(&mut self, group: &Group) -> bool {
+        let leases = group.list().await;
+        let now = Instant::now().into_std();
         match self {
-            Mode::Single(rules) => {
-                let leases = group.list().await;
-                rules.still_alone(leases.as_deref(), Instant::now().into_std())
-            }
-            Mode::Sharded { .. } => true,
+            Mode::Single(rules) => rules.still_alone(leases.as_deref(), now),
+            Mode::Sharded { rules, .. } => rules.still_alone(leases.as_deref(), now),
         }
     }
 
@@ -325,40 +299,12 @@ impl Mode {
         }
     }
 
-    /// Deletes the member heartbeat, if there is one and it is held, with the uid and
-    /// resourceVersion of this replica's last write of it as preconditions (a successor
-    /// of the same name keeps its own); when that is refused or fails, releases it, so
-    /// it is not live for others at once and is deleted by them later.
-    async fn shut_down(&self, group: &Group) {
-        let Mode::Sharded {
-            member,
-            member_held: true,
-            ..
-        } = self
-        else {
-            return;
-        };
-        let deadline = group.timing.renew_deadline;
-        match timeout(deadline, member.delete_own()).await {
-            Ok(Ok(true)) => {
-                info!(lease = %member.name(), "member heartbeat Lease deleted");
-                return;
-            }
-            Ok(Ok(false)) => info!(
-                lease = %member.name(),
-                "member heartbeat Lease changed since this replica last wrote it: not deleted; releasing it"
-            ),
-            Ok(Err(e)) => warn!(
-                lease = %member.name(),
-                "deleting the member heartbeat Lease failed: {}; releasing it",
-                explain(&e, &group.leases.namespace)
-            ),
-            Err(_) => warn!(
-                lease = %member.name(),
-                "deleting the member heartbeat Lease: no answer; releasing it"
-            ),
+    /// Stops the member heartbeat, if there is one, and deletes its Lease
+    /// (`heartbeat.rs`).
+    async fn shut_down(self, group: &Group) {
+        if let Mode::Sharded { heartbeat, .. } = self {
+            heartbeat.shut_down(&group.leases.namespace).await;
         }
-        let _ = timeout(deadline, member.release()).await;
     }
 }
 
@@ -442,6 +388,39 @@ fn unheld(
     Unheld { shards, idle }
 }
 
+/// Waits until none of `shard`'s reconciles runs (at most `deadline`: their writes are
+/// fenced anyway), then releases its Lease.
+async fn drain_and_release(
+    elector: Arc<Elector>,
+    shard: u32,
+    epoch: u64,
+    in_flight: InFlight,
+    deadline: Duration,
+) {
+    if timeout(deadline, in_flight.idle(shard)).await.is_err() {
+        warn!(
+            shard,
+            "reconciles of the shard did not end within the renew deadline; releasing anyway (their writes are fenced)"
+        );
+    }
+    match timeout(deadline, elector.release()).await {
+        Ok(Ok(true)) => info!(shard, epoch, "shard released"),
+        Ok(Ok(false)) => info!(
+            shard,
+            epoch, "shard lease was no longer ours; nothing to release"
+        ),
+        Ok(Err(e)) => warn!(
+            shard,
+            "releasing the shard failed: {}; it expires after the lease duration",
+            explain(&e, elector.namespace())
+        ),
+        Err(_) => warn!(
+            shard,
+            "releasing the shard: no answer; it expires after the lease duration"
+        ),
+    }
+}
+
 struct Coordinator {
     group: Group,
     me: String,
@@ -450,6 +429,8 @@ struct Coordinator {
     electors: Vec<Arc<Elector>>,
     tx: Arc<watch::Sender<Ownership>>,
     renewers: BTreeMap<u32, JoinHandle<()>>,
+    /// Shards given up whose drain and release still run: not taken again before.
+    releasing: BTreeMap<u32, JoinHandle<()>>,
     /// Since when each shard has been seen free.
     free_since: BTreeMap<u32, std::time::Instant>,
     /// Since when every look could take shards (gate open, heartbeat through, not the
@@ -488,13 +469,14 @@ impl Coordinator {
                 )
             })
             .collect();
-        let mode = Mode::new(&client, &leases, &identity, &timing);
         status
             .metrics
             .lease_duration
             .set(timing.lease_duration.as_secs_f64());
         tx.send_replace(Ownership::nothing_in(leases.map.clone()));
         report(&status.metrics, &tx.borrow());
+        let tx = Arc::new(tx);
+        let mode = Mode::new(&client, &leases, &identity, &timing, &tx, &status);
         Coordinator {
             group: Group {
                 api: Api::namespaced(client, &leases.namespace),
@@ -504,8 +486,9 @@ impl Coordinator {
             me: identity,
             mode,
             electors,
-            tx: Arc::new(tx),
+            tx,
             renewers: BTreeMap::new(),
+            releasing: BTreeMap::new(),
             free_since: BTreeMap::new(),
             could_since: None,
             idle_since: None,
@@ -521,25 +504,27 @@ impl Coordinator {
         self.delete_gone().await;
     }
 
-    /// One look: heartbeat, list, decide, act.
+    /// One look: list, decide, act.
     async fn look(&mut self) {
         self.status.beat(beat_limit(&self.group.timing));
         self.renewers.retain(|_, h| !h.is_finished());
+        self.releasing.retain(|_, h| !h.is_finished());
         if self.mode.rests(&self.tx.borrow()) {
             // Holding the one shard: nothing is unheld, and this replica is not idle.
             self.could_not();
             return;
         }
-        // The heartbeat is written before the single Lease is read (modes.rs): a shard
-        // is taken only in a look whose heartbeat went through.
-        let registered = self.mode.heartbeat(&self.group).await;
+        // The heartbeat went through before the list and the single Lease's read
+        // (modes.rs): a shard is taken only in a look that starts so.
+        let registered = self.mode.registered(Instant::now());
         let Some(leases) = self.group.list().await else {
             self.could_not();
             return;
         };
         let now = Instant::now().into_std();
         let members = self.mode.members(&leases, now);
-        let gate = self.mode.gate(&self.group, &leases, &members, now).await;
+        let holding = self.tx.borrow().holds_any();
+        let gate = self.mode.gate(&self.group, &leases, holding, now).await;
         let after = self.group.timing.lease_duration * MEMBER_GONE_LEASE_DURATIONS;
         self.gone = self.mode.gone_members(&leases, after, now);
         self.say(&gate);
@@ -547,7 +532,7 @@ impl Coordinator {
             self.status.metrics.shard_count_conflict.set(i64::from(on));
         }
         if gate.gives_up_all() {
-            self.give_up_all(members.len()).await;
+            self.give_up_all(members.len());
         }
         if gate != Gate::Open {
             // Shards are left unheld on purpose (gpujob_shard_count_conflict says why).
@@ -569,18 +554,22 @@ impl Coordinator {
             changed
         });
         for s in decision.release {
-            self.give_up(s, members.len()).await;
+            self.give_up(s, members.len());
         }
         if !self.mode.ready(registered) {
             self.could_not();
             return;
         }
         self.report_unheld(&holders, now);
-        for s in decision.take {
-            if !self.tx.borrow().held.contains_key(&s) {
-                self.take(s).await;
-            }
-        }
+        let take: Vec<u32> = {
+            let own = self.tx.borrow();
+            decision
+                .take
+                .into_iter()
+                .filter(|s| !own.held.contains_key(s) && !self.releasing.contains_key(s))
+                .collect()
+        };
+        self.take(&take).await;
         let own = self.tx.borrow().clone();
         self.mode
             .after_look(&self.group, &own, &self.electors[0])
@@ -690,13 +679,24 @@ impl Coordinator {
                 lease = %lease,
                 "reading the single Lease failed: {why}; taking no shard in this look"
             ),
-            Gate::OtherSplit { other, say: true } => error!(
+            Gate::OtherSplit { other, say: true } => warn!(
                 replica = %other.replica,
                 its_shards = other.shards,
                 its_map = %other.map,
                 our_shards = self.group.leases.shards(),
-                our_map = %self.group.leases.map.name(),
-                "another live replica splits namespaces into shards differently (another --shards, or another release's shard map); holding no shard until all replicas split alike (docs/ha-and-sharding.md, Sharding)"
+                our_map = %self.group.leases.split().name,
+                "another live replica splits namespaces into shards differently (another --shards, --shard-cuts or quota provider: a rollout) and its split holds the shards; taking none until no live replica of it holds one (docs/ha-and-sharding.md, Rollouts)"
+            ),
+            Gate::Contested(other) => debug!(
+                replica = %other.replica,
+                its_map = %other.map,
+                "a replica that splits namespaces differently holds a shard Lease beside this replica's: it hands it back before writing; taking nothing meanwhile"
+            ),
+            Gate::BothHold(other) => error!(
+                replica = %other.replica,
+                its_shards = other.shards,
+                its_map = %other.map,
+                "a replica that splits namespaces differently has held shard Leases beside this replica's for over a lease duration: giving up every shard held (docs/ha-and-sharding.md, Rollouts)"
             ),
             Gate::ShardedLive { .. } | Gate::SingleLeads { .. } | Gate::OtherSplit { .. } => {}
         }
@@ -727,45 +727,88 @@ impl Coordinator {
         holders(&self.me, &held, &seen, &mut self.free_since, now)
     }
 
-    async fn take(&mut self, shard: u32) {
-        let elector = self.electors[shard as usize].clone();
-        let attempt = timeout(self.group.timing.renew_deadline, elector.acquire()).await;
-        let (sent, transitions) = match attempt {
-            Ok(Ok(Attempt::Held { sent, transitions })) => (sent, transitions),
-            Ok(Ok(Attempt::Lost)) => return,
-            Ok(Err(e)) => {
-                warn!(
+    /// Acquires the Leases of `shards` at once; if any is acquired, lists again and
+    /// keeps them only if the mode says so (before anything is written in their terms).
+    async fn take(&mut self, shards: &[u32]) {
+        let acquires = shards.iter().map(|&shard| {
+            let elector = self.electors[shard as usize].clone();
+            let deadline = self.group.timing.renew_deadline;
+            async move { (shard, timeout(deadline, elector.acquire()).await) }
+        });
+        let mut acquired = Vec::new();
+        for (shard, attempt) in futures::future::join_all(acquires).await {
+            let elector = &self.electors[shard as usize];
+            match attempt {
+                Ok(Ok(Attempt::Held { sent, transitions })) => {
+                    acquired.push((shard, sent, transitions));
+                }
+                Ok(Ok(Attempt::Lost)) => {}
+                Ok(Err(e)) => warn!(
                     shard, lease = %elector.name(),
                     "lease: acquiring failed: {}; looking again in a retry period",
                     explain(&e, elector.namespace())
-                );
-                return;
-            }
-            Err(_) => {
-                warn!(
+                ),
+                Err(_) => warn!(
                     shard, lease = %elector.name(),
                     "lease: no answer to acquiring it; looking again in a retry period"
-                );
-                return;
+                ),
             }
-        };
-        if !self.mode.keeps(&self.group).await {
-            self.hand_back(&elector).await;
+        }
+        if acquired.is_empty() {
             return;
         }
+        if !self.mode.keeps(&self.group).await {
+            let back = acquired
+                .iter()
+                .map(|(shard, ..)| self.hand_back(&self.electors[*shard as usize]));
+            futures::future::join_all(back).await;
+            return;
+        }
+        let mut unkept = Vec::new();
+        for (shard, sent, transitions) in acquired {
+            if !self.hold(shard, sent, transitions) {
+                unkept.push(shard);
+            }
+        }
+        if !unkept.is_empty() {
+            warn!(
+                shards = ?unkept,
+                "the member heartbeat went stale while taking shards: handing them back"
+            );
+            let back = unkept
+                .iter()
+                .map(|shard| self.hand_back(&self.electors[*shard as usize]));
+            futures::future::join_all(back).await;
+        }
+    }
+
+    /// `shard`'s Lease was acquired (renewal sent at `sent`) and kept: it joins the
+    /// ownership, and a task of its own renews it; unless the member heartbeat is stale
+    /// by then (checked under the ownership's lock, which the step-down takes too), and
+    /// then `false`.
+    fn hold(&mut self, shard: u32, sent: Instant, transitions: i32) -> bool {
+        let elector = self.electors[shard as usize].clone();
         let token = format!("{}/{transitions}", elector.name());
         let tenure = Tenure::gained(Some(sent + self.group.timing.renew_deadline), Some(token));
+        let epoch = tenure.epoch;
+        let token = tenure.token.clone();
+        let held = self.tx.send_if_modified(|o| {
+            let through = o.heartbeat_valid_at(Instant::now());
+            if through {
+                o.held.insert(shard, tenure);
+            }
+            through
+        });
+        if !held {
+            return false;
+        }
         info!(
             shard,
             lease = %elector.name(),
-            epoch = tenure.epoch,
-            token = tenure.token.as_deref().unwrap_or_default(),
+            epoch,
+            token = token.as_deref().unwrap_or_default(),
             "shard gained: reconciling its GpuJobs"
         );
-        let epoch = tenure.epoch;
-        self.tx.send_modify(|o| {
-            o.held.insert(shard, tenure);
-        });
         self.free_since.remove(&shard);
         gained_or_lost(&self.status.metrics, &self.tx.borrow());
         let renewer = renew(
@@ -777,6 +820,7 @@ impl Coordinator {
             self.status.clone(),
         );
         self.renewers.insert(shard, tokio::spawn(renewer));
+        true
     }
 
     /// Gives back a Lease taken in this look, before anything was written in its term.
@@ -784,7 +828,7 @@ impl Coordinator {
         let lease = elector.name();
         match timeout(self.group.timing.renew_deadline, elector.release()).await {
             Ok(Ok(_)) => {
-                info!(lease = %lease, "lease handed back unused: a sharded replica is live, or the list that would say failed")
+                info!(lease = %lease, "lease handed back unused, before anything was written in its term")
             }
             Ok(Err(e)) => warn!(lease = %lease,
                 "lease: handing it back failed: {}; it expires after the lease duration (this replica does not lead)",
@@ -796,8 +840,9 @@ impl Coordinator {
         }
     }
 
-    /// Drains `shard` and releases its Lease, so a replica with room takes it at once.
-    async fn give_up(&mut self, shard: u32, live: usize) {
+    /// Drains `shard` and releases its Lease, so a replica with room takes it at once:
+    /// it leaves the ownership now; the drain and the release run in a task of their own.
+    fn give_up(&mut self, shard: u32, live: usize) {
         let Some(epoch) = self.tx.borrow().tenure(shard).map(|t| t.epoch) else {
             return;
         };
@@ -808,43 +853,21 @@ impl Coordinator {
             "shard over this replica's share: draining it, then releasing its lease"
         );
         self.stop_holding(shard);
-        if timeout(self.group.timing.renew_deadline, self.in_flight.idle(shard))
-            .await
-            .is_err()
-        {
-            warn!(
-                shard,
-                "reconciles of the shard did not end within the renew deadline; releasing anyway (their writes are fenced)"
-            );
-        }
-        match timeout(
+        let release = drain_and_release(
+            self.electors[shard as usize].clone(),
+            shard,
+            epoch,
+            self.in_flight.clone(),
             self.group.timing.renew_deadline,
-            self.electors[shard as usize].release(),
-        )
-        .await
-        {
-            Ok(Ok(true)) => info!(shard, epoch, "shard released"),
-            Ok(Ok(false)) => info!(
-                shard,
-                epoch, "shard lease was no longer ours; nothing to release"
-            ),
-            Ok(Err(e)) => warn!(
-                shard,
-                "releasing the shard failed: {}; it expires after the lease duration",
-                explain(&e, &self.group.leases.namespace)
-            ),
-            Err(_) => warn!(
-                shard,
-                "releasing the shard: no answer; it expires after the lease duration"
-            ),
-        }
+        );
+        self.releasing.insert(shard, tokio::spawn(release));
     }
 
     /// Drains and releases every held shard (another writer may be live beside this one).
-    async fn give_up_all(&mut self, live: usize) {
+    fn give_up_all(&mut self, live: usize) {
         let held: Vec<u32> = self.tx.borrow().held.keys().copied().collect();
         for s in held {
-            self.give_up(s, live).await;
+            self.give_up(s, live);
         }
     }
 
@@ -861,8 +884,11 @@ impl Coordinator {
         }
     }
 
-    /// The controller has drained: give everything up.
+    /// The controller has drained: give everything up (after the releases under way).
     async fn shut_down(mut self) {
+        for (_, h) in std::mem::take(&mut self.releasing) {
+            let _ = h.await;
+        }
         let held: Vec<u32> = self.tx.borrow().held.keys().copied().collect();
         for shard in &held {
             self.stop_holding(*shard);
@@ -1023,7 +1049,7 @@ mod tests {
      {
         let t0 = Instant::now();
         let six = Arc::new(ShardMap::even(6));
-        let mut rules = Sharded::new("a", "op", six.clone());
+        let mut rules = Sharded::new("a", "op", super::super::Split::new(&six, &[]), LEASE);
         let mut free_since = BTreeMap::new();
         let all: BTreeSet<u32> = (0..6).collect();
         let mine = vec![None; 6];

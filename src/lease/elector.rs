@@ -31,9 +31,11 @@ pub struct Elector {
     /// listed in one call).
     labels: std::collections::BTreeMap<String, String>,
     observed: Mutex<Option<Observed>>,
-    /// The uid and resourceVersion of the last record this elector wrote that the API
-    /// server confirmed: what a delete of its own Lease requires it to still be.
-    written: Mutex<Option<Preconditions>>,
+    /// The last record this elector wrote that the API server confirmed: a renewal
+    /// replaces it without reading it first (client-go's fast path: one call, not two,
+    /// while nobody else wrote), and a delete of its own Lease requires its uid and
+    /// resourceVersion to still be there.
+    written: Mutex<Option<Lease>>,
 }
 
 impl std::fmt::Debug for Elector {
@@ -117,6 +119,9 @@ impl Elector {
     /// One round of client-go's tryAcquireOrRenew.
     async fn try_acquire_or_renew(&self, new_term: bool) -> Result<Attempt, kube::Error> {
         let mut observed = self.observed.lock().await;
+        if !new_term && let Some(attempt) = self.renew_written(&mut observed).await? {
+            return Ok(attempt);
+        }
         let current = self.api.get_opt(&self.name).await?;
         let now = Instant::now().into_std();
         let Some(mut lease) = current else {
@@ -189,6 +194,43 @@ impl Elector {
         }
     }
 
+    /// A renewal written over the record this elector last wrote, if that names it, with
+    /// that record's resourceVersion (a compare-and-swap): `None` when there is no such
+    /// record or someone wrote the Lease since (a conflict): then read it and go on.
+    async fn renew_written(
+        &self,
+        observed: &mut Option<Observed>,
+    ) -> Result<Option<Attempt>, kube::Error> {
+        let Some(mut lease) = self.written.lock().await.clone() else {
+            return Ok(None);
+        };
+        let spec = lease.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(None);
+        }
+        lease.spec = Some(claim(
+            Some(&spec),
+            &self.identity,
+            &self.timing,
+            Timestamp::now(),
+            false,
+        ));
+        let sent = Instant::now();
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(updated) => {
+                *observed = Some(decide::observed(&updated, sent.into_std()));
+                self.wrote(&updated).await;
+                Ok(Some(held(sent, &updated)))
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Gives the Lease up if this replica holds it: empty holder, so a standby takes it
     /// at once instead of waiting out the lease duration.
     pub async fn release(&self) -> Result<bool, kube::Error> {
@@ -222,7 +264,10 @@ impl Elector {
     /// created again stays. `false` when it was not deleted for that reason (or nothing
     /// was written yet).
     pub async fn delete_own(&self) -> Result<bool, kube::Error> {
-        let Some(preconditions) = self.written.lock().await.clone() else {
+        let Some(preconditions) = self.written.lock().await.as_ref().map(|l| Preconditions {
+            uid: l.metadata.uid.clone(),
+            resource_version: l.metadata.resource_version.clone(),
+        }) else {
             return Ok(false);
         };
         let dp = DeleteParams {
@@ -241,10 +286,7 @@ impl Elector {
     }
 
     async fn wrote(&self, lease: &Lease) {
-        *self.written.lock().await = Some(Preconditions {
-            uid: lease.metadata.uid.clone(),
-            resource_version: lease.metadata.resource_version.clone(),
-        });
+        *self.written.lock().await = Some(lease.clone());
     }
 }
 

@@ -21,9 +21,36 @@ pub const LABEL_ROLE: &str = "gpujob.dev/lease-role";
 /// differently under the same names, and one namespace would have two owners.
 pub const LABEL_SHARDS: &str = "gpujob.dev/shards";
 /// On every Lease of the group: how the replica that wrote it maps namespaces to shards
-/// ([`ShardMap::name`]). A Lease with a count and no map was written before the label
-/// existed, by a replica that split by [`UNLABELLED_MAP`].
+/// ([`ShardMap::name`]), followed by the settings that change what it does to a GpuJob
+/// ([`Split`]). A Lease with a count and no map was written before the label existed,
+/// by a replica that split by [`UNLABELLED_MAP`].
 pub const LABEL_SHARD_MAP: &str = "gpujob.dev/shard-map";
+
+/// How a replica splits namespaces and treats their GpuJobs: its count, and its map's
+/// name followed by `.<setting>` for each setting that changes what it does to a GpuJob
+/// (`quota-http`: it reserves GPU quota and keeps the quota finalizer; a replica
+/// without a provider would strip it). Replicas of two splits never hold shards at the
+/// same time (`modes.rs`), so a rollout that changes a setting pauses nothing twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Split {
+    pub shards: u32,
+    pub name: String,
+}
+
+impl Split {
+    /// The split of `map` with `settings` (none: the map's name alone).
+    pub fn new(map: &ShardMap, settings: &[String]) -> Split {
+        let mut name = map.name();
+        for s in settings {
+            name.push('.');
+            name.push_str(s);
+        }
+        Split {
+            shards: map.shards(),
+            name,
+        }
+    }
+}
 
 /// Where the Leases live, and the shards they guard.
 #[derive(Debug, Clone)]
@@ -31,11 +58,18 @@ pub struct ShardLeases {
     pub lease_name: String,
     pub namespace: String,
     pub map: Arc<ShardMap>,
+    /// What this replica does to a GpuJob beyond the map, as [`Split`] names it.
+    pub settings: Vec<String>,
 }
 
 impl ShardLeases {
     pub fn shards(&self) -> u32 {
         self.map.shards()
+    }
+
+    /// This replica's split, as its Leases state it.
+    pub fn split(&self) -> Split {
+        Split::new(&self.map, &self.settings)
     }
 
     /// Whether this is `--shards 1`: one shard, guarded by the Lease users know by the
@@ -73,7 +107,7 @@ impl ShardLeases {
             (LABEL_GROUP.to_owned(), self.lease_name.clone()),
             (LABEL_ROLE.to_owned(), role.to_owned()),
             (LABEL_SHARDS.to_owned(), self.shards().to_string()),
-            (LABEL_SHARD_MAP.to_owned(), self.map.name()),
+            (LABEL_SHARD_MAP.to_owned(), self.split().name),
         ])
     }
 }
@@ -91,7 +125,11 @@ pub struct OtherSplit {
 /// otherwise than `ours` does: its count and map. Leases written before the count label
 /// existed say nothing; one with a count and no map was written by a release that split
 /// by [`UNLABELLED_MAP`].
-fn other_split_of<'a>(lease: &'a Lease, role: &str, ours: &ShardMap) -> Option<(u32, &'a str)> {
+pub(super) fn other_split_of<'a>(
+    lease: &'a Lease,
+    role: &str,
+    ours: &Split,
+) -> Option<(u32, &'a str)> {
     let labels = lease.metadata.labels.as_ref()?;
     if labels.get(LABEL_ROLE).map(String::as_str) != Some(role) {
         return None;
@@ -100,45 +138,37 @@ fn other_split_of<'a>(lease: &'a Lease, role: &str, ours: &ShardMap) -> Option<(
     let map = labels
         .get(LABEL_SHARD_MAP)
         .map_or(UNLABELLED_MAP, String::as_str);
-    (shards != ours.shards() || map != ours.name()).then_some((shards, map))
+    (shards != ours.shards || map != ours.name).then_some((shards, map))
 }
 
-/// The first live member whose split differs from this replica's. Member Leases written
-/// before the count label existed say nothing and are skipped; one with a count and no
-/// map was written by a release that split by [`UNLABELLED_MAP`].
-pub fn other_split(
-    leases: &[Lease],
-    ours: &ShardMap,
-    live: &BTreeSet<String>,
-) -> Option<OtherSplit> {
-    leases.iter().find_map(|lease| {
-        let (shards, map) = other_split_of(lease, "member", ours)?;
-        let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
-        live.contains(holder).then(|| OtherSplit {
-            replica: holder.to_owned(),
-            shards,
-            map: map.to_owned(),
-        })
-    })
+/// Who holds shard Leases, by split, as one list shows them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SplitsHeld {
+    /// The first shard Lease held by a live replica other than `me` that splits
+    /// namespaces otherwise than `ours`.
+    pub other: Option<OtherSplit>,
+    /// Whether a shard Lease is held by another live replica that splits alike.
+    pub alike: bool,
 }
 
-/// The first shard Lease held by a live replica other than `me` (its record changed
-/// within its lease duration on this replica's clock, `seen` being updated from this
-/// list) whose labels say it splits namespaces otherwise than `ours`: a replica whose
-/// member heartbeat is stale or missing but which renews shard Leases still writes.
-pub fn other_split_held(
+/// Who holds the group's shard Leases (a live holder: its record changed within its
+/// lease duration on this replica's clock, `seen` being updated from this list), by
+/// whether they split namespaces like `ours`. A replica whose member heartbeat is stale
+/// or missing but which renews shard Leases still writes, so shard Leases are judged
+/// on their own. Leases written before the count label say nothing.
+pub fn splits_held(
     leases: &[Lease],
-    ours: &ShardMap,
+    ours: &Split,
     seen: &mut BTreeMap<String, Observed>,
     me: &str,
     now: Instant,
-) -> Option<OtherSplit> {
+) -> SplitsHeld {
     let listed: BTreeSet<&str> = leases
         .iter()
         .filter_map(|l| l.metadata.name.as_deref())
         .collect();
     seen.retain(|name, _| listed.contains(name.as_str()));
-    let mut found = None;
+    let mut held = SplitsHeld::default();
     for lease in leases {
         let labels = lease.metadata.labels.as_ref();
         if labels.and_then(|l| l.get(LABEL_ROLE)).map(String::as_str) != Some("shard") {
@@ -151,26 +181,34 @@ pub fn other_split_held(
         // label can change with a renewal (a replica restarted under its name).
         let record = seen.entry(name).or_insert_with(|| observed(lease, now));
         update(record, lease, now);
-        if found.is_some() || !record.held_by_other(me, now) {
+        // Records naming this replica (what it holds now, or held in a run with another
+        // split under its name) are no other writer: the caller knows what it holds.
+        if !record.held_by_other(me, now) {
             continue;
         }
-        if let Some((shards, map)) = other_split_of(lease, "shard", ours) {
-            found = record.holder().map(|holder| OtherSplit {
-                replica: holder.to_owned(),
-                shards,
-                map: map.to_owned(),
-            });
+        match other_split_of(lease, "shard", ours) {
+            Some((shards, map)) => {
+                if held.other.is_none() {
+                    held.other = record.holder().map(|holder| OtherSplit {
+                        replica: holder.to_owned(),
+                        shards,
+                        map: map.to_owned(),
+                    });
+                }
+            }
+            None => held.alike |= labels.is_some_and(|l| l.contains_key(LABEL_SHARDS)),
         }
     }
-    found
+    held
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::shard::SHARD_MAP;
 
-    fn six() -> ShardMap {
-        ShardMap::even(6)
+    fn six() -> Split {
+        Split::new(&ShardMap::even(6), &[])
     }
 
     fn member(holder: &str, shards: Option<&str>) -> Lease {
@@ -194,25 +232,20 @@ mod tests {
         lease
     }
 
+    /// The split `lease`'s writer states, if it is not `ours`.
+    fn differs(lease: &Lease, ours: &Split) -> Option<(u32, String)> {
+        other_split_of(lease, "member", ours).map(|(n, m)| (n, m.to_owned()))
+    }
+
     #[test]
-    fn a_live_member_with_another_shard_count_is_a_conflict() {
-        let live = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
-        let same = [member("a", Some("6")), member("b", Some("6"))];
-        assert_eq!(other_split(&same, &six(), &live), None);
-        let mixed = [member("a", Some("6")), member("b", Some("3"))];
+    fn a_member_with_another_shard_count_splits_otherwise() {
+        assert_eq!(differs(&member("b", Some("6")), &six()), None);
         assert_eq!(
-            other_split(&mixed, &six(), &live),
-            Some(OtherSplit {
-                replica: "b".to_owned(),
-                shards: 3,
-                map: SHARD_MAP.to_owned()
-            })
+            differs(&member("b", Some("3")), &six()),
+            Some((3, SHARD_MAP.to_owned()))
         );
-        // A member that is gone, or that predates the label, says nothing.
-        let gone = [member("a", Some("6")), member("c", Some("3"))];
-        assert_eq!(other_split(&gone, &six(), &live), None);
-        let unlabelled = [member("b", None)];
-        assert_eq!(other_split(&unlabelled, &six(), &live), None);
+        // A member that predates the label says nothing.
+        assert_eq!(differs(&member("b", None), &six()), None);
         // Shard Leases are not members.
         let mut shard = member("b", Some("3"));
         shard
@@ -221,54 +254,30 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(LABEL_ROLE.to_owned(), "shard".to_owned());
-        assert_eq!(other_split(&[shard], &six(), &live), None);
+        assert_eq!(differs(&shard, &six()), None);
     }
 
     #[test]
-    fn a_live_member_with_another_map_is_a_conflict() {
-        let live = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
-        // Written before the map label, by a release that split by `mod N`: a conflict
-        // with today's ranges, so an upgrade from it goes the way a change of N goes.
-        let unlabelled = [member("a", Some("6")), member_mapped("b", Some("6"), None)];
+    fn a_member_with_another_map_splits_otherwise() {
+        // Written before the map label, by a release that split by `mod N`: another
+        // split than today's ranges, so an upgrade from it goes the way a change of N goes.
         assert_eq!(
-            other_split(&unlabelled, &six(), &live),
-            Some(OtherSplit {
-                replica: "b".to_owned(),
-                shards: 6,
-                map: UNLABELLED_MAP.to_owned()
-            })
+            differs(&member_mapped("b", Some("6"), None), &six()),
+            Some((6, UNLABELLED_MAP.to_owned()))
         );
-        let previous = [
-            member("a", Some("6")),
-            member_mapped("b", Some("6"), Some("fnv1a64-mod")),
-        ];
-        assert!(other_split(&previous, &six(), &live).is_some());
-        // The same count, cut elsewhere (`--shard-cuts`): another map.
+        assert!(differs(&member_mapped("b", Some("6"), Some("fnv1a64-mod")), &six()).is_some());
+        // The same count, cut elsewhere (`--shard-cuts`): another map, both ways.
         let cut = ShardMap::parse("0x1,0x2,0x3,0x4,0x5", 6).unwrap();
-        let cuts = [
-            member("a", Some("6")),
-            member_mapped("b", Some("6"), Some(&cut.name())),
-        ];
+        let cuts = member_mapped("b", Some("6"), Some(&cut.name()));
+        assert_eq!(differs(&cuts, &six()), Some((6, cut.name())));
         assert_eq!(
-            other_split(&cuts, &six(), &live).map(|o| o.replica),
-            Some("b".to_owned())
-        );
-        assert_eq!(
-            other_split(&cuts, &cut, &live).map(|o| o.replica),
-            Some("a".to_owned())
+            differs(&member("a", Some("6")), &Split::new(&cut, &[])),
+            Some((6, SHARD_MAP.to_owned()))
         );
         // The same count under another map (a later release's, say).
-        let other = [
-            member("a", Some("6")),
-            member_mapped("b", Some("6"), Some("ranges")),
-        ];
         assert_eq!(
-            other_split(&other, &six(), &live),
-            Some(OtherSplit {
-                replica: "b".to_owned(),
-                shards: 6,
-                map: "ranges".to_owned()
-            })
+            differs(&member_mapped("b", Some("6"), Some("ranges")), &six()),
+            Some((6, "ranges".to_owned()))
         );
     }
 
@@ -278,6 +287,7 @@ mod tests {
             lease_name: "op".to_owned(),
             namespace: "ns".to_owned(),
             map: Arc::new(ShardMap::even(shards)),
+            settings: Vec::new(),
         };
         assert_eq!(leases(1).shard(0), "op");
         assert_eq!(leases(6).shard(0), "op-shard-0");
@@ -286,5 +296,28 @@ mod tests {
         assert_eq!(leases(6).shard_labels()[LABEL_ROLE], "shard");
         assert_eq!(leases(1).shard_labels()[LABEL_SHARDS], "1");
         assert_eq!(leases(6).member_labels()[LABEL_ROLE], "member");
+    }
+
+    #[test]
+    fn a_setting_that_changes_what_a_replica_does_is_part_of_its_split() {
+        let map = Arc::new(ShardMap::even(6));
+        let leases = |settings: &[&str]| ShardLeases {
+            lease_name: "op".to_owned(),
+            namespace: "ns".to_owned(),
+            map: map.clone(),
+            settings: settings.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        let plain = leases(&[]);
+        let quota = leases(&["quota-http"]);
+        assert_eq!(plain.split().name, SHARD_MAP);
+        assert_eq!(quota.split().name, format!("{SHARD_MAP}.quota-http"));
+        assert_eq!(quota.member_labels()[LABEL_SHARD_MAP], quota.split().name);
+        // A member without the quota provider splits otherwise than one with it.
+        let without = member_mapped("b", Some("6"), Some(SHARD_MAP));
+        assert_eq!(
+            differs(&without, &quota.split()),
+            Some((6, SHARD_MAP.to_owned()))
+        );
+        assert_eq!(differs(&without, &plain.split()), None);
     }
 }

@@ -1,16 +1,35 @@
-//! Replicas that split namespaces differently never write one namespace both, so a
-//! rolling update that changes `--shards` (or the shard map, in a later release) never
-//! has two writers. Every replica runs the same lease loop (`coordinator.rs`); what
-//! differs is which Leases it reads after writing its own.
+//! Replicas that split namespaces differently never write one namespace both, and a
+//! rolling update that changes `--shards`, `--shard-cuts` or a setting that changes what
+//! a replica does to a GpuJob (the quota provider: [`Split`]) keeps the established
+//! replicas working. Every replica runs the same lease loop (`coordinator.rs`); what
+//! differs is which Leases it reads.
 //!
-//! **Between two counts N, M > 1 (or two maps).** Shard i of N and shard i of M share the
-//! Lease name `<lease-name>-shard-<i>` but not its namespaces. Each replica renews its
-//! member Lease (labelled with its count and map), then lists the group, and takes a
-//! shard only in a look whose heartbeat went through and whose list shows no live member
-//! that splits differently; when it sees one, it gives up every shard it holds. If one
-//! replica's list missed the other's renewal, that renewal came after the list, so the
-//! other's list sees the first replica's member: at least one side holds nothing. Both
-//! hold nothing until the replicas of one split are gone.
+//! **Between two splits of N, M > 1 shards.** Shard i of one split and shard i of
+//! another share the Lease name `<lease-name>-shard-<i>` but not their namespaces. Each
+//! shard Lease is labelled with the split of the replica that holds it, so a list of the
+//! group says which splits hold shards. The established split keeps working, the other
+//! waits:
+//!
+//! - a replica takes no shard while a live replica of another split holds one (its
+//!   replicas are the established split); it balances its shards only with the live
+//!   members of its own split, so the remaining replicas of the established split take
+//!   the shards of those that leave;
+//! - while no replica of any split holds a shard, the split whose name sorts first
+//!   takes, and the others wait while a live member of it is seen;
+//! - right after acquiring shard Leases and before writing anything in their terms, a
+//!   replica lists the group again and hands them back at once if a live replica of
+//!   another split holds a shard Lease (or if the list fails).
+//!
+//! The API server orders the requests: of two replicas of different splits that each
+//! acquire a shard Lease, the one whose second list missed the other's acquisition
+//! listed before it, so the other's second list, after its own acquisition, sees the
+//! first one's: at least one side hands back before writing. A replica that holds shards
+//! keeps them while another split's Lease is held beside it only for the moment that
+//! hand-back takes; past a lease duration it gives up every shard.
+//!
+//! When the last replica of the old split stops it releases its shards (or they expire a
+//! lease duration after its last renewal), and the new split takes them in its next look:
+//! no GpuJob waits longer than one lease duration plus a drain.
 //!
 //! **Between `--shards 1` and N > 1.** The one shard is the Lease `<lease-name>` itself,
 //! a different object from every shard Lease of N, and the sharded side wins, since a
@@ -40,14 +59,12 @@
 //! reads and writes around them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpujob_core::lease::{Observed, observed, update};
 use k8s_openapi::api::coordination::v1::Lease;
 
-use super::group::{LABEL_ROLE, LABEL_SHARDS, OtherSplit, other_split, other_split_held};
-use crate::shard::ShardMap;
+use super::group::{LABEL_ROLE, LABEL_SHARDS, OtherSplit, Split, other_split_of, splits_held};
 
 /// Whether a look may take shards, and why not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,9 +81,17 @@ pub enum Gate {
     /// nothing; shards already held stay (a `--shards 1` replica that acquires the single
     /// Lease sees them and steps back before it writes).
     SingleUnknown(String),
-    /// Sharded: a live replica splits namespaces differently (another count or map): give
-    /// up every shard held (`say`: the conflict was not reported before).
+    /// Sharded: another split holds shards (a live replica of it holds a shard Lease), or
+    /// nobody holds any and another split's live member comes first: take nothing (`say`:
+    /// the wait was not reported before).
     OtherSplit { other: OtherSplit, say: bool },
+    /// Sharded: a live replica of another split holds a shard Lease while this replica
+    /// holds shards, as for the moment before one of them hands its Lease back: keep
+    /// what is held, take nothing more.
+    Contested(OtherSplit),
+    /// Sharded: that has lasted longer than a lease duration, which the hand-back never
+    /// takes: give up every shard held.
+    BothHold(OtherSplit),
 }
 
 impl Gate {
@@ -74,17 +99,18 @@ impl Gate {
     pub fn conflict(&self) -> Option<bool> {
         match self {
             Gate::Open => Some(false),
-            Gate::SingleUnknown(_) => None,
-            Gate::ShardedLive { .. } | Gate::SingleLeads { .. } | Gate::OtherSplit { .. } => {
-                Some(true)
-            }
+            Gate::SingleUnknown(_) | Gate::Contested(_) => None,
+            Gate::ShardedLive { .. }
+            | Gate::SingleLeads { .. }
+            | Gate::OtherSplit { .. }
+            | Gate::BothHold(_) => Some(true),
         }
     }
 
     /// Whether every held shard is to be given up (another writer may be live beside
     /// this replica).
     pub fn gives_up_all(&self) -> bool {
-        matches!(self, Gate::SingleLeads { .. } | Gate::OtherSplit { .. })
+        matches!(self, Gate::SingleLeads { .. } | Gate::BothHold(_))
     }
 }
 
@@ -200,38 +226,50 @@ pub struct Sharded {
     /// `<lease-name>-member-`: the names of member Leases.
     member_prefix: String,
     /// How this replica splits namespaces.
-    map: Arc<ShardMap>,
+    split: Split,
     /// Member Leases as last seen (by Lease name), for their holders' liveness.
     members_seen: BTreeMap<String, Observed>,
+    /// Live members of other splits, as the last [`Sharded::members`] found them.
+    others: Vec<OtherSplit>,
     /// Shard Leases as last seen (by Lease name), for whether a live holder splits
     /// differently.
     shards_seen: BTreeMap<String, Observed>,
+    /// Since when another split has held a shard Lease while this replica held shards.
+    contested_since: Option<Instant>,
+    /// How long a contest may last before this replica gives everything up.
+    lease_duration: Duration,
     /// The single Lease of `--shards 1`, as last seen.
     single_seen: Option<Observed>,
     conflict: Conflict,
-    /// Looks that got as far as deciding: the first only registers this replica, so
-    /// that replicas starting together see each other before anyone takes a shard.
+    /// Looks that got as far as deciding with the heartbeat through: the first only
+    /// registers this replica, so that replicas starting together see each other before
+    /// anyone takes a shard.
     looks: u64,
 }
 
 impl Sharded {
-    pub fn new(me: &str, lease_name: &str, map: Arc<ShardMap>) -> Sharded {
+    pub fn new(me: &str, lease_name: &str, split: Split, lease_duration: Duration) -> Sharded {
         Sharded {
             me: me.to_owned(),
             member_prefix: format!("{lease_name}-member-"),
-            map,
+            split,
             members_seen: BTreeMap::new(),
+            others: Vec::new(),
             shards_seen: BTreeMap::new(),
+            contested_since: None,
+            lease_duration,
             single_seen: None,
             conflict: Conflict::default(),
             looks: 0,
         }
     }
 
-    /// Replicas whose member heartbeat changed within its lease duration before `now`
-    /// (on this replica's clock), and this one.
+    /// Replicas of this split whose member heartbeat changed within its lease duration
+    /// before `now` (on this replica's clock), and this one. Live members of other
+    /// splits are kept for [`Sharded::gate`].
     pub fn members(&mut self, leases: &[Lease], now: Instant) -> BTreeSet<String> {
         let mut live = BTreeSet::from([self.me.clone()]);
+        self.others.clear();
         forget_unlisted(&mut self.members_seen, leases);
         for lease in leases {
             let name = lease.metadata.name.clone().unwrap_or_default();
@@ -243,10 +281,21 @@ impl Sharded {
                 .entry(name)
                 .or_insert_with(|| observed(lease, now));
             update(seen, lease, now);
-            if let Some(holder) = seen.holder()
-                && (holder == self.me || seen.held_by_other(&self.me, now))
-            {
-                live.insert(holder.to_owned());
+            let Some(holder) = seen.holder() else {
+                continue;
+            };
+            if holder != self.me && !seen.held_by_other(&self.me, now) {
+                continue;
+            }
+            match other_split_of(lease, "member", &self.split) {
+                Some((shards, map)) if holder != self.me => self.others.push(OtherSplit {
+                    replica: holder.to_owned(),
+                    shards,
+                    map: map.to_owned(),
+                }),
+                _ => {
+                    live.insert(holder.to_owned());
+                }
             }
         }
         live
@@ -260,15 +309,14 @@ impl Sharded {
         gone_members(leases, &self.members_seen, &self.me, Some(&own), after, now)
     }
 
-    /// After this look's heartbeat and list, from the single Lease as read at `now`:
-    /// open while no `--shards 1` replica leads and every live replica splits alike, by
-    /// its member Lease or by a shard Lease it holds (so a replica whose heartbeat is
-    /// stale but whose shard Leases are renewed still counts).
+    /// After this look's list (and [`Sharded::members`] on it), from the single Lease as
+    /// read at `now` and whether this replica `holding` shards: open while no
+    /// `--shards 1` replica leads and no other split holds shards or comes first.
     pub fn gate(
         &mut self,
         single: SingleLease,
         leases: &[Lease],
-        members: &BTreeSet<String>,
+        holding: bool,
         now: Instant,
     ) -> Gate {
         let leads = match single {
@@ -284,17 +332,35 @@ impl Sharded {
                     .map(str::to_owned)
             }
         };
-        let gate = match leads {
-            Some(holder) => Gate::SingleLeads {
+        if let Some(holder) = leads {
+            self.contested_since = None;
+            let gate = Gate::SingleLeads {
                 holder,
                 say: !std::mem::replace(&mut self.conflict.said, true),
+            };
+            return self.conflict.set(gate);
+        }
+        self.conflict.said = false;
+        let held = splits_held(leases, &self.split, &mut self.shards_seen, &self.me, now);
+        if !holding {
+            self.contested_since = None;
+        }
+        let gate = match held.other {
+            Some(other) if holding => {
+                let since = *self.contested_since.get_or_insert(now);
+                if now.saturating_duration_since(since) > self.lease_duration {
+                    Gate::BothHold(other)
+                } else {
+                    Gate::Contested(other)
+                }
+            }
+            Some(other) => Gate::OtherSplit {
+                other,
+                say: !self.conflict.on,
             },
             None => {
-                self.conflict.said = false;
-                let by_member = other_split(leases, &self.map, members);
-                let by_shard =
-                    other_split_held(leases, &self.map, &mut self.shards_seen, &self.me, now);
-                match by_member.or(by_shard) {
+                self.contested_since = None;
+                match self.first_split(holding || held.alike) {
                     Some(other) => Gate::OtherSplit {
                         other,
                         say: !self.conflict.on,
@@ -306,11 +372,40 @@ impl Sharded {
         self.conflict.set(gate)
     }
 
+    /// While no split holds a shard (`established`: this one does), the live member of
+    /// another split that comes first, if any: its split takes, this one waits.
+    fn first_split(&self, established: bool) -> Option<OtherSplit> {
+        if established {
+            return None;
+        }
+        let mine = (self.split.name.as_str(), self.split.shards);
+        self.others
+            .iter()
+            .filter(|o| (o.map.as_str(), o.shards) < mine)
+            .min_by(|a, b| (a.map.as_str(), a.shards).cmp(&(b.map.as_str(), b.shards)))
+            .cloned()
+    }
+
+    /// Right after acquiring shard Leases and before any write in their terms, from a
+    /// second list (`None`: it failed, which counts as another split holding): whether
+    /// to keep them.
+    pub fn still_alone(&mut self, leases: Option<&[Lease]>, now: Instant) -> bool {
+        leases.is_some_and(|l| {
+            splits_held(l, &self.split, &mut self.shards_seen, &self.me, now)
+                .other
+                .is_none()
+        })
+    }
+
     /// After releasing what the balance says: whether this look may take shards. Not
-    /// the first (it only registers this replica), and not one whose heartbeat failed.
+    /// before a look whose heartbeat was through has passed (it registers this replica),
+    /// and not one whose heartbeat is not through.
     pub fn ready(&mut self, registered: bool) -> bool {
+        if !registered {
+            return false;
+        }
         self.looks += 1;
-        self.looks > 1 && registered
+        self.looks > 1
     }
 }
 
@@ -426,6 +521,7 @@ pub fn live_sharded(
 pub(super) mod tests {
     use super::*;
     use crate::lease::group::LABEL_SHARD_MAP;
+    use crate::shard::ShardMap;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use std::time::Duration;
 
@@ -522,6 +618,10 @@ pub(super) mod tests {
         of.iter().map(|s| (*s).to_owned()).collect()
     }
 
+    fn split(map: &ShardMap) -> Split {
+        Split::new(map, &[])
+    }
+
     #[test]
     fn one_shard_takes_nothing_while_a_sharded_replica_is_live_and_says_so_once_per_wait() {
         let t0 = Instant::now();
@@ -606,7 +706,7 @@ pub(super) mod tests {
 
     #[test]
     fn the_first_sharded_look_only_registers_and_one_whose_heartbeat_failed_takes_nothing() {
-        let mut sharded = Sharded::new("a", "op", Arc::new(ShardMap::even(6)));
+        let mut sharded = Sharded::new("a", "op", split(&ShardMap::even(6)), secs(15));
         assert!(
             !sharded.ready(true),
             "the first look registers this replica"
@@ -620,7 +720,7 @@ pub(super) mod tests {
     fn members_are_live_while_their_heartbeat_changes_on_this_replicas_clock() {
         let t0 = Instant::now();
         let six = ShardMap::even(6);
-        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
+        let mut sharded = Sharded::new("a", "op", split(&six), secs(15));
         let shard = lease("op-shard-0", "shard", Some("d"), "1");
         let released = lease("op-member-e", "member", None, "1");
         let list = [
@@ -643,13 +743,12 @@ pub(super) mod tests {
     #[test]
     fn a_one_shard_leader_makes_a_sharded_replica_give_up_everything_until_its_lease_expires() {
         let t0 = Instant::now();
-        let mut sharded = Sharded::new("a", "op", Arc::new(ShardMap::even(6)));
-        let alone = names(&["a"]);
+        let mut sharded = Sharded::new("a", "op", split(&ShardMap::even(6)), secs(15));
         assert_eq!(
-            sharded.gate(SingleLease::Missing, &[], &alone, t0),
+            sharded.gate(SingleLease::Missing, &[], false, t0),
             Gate::Open
         );
-        let leads = sharded.gate(single_lease(Some("x"), "5"), &[], &alone, t0);
+        let leads = sharded.gate(single_lease(Some("x"), "5"), &[], false, t0);
         assert_eq!(
             leads,
             Gate::SingleLeads {
@@ -660,69 +759,98 @@ pub(super) mod tests {
         assert!(leads.gives_up_all());
         assert_eq!(leads.conflict(), Some(true));
         assert_eq!(
-            sharded.gate(single_lease(Some("x"), "5"), &[], &alone, t0 + secs(14)),
+            sharded.gate(single_lease(Some("x"), "5"), &[], false, t0 + secs(14)),
             Gate::SingleLeads {
                 holder: "x".to_owned(),
                 say: false
             }
         );
         // A failed read: take nothing, give nothing up, leave the gauge as it is.
-        let unknown = sharded.gate(SingleLease::Failed("timeout".to_owned()), &[], &alone, t0);
+        let unknown = sharded.gate(SingleLease::Failed("timeout".to_owned()), &[], false, t0);
         assert_eq!(unknown, Gate::SingleUnknown("timeout".to_owned()));
         assert!(!unknown.gives_up_all());
         assert_eq!(unknown.conflict(), None);
         // Unchanged for its lease duration: expired.
         assert_eq!(
-            sharded.gate(single_lease(Some("x"), "5"), &[], &alone, t0 + secs(15)),
+            sharded.gate(single_lease(Some("x"), "5"), &[], false, t0 + secs(15)),
             Gate::Open
         );
         // Renewed: leads again, a new wait; released (no holder): free at once.
         assert!(matches!(
-            sharded.gate(single_lease(Some("x"), "6"), &[], &alone, t0 + secs(16)),
+            sharded.gate(single_lease(Some("x"), "6"), &[], false, t0 + secs(16)),
             Gate::SingleLeads { say: true, .. }
         ));
         assert_eq!(
-            sharded.gate(single_lease(None, "7"), &[], &alone, t0 + secs(17)),
+            sharded.gate(single_lease(None, "7"), &[], false, t0 + secs(17)),
             Gate::Open
         );
         assert_eq!(
-            sharded.gate(single_lease(Some("a"), "8"), &[], &alone, t0 + secs(18)),
+            sharded.gate(single_lease(Some("a"), "8"), &[], false, t0 + secs(18)),
             Gate::Open,
             "a single Lease naming this replica (an earlier run of it) is no other leader"
         );
     }
 
     #[test]
-    fn a_live_member_that_splits_differently_makes_a_sharded_replica_give_up_everything() {
+    fn while_no_split_holds_a_shard_the_split_that_sorts_first_takes_and_the_other_waits() {
         let t0 = Instant::now();
         let six = ShardMap::even(6);
-        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
+        let three = ShardMap::even(3);
+        let mut sharded = Sharded::new("a", "op", split(&six), secs(15));
         let alike = [member("b", "1", &six)];
-        let members = sharded.members(&alike, t0);
+        sharded.members(&alike, t0);
         assert_eq!(
-            sharded.gate(SingleLease::Missing, &alike, &members, t0),
+            sharded.gate(SingleLease::Missing, &alike, false, t0),
             Gate::Open
         );
-        let three = [member("c", "1", &ShardMap::even(3))];
-        let members = sharded.members(&three, t0);
-        let split = sharded.gate(SingleLease::Missing, &three, &members, t0);
-        assert!(
-            matches!(&split, Gate::OtherSplit { other, say: true } if other.replica == "c" && other.shards == 3),
-            "{split:?}"
+        // A live member of 3 shards, nobody holding: (map, 3) sorts before (map, 6).
+        let mixed = [member("b", "1", &six), member("c", "1", &three)];
+        assert_eq!(
+            sharded.members(&mixed, t0),
+            names(&["a", "b"]),
+            "a member of another split is no member to balance with"
         );
-        assert!(split.gives_up_all());
-        assert_eq!(split.conflict(), Some(true));
+        let waits = sharded.gate(SingleLease::Missing, &mixed, false, t0);
+        assert!(
+            matches!(&waits, Gate::OtherSplit { other, say: true } if other.replica == "c" && other.shards == 3),
+            "{waits:?}"
+        );
+        assert!(!waits.gives_up_all());
+        assert_eq!(waits.conflict(), Some(true));
         assert!(
             matches!(
-                sharded.gate(SingleLease::Missing, &three, &members, t0 + secs(2)),
+                sharded.gate(SingleLease::Missing, &mixed, false, t0 + secs(2)),
                 Gate::OtherSplit { say: false, .. }
             ),
-            "said once while the conflict lasts"
+            "said once while the wait lasts"
         );
-        // Its heartbeat stops: a lease duration later it is not live, and the gate opens.
-        let members = sharded.members(&three, t0 + secs(15));
+        // The split that sorts first sees the other's member and takes.
+        let mut first = Sharded::new("c", "op", split(&three), secs(15));
+        first.members(&mixed, t0);
         assert_eq!(
-            sharded.gate(SingleLease::Missing, &three, &members, t0 + secs(15)),
+            first.gate(SingleLease::Missing, &mixed, false, t0),
+            Gate::Open
+        );
+        // Once this replica's split holds a shard (here or by b), it keeps working
+        // beside the other's live member: the established split.
+        assert_eq!(
+            sharded.gate(SingleLease::Missing, &mixed, true, t0 + secs(3)),
+            Gate::Open
+        );
+        let b_holds = [
+            member("b", "1", &six),
+            member("c", "1", &three),
+            shard_of(4, "b", "1", &six),
+        ];
+        sharded.members(&b_holds, t0 + secs(3));
+        assert_eq!(
+            sharded.gate(SingleLease::Missing, &b_holds, false, t0 + secs(3)),
+            Gate::Open
+        );
+        // c's heartbeat stops: a lease duration later it is not live, and nobody waits.
+        sharded.members(&mixed, t0 + secs(15));
+        assert_eq!(
+            sharded.gate(SingleLease::Missing, &mixed, false, t0 + secs(15)),
             Gate::Open
         );
     }
@@ -737,7 +865,7 @@ pub(super) mod tests {
     fn a_member_lease_released_or_expired_for_ten_lease_durations_is_gone_by_the_local_clock() {
         let t0 = Instant::now();
         let six = ShardMap::even(6);
-        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
+        let mut sharded = Sharded::new("a", "op", split(&six), secs(15));
         let after = secs(15) * MEMBER_GONE_LEASE_DURATIONS;
         let own = with_uid(member("a", "1", &six), "ua");
         let dead = with_uid(member("b", "4", &six), "ub");
@@ -855,7 +983,7 @@ pub(super) mod tests {
     fn records_of_leases_no_longer_listed_are_forgotten() {
         let t0 = Instant::now();
         let six = ShardMap::even(6);
-        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
+        let mut sharded = Sharded::new("a", "op", split(&six), secs(15));
         let b = member("b", "1", &six);
         sharded.members(std::slice::from_ref(&b), t0);
         // Deleted: forgotten. Created again later: first sight, live for a lease
@@ -882,39 +1010,111 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_live_shard_holder_that_splits_differently_closes_the_gate_without_a_live_member() {
+    fn a_live_shard_holder_of_another_split_keeps_a_new_split_waiting_without_a_live_member() {
         let t0 = Instant::now();
         let six = ShardMap::even(6);
         let three = ShardMap::even(3);
-        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
+        let mut sharded = Sharded::new("a", "op", split(&six), secs(15));
         // c's member heartbeat is stale (or gone), but it renews shard 1 at its count, 3.
         let list = |rv: &str| [member("b", "1", &six), shard_of(1, "c", rv, &three)];
         let members = sharded.members(&list("1"), t0);
         assert_eq!(members, names(&["a", "b"]), "c is no live member");
-        let gate = sharded.gate(SingleLease::Missing, &list("1"), &members, t0);
+        let gate = sharded.gate(SingleLease::Missing, &list("1"), false, t0);
         assert!(
             matches!(&gate, Gate::OtherSplit { other, say: true } if other.replica == "c" && other.shards == 3),
             "{gate:?}"
         );
-        assert!(gate.gives_up_all());
-        // Renewed: still live, still a conflict (said once).
-        let gate = sharded.gate(SingleLease::Missing, &list("2"), &members, t0 + secs(14));
+        assert!(!gate.gives_up_all(), "it holds nothing");
+        // Renewed: still live, still waiting (said once).
+        let gate = sharded.gate(SingleLease::Missing, &list("2"), false, t0 + secs(14));
         assert!(
             matches!(gate, Gate::OtherSplit { say: false, .. }),
             "{gate:?}"
         );
         // Not renewed for a lease duration (15 s after it last changed): expired, open.
         assert_eq!(
-            sharded.gate(SingleLease::Missing, &list("2"), &members, t0 + secs(29)),
+            sharded.gate(SingleLease::Missing, &list("2"), false, t0 + secs(29)),
             Gate::Open
         );
         // Another map at the same count is another split too.
         let cut = ShardMap::parse("0x1,0x2,0x3,0x4,0x5", 6).unwrap();
         let list = [shard_of(2, "d", "5", &cut)];
-        let gate = sharded.gate(SingleLease::Missing, &list, &members, t0 + secs(30));
+        let gate = sharded.gate(SingleLease::Missing, &list, false, t0 + secs(30));
         assert!(
             matches!(&gate, Gate::OtherSplit { other, .. } if other.replica == "d" && other.map == cut.name()),
             "{gate:?}"
+        );
+    }
+
+    #[test]
+    fn a_holder_keeps_its_shards_while_another_split_hands_back_and_gives_all_up_if_it_does_not() {
+        let t0 = Instant::now();
+        let six = ShardMap::even(6);
+        let three = ShardMap::even(3);
+        let mut sharded = Sharded::new("a", "op", split(&six), secs(15));
+        let list = |rv: &str| [shard_of(0, "a", "1", &six), shard_of(1, "c", rv, &three)];
+        let gate = sharded.gate(SingleLease::Missing, &list("1"), true, t0);
+        assert!(
+            matches!(&gate, Gate::Contested(o) if o.replica == "c"),
+            "{gate:?}"
+        );
+        assert!(
+            !gate.gives_up_all(),
+            "c hands its Lease back before writing"
+        );
+        assert_eq!(gate.conflict(), None);
+        // Handed back (released): nothing contested.
+        let mut released = shard_of(1, "c", "2", &three);
+        released.spec.as_mut().unwrap().holder_identity = None;
+        assert_eq!(
+            sharded.gate(
+                SingleLease::Missing,
+                &[shard_of(0, "a", "1", &six), released],
+                true,
+                t0 + secs(1)
+            ),
+            Gate::Open
+        );
+        // Kept and renewed beside this replica's for over a lease duration: both hold,
+        // which the protocol never lets happen: give everything up.
+        let t1 = t0 + secs(2);
+        assert!(matches!(
+            sharded.gate(SingleLease::Missing, &list("3"), true, t1),
+            Gate::Contested(_)
+        ));
+        assert!(matches!(
+            sharded.gate(SingleLease::Missing, &list("4"), true, t1 + secs(15)),
+            Gate::Contested(_)
+        ));
+        let gate = sharded.gate(SingleLease::Missing, &list("5"), true, t1 + secs(16));
+        assert!(
+            matches!(&gate, Gate::BothHold(o) if o.replica == "c"),
+            "{gate:?}"
+        );
+        assert!(gate.gives_up_all());
+        assert_eq!(gate.conflict(), Some(true));
+    }
+
+    #[test]
+    fn a_sharded_replica_keeps_shards_it_took_only_if_a_second_list_shows_no_other_split_holding() {
+        let t0 = Instant::now();
+        let six = ShardMap::even(6);
+        let three = ShardMap::even(3);
+        let mut sharded = Sharded::new("a", "op", split(&six), secs(15));
+        assert!(sharded.still_alone(Some(&[]), t0));
+        assert!(
+            !sharded.still_alone(None, t0),
+            "a failed list counts as another split holding"
+        );
+        let alike = [shard_of(0, "a", "1", &six), shard_of(1, "b", "1", &six)];
+        assert!(sharded.still_alone(Some(&alike), t0));
+        // A live member of another split is no reason: only a held shard Lease is.
+        assert!(sharded.still_alone(Some(&[member("c", "1", &three)]), t0));
+        let other = shard_of(2, "c", "1", &three);
+        assert!(!sharded.still_alone(Some(std::slice::from_ref(&other)), t0));
+        assert!(
+            sharded.still_alone(Some(&[other]), t0 + secs(15)),
+            "unchanged for a lease duration: its holder is gone"
         );
     }
 
@@ -923,8 +1123,7 @@ pub(super) mod tests {
         let t0 = Instant::now();
         let six = ShardMap::even(6);
         let three = ShardMap::even(3);
-        let mut sharded = Sharded::new("a", "op", Arc::new(six.clone()));
-        let alone = names(&["a"]);
+        let mut sharded = Sharded::new("a", "op", split(&six), secs(15));
         let mut released = shard_of(0, "c", "1", &three);
         released.spec.as_mut().unwrap().holder_identity = None;
         let list = [
@@ -935,7 +1134,7 @@ pub(super) mod tests {
             shard_of(2, "a", "1", &three),
         ];
         assert_eq!(
-            sharded.gate(SingleLease::Missing, &list, &alone, t0),
+            sharded.gate(SingleLease::Missing, &list, false, t0),
             Gate::Open
         );
         // Written before the count label: says nothing.
@@ -947,7 +1146,7 @@ pub(super) mod tests {
             .unwrap()
             .remove(LABEL_SHARDS);
         assert_eq!(
-            sharded.gate(SingleLease::Missing, &[unlabelled], &alone, t0),
+            sharded.gate(SingleLease::Missing, &[unlabelled], false, t0),
             Gate::Open
         );
         // The single Lease (role `single`) is judged as the single Lease, not here.
@@ -960,7 +1159,7 @@ pub(super) mod tests {
             .unwrap()
             .insert(LABEL_ROLE.to_owned(), "single".to_owned());
         assert_eq!(
-            sharded.gate(SingleLease::Missing, &[single], &alone, t0),
+            sharded.gate(SingleLease::Missing, &[single], false, t0),
             Gate::Open
         );
     }

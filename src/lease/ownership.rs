@@ -54,6 +54,11 @@ pub struct Ownership {
     /// (`balance::successor_of`): watched with sharded watches, so a takeover finds them
     /// cached. Nothing is decided or written for them.
     pub warm: BTreeSet<u32>,
+    /// No write starts at or after this instant whatever shard it is for: the renew
+    /// deadline of the member heartbeat's last renewal that went through (others judge
+    /// this replica gone only a lease duration after it). `None`: there is no heartbeat
+    /// (one shard, or no election).
+    pub heartbeat: Option<Instant>,
 }
 
 impl Ownership {
@@ -73,6 +78,7 @@ impl Ownership {
             held: BTreeMap::new(),
             map,
             warm: BTreeSet::new(),
+            heartbeat: None,
         }
     }
 
@@ -82,6 +88,7 @@ impl Ownership {
             held: BTreeMap::from([(0, Tenure::gained(None, None))]),
             map: Arc::new(ShardMap::even(1)),
             warm: BTreeSet::new(),
+            heartbeat: None,
         }
     }
 
@@ -112,12 +119,27 @@ impl Ownership {
         self.tenure_for(namespace).is_some()
     }
 
+    /// Whether the member heartbeat (if any) still allows a write at `now`.
+    pub fn heartbeat_valid_at(&self, now: Instant) -> bool {
+        self.heartbeat.is_none_or(|d| now < d)
+    }
+
+    /// `shard`'s tenure if a write under it may start at `now`: held, before its
+    /// deadline and before the heartbeat's. The one test every write passes.
+    pub fn valid_tenure(&self, shard: u32, now: Instant) -> Option<&Tenure> {
+        self.tenure(shard)
+            .filter(|t| t.valid_at(now) && self.heartbeat_valid_at(now))
+    }
+
     /// May a write to an object in `namespace` start at `now`? (`None`: not namespaced;
     /// allowed while any shard is validly held.)
     pub fn may_write(&self, namespace: Option<&str>, now: Instant) -> bool {
         match namespace {
-            Some(ns) => self.tenure_for(ns).is_some_and(|t| t.valid_at(now)),
-            None => self.held.values().any(|t| t.valid_at(now)),
+            Some(ns) => self.valid_tenure(self.shard_of(ns), now).is_some(),
+            None => self
+                .held
+                .keys()
+                .any(|s| self.valid_tenure(*s, now).is_some()),
         }
     }
 
@@ -211,6 +233,30 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         assert!(!o.may_write(Some(a), Instant::now()), "past its deadline");
         assert!(!o.may_write(None, Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_write_starts_past_the_member_heartbeats_deadline_whatever_the_shards_say() {
+        let now = Instant::now();
+        let mut o = Ownership::nothing_of(1);
+        o.held
+            .insert(0, Tenure::gained(Some(now + Duration::from_secs(10)), None));
+        assert!(o.may_write(Some("ns"), now), "no heartbeat (one shard)");
+        o.heartbeat = Some(now + Duration::from_secs(2));
+        assert!(o.may_write(Some("ns"), now));
+        assert!(o.valid_tenure(0, now).is_some());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let later = Instant::now();
+        assert!(
+            !o.may_write(Some("ns"), later),
+            "the heartbeat's deadline passed"
+        );
+        assert!(!o.may_write(None, later));
+        assert!(o.valid_tenure(0, later).is_none());
+        assert!(
+            o.tenure(0).is_some_and(|t| t.valid_at(later)),
+            "the shard's has not"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,8 +10,8 @@ use tracing::{info, warn};
 use super::{Attempt, Elector, Ownership, Timing, explain, gained_or_lost, jitter};
 use crate::health::Status;
 
-/// Renews one held shard every retry period (jittered) until a renewal is refused or the
-/// renew deadline passes without one; then the shard leaves the ownership (its
+/// Renews one held shard every retry period (jittered; sooner when half the renew
+/// deadline is gone) until a renewal is refused or the renew deadline passes without one; then the shard leaves the ownership (its
 /// reconciles stop, its writes are fenced). Ends at once if the term `epoch` is over.
 pub(super) async fn renew(
     elector: Arc<Elector>,
@@ -23,7 +23,22 @@ pub(super) async fn renew(
 ) {
     let lease = format!("{}/{}", elector.namespace(), elector.name());
     loop {
-        tokio::time::sleep(jitter(timing.retry_period)).await;
+        let deadline = tx
+            .borrow()
+            .tenure(shard)
+            .filter(|t| t.epoch == epoch)
+            .and_then(|t| t.deadline);
+        let Some(deadline) = deadline else {
+            return; // given up meanwhile
+        };
+        // Every retry period, and at the latest when half the renew deadline is left:
+        // a term that began late in its first renewal's window (a slow acquire and the
+        // second list after it) is renewed at once, not after a retry period it may not
+        // have left.
+        let latest = deadline
+            .checked_sub(timing.renew_deadline / 2)
+            .unwrap_or(deadline);
+        tokio::time::sleep_until((Instant::now() + jitter(timing.retry_period)).min(latest)).await;
         let deadline = tx
             .borrow()
             .tenure(shard)

@@ -3,8 +3,9 @@
 //! split evenly, only a shard's holder writes its GpuJobs, a killed replica's shards
 //! move to the survivors and back with no more moves than balance needs, a scale-out
 //! moves only the surplus, and a frozen holder neither writes for its lost shards nor
-//! takes them back; replicas with different counts, and a rolling update from
-//! `--shards 1` to many, never give one namespace two writers. Short timings: 3 s
+//! takes them back; a replica with another count or map waits while the established one
+//! works, and a rolling update from `--shards 1` to many never gives one namespace two
+//! writers (rollouts between sharded counts: `rollout.rs`). Short timings: 3 s
 //! lease, 2 s renew deadline, 0.5 s retry period.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
@@ -259,55 +260,54 @@ async fn a_frozen_holder_writes_nothing_for_its_lost_shards_and_does_not_take_th
 }
 
 #[tokio::test]
-async fn replicas_with_different_shard_counts_hold_nothing_and_say_so_until_they_agree() {
+async fn a_replica_with_another_shard_count_waits_while_the_established_one_works() {
     let env = TestEnv::private("shards-mixed").await;
+    let namespaces = shards::namespaces(&env, 6, 1).await;
     let three = replica(&env, 1, 3);
     wait_balanced(&env, 3, &["replica-1"], 3, Duration::from_secs(30)).await;
-    // A replica with another count joins, as in a rollout that changes --shards: one
-    // namespace would have two owners, so neither holds any shard.
+    // A replica with another count joins, as in a rollout that changes --shards: the
+    // established count keeps its shards and works; the new one takes nothing.
     let mut six = replica(&env, 2, 6);
-    devcluster::wait::until(
-        "no shard of either count held",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || async {
-            let h3 = shards::holders(&env.admin, &env.ns, 3).await;
-            let h6 = shards::holders(&env.admin, &env.ns, 6).await;
-            (h3.iter().chain(&h6).all(Option::is_none)).then_some(())
-        },
-    )
-    .await
-    .unwrap();
-    for r in [&three, &six] {
-        let log = r.log_text();
-        assert!(
-            log.contains("another live replica splits namespaces into shards differently"),
-            "{}: {log}",
-            r.identity()
-        );
+    wait_log(&six, &["its split holds the shards"]).await;
+    let start = env.cluster.audit().cursor().unwrap();
+    create_gpujobs(&env, &namespaces, 2, "mixed").await;
+    wait_all_final_and_sound(&env, &namespaces, Duration::from_secs(120)).await;
+    let events = audit_since(&env, start);
+    for (ns, writers) in shards::writers_by_namespace(&events) {
+        let replicas: Vec<&String> = writers
+            .iter()
+            .filter(|u| u.starts_with("replica-"))
+            .collect();
+        assert_eq!(replicas, vec!["replica-1"], "namespace {ns}");
     }
-    // The 6-shard replica goes (its member Lease expires): the other takes its 3 again.
-    six.signal(Signal::SIGKILL);
-    six.wait_exit(Duration::from_secs(10)).await;
-    wait_balanced(&env, 3, &["replica-1"], 3, Duration::from_secs(30)).await;
+    let held = shards::holders(&env.admin, &env.ns, 3).await;
+    assert!(
+        held.iter().all(|h| h.as_deref() == Some("replica-1")),
+        "{held:?}"
+    );
+    // The 3-shard replica goes (its shard Leases run out): the other takes all six.
+    let mut three = three;
+    three.signal(Signal::SIGKILL);
+    three.wait_exit(Duration::from_secs(10)).await;
+    wait_balanced(&env, 6, &["replica-2"], 6, Duration::from_secs(30)).await;
+    six.signal(Signal::SIGTERM);
+    six.wait_exit(Duration::from_secs(30)).await;
 }
 
 #[tokio::test]
-async fn a_live_replica_with_another_shard_map_holds_the_others_back_until_it_goes() {
+async fn a_live_shard_holder_with_another_shard_map_holds_a_new_replica_back_until_it_goes() {
     // A release with another shard map would, with the same --shards, map some
-    // namespaces to other Leases. Its member Lease states its count and its map; while it
-    // is live, a replica of this release holds nothing.
+    // namespaces to other Leases. Its shard Leases state its count and its map; while one
+    // is held and renewed, a replica of this release takes nothing.
     let env = TestEnv::private("shards-old-map").await;
-    let current = replica(&env, 1, 3);
-    wait_balanced(&env, 3, &["replica-1"], 3, Duration::from_secs(30)).await;
     let leases: Api<Lease> = Api::namespaced(env.admin.clone(), &env.ns);
-    let name = format!("{}-member-another-release", replicas::LEASE);
+    let name = shards::lease_of(2);
     let mut old = Lease::default();
     old.metadata.name = Some(name.clone());
     old.metadata.labels = Some(
         [
             (gpujob_operator::lease::LABEL_GROUP, replicas::LEASE),
-            (gpujob_operator::lease::LABEL_ROLE, "member"),
+            (gpujob_operator::lease::LABEL_ROLE, "shard"),
             (gpujob_operator::lease::LABEL_SHARDS, "3"),
             (gpujob_operator::lease::LABEL_SHARD_MAP, "another-map"),
         ]
@@ -337,24 +337,17 @@ async fn a_live_replica_with_another_shard_map_holds_the_others_back_until_it_go
             }
         })
     };
-    devcluster::wait::until(
-        "the current replica gives up its shards",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || async {
-            let held = shards::holders(&env.admin, &env.ns, 3).await;
-            held.iter().all(Option::is_none).then_some(())
-        },
-    )
-    .await
-    .unwrap();
-    let log = current.log_text();
-    assert!(
-        log.contains("another live replica splits namespaces into shards differently")
-            && log.contains("another-map"),
-        "{log}"
+    let current = replica(&env, 1, 3);
+    wait_log(&current, &["its split holds the shards"]).await;
+    let held = shards::holders(&env.admin, &env.ns, 3).await;
+    assert_eq!(
+        held,
+        [None, None, Some("another-release".to_owned())],
+        "the new replica took shards beside another map's holder"
     );
-    // That replica is gone (its member Lease expires): the shards are taken again.
+    let log = current.log_text();
+    assert!(log.contains("another-map"), "{log}");
+    // That replica is gone (its shard Lease runs out): the shards are taken.
     renewing.abort();
     wait_balanced(&env, 3, &["replica-1"], 3, Duration::from_secs(30)).await;
 }

@@ -119,8 +119,8 @@ impl Writer {
     pub fn fence_for(&self, namespace: &str) -> Result<Fence, Error> {
         let own = self.ownership.borrow();
         let shard = own.shard_of(namespace);
-        match own.tenure(shard) {
-            Some(t) if t.valid_at(Instant::now()) => Ok(Fence {
+        match own.valid_tenure(shard, Instant::now()) {
+            Some(t) => Ok(Fence {
                 shard,
                 epoch: t.epoch,
             }),
@@ -132,8 +132,8 @@ impl Writer {
     /// and every call to the outside world.
     pub fn check(&self, fence: &Fence) -> Result<Tenure, Error> {
         let own = self.ownership.borrow();
-        match own.tenure(fence.shard) {
-            Some(t) if t.epoch == fence.epoch && t.valid_at(Instant::now()) => Ok(t.clone()),
+        match own.valid_tenure(fence.shard, Instant::now()) {
+            Some(t) if t.epoch == fence.epoch => Ok(t.clone()),
             _ => Err(Error::NotLeader),
         }
     }

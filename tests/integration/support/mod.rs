@@ -160,8 +160,8 @@ impl TestEnv {
         gpujob_operator::client::install_crypto_provider();
         let cluster = ControlPlane::start(devcluster::Options {
             crds,
-            // Scale-out tests run a fourth replica.
-            replicas: 4,
+            // Rollout tests run three old replicas and three new ones.
+            replicas: 6,
             gpu_nodes: devcluster::nodes::GpuNodes::for_tests(),
             sharded_watch,
             ..devcluster::Options::default()
