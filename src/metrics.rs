@@ -266,7 +266,7 @@ impl Metrics {
             shards: gauge("gpujob_shards", "Shards GpuJobs are split into (--shards)")?,
             shard_count_conflict: gauge(
                 "gpujob_shard_count_conflict",
-                "1 while another live replica of this replica's lease group runs with a different --shards or shard map (this replica then holds no shard), else 0",
+                "1 while this replica holds no shard because replicas of its lease group split namespaces differently (another --shards, --shard-cuts, shard map or quota provider) and hold shards or come first, else 0",
             )?,
             shard_owner: IntGaugeVec::new(
                 Opts::new(

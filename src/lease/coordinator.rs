@@ -679,13 +679,29 @@ impl Coordinator {
                 lease = %lease,
                 "reading the single Lease failed: {why}; taking no shard in this look"
             ),
-            Gate::OtherSplit { other, say: true } => warn!(
+            Gate::OtherSplit {
+                other,
+                holds: true,
+                say: true,
+            } => warn!(
                 replica = %other.replica,
                 its_shards = other.shards,
                 its_map = %other.map,
                 our_shards = self.group.leases.shards(),
                 our_map = %self.group.leases.split().name,
                 "another live replica splits namespaces into shards differently (another --shards, --shard-cuts or quota provider: a rollout) and its split holds the shards; taking none until no live replica of it holds one (docs/ha-and-sharding.md, Rollouts)"
+            ),
+            Gate::OtherSplit {
+                other,
+                holds: false,
+                say: true,
+            } => warn!(
+                replica = %other.replica,
+                its_shards = other.shards,
+                its_map = %other.map,
+                our_shards = self.group.leases.shards(),
+                our_map = %self.group.leases.split().name,
+                "another live replica splits namespaces into shards differently (another --shards, --shard-cuts or quota provider) and nobody holds a shard: its split comes first and takes them; taking none while it is live (docs/ha-and-sharding.md, Rollouts)"
             ),
             Gate::Contested(other) => debug!(
                 replica = %other.replica,

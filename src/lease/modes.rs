@@ -81,10 +81,14 @@ pub enum Gate {
     /// nothing; shards already held stay (a `--shards 1` replica that acquires the single
     /// Lease sees them and steps back before it writes).
     SingleUnknown(String),
-    /// Sharded: another split holds shards (a live replica of it holds a shard Lease), or
-    /// nobody holds any and another split's live member comes first: take nothing (`say`:
-    /// the wait was not reported before).
-    OtherSplit { other: OtherSplit, say: bool },
+    /// Sharded: another split holds shards (`holds`: a live replica of it holds a shard
+    /// Lease), or nobody holds any and another split's live member comes first: take
+    /// nothing (`say`: the wait was not reported before).
+    OtherSplit {
+        other: OtherSplit,
+        holds: bool,
+        say: bool,
+    },
     /// Sharded: a live replica of another split holds a shard Lease while this replica
     /// holds shards, as for the moment before one of them hands its Lease back: keep
     /// what is held, take nothing more.
@@ -356,6 +360,7 @@ impl Sharded {
             }
             Some(other) => Gate::OtherSplit {
                 other,
+                holds: true,
                 say: !self.conflict.on,
             },
             None => {
@@ -363,6 +368,7 @@ impl Sharded {
                 match self.first_split(holding || held.alike) {
                     Some(other) => Gate::OtherSplit {
                         other,
+                        holds: false,
                         say: !self.conflict.on,
                     },
                     None => Gate::Open,
@@ -812,7 +818,7 @@ pub(super) mod tests {
         );
         let waits = sharded.gate(SingleLease::Missing, &mixed, false, t0);
         assert!(
-            matches!(&waits, Gate::OtherSplit { other, say: true } if other.replica == "c" && other.shards == 3),
+            matches!(&waits, Gate::OtherSplit { other, holds: false, say: true } if other.replica == "c" && other.shards == 3),
             "{waits:?}"
         );
         assert!(!waits.gives_up_all());
@@ -1021,7 +1027,7 @@ pub(super) mod tests {
         assert_eq!(members, names(&["a", "b"]), "c is no live member");
         let gate = sharded.gate(SingleLease::Missing, &list("1"), false, t0);
         assert!(
-            matches!(&gate, Gate::OtherSplit { other, say: true } if other.replica == "c" && other.shards == 3),
+            matches!(&gate, Gate::OtherSplit { other, holds: true, say: true } if other.replica == "c" && other.shards == 3),
             "{gate:?}"
         );
         assert!(!gate.gives_up_all(), "it holds nothing");
