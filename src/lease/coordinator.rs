@@ -688,7 +688,7 @@ impl Coordinator {
                 its_shards = other.shards,
                 its_map = %other.map,
                 our_shards = self.group.leases.shards(),
-                our_map = %self.group.leases.split().name,
+                our_map = %self.group.leases.split().name(),
                 "another live replica splits namespaces into shards differently (another --shards, --shard-cuts or quota provider: a rollout) and its split holds the shards; taking none until no live replica of it holds one (docs/ha-and-sharding.md, Rollouts)"
             ),
             Gate::OtherSplit {
@@ -700,7 +700,7 @@ impl Coordinator {
                 its_shards = other.shards,
                 its_map = %other.map,
                 our_shards = self.group.leases.shards(),
-                our_map = %self.group.leases.split().name,
+                our_map = %self.group.leases.split().name(),
                 "another live replica splits namespaces into shards differently (another --shards, --shard-cuts or quota provider) and nobody holds a shard: its split comes first and takes them; taking none while it is live (docs/ha-and-sharding.md, Rollouts)"
             ),
             Gate::Contested(other) => debug!(
@@ -780,6 +780,7 @@ impl Coordinator {
             futures::future::join_all(back).await;
             return;
         }
+        let acquired = self.renew_late(acquired).await;
         let mut unkept = Vec::new();
         for (shard, sent, transitions) in acquired {
             if !self.hold(shard, sent, transitions) {
@@ -796,6 +797,38 @@ impl Coordinator {
                 .map(|shard| self.hand_back(&self.electors[*shard as usize]));
             futures::future::join_all(back).await;
         }
+    }
+
+    /// Terms that begin with less than half the renew deadline left (a slow acquire and
+    /// the second list after it) are renewed first, so their first renewal is not
+    /// already late: a write of this replica's own record, a compare-and-swap, safe at
+    /// any time before another replica takes the Lease. Those whose renewal does not go
+    /// through are dropped (not held; their Leases run out).
+    async fn renew_late(&self, acquired: Vec<(u32, Instant, i32)>) -> Vec<(u32, Instant, i32)> {
+        let rd = self.group.timing.renew_deadline;
+        let renewals = acquired.into_iter().map(|(shard, sent, transitions)| {
+            let elector = self.electors[shard as usize].clone();
+            async move {
+                if Instant::now() < sent + rd / 2 {
+                    return Some((shard, sent, transitions));
+                }
+                match timeout(rd, elector.renew()).await {
+                    Ok(Ok(Attempt::Held { sent, transitions })) => Some((shard, sent, transitions)),
+                    other => {
+                        warn!(
+                            shard, lease = %elector.name(),
+                            "lease acquired late in its term and not renewed before holding it ({other:?}); not held, looking again in a retry period"
+                        );
+                        None
+                    }
+                }
+            }
+        });
+        futures::future::join_all(renewals)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// `shard`'s Lease was acquired (renewal sent at `sent`) and kept: it joins the
@@ -843,8 +876,11 @@ impl Coordinator {
     async fn hand_back(&self, elector: &Elector) {
         let lease = elector.name();
         match timeout(self.group.timing.renew_deadline, elector.release()).await {
-            Ok(Ok(_)) => {
+            Ok(Ok(true)) => {
                 info!(lease = %lease, "lease handed back unused, before anything was written in its term")
+            }
+            Ok(Ok(false)) => {
+                info!(lease = %lease, "lease taken and not kept: no longer this replica's, nothing to hand back")
             }
             Ok(Err(e)) => warn!(lease = %lease,
                 "lease: handing it back failed: {}; it expires after the lease duration (this replica does not lead)",

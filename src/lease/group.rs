@@ -21,34 +21,54 @@ pub const LABEL_ROLE: &str = "gpujob.dev/lease-role";
 /// differently under the same names, and one namespace would have two owners.
 pub const LABEL_SHARDS: &str = "gpujob.dev/shards";
 /// On every Lease of the group: how the replica that wrote it maps namespaces to shards
-/// ([`ShardMap::name`]), followed by the settings that change what it does to a GpuJob
-/// ([`Split`]). A Lease with a count and no map was written before the label existed,
-/// by a replica that split by [`UNLABELLED_MAP`].
+/// ([`ShardMap::name`]). A Lease with a count and no map was written before the label
+/// existed, by a replica that split by [`UNLABELLED_MAP`].
 pub const LABEL_SHARD_MAP: &str = "gpujob.dev/shard-map";
+/// On every Lease of the group: the settings of the replica that wrote it that change
+/// what it does to a GpuJob ([`Split`]), `none` without any. A label of its own, not a
+/// part of the map's: Leases written before it existed say nothing about settings, so
+/// upgrading to this release is no change of split.
+pub const LABEL_SETTINGS: &str = "gpujob.dev/settings";
 
-/// How a replica splits namespaces and treats their GpuJobs: its count, and its map's
-/// name followed by `.<setting>` for each setting that changes what it does to a GpuJob
-/// (`quota-http`: it reserves GPU quota and keeps the quota finalizer; a replica
-/// without a provider would strip it). Replicas of two splits never hold shards at the
-/// same time (`modes.rs`), so a rollout that changes a setting pauses nothing twice.
+/// How a replica splits namespaces and treats their GpuJobs: its count, its map, and
+/// the settings that change what it does to a GpuJob, joined by `.` (`quota-http`: it
+/// reserves GPU quota and keeps the quota finalizer; a replica without a provider would
+/// strip it). Replicas of two splits never hold shards at the same time (`modes.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Split {
     pub shards: u32,
-    pub name: String,
+    /// The map's name, as [`LABEL_SHARD_MAP`] states it.
+    pub map: String,
+    /// As [`LABEL_SETTINGS`] states it.
+    pub settings: String,
 }
 
 impl Split {
-    /// The split of `map` with `settings` (none: the map's name alone).
+    /// The split of `map` with `settings` (none: `none`).
     pub fn new(map: &ShardMap, settings: &[String]) -> Split {
-        let mut name = map.name();
-        for s in settings {
-            name.push('.');
-            name.push_str(s);
-        }
         Split {
             shards: map.shards(),
-            name,
+            map: map.name(),
+            settings: if settings.is_empty() {
+                "none".to_owned()
+            } else {
+                settings.join(".")
+            },
         }
+    }
+
+    /// The map's name, followed by `+<settings>` unless there are none: how logs and the
+    /// order of splits (`modes.rs`) name it.
+    pub fn name(&self) -> String {
+        name_of(&self.map, Some(&self.settings))
+    }
+}
+
+/// A split's name from its map and settings (`None`: a Lease that states none).
+fn name_of(map: &str, settings: Option<&str>) -> String {
+    match settings {
+        None | Some("none") => map.to_owned(),
+        Some(s) => format!("{map}+{s}"),
     }
 }
 
@@ -107,7 +127,8 @@ impl ShardLeases {
             (LABEL_GROUP.to_owned(), self.lease_name.clone()),
             (LABEL_ROLE.to_owned(), role.to_owned()),
             (LABEL_SHARDS.to_owned(), self.shards().to_string()),
-            (LABEL_SHARD_MAP.to_owned(), self.split().name),
+            (LABEL_SHARD_MAP.to_owned(), self.split().map),
+            (LABEL_SETTINGS.to_owned(), self.split().settings),
         ])
     }
 }
@@ -118,18 +139,16 @@ impl ShardLeases {
 pub struct OtherSplit {
     pub replica: String,
     pub shards: u32,
+    /// Its split's name ([`Split::name`]): the map, and the settings if any.
     pub map: String,
 }
 
 /// How the writer of a Lease with role `role` splits namespaces, if it splits them
-/// otherwise than `ours` does: its count and map. Leases written before the count label
-/// existed say nothing; one with a count and no map was written by a release that split
-/// by [`UNLABELLED_MAP`].
-pub(super) fn other_split_of<'a>(
-    lease: &'a Lease,
-    role: &str,
-    ours: &Split,
-) -> Option<(u32, &'a str)> {
+/// otherwise than `ours` does: its count and its split's name ([`Split::name`]). Leases
+/// written before the count label existed say nothing; one with a count and no map was
+/// written by a release that split by [`UNLABELLED_MAP`]; one without settings says
+/// nothing about them.
+pub(super) fn other_split_of(lease: &Lease, role: &str, ours: &Split) -> Option<(u32, String)> {
     let labels = lease.metadata.labels.as_ref()?;
     if labels.get(LABEL_ROLE).map(String::as_str) != Some(role) {
         return None;
@@ -138,7 +157,10 @@ pub(super) fn other_split_of<'a>(
     let map = labels
         .get(LABEL_SHARD_MAP)
         .map_or(UNLABELLED_MAP, String::as_str);
-    (shards != ours.shards || map != ours.name).then_some((shards, map))
+    let settings = labels.get(LABEL_SETTINGS).map(String::as_str);
+    let differs =
+        shards != ours.shards || map != ours.map || settings.is_some_and(|s| s != ours.settings);
+    differs.then(|| (shards, name_of(map, settings)))
 }
 
 /// Who holds shard Leases, by split, as one list shows them.
@@ -153,9 +175,10 @@ pub struct SplitsHeld {
 
 /// Who holds the group's shard Leases (a live holder: its record changed within its
 /// lease duration on this replica's clock, `seen` being updated from this list), by
-/// whether they split namespaces like `ours`. A replica whose member heartbeat is stale
-/// or missing but which renews shard Leases still writes, so shard Leases are judged
-/// on their own. Leases written before the count label say nothing.
+/// whether they split namespaces like `ours`. Shard Leases are judged on their own, not
+/// by their holders' heartbeats: a replica steps down when its heartbeat goes stale, but
+/// one of a release before that did not, and a holder's shard Lease is live a little
+/// longer than its heartbeat. Leases written before the count label say nothing.
 pub fn splits_held(
     leases: &[Lease],
     ours: &Split,
@@ -192,7 +215,7 @@ pub fn splits_held(
                     held.other = record.holder().map(|holder| OtherSplit {
                         replica: holder.to_owned(),
                         shards,
-                        map: map.to_owned(),
+                        map,
                     });
                 }
             }
@@ -234,7 +257,7 @@ mod tests {
 
     /// The split `lease`'s writer states, if it is not `ours`.
     fn differs(lease: &Lease, ours: &Split) -> Option<(u32, String)> {
-        other_split_of(lease, "member", ours).map(|(n, m)| (n, m.to_owned()))
+        other_split_of(lease, "member", ours)
     }
 
     #[test]
@@ -309,15 +332,35 @@ mod tests {
         };
         let plain = leases(&[]);
         let quota = leases(&["quota-http"]);
-        assert_eq!(plain.split().name, SHARD_MAP);
-        assert_eq!(quota.split().name, format!("{SHARD_MAP}.quota-http"));
-        assert_eq!(quota.member_labels()[LABEL_SHARD_MAP], quota.split().name);
-        // A member without the quota provider splits otherwise than one with it.
-        let without = member_mapped("b", Some("6"), Some(SHARD_MAP));
+        assert_eq!(plain.split().name(), SHARD_MAP);
+        assert_eq!(quota.split().name(), format!("{SHARD_MAP}+quota-http"));
+        assert_eq!(quota.member_labels()[LABEL_SHARD_MAP], SHARD_MAP);
+        assert_eq!(quota.member_labels()[LABEL_SETTINGS], "quota-http");
+        assert_eq!(plain.member_labels()[LABEL_SETTINGS], "none");
+        let with = |settings: &str| {
+            let mut l = member_mapped("b", Some("6"), Some(SHARD_MAP));
+            l.metadata
+                .labels
+                .as_mut()
+                .unwrap()
+                .insert(LABEL_SETTINGS.to_owned(), settings.to_owned());
+            l
+        };
+        // A member without the quota provider splits otherwise than one with it, both ways.
         assert_eq!(
-            differs(&without, &quota.split()),
+            differs(&with("none"), &quota.split()),
             Some((6, SHARD_MAP.to_owned()))
         );
-        assert_eq!(differs(&without, &plain.split()), None);
+        assert_eq!(
+            differs(&with("quota-http"), &plain.split()),
+            Some((6, format!("{SHARD_MAP}+quota-http")))
+        );
+        assert_eq!(differs(&with("none"), &plain.split()), None);
+        assert_eq!(differs(&with("quota-http"), &quota.split()), None);
+        // Written before the settings label (an earlier release): says nothing about
+        // settings, so an upgrade with a quota provider is no change of split.
+        let earlier = member_mapped("b", Some("6"), Some(SHARD_MAP));
+        assert_eq!(differs(&earlier, &quota.split()), None);
+        assert_eq!(differs(&earlier, &plain.split()), None);
     }
 }

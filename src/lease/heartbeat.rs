@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{info, warn};
 
+use super::renew::next_try;
 use super::{Attempt, Elector, Ownership, Timing, explain, gained_or_lost, jitter};
 use crate::health::Status;
 
@@ -117,6 +118,7 @@ async fn beat(member: Arc<Elector>, tx: Arc<watch::Sender<Ownership>>, status: A
             },
             None => attempt.await,
         };
+        let through = matches!(result, Ok(Ok(Attempt::Held { .. })));
         match result {
             Ok(Ok(Attempt::Held { sent, .. })) => {
                 held = true;
@@ -140,8 +142,13 @@ async fn beat(member: Arc<Elector>, tx: Arc<watch::Sender<Ownership>>, status: A
                 timing.renew_deadline
             ),
         }
-        let next = Instant::now() + jitter(timing.retry_period);
+        // Paced like a shard's renewals (`renew.rs`): at the latest when half the renew
+        // deadline is left, and a retry period after a failure.
         let stale_at = tx.borrow().heartbeat;
+        let next = match stale_at {
+            Some(at) => next_try(at, !through, &timing),
+            None => Instant::now() + jitter(timing.retry_period),
+        };
         match stale_at.filter(|at| *at < next) {
             // Only this task moves the deadline: stale at `at` for sure.
             Some(at) => {

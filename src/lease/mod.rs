@@ -27,7 +27,9 @@ use crate::metrics::{CONTROLLER, Metrics};
 pub use coordinator::{Params, run};
 pub use elector::{Attempt, Elector};
 pub use gpujob_core::lease::{Observed, Timing};
-pub use group::{LABEL_GROUP, LABEL_ROLE, LABEL_SHARD_MAP, LABEL_SHARDS, ShardLeases, Split};
+pub use group::{
+    LABEL_GROUP, LABEL_ROLE, LABEL_SETTINGS, LABEL_SHARD_MAP, LABEL_SHARDS, ShardLeases, Split,
+};
 pub use modes::ShardedPeer;
 pub use ownership::{InFlight, InFlightGuard, Ownership, Tenure};
 
@@ -74,13 +76,14 @@ fn gained_or_lost(metrics: &Metrics, own: &Ownership) {
     report(metrics, own);
 }
 
-/// /healthz fails when a lease loop stops beating. A look makes at most five calls one
-/// after another (list, single Lease, the takes at once, the second list, member
-/// deletes), each bounded by the renew deadline; drains, releases and the heartbeat run
-/// beside it. So a healthy loop beats at least every five deadlines + a (jittered)
-/// retry period.
+/// /healthz fails when a lease loop stops beating. A look makes at most eight calls one
+/// after another, each bounded by the renew deadline: the list, the single Lease, the
+/// takes (at once), the second list, the renewals of late terms (at once), the
+/// hand-backs (at once), the member deletes, and a wait on an elector a release task
+/// is using. Drains, releases and the heartbeat run beside it. So a healthy loop beats
+/// at least every eight deadlines + a (jittered) retry period.
 fn beat_limit(timing: &Timing) -> Duration {
-    (timing.renew_deadline * 5 + timing.retry_period * 2).max(Duration::from_secs(30))
+    (timing.renew_deadline * 8 + timing.retry_period * 2).max(Duration::from_secs(30))
 }
 
 /// The retry period stretched by up to a fifth (period × [1, 1.2)), so replicas that

@@ -35,9 +35,11 @@
 //! a different object from every shard Lease of N, and the sharded side wins, since a
 //! count is rolled out from 1 to N far more often than back:
 //!
-//! - a sharded replica renews its member Lease, then reads `<lease-name>`, and takes a
-//!   shard only if both happened in the same look and `<lease-name>` is not held by a
-//!   live replica; while it is, the sharded replica gives up every shard it holds;
+//! - a sharded replica takes a shard only in a look that starts with its member
+//!   heartbeat through (renewed within the renew deadline, by its own task:
+//!   `heartbeat.rs`), whose read of `<lease-name>` comes after that renewal and shows it
+//!   not held by a live replica; while it is, the sharded replica gives up every shard
+//!   it holds;
 //! - a `--shards 1` replica lists the group before it campaigns and takes nothing while
 //!   a member or shard Lease is held by a live replica; right after acquiring
 //!   `<lease-name>` it lists again, and hands the Lease back at once, before writing
@@ -295,7 +297,7 @@ impl Sharded {
                 Some((shards, map)) if holder != self.me => self.others.push(OtherSplit {
                     replica: holder.to_owned(),
                     shards,
-                    map: map.to_owned(),
+                    map,
                 }),
                 _ => {
                     live.insert(holder.to_owned());
@@ -384,7 +386,8 @@ impl Sharded {
         if established {
             return None;
         }
-        let mine = (self.split.name.as_str(), self.split.shards);
+        let name = self.split.name();
+        let mine = (name.as_str(), self.split.shards);
         self.others
             .iter()
             .filter(|o| (o.map.as_str(), o.shards) < mine)

@@ -10,9 +10,10 @@ use tracing::{info, warn};
 use super::{Attempt, Elector, Ownership, Timing, explain, gained_or_lost, jitter};
 use crate::health::Status;
 
-/// Renews one held shard every retry period (jittered; sooner when half the renew
-/// deadline is gone) until a renewal is refused or the renew deadline passes without one; then the shard leaves the ownership (its
-/// reconciles stop, its writes are fenced). Ends at once if the term `epoch` is over.
+/// Renews one held shard every retry period (jittered), at the latest when half the
+/// renew deadline is left, until a renewal is refused or the renew deadline passes
+/// without one; then the shard leaves the ownership (its reconciles stop, its writes
+/// are fenced). Ends at once if the term `epoch` is over.
 pub(super) async fn renew(
     elector: Arc<Elector>,
     shard: u32,
@@ -22,6 +23,7 @@ pub(super) async fn renew(
     status: Arc<Status>,
 ) {
     let lease = format!("{}/{}", elector.namespace(), elector.name());
+    let mut failed = false;
     loop {
         let deadline = tx
             .borrow()
@@ -31,14 +33,7 @@ pub(super) async fn renew(
         let Some(deadline) = deadline else {
             return; // given up meanwhile
         };
-        // Every retry period, and at the latest when half the renew deadline is left:
-        // a term that began late in its first renewal's window (a slow acquire and the
-        // second list after it) is renewed at once, not after a retry period it may not
-        // have left.
-        let latest = deadline
-            .checked_sub(timing.renew_deadline / 2)
-            .unwrap_or(deadline);
-        tokio::time::sleep_until((Instant::now() + jitter(timing.retry_period)).min(latest)).await;
+        tokio::time::sleep_until(next_try(deadline, failed, &timing)).await;
         let deadline = tx
             .borrow()
             .tenure(shard)
@@ -50,6 +45,7 @@ pub(super) async fn renew(
         let left = deadline.saturating_duration_since(Instant::now());
         match timeout(left, elector.renew()).await {
             Ok(Ok(Attempt::Held { sent, .. })) => {
+                failed = false;
                 tx.send_modify(|o| {
                     if let Some(t) = o.held.get_mut(&shard).filter(|t| t.epoch == epoch) {
                         t.deadline = Some(sent + timing.renew_deadline);
@@ -64,6 +60,7 @@ pub(super) async fn renew(
                 break;
             }
             Ok(Err(e)) if Instant::now() < deadline => {
+                failed = true;
                 warn!(
                     shard, lease = %lease,
                     "renewing the lease failed: {}; retrying until the renew deadline",
@@ -97,4 +94,20 @@ pub(super) async fn renew(
         );
         gained_or_lost(&status.metrics, &tx.borrow());
     }
+}
+
+/// When to try the next renewal of a term whose deadline is `deadline`: a retry period
+/// (jittered) from now, and after a renewal that went through no later than when half
+/// the renew deadline is left (a term that began late, after a slow acquire and the
+/// second list, is renewed at once); after a failed one, a retry period from now, as
+/// client-go retries, never in a loop.
+pub(super) fn next_try(deadline: Instant, failed: bool, timing: &Timing) -> Instant {
+    let period = Instant::now() + jitter(timing.retry_period);
+    if failed {
+        return period;
+    }
+    let latest = deadline
+        .checked_sub(timing.renew_deadline / 2)
+        .unwrap_or(deadline);
+    period.min(latest)
 }

@@ -151,13 +151,19 @@ async fn rolling_update(tag: &str, from: &[&str], to: &[&str]) {
         })
     };
     let mut new = Vec::new();
+    let mut mixed_from = None;
+    let mut last_stop = Timestamp::now();
     for (step, n) in (4..=6u8).enumerate() {
         let replica = replicas::start_everywhere(&env.cluster, &env.ns, n, to, None);
-        // Ready and waiting: the old split still holds the shards.
+        // Ready (its readiness probe, as shipped, answers) and waiting: the old split
+        // still holds the shards.
+        wait_ready(&replica).await;
         wait_log(&replica, "its split holds the shards").await;
+        mixed_from.get_or_insert_with(Timestamp::now);
         new.push(replica);
         tokio::time::sleep(STEP).await;
         let mut leaving = old.remove(0);
+        last_stop = Timestamp::now();
         leaving.signal(Signal::SIGTERM);
         leaving.wait_exit(Duration::from_secs(30)).await;
         println!(
@@ -184,7 +190,28 @@ async fn rolling_update(tag: &str, from: &[&str], to: &[&str]) {
     .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     feeder.abort();
-    let _ = feeder.await;
+    match feeder.await {
+        Err(e) if e.is_cancelled() => {}
+        other => panic!("the feeder of GpuJobs failed: {other:?}"),
+    }
+    // Every GpuJob created meanwhile runs to the end: those the old replicas had begun
+    // are carried on by the new ones.
+    for ns in &namespaces {
+        let api: Api<GpuJob> = Api::namespaced(env.admin.clone(), ns);
+        devcluster::wait::until(
+            &format!("the GpuJobs of {ns} to succeed"),
+            Duration::from_secs(120),
+            Duration::from_millis(250),
+            || async {
+                let all = api.list(&Default::default()).await.unwrap().items;
+                all.iter()
+                    .all(|g| phase(g) == Some(Phase::Succeeded))
+                    .then_some(())
+            },
+        )
+        .await
+        .unwrap();
+    }
     let events = env.cluster.audit().since(start).unwrap();
     let stalls = stalls(&events);
     let worst = stalls
@@ -195,6 +222,9 @@ async fn rolling_update(tag: &str, from: &[&str], to: &[&str]) {
         "{tag}: {} GpuJobs created during the rollout; longest wait for a first write: {worst:?}",
         stalls.len()
     );
+    // One every 250 ms for three steps of STEP: far more than this, unless the feeder
+    // stalled.
+    assert!(stalls.len() >= 60, "only {} GpuJobs created", stalls.len());
     let mut longest: Vec<_> = stalls
         .iter()
         .filter_map(|(k, s)| Some((s.as_ref()?, k)))
@@ -230,16 +260,61 @@ async fn rolling_update(tag: &str, from: &[&str], to: &[&str]) {
     }
     let two = shards::two_writers(&events, LEASE_DURATION, WORKERS);
     assert!(two.is_empty(), "namespaces with two writers: {two:#?}");
-    // The old split kept working while the new one waited: the old replicas wrote
-    // after the first new replica started.
-    for r in &new {
-        assert!(
-            r.log_text().contains("its split holds the shards"),
-            "{} never waited for the old split",
-            r.identity()
-        );
-    }
+    // The old split kept working while the new one waited: the old replicas wrote after
+    // the first new replica waited, and no new replica wrote before the last old one
+    // was told to stop.
+    let mixed_from = mixed_from.unwrap();
+    let writes = |old: bool| {
+        events
+            .iter()
+            .filter(move |e| {
+                e.is_write()
+                    && e.succeeded()
+                    && matches!(e.resource.as_str(), "gpujobs" | "jobs")
+                    && e.user.starts_with("replica-")
+                    && (e.user.as_str() < "replica-4") == old
+            })
+            .map(|e| (ts(&e.received), e))
+    };
+    let old_writes = writes(true).filter(|(at, _)| *at > mixed_from).count();
+    assert!(
+        old_writes > 0,
+        "the old replicas wrote nothing while the new ones waited"
+    );
+    let early: Vec<String> = writes(false)
+        .filter(|(at, _)| *at < last_stop)
+        .map(|(at, e)| format!("{at} {} {} {}/{}", e.user, e.verb, e.namespace, e.name))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "new replicas wrote beside the old split: {early:#?}"
+    );
     drop((old, new, proxy));
+}
+
+/// Waits until `replica` answers `/readyz` with 200, as the Deployment's readiness probe
+/// asks (its address from its log).
+async fn wait_ready(replica: &Replica) {
+    devcluster::wait::until(
+        &format!("{} to be ready", replica.identity()),
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let log = replica.log_text();
+            let address = log
+                .lines()
+                .find(|l| l.contains("serving /metrics, /healthz and /readyz"))?
+                .rsplit("address=")
+                .next()?
+                .trim()
+                .to_owned();
+            support::prometheus::get_text(&format!("http://{address}/readyz"))
+                .await
+                .ok()
+        },
+    )
+    .await
+    .unwrap();
 }
 
 /// Waits until `replica`'s log contains `text`.
