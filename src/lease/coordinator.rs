@@ -681,7 +681,7 @@ impl Coordinator {
             ),
             Gate::OtherSplit {
                 other,
-                holds: true,
+                holds,
                 say: true,
             } => warn!(
                 replica = %other.replica,
@@ -689,19 +689,12 @@ impl Coordinator {
                 its_map = %other.map,
                 our_shards = self.group.leases.shards(),
                 our_map = %self.group.leases.split().name(),
-                "another live replica splits namespaces into shards differently (another --shards, --shard-cuts or quota provider: a rollout) and its split holds the shards; taking none until no live replica of it holds one (docs/ha-and-sharding.md, Rollouts)"
-            ),
-            Gate::OtherSplit {
-                other,
-                holds: false,
-                say: true,
-            } => warn!(
-                replica = %other.replica,
-                its_shards = other.shards,
-                its_map = %other.map,
-                our_shards = self.group.leases.shards(),
-                our_map = %self.group.leases.split().name(),
-                "another live replica splits namespaces into shards differently (another --shards, --shard-cuts or quota provider) and nobody holds a shard: its split comes first and takes them; taking none while it is live (docs/ha-and-sharding.md, Rollouts)"
+                "another live replica splits namespaces into shards differently (another --shards, --shard-cuts or quota provider: a rollout) and {}; taking none (docs/ha-and-sharding.md, Rollouts)",
+                if *holds {
+                    "its split holds the shards: waiting until no live replica of it holds one"
+                } else {
+                    "nobody holds a shard: its split comes first and takes them, this one waits while it is live"
+                }
             ),
             Gate::Contested(other) => debug!(
                 replica = %other.replica,

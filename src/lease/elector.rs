@@ -177,19 +177,32 @@ impl Elector {
             let labels = lease.metadata.labels.get_or_insert_with(Default::default);
             labels.extend(self.labels.clone());
         }
+        Ok(self
+            .write(&lease, &mut observed)
+            .await?
+            .unwrap_or(Attempt::Lost))
+    }
+
+    /// Replaces the Lease with `lease`, which carries the resourceVersion it was read or
+    /// written at: a compare-and-swap. `None` when someone wrote it since (409) or it was
+    /// deleted (404).
+    async fn write(
+        &self,
+        lease: &Lease,
+        observed: &mut Option<Observed>,
+    ) -> Result<Option<Attempt>, kube::Error> {
         let sent = Instant::now();
-        // A replace carries the resourceVersion it read: a compare-and-swap.
         match self
             .api
-            .replace(&self.name, &PostParams::default(), &lease)
+            .replace(&self.name, &PostParams::default(), lease)
             .await
         {
             Ok(updated) => {
                 *observed = Some(decide::observed(&updated, sent.into_std()));
                 self.wrote(&updated).await;
-                Ok(held(sent, &updated))
+                Ok(Some(held(sent, &updated)))
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Lost),
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -215,20 +228,7 @@ impl Elector {
             Timestamp::now(),
             false,
         ));
-        let sent = Instant::now();
-        match self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(updated) => {
-                *observed = Some(decide::observed(&updated, sent.into_std()));
-                self.wrote(&updated).await;
-                Ok(Some(held(sent, &updated)))
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.write(&lease, observed).await
     }
 
     /// Gives the Lease up if this replica holds it: empty holder, so a standby takes it

@@ -24,23 +24,20 @@ pub(super) async fn renew(
 ) {
     let lease = format!("{}/{}", elector.namespace(), elector.name());
     let mut failed = false;
+    // The term's deadline; `None` once it was given up.
+    let deadline = || {
+        tx.borrow()
+            .tenure(shard)
+            .filter(|t| t.epoch == epoch)
+            .and_then(|t| t.deadline)
+    };
     loop {
-        let deadline = tx
-            .borrow()
-            .tenure(shard)
-            .filter(|t| t.epoch == epoch)
-            .and_then(|t| t.deadline);
-        let Some(deadline) = deadline else {
-            return; // given up meanwhile
+        let Some(due) = deadline() else {
+            return;
         };
-        tokio::time::sleep_until(next_try(deadline, failed, &timing)).await;
-        let deadline = tx
-            .borrow()
-            .tenure(shard)
-            .filter(|t| t.epoch == epoch)
-            .and_then(|t| t.deadline);
-        let Some(deadline) = deadline else {
-            return; // given up meanwhile
+        tokio::time::sleep_until(next_try(due, failed, &timing)).await;
+        let Some(deadline) = deadline() else {
+            return;
         };
         let left = deadline.saturating_duration_since(Instant::now());
         match timeout(left, elector.renew()).await {
