@@ -202,10 +202,10 @@ pub struct RunArgs {
     /// (default: $POD_NAME, else $HOSTNAME, else "gpujob-operator").
     #[arg(long, env = "GPUJOB_IDENTITY")]
     pub identity: Option<String>,
-    /// Concurrent reconciles. Each waits for the API server's answers, so with
-    /// --api-qps raised far above its default raise this too (about --api-qps / 16).
-    #[arg(long, env = "GPUJOB_WORKERS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub workers: u16,
+    /// Concurrent reconciles (default: --api-qps / 16, at least 4, at most 256). Each
+    /// waits for the API server's answers, so the workers a budget needs grow with it.
+    #[arg(long, env = "GPUJOB_WORKERS", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub workers: Option<u16>,
     /// Wait before the attempt after the first failure; doubles per failure.
     #[arg(long, env = "GPUJOB_RETRY_BACKOFF_BASE", default_value = "10s", value_parser = parse_duration)]
     pub retry_backoff_base: Duration,
@@ -402,6 +402,16 @@ impl RunArgs {
         }
     }
 
+    /// The workers: `--workers`, else enough to spend `--api-qps` (about 16 requests a
+    /// second each, docs/api.md), at least the 4 that spend the default 50.
+    pub fn workers(&self) -> usize {
+        match self.workers {
+            Some(n) => usize::from(n),
+            // 1..=256 for any finite qps above 0 (validated before use).
+            None => (self.api_qps / 16.0).ceil().clamp(4.0, 256.0) as usize,
+        }
+    }
+
     /// The quota provider, checked (an `http` provider needs a URL). Needs the rustls
     /// crypto provider installed.
     pub fn quota(&self) -> Result<Provider, String> {
@@ -568,7 +578,7 @@ impl RunArgs {
         }
         Ok(Settings {
             namespace: self.namespace.clone(),
-            workers: usize::from(self.workers),
+            workers: self.workers(),
             plan: PlanSettings {
                 backoff_base: self.retry_backoff_base,
                 backoff_max: self.retry_backoff_max,
@@ -661,6 +671,24 @@ mod tests {
         assert_eq!(s.plan.backoff_base, Duration::from_secs(10));
         assert!(Cli::try_parse_from(["gpujob-operator", "run", "--workers", "0"]).is_err());
         assert!(s.retry.qps > 0.0);
+    }
+
+    #[test]
+    fn workers_follow_the_api_budget_unless_given() {
+        let workers = |args: &[&str]| {
+            let mut all = vec!["gpujob-operator", "run"];
+            all.extend_from_slice(args);
+            let Command::Run(run) = Cli::try_parse_from(all).unwrap().command else {
+                panic!("run")
+            };
+            run.settings().unwrap().workers
+        };
+        assert_eq!(workers(&[]), 4, "the default 50 qps");
+        assert_eq!(workers(&["--api-qps", "2000"]), 125);
+        assert_eq!(workers(&["--api-qps", "100"]), 7);
+        assert_eq!(workers(&["--api-qps", "5"]), 4, "never below 4");
+        assert_eq!(workers(&["--api-qps", "100000"]), 256, "never above 256");
+        assert_eq!(workers(&["--api-qps", "2000", "--workers", "8"]), 8);
     }
 
     #[test]
