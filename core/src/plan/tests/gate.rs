@@ -40,8 +40,9 @@ fn ungated(mut p: SeenPod) -> SeenPod {
     p
 }
 
-/// What the plan sees: `cached` in the pod cache, `read` from a pod read (if any).
-struct Seen<'a> {
+/// What the plan sees: `cached` in the pod cache, `read` from a pod read (if any), the
+/// reads this reconcile has made and the Nodes they found.
+pub(super) struct Seen<'a> {
     g: &'a GpuJob,
     jobs: &'a [Job],
     cached: Vec<SeenPod>,
@@ -49,10 +50,12 @@ struct Seen<'a> {
     confirmed: bool,
     quota: bool,
     answer: Option<QuotaAnswer>,
+    reads: Reads,
+    nodes: Vec<NodeHealth>,
 }
 
 impl<'a> Seen<'a> {
-    fn new(g: &'a GpuJob, jobs: &'a [Job]) -> Seen<'a> {
+    pub(super) fn new(g: &'a GpuJob, jobs: &'a [Job]) -> Seen<'a> {
         Seen {
             g,
             jobs,
@@ -61,16 +64,36 @@ impl<'a> Seen<'a> {
             confirmed: true,
             quota: false,
             answer: None,
+            reads: Reads::every(),
+            nodes: Vec::new(),
         }
     }
 
-    fn cached(mut self, pods: &[SeenPod]) -> Self {
+    pub(super) fn cached(mut self, pods: &[SeenPod]) -> Self {
         self.cached = pods.to_vec();
         self
     }
 
-    fn read(mut self, pods: &[SeenPod]) -> Self {
+    pub(super) fn read(mut self, pods: &[SeenPod]) -> Self {
         self.read = Some(pods.to_vec());
+        self
+    }
+
+    /// The reads this reconcile has made (default: every one).
+    pub(super) fn reads(mut self, reads: Reads) -> Self {
+        self.reads = reads;
+        self
+    }
+
+    /// Node `name`, as a Node read found it (`None`: not read).
+    pub(super) fn node(mut self, name: &str, state: Option<NodeState>) -> Self {
+        self.nodes = state
+            .into_iter()
+            .map(|state| NodeHealth {
+                name: name.into(),
+                state,
+            })
+            .collect();
         self
     }
 
@@ -85,7 +108,7 @@ impl<'a> Seen<'a> {
         self
     }
 
-    fn plan(&self, now: &str) -> Plan {
+    pub(super) fn plan(&self, now: &str) -> Plan {
         let jobs = seen(self.jobs);
         plan(
             &Observed {
@@ -101,8 +124,8 @@ impl<'a> Seen<'a> {
                 cached_pods: self.cached.iter().collect(),
                 confirmed: self.confirmed,
                 term_start_due: false,
-                reads: Reads::every(),
-                nodes: Vec::new(),
+                reads: self.reads.clone(),
+                nodes: self.nodes.clone(),
                 now: t(now),
             },
             &settings(),

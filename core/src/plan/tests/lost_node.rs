@@ -38,62 +38,17 @@ fn not_ready(status: &str, reason: &str) -> NodeState {
     }
 }
 
-/// What the plan sees.
-struct Seen<'a> {
-    g: &'a GpuJob,
-    jobs: &'a [Job],
-    cached: Vec<SeenPod>,
-    read: Option<Vec<SeenPod>>,
-    reads: Reads,
-    node: Option<NodeState>,
-}
-
-impl Seen<'_> {
-    fn plan(&self) -> Plan {
-        let jobs = seen(self.jobs);
-        plan(
-            &Observed {
-                gpujob: self.g,
-                jobs: jobs.iter().collect(),
-                termination: None,
-                unschedulable: None,
-                queue_wait: None,
-                refused: None,
-                quota_required: false,
-                quota: None,
-                pods: self.read.clone(),
-                cached_pods: self.cached.iter().collect(),
-                confirmed: true,
-                term_start_due: false,
-                reads: self.reads.clone(),
-                nodes: self
-                    .node
-                    .iter()
-                    .map(|state| NodeHealth {
-                        name: NODE.into(),
-                        state: state.clone(),
-                    })
-                    .collect(),
-                now: t(LATER),
-            },
-            &settings(),
-        )
-    }
-}
+use super::gate::Seen;
 
 /// Attempt 2 recorded, its Job made and its pod waiting at the gate; attempt 1's pod,
 /// its Job gone, is `old`. The pod read shows both; the Node read found `node`.
 fn gate_waits(g2: &GpuJob, jobs: &[Job], old: SeenPod, node: Option<NodeState>) -> Plan {
     let pods = vec![old, gated(2)];
-    Seen {
-        g: g2,
-        jobs,
-        cached: pods.clone(),
-        read: Some(pods),
-        reads: Reads::every(),
-        node,
-    }
-    .plan()
+    Seen::new(g2, jobs)
+        .cached(&pods)
+        .read(&pods)
+        .node(NODE, node)
+        .plan(LATER)
 }
 
 fn made(g: &GpuJob, attempt: i32) -> Job {
@@ -116,15 +71,10 @@ fn a_pod_stopping_on_a_node_has_that_node_read_with_the_other_reads() {
     let g2 = running(&g, 2, 1);
     let jobs = [made(&g, 2)];
     let asked = |cached: Vec<SeenPod>, reads: Reads| {
-        let p = Seen {
-            g: &g2,
-            jobs: &jobs,
-            cached,
-            read: None,
-            reads,
-            node: None,
-        }
-        .plan();
+        let p = Seen::new(&g2, &jobs)
+            .cached(&cached)
+            .reads(reads)
+            .plan(LATER);
         p.actions
             .iter()
             .filter_map(|a| match a {
@@ -172,15 +122,10 @@ fn a_pod_stopping_on_a_node_has_that_node_read_with_the_other_reads() {
     if let Some(s) = done.status.as_mut() {
         s.phase = Some(Phase::Succeeded);
     }
-    let p = Seen {
-        g: &done,
-        jobs: &jobs,
-        cached: vec![stopping(placed(1))],
-        read: None,
-        reads: Reads::default(),
-        node: None,
-    }
-    .plan();
+    let p = Seen::new(&done, &jobs)
+        .cached(&[stopping(placed(1))])
+        .reads(Reads::default())
+        .plan(LATER);
     assert!(
         !p.actions
             .iter()
@@ -263,15 +208,10 @@ fn an_old_attempts_job_whose_pod_is_on_a_lost_node_says_so() {
     }
     let jobs = [failed];
     let with = |cached: Vec<SeenPod>, node: Option<NodeState>| {
-        Seen {
-            g: &g,
-            jobs: &jobs,
-            cached,
-            read: None,
-            reads: Reads::every(),
-            node,
-        }
-        .plan()
+        Seen::new(&g, &jobs)
+            .cached(&cached)
+            .node(NODE, node)
+            .plan(LATER)
     };
     let p = with(
         vec![stopping(placed(1))],
