@@ -16,7 +16,7 @@
 //! reconciles are cancelled, its writes fenced), and a task of its own waits until none
 //! of its reconciles runs, then releases the Lease with an empty holder, so another
 //! replica takes it on its next look instead of after a lease duration. The look goes
-//! on meanwhile: a slow drain never holds up the loop, nor /healthz.
+//! on meanwhile: a slow drain does not hold up the loop, nor /healthz.
 //!
 //! What differs between one shard and many is [`Mode`], each behaviour once; the
 //! decisions themselves are pure (`modes.rs`, [`holders`], [`balance::decide`]) and take

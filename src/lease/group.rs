@@ -33,7 +33,7 @@ pub const LABEL_SETTINGS: &str = "gpujob.dev/settings";
 /// How a replica splits namespaces and treats their GpuJobs: its count, its map, and
 /// the settings that change what it does to a GpuJob, joined by `.` (`quota-http`: it
 /// reserves GPU quota and keeps the quota finalizer; a replica without a provider would
-/// strip it). Replicas of two splits never hold shards at the same time (`modes.rs`).
+/// strip it). Replicas of two splits never write one namespace both (`modes.rs`; checked by `tests/integration/rollout.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Split {
     pub shards: u32,

@@ -1,6 +1,6 @@
 //! A sharded replica's member heartbeat, `<lease-name>-member-<identity>`, renewed by a
 //! task of its own every retry period, so a slow look (a list, takes, deletes under a
-//! busy API server) never makes it stale. Others judge a replica gone a lease duration
+//! busy API server) does not delay it. Others judge a replica gone a lease duration
 //! after its heartbeat last changed on their own clocks; so that "the others think I am
 //! gone" implies "I hold nothing", this replica steps down from every shard the moment
 //! its heartbeat has not gone through for a renew deadline (shorter than a lease

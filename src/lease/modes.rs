@@ -95,7 +95,7 @@ pub enum Gate {
     /// holds shards, as for the moment before one of them hands its Lease back: keep
     /// what is held, take nothing more.
     Contested(OtherSplit),
-    /// Sharded: that has lasted longer than a lease duration, which the hand-back never
+    /// Sharded: that has lasted longer than a lease duration, longer than the hand-back
     /// takes: give up every shard held.
     BothHold(OtherSplit),
 }
@@ -1085,7 +1085,7 @@ pub(super) mod tests {
             Gate::Open
         );
         // Kept and renewed beside this replica's for over a lease duration: both hold,
-        // which the protocol never lets happen: give everything up.
+        // which the second list after an acquire is there to prevent: give everything up.
         let t1 = t0 + secs(2);
         assert!(matches!(
             sharded.gate(SingleLease::Missing, &list("3"), true, t1),

@@ -97,7 +97,7 @@ pub(super) async fn renew(
 /// (jittered) from now, and after a renewal that went through no later than when half
 /// the renew deadline is left (a term that began late, after a slow acquire and the
 /// second list, is renewed at once); after a failed one, a retry period from now, as
-/// client-go retries, never in a loop.
+/// client-go retries, not at once.
 pub(super) fn next_try(deadline: Instant, failed: bool, timing: &Timing) -> Instant {
     let period = Instant::now() + jitter(timing.retry_period);
     if failed {
