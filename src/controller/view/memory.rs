@@ -391,17 +391,20 @@ impl WriteMemory {
         pods
     }
 
-    /// A relist of Jobs is complete: the cache holds what the API server has, so what
-    /// is remembered about Jobs (created, deleted, being deleted, gated) goes. Returns the
-    /// GpuJobs it was about, to be looked at again: a Job may have come and gone
-    /// between two lists, with no event the cache could pass on.
-    pub fn jobs_relisted(&self) -> Vec<Key> {
+    /// A relist of Jobs is complete for the GpuJobs for which `part` holds (the relisted
+    /// watch's shards): the cache holds what the API server has for them, so what is
+    /// remembered about their Jobs (created, deleted, being deleted, gated) goes. Other
+    /// shards' watches did not relist, so what is remembered of theirs stays. Returns the
+    /// GpuJobs it was about, to be looked at again: a Job may have come and gone between
+    /// two lists, with no event the cache could pass on.
+    pub fn jobs_relisted(&self, part: impl Fn(&Key) -> bool) -> Vec<Key> {
         let mut keys = Vec::new();
         self.lock().retain(|key, e| {
-            if e.created.is_empty()
-                && e.deleted.is_empty()
-                && e.deleting.is_empty()
-                && e.gated.is_empty()
+            if !part(key)
+                || e.created.is_empty()
+                    && e.deleted.is_empty()
+                    && e.deleting.is_empty()
+                    && e.gated.is_empty()
             {
                 return true;
             }
@@ -705,7 +708,7 @@ mod tests {
         // Or a relist, when the watch missed it.
         m.job_created(&key(), &owner, &seen_job("a-1", "j1"));
         m.job_deleted(&key(), &owner, "a-1".into(), "j1".into(), true);
-        assert_eq!(m.jobs_relisted(), vec![key()]);
+        assert_eq!(m.jobs_relisted(|_| true), vec![key()]);
         assert!(m.jobs(&key(), "u", Vec::new).is_empty());
         assert_eq!(m.entries(), 0);
         // A Job deleted in the background (finished) is gone at once.
@@ -805,7 +808,7 @@ mod tests {
         m.status_written(&key(), "1".into(), Arc::new(gj("2", "u")));
         let other = Key::new("ns", "b");
         m.job_deleted(&other, &gj("1", "v"), "b-1".into(), "k1".into(), true);
-        let mut keys = m.jobs_relisted();
+        let mut keys = m.jobs_relisted(|_| true);
         keys.sort();
         assert_eq!(keys, vec![key(), other.clone()]);
         // Jobs as the relist has them (none), not as remembered.
@@ -815,7 +818,32 @@ mod tests {
         let stale = Arc::new(gj("1", "u"));
         let seen = m.gpujob(&key(), || Some(stale)).unwrap();
         assert_eq!(seen.metadata.resource_version.as_deref(), Some("2"));
-        assert!(m.jobs_relisted().is_empty(), "nothing about Jobs left");
+        assert!(
+            m.jobs_relisted(|_| true).is_empty(),
+            "nothing about Jobs left"
+        );
+    }
+
+    #[test]
+    fn a_relist_of_one_shards_jobs_keeps_what_is_remembered_about_other_shards_jobs() {
+        let m = WriteMemory::default();
+        let here = Key::new("ns-a", "a");
+        let there = Key::new("ns-b", "b");
+        m.job_created(&here, &gj("1", "u"), &seen_job("a-1", "j1"));
+        m.job_created(&there, &gj("1", "v"), &seen_job("b-1", "k1"));
+        assert_eq!(
+            m.jobs_relisted(|k| k.namespace == "ns-a"),
+            vec![here.clone()]
+        );
+        assert!(
+            m.jobs(&here, "u", Vec::new).is_empty(),
+            "as the relist has them"
+        );
+        assert_eq!(
+            names(&m.jobs(&there, "v", Vec::new)),
+            vec!["b-1"],
+            "the other shard's watch did not relist: its created Job still shows"
+        );
     }
 
     #[test]
@@ -835,7 +863,7 @@ mod tests {
             "shown without a second read"
         );
         assert_eq!(
-            m.jobs_relisted(),
+            m.jobs_relisted(|_| true),
             vec![key()],
             "the relist names its GpuJob"
         );
