@@ -1,5 +1,3 @@
-use std::time::Duration;
-
 /// The API call that failed, named in the error and counted by its label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiCall {
@@ -121,7 +119,9 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    #[error("{what} changed since it was read (409 Conflict); re-reading and retrying")]
+    #[error(
+        "{what} changed since it was read (409 Conflict); deciding again from its current version, with backoff"
+    )]
     Conflict { what: String },
     #[error("serialising {what}: {source}")]
     Serialize {
@@ -166,13 +166,13 @@ impl Error {
         }
     }
 
-    /// A conflict is expected under concurrency and resolves as soon as the cache
-    /// catches up: retry soon, without growing the backoff.
-    pub fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Error::Conflict { .. } => Some(Duration::from_millis(200)),
-            _ => None,
-        }
+    /// Expected under concurrency: someone else changed the object. The run that met it
+    /// read a refused GpuJob write's GpuJob again (a Job or pod is read by the next
+    /// plan), so the retry decides from the current version; the retries back off per
+    /// GpuJob all the same, as a writer that keeps changing it would otherwise be
+    /// answered by a loop.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Conflict { .. })
     }
 }
 

@@ -18,7 +18,7 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 use support::harness::Harness;
-use support::{TestEnv, sim_env};
+use support::{TestEnv, phase, sim_env};
 
 /// Moves Job `name`'s resourceVersion (as a pod status change would).
 async fn touch_job(env: &TestEnv, name: &str, n: u32) {
@@ -180,4 +180,56 @@ async fn a_replacement_never_starts_while_the_replaced_attempts_job_remains() {
         "replaced, not failed: {status:?}"
     );
     assert_eq!(jobs_of(&env, &gj).await.len(), 1);
+}
+
+/// A status write refused because the GpuJob changed behind the cache (409) ends with a
+/// read of the GpuJob: the next look plans from the version read and writes, although
+/// the cache still lags (it used to conflict again until the cache caught up).
+#[tokio::test]
+async fn a_status_write_refused_as_changed_reads_the_gpujob_and_the_next_look_writes() {
+    let env = TestEnv::new("precond-gj").await;
+    let mut h = Harness::new(&env, "precond-gj", env.settings()).await;
+    let vars = sim_env(&[("SIM_DURATION_SECONDS", "0.5")]);
+    env.create("gj", json!({"image": "i", "gpus": 1, "env": vars}))
+        .await;
+    h.refresh(&env).await;
+    h.reconcile("gj").await.unwrap();
+    h.release(&env, "gj", "gj-1").await;
+    wait_job(&env, "gj-1", "Complete", |j| {
+        j.is_some_and(|j| matches!(job_state(j), JobState::Complete { .. }))
+    })
+    .await;
+    h.refresh(&env).await;
+    assert_ne!(
+        phase(&fresh(&env, "gj").await),
+        Some(Phase::Succeeded),
+        "not recorded yet"
+    );
+    // Someone else changes the GpuJob; this replica's cache does not see it.
+    env.gpujobs()
+        .patch(
+            "gj",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "a"}}})),
+        )
+        .await
+        .unwrap();
+    let refused = h.reconcile("gj").await;
+    assert!(
+        matches!(refused, Err(Error::Conflict { .. })),
+        "the status write from the cached version is refused, got {refused:?}"
+    );
+    // The cache still lags: the next look writes from the version the refusal read.
+    h.reconcile("gj").await.unwrap();
+    let gj = fresh(&env, "gj").await;
+    assert_eq!(phase(&gj), Some(Phase::Succeeded), "{:?}", gj.status);
+    assert_eq!(
+        gj.metadata
+            .labels
+            .unwrap_or_default()
+            .get("team")
+            .map(String::as_str),
+        Some("a"),
+        "the other writer's change is kept"
+    );
 }

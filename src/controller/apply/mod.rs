@@ -83,8 +83,16 @@ pub async fn execute(
         confirmed: snap.confirmed,
         outcomes: Vec::new(),
         answers: Vec::new(),
+        gpujob_refused: false,
     };
-    let end = ex.run(key, actions, status).await;
+    let mut end = ex.run(key, actions, status).await;
+    if ex.gpujob_refused {
+        // The GpuJob changed since this view of it (409): read it, so that the retry
+        // plans from its current version instead of the same lagging cache.
+        if let Err(read) = ex.confirm(key).await {
+            end = Err(read);
+        }
+    }
     let read_term_start = ex
         .outcomes
         .iter()
@@ -109,6 +117,8 @@ struct Execution<'a> {
     confirmed: bool,
     outcomes: Vec<Outcome>,
     answers: Vec<Answer>,
+    /// A write of the GpuJob was refused because it changed since `gpujob` (409).
+    gpujob_refused: bool,
 }
 
 impl Execution<'_> {
@@ -124,7 +134,8 @@ impl Execution<'_> {
             match action {
                 Action::RecordStatus(status) => self.write_status(status).await?,
                 Action::AddFinalizer => {
-                    let updated = w.set_finalizer(fence, &self.gpujob, true).await?;
+                    let updated = w.set_finalizer(fence, &self.gpujob, true).await;
+                    let updated = self.refused_if_conflict(updated)?;
                     self.written(updated);
                 }
                 Action::RemoveFinalizer(why) => {
@@ -143,7 +154,8 @@ impl Execution<'_> {
                             "deletion allowed without releasing GPU quota (annotation); the reservation is abandoned"
                         ),
                     }
-                    let updated = w.set_finalizer(fence, &self.gpujob, false).await?;
+                    let updated = w.set_finalizer(fence, &self.gpujob, false).await;
+                    let updated = self.refused_if_conflict(updated)?;
                     self.written(updated);
                 }
                 Action::Confirm => {
@@ -242,7 +254,8 @@ impl Execution<'_> {
             .ctx
             .writer
             .patch_status(self.fence, &self.gpujob, status)
-            .await?;
+            .await;
+        let written = self.refused_if_conflict(written)?;
         if status.phase != current.phase {
             let phase = status.phase.map_or("-".to_owned(), |p| format!("{p:?}"));
             info!(
@@ -275,6 +288,15 @@ impl Execution<'_> {
             .writer
             .publish(self.fence, &self.gpujob, &transitions(&current, status));
         Ok(())
+    }
+
+    /// The result of a write of the GpuJob: a conflict is remembered, so the run ends
+    /// with a read of the GpuJob ([`execute`]).
+    fn refused_if_conflict(&mut self, written: Result<GpuJob, Error>) -> Result<GpuJob, Error> {
+        if matches!(written, Err(Error::Conflict { .. })) {
+            self.gpujob_refused = true;
+        }
+        written
     }
 
     /// The next write starts from a GpuJob this run just wrote; the view remembers it.

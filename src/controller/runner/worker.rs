@@ -116,20 +116,20 @@ fn follow_up(ctx: &Context, queue: &Queue<Key>, key: &Key, result: Result<Next, 
             m.reconcile_errors_by_kind
                 .with_label_values(&[e.metric_label()])
                 .inc();
-            match (&e, e.retry_after()) {
+            match &e {
                 // The term may still hold: a renewal sent before the deadline can land
                 // after it (a paused process, a slow answer) and keep the epoch, and then
                 // no hand-over would bring the key back. It looks again shortly; if the
                 // shard went, the worker drops it then (it comes back with the shard).
-                (Error::NotLeader, _) => {
+                Error::NotLeader => {
                     debug!(gpujob = %key, "{e}; looking again in {NOT_LEADER_RECHECK:?}");
                     queue.add_after(key.clone(), NOT_LEADER_RECHECK);
                 }
-                (_, Some(after)) => {
-                    info!(gpujob = %key, "{e}");
-                    queue.add_after(key.clone(), after);
+                e if e.is_conflict() => {
+                    let delay = queue.add_rate_limited(key.clone());
+                    info!(gpujob = %key, "{e}: in {delay:?}");
                 }
-                (_, None) => {
+                _ => {
                     let delay = queue.add_rate_limited(key.clone());
                     error!(gpujob = %key, error = e.metric_label(), "reconcile failed: {e}; retrying in {delay:?}");
                 }
