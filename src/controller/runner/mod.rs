@@ -245,14 +245,14 @@ fn on_scrape(
         }
         let mut per_shard: BTreeMap<u32, i64> = own.held.keys().map(|s| (*s, 0)).collect();
         let mut seen = first_seen.lock().unwrap_or_else(|p| p.into_inner());
-        let snap = ctx.view.with_each_where(
+        let snap = ctx.view.facts_where(
             |ns| own.holds_namespace(ns),
             |each| {
-                let counted = each.inspect(|g| {
-                    let shard = own.shard_of(g.metadata.namespace.as_deref().unwrap_or_default());
-                    if let Some(n) = per_shard.get_mut(&shard) {
+                let counted = each.map(|(ns, facts)| {
+                    if let Some(n) = per_shard.get_mut(&own.shard_of(ns)) {
                         *n += 1;
                     }
+                    facts
                 });
                 domain::snapshot(
                     counted,

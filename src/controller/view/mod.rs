@@ -31,6 +31,7 @@ use kube::runtime::watcher::Event;
 
 use super::{Fence, Key};
 use crate::api::GpuJob;
+use crate::controller::domain::Facts;
 use crate::controller::seen_job::SeenJob;
 use crate::controller::seen_pod::SeenPod;
 use cache::{GpuJobCache, JobIndex, PodIndex, owner_of};
@@ -122,8 +123,8 @@ impl View {
     /// A Job watch event: into the index; what the memory kept about that Job goes.
     /// Returns the GpuJobs to look at because of it: the event's (`touched`; at the end
     /// of a relist, those whose Jobs it changed), and at the end of a relist also every
-    /// GpuJob the memory spoke of (`relisted`: a Job may have come and gone between two
-    /// lists, unseen).
+    /// GpuJob of `part` the memory spoke of (`relisted`: a Job may have come and gone
+    /// between two lists, unseen).
     pub fn job_event(&self, event: &Event<Job>, part: &Scope) -> JobEventKeys {
         let touched = self.jobs.apply(event, part);
         if let Event::Apply(job) | Event::Delete(job) = event
@@ -133,7 +134,7 @@ impl View {
                 .job_seen(&key, job, matches!(event, Event::Delete(_)));
         }
         let relisted = if matches!(event, Event::InitDone) {
-            self.memory.jobs_relisted()
+            self.memory.jobs_relisted(|k| part.contains(&k.namespace))
         } else {
             Vec::new()
         };
@@ -228,14 +229,14 @@ impl View {
         self.gpujobs.keys_where(pick)
     }
 
-    /// Runs `f` over the cached GpuJobs of the namespaces for which `pick` holds
-    /// ([`GpuJobCache::with_each_where`]).
-    pub fn with_each_where<R>(
+    /// Runs `f` over the domain gauges' facts of the cached GpuJobs of the namespaces
+    /// for which `pick` holds ([`GpuJobCache::facts_where`]).
+    pub fn facts_where<R>(
         &self,
         pick: impl Fn(&str) -> bool,
-        f: impl FnOnce(&mut dyn Iterator<Item = GpuJob>) -> R,
+        f: impl FnOnce(&mut dyn Iterator<Item = (&str, Facts)>) -> R,
     ) -> R {
-        self.gpujobs.with_each_where(pick, f)
+        self.gpujobs.facts_where(pick, f)
     }
 
     /// What a reconcile of `key` starts from, in the term `fence`; `None` when the

@@ -1,12 +1,12 @@
 //! The GpuJob cache: every GpuJob the watch delivered, as it was last delivered (without
 //! managedFields and kubectl's last-applied copy: see the watch), each one allocation
-//! ([`record`]): namespace and name, then its JSON compressed by LZ4 against a
+//! ([`record`]): namespace and name, what the domain gauges need of it ([`Facts`], so a
+//! scrape decodes nothing), then its JSON compressed by LZ4 against a
 //! dictionary of typical GpuJobs ([`dictionary`]), decoded when read. A decoded `GpuJob`
 //! is large inline before its strings, maps and conditions, most of them small
 //! allocations of their own; its JSON is smaller, and compresses well: field names,
 //! timestamps' shape and the operator's own messages are in the dictionary. Reads are
-//! per reconcile (one GpuJob) or a pass over all of them (a resync, a hand-over, a
-//! metrics scrape); a decompress costs far less than the JSON decode after it. The
+//! per reconcile (one GpuJob); a decompress costs far less than the JSON decode after it. The
 //! figures: `benches/examples/footprint.rs` and loadtest/REPORT.md.
 
 use std::hash::{BuildHasher, RandomState};
@@ -20,6 +20,7 @@ use tracing::error;
 use super::{Relists, record};
 use crate::api::GpuJob;
 use crate::controller::Key;
+use crate::controller::domain::Facts;
 use crate::controller::view::scope::Scope;
 
 #[derive(Debug)]
@@ -216,20 +217,20 @@ impl GpuJobCache {
             .collect()
     }
 
-    /// Runs `f` over the cached GpuJobs of the namespaces for which `pick` holds, each
-    /// decoded as the iterator reaches it (never all at once: at ten thousand, decoded
-    /// together they were the replica's largest allocation). Watch events wait meanwhile.
-    pub fn with_each_where<R>(
+    /// Runs `f` over the gauges' facts of the cached GpuJobs of the namespaces for which
+    /// `pick` holds, with each one's namespace: kept beside its JSON, so nothing is
+    /// decoded. Watch events wait meanwhile.
+    pub fn facts_where<R>(
         &self,
         pick: impl Fn(&str) -> bool,
-        f: impl FnOnce(&mut dyn Iterator<Item = GpuJob>) -> R,
+        f: impl FnOnce(&mut dyn Iterator<Item = (&str, Facts)>) -> R,
     ) -> R {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         let mut each = inner
             .table
             .iter()
             .filter(|(ns, _, _)| pick(ns))
-            .filter_map(|(ns, name, p)| unpack(ns, name, p).map(Arc::unwrap_or_clone));
+            .filter_map(|(ns, _, tail)| Facts::from_bytes(tail).map(|(facts, _)| (ns, facts)));
         f(&mut each)
     }
 
@@ -253,8 +254,12 @@ fn pack(key: &Key, gj: &GpuJob) -> Option<Box<[u8]>> {
     let packed = serde_json::to_vec(gj)
         .map_err(|e| e.to_string())
         .and_then(|json| {
-            let compressed = lz4_flex::block::compress_prepend_size_with_dict(&json, &DICTIONARY);
-            record::pack([&key.namespace, &key.name], &compressed)
+            let mut tail = Facts::of(gj).to_bytes().to_vec();
+            tail.extend(lz4_flex::block::compress_prepend_size_with_dict(
+                &json,
+                &DICTIONARY,
+            ));
+            record::pack([&key.namespace, &key.name], &tail)
                 .ok_or_else(|| "a name longer than 64 KiB".to_owned())
         });
     match packed {
@@ -268,9 +273,13 @@ fn pack(key: &Key, gj: &GpuJob) -> Option<Box<[u8]>> {
     }
 }
 
-fn unpack(namespace: &str, name: &str, compressed: &[u8]) -> Option<Arc<GpuJob>> {
-    let decoded = lz4_flex::block::decompress_size_prepended_with_dict(compressed, &DICTIONARY)
-        .map_err(|e| e.to_string())
+fn unpack(namespace: &str, name: &str, tail: &[u8]) -> Option<Arc<GpuJob>> {
+    let decoded = Facts::from_bytes(tail)
+        .ok_or_else(|| "a record cut short".to_owned())
+        .and_then(|(_, compressed)| {
+            lz4_flex::block::decompress_size_prepended_with_dict(compressed, &DICTIONARY)
+                .map_err(|e| e.to_string())
+        })
         .and_then(|json| serde_json::from_slice(&json).map_err(|e| e.to_string()));
     match decoded {
         Ok(gj) => Some(Arc::new(gj)),
@@ -412,8 +421,12 @@ mod tests {
         assert_eq!(cache.keys(), vec![Key::new("ns", "c")], "then replaces all");
         assert_eq!(cache.keys_where(|ns| ns == "ns").len(), 1);
         assert!(cache.keys_where(|ns| ns == "other").is_empty());
-        let all: Vec<GpuJob> = cache.with_each_where(|_| true, |each| each.collect());
-        assert_eq!(all, vec![gpujob("c", "4")]);
+        let facts: Vec<(String, Facts)> = cache.facts_where(
+            |_| true,
+            |each| each.map(|(ns, f)| (ns.to_owned(), f)).collect(),
+        );
+        assert_eq!(facts, vec![("ns".to_owned(), Facts::of(&gpujob("c", "4")))]);
+        assert!(cache.facts_where(|ns| ns == "other", |each| each.count()) == 0);
     }
 
     #[test]
