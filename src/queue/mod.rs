@@ -12,6 +12,11 @@
 //! in, first out within each: a burst of ten thousand new GpuJobs in some namespaces does
 //! not make one created meanwhile in another wait behind all of them.
 //!
+//! A third lane holds the first look at the GpuJobs of a shard this replica just gained
+//! ([`Queue::add_first_look`]): they are handed out ahead of the normal lane, and take
+//! turns with the prompt lane while both have keys, so a takeover is not queued behind
+//! the survivor's own backlog, and the survivor's new work still gets every other turn.
+//!
 //! Time is tokio's, so the behaviour is tested on a paused clock.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -106,8 +111,12 @@ impl<K> FairLane<K> {
 
 #[derive(Debug)]
 struct State<K> {
-    /// The prompt lane, handed out first.
+    /// The prompt lane, handed out first (taking turns with `first_look`).
     prompt: FairLane<K>,
+    /// The first looks at a gained shard's GpuJobs, first in, first out.
+    first_look: VecDeque<K>,
+    /// Whether the last key handed out while both lanes had keys was a first look.
+    first_look_last: bool,
     /// The normal lane.
     ready: VecDeque<K>,
     dirty: HashSet<K>,
@@ -165,6 +174,8 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
             metrics,
             state: Arc::new(Mutex::new(State {
                 prompt: FairLane::new(),
+                first_look: VecDeque::new(),
+                first_look_last: false,
                 ready: VecDeque::new(),
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
@@ -203,6 +214,13 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     /// it is queued already (then it keeps its place).
     pub fn add_prompt(&self, key: K) {
         self.add_in(key, Lane::Prompt);
+    }
+
+    /// Queues `key` now for a first look after its shard was gained: ahead of the
+    /// normal lane, taking turns with the prompt lane. A key queued already keeps its
+    /// place.
+    pub fn add_first_look(&self, key: K) {
+        self.add_in(key, Lane::FirstLook);
     }
 
     fn add_in(&self, key: K, lane: Lane) {
@@ -301,7 +319,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 let mut s = self.lock();
                 let now = Instant::now();
                 promote_due(&mut s, now, self.tenant, self.metrics.as_ref());
-                if let Some(key) = s.prompt.pop().or_else(|| s.ready.pop_front()) {
+                if let Some(key) = s.pop() {
                     s.dirty.remove(&key);
                     s.processing.insert(key.clone());
                     s.started_at.insert(key.clone(), now);
@@ -383,6 +401,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         let mut s = self.lock();
         s.shutting_down = true;
         s.prompt.clear();
+        s.first_look.clear();
         s.ready.clear();
         s.dirty.clear();
         s.waiting.clear();
@@ -397,12 +416,30 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lane {
     Prompt,
+    FirstLook,
     Normal,
 }
 
 impl<K> State<K> {
     fn len(&self) -> usize {
-        self.prompt.len + self.ready.len()
+        self.prompt.len + self.first_look.len() + self.ready.len()
+    }
+
+    /// The next key: the prompt and first-look lanes in turns while both have keys,
+    /// then whichever has, then the normal lane.
+    fn pop(&mut self) -> Option<K> {
+        let first_look = match (self.first_look.is_empty(), self.prompt.len == 0) {
+            (true, _) => false,
+            (false, true) => true,
+            (false, false) => {
+                self.first_look_last = !self.first_look_last;
+                self.first_look_last
+            }
+        };
+        if first_look {
+            return self.first_look.pop_front();
+        }
+        self.prompt.pop().or_else(|| self.ready.pop_front())
     }
 }
 
@@ -434,6 +471,7 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
     }
     match lane {
         Lane::Prompt => s.prompt.push(key, tenant),
+        Lane::FirstLook => s.first_look.push_back(key),
         Lane::Normal => s.ready.push_back(key),
     }
     if let Some(m) = metrics {

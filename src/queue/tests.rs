@@ -49,6 +49,34 @@ async fn prompt_keys_go_before_the_backlog() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_gained_shards_first_look_goes_before_the_backlog_and_takes_turns_with_new_work() {
+    let q = queue();
+    for k in ["echo-1", "echo-2"] {
+        q.add(k);
+    }
+    for k in ["new-1", "new-2", "new-3"] {
+        q.add_prompt(k);
+    }
+    for k in ["gained-1", "gained-2"] {
+        q.add_first_look(k);
+    }
+    // A key queued already keeps its place.
+    q.add_first_look("echo-2");
+    assert_eq!(q.len(), 7);
+    let mut order = Vec::new();
+    while let Some(k) = next(&q).await {
+        order.push(k);
+    }
+    assert_eq!(
+        order,
+        vec![
+            "gained-1", "new-1", "gained-2", "new-2", "new-3", "echo-1", "echo-2"
+        ],
+        "first looks and new work take turns; the backlog waits for both"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_prompt_lane_takes_turns_between_tenants() {
     let q = queue().fair_by(|k: &&'static str| k.split('/').next().unwrap_or_default());
     for k in ["a/1", "a/2", "a/3", "b/1", "a/4", "c/1", "b/2"] {
@@ -255,6 +283,7 @@ mod properties {
     enum Op {
         Add(u8),
         AddPrompt(u8),
+        AddFirstLook(u8),
         AddAfter(u8, u16),
         Get,
         Done(u8),
@@ -267,6 +296,7 @@ mod properties {
         prop_oneof![
             3 => (0u8..6).prop_map(Op::Add),
             2 => (0u8..6).prop_map(Op::AddPrompt),
+            1 => (0u8..6).prop_map(Op::AddFirstLook),
             1 => ((0u8..6), (1u16..2000)).prop_map(|(k, ms)| Op::AddAfter(k, ms)),
             4 => Just(Op::Get),
             2 => (0u8..6).prop_map(Op::Done),
@@ -304,6 +334,7 @@ mod properties {
                     match op {
                         Op::Add(k) => { q.add(k); owed.entry(k).or_insert(now); }
                         Op::AddPrompt(k) => { q.add_prompt(k); owed.entry(k).or_insert(now); }
+                        Op::AddFirstLook(k) => { q.add_first_look(k); owed.entry(k).or_insert(now); }
                         Op::AddAfter(k, ms) => {
                             q.add_after(k, Duration::from_millis(u64::from(ms)));
                             owed.entry(k).or_insert(now + Duration::from_millis(u64::from(ms)));

@@ -60,6 +60,11 @@ impl FirstLooks {
         self.lock().remove(&shard);
     }
 
+    /// Has `shard` been gained, and not all of its GpuJobs looked at since?
+    pub fn pending(&self, shard: u32) -> bool {
+        self.lock().contains_key(&shard)
+    }
+
     /// Is `shard` waiting for its GpuJobs to be known?
     pub fn unknown(&self, shard: u32) -> bool {
         self.lock().get(&shard).is_some_and(|p| p.left.is_none())
@@ -147,10 +152,11 @@ mod tests {
     async fn a_warm_shard_is_done_when_its_last_gpujob_is_looked_at() {
         let looks = FirstLooks::default();
         let t0 = Instant::now();
+        assert!(!looks.pending(3));
         looks.gained(3, t0);
-        assert!(looks.unknown(3));
+        assert!(looks.unknown(3) && looks.pending(3));
         assert_eq!(looks.known(3, keys(&["a", "b"]), t0), None);
-        assert!(!looks.unknown(3));
+        assert!(!looks.unknown(3) && looks.pending(3));
         let later = t0 + Duration::from_millis(700);
         assert_eq!(looks.looked(3, &Key::new("ns", "a"), later), None);
         assert_eq!(
@@ -177,6 +183,7 @@ mod tests {
             None,
             "reported once"
         );
+        assert!(!looks.pending(3), "over");
     }
 
     #[tokio::test(start_paused = true)]

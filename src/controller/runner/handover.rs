@@ -2,9 +2,9 @@
 //! latest value, so a shard lost and regained between two looks would seem unchanged;
 //! comparing each shard's epoch (new on every gain) sees it as the two transitions it
 //! is. Losing a shard forgets what this replica wrote there (its successor writes now);
-//! gaining one queues its GpuJobs from the cache (anything may have changed; with sharded
-//! watches the cache has them only once the shard is listed, and then the watches queue
-//! them).
+//! gaining one queues its GpuJobs from the cache in the queue's first-look lane, ahead
+//! of this replica's backlog (anything may have changed; with sharded watches the cache
+//! has them only once the shard is listed, and then the watches queue them so).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -87,7 +87,7 @@ pub(super) async fn run(
                     done.report(&ctx.metrics);
                 }
                 for key in keys {
-                    queue.add(key);
+                    queue.add_first_look(key);
                 }
             }
         }
