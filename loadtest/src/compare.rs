@@ -33,6 +33,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::cluster;
+use crate::running::Budget;
 use crate::plots::{self, Line};
 use crate::replicas::{Replicas, Trace};
 use crate::takeover::{self, Takeover};
@@ -69,6 +70,9 @@ pub struct Plan<'a> {
     pub same_control_plane: bool,
     /// The repository's `deploy/` folder, to set up fresh control planes.
     pub deploy: &'a Path,
+    /// kube-controller-manager's client budget for every phase (`--kcm-api-budget`;
+    /// `None`: devcluster's).
+    pub kcm_budget: Option<Budget>,
 }
 
 /// `floor`, `reference`, `operator` as phases.
@@ -175,6 +179,12 @@ pub async fn run(first: (ControlPlane, Client), plan: &Plan<'_>) -> anyhow::Resu
             }
         }
         eprintln!("phase: {}", who.name());
+        // Before the contender and the first GpuJob, on every control plane; ended
+        // with the phase.
+        let _kcm = match &plan.kcm_budget {
+            Some(budget) => Some(cluster::restart_kcm(&cluster, budget.clone())?),
+            None => None,
+        };
         let figures = phase(&cluster, &admin, plan, who).await?;
         eprintln!(
             "  converged {} GpuJobs in {:.1}s; {:.2} writes per GpuJob",

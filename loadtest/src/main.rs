@@ -133,8 +133,9 @@ struct Args {
     until: String,
     /// Restart the control plane's kube-controller-manager with this client budget,
     /// `QPS/BURST` (its default is 20/30; devcluster starts it with 300/600), before
-    /// the first GpuJob is created. The report states the budget either way.
-    #[arg(long, conflicts_with = "compare", value_parser = running::Budget::parse)]
+    /// the first GpuJob is created (with --compare, on each phase's control plane). The
+    /// report states the budget either way.
+    #[arg(long, value_parser = running::Budget::parse)]
     kcm_api_budget: Option<running::Budget>,
     /// Also write the report to this file (with --compare, its PNG plots go beside it:
     /// `<stem>-converged.png`, `<stem>-operator.png`; without --report, into the replicas'
@@ -225,12 +226,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
             takeover_at: args.takeover_at,
             same_control_plane: args.same_control_plane,
             deploy: &args.deploy,
+            kcm_budget: args.kcm_api_budget.clone(),
+        };
+        let kcm = match &plan.kcm_budget {
+            Some(budget) => budget.clone(),
+            None => cluster::kcm_budget(&cluster)?,
         };
         let figures = compare::run((cluster, admin), &plan).await?;
         let flags = format!(
-            "{} build, {}",
+            "{} build, {}; kube-controller-manager's client budget {} qps / {} burst ({})",
             args.profile,
-            measure::flags(&operator_env())
+            measure::flags(&operator_env()),
+            kcm.qps,
+            kcm.burst,
+            kcm.source
         );
         // Without a place for them, the report still goes out.
         let plots = match plot_place(args.report.as_deref()) {
