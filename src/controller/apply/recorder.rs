@@ -54,11 +54,11 @@ const NOTE_LIMIT: usize = 1000;
 pub const QUEUE_CAPACITY: usize = 1000;
 
 /// One Event to write: as it was when it first happened, and how many identical ones
-/// came while it waited.
+/// came while it waited. Kept small (the GpuJob's reference is built when written):
+/// the state-change lane has no fixed limit.
 #[derive(Debug)]
 struct Pending {
     key: SeriesKey,
-    regarding: ObjectReference,
     namespace: String,
     object: String,
     first: Timestamp,
@@ -75,7 +75,6 @@ impl Pending {
                 reason: n.reason,
                 note: n.note.chars().take(NOTE_LIMIT).collect(),
             },
-            regarding: gj.object_ref(&()),
             namespace: gj.metadata.namespace.clone().unwrap_or_default(),
             object: gj.metadata.name.clone().unwrap_or_default(),
             first: at,
@@ -416,7 +415,14 @@ fn event(p: &Pending, instance: &str) -> Event {
             count: p.count,
             last_observed_time: MicroTime(p.last),
         }),
-        regarding: Some(p.regarding.clone()),
+        regarding: Some(ObjectReference {
+            api_version: Some(GpuJob::api_version(&()).into_owned()),
+            kind: Some(GpuJob::kind(&()).into_owned()),
+            namespace: Some(p.namespace.clone()),
+            name: Some(p.object.clone()),
+            uid: Some(p.key.uid.clone()),
+            ..ObjectReference::default()
+        }),
         reporting_controller: Some(FIELD_MANAGER.to_owned()),
         reporting_instance: Some(instance.to_owned()),
         ..Event::default()
@@ -636,6 +642,13 @@ mod tests {
         let name = e.metadata.name.unwrap_or_default();
         assert_eq!(name, format!("a.{:x}", at(10).as_nanosecond()));
         let regarding = e.regarding.unwrap_or_default();
+        assert_eq!(
+            (
+                regarding.api_version.as_deref(),
+                regarding.namespace.as_deref()
+            ),
+            (Some("gpujob.dev/v1"), Some("team-a"))
+        );
         assert_eq!(
             (
                 regarding.kind.as_deref(),
