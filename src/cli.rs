@@ -343,8 +343,10 @@ pub struct RunArgs {
     #[arg(long, env = "GPUJOB_API_BURST", default_value_t = 100)]
     pub api_burst: u32,
     /// Events written per second, on a budget of their own: Events never take requests
-    /// from reconciles. When Events come faster, they queue (up to 1000) and then new
-    /// ones are dropped (gpujob_events_total{result="dropped"}).
+    /// from reconciles. When Events come faster, state changes (an attempt started or
+    /// ended, the GpuJob finished, ...) queue without a limit and are written first;
+    /// others queue up to 1000, identical ones counted into one, and then new ones are
+    /// dropped (gpujob_events_total{result="dropped"}).
     #[arg(long, env = "GPUJOB_EVENT_QPS", default_value_t = 10.0)]
     pub event_qps: f64,
     /// Events allowed in a burst above --event-qps.

@@ -19,7 +19,7 @@ pub const CONTROLLER: &str = "gpujob";
 /// The reconcile results of `controller_runtime_reconcile_total`.
 pub const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
 /// `gpujob_events_total` results.
-pub const EVENT_RESULTS: [&str; 4] = ["created", "series", "failed", "dropped"];
+pub const EVENT_RESULTS: [&str; 5] = ["created", "series", "aggregated", "failed", "dropped"];
 /// `gpujob_watch_objects_total` resources.
 pub const WATCHED: [&str; 3] = ["gpujobs", "jobs", "pods"];
 /// `gpujob_conversion_requests_total` results: a ConversionReview answered with every
@@ -349,7 +349,7 @@ impl Metrics {
             )?,
             events: counters(
                 "gpujob_events_total",
-                "Events on GpuJobs: created, counted into a recent identical one (series), failed, or dropped because the Event queue was full",
+                "Events on GpuJobs: created, counted into a recent identical one (series), counted into an identical one still queued (aggregated), failed, or dropped because the queue for Events other than state changes was full",
                 &["result"],
             )?,
             watch_objects: counters(
@@ -559,6 +559,7 @@ mod tests {
             "rest_client_requests_total{code=\"409\",method=\"PATCH\"} 0",
             "leader_election_master_status{name=\"gpujob\"} 0",
             "gpujob_events_total{result=\"dropped\"} 0",
+            "gpujob_events_total{result=\"aggregated\"} 0",
             "gpujob_watch_objects_total{resource=\"pods\"} 0",
             "gpujob_watch_foreign_objects_total{resource=\"pods\"} 0",
             "gpujob_cached_objects{resource=\"pods\"} 0",

@@ -23,6 +23,39 @@ pub struct Note {
     pub note: String,
 }
 
+/// The reasons of Events that record a state change of a GpuJob: a run or an attempt
+/// begins or ends (started, failed, disrupted, replaced by a spec change, taken back by
+/// Kueue), the GpuJob is suspended or resumed, or it finishes. One each per transition
+/// recorded in status, so a handful per attempt. Also `QuotaReleaseSkipped`: the last
+/// change of a deleted GpuJob (its finalizer goes without a release), whose Event is the
+/// only record of the abandoned reservation's id.
+///
+/// Left out: waits and their reasons (Queued, Admitted, Unschedulable, BackingOff,
+/// WaitingForLostNode, ServiceNameConflict, SpecChangePending, InvalidSpec, CleanupStuck),
+/// quota steps and the operator's clean-up of strays; the status and conditions say the
+/// same, and `InvalidSpec` also names a spec change that waits while the attempt runs on.
+pub const STATE_CHANGES: [&str; 11] = [
+    "Rerun",
+    "Suspended",
+    "Resumed",
+    "AttemptStarted",
+    "AttemptFailed",
+    "AttemptDisrupted",
+    "SpecChangeApplied",
+    "Evicted",
+    "Succeeded",
+    "Failed",
+    "QuotaReleaseSkipped",
+];
+
+impl Note {
+    /// Whether this Event records a state change of its GpuJob ([`STATE_CHANGES`]): the
+    /// recorder never drops those to make room for others.
+    pub fn records_state_change(&self) -> bool {
+        STATE_CHANGES.contains(&self.reason)
+    }
+}
+
 fn note(kind: Kind, reason: &'static str, note: impl Into<String>) -> Note {
     Note {
         kind,
@@ -337,6 +370,111 @@ mod tests {
 
     fn reasons(n: &[Note]) -> Vec<&'static str> {
         n.iter().map(|n| n.reason).collect()
+    }
+
+    /// Each Event of the change, with whether it records a state change.
+    fn split(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<(&'static str, bool)> {
+        transitions(before, after)
+            .iter()
+            .map(|n| (n.reason, n.records_state_change()))
+            .collect()
+    }
+
+    #[test]
+    fn state_changes_are_runs_attempts_suspensions_and_outcomes_not_waits() {
+        let running = with_cond(
+            GpuJobStatus {
+                attempts: 1,
+                phase: Some(Phase::Running),
+                active_job: Some("t-1".into()),
+                ..Default::default()
+            },
+            READY,
+            ConditionStatus::False,
+            "JobRunning",
+            "",
+        );
+        let mut failed = with_cond(
+            running.clone(),
+            READY,
+            ConditionStatus::False,
+            "BackingOff",
+            "attempt 2 starts at T",
+        );
+        failed.next_attempt_time = Some("2026-11-30T06:00:10Z".parse().unwrap());
+        failed.last_failure = Some(FailureRecord {
+            attempt: 1,
+            time: "2026-11-30T06:00:00Z".parse().unwrap(),
+            exit_code: Some(3),
+            reason: "Error".into(),
+            message: "attempt 1 failed".into(),
+            counted: true,
+            rule: None,
+        });
+        assert_eq!(
+            split(&running, &failed),
+            vec![("AttemptFailed", true), ("BackingOff", false)]
+        );
+        let mut disrupted = failed.clone();
+        if let Some(f) = disrupted.last_failure.as_mut() {
+            f.counted = false;
+        }
+        assert_eq!(split(&running, &disrupted)[0], ("AttemptDisrupted", true));
+        let mut second = running.clone();
+        second.attempts = 2;
+        assert_eq!(split(&failed, &second), vec![("AttemptStarted", true)]);
+
+        let mut done = with_cond(running.clone(), READY, ConditionStatus::True, "Done", "");
+        done.phase = Some(Phase::Succeeded);
+        assert_eq!(split(&running, &done), vec![("Succeeded", true)]);
+        let mut gave_up = with_cond(
+            running.clone(),
+            READY,
+            ConditionStatus::False,
+            "RetriesExhausted",
+            "3 attempts failed",
+        );
+        gave_up.phase = Some(Phase::Failed);
+        assert_eq!(split(&running, &gave_up), vec![("Failed", true)]);
+
+        let suspended = with_cond(running.clone(), SUSPENDED, ConditionStatus::True, "", "");
+        let resumed = with_cond(running.clone(), SUSPENDED, ConditionStatus::False, "", "");
+        assert_eq!(split(&running, &suspended), vec![("Suspended", true)]);
+        assert_eq!(split(&suspended, &resumed), vec![("Resumed", true)]);
+        let mut rerun = running.clone();
+        rerun.run = Some(2);
+        assert_eq!(split(&running, &rerun), vec![("Rerun", true)]);
+        let mut replacing = running.clone();
+        replacing.replacing_attempt = Some(1);
+        assert_eq!(
+            split(&running, &replacing),
+            vec![("SpecChangeApplied", true)]
+        );
+
+        let admitted = with_cond(running.clone(), ADMITTED, ConditionStatus::True, "", "in");
+        let evicted = with_cond(
+            admitted.clone(),
+            ADMITTED,
+            ConditionStatus::False,
+            "Preempted",
+            "by x",
+        );
+        assert_eq!(split(&running, &admitted), vec![("Admitted", false)]);
+        assert_eq!(split(&admitted, &evicted), vec![("Evicted", true)]);
+
+        // Waits and quota steps: the conditions say the same.
+        for (reason, status) in [
+            (QUEUED, READY),
+            (UNSCHEDULABLE, READY),
+            ("InvalidSpec", READY),
+            ("InsufficientQuota", QUOTA_RESERVED),
+        ] {
+            let waiting = with_cond(running.clone(), status, ConditionStatus::False, reason, "m");
+            let said = split(&running, &waiting);
+            assert_eq!(said.len(), 1, "{said:?}");
+            assert!(!said[0].1, "{said:?}");
+        }
+        assert!(!stray_pod_deleted("p", Some(1), Some(2)).records_state_change());
     }
 
     #[test]

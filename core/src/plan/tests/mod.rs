@@ -1093,6 +1093,10 @@ mod quota {
             panic!("publish")
         };
         assert!(note.note.contains("r-1"), "{}", note.note);
+        assert!(
+            note.records_state_change(),
+            "the only record of the abandoned reservation: never dropped"
+        );
         assert_eq!(
             p.actions[1],
             Action::RemoveFinalizer(FinalizerRemoval::ReleaseSkipped)
@@ -2105,6 +2109,10 @@ mod strays {
         assert_eq!(
             (notes[0].kind, notes[0].reason),
             (Kind::Warning, "StrayJobDeleted")
+        );
+        assert!(
+            !notes[0].records_state_change(),
+            "the GpuJob did not change"
         );
         assert!(
             notes[0].note.contains("Job train-1 (attempt 1)")
