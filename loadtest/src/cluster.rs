@@ -120,6 +120,12 @@ pub struct Kcm {
     pub budget: Budget,
 }
 
+impl Kcm {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Kcm {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -32,10 +32,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::cluster;
-use crate::running::Budget;
+use crate::cluster::{self, Kcm};
 use crate::plots::{self, Line};
 use crate::replicas::{Replicas, Trace};
+use crate::running::Budget;
 use crate::takeover::{self, Takeover};
 use crate::trickle::quantile;
 
@@ -147,6 +147,47 @@ pub struct Figures {
     pub machine_cpu: Vec<(&'static str, f64)>,
     /// The API server's requests over the same span (`apiserver_request_total`), by verb.
     pub requests: BTreeMap<String, f64>,
+    /// One replica holding every GpuJob: its RSS against the GpuJobs created so far.
+    pub memory: Option<Slope>,
+}
+
+/// Resident memory against GpuJobs held, by least squares over the samples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slope {
+    pub bytes_per_gpujob: f64,
+    pub samples: usize,
+    /// RSS (KiB) at the first and the last sample.
+    pub first_kib: u64,
+    pub last_kib: u64,
+}
+
+/// The least-squares slope of `rss` (seconds since the start, KiB) against the GpuJobs
+/// created by each sample's time (`created`: seconds since the start, in any order).
+/// `None` with fewer than two samples or no spread in the count.
+pub fn memory_slope(rss: &[(f64, u64)], created: &[f64]) -> Option<Slope> {
+    let mut created = created.to_vec();
+    created.sort_by(f64::total_cmp);
+    let points: Vec<(f64, f64)> = rss
+        .iter()
+        .map(|(t, kib)| {
+            let held = created.partition_point(|c| c <= t) as f64;
+            (held, *kib as f64 * 1024.0)
+        })
+        .collect();
+    let n = points.len() as f64;
+    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    if points.len() < 2 || sxx <= 0.0 {
+        return None;
+    }
+    Some(Slope {
+        bytes_per_gpujob: sxy / sxx,
+        samples: points.len(),
+        first_kib: rss.first()?.1,
+        last_kib: rss.last()?.1,
+    })
 }
 
 /// A plot written for the report: what it shows, the link to it, and how to read it.
@@ -181,11 +222,12 @@ pub async fn run(first: (ControlPlane, Client), plan: &Plan<'_>) -> anyhow::Resu
         eprintln!("phase: {}", who.name());
         // Before the contender and the first GpuJob, on every control plane; ended
         // with the phase.
-        let _kcm = match &plan.kcm_budget {
+        let kcm = match &plan.kcm_budget {
             Some(budget) => Some(cluster::restart_kcm(&cluster, budget.clone())?),
             None => None,
         };
-        let figures = phase(&cluster, &admin, plan, who).await?;
+        let figures = phase(&cluster, &admin, plan, who, kcm.as_ref().map(Kcm::pid)).await?;
+        drop(kcm);
         eprintln!(
             "  converged {} GpuJobs in {:.1}s; {:.2} writes per GpuJob",
             plan.gpujobs,
@@ -213,11 +255,13 @@ impl Drop for Running {
     }
 }
 
+/// `kcm`: the kube-controller-manager the load test started in place of devcluster's.
 async fn phase(
     cluster: &ControlPlane,
     admin: &Client,
     plan: &Plan<'_>,
     who: Contender,
+    kcm: Option<u32>,
 ) -> anyhow::Result<Figures> {
     let mut running = match who {
         Contender::Floor => Running::None,
@@ -254,7 +298,7 @@ async fn phase(
     let observer = tokio::spawn(observe(admin.clone(), converged_at.clone()));
     let audit = cluster.audit();
     let cursor = audit.cursor()?;
-    let cpu_before = machine_cpu(cluster, &running);
+    let cpu_before = machine_cpu(cluster, &running, kcm);
     let requests_before = requests_by_verb(admin).await?;
     let start = Instant::now();
     let sampler = match &running {
@@ -315,7 +359,7 @@ async fn phase(
             (t, cpu)
         })
         .collect();
-    let machine_cpu = machine_cpu(cluster, &running)
+    let machine_cpu = machine_cpu(cluster, &running, kcm)
         .into_iter()
         .zip(&cpu_before)
         .map(|((who, after), (_, before))| (who, after - before))
@@ -370,6 +414,16 @@ async fn phase(
         takeover = Some(take_over(cluster, admin, replicas, plan, None).await?);
     }
     drop(running);
+    let memory = match (plan.replicas, traces.as_slice()) {
+        (1, [(trace, _)]) => {
+            let created: Vec<f64> = created_at
+                .values()
+                .map(|c| c.saturating_duration_since(start).as_secs_f64())
+                .collect();
+            memory_slope(&trace.rss_kib, &created)
+        }
+        _ => None,
+    };
     Ok(Figures {
         who,
         created,
@@ -385,6 +439,7 @@ async fn phase(
         takeover,
         machine_cpu,
         requests,
+        memory,
     })
 }
 
@@ -417,8 +472,13 @@ async fn take_over(
 }
 
 /// CPU seconds so far of each process sharing the machine during a phase, in a fixed
-/// order (0 for one that is not there).
-fn machine_cpu(cluster: &ControlPlane, running: &Running) -> Vec<(&'static str, f64)> {
+/// order (0 for one that is not there). `kcm`: a kube-controller-manager started in
+/// place of devcluster's.
+fn machine_cpu(
+    cluster: &ControlPlane,
+    running: &Running,
+    kcm: Option<u32>,
+) -> Vec<(&'static str, f64)> {
     let pids = &cluster.info().pids;
     let cpu = |pid: Option<u32>| pid.and_then(usage).map_or(0.0, |u| u.1);
     let contender = match running {
@@ -431,7 +491,7 @@ fn machine_cpu(cluster: &ControlPlane, running: &Running) -> Vec<(&'static str, 
         ("etcd", cpu(pids.get("etcd").copied())),
         (
             "kube-controller-manager",
-            cpu(pids.get("kube-controller-manager").copied()),
+            cpu(kcm.or_else(|| pids.get("kube-controller-manager").copied())),
         ),
         ("kwok", cpu(pids.get("kwok").copied())),
         ("load generator", cpu(Some(std::process::id()))),
@@ -814,6 +874,18 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
             );
         }
     }
+    if let Some(m) = all.iter().find_map(|f| f.memory.as_ref()) {
+        let _ = writeln!(
+            r,
+            "\nMemory per GpuJob held (one replica holds them all, its Job and pod included): \
+             {:.0} bytes, the least-squares slope of its RSS against the GpuJobs created by each \
+             of {} samples (RSS {:.0} MiB at the first, {:.0} MiB at the last).",
+            m.bytes_per_gpujob,
+            m.samples,
+            m.first_kib as f64 / 1024.0,
+            m.last_kib as f64 / 1024.0
+        );
+    }
     r.push_str(&machine_report(all, n));
     if let Some(t) = all.iter().find_map(|f| f.takeover.as_ref()) {
         r.push_str(&takeover::report(t));
@@ -863,4 +935,26 @@ fn machine_report(all: &[Figures], n: f64) -> String {
         );
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memory_slope_is_bytes_per_gpujob_held_at_each_sample() {
+        // 10 MiB, then 2 KiB more per GpuJob; one GpuJob created every second.
+        let created: Vec<f64> = (0..100).rev().map(|i| f64::from(i) + 0.5).collect();
+        let rss: Vec<(f64, u64)> = (0..=100u32)
+            .map(|t| (f64::from(t), 10 * 1024 + 2 * u64::from(t)))
+            .collect();
+        let slope = memory_slope(&rss, &created).unwrap();
+        assert!((slope.bytes_per_gpujob - 2048.0).abs() < 1e-6, "{slope:?}");
+        assert_eq!(
+            (slope.samples, slope.first_kib, slope.last_kib),
+            (101, 10240, 10440)
+        );
+        assert_eq!(memory_slope(&rss[..1], &created), None, "one sample");
+        assert_eq!(memory_slope(&rss, &[]), None, "nothing held");
+    }
 }
