@@ -1,6 +1,7 @@
 //! What a scrape of /metrics costs with 10,000 GpuJobs cached: the domain snapshot over
 //! the facts the GpuJob cache keeps beside each GpuJob (nothing decoded) plus the text
-//! encoding. Run: `cargo bench -p gpujob-benches --bench metrics`.
+//! encoding; beside it, decoding every cached GpuJob, which each scrape did before the
+//! facts. Run: `cargo bench -p gpujob-benches --bench metrics`.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -69,5 +70,21 @@ fn scrape(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, scrape);
+/// What every scrape cost before the facts: each cached GpuJob decompressed and decoded.
+fn decode_each(c: &mut Criterion) {
+    let cache = GpuJobCache::default();
+    for g in gpujobs(10_000) {
+        cache.apply(&Event::Apply(g), &Scope::All);
+    }
+    let keys = cache.keys();
+    c.bench_function("decode_each/10k_gpujobs", |b| {
+        b.iter(|| {
+            for k in &keys {
+                black_box(cache.get(k));
+            }
+        })
+    });
+}
+
+criterion_group!(benches, scrape, decode_each);
 criterion_main!(benches);
