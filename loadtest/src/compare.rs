@@ -877,7 +877,7 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
     if let Some(m) = all.iter().find_map(|f| f.memory.as_ref()) {
         let _ = writeln!(
             r,
-            "\nMemory per GpuJob held (one replica holds them all, its Job and pod included): \
+            "\nMemory per GpuJob held (one replica holds them all, with their Jobs, the pods made so far and the Events not yet written): \
              {:.0} bytes, the least-squares slope of its RSS against the GpuJobs created by each \
              of {} samples (RSS {:.0} MiB at the first, {:.0} MiB at the last).",
             m.bytes_per_gpujob,
