@@ -108,8 +108,7 @@ pub fn error_labels() -> impl Iterator<Item = &'static str> {
 /// Why a reconcile did not finish. Each variant has a stable short label for metrics and
 /// logs. Everything here is retried with per-key backoff, except `NotLeader` (the key
 /// looks again after a second: by then its shard's term was renewed, or the shard is
-/// gone and the key comes back with it) and `Conflict` (retried soon without growing
-/// the backoff: [`Error::retry_after`]); invalid specs are not errors (they become a
+/// gone and the key comes back with it); invalid specs are not errors (they become a
 /// condition and wait for a spec change).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -167,10 +166,10 @@ impl Error {
     }
 
     /// Expected under concurrency: someone else changed the object. The run that met it
-    /// read a refused GpuJob write's GpuJob again (a Job or pod is read by the next
+    /// on a write of the GpuJob read the GpuJob again (a Job or pod is read by the next
     /// plan), so the retry decides from the current version; the retries back off per
-    /// GpuJob all the same, as a writer that keeps changing it would otherwise be
-    /// answered by a loop.
+    /// GpuJob all the same (logged as information, not as a failure), as a writer that
+    /// keeps changing it would otherwise be answered by a loop.
     pub fn is_conflict(&self) -> bool {
         matches!(self, Error::Conflict { .. })
     }

@@ -223,8 +223,10 @@ impl Execution<'_> {
                     uid,
                     resource_version,
                 } => {
-                    w.delete_gpujob(fence, &self.gpujob, uid, resource_version)
-                        .await?;
+                    let deleted = w
+                        .delete_gpujob(fence, &self.gpujob, uid, resource_version)
+                        .await;
+                    self.refused_if_conflict(deleted)?;
                     info!("deleted: finished, and its time to live after finishing is over");
                     return Ok(End::Done);
                 }
@@ -292,7 +294,7 @@ impl Execution<'_> {
 
     /// The result of a write of the GpuJob: a conflict is remembered, so the run ends
     /// with a read of the GpuJob ([`execute`]).
-    fn refused_if_conflict(&mut self, written: Result<GpuJob, Error>) -> Result<GpuJob, Error> {
+    fn refused_if_conflict<T>(&mut self, written: Result<T, Error>) -> Result<T, Error> {
         if matches!(written, Err(Error::Conflict { .. })) {
             self.gpujob_refused = true;
         }
