@@ -4,10 +4,10 @@
 //! larger of a per-key exponential backoff (reset by `forget`) and an overall token
 //! bucket (`add_rate_limited`, like client-go's default controller rate limiter).
 //!
-//! Two lanes: keys added with [`Queue::add_prompt`] (new work: a GpuJob never looked at,
-//! an attempt that just finished) are handed out before the others (resyncs, retries,
-//! echoes of the operator's own writes), so new work never waits behind a backlog of
-//! looks that change nothing. The normal lane is first in, first out. The prompt lane
+//! Lanes: keys added with [`Queue::add_prompt`] (new work: a GpuJob never looked at,
+//! an attempt that just finished, a pod newly waiting at the gate) are handed out before
+//! the normal lane (resyncs, retries, echoes of the operator's own writes), so new work
+//! does not wait behind a backlog of looks that change nothing. The normal lane is first in, first out. The prompt lane
 //! takes turns between tenants ([`Queue::fair_by`]: for GpuJobs, their namespace), first
 //! in, first out within each: a burst of ten thousand new GpuJobs in some namespaces does
 //! not make one created meanwhile in another wait behind all of them.
@@ -210,8 +210,8 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.add_in(key, Lane::Normal);
     }
 
-    /// Queues `key` now in the prompt lane, ahead of every key added otherwise, unless
-    /// it is queued already (then it keeps its place).
+    /// Queues `key` now in the prompt lane, ahead of the normal lane and taking turns
+    /// with the first-look lane, unless it is queued already (then it keeps its place).
     pub fn add_prompt(&self, key: K) {
         self.add_in(key, Lane::Prompt);
     }

@@ -35,14 +35,25 @@ struct Intake {
 }
 
 impl Intake {
+    /// A GpuJob to look at again. One of a shard whose first look is not over goes to
+    /// the first-look lane: the list that follows a cold gain names every GpuJob of the
+    /// shard, and a key queued already keeps its place, so queued here in the normal
+    /// lane, the first look would wait behind the backlog after all.
     fn add(&self, key: Key) {
-        if self.own.borrow().holds_namespace(&key.namespace) {
+        let own = self.own.borrow();
+        if !own.holds_namespace(&key.namespace) {
+            return;
+        }
+        if self.looks.pending(own.shard_of(&key.namespace)) {
+            self.queue.add_first_look(key);
+        } else {
             self.queue.add(key);
         }
     }
 
-    /// New work (a GpuJob never looked at, an attempt that just finished): ahead of
-    /// resyncs, retries and the echoes of this replica's own writes.
+    /// New work (a GpuJob never looked at, an attempt that just finished, a pod newly
+    /// waiting at the gate): ahead of resyncs, retries and the echoes of this replica's
+    /// own writes.
     fn add_prompt(&self, key: Key) {
         if self.own.borrow().holds_namespace(&key.namespace) {
             self.queue.add_prompt(key);
@@ -193,10 +204,10 @@ fn abort(tasks: &[JoinHandle<()>]) {
     }
 }
 
-/// How often, at most, the domain gauges are computed again: each time reads (decodes)
-/// every cached GpuJob of the held shards, while scrapers may come every second (the
-/// load test does). A change of the shards held recomputes
-/// at once.
+/// How often, at most, the domain gauges are computed again: each time walks the facts
+/// of every cached GpuJob of the held shards under the cache's lock, while scrapers may
+/// come every second (the load test does). A change of the shards held recomputes at
+/// once.
 const DOMAIN_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Gauges computed at scrape time: queue timings, and the domain view of the GpuJobs of
@@ -291,5 +302,40 @@ async fn resync(ctx: Arc<Context>, intake: Intake) {
         for key in ctx.view.keys() {
             intake.resync(key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::Backoff;
+
+    /// The list that follows a cold gain queues every GpuJob of the shard through `add`:
+    /// until the shard's first look is over they go to the first-look lane, ahead of
+    /// the backlog, and not behind it (a key queued already keeps its place).
+    #[tokio::test(start_paused = true)]
+    async fn a_gained_shards_gpujobs_queue_for_their_first_look_until_it_is_over() {
+        let queue: Queue<Key> = Queue::new(Backoff::default());
+        let (_tx, own) = watch::channel(Ownership::unfenced());
+        let looks = Arc::new(FirstLooks::default());
+        let intake = Intake {
+            queue: queue.clone(),
+            own,
+            looks: looks.clone(),
+        };
+        intake.add(Key::new("ns", "backlog"));
+        looks.gained(0, tokio::time::Instant::now());
+        intake.add(Key::new("ns", "gained"));
+        assert_eq!(queue.get().await, Some(Key::new("ns", "gained")));
+        assert_eq!(queue.get().await, Some(Key::new("ns", "backlog")));
+        // Its first look over, the shard's GpuJobs queue in the normal lane again.
+        let at = tokio::time::Instant::now();
+        let keys = vec![Key::new("ns", "gained")];
+        assert!(looks.known(0, keys, at).is_none());
+        assert!(looks.looked(0, &Key::new("ns", "gained"), at).is_some());
+        intake.add(Key::new("ns", "later"));
+        intake.add_prompt(Key::new("ns", "new"));
+        assert_eq!(queue.get().await, Some(Key::new("ns", "new")));
+        assert_eq!(queue.get().await, Some(Key::new("ns", "later")));
     }
 }

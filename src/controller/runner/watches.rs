@@ -403,9 +403,11 @@ async fn pods(api: Api<Pod>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
     while let Some(event) = events.next().await {
         match event {
             Ok(event) => {
+                // New work: a pod waiting at the gate is an attempt to let go, and one
+                // that can no longer run may free the next attempt.
                 for key in ctx.view.pod_event(&event, &scope) {
                     debug!(gpujob = %key, event = event_name(&event), "pod event");
-                    intake.add(key);
+                    intake.add_prompt(key);
                 }
             }
             Err(e) => warn!(
