@@ -108,11 +108,7 @@ impl Facts {
                 .map(|c| c.last_transition_time)
                 .or(gj.metadata.creation_timestamp.as_ref().map(|t| t.0))
                 .map(Timestamp::as_nanosecond),
-            phase: PHASES
-                .iter()
-                .position(|p| *p == phase_label)
-                .and_then(|i| u8::try_from(i).ok())
-                .unwrap_or(0),
+            phase: phase_index(phase_label),
             waiting,
             flags,
         }
@@ -217,6 +213,15 @@ pub fn snapshot(
     }
     *first_seen = seen_now;
     snap
+}
+
+/// The index of `label` in [`PHASES`], that of `Unknown` for any other.
+fn phase_index(label: &str) -> u8 {
+    let at = |l: &str| PHASES.iter().position(|p| *p == l);
+    at(label)
+        .or_else(|| at("Unknown"))
+        .and_then(|i| u8::try_from(i).ok())
+        .unwrap_or(u8::MAX)
 }
 
 fn phase_label(p: Phase) -> &'static str {

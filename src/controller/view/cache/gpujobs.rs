@@ -36,17 +36,18 @@ struct Inner {
     relists: Relists<Table>,
 }
 
-/// The GpuJobs, each one allocation ([`record`]): namespace and name, then the JSON.
+/// The GpuJobs, each one allocation ([`record`]): namespace and name, then the tail: the
+/// gauges' [`Facts`] and the compressed JSON.
 #[derive(Debug, Default)]
 struct Table {
     records: HashTable<Box<[u8]>>,
     hasher: RandomState,
 }
 
-/// A record's namespace, name and JSON.
+/// A record's namespace, name and tail (facts, then the compressed JSON).
 fn fields(record: &[u8]) -> Option<(&str, &str, &[u8])> {
-    let ([namespace, name], json) = record::unpack(record)?;
-    Some((namespace, name, json))
+    let ([namespace, name], tail) = record::unpack(record)?;
+    Some((namespace, name, tail))
 }
 
 fn key_hash(hasher: &RandomState, namespace: &str, name: &str) -> u64 {
@@ -98,10 +99,10 @@ impl Table {
     fn get(&self, key: &Key) -> Option<&[u8]> {
         let hash = key_hash(&self.hasher, &key.namespace, &key.name);
         let record = self.records.find(hash, |r| is_key(r, key))?;
-        fields(record).map(|(_, _, json)| json)
+        fields(record).map(|(_, _, tail)| tail)
     }
 
-    /// Every GpuJob as (namespace, name, JSON).
+    /// Every GpuJob as (namespace, name, tail).
     fn iter(&self) -> impl Iterator<Item = (&str, &str, &[u8])> {
         self.records.iter().filter_map(|r| fields(r))
     }
@@ -112,7 +113,7 @@ impl Table {
 fn differing(old: &Table, new: &Table, part: &Scope) -> Vec<Key> {
     let mut keys: Vec<Key> = new
         .iter()
-        .filter(|(ns, name, json)| old.get(&Key::new(ns, name)) != Some(*json))
+        .filter(|(ns, name, tail)| old.get(&Key::new(ns, name)) != Some(*tail))
         .map(|(ns, name, _)| Key::new(ns, name))
         .collect();
     keys.extend(
