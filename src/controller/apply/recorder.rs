@@ -5,14 +5,17 @@
 //!
 //! Two lanes, and the writer always takes the first before the second:
 //! - **State changes** ([`Note::records_state_change`]: an attempt started, failed or
-//!   disrupted, evicted, the GpuJob succeeded or failed, …) are never dropped. Their lane
+//!   disrupted, evicted, the GpuJob succeeded or failed, …) are never dropped to make
+//!   room. Their lane
 //!   has no fixed limit; what bounds it is where they come from: one entry per state
 //!   change not yet written, each published only after the status write that recorded
 //!   it went through (on `--api-qps`; or, for `QuotaReleaseSkipped`, once per deleted
 //!   GpuJob), a handful per attempt. The writer takes one off every time, whether its
 //!   write succeeds or fails, so the lane holds a burst's state changes beyond what
-//!   `--event-qps` has written meanwhile (a few hundred bytes each): late, not lost. A
-//!   lane longer than [`QUEUE_CAPACITY`] is logged, once per episode.
+//!   `--event-qps` has written meanwhile (a few hundred bytes each): late. One is lost
+//!   only when its write fails (counted `failed`) or the process ends before it is
+//!   written (the lane is in memory). A lane longer than [`QUEUE_CAPACITY`] is logged,
+//!   once per episode.
 //! - **Other Events** wait in a lane of [`QUEUE_CAPACITY`]. One identical to an Event
 //!   still waiting there (same GpuJob, type, reason and note) takes no slot: the waiting
 //!   one's count grows and its last time moves (`gpujob_events_total{result="aggregated"}`),
