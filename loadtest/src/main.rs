@@ -135,7 +135,7 @@ struct Args {
     /// `QPS/BURST` (its default is 20/30; devcluster starts it with 300/600), before
     /// the first GpuJob is created (with --compare, on each phase's control plane). The
     /// report states the budget either way.
-    #[arg(long, value_parser = running::Budget::parse)]
+    #[arg(long, conflicts_with = "same_control_plane", value_parser = running::Budget::parse)]
     kcm_api_budget: Option<running::Budget>,
     /// Also write the report to this file (with --compare, its PNG plots go beside it:
     /// `<stem>-converged.png`, `<stem>-operator.png`; without --report, into the replicas'
