@@ -382,18 +382,7 @@ mod tests {
 
     #[test]
     fn state_changes_are_runs_attempts_suspensions_and_outcomes_not_waits() {
-        let running = with_cond(
-            GpuJobStatus {
-                attempts: 1,
-                phase: Some(Phase::Running),
-                active_job: Some("t-1".into()),
-                ..Default::default()
-            },
-            READY,
-            ConditionStatus::False,
-            "JobRunning",
-            "",
-        );
+        let running = first_attempt_running();
         let mut failed = with_cond(
             running.clone(),
             READY,
@@ -528,9 +517,9 @@ mod tests {
         assert!(transitions(&s, &s).is_empty());
     }
 
-    #[test]
-    fn a_failed_attempt_then_backoff_then_the_next_attempt() {
-        let running = with_cond(
+    /// Attempt 1 (Job t-1) runs.
+    fn first_attempt_running() -> GpuJobStatus {
+        with_cond(
             GpuJobStatus {
                 attempts: 1,
                 phase: Some(Phase::Running),
@@ -541,7 +530,12 @@ mod tests {
             ConditionStatus::False,
             "JobRunning",
             "",
-        );
+        )
+    }
+
+    #[test]
+    fn a_failed_attempt_then_backoff_then_the_next_attempt() {
+        let running = first_attempt_running();
         let mut backing = with_cond(
             running.clone(),
             READY,
