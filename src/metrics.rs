@@ -20,6 +20,8 @@ pub const CONTROLLER: &str = "gpujob";
 pub const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
 /// `gpujob_events_total` results.
 pub const EVENT_RESULTS: [&str; 5] = ["created", "series", "aggregated", "failed", "dropped"];
+/// `gpujob_events_queued` lanes.
+pub const EVENT_LANES: [&str; 2] = ["state_change", "other"];
 /// `gpujob_watch_objects_total` resources.
 pub const WATCHED: [&str; 3] = ["gpujobs", "jobs", "pods"];
 /// `gpujob_conversion_requests_total` results: a ConversionReview answered with every
@@ -79,6 +81,8 @@ pub struct Metrics {
     pub quota_refusals: IntCounter,
     pub cleanup_stuck: IntGauge,
     pub events: IntCounterVec,
+    /// Events waiting to be written, by lane (`state_change`, `other`), set at scrape.
+    pub events_queued: IntGaugeVec,
     /// Objects the watches delivered (list pages and watch events), by resource.
     pub watch_objects: IntCounterVec,
     pub watch_foreign: IntCounterVec,
@@ -352,6 +356,13 @@ impl Metrics {
                 "Events on GpuJobs: created, counted into a recent identical one (series), counted into an identical one still queued (aggregated), failed, or dropped because the queue for Events other than state changes was full",
                 &["result"],
             )?,
+            events_queued: IntGaugeVec::new(
+                Opts::new(
+                    "gpujob_events_queued",
+                    "Events waiting to be written, by lane: state_change (never dropped to make room, no fixed limit) and other (at most 1000)",
+                ),
+                &["lane"],
+            )?,
             watch_objects: counters(
                 "gpujob_watch_objects_total",
                 "Objects this replica's watches received, listed or changed or deleted, by resource (gpujobs, jobs, pods): what the API server sent it, owned shard or not",
@@ -451,6 +462,7 @@ impl Metrics {
             Box::new(self.quota_refusals.clone()),
             Box::new(self.cleanup_stuck.clone()),
             Box::new(self.events.clone()),
+            Box::new(self.events_queued.clone()),
             Box::new(self.watch_objects.clone()),
             Box::new(self.watch_foreign.clone()),
             Box::new(self.sharded_watch.clone()),
@@ -516,6 +528,9 @@ impl Metrics {
         for result in EVENT_RESULTS {
             self.events.with_label_values(&[result]);
         }
+        for lane in EVENT_LANES {
+            self.events_queued.with_label_values(&[lane]);
+        }
         for resource in WATCHED {
             self.watch_objects.with_label_values(&[resource]);
             self.watch_foreign.with_label_values(&[resource]);
@@ -560,6 +575,7 @@ mod tests {
             "leader_election_master_status{name=\"gpujob\"} 0",
             "gpujob_events_total{result=\"dropped\"} 0",
             "gpujob_events_total{result=\"aggregated\"} 0",
+            "gpujob_events_queued{lane=\"state_change\"} 0",
             "gpujob_watch_objects_total{resource=\"pods\"} 0",
             "gpujob_watch_foreign_objects_total{resource=\"pods\"} 0",
             "gpujob_cached_objects{resource=\"pods\"} 0",

@@ -291,6 +291,12 @@ impl Recorder {
     /// Queues the Event, or counts it into an identical one still waiting; `false` when
     /// it was dropped (it is not a state change and the lane is full, or the writer is
     /// gone at shutdown).
+    /// Events waiting to be written: (state changes, others).
+    pub fn queued(&self) -> (usize, usize) {
+        let lanes = self.queue.lanes();
+        (lanes.state.len(), lanes.other.len())
+    }
+
     pub fn publish(&self, gj: &GpuJob, n: &Note) -> bool {
         self.publish_at(gj, n, Timestamp::now())
     }
@@ -536,6 +542,7 @@ mod tests {
         assert_eq!(kept, [[true; 3].as_slice(), &[false; 7]].concat());
         assert_eq!(counts.with_label_values(&["dropped"]).get(), 7);
         assert_eq!(counts.with_label_values(&["aggregated"]).get(), 0);
+        assert_eq!(recorder.queued(), (5, 3), "what the lanes' gauge shows");
         assert!(
             recorder.behind.load(Ordering::Relaxed),
             "five state changes wait, more than the other lane holds: said"

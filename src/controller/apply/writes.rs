@@ -110,6 +110,11 @@ impl Writer {
         }
     }
 
+    /// Events waiting to be written: (state changes, others).
+    pub fn events_queued(&self) -> (usize, usize) {
+        self.recorder.queued()
+    }
+
     pub fn quota_enabled(&self) -> bool {
         self.quota.enabled()
     }

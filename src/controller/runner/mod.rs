@@ -226,6 +226,13 @@ fn on_scrape(
     let computed = std::sync::Mutex::new(None::<(tokio::time::Instant, BTreeMap<u32, u64>)>);
     status.on_scrape(move || {
         queue.update_gauges();
+        let (state_changes, others) = ctx.writer.events_queued();
+        for (lane, n) in [("state_change", state_changes), ("other", others)] {
+            ctx.metrics
+                .events_queued
+                .with_label_values(&[lane])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
         let (gpujobs, jobs, pods) = ctx.view.cached();
         for (resource, n) in [("gpujobs", gpujobs), ("jobs", jobs), ("pods", pods)] {
             ctx.metrics
