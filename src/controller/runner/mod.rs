@@ -60,14 +60,6 @@ impl Intake {
         }
     }
 
-    /// The first look at a GpuJob of a shard just gained: ahead of this replica's
-    /// backlog, taking turns with its new work.
-    fn add_first_look(&self, key: Key) {
-        if self.own.borrow().holds_namespace(&key.namespace) {
-            self.queue.add_first_look(key);
-        }
-    }
-
     fn resync(&self, key: Key) {
         if self.own.borrow().holds_namespace(&key.namespace) {
             self.queue.add_unless_backing_off(key);

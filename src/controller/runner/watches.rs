@@ -419,18 +419,13 @@ async fn pods(api: Api<Pod>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
 }
 
 /// Both caches cover the shards of `new` for the first time: every GpuJob of them is
-/// queued (in the first-look lane for a shard whose first look is not over), and a shard
-/// gained cold learns which GpuJobs it has to look at.
+/// queued (in the first-look lane for a shard whose first look is not over: `Intake::add`),
+/// and a shard gained cold learns which GpuJobs it has to look at.
 fn newly_covered(ctx: &Context, intake: &Intake, new: &Scope) {
     let own = intake.own.borrow().clone();
     let at = tokio::time::Instant::now();
-    let mut first_look = Vec::new();
     for shard in 0..own.shards() {
-        if !new.contains_shard(shard) || !intake.looks.pending(shard) {
-            continue;
-        }
-        first_look.push(shard);
-        if intake.looks.unknown(shard) {
+        if new.contains_shard(shard) && intake.looks.unknown(shard) {
             let keys = ctx.view.keys_where(|ns| own.shard_of(ns) == shard);
             if let Some(done) = intake.looks.known(shard, keys, at) {
                 done.report(&ctx.metrics);
@@ -438,11 +433,7 @@ fn newly_covered(ctx: &Context, intake: &Intake, new: &Scope) {
         }
     }
     for key in ctx.view.keys_where(|ns| new.contains(ns)) {
-        if first_look.contains(&own.shard_of(&key.namespace)) {
-            intake.add_first_look(key);
-        } else {
-            intake.add(key);
-        }
+        intake.add(key);
     }
 }
 
