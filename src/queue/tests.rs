@@ -74,6 +74,11 @@ async fn a_gained_shards_first_look_goes_before_the_backlog_and_takes_turns_with
         ],
         "first looks and new work take turns; the backlog waits for both"
     );
+    // No new work: a first look still goes before the backlog.
+    q.add("echo-3");
+    q.add_first_look("gained-3");
+    assert_eq!(next(&q).await, Some("gained-3"));
+    assert_eq!(next(&q).await, Some("echo-3"));
 }
 
 #[tokio::test(start_paused = true)]
