@@ -27,6 +27,7 @@ pub mod job;
 pub mod lease;
 pub mod plan;
 pub mod quota;
+pub mod recut;
 pub mod rendezvous;
 pub mod seen_job;
 pub mod seen_pod;
