@@ -311,13 +311,20 @@ pub struct RunArgs {
     /// each, balanced across the live replicas. 1: plain leader election.
     #[arg(long, env = "GPUJOB_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub shards: u32,
-    /// Where shards 1..N-1 start in the hash space, `0x…,0x…` (N-1 values, increasing);
-    /// empty: N equal ranges. Namespaces whose names differ only at the end hash close
-    /// together, so equal ranges can put most of them in one shard: `gpujob-operator
-    /// shard-cuts` prints cuts that balance the namespaces there are. Every replica
-    /// must run with the same cuts (docs/ha-and-sharding.md, "Sharding").
+    /// Fixed cuts: where shards 1..N-1 start in the hash space, `0x…,0x…` (N-1 values,
+    /// increasing). Empty: the replicas keep the cuts themselves, balanced by the
+    /// GpuJobs per namespace (namespaces named alike hash close together, so equal
+    /// ranges can put most of them in one shard). `gpujob-operator shard-cuts` prints
+    /// cuts that balance the GpuJobs there are. Every replica must run with the same
+    /// cuts (docs/ha-and-sharding.md, "The kept map").
     #[arg(long, env = "GPUJOB_SHARD_CUTS", default_value = "")]
     pub shard_cuts: String,
+    /// Without --shard-cuts, the replicas keep the cuts balanced by the GpuJobs per
+    /// namespace (docs/ha-and-sharding.md, "The kept map"): the least time between two
+    /// re-cuts, so the map does not follow every burst. 0: this replica never re-cuts
+    /// (the cuts stay where the map Lease has them; it still follows that Lease).
+    #[arg(long, env = "GPUJOB_RECUT_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub recut_interval: Duration,
     /// Where the API server selects objects by shard (docs/ha-and-sharding.md, "Sharded
     /// watches"): also list and watch the shards this replica would take if another
     /// replica went, so a takeover finds them cached. `false`: cache only the shards

@@ -21,4 +21,4 @@ pub mod server;
 pub mod shard_cuts;
 
 // The pure core, where the operator has always had it (`gpujob_operator::api`, ...).
-pub use gpujob_core::{api, backoff, hash, shard};
+pub use gpujob_core::{api, backoff, hash, recut, shard};

@@ -111,6 +111,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             let leases = ShardLeases {
                 lease_name: args.lease_name.clone(),
                 namespace: args.lease_namespace(),
+                kept: args.shards > 1 && args.shard_cuts.trim().is_empty(),
                 map,
                 settings: args.split_settings(),
             };
@@ -121,6 +122,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 timing,
                 tx,
                 in_flight,
+                load: settings.load.clone(),
+                recut_interval: args.recut_interval,
                 status: status.clone(),
             };
             let lease_task = tokio::spawn(lease::run(lease_loop, drained_rx));

@@ -19,7 +19,14 @@ pub const CONTROLLER: &str = "gpujob";
 /// The reconcile results of `controller_runtime_reconcile_total`.
 pub const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
 /// `gpujob_events_total` results.
-pub const EVENT_RESULTS: [&str; 5] = ["created", "series", "aggregated", "failed", "dropped"];
+pub const EVENT_RESULTS: [&str; 6] = [
+    "created",
+    "series",
+    "aggregated",
+    "failed",
+    "dropped",
+    "fenced",
+];
 /// `gpujob_events_queued` lanes.
 pub const EVENT_LANES: [&str; 2] = ["state_change", "other"];
 /// `gpujob_watch_objects_total` resources.
@@ -69,6 +76,14 @@ pub struct Metrics {
     pub replica_idle: Gauge,
     pub lease_duration: Gauge,
     pub gpujobs_per_shard: IntGaugeVec,
+    /// Namespaces with GpuJobs in each shard held.
+    pub namespaces_per_shard: IntGaugeVec,
+    /// The kept shard map's version this replica acts under (0: equal ranges).
+    pub shard_map_version: IntGauge,
+    /// Re-cuts this replica wrote as the map's keeper.
+    pub shard_recuts: IntCounter,
+    /// From a re-cut's write to every shard held under it, seen by its keeper.
+    pub shard_recut: Histogram,
     pub gpujobs: IntGaugeVec,
     pub waiting: IntGaugeVec,
     pub unconverged: IntGauge,
@@ -305,6 +320,26 @@ impl Metrics {
                 ),
                 &["shard"],
             )?,
+            namespaces_per_shard: IntGaugeVec::new(
+                Opts::new(
+                    "gpujob_namespaces_per_shard",
+                    "Namespaces with GpuJobs in each shard this replica holds (0 for shards it does not hold)",
+                ),
+                &["shard"],
+            )?,
+            shard_map_version: gauge(
+                "gpujob_shard_map_version",
+                "Version of the shard map this replica acts under (0: equal ranges, before any re-cut; always 0 with --shard-cuts)",
+            )?,
+            shard_recuts: counter(
+                "gpujob_shard_recuts_total",
+                "Re-cuts of the shard map this replica wrote as its keeper (the holder of shard 0)",
+            )?,
+            shard_recut: Histogram::with_opts(histogram(
+                "gpujob_shard_recut_seconds",
+                "Seconds from a re-cut's write to the first look of its keeper that saw every shard held under the new map",
+                exp_buckets(0.5, 2.0, 12),
+            ))?,
             gpujobs: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_gpujobs",
@@ -353,7 +388,7 @@ impl Metrics {
             )?,
             events: counters(
                 "gpujob_events_total",
-                "Events on GpuJobs: created, counted into a recent identical one (series), counted into an identical one still queued (aggregated), failed, or dropped because the queue for Events other than state changes was full",
+                "Events on GpuJobs: created, counted into a recent identical one (series), counted into an identical one still queued (aggregated), failed, dropped because the queue for Events other than state changes was full, or fenced (not sent: this replica no longer held the GpuJob's shard when its turn came)",
                 &["result"],
             )?,
             events_queued: IntGaugeVec::new(
@@ -451,6 +486,10 @@ impl Metrics {
             Box::new(self.replica_idle.clone()),
             Box::new(self.lease_duration.clone()),
             Box::new(self.gpujobs_per_shard.clone()),
+            Box::new(self.namespaces_per_shard.clone()),
+            Box::new(self.shard_map_version.clone()),
+            Box::new(self.shard_recuts.clone()),
+            Box::new(self.shard_recut.clone()),
             Box::new(self.gpujobs.clone()),
             Box::new(self.waiting.clone()),
             Box::new(self.unconverged.clone()),
@@ -486,6 +525,7 @@ impl Metrics {
             self.shard_owner.with_label_values(&[s.as_str()]);
             self.shard_unheld.with_label_values(&[s.as_str()]);
             self.gpujobs_per_shard.with_label_values(&[s.as_str()]);
+            self.namespaces_per_shard.with_label_values(&[s.as_str()]);
             self.shard_first_look.with_label_values(&[s.as_str()]);
             self.shard_cached.with_label_values(&[s.as_str()]);
         }

@@ -57,6 +57,19 @@ pub struct Fenced<S> {
 #[error("write refused locally: this replica's lease has lapsed")]
 pub struct LeaseLapsed;
 
+/// Was `e` a write this replica's fence refused before sending it (the object's shard is
+/// no longer held, or the lease lapsed)?
+pub fn fenced(e: &kube::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cause) = source {
+        if cause.downcast_ref::<LeaseLapsed>().is_some() {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
 impl<S, B> Service<Request<Body>> for Fenced<S>
 where
     S: Service<Request<Body>, Response = Response<B>, Error = BoxError>,
@@ -269,8 +282,15 @@ impl<Res> Policy<Request<Body>, Response<Res>, BoxError> for BoundedRetry {
 
 #[cfg(test)]
 mod tests {
-    use super::{BoundedRetry, MAX_RETRIES, namespace_of};
+    use super::{BoundedRetry, LeaseLapsed, MAX_RETRIES, fenced, namespace_of};
     use std::time::Duration;
+
+    #[test]
+    fn a_write_the_fence_refused_is_told_from_other_failures() {
+        assert!(fenced(&kube::Error::Service(Box::new(LeaseLapsed))));
+        let other = kube::Error::Service(Box::new(std::io::Error::other("reset")));
+        assert!(!fenced(&other));
+    }
 
     #[test]
     fn retries_are_bounded_and_never_sooner_than_the_server_says() {

@@ -20,8 +20,8 @@ use tokio::sync::watch;
 use crate::lease::Ownership;
 use crate::metrics::Metrics;
 use crate::ratelimit::TokenBucket;
-pub use layers::LeaseLapsed;
 use layers::{BoundedRetry, FenceLayer, RateLimitLayer};
+pub use layers::{LeaseLapsed, fenced};
 pub use layers::{MAX_RETRIES, MAX_RETRY_AFTER};
 pub use selector::selecting;
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use kube::ResourceExt;
 
 use crate::api::GpuJob;
-use crate::lease::InFlight;
+use crate::lease::{InFlight, Load};
 use crate::metrics::Metrics;
 use crate::queue::Backoff;
 use crate::quota::Provider;
@@ -91,6 +91,8 @@ pub struct Settings {
     pub quota: Provider,
     /// Reconciles running per shard (a shard given up is released once none runs).
     pub in_flight: InFlight,
+    /// GpuJobs per namespace held, counted for the kept shard map (`lease::Load`).
+    pub load: Load,
     /// Server-side timeout of the watches: under the client's read timeout
     /// ([`crate::client::watch_timeout`]), so a quiet watch ends cleanly and is renewed.
     pub watch_timeout: Duration,
@@ -112,6 +114,7 @@ impl Default for Settings {
             identity: "gpujob-operator".to_owned(),
             quota: Provider::None,
             in_flight: InFlight::default(),
+            load: Load::default(),
             watch_timeout: crate::client::watch_timeout(crate::client::Limits::default().timeout),
             warm_shards: true,
         }

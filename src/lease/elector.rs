@@ -30,6 +30,10 @@ pub struct Elector {
     /// Labels a Lease created by this elector carries (so a group of Leases can be
     /// listed in one call).
     labels: std::collections::BTreeMap<String, String>,
+    /// Annotations every acquire and renew writes (the kept shard map's claim, version
+    /// and load: `gpujob_core::recut`); changed by the lease loop between writes.
+    /// `None`: the annotation is removed.
+    annotations: std::sync::Mutex<std::collections::BTreeMap<String, Option<String>>>,
     observed: Mutex<Option<Observed>>,
     /// The last record this elector wrote that the API server confirmed: a renewal
     /// replaces it without reading it first (client-go's fast path: one call, not two,
@@ -63,6 +67,7 @@ impl Elector {
             identity: identity.to_owned(),
             timing,
             labels: Default::default(),
+            annotations: Default::default(),
             observed: Mutex::new(None),
             written: Mutex::new(None),
         }
@@ -72,6 +77,50 @@ impl Elector {
     pub fn with_labels(mut self, labels: std::collections::BTreeMap<String, String>) -> Elector {
         self.labels = labels;
         self
+    }
+
+    /// Sets `values` among the annotations the next acquire or renew writes (the
+    /// others stay).
+    pub fn annotate(&self, values: impl IntoIterator<Item = (String, String)>) {
+        self.annotations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(values.into_iter().map(|(k, v)| (k, Some(v))));
+    }
+
+    /// Removes `key` from the annotations the next acquire or renew writes, and from the
+    /// Lease with them.
+    pub fn unannotate(&self, key: &str) {
+        self.annotations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_owned(), None);
+    }
+
+    /// Writes this elector's labels and annotations into `lease`'s metadata (removing
+    /// those [`Elector::unannotate`] took away).
+    fn stamp(&self, lease: &mut Lease) {
+        if !self.labels.is_empty() {
+            let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+            labels.extend(self.labels.clone());
+        }
+        let annotations = self
+            .annotations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if !annotations.is_empty() {
+            let on = lease
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
+            for (k, v) in annotations {
+                match v {
+                    Some(v) => on.insert(k, v),
+                    None => on.remove(&k),
+                };
+            }
+        }
     }
 
     /// The Lease as this elector last saw it, and when its record last changed.
@@ -127,9 +176,7 @@ impl Elector {
         let Some(mut lease) = current else {
             let mut lease = Lease::default();
             lease.metadata.name = Some(self.name.clone());
-            if !self.labels.is_empty() {
-                lease.metadata.labels = Some(self.labels.clone());
-            }
+            self.stamp(&mut lease);
             if !new_term {
                 // Deleted under us: this term is over.
                 return Ok(Attempt::Lost);
@@ -172,11 +219,9 @@ impl Elector {
             new_term,
         ));
         // The labels say who writes the Lease now (a replica restarted under the same
-        // name with another `--shards` must not go on showing the old count).
-        if !self.labels.is_empty() {
-            let labels = lease.metadata.labels.get_or_insert_with(Default::default);
-            labels.extend(self.labels.clone());
-        }
+        // name with another `--shards` must not go on showing the old count); the
+        // annotations, what it claims.
+        self.stamp(&mut lease);
         Ok(self
             .write(&lease, &mut observed)
             .await?
@@ -228,6 +273,7 @@ impl Elector {
             Timestamp::now(),
             false,
         ));
+        self.stamp(&mut lease);
         self.write(&lease, observed).await
     }
 

@@ -30,6 +30,11 @@ pub const LABEL_SHARD_MAP: &str = "gpujob.dev/shard-map";
 /// upgrading to this release is no change of split.
 pub const LABEL_SETTINGS: &str = "gpujob.dev/settings";
 
+/// The map name Leases state when the replicas keep the cuts (no `--shard-cuts`, more
+/// than one shard): replicas of the same count keep one map between them, so moving a
+/// cut is no change of split.
+pub const KEPT_MAP: &str = "fnv1a64-range-kept";
+
 /// How a replica splits namespaces and treats their GpuJobs: its count, its map, and
 /// the settings that change what it does to a GpuJob, joined by `.` (`quota-http`: it
 /// reserves GPU quota and keeps the quota finalizer; a replica without a provider would
@@ -80,6 +85,10 @@ pub struct ShardLeases {
     pub map: Arc<ShardMap>,
     /// What this replica does to a GpuJob beyond the map, as [`Split`] names it.
     pub settings: Vec<String>,
+    /// The replicas keep the map (`gpujob_core::recut`): `map` is where it starts, and
+    /// the map Lease ([`ShardLeases::map_lease`]) says where it is now. `false` with
+    /// `--shard-cuts` (fixed) and with one shard.
+    pub kept: bool,
 }
 
 impl ShardLeases {
@@ -87,9 +96,29 @@ impl ShardLeases {
         self.map.shards()
     }
 
-    /// This replica's split, as its Leases state it.
+    /// This replica's split, as its Leases state it: a kept map is named
+    /// [`KEPT_MAP`] whatever its cuts (they move without a rollout).
     pub fn split(&self) -> Split {
-        Split::new(&self.map, &self.settings)
+        let mut split = Split::new(&self.map, &self.settings);
+        if self.kept {
+            KEPT_MAP.clone_into(&mut split.map);
+        }
+        split
+    }
+
+    /// The Lease that holds the kept map's cuts and version (never held by anyone).
+    pub fn map_lease(&self) -> String {
+        format!("{}-shard-map", self.lease_name)
+    }
+
+    /// The map Lease's labels: in the group (one list reads it with the others), role
+    /// `shard-map` (not a member or a shard to any release).
+    pub fn map_labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (LABEL_GROUP.to_owned(), self.lease_name.clone()),
+            (LABEL_ROLE.to_owned(), "shard-map".to_owned()),
+            (LABEL_SHARDS.to_owned(), self.shards().to_string()),
+        ])
     }
 
     /// Whether this is `--shards 1`: one shard, guarded by the Lease users know by the
@@ -311,6 +340,7 @@ mod tests {
             namespace: "ns".to_owned(),
             map: Arc::new(ShardMap::even(shards)),
             settings: Vec::new(),
+            kept: false,
         };
         assert_eq!(leases(1).shard(0), "op");
         assert_eq!(leases(6).shard(0), "op-shard-0");
@@ -325,6 +355,7 @@ mod tests {
     fn a_setting_that_changes_what_a_replica_does_is_part_of_its_split() {
         let map = Arc::new(ShardMap::even(6));
         let leases = |settings: &[&str]| ShardLeases {
+            kept: false,
             lease_name: "op".to_owned(),
             namespace: "ns".to_owned(),
             map: map.clone(),

@@ -5,7 +5,7 @@
 //! tenure: the local lease deadline (the monotonic time the last successful renewal was
 //! sent, plus the renew deadline; no write starts after it), an epoch that changes on
 //! every gain, and the term's name for logs (quota calls are fenced per GpuJob instead:
-//! `quota::fencing_token`). One lease loop serves every `--shards` (`coordinator.rs`;
+//! `quota::fencing_token`). One lease loop serves every `--shards` (`coordinator/`;
 //! which shards to hold is `balance.rs`; each held shard is renewed by `renew.rs`): with
 //! one shard it is plain leader election on the Lease `<lease-name>`. The Leases' names
 //! and labels are `group.rs`; how replicas with different counts exclude each other
@@ -15,6 +15,8 @@ mod coordinator;
 mod elector;
 mod group;
 mod heartbeat;
+mod kept;
+mod load;
 mod modes;
 mod ownership;
 mod renew;
@@ -28,8 +30,10 @@ pub use coordinator::{Params, run};
 pub use elector::{Attempt, Elector};
 pub use gpujob_core::lease::{Observed, Timing};
 pub use group::{
-    LABEL_GROUP, LABEL_ROLE, LABEL_SETTINGS, LABEL_SHARD_MAP, LABEL_SHARDS, ShardLeases, Split,
+    KEPT_MAP, LABEL_GROUP, LABEL_ROLE, LABEL_SETTINGS, LABEL_SHARD_MAP, LABEL_SHARDS, ShardLeases,
+    Split,
 };
+pub use load::Load;
 pub use modes::ShardedPeer;
 pub use ownership::{InFlight, InFlightGuard, Ownership, Tenure};
 

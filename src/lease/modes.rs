@@ -1,7 +1,7 @@
 //! Replicas that split namespaces differently never write one namespace both, and a
 //! rolling update that changes `--shards`, `--shard-cuts` or a setting that changes what
 //! a replica does to a GpuJob (the quota provider: [`Split`]) keeps the established
-//! replicas working. Every replica runs the same lease loop (`coordinator.rs`); what
+//! replicas working. Every replica runs the same lease loop (`coordinator/`); what
 //! differs is which Leases it reads.
 //!
 //! **Between two splits of N, M > 1 shards.** Shard i of one split and shard i of
@@ -57,7 +57,7 @@
 //! first time counts as just changed).
 //!
 //! The two sides' decisions are [`Single`] and [`Sharded`] here: pure, fed with what a
-//! look read and the instant it read it; the lease loop (`coordinator.rs`) does the
+//! look read and the instant it read it; the lease loop (`coordinator/`) does the
 //! reads and writes around them.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -93,15 +93,15 @@ async fn writes_echoed_out_of_order_cost_no_second_patch_and_no_conflict() {
 }
 
 /// Waits until `n` Events have left the harness' Event queue (written, counted into a
-/// series, failed or dropped) or were counted into an identical one that has: each
-/// published Event counts once under one of these results.
+/// series, failed, dropped or fenced) or were counted into an identical one that has:
+/// each published Event counts once under one of these results.
 async fn settled(h: &Harness, n: u64) {
     wait::until(
         "the first reconcile's Events to be written",
         Duration::from_secs(30),
         Duration::from_millis(20),
         || async {
-            let done: u64 = ["created", "series", "aggregated", "failed", "dropped"]
+            let done: u64 = gpujob_operator::metrics::EVENT_RESULTS
                 .iter()
                 .map(|r| h.ctx.metrics.events.with_label_values(&[r]).get())
                 .sum();

@@ -32,6 +32,7 @@ mod quota;
 mod quota_fencing;
 mod quota_http;
 mod reconcile;
+mod recut;
 mod rollout;
 mod scheduling;
 mod sharded_watch;

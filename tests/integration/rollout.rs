@@ -11,7 +11,6 @@
 
 use crate::support;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use devcluster::Identity;
@@ -63,41 +62,6 @@ async fn create(admin: &Client, ns: &str, name: &str) {
     }))
     .unwrap();
     api.create(&PostParams::default(), &gj).await.unwrap();
-}
-
-/// For every GpuJob the test created, from the audit log: how long after its create a
-/// replica first wrote it or its first Job (`None`: never).
-fn stalls(events: &[AuditEvent]) -> BTreeMap<(String, String), Option<Duration>> {
-    let mut created: BTreeMap<(String, String), Timestamp> = BTreeMap::new();
-    for e in events {
-        if e.resource == "gpujobs"
-            && e.subresource.is_empty()
-            && e.verb == "create"
-            && e.succeeded()
-            && !e.user.starts_with("replica-")
-        {
-            created.insert((e.namespace.clone(), e.name.clone()), ts(&e.received));
-        }
-    }
-    let mut out = BTreeMap::new();
-    for ((ns, name), at) in &created {
-        let job = format!("{name}-1");
-        let first = events
-            .iter()
-            .filter(|e| {
-                e.is_write()
-                    && e.succeeded()
-                    && e.user.starts_with("replica-")
-                    && e.namespace == *ns
-                    && ((e.resource == "gpujobs" && e.name == *name)
-                        || (e.resource == "jobs" && e.name == job))
-            })
-            .map(|e| ts(&e.received))
-            .min();
-        let stall = first.map(|f| Duration::try_from(f.duration_since(*at)).unwrap_or_default());
-        out.insert((ns.clone(), name.clone()), stall);
-    }
-    out
 }
 
 /// A rolling update of 3 replicas from flags `from` to flags `to`, as a Deployment with
@@ -193,24 +157,9 @@ async fn rolling_update(tag: &str, from: &[&str], to: &[&str]) {
     }
     // Every GpuJob created meanwhile runs to the end: those the old replicas had begun
     // are carried on by the new ones.
-    for ns in &namespaces {
-        let api: Api<GpuJob> = Api::namespaced(env.admin.clone(), ns);
-        devcluster::wait::until(
-            &format!("the GpuJobs of {ns} to succeed"),
-            Duration::from_secs(120),
-            Duration::from_millis(250),
-            || async {
-                let all = api.list(&Default::default()).await.unwrap().items;
-                all.iter()
-                    .all(|g| phase(g) == Some(Phase::Succeeded))
-                    .then_some(())
-            },
-        )
-        .await
-        .unwrap();
-    }
+    shards::wait_succeeded(&env, namespaces.iter().map(String::as_str)).await;
     let events = env.cluster.audit().since(start).unwrap();
-    let stalls = stalls(&events);
+    let stalls = shards::stalls(&events);
     let worst = stalls
         .iter()
         .max_by_key(|(_, s)| s.unwrap_or(Duration::MAX))

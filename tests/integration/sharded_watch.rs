@@ -17,15 +17,15 @@ use std::time::Duration;
 
 use devcluster::metrics::Metrics;
 use devcluster::wait;
-use gpujob_operator::api::{GpuJob, Phase};
+use gpujob_operator::api::GpuJob;
 use gpujob_operator::lease::balance::{self, Holder, View};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use support::prometheus::{free_address, get_text};
 use support::replicas::{self, Replica};
 use support::shards::{self, wait_balanced};
-use support::{TestEnv, phase, sim_env};
+use support::{TestEnv, sim_env};
 
 const SHARDS: u32 = 6;
 
@@ -68,33 +68,6 @@ async fn create(env: &TestEnv, namespaces: &[(String, u32)], per_namespace: usiz
             api.create(&PostParams::default(), &gj).await.unwrap();
         }
     }
-}
-
-/// Waits until every GpuJob of `namespaces` has succeeded; returns how many each
-/// namespace has.
-async fn wait_succeeded(env: &TestEnv, namespaces: &[(String, u32)]) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for (ns, _) in namespaces {
-        let api: Api<GpuJob> = Api::namespaced(env.admin.clone(), ns);
-        let n = wait::until(
-            &format!("every GpuJob of {ns} succeeded"),
-            Duration::from_secs(120),
-            Duration::from_millis(250),
-            || {
-                let api = api.clone();
-                async move {
-                    let all = api.list(&ListParams::default()).await.ok()?.items;
-                    all.iter()
-                        .all(|g| phase(g) == Some(Phase::Succeeded))
-                        .then_some(all.len())
-                }
-            },
-        )
-        .await
-        .unwrap();
-        counts.insert(ns.clone(), n);
-    }
-    counts
 }
 
 /// The shards `who` holds, and those it holds and keeps warm (those it would take if one
@@ -199,7 +172,7 @@ async fn each_replica_caches_its_shards_and_those_it_would_take_and_a_takeover_l
     let ids = ["replica-1", "replica-2", "replica-3"];
     wait_balanced(&env, SHARDS, &ids, 2, Duration::from_secs(60)).await;
     create(&env, &namespaces, 3, "a").await;
-    let counts = wait_succeeded(&env, &namespaces).await;
+    let counts = shards::wait_succeeded(&env, namespaces.iter().map(|(ns, _)| ns.as_str())).await;
     let total: usize = counts.values().sum();
 
     // Three replicas over six shards: each holds two and keeps warm the two it would take
@@ -265,7 +238,7 @@ async fn each_replica_caches_its_shards_and_those_it_would_take_and_a_takeover_l
         );
     }
     create(&env, &namespaces, 2, "b").await;
-    let counts = wait_succeeded(&env, &namespaces).await;
+    let counts = shards::wait_succeeded(&env, namespaces.iter().map(|(ns, _)| ns.as_str())).await;
     let total: usize = counts.values().sum();
     for (r, who) in rs.iter().zip(two_ids) {
         let (_, cached) = share_of(&env, who, &two_ids, &namespaces, &counts).await;
@@ -302,7 +275,7 @@ async fn where_the_server_cannot_select_shards_replicas_watch_everything_and_sti
     )
     .await;
     create(&env, &namespaces, 3, "a").await;
-    let counts = wait_succeeded(&env, &namespaces).await;
+    let counts = shards::wait_succeeded(&env, namespaces.iter().map(|(ns, _)| ns.as_str())).await;
     let total: usize = counts.values().sum();
     for (r, who) in [(&one, "replica-1"), (&two, "replica-2")] {
         let m = wait_cached(r, who, total).await;

@@ -405,7 +405,7 @@ async fn replicas_restarted_under_the_same_names_with_a_new_count_take_the_shard
                 labels
                     .get(gpujob_operator::lease::LABEL_SHARD_MAP)
                     .map(String::as_str),
-                Some(gpujob_operator::shard::SHARD_MAP),
+                Some(gpujob_operator::lease::KEPT_MAP),
                 "{name}: {labels:?}"
             );
         }

@@ -355,6 +355,16 @@ impl Sink {
             let (reason, uid) = (p.key.reason, p.key.uid.clone());
             match self.write(p).await {
                 Ok(result) => self.counts.with_label_values(&[result]).inc(),
+                // Its shard moved (a hand-over or a re-cut) or the lease lapsed: the
+                // holder now records what happens next; nothing was sent.
+                Err(e) if crate::client::fenced(&e) => {
+                    self.counts.with_label_values(&["fenced"]).inc();
+                    tracing::debug!(
+                        reason,
+                        gpujob_uid = uid,
+                        "Event not written: this replica no longer holds the GpuJob's shard"
+                    );
+                }
                 Err(e) => {
                     self.counts.with_label_values(&["failed"]).inc();
                     tracing::warn!(

@@ -157,6 +157,7 @@ pub async fn run(
             looks.clone(),
         )),
         tokio::spawn(resync(ctx.clone(), intake)),
+        tokio::spawn(count_load(ctx.clone(), ownership.clone())),
     ];
     let (stop_workers, stopping) = watch::channel(false);
     let workers: Vec<_> = (0..ctx.settings.workers.max(1))
@@ -254,21 +255,32 @@ fn on_scrape(
         if !own.holds_any() {
             ctx.metrics.publish_domain(None);
             for s in 0..own.shards() {
+                let s = s.to_string();
                 ctx.metrics
                     .gpujobs_per_shard
-                    .with_label_values(&[s.to_string().as_str()])
+                    .with_label_values(&[s.as_str()])
+                    .set(0);
+                ctx.metrics
+                    .namespaces_per_shard
+                    .with_label_values(&[s.as_str()])
                     .set(0);
             }
             return;
         }
         let mut per_shard: BTreeMap<u32, i64> = own.held.keys().map(|s| (*s, 0)).collect();
+        let mut namespaces: BTreeMap<u32, std::collections::BTreeSet<String>> = BTreeMap::new();
         let mut seen = first_seen.lock().unwrap_or_else(|p| p.into_inner());
         let snap = ctx.view.facts_where(
             |ns| own.holds_namespace(ns),
             |each| {
                 let counted = each.map(|(ns, facts)| {
-                    if let Some(n) = per_shard.get_mut(&own.shard_of(ns)) {
+                    let shard = own.shard_of(ns);
+                    if let Some(n) = per_shard.get_mut(&shard) {
                         *n += 1;
+                        let seen = namespaces.entry(shard).or_default();
+                        if !seen.contains(ns) {
+                            seen.insert(ns.to_owned());
+                        }
                     }
                     facts
                 });
@@ -282,13 +294,63 @@ fn on_scrape(
         );
         for s in 0..own.shards() {
             let n = per_shard.get(&s).copied().unwrap_or(0);
+            let label = s.to_string();
             ctx.metrics
                 .gpujobs_per_shard
-                .with_label_values(&[s.to_string().as_str()])
+                .with_label_values(&[label.as_str()])
                 .set(n);
+            let spaces = namespaces
+                .get(&s)
+                .map_or(0, std::collections::BTreeSet::len);
+            ctx.metrics
+                .namespaces_per_shard
+                .with_label_values(&[label.as_str()])
+                .set(i64::try_from(spaces).unwrap_or(i64::MAX));
         }
         ctx.metrics.publish_domain(Some(&snap));
     });
+}
+
+/// How often the GpuJobs per namespace held are counted for the kept shard map (as
+/// often as a renewal states them).
+const LOAD_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Counts the GpuJobs per namespace of the shards held, every [`LOAD_EVERY`], for the
+/// lease loop to state on their Leases (`lease::Load`). Nothing to count with one shard.
+async fn count_load(ctx: Arc<Context>, own: watch::Receiver<Ownership>) {
+    let mut tick = tokio::time::interval(LOAD_EVERY);
+    loop {
+        tick.tick().await;
+        let own = own.borrow().clone();
+        if own.shards() < 2 {
+            continue;
+        }
+        // Only shards both caches cover: one still listing would read as empty.
+        let counted: BTreeMap<u32, u64> = own
+            .held
+            .iter()
+            .filter(|(s, _)| ctx.view.covers_shard(**s))
+            .map(|(s, t)| (*s, t.epoch))
+            .collect();
+        let counts = ctx.view.facts_where(
+            |ns| counted.contains_key(&own.shard_of(ns)),
+            |each| {
+                let mut counts = BTreeMap::<u64, u64>::new();
+                let mut last: Option<(&str, u64)> = None;
+                for (ns, _) in each {
+                    // The cache iterates a namespace's GpuJobs together: hash it once.
+                    let h = match last {
+                        Some((l, h)) if l == ns => h,
+                        _ => gpujob_core::hash::fnv1a64(ns.as_bytes()),
+                    };
+                    *counts.entry(h).or_default() += 1;
+                    last = Some((ns, h));
+                }
+                counts
+            },
+        );
+        ctx.settings.load.set(counts, counted);
+    }
 }
 
 /// Every GpuJob is looked at at least every `resync`. A GpuJob backing off (a failed

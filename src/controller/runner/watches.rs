@@ -76,7 +76,7 @@ const SETTLE: Duration = Duration::from_millis(200);
 
 async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Arc<Status>) {
     let mut own = intake.own.clone();
-    let map = own.borrow().map.clone();
+    let mut map = own.borrow().map.clone();
     let mut tasks = JoinSet::new();
     let sharded = map.shards() > 1
         && ctx.settings.namespace.is_none()
@@ -92,6 +92,33 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
     let mut current: Option<Scope> = None;
     loop {
         let wanted = scope_of(&own.borrow_and_update(), ctx.settings.warm_shards);
+        if let Scope::Shards { map: next, .. } = &wanted
+            && *next != map
+        {
+            // The kept map moved a cut: every shard's watches start again under the new
+            // ranges, and no GpuJob is reconciled until both caches cover its shard
+            // again (a pause of a list; shards whose range did not change too).
+            info!(
+                cuts = %next.cuts_text(),
+                "shard map changed: watching the shards held and kept warm under the new ranges"
+            );
+            let stopping: HashSet<_> = std::mem::take(&mut running)
+                .into_values()
+                .flatten()
+                .map(|task| {
+                    task.abort();
+                    task.id()
+                })
+                .collect();
+            join_stopped(&mut tasks, stopping).await;
+            ctx.view.watching(&wanted);
+            ctx.view.drop_part(&Scope::Shards {
+                held: (0..map.shards()).collect(),
+                map: map.clone(),
+            });
+            map = next.clone();
+            current = None;
+        }
         if current.as_ref() != Some(&wanted) {
             let parts: BTreeMap<u32, Scope> = wanted
                 .shards()
@@ -114,13 +141,7 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
             }
             // Until they have ended: one in the middle of applying a list would otherwise
             // finish it after the caches let go of its shard.
-            while !stopping.is_empty() {
-                match tasks.join_next_with_id().await {
-                    Some(Ok((id, ()))) => stopping.remove(&id),
-                    Some(Err(e)) => stopping.remove(&e.id()),
-                    None => break,
-                };
-            }
+            join_stopped(&mut tasks, stopping).await;
             ctx.view.watching(&wanted);
             for shard in gone {
                 ctx.view.drop_part(&Scope::single(shard, map.clone()));
@@ -148,6 +169,17 @@ async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Ar
             return;
         }
         tokio::time::sleep(SETTLE).await;
+    }
+}
+
+/// Waits until the tasks `stopping` (aborted) have ended.
+async fn join_stopped(tasks: &mut JoinSet<()>, mut stopping: HashSet<tokio::task::Id>) {
+    while !stopping.is_empty() {
+        match tasks.join_next_with_id().await {
+            Some(Ok((id, ()))) => stopping.remove(&id),
+            Some(Err(e)) => stopping.remove(&e.id()),
+            None => break,
+        };
     }
 }
 

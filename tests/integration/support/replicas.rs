@@ -109,7 +109,7 @@ pub fn start_full(
     extra: &[&str],
     envs: &[(&str, &str)],
 ) -> Replica {
-    spawn(cluster, ns, Some(ns), n, timing, extra, envs, None)
+    spawn(cluster, ns, Some(ns), n, timing, extra, envs, None, false)
 }
 
 /// Replica `n` for namespace `ns` (its Lease there too), short timings, with `extra`
@@ -130,6 +130,7 @@ pub fn start_in_with_kubeconfig(
         extra,
         &[],
         Some(kubeconfig),
+        false,
     )
 }
 
@@ -152,6 +153,7 @@ pub fn start_as(
         args,
         &[],
         Some(kubeconfig),
+        false,
     )
 }
 
@@ -165,7 +167,29 @@ pub fn start_everywhere(
     extra: &[&str],
     kubeconfig: Option<PathBuf>,
 ) -> Replica {
-    spawn(cluster, lease_ns, None, n, SHORT, extra, &[], kubeconfig)
+    spawn(
+        cluster,
+        lease_ns,
+        None,
+        n,
+        SHORT,
+        extra,
+        &[],
+        kubeconfig,
+        false,
+    )
+}
+
+/// Replica `n` working on every namespace (a private control plane), its Leases in
+/// `lease_ns`, short timings, with `extra` flags and the operator's own default for
+/// re-cutting the kept shard map (every other start here stops it: `spawn`).
+pub fn start_everywhere_recutting(
+    cluster: &ControlPlane,
+    lease_ns: &str,
+    n: u8,
+    extra: &[&str],
+) -> Replica {
+    spawn(cluster, lease_ns, None, n, SHORT, extra, &[], None, true)
 }
 
 /// Replica `n` with `--shards shards`, working on every namespace (a private control
@@ -181,10 +205,13 @@ pub fn start_sharded(cluster: &ControlPlane, lease_ns: &str, n: u8, shards: u32)
         &["--shards", &shards],
         &[],
         None,
+        false,
     )
 }
 
-#[allow(clippy::too_many_arguments)] // one place that knows every flag a test replica gets
+/// The one place that knows every flag a test replica gets; `recut`: leave re-cutting
+/// of the kept map at the operator's default (every other start stops it).
+#[allow(clippy::too_many_arguments)]
 fn spawn(
     cluster: &ControlPlane,
     lease_ns: &str,
@@ -194,6 +221,7 @@ fn spawn(
     extra: &[&str],
     envs: &[(&str, &str)],
     kubeconfig: Option<PathBuf>,
+    recut: bool,
 ) -> Replica {
     let ns = lease_ns;
     let dir = super::namespace_temp(super::REPLICA_LOGS, ns);
@@ -228,6 +256,13 @@ fn spawn(
             "4s",
         ])
         .args(extra)
+        // Tests that find a namespace's shard by equal ranges must not see the kept map
+        // re-cut under them: only `recut.rs` runs the default.
+        .args(if recut {
+            &[][..]
+        } else {
+            &["--recut-interval", "0"][..]
+        })
         // Three replicas on one machine: each its own port (unless the test chose one).
         .args(if extra.contains(&"--listen-address") {
             &[][..]

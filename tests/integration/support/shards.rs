@@ -7,14 +7,45 @@ use std::time::Duration;
 
 use devcluster::audit::AuditEvent;
 use devcluster::wait;
+use gpujob_operator::api::{GpuJob, Phase};
 use gpujob_operator::shard::shard_of;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 
 use super::TestEnv;
 use super::replicas::LEASE;
+
+/// Waits until every GpuJob of `namespaces` has succeeded (two minutes at most);
+/// returns how many each namespace has.
+pub async fn wait_succeeded<'a>(
+    env: &TestEnv,
+    namespaces: impl IntoIterator<Item = &'a str>,
+) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for ns in namespaces {
+        let api: Api<GpuJob> = Api::namespaced(env.admin.clone(), ns);
+        let n = wait::until(
+            &format!("every GpuJob of {ns} succeeded"),
+            Duration::from_secs(120),
+            Duration::from_millis(250),
+            || {
+                let api = api.clone();
+                async move {
+                    let all = api.list(&ListParams::default()).await.ok()?.items;
+                    all.iter()
+                        .all(|g| super::phase(g) == Some(Phase::Succeeded))
+                        .then_some(all.len())
+                }
+            },
+        )
+        .await
+        .unwrap();
+        counts.insert(ns.to_owned(), n);
+    }
+    counts
+}
 
 /// The Lease of shard `i`.
 pub fn lease_of(i: u32) -> String {
@@ -82,6 +113,41 @@ pub async fn namespaces(env: &TestEnv, shards: u32, per_shard: usize) -> Vec<(St
             *by_shard.entry(s).or_insert(0) += 1;
             out.push((ns, s));
         }
+    }
+    out
+}
+
+/// For every GpuJob the test created, from the audit log: how long after its create a
+/// replica first wrote it or its first Job (`None`: never).
+pub fn stalls(events: &[AuditEvent]) -> BTreeMap<(String, String), Option<Duration>> {
+    let mut created: BTreeMap<(String, String), Timestamp> = BTreeMap::new();
+    for e in events {
+        if e.resource == "gpujobs"
+            && e.subresource.is_empty()
+            && e.verb == "create"
+            && e.succeeded()
+            && !e.user.starts_with("replica-")
+        {
+            created.insert((e.namespace.clone(), e.name.clone()), ts(&e.received));
+        }
+    }
+    let mut out = BTreeMap::new();
+    for ((ns, name), at) in &created {
+        let job = format!("{name}-1");
+        let first = events
+            .iter()
+            .filter(|e| {
+                e.is_write()
+                    && e.succeeded()
+                    && e.user.starts_with("replica-")
+                    && e.namespace == *ns
+                    && ((e.resource == "gpujobs" && e.name == *name)
+                        || (e.resource == "jobs" && e.name == job))
+            })
+            .map(|e| ts(&e.received))
+            .min();
+        let stall = first.map(|f| Duration::try_from(f.duration_since(*at)).unwrap_or_default());
+        out.insert((ns.clone(), name.clone()), stall);
     }
     out
 }

@@ -39,6 +39,8 @@ use tracing::{debug, error, info, warn};
 use super::balance::{self, Holder, View};
 use super::group::{LABEL_GROUP, ShardLeases};
 use super::heartbeat::Heartbeat;
+use super::kept::Kept;
+use super::load::Load;
 use super::modes::{Gate, Gone, MEMBER_GONE_LEASE_DURATIONS, Sharded, Single, SingleLease};
 use super::renew::renew;
 use super::{
@@ -46,6 +48,8 @@ use super::{
     jitter, report,
 };
 use crate::health::Status;
+
+mod map;
 
 /// The lease loop's wiring, built once by main.
 pub struct Params {
@@ -61,6 +65,10 @@ pub struct Params {
     pub tx: watch::Sender<Ownership>,
     /// Reconciles running per shard: a shard given up is released once none runs.
     pub in_flight: InFlight,
+    /// GpuJobs per namespace held, stated on the held shards' Leases for the kept map.
+    pub load: Load,
+    /// The least time between two re-cuts of the kept map (`--recut-interval`).
+    pub recut_interval: Duration,
     /// The lease loop's heartbeat for /healthz, and the metrics.
     pub status: Arc<Status>,
 }
@@ -270,16 +278,17 @@ impl Mode {
     }
 
     /// Right after acquiring shard Leases, before anything is written in their terms:
-    /// whether to keep them, if a second list shows no live replica that splits
-    /// otherwise holding (with one shard: no live sharded replica); a failed list counts
-    /// as one (modes.rs).
-    async fn keeps(&mut self, group: &Group) -> bool {
+    /// the second list, if it shows no live replica that splits otherwise holding (with
+    /// one shard: no live sharded replica), else `None`; a failed list counts as one
+    /// (modes.rs).
+    async fn keeps(&mut self, group: &Group) -> Option<Vec<Lease>> {
         let leases = group.list().await;
         let now = Instant::now().into_std();
-        match self {
+        let alone = match self {
             Mode::Single(rules) => rules.still_alone(leases.as_deref(), now),
             Mode::Sharded { rules, .. } => rules.still_alone(leases.as_deref(), now),
-        }
+        };
+        leases.filter(|_| alone)
     }
 
     /// At the end of a look: with one shard, says once per holder whom this standby
@@ -431,6 +440,8 @@ struct Coordinator {
     renewers: BTreeMap<u32, JoinHandle<()>>,
     /// Shards given up whose drain and release still run: not taken again before.
     releasing: BTreeMap<u32, JoinHandle<()>>,
+    /// The range each shard given up was held with (its Lease claims it until released).
+    draining: BTreeMap<u32, gpujob_core::shard::HashRange>,
     /// Since when each shard has been seen free.
     free_since: BTreeMap<u32, std::time::Instant>,
     /// Since when every look could take shards (gate open, heartbeat through, not the
@@ -441,6 +452,9 @@ struct Coordinator {
     /// Member Leases the last look judged gone, to delete after it.
     gone: Vec<Gone>,
     in_flight: InFlight,
+    /// The kept shard map (`None`: fixed cuts, or one shard).
+    kept: Option<Kept>,
+    load: Load,
     status: Arc<Status>,
 }
 
@@ -453,8 +467,11 @@ impl Coordinator {
             timing,
             tx,
             in_flight,
+            load,
+            recut_interval,
             status,
         } = p;
+        let kept = leases.kept.then(|| Kept::new(recut_interval));
         let electors = (0..leases.shards().max(1))
             .map(|i| {
                 Arc::new(
@@ -489,11 +506,14 @@ impl Coordinator {
             tx,
             renewers: BTreeMap::new(),
             releasing: BTreeMap::new(),
+            draining: BTreeMap::new(),
             free_since: BTreeMap::new(),
             could_since: None,
             idle_since: None,
             gone: Vec::new(),
             in_flight,
+            kept,
+            load,
             status,
         }
     }
@@ -509,6 +529,8 @@ impl Coordinator {
         self.status.beat(beat_limit(&self.group.timing));
         self.renewers.retain(|_, h| !h.is_finished());
         self.releasing.retain(|_, h| !h.is_finished());
+        let releasing = &self.releasing;
+        self.draining.retain(|s, _| releasing.contains_key(s));
         if self.mode.rests(&self.tx.borrow()) {
             // Holding the one shard: nothing is unheld, and this replica is not idle.
             self.could_not();
@@ -523,6 +545,7 @@ impl Coordinator {
         };
         let now = Instant::now().into_std();
         let members = self.mode.members(&leases, now);
+        self.follow_map(&leases, now);
         let holding = self.tx.borrow().holds_any();
         let gate = self.mode.gate(&self.group, &leases, holding, now).await;
         let after = self.group.timing.lease_duration * MEMBER_GONE_LEASE_DURATIONS;
@@ -569,7 +592,10 @@ impl Coordinator {
                 .filter(|s| !own.held.contains_key(s) && !self.releasing.contains_key(s))
                 .collect()
         };
+        let take = self.unclaimed(&take, &leases, now).await;
         self.take(&take).await;
+        self.state_loads();
+        self.keep_map(&leases, now).await;
         let own = self.tx.borrow().clone();
         self.mode
             .after_look(&self.group, &own, &self.electors[0])
@@ -739,6 +765,9 @@ impl Coordinator {
     /// Acquires the Leases of `shards` at once; if any is acquired, lists again and
     /// keeps them only if the mode says so (before anything is written in their terms).
     async fn take(&mut self, shards: &[u32]) {
+        for &shard in shards {
+            self.claim_at_acquire(shard);
+        }
         let acquires = shards.iter().map(|&shard| {
             let elector = self.electors[shard as usize].clone();
             let deadline = self.group.timing.renew_deadline;
@@ -766,12 +795,30 @@ impl Coordinator {
         if acquired.is_empty() {
             return;
         }
-        if !self.mode.keeps(&self.group).await {
+        let Some(second) = self.mode.keeps(&self.group).await else {
             let back = acquired
                 .iter()
                 .map(|(shard, ..)| self.hand_back(&self.electors[*shard as usize]));
             futures::future::join_all(back).await;
             return;
+        };
+        // A shard whose range another live Lease claims by now (it acquired while this
+        // replica did; the API server ordered the two, so at least one of the second
+        // lists sees the other) goes back before anything is written in its term.
+        let wanted: Vec<u32> = acquired.iter().map(|(s, ..)| *s).collect();
+        let now = Instant::now().into_std();
+        let clear = self.unclaimed(&wanted, &second, now).await;
+        let (acquired, claimed): (Vec<_>, Vec<_>) =
+            acquired.into_iter().partition(|(s, ..)| clear.contains(s));
+        if !claimed.is_empty() {
+            info!(
+                shards = ?claimed.iter().map(|(s, ..)| *s).collect::<Vec<_>>(),
+                "another live shard Lease claims part of these shards' ranges (a cut is moving): handing them back"
+            );
+            let back = claimed
+                .iter()
+                .map(|(shard, ..)| self.hand_back(&self.electors[*shard as usize]));
+            futures::future::join_all(back).await;
         }
         let acquired = self.renew_late(acquired).await;
         let mut unkept = Vec::new();
@@ -897,6 +944,12 @@ impl Coordinator {
             live_replicas = live,
             "shard over this replica's share: draining it, then releasing its lease"
         );
+        self.drain_and_release(shard, epoch);
+    }
+
+    fn drain_and_release(&mut self, shard: u32, epoch: u64) {
+        let range = self.tx.borrow().map.range(shard);
+        self.draining.insert(shard, range);
         self.stop_holding(shard);
         let release = drain_and_release(
             self.electors[shard as usize].clone(),

@@ -1,0 +1,74 @@
+//! GpuJobs per namespace of the shards this replica holds, for the kept shard map: the
+//! runner counts them from its cache every few seconds, and the lease loop states each
+//! held shard's part on its Lease (`gpujob_core::recut::ANNOTATION_LOAD`), where the
+//! keeper of the map reads them.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use gpujob_core::shard::HashRange;
+
+/// Shared between the runner (which fills it) and the lease loop (which reads it).
+#[derive(Debug, Clone, Default)]
+pub struct Load {
+    inner: Arc<Mutex<Counted>>,
+}
+
+#[derive(Debug, Default)]
+struct Counted {
+    /// GpuJobs per namespace hash.
+    counts: BTreeMap<u64, u64>,
+    /// The shards counted, each in the term (epoch) it was held in, from caches that
+    /// covered it.
+    shards: BTreeMap<u32, u64>,
+}
+
+impl Load {
+    /// GpuJobs per namespace hash, of the namespaces of `shards` (shard, epoch of the
+    /// term it was counted in: caches covered it).
+    pub fn set(&self, counts: BTreeMap<u64, u64>, shards: BTreeMap<u32, u64>) {
+        *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Counted { counts, shards };
+    }
+
+    /// The counts of the namespaces in `range`, if shard `shard` was counted in the
+    /// term `epoch`; `None` before (a shard just taken whose caches have not listed it
+    /// must not read as empty).
+    pub fn within(&self, shard: u32, epoch: u64, range: &HashRange) -> Option<BTreeMap<u64, u64>> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.shards.get(&shard) != Some(&epoch) {
+            return None;
+        }
+        let end = u64::try_from(range.end).ok();
+        Some(
+            match end {
+                Some(end) => inner.counts.range(range.start..end),
+                None => inner.counts.range(range.start..),
+            }
+            .map(|(h, n)| (*h, *n))
+            .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_reads_its_own_namespaces_only_once_counted_in_that_term() {
+        let load = Load::default();
+        load.set(
+            BTreeMap::from([(1, 3), (5, 4), (u64::MAX, 2)]),
+            BTreeMap::from([(0, 7), (1, 8)]),
+        );
+        let r = |start, end| HashRange { start, end };
+        assert_eq!(load.within(0, 7, &r(0, 5)), Some(BTreeMap::from([(1, 3)])));
+        assert_eq!(
+            load.within(1, 8, &r(5, 1 << 64)),
+            Some(BTreeMap::from([(5, 4), (u64::MAX, 2)]))
+        );
+        assert_eq!(load.within(0, 7, &r(2, 5)), Some(BTreeMap::new()));
+        assert_eq!(load.within(0, 9, &r(0, 5)), None, "counted in another term");
+        assert_eq!(load.within(2, 1, &r(0, 5)), None, "not counted");
+    }
+}
