@@ -53,6 +53,10 @@ pub struct Plan<'a> {
     pub reference_bin: PathBuf,
     pub replicas: u8,
     pub shards: u32,
+    /// The replicas keep the shard map (no `--shard-cuts`).
+    pub kept: bool,
+    /// How the namespaces are named (`--namespace-names`), for the report.
+    pub namespace_names: &'a str,
     /// Does kube-apiserver select objects by shard (`--sharded-watch`)?
     pub sharded_watch: bool,
     pub deadline: Instant,
@@ -149,6 +153,8 @@ pub struct Figures {
     pub requests: BTreeMap<String, f64>,
     /// One replica holding every GpuJob: its RSS against the GpuJobs created so far.
     pub memory: Option<Slope>,
+    /// The operator with a kept shard map: what its replicas' logs say of re-cuts.
+    pub recuts: Option<crate::replicas::Recuts>,
 }
 
 /// Resident memory against GpuJobs held, by least squares over the samples.
@@ -282,7 +288,7 @@ async fn phase(
                 plan.operator_bin,
                 plan.replicas,
                 plan.shards,
-                plan.namespaces,
+                (!plan.kept).then_some(plan.namespaces),
             )?;
             if plan.shards == 1 {
                 replicas.wait_leader(admin, None, plan.deadline).await?;
@@ -413,6 +419,10 @@ async fn phase(
         eprintln!("  takeover: killing the working replica");
         takeover = Some(take_over(cluster, admin, replicas, plan, None).await?);
     }
+    let recuts = match (&running, plan.kept && plan.shards > 1) {
+        (Running::Operator(_), true) => Some(crate::replicas::recuts()?),
+        _ => None,
+    };
     drop(running);
     let memory = match (plan.replicas, traces.as_slice()) {
         (1, [(trace, _)]) => {
@@ -440,6 +450,7 @@ async fn phase(
         machine_cpu,
         requests,
         memory,
+        recuts,
     })
 }
 
@@ -885,6 +896,27 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
             m.first_kib as f64 / 1024.0,
             m.last_kib as f64 / 1024.0
         );
+    }
+    for f in all {
+        if let Some(c) = &f.recuts {
+            let longest = f.latencies.last().copied().map_or("–".to_owned(), secs);
+            let _ = writeln!(
+                r,
+                "\nShard map kept by the replicas (no `--shard-cuts`, the namespaces named {}): {} re-cut(s) written; \
+                 from a re-cut's write to every shard held under it: {}. The longest create → converged of any GpuJob: {longest}.",
+                plan.namespace_names,
+                c.written,
+                if c.done.is_empty() {
+                    "none finished".to_owned()
+                } else {
+                    c.done
+                        .iter()
+                        .map(|s| format!("{s:.1} s"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            );
+        }
     }
     r.push_str(&machine_report(all, n));
     if let Some(t) = all.iter().find_map(|f| f.takeover.as_ref()) {

@@ -60,6 +60,17 @@ struct Args {
     /// are by namespace, so this is what there is to split).
     #[arg(long, default_value_t = 50)]
     namespaces: usize,
+    /// How the namespaces are named: `load` (`load-0` …), `team` (`team-0` …: named
+    /// alike, as teams name them) or `random` (`ns-` and 8 hex digits of a hash of the
+    /// index: the same names every run). Shards are ranges of a hash of the name, and
+    /// names that differ only at the end hash close together.
+    #[arg(long, default_value = "load", value_parser = ["load", "team", "random"])]
+    namespace_names: String,
+    /// Sharded: `hand`, the replicas run with `--shard-cuts` balanced over the
+    /// namespaces by the load test; `kept`, no `--shard-cuts` (the replicas keep the
+    /// map balanced by load themselves, as an install does by default).
+    #[arg(long, default_value = "hand", value_parser = ["hand", "kept"])]
+    shard_cuts: String,
     /// GpuJob creates in flight at once.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
@@ -178,8 +189,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     gpujob_operator::client::install_crypto_provider();
     let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
     let namespaces: Vec<String> = (0..args.namespaces)
-        .map(|i| format!("{NAMESPACE_PREFIX}-{i}"))
+        .map(|i| match args.namespace_names.as_str() {
+            "team" => format!("team-{i}"),
+            "random" => format!(
+                "ns-{:08x}",
+                gpujob_operator::hash::fnv1a64(&i.to_le_bytes()) >> 32
+            ),
+            _ => format!("{NAMESPACE_PREFIX}-{i}"),
+        })
         .collect();
+    let kept = args.shard_cuts == "kept";
     let trickle_ns = (args.trickle > 0).then(|| trickle::NAMESPACE.to_owned());
     let all_namespaces: Vec<String> = namespaces.iter().chain(&trickle_ns).cloned().collect();
     let (cluster, admin) = cluster::start(
@@ -219,6 +238,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             reference_bin,
             replicas: args.replicas,
             shards: args.shards,
+            kept,
+            namespace_names: &args.namespace_names,
             sharded_watch: args.sharded_watch == "on",
             deadline,
             phases: compare::contenders(&args.phases)?,
@@ -278,7 +299,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         &args.operator_bin,
         args.replicas,
         args.shards,
-        &namespaces,
+        (!kept).then_some(&namespaces[..]),
     )?;
     if args.shards == 1 {
         let first_leader = replicas.wait_leader(&admin, None, deadline).await?;

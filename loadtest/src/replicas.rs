@@ -66,8 +66,8 @@ pub struct Replicas {
     bin: PathBuf,
     kubeconfig: PathBuf,
     shards: u32,
-    /// `--shard-cuts`: [`shard_map`]'s.
-    cuts: String,
+    /// `--shard-cuts`: [`shard_map`]'s; `None`: the replicas keep the map.
+    cuts: Option<String>,
 }
 
 /// The shard map the replicas run with: `shards` ranges cut so each holds about as many
@@ -82,13 +82,14 @@ pub fn shard_map(namespaces: &[String], shards: u32) -> ShardMap {
 }
 
 impl Replicas {
-    /// `n` replicas splitting `namespaces` into `shards` ([`shard_map`]).
+    /// `n` replicas splitting `namespaces` into `shards` ([`shard_map`]; `None`: no
+    /// `--shard-cuts`, the replicas keep the map).
     pub fn start(
         cluster: &ControlPlane,
         bin: &Path,
         n: u8,
         shards: u32,
-        namespaces: &[String],
+        namespaces: Option<&[String]>,
     ) -> anyhow::Result<Replicas> {
         let logs = log_dir();
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
@@ -97,7 +98,7 @@ impl Replicas {
             bin: bin.to_owned(),
             kubeconfig: cluster.kubeconfig(Identity::Operator),
             shards,
-            cuts: shard_map(namespaces, shards).cuts_text(),
+            cuts: namespaces.map(|ns| shard_map(ns, shards).cuts_text()),
         };
         for i in 1..=n {
             let replica = replicas.spawn(&format!("load-{i}"))?;
@@ -121,7 +122,10 @@ impl Replicas {
             .args(["--lease-namespace", LEASE_NAMESPACE])
             .args(["--listen-address", &addr.to_string()])
             .args(["--shards", &self.shards.to_string()])
-            .args(["--shard-cuts", &self.cuts])
+            .args(match &self.cuts {
+                Some(cuts) => vec!["--shard-cuts", cuts.as_str()],
+                None => vec![],
+            })
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -400,6 +404,48 @@ impl Replica {
     }
 }
 
+/// What the replicas' logs say of the kept map's re-cuts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recuts {
+    /// Re-cuts written (by any keeper).
+    pub written: usize,
+    /// Each finished re-cut: seconds from its write to every shard held under it.
+    pub done: Vec<f64>,
+}
+
+/// Reads [`Recuts`] from every replica log of this run.
+pub fn recuts() -> anyhow::Result<Recuts> {
+    let mut r = Recuts::default();
+    for entry in std::fs::read_dir(log_dir())? {
+        let path = entry?.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("log") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)?;
+        let (written, done) = recuts_in(&text);
+        r.written += written;
+        r.done.extend(done);
+    }
+    Ok(r)
+}
+
+/// Re-cuts written and finished (their seconds) in one replica's log.
+fn recuts_in(log: &str) -> (usize, Vec<f64>) {
+    let written = log
+        .lines()
+        .filter(|l| l.contains("shard map re-cut:"))
+        .count();
+    let done = log
+        .lines()
+        .filter(|l| l.contains("re-cut done"))
+        .filter_map(|l| {
+            let at = l.find("seconds=")? + "seconds=".len();
+            l[at..].split_whitespace().next()?.parse().ok()
+        })
+        .collect();
+    (written, done)
+}
+
 /// Where the replicas' logs go (and, without `--report`, the `--compare` plots).
 pub fn log_dir() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("gpujob-loadtest-{}", std::process::id()))
@@ -464,6 +510,7 @@ fn shard_names(shards: u32) -> ShardLeases {
         namespace: LEASE_NAMESPACE.to_owned(),
         map: std::sync::Arc::new(gpujob_operator::shard::ShardMap::even(shards)),
         settings: Vec::new(),
+        kept: false,
     }
 }
 
@@ -594,6 +641,15 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn re_cuts_are_read_from_the_keepers_log_lines() {
+        let log = "2026 INFO shard map re-cut: the busiest shard held too many GpuJobs version=1\n\
+                   2026 INFO re-cut done: every shard held under the new map version=1 seconds=3.25\n\
+                   2026 INFO shard gained\n";
+        assert_eq!(recuts_in(log), (1, vec![3.25]));
+        assert_eq!(recuts_in(""), (0, vec![]));
+    }
 
     #[test]
     fn queue_depth_sums_the_gauge_and_refuses_a_missing_one() {
