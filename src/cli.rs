@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::client::Limits;
 use crate::controller::validate::{ServiceAccounts, SpecLimits};
 use crate::controller::{ApiVersions, PlanSettings, Settings};
-use crate::lease::Timing;
+use crate::lease::{Load, Timing};
 use crate::queue::Backoff;
 use crate::quota::{HttpProvider, HttpSettings, Provider};
 use crate::server::{Listen, Webhook};
@@ -411,6 +411,11 @@ impl RunArgs {
         }
     }
 
+    /// Whether the replicas keep the shard map (several shards, no `--shard-cuts`).
+    pub fn kept_map(&self) -> bool {
+        self.shards > 1 && self.shard_cuts.trim().is_empty()
+    }
+
     /// The workers: `--workers`, else enough to spend `--api-qps` (about 16 requests a
     /// second each, docs/api.md), at least the 4 that spend the default 50.
     pub fn workers(&self) -> usize {
@@ -605,6 +610,11 @@ impl RunArgs {
             quota: self.quota()?,
             watch_timeout: crate::client::watch_timeout(self.api_timeout),
             warm_shards: self.warm_shards,
+            load: if self.kept_map() {
+                Load::counted()
+            } else {
+                Load::default()
+            },
             resync: self.resync,
             unconverged_after: self.unconverged_after,
             retry: Backoff {

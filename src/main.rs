@@ -111,7 +111,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             let leases = ShardLeases {
                 lease_name: args.lease_name.clone(),
                 namespace: args.lease_namespace(),
-                kept: args.shards > 1 && args.shard_cuts.trim().is_empty(),
+                kept: args.kept_map(),
                 map,
                 settings: args.split_settings(),
             };

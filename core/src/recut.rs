@@ -42,8 +42,8 @@ pub fn format_range(r: &HashRange) -> String {
     format!("0x{:016x}-0x{:016x}", r.start, r.end)
 }
 
-/// A range as [`ANNOTATION_RANGE`] states it; `None` if it does not parse (such a
-/// claim is taken to cover everything: see [`claims_of`]).
+/// A range as [`ANNOTATION_RANGE`] states it; `None` if it does not parse (a live
+/// Lease's claim that does not parse is taken to cover everything: [`EVERYTHING`]).
 pub fn parse_range(text: &str) -> Option<HashRange> {
     let (start, end) = text.trim().split_once('-')?;
     let start = u64::from_str_radix(start.strip_prefix("0x")?, 16).ok()?;
@@ -56,15 +56,6 @@ pub const EVERYTHING: HashRange = HashRange {
     start: 0,
     end: 1u128 << 64,
 };
-
-/// The claims of live Leases: each stated range, or everything when it states none
-/// that parses (Leases of this map state one when taken; safety first otherwise).
-pub fn claims_of<'a>(stated: impl IntoIterator<Item = Option<&'a str>>) -> Vec<HashRange> {
-    stated
-        .into_iter()
-        .map(|s| s.and_then(parse_range).unwrap_or(EVERYTHING))
-        .collect()
-}
 
 /// May a shard whose range is `range` be taken, given the ranges live Leases of other
 /// shards claim (this replica's own included, those it still drains too)?
@@ -281,14 +272,11 @@ mod tests {
         // Touching ends do not overlap (end is exclusive).
         assert!(!overlaps(&a.range(0), &a.range(1)));
         assert!(overlaps(&a.range(3), &EVERYTHING));
-        // A claim that does not parse covers everything.
-        let claims = claims_of([
-            Some("0x0000000000000010-0x0000000000000020"),
-            Some("junk"),
-            None,
-        ]);
-        assert_eq!(claims[0], a.range(1));
-        assert_eq!(&claims[1..], &[EVERYTHING, EVERYTHING]);
+        assert_eq!(
+            parse_range("0x0000000000000010-0x0000000000000020"),
+            Some(a.range(1))
+        );
+        assert_eq!(parse_range("junk"), None);
     }
 
     #[test]

@@ -120,8 +120,8 @@ pub(super) fn stated(lease: &Lease, shards: u32) -> Option<(u64, ShardMap)> {
     Some((version_of(lease), map))
 }
 
-/// The range a live shard Lease claims ([`recut::claims_of`]: everything when it states
-/// none that parses).
+/// The range a live shard Lease claims: everything when it states none that parses
+/// (Leases of a kept map state one when taken; safety first otherwise).
 pub(super) fn claim_of(lease: &Lease) -> HashRange {
     annotation(lease, recut::ANNOTATION_RANGE)
         .and_then(recut::parse_range)

@@ -9,9 +9,11 @@ use std::sync::{Arc, Mutex};
 use gpujob_core::shard::HashRange;
 
 /// Shared between the runner (which fills it) and the lease loop (which reads it).
+/// The default counts nothing: only a kept map ([`Load::counted`]) needs the counts.
 #[derive(Debug, Clone, Default)]
 pub struct Load {
     inner: Arc<Mutex<Counted>>,
+    counting: bool,
 }
 
 #[derive(Debug, Default)]
@@ -24,6 +26,19 @@ struct Counted {
 }
 
 impl Load {
+    /// A load the runner counts: the replicas keep the shard map.
+    pub fn counted() -> Load {
+        Load {
+            counting: true,
+            ..Load::default()
+        }
+    }
+
+    /// Whether the runner counts this load (fixed cuts and one shard need none).
+    pub fn is_counted(&self) -> bool {
+        self.counting
+    }
+
     /// GpuJobs per namespace hash, of the namespaces of `shards` (shard, epoch of the
     /// term it was counted in: caches covered it).
     pub fn set(&self, counts: BTreeMap<u64, u64>, shards: BTreeMap<u32, u64>) {

@@ -316,8 +316,12 @@ fn on_scrape(
 const LOAD_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Counts the GpuJobs per namespace of the shards held, every [`LOAD_EVERY`], for the
-/// lease loop to state on their Leases (`lease::Load`). Nothing to count with one shard.
+/// lease loop to state on their Leases (`lease::Load`). Nothing to count with one shard
+/// or with cuts fixed by `--shard-cuts`.
 async fn count_load(ctx: Arc<Context>, own: watch::Receiver<Ownership>) {
+    if !ctx.settings.load.is_counted() {
+        return;
+    }
     let mut tick = tokio::time::interval(LOAD_EVERY);
     loop {
         tick.tick().await;
