@@ -8,7 +8,7 @@
 //! plan asks for every read it needs as an action: what the caches cannot say
 //! ([`Action::Read`], `reads.rs`, asked before anything is decided), a confirming read
 //! of the GpuJob before the first effect from a view not known current
-//! ([`Action::Confirm`], or once per shard and term [`Action::ReadTermStart`]), the
+//! ([`Action::Confirm`], or once per namespace and term [`Action::ReadTermStart`]), the
 //! GpuJob's pods before a gate goes or quota is released ([`Action::ReadPods`]). Actions
 //! that ask (those reads, reserve, release, a Job the API server may refuse) end a plan:
 //! their answer comes back through [`Observed`] and the plan is made again, at most
@@ -183,8 +183,9 @@ pub struct Observed<'a> {
     /// resourceVersion precondition), or changed after the term began. Another cached
     /// view may lag behind the previous holder's writes.
     pub confirmed: bool,
-    /// Where the term of the GpuJob's shard began is not known, and this reconcile is
-    /// the one to read it ([`Action::ReadTermStart`]) rather than confirm its GpuJob.
+    /// Where the term of the GpuJob's shard began is not known in its namespace, and
+    /// this reconcile is the one to read it ([`Action::ReadTermStart`]) rather than
+    /// confirm its GpuJob.
     pub term_start_due: bool,
     /// The reads ([`Action::Read`]) made in this reconcile.
     pub reads: Reads,
@@ -273,10 +274,11 @@ pub enum Action {
     /// to replace it would be created again), and a stale view takes a rerun's running
     /// attempt for a stray or a replaced attempt for the current one.
     Confirm,
-    /// Read where the term of the GpuJob's shard began (a quorum list's
-    /// resourceVersion), in place of a [`Action::Confirm`]: every GpuJob of the shard
-    /// changed after it counts as current in the term, so most need no read of their
-    /// own. One reconcile per shard and term reads it. Ends the plan.
+    /// Read where the term of the GpuJob's shard began (the resourceVersion of a quorum
+    /// list of its namespace's GpuJobs), in place of a [`Action::Confirm`]: every GpuJob
+    /// of the namespace changed after it, or cached at the version the list found,
+    /// counts as current in the term, so most need no read of their own. One reconcile
+    /// per namespace and term reads it. Ends the plan.
     ReadTermStart,
     /// Read what the caches cannot say before deciding ([`Read`], `reads.rs`). A plan
     /// that asks for reads asks for nothing else; the next plan has their answers.

@@ -712,6 +712,18 @@ fn without_the_confirming_read_the_checker_finds_an_attempt_started_again() {
     eprintln!("counterexample, {} steps: {path:#?}", path.len());
 }
 
+/// The term start's list compared wrong (a cached GpuJob behind the version listed is
+/// taken for current): the same hole as leaving the confirming read out, found again.
+#[test]
+fn with_a_list_that_confirms_a_lagging_cache_the_checker_finds_an_attempt_started_again() {
+    let model = Protocol::new(Faults {
+        list_confirms_behind: true,
+        ..Faults::default()
+    });
+    let path = counterexample(model, &[ONE_JOB_PER_ATTEMPT], depth());
+    eprintln!("counterexample, {} steps: {path:#?}", path.len());
+}
+
 /// The node's kubelet is lost: a deleted pod that ran never stops. After an edit, the
 /// replacement waits for the old attempt's pod for good, and the liveness check must
 /// say the GpuJob does not converge (the operator can only report such a wait).

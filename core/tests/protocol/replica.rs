@@ -38,6 +38,9 @@ pub struct Faults {
     /// The replica takes its cached GpuJob as known current in its term, without the
     /// confirming read the plan asks for.
     pub unconfirmed: bool,
+    /// The term start's list takes a cached GpuJob for current when the cache is not
+    /// past the version listed (at or behind it), rather than only at it.
+    pub list_confirms_behind: bool,
     /// The quota service ignores fencing tokens (a world fault: the contract makes
     /// honouring them optional).
     pub quota_ignores_tokens: bool,
@@ -70,8 +73,8 @@ pub struct Replica {
     /// The GpuJob's resourceVersion known current in this term (read or written by it).
     pub current: Option<u32>,
     /// Where its term began (a quorum list's resourceVersion, read when a plan asks:
-    /// `Action::ReadTermStart`): a cached GpuJob strictly past it needs no confirming
-    /// read (`src/controller/view/term_start.rs`).
+    /// `Action::ReadTermStart`): a cached GpuJob strictly past it, or at the version
+    /// the list found, needs no confirming read (`src/controller/view/term_start.rs`).
     pub term_start: Option<u32>,
     /// A write sent and not yet landed.
     pub in_flight: Option<Write>,
@@ -203,9 +206,17 @@ impl Replica {
                 return Flow::Replan;
             }
             Action::ReadTermStart => {
-                // A quorum list's resourceVersion: the store's now.
+                // A quorum list of the namespace's GpuJobs: its resourceVersion is the
+                // store's now, and the version it found of the GpuJob is current in
+                // the term (`View::record`).
                 self.term_start = Some(api.rv);
-                heard.confirmed |= self.gpujob.rv > api.rv;
+                self.current = Some(api.gpujob.rv);
+                let listed = if env.faults.list_confirms_behind {
+                    self.gpujob.rv <= api.gpujob.rv
+                } else {
+                    self.gpujob.rv == api.gpujob.rv
+                };
+                heard.confirmed |= self.gpujob.rv > api.rv || listed;
                 return Flow::Replan;
             }
             Action::Read(read) => {

@@ -30,6 +30,17 @@ use crate::controller::plan::{
 use crate::controller::seen_job::SeenJob;
 use crate::controller::seen_pod::SeenPod;
 
+/// GpuJobs per page of a term start's list: a page's metadata is well under a MiB.
+const TERM_START_PAGE: u32 = 500;
+
+/// Where a term began in one namespace ([`Reader::term_start`]).
+#[derive(Debug)]
+pub struct TermStart {
+    pub start: u64,
+    /// The namespace's GpuJobs then: (name, resourceVersion).
+    pub listed: Vec<(String, String)>,
+}
+
 /// Reads of the API server, on the operator's client.
 #[derive(Clone)]
 pub struct Reader {
@@ -67,26 +78,61 @@ impl Reader {
         Ok(list.iter().filter_map(SeenPod::of).collect())
     }
 
-    /// Where a term that began now begins: the store's resourceVersion, from a quorum
-    /// list of one GpuJob's metadata in `ns` (any namespace will do: one sequence for
-    /// the whole store; the GpuJob's own is one this replica may list whatever its
-    /// install's scope). `None`, said in a warning, when it cannot be read.
-    pub async fn term_start(&self, ns: &str, shard: u32) -> Option<u64> {
+    /// Where a term that began now begins, read in namespace `ns`: the store's
+    /// resourceVersion, from a quorum list of the metadata of `ns`'s GpuJobs (the
+    /// GpuJob's own namespace: one this replica may list whatever its install's
+    /// scope), with the version each GpuJob was at (name, resourceVersion). Its pages
+    /// are one snapshot (a continued list is served at the first page's version).
+    /// `None`, said in a warning, when it cannot be read.
+    pub async fn term_start(&self, ns: &str, shard: u32) -> Option<TermStart> {
         let api: Api<GpuJob> = Api::namespaced(self.client.clone(), ns);
-        match api.list_metadata(&ListParams::default().limit(1)).await {
-            Ok(list) => list
-                .metadata
-                .resource_version
-                .and_then(|v| v.parse::<u64>().ok()),
-            Err(e) => {
-                warn!(
-                    shard,
-                    error = %e,
-                    "could not read where this term of the shard began; its GpuJobs are read from the API server before their first Job or quota call until it is known"
+        let mut start = None;
+        let mut listed = Vec::new();
+        let mut params = ListParams::default().limit(TERM_START_PAGE);
+        loop {
+            let page = match api.list_metadata(&params).await {
+                Ok(page) => page,
+                Err(e) => {
+                    warn!(
+                        shard,
+                        namespace = ns,
+                        error = %e,
+                        "could not read where this term of the shard began in the namespace; its GpuJobs are read one by one from the API server before their first Job or quota call until it is known"
+                    );
+                    return None;
+                }
+            };
+            if start.is_none() {
+                // Not a number: never taken for a start (`term_start.rs`).
+                start = Some(
+                    page.metadata
+                        .resource_version
+                        .as_deref()
+                        .and_then(|v| v.parse::<u64>().ok())?,
                 );
-                None
+            }
+            listed.extend(
+                page.items
+                    .into_iter()
+                    .filter_map(|g| Some((g.metadata.name?, g.metadata.resource_version?))),
+            );
+            match page.metadata.continue_ {
+                Some(next) if !next.is_empty() => params = params.continue_token(&next),
+                _ => break,
             }
         }
+        let read = TermStart {
+            start: start?,
+            listed,
+        };
+        debug!(
+            shard,
+            namespace = ns,
+            start = read.start,
+            gpujobs = read.listed.len(),
+            "read where this term of the shard began in the namespace"
+        );
+        Some(read)
     }
 
     /// One of the plan's reads ([`Read`]) for the GpuJob `key` with uid `uid`.
@@ -253,12 +299,21 @@ impl Execution<'_> {
     /// Where the term of the reconcile's shard began, for the view.
     pub(super) async fn read_term_start(&mut self, key: &Key) -> Result<(), Error> {
         self.ctx.writer.check(self.fence)?;
-        let start = self
+        let read = self
             .ctx
             .reader
             .term_start(&key.namespace, self.fence.shard)
             .await;
-        self.outcomes.push(Outcome::TermStart { start });
+        self.outcomes.push(match read {
+            Some(TermStart { start, listed }) => Outcome::TermStart {
+                start: Some(start),
+                listed,
+            },
+            None => Outcome::TermStart {
+                start: None,
+                listed: Vec::new(),
+            },
+        });
         Ok(())
     }
 

@@ -77,8 +77,13 @@ pub enum Outcome {
     GpuJobGone,
     /// A read found a Job of the GpuJob's that the Job cache does not have (yet).
     JobRead(Box<SeenJob>),
-    /// Where the term of the reconcile's shard began, as read (`None`: the read failed).
-    TermStart { start: Option<u64> },
+    /// Where the term of the reconcile's shard began, as read in its namespace (`None`:
+    /// the read failed), and the version each GpuJob of the namespace was at then
+    /// (name, resourceVersion): current in the term, as if each had been read alone.
+    TermStart {
+        start: Option<u64>,
+        listed: Vec<(String, String)>,
+    },
     /// The snapshot offered the read of the term's start, and the run did not make it
     /// (its plan needed no confirmed view, or the run ended first): the next reconcile
     /// that needs it is offered it.
@@ -330,13 +335,18 @@ impl View {
                     }
                 }
                 Outcome::TermStartDeclined => {
-                    self.term_starts.declined(fence.shard, fence.epoch);
+                    self.term_starts
+                        .declined(fence.shard, &key.namespace, fence.epoch);
                     snap.term_start_due = false;
                 }
-                Outcome::TermStart { start } => {
+                Outcome::TermStart { start, listed } => {
                     let now = Instant::now();
+                    for (name, rv) in listed {
+                        let listed = Key::new(&key.namespace, &name);
+                        self.memory.mark_current(&listed, fence.epoch, &rv);
+                    }
                     self.term_starts
-                        .learned(fence.shard, fence.epoch, start, now);
+                        .learned(fence.shard, &key.namespace, fence.epoch, start, now);
                     let rv = snap.gpujob.metadata.resource_version.clone();
                     let covered =
                         observe::currency(self, key, fence, rv.as_deref().unwrap_or_default(), now);
@@ -477,7 +487,10 @@ mod tests {
             &key,
             &third,
             &mut snap,
-            vec![Outcome::TermStart { start: Some(11) }],
+            vec![Outcome::TermStart {
+                start: Some(11),
+                listed: vec![],
+            }],
         );
         assert!(snap.confirmed, "12 is past 11");
         let mut snap = view.snapshot(&key, &Fence { shard: 0, epoch: 4 }).unwrap();
@@ -486,7 +499,10 @@ mod tests {
             &key,
             &fourth,
             &mut snap,
-            vec![Outcome::TermStart { start: Some(12) }],
+            vec![Outcome::TermStart {
+                start: Some(12),
+                listed: vec![],
+            }],
         );
         assert!(
             !snap.confirmed && !snap.term_start_due,
@@ -495,6 +511,60 @@ mod tests {
 
         // Gone: the reconcile ends, and the view forgets what it remembered of it.
         assert!(!view.record(&key, &fourth, &mut snap, vec![Outcome::GpuJobGone]));
+    }
+
+    #[test]
+    fn the_term_starts_list_confirms_the_gpujobs_cached_at_the_versions_it_found() {
+        let view = View::default();
+        let fence = Fence { shard: 0, epoch: 1 };
+        let named = |ns: &str, name: &str, rv| {
+            let mut g = gpujob(rv, 1);
+            g.metadata.namespace = Some(ns.into());
+            g.metadata.name = Some(name.into());
+            g.metadata.uid = Some(format!("{ns}-{name}"));
+            g
+        };
+        // `a` is cached as listed; `b` behind what the list found; `c` in another namespace.
+        for g in [
+            named("ns", "a", "10"),
+            named("ns", "b", "8"),
+            named("other", "c", "9"),
+        ] {
+            view.gpujob_event(&Event::Apply(g), &Scope::All);
+        }
+        let (a, b, c) = (
+            Key::new("ns", "a"),
+            Key::new("ns", "b"),
+            Key::new("other", "c"),
+        );
+        let mut snap = view.snapshot(&a, &fence).unwrap();
+        assert!(snap.term_start_due && !snap.confirmed);
+        let listed = vec![("a".into(), "10".into()), ("b".into(), "12".into())];
+        view.record(
+            &a,
+            &fence,
+            &mut snap,
+            vec![Outcome::TermStart {
+                start: Some(20),
+                listed,
+            }],
+        );
+        assert!(snap.confirmed, "cached at the version listed: current");
+        assert!(view.snapshot(&a, &fence).unwrap().confirmed);
+        let b_snap = view.snapshot(&b, &fence).unwrap();
+        assert!(
+            !b_snap.confirmed && !b_snap.term_start_due,
+            "cached behind the list: read it alone"
+        );
+        // When the cache catches up with the version listed, it is current.
+        view.gpujob_event(&Event::Apply(named("ns", "b", "12")), &Scope::All);
+        assert!(view.snapshot(&b, &fence).unwrap().confirmed);
+        // Another namespace of the shard reads its own start; the next term reads again.
+        let c_snap = view.snapshot(&c, &fence).unwrap();
+        assert!(!c_snap.confirmed && c_snap.term_start_due);
+        let next = Fence { shard: 0, epoch: 2 };
+        let again = view.snapshot(&a, &next).unwrap();
+        assert!(!again.confirmed && again.term_start_due);
     }
 
     #[test]

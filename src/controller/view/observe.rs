@@ -65,5 +65,6 @@ pub(super) fn currency(view: &View, key: &Key, fence: &Fence, rv: &str, now: Ins
             due: false,
         };
     }
-    view.term_starts.covers(fence.shard, fence.epoch, rv, now)
+    view.term_starts
+        .covers(fence.shard, &key.namespace, fence.epoch, rv, now)
 }

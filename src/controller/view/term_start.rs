@@ -1,11 +1,15 @@
 //! Where this replica's term of each shard began, as a resourceVersion `T`: read once
-//! per term by a quorum list, after the term was gained, by the executor when a plan
-//! asks (`Action::ReadTermStart`, which the view offers one reconcile of the shard at a
-//! time: [`TermStarts::covers`]). A cached GpuJob whose
-//! resourceVersion is past `T` needs no confirming read before its first effect
-//! (`Action::Confirm`): that is every GpuJob created or changed after a replica took its
-//! shard, so a burst of new GpuJobs costs no read each. Only GpuJobs last changed at or
-//! before `T` are read first.
+//! per term and namespace by a quorum list of the namespace's GpuJobs (their metadata,
+//! paged), after the term was gained, by the executor when a plan asks
+//! (`Action::ReadTermStart`, which the view offers one reconcile of the namespace at a
+//! time: [`TermStarts::covers`]). A cached GpuJob whose resourceVersion is past `T`
+//! needs no confirming read before its first effect (`Action::Confirm`): that is every
+//! GpuJob created or changed after a replica took its shard, so a burst of new GpuJobs
+//! costs no read each. The same list says which version each older GpuJob of the
+//! namespace is at: a cached GpuJob at that version is current, as if it had been read
+//! alone (the view marks it so: `View::record`). Only a GpuJob the cache shows behind
+//! the list is read first; so a hand-over costs one list per namespace, not a read per
+//! GpuJob.
 //!
 //! Why that is sound. A confirming read exists so that an effect is not decided on a
 //! GpuJob that an earlier holder of the shard has changed since. An earlier holder's
@@ -61,23 +65,30 @@ pub struct Covered {
     pub due: bool,
 }
 
-/// The start of each shard's current term, by shard: `(epoch, start)`.
+/// Where the current term of a shard began, as read in one of its namespaces.
+type Part = (u32, String);
+
+/// The start of each shard's current term as read in each namespace, by (shard,
+/// namespace): `(epoch, start)`. An entry stays until the next term of its shard
+/// replaces it (a namespace's entry is a few dozen bytes).
 #[derive(Debug, Default)]
 pub struct TermStarts {
-    by_shard: Mutex<HashMap<u32, (u64, Start)>>,
+    by_part: Mutex<HashMap<Part, (u64, Start)>>,
 }
 
 impl TermStarts {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u32, (u64, Start)>> {
-        self.by_shard.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, HashMap<Part, (u64, Start)>> {
+        self.by_part.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether version `rv` of a GpuJob is past the start of term `epoch` of `shard`
-    /// (never while the start is unknown), and whether the caller should read the start
-    /// (`due`: unknown, and not offered to another caller in the last [`RETRY_AFTER`]).
-    pub fn covers(&self, shard: u32, epoch: u64, rv: &str, now: Instant) -> Covered {
-        let mut by_shard = self.lock();
-        let offer = match by_shard.get(&shard) {
+    /// Whether version `rv` of a GpuJob in namespace `ns` is past the start of term
+    /// `epoch` of `shard` (never while the start is unknown), and whether the caller
+    /// should read the start (`due`: unknown, and not offered to another caller in the
+    /// last [`RETRY_AFTER`]).
+    pub fn covers(&self, shard: u32, ns: &str, epoch: u64, rv: &str, now: Instant) -> Covered {
+        let mut by_part = self.lock();
+        let part = (shard, ns.to_owned());
+        let offer = match by_part.get(&part) {
             // A caller still in an ended term reads nothing for it.
             Some((e, _)) if *e > epoch => false,
             Some((e, Start::Known(start))) if *e == epoch => {
@@ -94,7 +105,7 @@ impl TermStarts {
             _ => true,
         };
         if offer {
-            by_shard.insert(shard, (epoch, Start::Offered(now)));
+            by_part.insert(part, (epoch, Start::Offered(now)));
         }
         Covered {
             past: false,
@@ -102,22 +113,25 @@ impl TermStarts {
         }
     }
 
-    /// The caller offered the read of term `epoch` of `shard`'s start will not make it
-    /// (its GpuJob needed no confirmed view): the next caller is offered it.
-    pub fn declined(&self, shard: u32, epoch: u64) {
-        let mut by_shard = self.lock();
-        if matches!(by_shard.get(&shard), Some((e, Start::Offered(_))) if *e == epoch) {
-            by_shard.insert(shard, (epoch, Start::Open));
+    /// The caller offered the read of term `epoch` of `shard`'s start in `ns` will not
+    /// make it (its GpuJob needed no confirmed view): the next caller is offered it.
+    pub fn declined(&self, shard: u32, ns: &str, epoch: u64) {
+        let mut by_part = self.lock();
+        let part = (shard, ns.to_owned());
+        if matches!(by_part.get(&part), Some((e, Start::Offered(_))) if *e == epoch) {
+            by_part.insert(part, (epoch, Start::Open));
         }
     }
 
-    /// A read of where term `epoch` of `shard` began found `start` (`None`: it failed).
-    pub fn learned(&self, shard: u32, epoch: u64, start: Option<u64>, now: Instant) {
-        let mut by_shard = self.lock();
+    /// A read of where term `epoch` of `shard` began, in `ns`, found `start` (`None`: it
+    /// failed).
+    pub fn learned(&self, shard: u32, ns: &str, epoch: u64, start: Option<u64>, now: Instant) {
+        let mut by_part = self.lock();
+        let part = (shard, ns.to_owned());
         // Only this term's entry: a newer term may have begun meanwhile.
-        if by_shard.get(&shard).is_none_or(|(e, _)| *e == epoch) {
+        if by_part.get(&part).is_none_or(|(e, _)| *e == epoch) {
             let state = start.map_or(Start::Failed(now), Start::Known);
-            by_shard.insert(shard, (epoch, state));
+            by_part.insert(part, (epoch, state));
         }
     }
 }
@@ -138,43 +152,48 @@ mod tests {
         let starts = TermStarts::default();
         let t0 = Instant::now();
         let unknown = |due| Covered { past: false, due };
-        assert_eq!(starts.covers(0, 1, "10", t0), unknown(true));
+        assert_eq!(starts.covers(0, "ns", 1, "10", t0), unknown(true));
         // Offered: the others confirm their GpuJob meanwhile.
         assert_eq!(
-            starts.covers(0, 1, "10", t0 + Duration::from_secs(1)),
+            starts.covers(0, "ns", 1, "10", t0 + Duration::from_secs(1)),
             unknown(false)
         );
         // Never answered (its reconcile ended first): offered again.
         let later = t0 + Duration::from_secs(6);
-        assert_eq!(starts.covers(0, 1, "10", later), unknown(true));
+        assert_eq!(starts.covers(0, "ns", 1, "10", later), unknown(true));
         // Declined (its GpuJob needed no confirmed view): offered to the next at once.
-        starts.declined(0, 1);
-        assert_eq!(starts.covers(0, 1, "10", later), unknown(true));
+        starts.declined(0, "ns", 1);
+        assert_eq!(starts.covers(0, "ns", 1, "10", later), unknown(true));
         // A failed read waits as long before the next.
-        starts.learned(0, 1, None, later);
-        assert_eq!(starts.covers(0, 1, "10", later), unknown(false));
+        starts.learned(0, "ns", 1, None, later);
+        assert_eq!(starts.covers(0, "ns", 1, "10", later), unknown(false));
         assert_eq!(
-            starts.covers(0, 1, "10", later + Duration::from_secs(6)),
+            starts.covers(0, "ns", 1, "10", later + Duration::from_secs(6)),
             unknown(true)
         );
-        starts.learned(0, 1, Some(10), later);
+        starts.learned(0, "ns", 1, Some(10), later);
         assert_eq!(
-            starts.covers(0, 1, "11", later),
+            starts.covers(0, "ns", 1, "11", later),
             Covered {
                 past: true,
                 due: false
             }
         );
-        assert_eq!(starts.covers(0, 1, "10", later), unknown(false));
+        assert_eq!(starts.covers(0, "ns", 1, "10", later), unknown(false));
         // A new term knows nothing of the last one's start; an answer about the old
         // term does not overwrite the new one's.
-        assert_eq!(starts.covers(0, 2, "11", later), unknown(true));
-        starts.learned(0, 1, Some(5), later);
-        assert_eq!(starts.covers(0, 2, "11", later), unknown(false));
+        assert_eq!(starts.covers(0, "ns", 2, "11", later), unknown(true));
+        starts.learned(0, "ns", 1, Some(5), later);
+        assert_eq!(starts.covers(0, "ns", 2, "11", later), unknown(false));
         // Nor does a caller of the old term take the new term's offer.
-        starts.declined(0, 2);
-        assert_eq!(starts.covers(0, 1, "11", later), unknown(false));
-        assert_eq!(starts.covers(0, 2, "11", later), unknown(true));
+        starts.declined(0, "ns", 2);
+        assert_eq!(starts.covers(0, "ns", 1, "11", later), unknown(false));
+        assert_eq!(starts.covers(0, "ns", 2, "11", later), unknown(true));
+        // Each namespace of the shard reads its own: known in one, offered in another.
+        starts.learned(0, "ns", 2, Some(10), later);
+        assert!(starts.covers(0, "ns", 2, "11", later).past);
+        assert_eq!(starts.covers(0, "other", 2, "11", later), unknown(true));
+        assert_eq!(starts.covers(1, "ns", 2, "11", later), unknown(true));
     }
 
     #[test]
