@@ -94,14 +94,14 @@ fn row(s: &Snapshot, k: i32) -> Row {
         row.outcome = exit_in_note(&e.note).unwrap_or_else(|| "-".to_owned());
         row.ended = time(e.time);
         row.counted = yes_no(counted);
-    } else if status.and_then(|st| st.replacing_attempt) == Some(k) {
-        row.phase = "Stopping".to_owned();
-        row.outcome = "replaced or suspended (not a failure)".to_owned();
-        row.counted = "no".to_owned();
-    } else if s.events.iter().any(|e| {
-        (e.reason == "SpecChangeApplied" && e.note.contains(&format!("attempt {k} is replaced")))
-            || (e.reason == "Suspended" && e.note.contains(&format!("attempt {k} is stopped")))
-    }) {
+    } else if status.and_then(|st| st.replacing_attempt) == Some(k)
+        || s.events.iter().any(|e| {
+            (e.reason == "SpecChangeApplied"
+                && e.note.contains(&format!("attempt {k} is replaced")))
+                || (e.reason == "Suspended" && e.note.contains(&format!("attempt {k} is stopped")))
+        })
+    {
+        // Its Job is gone (a Job still being deleted is "Stopping", above).
         row.phase = "Stopped".to_owned();
         row.outcome = "replaced or suspended (not a failure)".to_owned();
         row.counted = "no".to_owned();

@@ -253,6 +253,35 @@ fn a_failure_rule_that_retries_without_counting_is_not_counted() {
 }
 
 #[test]
+fn an_attempt_stopped_by_a_suspend_or_a_spec_change_is_not_a_failure() {
+    let mut s = snapshot(gpujob(
+        json!({"suspend": true}),
+        json!({"phase": "Suspended", "attempts": 2, "replacingAttempt": 2}),
+    ));
+    s.events.push(event(
+        "Normal",
+        "SpecChangeApplied",
+        "the spec changed (generation 2): attempt 1 is replaced by a new attempt",
+        "2026-12-05T09:10:00Z",
+    ));
+    // Attempt 2's Job is still being deleted; then it is gone.
+    let mut deleting = job(2, json!({"active": 1}), json!({}));
+    deleting.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
+    s.jobs.push(deleting);
+    let phases = |s: &Snapshot| -> Vec<(String, String)> {
+        attempts::rows(s)
+            .into_iter()
+            .map(|r| (r.phase, r.counted))
+            .collect()
+    };
+    let pair = |p: &str, c: &str| (p.to_owned(), c.to_owned());
+    assert_eq!(phases(&s), [pair("Stopped", "no"), pair("Stopping", "-")]);
+    s.jobs.clear();
+    assert_eq!(phases(&s), [pair("Stopped", "no"), pair("Stopped", "no")]);
+}
+
+#[test]
 fn why_says_kueue_admission_with_kueues_words() {
     let s = snapshot(gpujob(
         json!({"queueName": "team-a"}),

@@ -27,6 +27,7 @@ mod metrics_secure;
 mod migration;
 mod monitoring;
 mod observability;
+mod plugin;
 mod preconditions;
 mod quota;
 mod quota_fencing;
