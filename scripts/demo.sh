@@ -39,6 +39,8 @@ prepare_machine
 
 step "build"
 cargo build --locked --bins
+# The kubectl plugin (plugin/): `kubectl gpujob` once $bin is on PATH.
+cargo build --locked -p kubectl-gpujob
 
 step "local control plane (a demo already running is stopped first)"
 stop
@@ -161,12 +163,19 @@ done
 
 echo
 kubectl -n "$ns" get gpujobs -o custom-columns='NAME:.metadata.name,PHASE:.status.phase,ATTEMPTS:.status.attempts,FAILURES:.status.failures,LAST-FAILURE:.status.lastFailure.reason,READY:.status.conditions[0].reason,MESSAGE:.status.conditions[0].message'
+echo
+# Each attempt of the preempted GpuJob, through the kubectl plugin (plugin/): attempt 1
+# disrupted and not counted, attempt 2 succeeded. Shown, never fatal to the demo.
+echo "kubectl gpujob -n $ns attempts pretrain-preemptible"
+PATH="$bin:$PATH" kubectl gpujob -n "$ns" attempts pretrain-preemptible || true
 holder="$(kubectl -n gpujob-system get lease "gpujob-operator-shard-$shard" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
 cat <<MSG
 
 The cluster and $replicas operator replicas are still running.
   kubeconfig:    export KUBECONFIG=$KUBECONFIG
   try:           kubectl -n $ns get gj; kubectl -n $ns describe gj finetune-llm
+  plugin:        export PATH=$bin:\$PATH   # kubectl gpujob, from plugin/
+                 kubectl gpujob -n $ns attempts finetune-llm; kubectl gpujob -n $ns why sweep-lr-3e-3
   two nodes:     kubectl -n $ns get pods,svc,endpointslices -l gpujob.dev/name=pretrain-multinode -o wide
   who holds what: kubectl -n gpujob-system get leases -l gpujob.dev/lease-role=shard
   fail over:     kill -9 \$(cat $cache/demo-replica-${holder#demo-}.pid)   # ${holder:-?}, holder of $ns's shard $shard
