@@ -309,9 +309,25 @@ fn check_conversion_webhook(crd: &[serde_json::Value], operator: &[serde_json::V
     assert_eq!(service["metadata"]["namespace"], service_ref["namespace"]);
     assert_eq!(service["spec"]["ports"][0]["port"], service_ref["port"]);
     let deployment = named(operator, "Deployment");
-    assert_eq!(
-        service["spec"]["selector"], deployment["spec"]["selector"]["matchLabels"],
-        "every replica answers"
+    // Every replica answers: the Service selects what every pod carries (the Deployment's
+    // selector and this install's instance label, so not another install's pods).
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let selector = service["spec"]["selector"].as_object().unwrap();
+    for (k, v) in deployment["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(selector.get(k), Some(v), "the Service selects {k}");
+    }
+    for (k, v) in selector {
+        assert_eq!(
+            &pod_labels[k], v,
+            "every replica answers: the pods lack {k}"
+        );
+    }
+    assert!(
+        selector.contains_key("app.kubernetes.io/instance"),
+        "{selector:?}"
     );
     let pod = &deployment["spec"]["template"]["spec"];
     let container = &pod["containers"][0];

@@ -1,17 +1,111 @@
 {{/*
-Names. The namespaced objects and the operator's ClusterRole are named after the
-release ("gpujob-operator" when the release name holds it). The selector label
+Names. Every object is named after the release ("gpujob-operator" when the release name
+holds it), so several releases never share a name, a selector or a Lease. The label
 app.kubernetes.io/name is always gpujob-operator: the ServiceMonitor names the scrape
-job after it (jobLabel), and every alert and the dashboard select job="gpujob-operator".
+job after it (jobLabel), and every alert and the dashboard select job="gpujob-operator";
+selectors add app.kubernetes.io/instance (the release), except the Deployment's, which
+is immutable (see selectorLabels).
+
+Names are cut to 63 characters, the limit of a Service's name and of a label value (the
+operator writes its Lease name into one): a name that would be longer keeps its start
+and ends in 8 characters of the SHA-256 of the whole base name, then its suffix
+(`-webhook`, `-lease`, ...), so two long release names never meet in one cut name. A
+name that fits is left as it is (names of existing installs do not change).
+*/}}
+
+{{/* The name every object's name starts from, uncut. */}}
+{{- define "gpujob-operator.base" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride -}}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* (list base suffix): base+suffix, or cut to 63 characters with a hash of base. */}}
+{{- define "gpujob-operator.cut" -}}
+{{- $base := index . 0 -}}
+{{- $suffix := index . 1 -}}
+{{- $name := printf "%s%s" $base $suffix -}}
+{{- if le (len $name) 63 -}}
+{{- $name -}}
+{{- else -}}
+{{- printf "%s-%s%s" (trunc (int (sub 54 (len $suffix))) $base | trimSuffix "-") (sha256sum $base | trunc 8) $suffix -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The release's name for its objects. Refused, with the reason, when it cannot name a
+Service (a DNS-1035 label: lowercase letters, digits and '-', starting with a letter;
+Helm allows release names with dots or a leading digit), or when it is the name of
+another release's Lease (see leaseName).
 */}}
 {{- define "gpujob-operator.fullname" -}}
-{{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
-{{- else if contains .Chart.Name .Release.Name -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
-{{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- $name := include "gpujob-operator.cut" (list (include "gpujob-operator.base" .) "") -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "the objects would be named %q, which is no Service name (lowercase letters, digits and '-', starting with a letter): choose another release name or set fullnameOverride" $name) -}}
 {{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{/* (list . suffix): the name of one of the release's objects, `<fullname><suffix>`, cut. */}}
+{{- define "gpujob-operator.name" -}}
+{{- $root := index . 0 -}}
+{{- $_ := include "gpujob-operator.fullname" $root -}}
+{{- include "gpujob-operator.cut" (list (include "gpujob-operator.base" $root) (index . 1)) -}}
+{{- end -}}
+
+{{/*
+(list . suffix): the name of a cluster-scoped object of the release. In cluster mode it
+is the install's only one (two would both act on every GpuJob), named as its namespaced
+objects are, as deploy/ names it. In namespaced mode several releases run, under the
+same release name in different namespaces too: the namespace is part of the name.
+*/}}
+{{- define "gpujob-operator.clusterName" -}}
+{{- $root := index . 0 -}}
+{{- if $root.Values.watchNamespace -}}
+{{- $_ := include "gpujob-operator.fullname" $root -}}
+{{- include "gpujob-operator.cut" (list (printf "%s-%s" (include "gpujob-operator.base" $root) (include "gpujob-operator.namespace" $root)) (index . 1)) -}}
+{{- else -}}
+{{- include "gpujob-operator.name" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+--lease-name: the Lease (with shards, the prefix of <lease>-shard-<i>, <lease>-shard-map
+and <lease>-member-<pod>), in the release's namespace. leaseName if set; else the name a
+running Deployment of this release uses (its --lease-name, or the operator's default,
+gpujob-operator, without one: releases installed before the chart passed the flag keep
+their Lease, since replicas under two Lease names would both act during the rollout);
+else, on a first install, the release's fullname. `helm template` (and tools that render
+with it, such as Argo CD) cannot look: there it is always the fullname (docs/install.md,
+"Several installs"). Refused when it ends as another release's shard Lease would.
+*/}}
+{{- define "gpujob-operator.leaseName" -}}
+{{- $lease := include "gpujob-operator.fullname" . -}}
+{{- if .Values.leaseName -}}
+{{- $lease = .Values.leaseName -}}
+{{- else -}}
+{{- $running := lookup "apps/v1" "Deployment" (include "gpujob-operator.namespace" .) $lease -}}
+{{- if $running -}}
+{{- $lease = "gpujob-operator" -}}
+{{- range $running.spec.template.spec.containers -}}
+{{- if eq .name "operator" -}}
+{{- range .args -}}
+{{- if hasPrefix "--lease-name=" . -}}
+{{- $lease = trimPrefix "--lease-name=" . -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if regexMatch "-shard-([0-9]+|map)$" $lease -}}
+{{- fail (printf "the Lease name %q ends as a shard Lease of a release named %q would: choose another release name, fullnameOverride or leaseName" $lease (regexReplaceAll "-shard-([0-9]+|map)$" $lease "")) -}}
+{{- end -}}
+{{- $lease -}}
 {{- end -}}
 
 {{- define "gpujob-operator.namespace" -}}
@@ -19,11 +113,25 @@ job after it (jobLabel), and every alert and the dashboard select job="gpujob-op
 {{- end -}}
 
 {{- define "gpujob-operator.webhookSecret" -}}
-{{- default (printf "%s-webhook-tls" (include "gpujob-operator.fullname" .)) .Values.webhook.secretName -}}
+{{- default (include "gpujob-operator.name" (list . "-webhook-tls")) .Values.webhook.secretName -}}
 {{- end -}}
 
+{{/*
+The Deployment's selector: immutable, so it stays what every release so far had.
+Pods of two releases in one namespace both match it; the Deployment controller keeps
+them apart by owner references (each counts only its own ReplicaSets' pods).
+*/}}
 {{- define "gpujob-operator.selectorLabels" -}}
 app.kubernetes.io/name: gpujob-operator
+{{- end -}}
+
+{{/*
+Every other selector (Services, PodDisruptionBudget, NetworkPolicy, ServiceMonitor):
+the release's pods alone, not those of another release in the namespace.
+*/}}
+{{- define "gpujob-operator.instanceSelectorLabels" -}}
+{{ include "gpujob-operator.selectorLabels" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/*
