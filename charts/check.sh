@@ -31,3 +31,154 @@ for field in version appVersion; do
   [[ "$got" == "$crate" ]] || { echo "$chart/Chart.yaml $field is $got, Cargo.toml says $crate" >&2; exit 1; }
 done
 echo "  OK: Chart.yaml version and appVersion are $crate, as Cargo.toml"
+
+# Several installs side by side, and names of any length. A Python check of rendered
+# objects, read as JSON lines: helm converts its own output (fromYaml, toJson in a chart
+# of one template), so nothing but helm and python3 is needed.
+tojson="$home/to-json"
+mkdir -p "$tojson/templates" "$tojson/files"
+printf 'apiVersion: v2\nname: to-json\nversion: 0.0.0\n' >"$tojson/Chart.yaml"
+cat >"$tojson/templates/objects.yaml" <<'TPL'
+{{- range splitList "\n---" (.Files.Get "files/objects.yaml") }}
+{{- with fromYaml . }}
+{{ toJson . }}
+{{- end }}
+{{- end }}
+TPL
+# render NAME RELEASE NAMESPACE [--set ...]: the chart's objects, as $home/NAME.json.
+render() {
+  local name="$1" release="$2" namespace="$3"
+  shift 3
+  "$helm" template "$release" "$chart" --namespace "$namespace" "$@" >"$tojson/files/objects.yaml"
+  "$helm" template to-json "$tojson" | grep '^{' >"$home/$name.json"
+}
+all=(--set webhook.certManager.enabled=true --set monitoring.enabled=true --set metrics.secure=true)
+long="$(printf 'x%.0s' {1..52})"                   # with one more character: 53, Helm's limit
+long_ns="$(printf 'n%.0s' {1..63})"                # the longest namespace name
+render long-cluster "${long}a" gpujob-system "${all[@]}"
+render long-named "gpujob-operator-${long:16}b" "$long_ns" "${all[@]}" --set watchNamespace=team-a
+# Two namespaced releases in one namespace (the second without the CRD: one per cluster).
+render one-ns-a team-a platform "${all[@]}" --set watchNamespace=team-a
+render one-ns-b team-b platform "${all[@]}" --set watchNamespace=team-b --set crds.install=false
+# The same release name in two namespaces, namespaced, with secure metrics.
+render two-ns-a gpujob-operator team-a-ops "${all[@]}" --set watchNamespace=team-a
+render two-ns-b gpujob-operator team-b-ops "${all[@]}" --set watchNamespace=team-b --set crds.install=false
+# Two 53-character names that differ only in their last character, in one namespace:
+# every name cut before that character tells them apart by its hash alone.
+render long-a "gpujob-operator-${long:16}a" platform "${all[@]}" --set watchNamespace=team-a
+render long-b "gpujob-operator-${long:16}b" platform "${all[@]}" --set watchNamespace=team-b --set crds.install=false
+# Two cluster-wide releases in one namespace: their names do not clash (running both is
+# what docs/install.md, "Several installs", rules out: both would act on every GpuJob).
+render cluster-a first gpujob-system --set webhook.certManager.enabled=true --set monitoring.enabled=true
+render cluster-b second gpujob-system --set webhook.certManager.enabled=true --set monitoring.enabled=true --set crds.install=false
+# A second release watching team-a: it shares the Role gpujob-operator there with the
+# first, which is how Helm refuses it.
+render same-watch-b other team-b-ops --set watchNamespace=team-a --set crds.install=false
+python3 - "$home" <<'PY'
+import json, re, sys
+home = sys.argv[1]
+def load(name):
+    with open(f"{home}/{name}.json") as f:
+        return [json.loads(line) for line in f]
+problems, reported = [], 0
+def problem(what): problems.append(what)
+def report(ok):
+    """OK when no problem was found since the last report."""
+    global reported
+    print(f"  OK: {ok}" if len(problems) == reported else f"  FAILED: {ok}")
+    reported = len(problems)
+LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")                # DNS-1123 label
+SERVICE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")                  # DNS-1035 label
+VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")  # label value
+def key(o): return (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
+def deployment(objs): return next(o for o in objs if o["kind"] == "Deployment")
+def lease(objs):
+    args = deployment(objs)["spec"]["template"]["spec"]["containers"][0]["args"]
+    names = [a.split("=", 1)[1] for a in args if a.startswith("--lease-name=")]
+    return names[0] if len(names) == 1 else None
+def names_valid(render):
+    objs = load(render)
+    for o in objs:
+        kind, ns, name = key(o)
+        if kind == "CustomResourceDefinition":
+            continue                                  # <plural>.<group>, a DNS subdomain
+        pattern = SERVICE if kind == "Service" else LABEL
+        if len(name) > 63 or not pattern.match(name):
+            problem(f"{render}: {kind} {name!r} ({len(name)} characters) is no valid name")
+        for k, v in o["metadata"].get("labels", {}).items():
+            if len(v) > 63 or not VALUE.match(v):
+                problem(f"{render}: {kind} {name}: label {k}={v!r} is no label value")
+        if kind == "Certificate":
+            spec = o["spec"]
+            for dns in spec.get("dnsNames", []):
+                if any(len(part) > 63 for part in dns.split(".")):
+                    problem(f"{render}: Certificate {name}: DNS name {dns} has a label over 63")
+            if len(spec.get("commonName", "")) > 64:
+                problem(f"{render}: Certificate {name}: commonName over 64 characters")
+            if len(spec["secretName"]) > 63:
+                problem(f"{render}: Certificate {name}: secretName {spec['secretName']} over 63")
+    # The Lease names the operator makes of --lease-name: the name is a label value of
+    # every one of them (gpujob.dev/lease-group), and the longest, <lease>-member-<pod>,
+    # a DNS subdomain (a pod's name is at most 63 characters).
+    name = lease(objs)
+    if name is None or len(name) > 63 or not LABEL.match(name):
+        problem(f"{render}: --lease-name {name!r} is no label value")
+    elif len(f"{name}-member-{'p' * 63}") > 253:
+        problem(f"{render}: member Leases of {name} would be over 253 characters")
+    for v in deployment(objs)["spec"]["template"]["spec"]["volumes"]:
+        secret = v.get("secret", {}).get("secretName", "")
+        if len(secret) > 63:
+            problem(f"{render}: the Deployment mounts Secret {secret}, over 63 characters")
+    report(f"{render}: every name fits")
+def selects(selector, labels):
+    return all(labels.get(k) == v for k, v in selector.items())
+def selectors(objs):
+    """(what, selector, what it selects) of every selector of the install: pods, or (a
+    ServiceMonitor's) metrics Services."""
+    for o in objs:
+        spec, what = o.get("spec", {}), f"{o['kind']} {o['metadata']['name']}"
+        if o["kind"] == "Service":
+            yield what, spec["selector"], "pods"
+        elif o["kind"] == "PodDisruptionBudget":
+            yield what, spec["selector"]["matchLabels"], "pods"
+        elif o["kind"] == "NetworkPolicy":
+            yield what, spec["podSelector"]["matchLabels"], "pods"
+        elif o["kind"] == "ServiceMonitor":
+            yield what, spec["selector"]["matchLabels"], "services"
+def side_by_side(a, b):
+    objs = {r: load(r) for r in (a, b)}
+    shared = {key(o) for o in objs[a]} & {key(o) for o in objs[b]}
+    for kind, ns, name in sorted(shared):
+        problem(f"{a} and {b} both render {kind} {ns + '/' if ns else ''}{name}")
+    ns = {r: deployment(objs[r])["metadata"]["namespace"] for r in objs}
+    if ns[a] == ns[b] and lease(objs[a]) == lease(objs[b]):
+        problem(f"{a} and {b} share the Lease {ns[a]}/{lease(objs[a])}")
+    pods = {r: [deployment(objs[r])["spec"]["template"]["metadata"]["labels"]] for r in objs}
+    services = {r: [s["metadata"]["labels"] for s in objs[r] if s["kind"] == "Service"
+                    and any(p["name"] == "metrics" for p in s["spec"]["ports"])] for r in objs}
+    for this, other in ((a, b), (b, a)):
+        for what, selector, selected in selectors(objs[this]):
+            of = pods if selected == "pods" else services
+            if not any(selects(selector, labels) for labels in of[this]):
+                problem(f"{this}: {what} does not select its own {selected}")
+            if ns[a] == ns[b] and any(selects(selector, labels) for labels in of[other]):
+                problem(f"{this}: {what} also selects the {selected} of {other}")
+    report(f"{a} and {b} share no name, Lease or selected pod")
+print("== names of 53-character releases (and the longest namespace), cluster-wide and namespaced")
+for render in ("long-cluster", "long-named", "one-ns-a", "two-ns-a"):
+    names_valid(render)
+print("== several installs: in one namespace, under one name in two, cluster-wide")
+for a, b in (("one-ns-a", "one-ns-b"), ("two-ns-a", "two-ns-b"), ("long-a", "long-b"),
+             ("cluster-a", "cluster-b")):
+    side_by_side(a, b)
+# The Role in the watched namespace is the lock of that namespace.
+def roles(render):
+    return {key(o) for o in load(render)
+            if o["kind"] in ("Role", "RoleBinding") and o["metadata"]["namespace"] == "team-a"}
+if not roles("two-ns-a") & roles("same-watch-b"):
+    problem("two releases watching team-a share no Role there: nothing refuses the second")
+report("two releases watching one namespace share its Role there (Helm refuses the second)")
+if problems:
+    print("\n".join(problems), file=sys.stderr)
+    sys.exit(1)
+PY
