@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The Helm chart: `helm lint --strict` and `helm template` with the defaults and with
 # every optional part on (tests/integration/install.rs then compares what it renders with deploy/
-# and dry-runs it against the API server). Needs helm 4: $GPUJOB_HELM, or
-# scripts/helm.sh provides it (built once from the Go module, cached).
+# and dry-runs it against the API server); names of the longest release names; several
+# releases side by side; and deploy/'s monitoring and secure-metrics components in either
+# order. Needs helm 4: $GPUJOB_HELM, or scripts/helm.sh provides it (built once from the
+# Go module, cached), kubectl with kustomize v5, and python3.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -74,6 +76,38 @@ render cluster-b second gpujob-system --set webhook.certManager.enabled=true --s
 # A second release watching team-a: it shares the Role gpujob-operator there with the
 # first, which is how Helm refuses it.
 render same-watch-b other team-b-ops --set watchNamespace=team-a --set crds.install=false
+# deploy/: the monitoring and secure-metrics components give the same objects in either
+# order (secure-metrics first once left the ServiceMonitor on HTTP against an HTTPS port),
+# also moved and renamed; and the ServiceMonitor then scrapes HTTPS with the scraper's
+# token. kubectl kustomize takes relative paths only.
+echo "== deploy/: components in either order"
+order() {
+  local dir="$home/order-$1" up
+  shift
+  mkdir -p "$dir"
+  up="$(realpath --relative-to="$dir" "$root/deploy")"
+  {
+    printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n'
+    printf "$*\n" | sed "s#{deploy}#$up#g"
+  } >"$dir/kustomization.yaml"
+  kubectl kustomize "$dir" >"$dir.yaml"
+  cp "$dir.yaml" "$tojson/files/objects.yaml"
+  "$helm" template to-json "$tojson" | grep '^{' >"$home/kustomize-$(basename "$dir").json"
+}
+moved='namespace: team-gpu\nnamePrefix: team-\ntransformers: [{deploy}/wiring]'
+order plain-1 'resources: [{deploy}/operator]\ncomponents: [{deploy}/monitoring, {deploy}/secure-metrics]'
+order plain-2 'resources: [{deploy}/operator]\ncomponents: [{deploy}/secure-metrics, {deploy}/monitoring]'
+order moved-1 "resources: [{deploy}]\ncomponents: [{deploy}/cert-manager, {deploy}/monitoring, {deploy}/secure-metrics]\n$moved"
+order moved-2 "resources: [{deploy}]\ncomponents: [{deploy}/secure-metrics, {deploy}/cert-manager, {deploy}/monitoring]\n$moved"
+for pair in plain moved; do
+  if ! cmp -s "$home/order-$pair-1.yaml" "$home/order-$pair-2.yaml"; then
+    diff "$home/order-$pair-1.yaml" "$home/order-$pair-2.yaml" >&2 || true
+    echo "deploy/ renders other objects with secure-metrics before monitoring ($pair)" >&2
+    exit 1
+  fi
+done
+echo "  OK: the same objects in either order, in place and moved"
+
 python3 - "$home" <<'PY'
 import json, re, sys
 home = sys.argv[1]
@@ -164,6 +198,24 @@ def side_by_side(a, b):
             if ns[a] == ns[b] and any(selects(selector, labels) for labels in of[other]):
                 problem(f"{this}: {what} also selects the {selected} of {other}")
     report(f"{a} and {b} share no name, Lease or selected pod")
+def scrapes_https(render):
+    """The ServiceMonitor scrapes HTTPS with the token of this install's scraper."""
+    objs = load(render)
+    find = lambda kind, name: next((o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name), None)
+    monitor = next(o for o in objs if o["kind"] == "ServiceMonitor")
+    endpoint = monitor["spec"]["endpoints"][0]
+    secret = find("Secret", endpoint.get("authorization", {}).get("credentials", {}).get("name"))
+    if endpoint["scheme"] != "https" or "bearerTokenFile" in endpoint or secret is None:
+        problem(f"{render}: the ServiceMonitor scrapes {endpoint['scheme']} with no scraper token: {endpoint}")
+    elif find("ServiceAccount", secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]) is None:
+        problem(f"{render}: the scraper token's Secret names no service account of the install")
+    services = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == monitor["metadata"]["name"]]
+    if [p.get("appProtocol") for s in services for p in s["spec"]["ports"]] != ["https"]:
+        problem(f"{render}: the metrics Service does not say https")
+    report(f"{render}: the ServiceMonitor scrapes HTTPS with the scraper's token")
+print("== secure metrics scraped over HTTPS (deploy/ with secure-metrics listed first, the chart)")
+for render in ("kustomize-order-plain-2", "kustomize-order-moved-2", "long-cluster", "two-ns-b"):
+    scrapes_https(render)
 print("== names of 53-character releases (and the longest namespace), cluster-wide and namespaced")
 for render in ("long-cluster", "long-named", "one-ns-a", "two-ns-a"):
     names_valid(render)

@@ -243,6 +243,9 @@ fn every_tree_renders_with_what_it_should_hold() {
                 ("ClusterRole", "gpujob-operator-metrics-auth"),
                 ("ClusterRoleBinding", "gpujob-operator-metrics-auth"),
                 ("ClusterRole", "gpujob-metrics-reader"),
+                ("ServiceAccount", "gpujob-operator-metrics-scraper"),
+                ("Secret", "gpujob-operator-metrics-scraper-token"),
+                ("ClusterRoleBinding", "gpujob-operator-metrics-scraper"),
             ]))
             .cloned()
             .collect(),
@@ -280,15 +283,24 @@ fn every_tree_renders_with_what_it_should_hold() {
     }
     let endpoint = &named(secure, "ServiceMonitor")["spec"]["endpoints"][0];
     assert_eq!(endpoint["scheme"], "https");
+    // The scraper's token, from the component's Secret (not the deprecated bearerTokenFile).
+    assert!(endpoint.get("bearerTokenFile").is_none(), "{endpoint}");
+    assert_eq!(endpoint["authorization"]["type"], "Bearer");
     assert_eq!(
-        endpoint["bearerTokenFile"],
-        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        endpoint["authorization"]["credentials"],
+        json!({"name": "gpujob-operator-metrics-scraper-token", "key": "token"})
     );
     assert_eq!(endpoint["tlsConfig"]["insecureSkipVerify"], true);
     assert_eq!(
+        &render_overlay(&["secure-metrics", "monitoring"]),
+        secure,
+        "the components' order does not matter"
+    );
+    assert_eq!(
         render_overlay(&["secure-metrics"]).len(),
-        operator.len() + 3,
-        "without the monitoring component it patches the Deployment and adds its RBAC alone"
+        operator.len() + 6,
+        "without the monitoring component it patches the Deployment and adds its RBAC and \
+         the scraper alone"
     );
     check_conversion_webhook(crd, operator);
 }
@@ -1242,12 +1254,24 @@ fn wiring(objects: &[serde_json::Value]) -> Result<(), String> {
                 name_of(b)
             ));
         }
+        // Secure metrics' scraper: an account of the install bound to a role of
+        // non-resource URLs (/metrics) alone.
+        let urls_only = find(role_kind, &role_ns, role).is_some_and(|r| {
+            r["rules"]
+                .as_array()
+                .is_some_and(|rules| rules.iter().all(|rule| rule["resources"].is_null()))
+        });
         for subject in b["subjects"].as_array().unwrap() {
             let (sn, sns) = (
                 subject["name"].as_str().unwrap(),
                 subject["namespace"].as_str().unwrap(),
             );
-            if subject["kind"] == "ServiceAccount" && (sn != sa || sns != namespace) {
+            let operator = sn == sa && sns == namespace;
+            let scraper = sn != sa
+                && sns == namespace
+                && urls_only
+                && find("ServiceAccount", sns, sn).is_some();
+            if subject["kind"] == "ServiceAccount" && !operator && !scraper {
                 problems.push(format!(
                     "{} {} binds {sns}/{sn}, not the operator's {namespace}/{sa}",
                     b["kind"],
@@ -1364,6 +1388,27 @@ fn wiring(objects: &[serde_json::Value]) -> Result<(), String> {
 
     // Monitoring: the scrape job's name is what every alert selects.
     if let Some(monitor) = objects.iter().find(|o| o["kind"] == "ServiceMonitor") {
+        // The token it scrapes with (secure metrics): a Secret of the install, for a
+        // service account of the install.
+        let credentials = &monitor["spec"]["endpoints"][0]["authorization"]["credentials"];
+        if let Some(secret) = credentials["name"].as_str() {
+            match find("Secret", &ns_of(monitor), secret) {
+                None => problems.push(format!(
+                    "the ServiceMonitor sends the token of Secret {secret}, which is not there"
+                )),
+                Some(s) => {
+                    let account =
+                        s["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+                            .as_str()
+                            .unwrap_or_default();
+                    if find("ServiceAccount", &ns_of(s), account).is_none() {
+                        problems.push(format!(
+                            "the token Secret {secret} is for {account}, which is not there"
+                        ));
+                    }
+                }
+            }
+        }
         let selector = monitor["spec"]["selector"]["matchLabels"]
             .as_object()
             .unwrap();
