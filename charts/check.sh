@@ -57,6 +57,7 @@ render() {
 all=(--set webhook.certManager.enabled=true --set monitoring.enabled=true --set metrics.secure=true)
 long="$(printf 'x%.0s' {1..52})"                   # with one more character: 53, Helm's limit
 long_ns="$(printf 'n%.0s' {1..63})"                # the longest namespace name
+render defaults gpujob-operator gpujob-system
 render long-cluster "${long}a" gpujob-system "${all[@]}"
 render long-named "gpujob-operator-${long:16}b" "$long_ns" "${all[@]}" --set watchNamespace=team-a
 # Two namespaced releases in one namespace (the second without the CRD: one per cluster).
@@ -81,27 +82,28 @@ render same-watch-b other team-b-ops --set watchNamespace=team-a --set crds.inst
 # also moved and renamed; and the ServiceMonitor then scrapes HTTPS with the scraper's
 # token. kubectl kustomize takes relative paths only.
 echo "== deploy/: components in either order"
-order() {
-  local dir="$home/order-$1" up
+overlay() {
+  local dir="$home/overlay-$1" up
   shift
   mkdir -p "$dir"
   up="$(realpath --relative-to="$dir" "$root/deploy")"
   {
     printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n'
-    printf "$*\n" | sed "s#{deploy}#$up#g"
+    printf '%b\n' "$*" | sed "s#{deploy}#$up#g"
   } >"$dir/kustomization.yaml"
   kubectl kustomize "$dir" >"$dir.yaml"
   cp "$dir.yaml" "$tojson/files/objects.yaml"
   "$helm" template to-json "$tojson" | grep '^{' >"$home/kustomize-$(basename "$dir").json"
 }
+overlay crd 'resources: [{deploy}/crd]'
 moved='namespace: team-gpu\nnamePrefix: team-\ntransformers: [{deploy}/wiring]'
-order plain-1 'resources: [{deploy}/operator]\ncomponents: [{deploy}/monitoring, {deploy}/secure-metrics]'
-order plain-2 'resources: [{deploy}/operator]\ncomponents: [{deploy}/secure-metrics, {deploy}/monitoring]'
-order moved-1 "resources: [{deploy}]\ncomponents: [{deploy}/cert-manager, {deploy}/monitoring, {deploy}/secure-metrics]\n$moved"
-order moved-2 "resources: [{deploy}]\ncomponents: [{deploy}/secure-metrics, {deploy}/cert-manager, {deploy}/monitoring]\n$moved"
+overlay plain-1 'resources: [{deploy}/operator]\ncomponents: [{deploy}/monitoring, {deploy}/secure-metrics]'
+overlay plain-2 'resources: [{deploy}/operator]\ncomponents: [{deploy}/secure-metrics, {deploy}/monitoring]'
+overlay moved-1 "resources: [{deploy}]\ncomponents: [{deploy}/cert-manager, {deploy}/monitoring, {deploy}/secure-metrics]\n$moved"
+overlay moved-2 "resources: [{deploy}]\ncomponents: [{deploy}/secure-metrics, {deploy}/cert-manager, {deploy}/monitoring]\n$moved"
 for pair in plain moved; do
-  if ! cmp -s "$home/order-$pair-1.yaml" "$home/order-$pair-2.yaml"; then
-    diff "$home/order-$pair-1.yaml" "$home/order-$pair-2.yaml" >&2 || true
+  if ! cmp -s "$home/overlay-$pair-1.yaml" "$home/overlay-$pair-2.yaml"; then
+    diff "$home/overlay-$pair-1.yaml" "$home/overlay-$pair-2.yaml" >&2 || true
     echo "deploy/ renders other objects with secure-metrics before monitoring ($pair)" >&2
     exit 1
   fi
@@ -213,8 +215,21 @@ def scrapes_https(render):
     if [p.get("appProtocol") for s in services for p in s["spec"]["ports"]] != ["https"]:
         problem(f"{render}: the metrics Service does not say https")
     report(f"{render}: the ServiceMonitor scrapes HTTPS with the scraper's token")
+# Argo CD keeps what Helm keeps only when told so: the CRD (deleting it deletes every
+# GpuJob) and its roles, of the chart and of deploy/crd.
+print("== kept by Argo CD too")
+for render in ("defaults", "kustomize-overlay-crd"):
+    kept = [o for o in load(render) if o["kind"] == "CustomResourceDefinition"
+            or o["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep"]
+    for o in kept:
+        options = o["metadata"].get("annotations", {}).get("argocd.argoproj.io/sync-options", "")
+        if not {"Delete=false", "Prune=false"} <= {x.strip() for x in options.split(",")}:
+            problem(f"{render}: {o['kind']} {o['metadata']['name']} lacks argocd.argoproj.io/sync-options: Delete=false,Prune=false")
+    if not kept:
+        problem(f"{render}: no CRD")
+    report(f"{render}: the CRD and its roles say Delete=false,Prune=false to Argo CD")
 print("== secure metrics scraped over HTTPS (deploy/ with secure-metrics listed first, the chart)")
-for render in ("kustomize-order-plain-2", "kustomize-order-moved-2", "long-cluster", "two-ns-b"):
+for render in ("kustomize-overlay-plain-2", "kustomize-overlay-moved-2", "long-cluster", "two-ns-b"):
     scrapes_https(render)
 print("== names of 53-character releases (and the longest namespace), cluster-wide and namespaced")
 for render in ("long-cluster", "long-named", "one-ns-a", "two-ns-a"):
