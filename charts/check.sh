@@ -131,6 +131,7 @@ def deployment(objs): return next(o for o in objs if o["kind"] == "Deployment")
 def lease(objs):
     args = deployment(objs)["spec"]["template"]["spec"]["containers"][0]["args"]
     names = [a.split("=", 1)[1] for a in args if a.startswith("--lease-name=")]
+    names += [value for flag, value in zip(args, args[1:]) if flag == "--lease-name"]
     return names[0] if len(names) == 1 else None
 def names_valid(render):
     objs = load(render)

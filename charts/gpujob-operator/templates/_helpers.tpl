@@ -93,9 +93,12 @@ with it, such as Argo CD) cannot look: there it is always the fullname (docs/ins
 {{- $lease = "gpujob-operator" -}}
 {{- range $running.spec.template.spec.containers -}}
 {{- if eq .name "operator" -}}
-{{- range .args -}}
-{{- if hasPrefix "--lease-name=" . -}}
-{{- $lease = trimPrefix "--lease-name=" . -}}
+{{- $args := .args | default list -}}
+{{- range $i, $arg := $args -}}
+{{- if hasPrefix "--lease-name=" $arg -}}
+{{- $lease = trimPrefix "--lease-name=" $arg -}}
+{{- else if and (eq $arg "--lease-name") (lt (add1 $i) (len $args)) -}}
+{{- $lease = index $args (add1 $i) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
