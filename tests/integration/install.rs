@@ -1541,6 +1541,75 @@ fn run(mut cmd: Command) -> String {
 }
 
 /// `helm template` of the chart, parsed.
+/// A kubeconfig for the service account `sa` of `ns`: its own credentials, as its pod
+/// would have them.
+fn token_kubeconfig(cluster: &ControlPlane, ns: &str, sa: &str) -> PathBuf {
+    let mut token = cluster.command("kubectl", Identity::Admin);
+    token.args(["create", "token", sa, "-n", ns, "--duration=1h"]);
+    let token = run(token);
+    let admin_kubeconfig = std::fs::read_to_string(cluster.kubeconfig(Identity::Admin)).unwrap();
+    let mut kubeconfig: serde_json::Value = serde_saphyr::from_str(&admin_kubeconfig).unwrap();
+    kubeconfig["users"][0]["user"] = json!({"token": token.trim()});
+    let path = std::env::temp_dir().join(format!(
+        "gpujob-{ns}-{sa}-{}.kubeconfig",
+        std::process::id()
+    ));
+    std::fs::write(&path, kubeconfig.to_string()).unwrap();
+    path
+}
+
+/// The `run` flags of a rendered Deployment's pod (`pod`: its template's spec) that
+/// watches `watched`, less what a replica started by the tests cannot use: the
+/// webhook's certificate folder (no Secret here: the shared control plane's CRD
+/// converts nothing) and the secure metrics' listeners (the test replicas get
+/// addresses of their own). The Lease stays where POD_NAMESPACE puts it in a pod.
+fn run_flags(pod: &serde_json::Value, watched: &str) -> Vec<String> {
+    let args: Vec<&str> = pod["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args[0], "run", "{args:?}");
+    let namespace_flag = format!("--namespace={watched}");
+    assert!(args.contains(&namespace_flag.as_str()), "{args:?}");
+    args[1..]
+        .iter()
+        .filter(|a| {
+            !a.starts_with("--conversion-cert-dir=")
+                && !a.starts_with("--probe-address=")
+                && **a != "--metrics-secure"
+        })
+        .map(|a| (*a).to_owned())
+        .collect()
+}
+
+/// `kubectl create` of `objects`: refused when one of them exists already, as `helm
+/// install` refuses an object another release owns.
+fn kubectl_create(cluster: &ControlPlane, objects: &[serde_json::Value]) -> Result<String, String> {
+    let mut child = cluster
+        .command("kubectl", Identity::Admin)
+        .args(["create", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(list.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
 fn helm_template(release: &str, namespace: &str, sets: &[&str]) -> Vec<serde_json::Value> {
     let mut cmd = helm(None);
     cmd.args(["template", release, CHART, "--namespace", namespace]);
@@ -1955,34 +2024,9 @@ async fn the_charts_namespaced_mode_runs_a_gpujob_with_its_roles_only() {
     );
     assert_eq!(can_i(&["create", "jobs.batch", "-n", &elsewhere]), "no");
 
-    // The account's own credentials, as its pod would have them.
-    let mut token = cluster.command("kubectl", Identity::Admin);
-    token.args(["create", "token", sa, "-n", &home, "--duration=1h"]);
-    let token = run(token);
-    let admin_kubeconfig = std::fs::read_to_string(cluster.kubeconfig(Identity::Admin)).unwrap();
-    let mut kubeconfig: serde_json::Value = serde_saphyr::from_str(&admin_kubeconfig).unwrap();
-    kubeconfig["users"][0]["user"] = json!({"token": token.trim()});
-    let kubeconfig_path =
-        std::env::temp_dir().join(format!("gpujob-{home}-{}.kubeconfig", std::process::id()));
-    std::fs::write(&kubeconfig_path, kubeconfig.to_string()).unwrap();
-
-    // The Deployment's flags, less the webhook's certificate folder (no Secret here: the
-    // shared control plane's CRD converts nothing), with the Lease where POD_NAMESPACE
-    // puts it in a pod.
-    let args: Vec<&str> = pod["containers"][0]["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    assert_eq!(args[0], "run", "{args:?}");
-    let namespace_flag = format!("--namespace={watched}");
-    assert!(args.contains(&namespace_flag.as_str()), "{args:?}");
-    let args: Vec<&str> = args[1..]
-        .iter()
-        .copied()
-        .filter(|a| !a.starts_with("--conversion-cert-dir="))
-        .collect();
+    let kubeconfig_path = token_kubeconfig(&cluster, &home, sa);
+    let args = run_flags(pod, &watched);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let audit = cluster.audit();
     let since = audit.cursor().unwrap();
     let replica = support::replicas::start_as(&cluster, &home, 1, &args, kubeconfig_path.clone());
@@ -2062,6 +2106,146 @@ async fn the_charts_namespaced_mode_runs_a_gpujob_with_its_roles_only() {
     assert!(!log.to_lowercase().contains("forbidden"), "{log}");
     drop(replica);
     std::fs::remove_file(&kubeconfig_path).unwrap();
+    std::fs::remove_dir_all(support::namespace_temp(support::REPLICA_LOGS, &home)).unwrap();
+}
+
+/// Two namespaced releases of the chart in one namespace, each watching a namespace of
+/// its own, with secure metrics: the second release's accounts and roles are created
+/// beside the first's (`kubectl create` refuses a name taken, as `helm install` refuses
+/// an object of another release), each release's replica runs its own GpuJob with its
+/// own account, and each holds Leases of its own (before, both shared one Lease and one
+/// team's GpuJobs never ran).
+#[tokio::test]
+async fn two_releases_in_one_namespace_each_run_their_gpujobs_on_leases_of_their_own() {
+    gpujob_operator::client::install_crypto_provider();
+    let cluster = ControlPlane::for_tests(&[&support::test_crd()])
+        .await
+        .unwrap();
+    let admin = cluster.client(Identity::Admin).await.unwrap();
+    let home = cluster.create_namespace("install-two-op").await.unwrap();
+    let mut runs = Vec::new();
+    for release in ["team-a-ops", "team-b-ops"] {
+        let watched = cluster
+            .create_namespace(&format!("install-two-{release}"))
+            .await
+            .unwrap();
+        let objects = helm_template(
+            release,
+            &home,
+            &[
+                &format!("watchNamespace={watched}"),
+                "crds.install=false",
+                "metrics.secure=true",
+            ],
+        );
+        // The home namespace exists: only what each release adds to the cluster.
+        let rbac: Vec<_> = rbac_of(&objects)
+            .into_iter()
+            .filter(|o| o["kind"] != "Namespace")
+            .collect();
+        if let Err(e) = kubectl_create(&cluster, &rbac) {
+            panic!("release {release}: an account or role clashes with the other release's: {e}");
+        }
+        let pod = named(&objects, "Deployment")["spec"]["template"]["spec"].clone();
+        let sa = pod["serviceAccountName"].as_str().unwrap().to_owned();
+        runs.push((release, watched, pod, sa));
+    }
+    let mut replicas = Vec::new();
+    for (n, (release, watched, pod, sa)) in runs.iter().enumerate() {
+        let user = format!("system:serviceaccount:{home}:{sa}");
+        let can_create_jobs = || {
+            let out = cluster
+                .command("kubectl", Identity::Admin)
+                .args(["auth", "can-i", "create", "jobs.batch", "-n", watched])
+                .arg(format!("--as={user}"))
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim() == "yes"
+        };
+        wait::until(
+            &format!("release {release}'s Role to be in force"),
+            WAIT,
+            POLL,
+            || async { can_create_jobs().then_some(()) },
+        )
+        .await
+        .unwrap();
+        let kubeconfig = token_kubeconfig(&cluster, &home, sa);
+        let args = run_flags(pod, watched);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let n = u8::try_from(n + 1).unwrap();
+        replicas.push((
+            support::replicas::start_as(&cluster, &home, n, &args, kubeconfig.clone()),
+            kubeconfig,
+            args.iter()
+                .find_map(|a| a.strip_prefix("--lease-name="))
+                .unwrap_or_else(|| panic!("release {release} passes no --lease-name: {args:?}"))
+                .to_owned(),
+        ));
+        let gj: GpuJob = serde_json::from_value(json!({
+            "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+            "metadata": {"name": "train"},
+            "spec": {
+                "image": "registry.example.com/train:1", "gpus": 1,
+                "env": support::sim_env(&[("SIM_DURATION_SECONDS", "1")]),
+            },
+        }))
+        .unwrap();
+        Api::<GpuJob>::namespaced(admin.clone(), watched)
+            .create(&PostParams::default(), &gj)
+            .await
+            .unwrap();
+    }
+    for ((release, watched, _, _), (replica, _, _)) in runs.iter().zip(&replicas) {
+        let api = Api::<GpuJob>::namespaced(admin.clone(), watched);
+        let api = &api;
+        wait::until(
+            &format!("release {release}'s GpuJob {watched}/train to succeed"),
+            WAIT,
+            POLL,
+            || async move {
+                api.get("train")
+                    .await
+                    .ok()
+                    .filter(|g| support::phase(g) == Some(gpujob_operator::api::Phase::Succeeded))
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}; operator log:\n{}", replica.log_text()));
+    }
+    // Each release's Leases are its own: named after its --lease-name, held by its replica.
+    let (a, b) = (&replicas[0].2, &replicas[1].2);
+    assert_ne!(a, b, "both releases name the same Lease");
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(admin.clone(), &home)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    for (i, name) in [a, b].into_iter().enumerate() {
+        let own: Vec<_> = leases
+            .items
+            .iter()
+            .filter(|l| {
+                l.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(name.as_str()))
+            })
+            .collect();
+        assert!(!own.is_empty(), "no Lease of {name}: {:?}", leases.items);
+        let holder = format!("replica-{}", i + 1);
+        assert!(
+            own.iter().all(|l| l
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                .is_none_or(|h| h == holder)),
+            "a Lease of {name} held by another release's replica: {own:?}"
+        );
+    }
+    for (replica, kubeconfig, _) in replicas {
+        drop(replica);
+        std::fs::remove_file(&kubeconfig).unwrap();
+    }
     std::fs::remove_dir_all(support::namespace_temp(support::REPLICA_LOGS, &home)).unwrap();
 }
 
