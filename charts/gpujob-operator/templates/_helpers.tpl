@@ -151,6 +151,14 @@ app.kubernetes.io/version: {{ $root.Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ $root.Release.Service }}
 app.kubernetes.io/instance: {{ $root.Release.Name }}
 helm.sh/chart: {{ printf "%s-%s" $root.Chart.Name $root.Chart.Version | replace "+" "_" }}
+{{- with $root.Values.commonLabels }}
+{{- range $k, $v := . }}
+{{- if regexMatch "^(app\\.kubernetes\\.io|helm\\.sh)/" $k }}
+{{- fail (printf "commonLabels: %s is one of the chart's own labels (app.kubernetes.io/*, helm.sh/*): set it another way or drop it" $k) }}
+{{- end }}
+{{- end }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/* The monitoring objects carry no version (as deploy/monitoring). */}}
@@ -161,6 +169,26 @@ app.kubernetes.io/part-of: gpujob-operator
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The operator's service account: serviceAccount.name, or the release's fullname. With
+serviceAccount.create=false the chart makes none and binds its roles to this one.
+*/}}
+{{- define "gpujob-operator.serviceAccountName" -}}
+{{- default (include "gpujob-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* A probe's timings, in the order deploy/ writes them; unset ones are left out. */}}
+{{- define "gpujob-operator.probeSettings" -}}
+{{- range $k := list "initialDelaySeconds" "periodSeconds" "timeoutSeconds" "successThreshold" "failureThreshold" -}}
+{{- if hasKey $ $k }}
+{{ $k }}: {{ get $ $k }}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "gpujob-operator.image" -}}
