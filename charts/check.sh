@@ -34,6 +34,16 @@ for field in version appVersion; do
 done
 echo "  OK: Chart.yaml version and appVersion are $crate, as Cargo.toml"
 
+# The chart's README is made from values.yaml and the schema: every value described, current.
+echo "== chart README"
+python3 charts/readme.py --check "$home/README.md"
+if ! cmp -s "$home/README.md" "$chart/README.md"; then
+  diff "$chart/README.md" "$home/README.md" >&2 || true
+  echo "$chart/README.md is not current: run python3 charts/readme.py to update it" >&2
+  exit 1
+fi
+echo "  OK: every value has a description and $chart/README.md is current"
+
 # Several installs side by side, and names of any length. A Python check of rendered
 # objects, read as JSON lines: helm converts its own output (fromYaml, toJson in a chart
 # of one template), so nothing but helm and python3 is needed.
@@ -77,6 +87,53 @@ render cluster-b second gpujob-system --set webhook.certManager.enabled=true --s
 # A second release watching team-a: it shares the Role gpujob-operator there with the
 # first, which is how Helm refuses it.
 render same-watch-b other team-b-ops --set watchNamespace=team-a --set crds.install=false
+# The values teams stack and extend with: each one rendered, checked below (values).
+cat >"$home/extras.yaml" <<'YAML'
+extraVolumes:
+  - name: metrics-cert
+    secret: {secretName: my-metrics-cert}
+extraVolumeMounts:
+  - {name: metrics-cert, mountPath: /etc/gpujob-operator/metrics-cert, readOnly: true}
+extraObjects:
+  - apiVersion: v1
+    kind: ConfigMap
+    metadata: {name: "{{ .Release.Name }}-extra", namespace: "{{ .Release.Namespace }}"}
+    data: {a: b}
+  - |
+    apiVersion: v1
+    kind: ConfigMap
+    metadata:
+      name: {{ .Release.Name }}-extra-text
+livenessProbe: {initialDelaySeconds: 5, periodSeconds: 7, timeoutSeconds: 3, failureThreshold: 4}
+readinessProbe: {periodSeconds: 9, successThreshold: 2}
+updateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 1, maxSurge: 0}}
+networkPolicy:
+  extraIngress:
+    - from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: audit}}}]
+      ports: [{port: metrics, protocol: TCP}]
+  extraEgress:
+    - to: [{ipBlock: {cidr: 10.20.0.0/16}}]
+      ports: [{port: 8443, protocol: TCP}]
+YAML
+render v-sa gpujob-operator gpujob-system --set serviceAccount.create=false --set serviceAccount.name=platform-gpujob
+render v-rbac gpujob-operator gpujob-system "${all[@]}" --set rbac.create=false
+render v-rbac-ns gpujob-operator gpujob-system "${all[@]}" --set rbac.create=false --set watchNamespace=team-a
+render v-labels gpujob-operator gpujob-system "${all[@]}" --set commonLabels.team=ml --set commonLabels.cost-center=gpu
+render v-extras gpujob-operator gpujob-system -f "$home/extras.yaml"
+render v-podmonitor gpujob-operator gpujob-system "${all[@]}" --set monitoring.kind=PodMonitor
+render v-quota gpujob-operator gpujob-system --set quota.provider=http \
+  --set quota.url=https://quota.internal.example --set quota.tokenSecret.name=quota-token \
+  --set quota.caConfigMap.name=quota-ca --set quota.caConfigMap.key=bundle.pem \
+  --set quota.timeout=5s --set quota.cleanupTimeout=30m --set leaderElection.leaseDuration=30s \
+  --set leaderElection.renewDeadline=20s --set leaderElection.retryPeriod=4s
+echo "== values refused by the templates"
+for refused in "quota.provider=http" "commonLabels.app\\.kubernetes\\.io/name=x"; do
+  if out="$("$helm" template gpujob-operator "$chart" --set "$refused" 2>&1)"; then
+    echo "helm template --set $refused renders: a mistake let through" >&2; exit 1
+  fi
+  grep -qE "quota.url|commonLabels" <<<"$out" || { echo "--set $refused: the error names no value: $out" >&2; exit 1; }
+  echo "  OK: --set $refused is refused, naming the value"
+done
 # deploy/: the monitoring and secure-metrics components give the same objects in either
 # order (secure-metrics first once left the ServiceMonitor on HTTP against an HTTPS port),
 # also moved and renamed; and the ServiceMonitor then scrapes HTTPS with the scraper's
@@ -246,6 +303,108 @@ def roles(render):
 if not roles("two-ns-a") & roles("same-watch-b"):
     problem("two releases watching team-a share no Role there: nothing refuses the second")
 report("two releases watching one namespace share its Role there (Helm refuses the second)")
+print("== values: each reaches its object")
+def pod_spec(objs): return deployment(objs)["spec"]["template"]["spec"]
+def container(objs): return pod_spec(objs)["containers"][0]
+RBAC = ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
+objs = load("v-sa")
+if [o for o in objs if o["kind"] == "ServiceAccount"]:
+    problem("serviceAccount.create=false: a ServiceAccount is rendered")
+if pod_spec(objs).get("serviceAccountName") != "platform-gpujob":
+    problem(f"serviceAccount.name: the pods run as {pod_spec(objs).get('serviceAccountName')}")
+for o in objs:
+    for s in o.get("subjects", []):
+        if s["kind"] == "ServiceAccount" and s["name"] != "platform-gpujob":
+            problem(f"serviceAccount.name: {o['kind']} {o['metadata']['name']} binds {s['name']}")
+if not [o for o in objs if o["kind"] == "ClusterRoleBinding"]:
+    problem("serviceAccount.create=false: the operator's roles are not bound")
+report("serviceAccount.create=false, .name: no ServiceAccount; the pods and bindings use the name")
+for render in ("v-rbac", "v-rbac-ns"):
+    objs = load(render)
+    made = [f"{o['kind']} {o['metadata']['name']}" for o in objs if o["kind"] in RBAC]
+    if made:
+        problem(f"{render}: rbac.create=false renders {made}")
+    if not [o for o in objs if o["kind"] == "ServiceAccount"]:
+        problem(f"{render}: rbac.create=false drops the service accounts too")
+    report(f"{render}: rbac.create=false renders no Role, ClusterRole or binding")
+objs = load("v-labels")
+for o in objs + [deployment(objs)["spec"]["template"]]:
+    labels = o["metadata"].get("labels", {})
+    if labels.get("team") != "ml" or labels.get("cost-center") != "gpu":
+        problem(f"commonLabels: {o.get('kind', 'pod template')} {o['metadata'].get('name', '')} lacks them")
+sels = [(w, s) for w, s, _ in selectors(objs)] + [("Deployment", deployment(objs)["spec"]["selector"]["matchLabels"])]
+sels += [(f"{o['kind']}", o["spec"]["selector"]["matchLabels"]) for o in objs if o["kind"] == "PodMonitor"]
+for what, selector in sels:
+    if "team" in selector or "cost-center" in selector:
+        problem(f"commonLabels: in the selector of {what}")
+report(f"commonLabels on all {len(objs)} objects and the pods, in no selector")
+objs = load("v-extras")
+pod, c = pod_spec(objs), container(objs)
+if {"name": "metrics-cert", "secret": {"secretName": "my-metrics-cert"}} not in pod["volumes"]:
+    problem(f"extraVolumes: not in the pods' volumes {pod['volumes']}")
+if not any(m["name"] == "metrics-cert" and m["mountPath"] == "/etc/gpujob-operator/metrics-cert" for m in c["volumeMounts"]):
+    problem(f"extraVolumeMounts: not in the container's {c['volumeMounts']}")
+names = {o["metadata"]["name"] for o in objs if o["kind"] == "ConfigMap"}
+if not {"gpujob-operator-extra", "gpujob-operator-extra-text"} <= names:
+    problem(f"extraObjects (a map and a string, through tpl): ConfigMaps rendered are {names}")
+live, ready = c["livenessProbe"], c["readinessProbe"]
+want_live = {"initialDelaySeconds": 5, "periodSeconds": 7, "timeoutSeconds": 3, "failureThreshold": 4}
+if {k: live.get(k) for k in want_live} != want_live or live["httpGet"]["path"] != "/healthz":
+    problem(f"livenessProbe: {live}")
+if ready.get("periodSeconds") != 9 or ready.get("successThreshold") != 2 or ready["httpGet"]["path"] != "/readyz":
+    problem(f"readinessProbe: {ready}")
+strategy = deployment(objs)["spec"].get("strategy")
+if strategy != {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}:
+    problem(f"updateStrategy: the Deployment's strategy is {strategy}")
+policy = next(o for o in objs if o["kind"] == "NetworkPolicy")["spec"]
+if len(policy["ingress"]) != 3 or policy["ingress"][-1]["from"][0]["namespaceSelector"]["matchLabels"] != {"kubernetes.io/metadata.name": "audit"}:
+    problem(f"networkPolicy.extraIngress: not appended: {policy['ingress']}")
+if len(policy["egress"]) != 3 or policy["egress"][-1]["to"] != [{"ipBlock": {"cidr": "10.20.0.0/16"}}]:
+    problem(f"networkPolicy.extraEgress: not appended: {policy['egress']}")
+report("extraVolumes, extraVolumeMounts, extraObjects, probes, updateStrategy, networkPolicy extra rules")
+objs = load("v-podmonitor")
+monitors = [o for o in objs if o["kind"] in ("ServiceMonitor", "PodMonitor")]
+if [o["kind"] for o in monitors] != ["PodMonitor"]:
+    problem(f"monitoring.kind=PodMonitor renders {[o['kind'] for o in monitors]}")
+else:
+    spec = monitors[0]["spec"]
+    endpoint = spec["podMetricsEndpoints"][0]
+    token = endpoint.get("authorization", {}).get("credentials", {}).get("name")
+    if endpoint.get("scheme") != "https" or endpoint.get("port") != "metrics" or token not in {
+            o["metadata"]["name"] for o in objs if o["kind"] == "Secret"}:
+        problem(f"PodMonitor: not the ServiceMonitor's secure endpoint: {endpoint}")
+    if not selects(spec["selector"]["matchLabels"], deployment(objs)["spec"]["template"]["metadata"]["labels"]):
+        problem("PodMonitor: does not select the operator's pods")
+    if spec.get("jobLabel") != "app.kubernetes.io/name":
+        problem("PodMonitor: the scrape job is not named gpujob-operator (jobLabel)")
+report("monitoring.kind=PodMonitor: a PodMonitor of the pods, HTTPS with the scraper's token, no ServiceMonitor")
+objs = load("v-quota")
+args, c, pod = container(objs)["args"], container(objs), pod_spec(objs)
+want = ["--quota-provider=http", "--quota-url=https://quota.internal.example",
+        "--quota-token-file=/etc/gpujob-operator/quota-token/token",
+        "--quota-ca-file=/etc/gpujob-operator/quota-ca/bundle.pem", "--quota-timeout=5s",
+        "--cleanup-timeout=30m", "--lease-duration=30s", "--renew-deadline=20s", "--retry-period=4s"]
+for flag in want:
+    if flag not in args:
+        problem(f"quota or leaderElection values: {flag} not in the operator's args {args}")
+volumes = {v["name"]: v for v in pod["volumes"]}
+for flag, source in (("--quota-token-file=", ("secret", "secretName", "quota-token")),
+                     ("--quota-ca-file=", ("configMap", "name", "quota-ca"))):
+    path = next((a[len(flag):] for a in args if a.startswith(flag)), "")
+    mount = next((m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/")), None)
+    kind, field, name = source
+    if mount is None or volumes.get(mount["name"], {}).get(kind, {}).get(field) != name:
+        problem(f"{flag}{path}: no mount of the {kind} {name} there")
+    elif volumes[mount["name"]][kind]["items"][0]["path"] != path.rsplit("/", 1)[1]:
+        problem(f"{flag}{path}: the {kind} {name} is mounted under other file names")
+# The operator's run accepts every flag the chart renders (src/cli.rs: --a-b is the field a_b).
+cli = open("src/cli.rs").read()
+for render in ("v-quota", "defaults", "v-extras"):
+    for arg in container(load(render))["args"][1:]:
+        field = arg.split("=", 1)[0].removeprefix("--").replace("-", "_")
+        if not re.search(rf"\bpub {field}:", cli):
+            problem(f"{render}: {arg.split('=', 1)[0]} is no flag of gpujob-operator run (src/cli.rs)")
+report("quota and leaderElection values: the flags (known to src/cli.rs), the token Secret and CA ConfigMap mounted")
 if problems:
     print("\n".join(problems), file=sys.stderr)
     sys.exit(1)
