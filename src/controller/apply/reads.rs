@@ -103,13 +103,18 @@ impl Reader {
                 }
             };
             if start.is_none() {
+                let version = page.metadata.resource_version.unwrap_or_default();
                 // Not a number: never taken for a start (`term_start.rs`).
-                start = Some(
-                    page.metadata
-                        .resource_version
-                        .as_deref()
-                        .and_then(|v| v.parse::<u64>().ok())?,
-                );
+                let Ok(v) = version.parse::<u64>() else {
+                    warn!(
+                        shard,
+                        namespace = ns,
+                        version,
+                        "the list of the namespace's GpuJobs gave a resourceVersion that is not a number; its GpuJobs are read one by one from the API server before their first Job or quota call"
+                    );
+                    return None;
+                };
+                start = Some(v);
             }
             listed.extend(
                 page.items

@@ -440,6 +440,10 @@ impl WriteMemory {
     pub fn mark_current(&self, key: &Key, epoch: u64, rv: &str) {
         let mut current = self.lock_current();
         let (term, versions) = current.entry(key.clone()).or_default();
+        if *term > epoch {
+            // Late news of an ended term: the current term's marks stay.
+            return;
+        }
         if *term != epoch {
             *term = epoch;
             versions.clear();
@@ -929,6 +933,18 @@ mod tests {
         );
         m.job_seen(&key(), &job("a-3", "j3"), true);
         assert_eq!(m.entries(), 0);
+    }
+
+    #[test]
+    fn a_mark_of_an_ended_term_leaves_the_current_terms_marks() {
+        let m = WriteMemory::default();
+        m.mark_current(&key(), 2, "10");
+        m.mark_current(&key(), 1, "9");
+        assert!(m.is_current(&key(), 2, "10"));
+        assert!(!m.is_current(&key(), 1, "9"));
+        // A later term starts afresh.
+        m.mark_current(&key(), 3, "11");
+        assert!(!m.is_current(&key(), 2, "10") && m.is_current(&key(), 3, "11"));
     }
 
     #[test]

@@ -164,6 +164,7 @@ impl View {
     /// The shards for which `lost` holds changed hands: what this replica knew of their
     /// GpuJobs' writes is dropped (another replica may write them now).
     pub fn shards_lost(&self, lost: impl Fn(&Key) -> bool) {
+        self.term_starts.forget_where(|ns| lost(&Key::new(ns, "")));
         self.memory.forget_where(lost);
     }
 
@@ -342,8 +343,12 @@ impl View {
                 Outcome::TermStart { start, listed } => {
                     let now = Instant::now();
                     for (name, rv) in listed {
+                        // Only GpuJobs still cached: one deleted since the list has been
+                        // forgotten already, and its mark would stay.
                         let listed = Key::new(&key.namespace, &name);
-                        self.memory.mark_current(&listed, fence.epoch, &rv);
+                        if self.gpujobs.contains(&listed) {
+                            self.memory.mark_current(&listed, fence.epoch, &rv);
+                        }
                     }
                     self.term_starts
                         .learned(fence.shard, &key.namespace, fence.epoch, start, now);
@@ -539,7 +544,11 @@ mod tests {
         );
         let mut snap = view.snapshot(&a, &fence).unwrap();
         assert!(snap.term_start_due && !snap.confirmed);
-        let listed = vec![("a".into(), "10".into()), ("b".into(), "12".into())];
+        let listed = vec![
+            ("a".into(), "10".into()),
+            ("b".into(), "12".into()),
+            ("gone".into(), "7".into()),
+        ];
         view.record(
             &a,
             &fence,
@@ -550,6 +559,10 @@ mod tests {
             }],
         );
         assert!(snap.confirmed, "cached at the version listed: current");
+        assert!(
+            !view.memory.is_current(&Key::new("ns", "gone"), 1, "7"),
+            "a GpuJob no longer cached is not remembered"
+        );
         assert!(view.snapshot(&a, &fence).unwrap().confirmed);
         let b_snap = view.snapshot(&b, &fence).unwrap();
         assert!(

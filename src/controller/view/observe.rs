@@ -23,8 +23,8 @@ pub struct Snapshot {
     /// `gpujob` is known current in this term ([`currency`]). Otherwise the cache may
     /// lag behind the previous holder of the shard.
     pub confirmed: bool,
-    /// Where the shard's term began is not known, and this reconcile is the one to read
-    /// it (`Action::ReadTermStart`).
+    /// Where the shard's term began is not known in the GpuJob's namespace, and this
+    /// reconcile is the one to read it (`Action::ReadTermStart`).
     pub term_start_due: bool,
 }
 

@@ -28,8 +28,9 @@
 //!    earlier holder can ever apply on top of `v`. Whatever of theirs did commit, did so
 //!    before `v`, and `v` shows it.
 //!
-//! Strictly past: `v == T` is read first, so the argument needs no assumption about
-//! where the term's own Lease write was stored. Writes the view does not take from
+//! Strictly past: a version `v == T` is not covered by `T` alone, so the argument needs
+//! no assumption about where the term's own Lease write was stored (a GpuJob at `T` is
+//! in the list that read `T`, and is current by that read, as by any other). Writes the view does not take from
 //! GpuJobs are outside this argument: a late Job create is found by the Job watch and
 //! undone (`JobDeletion::Stray`), and quota calls are fenced by the provider's token.
 //!
@@ -69,8 +70,8 @@ pub struct Covered {
 type Part = (u32, String);
 
 /// The start of each shard's current term as read in each namespace, by (shard,
-/// namespace): `(epoch, start)`. An entry stays until the next term of its shard
-/// replaces it (a namespace's entry is a few dozen bytes).
+/// namespace): `(epoch, start)`. A namespace's entry (a few dozen bytes) stays until its
+/// shard is lost ([`TermStarts::forget_where`]) or a later term's read replaces it.
 #[derive(Debug, Default)]
 pub struct TermStarts {
     by_part: Mutex<HashMap<Part, (u64, Start)>>,
@@ -121,6 +122,11 @@ impl TermStarts {
         if matches!(by_part.get(&part), Some((e, Start::Offered(_))) if *e == epoch) {
             by_part.insert(part, (epoch, Start::Open));
         }
+    }
+
+    /// Drops the entries of the namespaces `lost` says this replica no longer holds.
+    pub fn forget_where(&self, lost: impl Fn(&str) -> bool) {
+        self.lock().retain(|(_, ns), _| !lost(ns));
     }
 
     /// A read of where term `epoch` of `shard` began, in `ns`, found `start` (`None`: it
@@ -194,6 +200,11 @@ mod tests {
         assert!(starts.covers(0, "ns", 2, "11", later).past);
         assert_eq!(starts.covers(0, "other", 2, "11", later), unknown(true));
         assert_eq!(starts.covers(1, "ns", 2, "11", later), unknown(true));
+        // A lost shard's namespaces are forgotten; the others' kept.
+        starts.learned(0, "other", 2, Some(10), later);
+        starts.forget_where(|ns| ns == "ns");
+        assert_eq!(starts.covers(0, "ns", 2, "11", later), unknown(true));
+        assert!(starts.covers(0, "other", 2, "11", later).past);
     }
 
     #[test]

@@ -202,6 +202,12 @@ impl GpuJobCache {
             .and_then(|p| unpack(&key.namespace, &key.name, p))
     }
 
+    /// Whether the cache holds a GpuJob of this key (nothing decoded).
+    pub fn contains(&self, key: &Key) -> bool {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        inner.table.get(key).is_some()
+    }
+
     /// Every cached GpuJob's key.
     pub fn keys(&self) -> Vec<Key> {
         self.keys_where(|_| true)
