@@ -43,7 +43,9 @@ pub fn rows(s: &Snapshot) -> Vec<Row> {
 
 fn row(s: &Snapshot, k: i32) -> Row {
     let pods = s.pods_of(k);
+    // Each node once, in name order: two pods of an attempt may share one.
     let mut nodes: Vec<&str> = pods.iter().filter_map(|p| pod_node(p)).collect();
+    nodes.sort_unstable();
     nodes.dedup();
     let nodes = if nodes.is_empty() {
         "-".to_owned()
