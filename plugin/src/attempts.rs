@@ -8,7 +8,7 @@ use gpujob_core::plan::{JobState, job_state, termination_of};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::snapshot::{Snapshot, pod_node, pod_phase, time};
+use crate::snapshot::{Snapshot, pod_gated, pod_node, pod_phase, time};
 
 /// One attempt, as the table shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,7 +180,7 @@ fn from_job(row: &mut Row, job: &Job, pods: &[&Pod]) {
                 "Queued"
             } else if pods.iter().any(|p| pod_phase(p) == "Running") {
                 "Running"
-            } else if gated(job) && pods.iter().any(|p| waits_at_gate(p)) {
+            } else if gated(job) && pods.iter().any(|p| pod_gated(p)) {
                 "Gated"
             } else {
                 "Pending"
@@ -188,16 +188,6 @@ fn from_job(row: &mut Row, job: &Job, pods: &[&Pod]) {
             .to_owned();
         }
     }
-}
-
-fn waits_at_gate(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| {
-            g.iter()
-                .any(|g| g.name == gpujob_core::api::SCHEDULING_GATE)
-        })
 }
 
 fn outcome(exit_code: Option<i32>, reason: &str) -> String {

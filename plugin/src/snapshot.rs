@@ -1,9 +1,10 @@
 //! What the plugin reads of one GpuJob: the GpuJob (as v2), the Jobs it controls, the
 //! pods of its attempts and its Events. Pure helpers over them; `cluster.rs` fills it.
 
+use gpujob_core::api::Phase;
 use gpujob_core::api::v2::GpuJob;
-use gpujob_core::api::{LABEL_ATTEMPT, Phase};
 use gpujob_core::job::{COMPLETION_INDEX, attempt_of, is_controlled_by};
+use gpujob_core::seen_pod::SeenPod;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -96,15 +97,15 @@ impl Snapshot {
     }
 }
 
-/// A pod's attempt, from its `gpujob.dev/attempt` label.
+/// A pod's attempt, from its `gpujob.dev/attempt` label, as the operator reads it
+/// (`SeenPod`).
 pub fn pod_attempt(pod: &Pod) -> Option<i32> {
-    pod.metadata
-        .labels
-        .as_ref()?
-        .get(LABEL_ATTEMPT)?
-        .parse()
-        .ok()
-        .filter(|a| *a >= 1)
+    SeenPod::of(pod)?.attempt
+}
+
+/// Whether the pod carries the operator's scheduling gate, as the operator reads it.
+pub fn pod_gated(pod: &Pod) -> bool {
+    SeenPod::of(pod).is_some_and(|p| p.gated)
 }
 
 /// A pod's rank: the completion index the Job controller gives each pod of an Indexed

@@ -11,9 +11,8 @@ use gpujob_core::status::{
     UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
 };
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 
-use crate::snapshot::{Snapshot, age, pod_attempt, pod_name, pod_node, pod_phase, time};
+use crate::snapshot::{Snapshot, age, pod_attempt, pod_gated, pod_name, pod_node, pod_phase, time};
 
 /// The paragraph, wrapped at `width` columns.
 pub fn paragraph(s: &Snapshot, now: Timestamp, width: usize) -> String {
@@ -280,7 +279,7 @@ fn running(s: &Snapshot, current: i32) -> String {
     }
     let gated: Vec<&str> = pods
         .iter()
-        .filter(|p| at_gate(p))
+        .filter(|p| pod_gated(p))
         .map(|p| pod_name(p))
         .collect();
     if !gated.is_empty() {
@@ -308,16 +307,6 @@ fn running(s: &Snapshot, current: i32) -> String {
             states.join(", ")
         )
     }
-}
-
-fn at_gate(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| {
-            g.iter()
-                .any(|g| g.name == gpujob_core::api::SCHEDULING_GATE)
-        })
 }
 
 /// Pods of attempts other than `current` that may still run: named with their attempt,
