@@ -9,19 +9,22 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use crate::api::{GpuJob, Phase};
-use crate::status::{CLEANUP_STUCK, READY};
+use crate::plan::INVALID_SPEC;
+use crate::status::{
+    BACKING_OFF, CLEANUP_STUCK, QUEUED, QUOTA_REFUSED, READY, SUSPENDED, WAITING_FOR_LOST_NODE,
+};
 
 /// Ready reasons of a GpuJob that waits on purpose: not stuck, with metrics of its own.
 /// `Queued`: Kueue holds the attempt, as its ClusterQueue's quota and policy say.
 /// `WaitingForLostNode`: the next attempt waits for an old pod on a node that is not
 /// Ready; only a person ends it (its own alert, `GpuJobWaitingForLostNode`).
 pub const WAITING_REASONS: [&str; 6] = [
-    "BackingOff",
-    "QuotaRefused",
-    "InvalidSpec",
-    "Suspended",
-    "Queued",
-    "WaitingForLostNode",
+    BACKING_OFF,
+    QUOTA_REFUSED,
+    INVALID_SPEC,
+    SUSPENDED,
+    QUEUED,
+    WAITING_FOR_LOST_NODE,
 ];
 /// The `phase` label values, `Unknown` for GpuJobs without a phase yet.
 pub const PHASES: [&str; 6] = [

@@ -5,8 +5,8 @@
 use crate::api::{ConditionStatus, GpuJobStatus, Phase};
 
 use crate::status::{
-    ADMITTED, CLEANUP_STUCK, QUEUED, QUOTA_RESERVED, READY, SERVICE_NAME_CONFLICT,
-    SPEC_CHANGE_PENDING, SUSPENDED, UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
+    ADMITTED, BACKING_OFF, CLEANUP_STUCK, QUEUED, QUOTA_REFUSED, QUOTA_RESERVED, READY, RERUN,
+    SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, SUSPENDED, UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -35,7 +35,7 @@ pub struct Note {
 /// quota steps and the operator's clean-up of strays; the status and conditions say the
 /// same, and `InvalidSpec` also names a spec change that waits while the attempt runs on.
 pub const STATE_CHANGES: [&str; 11] = [
-    "Rerun",
+    RERUN,
     "Suspended",
     "Resumed",
     "AttemptStarted",
@@ -172,7 +172,7 @@ fn lifecycle(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
     if after.run.unwrap_or(1) > before.run.unwrap_or(1) {
         out.push(note(
             Kind::Normal,
-            "Rerun",
+            RERUN,
             format!(
                 "run {} started (request {}); its first attempt is {}",
                 after.run.unwrap_or(1),
@@ -252,12 +252,12 @@ fn attempts(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
             out.push(note(Kind::Warning, reason, message.unwrap_or_default()));
         }
     }
-    if let Some((_, "BackingOff", message)) = cond(after, READY)
+    if let Some((_, BACKING_OFF, message)) = cond(after, READY)
         && after.next_attempt_time != before.next_attempt_time
     {
         out.push(note(
             Kind::Normal,
-            "BackingOff",
+            BACKING_OFF,
             format!("retrying: {message}"),
         ));
     }
@@ -320,7 +320,7 @@ fn quota(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
         {
             out.push(note(
                 Kind::Warning,
-                "QuotaRefused",
+                QUOTA_REFUSED,
                 format!("{reason}: {message}"),
             ));
         }

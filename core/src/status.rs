@@ -32,6 +32,18 @@ pub const SERVICE_NAME_CONFLICT: &str = "ServiceNameConflict";
 /// Condition type, on GpuJobs with `spec.queueName`: whether Kueue admitted the current
 /// attempt (True, reason Admitted), or holds it (False, with Kueue's reason and words).
 pub const ADMITTED: &str = "Admitted";
+/// Ready reason: the current attempt's pods run (or may: let go at the gate).
+pub const JOB_RUNNING: &str = "JobRunning";
+/// Ready reason (and Event): an attempt failed and the next waits for its retry backoff.
+pub const BACKING_OFF: &str = "BackingOff";
+/// Ready reason: the next attempt waits for the quota service's reservation.
+pub const QUOTA_PENDING: &str = "QuotaPending";
+/// Ready reason (and Event): the quota service refused the reservation; asked again later.
+pub const QUOTA_REFUSED: &str = "QuotaRefused";
+/// Ready reason: a spec change stops the running attempt before the next starts.
+pub const REPLACING: &str = "Replacing";
+/// Ready reason (and Event): `kubectl gpujob rerun` (the rerun annotation) began a new run.
+pub const RERUN: &str = "Rerun";
 /// Ready reason: the current attempt's Job waits in its Kueue LocalQueue (not admitted
 /// yet, or evicted by Kueue and queued again); the GpuJob is Pending.
 pub const QUEUED: &str = "Queued";

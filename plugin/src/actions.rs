@@ -54,6 +54,12 @@ pub fn suspend_done(gj: &GpuJob, suspend: bool) -> String {
             "{} suspended (spec.suspend: true): no new attempt starts{running}",
             who(gj)
         )
+    } else if let Some(phase) = status.and_then(|s| s.phase).filter(|p| p.is_final()) {
+        format!(
+            "{} resumed (spec.suspend: false); it has finished ({phase:?}), so no attempt \
+             starts: `kubectl gpujob rerun` starts a new run",
+            who(gj)
+        )
     } else {
         format!(
             "{} resumed (spec.suspend: false): the next attempt starts, after what remains of \

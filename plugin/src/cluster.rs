@@ -216,11 +216,10 @@ impl Cluster {
             .map_err(Error::api(what.clone()))?;
         let mut lines = stream.lines();
         let mut out = std::io::stdout().lock();
-        while let Some(line) = lines
-            .try_next()
-            .await
-            .map_err(|e| Error::Input(format!("{what}: {e}")))?
-        {
+        while let Some(line) = lines.try_next().await.map_err(|source| Error::Stream {
+            what: what.clone(),
+            source,
+        })? {
             writeln!(out, "{line}").map_err(Error::Output)?;
         }
         Ok(())

@@ -31,6 +31,14 @@ pub enum Error {
     },
     #[error("{0}")]
     Input(String),
+    /// A log stream the API server opened and then broke off (the pod went, the
+    /// connection dropped): the lines before it were written.
+    #[error("{what}: the stream broke off: {source}")]
+    Stream {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("writing the output: {0}")]
     Output(#[source] std::io::Error),
 }

@@ -377,7 +377,15 @@ fn why_names_an_old_attempts_pods_still_there() {
         Some("gpu-5"),
         json!({"phase": "Failed"}),
     ));
+    let mut never_bound = pod(1, 1, "train-1-unbound", None, json!({"phase": "Pending"}));
+    never_bound.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
+    s.pods.push(never_bound);
     let w = why_of(&s);
+    assert!(
+        !w.contains("train-1-unbound"),
+        "a pod deleted before it was bound is never placed: {w}"
+    );
     assert!(
         w.contains("waits for an old attempt's pods to be gone before attempt 2 may run: attempt 2 waits until the pods of Job train-1 are gone; still there: pod train-1-x (attempt 1, Running, on node gpu-5, being deleted)."),
         "{w}"
@@ -538,7 +546,15 @@ fn suspend_resume_and_rerun_patch_what_the_api_documents() {
         actions::rerun_done(&running, "t1"),
         "GpuJob team-a/train: rerun requested (gpujob.dev/rerun=t1); it has not finished (Running): run 2 starts once it has"
     );
+    assert_eq!(
+        actions::suspend_done(&running, false),
+        "GpuJob team-a/train resumed (spec.suspend: false): the next attempt starts, after what remains of a retry backoff"
+    );
     let done = gpujob(json!({}), json!({"phase": "Failed", "attempts": 4}));
+    assert_eq!(
+        actions::suspend_done(&done, false),
+        "GpuJob team-a/train resumed (spec.suspend: false); it has finished (Failed), so no attempt starts: `kubectl gpujob rerun` starts a new run"
+    );
     assert_eq!(
         actions::rerun_done(&done, "t1"),
         "GpuJob team-a/train: rerun requested (gpujob.dev/rerun=t1); run 2 starts with attempt 5 (retries counted from 0 again)"

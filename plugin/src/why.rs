@@ -6,9 +6,11 @@ use gpujob_core::api::{ANNOTATION_RERUN, ConditionStatus, FINALIZER_QUOTA, Phase
 use gpujob_core::plan::{
     INVALID_SPEC, JOB_NAME_CONFLICT, OLD_ATTEMPT_STOPPING, SPEC_CHANGE_PENDING,
 };
+use gpujob_core::seen_pod::SeenPod;
 use gpujob_core::status::{
-    ADMITTED, CLEANUP_STUCK, QUEUED, QUOTA_RESERVED, READY, SERVICE_NAME_CONFLICT, SUSPENDED,
-    UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
+    ADMITTED, BACKING_OFF, CLEANUP_STUCK, JOB_RUNNING, QUEUED, QUOTA_PENDING, QUOTA_REFUSED,
+    QUOTA_RESERVED, READY, REPLACING, RERUN, SERVICE_NAME_CONFLICT, SUSPENDED, UNSCHEDULABLE,
+    WAITING_FOR_LOST_NODE,
 };
 use jiff::Timestamp;
 
@@ -118,7 +120,7 @@ pub fn sentences(s: &Snapshot, now: Timestamp) -> Vec<String> {
                 s.name()
             ));
         }
-        (_, "QuotaPending" | "QuotaRefused") => {
+        (_, QUOTA_PENDING | QUOTA_REFUSED) => {
             let quota = status
                 .condition(QUOTA_RESERVED)
                 .map(|c| format!(" ({}{})", c.reason, said(&c.message)))
@@ -176,7 +178,7 @@ pub fn sentences(s: &Snapshot, now: Timestamp) -> Vec<String> {
                 said(message)
             ));
         }
-        (_, "BackingOff") => {
+        (_, BACKING_OFF) => {
             let next = status
                 .next_attempt_time
                 .map(|t| {
@@ -205,16 +207,16 @@ pub fn sentences(s: &Snapshot, now: Timestamp) -> Vec<String> {
                 said(message)
             ));
         }
-        (_, "Replacing") => {
+        (_, REPLACING) => {
             out.push(format!(
                 "It waits for the running attempt to stop after a spec change{}.",
                 said(message)
             ));
         }
-        (_, "Rerun") => {
+        (_, RERUN) => {
             out.push(format!("A new run is starting{}.", said(message)));
         }
-        (_, "JobRunning") => out.push(running(s, current)),
+        (_, JOB_RUNNING) => out.push(running(s, current)),
         (_, "") => out.push("It has no Ready condition yet.".to_owned()),
         (_, other) => out.push(format!(
             "Ready is {} ({other}{}).",
@@ -315,7 +317,9 @@ fn old_pods(s: &Snapshot, current: i32) -> Vec<String> {
     s.pods
         .iter()
         .filter(|p| pod_attempt(p) != Some(current))
-        .filter(|p| !matches!(pod_phase(p), "Succeeded" | "Failed"))
+        // What holds the gate, as the operator reads it: a pod deleted before it was
+        // bound never runs, a finished one no more.
+        .filter(|p| SeenPod::of(p).is_some_and(|seen| seen.may_run()))
         .map(|p| {
             let deleting = if p.metadata.deletion_timestamp.is_some() {
                 ", being deleted"

@@ -16,7 +16,9 @@ use crate::events::{stray_job_deleted, unrecognized_job_deleted};
 use crate::failure_policy::{MatchedRule, action_name, matched_rule};
 use crate::job::{desired_job, job_name};
 use crate::seen_job::SeenJob;
-use crate::status::{READY, SUSPENDED, remove_condition, seconds};
+use crate::status::{
+    BACKING_OFF, JOB_RUNNING, READY, REPLACING, SUSPENDED, remove_condition, seconds,
+};
 
 /// What a Job's conditions say.
 #[derive(Debug, Clone, PartialEq)]
@@ -376,7 +378,7 @@ impl Planner<'_, '_> {
         });
         self.ready(
             ConditionStatus::False,
-            "JobRunning",
+            JOB_RUNNING,
             running_message(&self.name, attempt),
         );
         Some(attempt)
@@ -512,7 +514,7 @@ impl Planner<'_, '_> {
             self.next.phase = Some(Phase::Running);
             self.ready(
                 ConditionStatus::False,
-                "JobRunning",
+                JOB_RUNNING,
                 running_message(&self.name, k),
             );
             if let PodsWaiting::Grace(left) = waiting {
@@ -543,7 +545,7 @@ impl Planner<'_, '_> {
                 self.next.phase = Some(Phase::Pending);
                 self.next.active_job = None;
                 let message = format!("attempt {k} is being replaced: the spec changed");
-                self.ready(ConditionStatus::False, "Replacing", message);
+                self.ready(ConditionStatus::False, REPLACING, message);
                 remove_condition(&mut self.next.conditions, SPEC_CHANGE_PENDING);
                 return;
             }
@@ -629,7 +631,7 @@ impl Planner<'_, '_> {
                 self.next.phase = Some(Phase::Pending);
                 self.next.active_job = None;
                 let message = format!("attempt {k} is being replaced: the spec changed");
-                self.ready(ConditionStatus::False, "Replacing", message);
+                self.ready(ConditionStatus::False, REPLACING, message);
                 k
             }
             None => self.start_next(k),
@@ -707,7 +709,7 @@ impl Planner<'_, '_> {
             failure.message,
             k.saturating_add(1)
         );
-        self.ready(ConditionStatus::False, "BackingOff", message);
+        self.ready(ConditionStatus::False, BACKING_OFF, message);
         if let Ok(d) = Duration::try_from(self.now.duration_until(at)) {
             self.requeue = Next::After(d);
         }

@@ -8,7 +8,7 @@ use jiff::SignedDuration;
 
 use super::{Action, Planner};
 use crate::api::{ANNOTATION_RERUN, ConditionStatus, Phase};
-use crate::status::{COMPLETE, FAILED, READY, SUSPENDED, remove_condition, set_condition};
+use crate::status::{COMPLETE, FAILED, READY, RERUN, SUSPENDED, remove_condition, set_condition};
 
 impl Planner<'_, '_> {
     /// A new value of the rerun annotation, not yet answered by a run.
@@ -50,7 +50,7 @@ impl Planner<'_, '_> {
                 &mut s.conditions,
                 READY,
                 ConditionStatus::False,
-                "Rerun",
+                RERUN,
                 format!(
                     "run {run} requested ({ANNOTATION_RERUN}: {token}); attempt {first} starts"
                 ),

@@ -30,7 +30,9 @@ use crate::api::{
 };
 use crate::events::{Kind, Note};
 use crate::quota::ReserveRequest;
-use crate::status::{CLEANUP_STUCK, QUOTA_RESERVED, remove_condition, set_condition};
+use crate::status::{
+    CLEANUP_STUCK, QUOTA_PENDING, QUOTA_REFUSED, QUOTA_RESERVED, remove_condition, set_condition,
+};
 
 impl Planner<'_, '_> {
     /// Before the attempts of a GpuJob that is not final: make sure a reservation is
@@ -136,18 +138,18 @@ impl Planner<'_, '_> {
         let asks = self.gj.spec.total_gpus();
         match &self.obs.quota {
             Some(QuotaAnswer::Refused { reason, message }) => (
-                "QuotaRefused",
+                QUOTA_REFUSED,
                 format!("waiting for GPU quota: {reason}: {message}"),
             ),
             _ if usable(&self.next) && !sized(&self.next, asks, self.generation) => (
-                "QuotaPending",
+                QUOTA_PENDING,
                 format!(
                     "{}; the spec asks for {asks}: it is released and made again once no pod of this GpuJob runs",
                     held_words(&self.next)
                 ),
             ),
             _ => (
-                "QuotaPending",
+                QUOTA_PENDING,
                 "waiting for a GPU quota reservation".to_owned(),
             ),
         }
