@@ -3,7 +3,9 @@
 //! equal ranges). The replicas re-cut the map by themselves until the busiest shard
 //! holds at most 1.25 times the mean; throughout, the audit log shows no namespace
 //! written by two replicas and no GpuJob waiting longer than the bound for its first
-//! write. Short timings: 3 s lease, 2 s renew deadline, 0.5 s retry period.
+//! write. Then the same with the replica that holds the crowded range killed (`kill -9`)
+//! as soon as the first re-cut is written, while its range is being handed over, and
+//! started again. Short timings: 3 s lease, 2 s renew deadline, 0.5 s retry period.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -19,7 +21,9 @@ use gpujob_operator::recut;
 use gpujob_operator::shard::ShardMap;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
+use nix::sys::signal::Signal;
 use serde_json::json;
 use support::replicas::{self, LEASE, LEASE_DURATION, Replica};
 use support::shards::{self, wait_balanced};
@@ -70,7 +74,22 @@ async fn map_now(env: &TestEnv) -> (u64, ShardMap, bool) {
 #[tokio::test]
 async fn namespaces_named_alike_are_re_cut_until_the_busiest_shard_holds_at_most_a_quarter_over_the_mean()
  {
-    let env = TestEnv::private("recut").await;
+    re_cut("recut", false, Duration::from_secs(20)).await;
+}
+
+#[tokio::test]
+async fn a_replica_killed_while_its_range_is_handed_over_leaves_no_namespace_with_two_writers() {
+    // The bound: a lease duration for the killed replica's shards, its restart, and the
+    // moves that follow, beside the whole suite on two cores.
+    re_cut("recut-kill", true, Duration::from_secs(40)).await;
+}
+
+/// GpuJobs in `team-a` … `team-z` under 3 replicas × 6 shards until the kept map is
+/// balanced and every GpuJob succeeded; with `kill`, the holder of the crowded range is
+/// killed once the first re-cut is written and started again two lease durations later.
+/// No GpuJob may wait longer than `bound` for its first write.
+async fn re_cut(name: &str, kill: bool, bound: Duration) {
+    let env = TestEnv::private(name).await;
     let start = env.cluster.audit().cursor().unwrap();
     let names: Vec<String> = (b'a'..=b'z')
         .map(|c| format!("team-{}", c as char))
@@ -92,7 +111,7 @@ async fn namespaces_named_alike_are_re_cut_until_the_busiest_shard_holds_at_most
         ns_api.create(&PostParams::default(), &ns).await.unwrap();
     }
     // `--shards 6` and nothing else about the map.
-    let rs: Vec<Replica> = (1..=3)
+    let mut rs: Vec<Replica> = (1..=3)
         .map(|n| replicas::start_everywhere_recutting(&env.cluster, &env.ns, n, &["--shards", "6"]))
         .collect();
     wait_balanced(
@@ -105,19 +124,38 @@ async fn namespaces_named_alike_are_re_cut_until_the_busiest_shard_holds_at_most
     .await;
 
     // GpuJobs arrive over about 20 s, round the namespaces, while the map moves.
-    for i in 0..PER_NAMESPACE {
-        for n in &names {
-            let api: Api<GpuJob> = Api::namespaced(env.admin.clone(), n);
-            let gj: GpuJob = serde_json::from_value(json!({
-                "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
-                "metadata": {"name": format!("gj-{i}")},
-                "spec": {"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "1")])},
-            }))
-            .unwrap();
-            api.create(&PostParams::default(), &gj).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(150)).await;
-        }
+    let arriving = tokio::spawn(create_gpujobs(env.admin.clone(), names.clone()));
+    if kill {
+        let crowded = even.shard_of(&names[0]);
+        wait::until(
+            "the first re-cut written",
+            Duration::from_secs(120),
+            Duration::from_millis(50),
+            || {
+                let env = &env;
+                async move { (map_now(env).await.0 > 0).then_some(()) }
+            },
+        )
+        .await
+        .unwrap();
+        let holder = shards::holders(&env.admin, &env.ns, SHARDS).await[crowded as usize]
+            .clone()
+            .expect("the crowded shard is held");
+        let i = rs.iter().position(|r| r.identity() == holder).unwrap();
+        rs[i].signal(Signal::SIGKILL);
+        rs[i].wait_exit(Duration::from_secs(10)).await;
+        println!(
+            "killed {holder}, holder of the crowded shard {crowded}, as the first re-cut was written"
+        );
+        tokio::time::sleep(LEASE_DURATION * 2).await;
+        rs[i] = replicas::start_everywhere_recutting(
+            &env.cluster,
+            &env.ns,
+            rs[i].n,
+            &["--shards", "6"],
+        );
     }
+    arriving.await.unwrap();
 
     // Re-cut by the replicas themselves, and every shard held under the new map.
     let loads: Vec<(u64, u64)> = names
@@ -166,8 +204,25 @@ async fn namespaces_named_alike_are_re_cut_until_the_busiest_shard_holds_at_most
     let worst = stalls.values().map(|s| s.unwrap()).max().unwrap();
     println!("longest wait for a first write: {worst:?}");
     assert!(
-        worst <= Duration::from_secs(20),
+        worst <= bound,
         "a GpuJob waited {worst:?} for its first write"
     );
     drop(rs);
+}
+
+/// `PER_NAMESPACE` GpuJobs in each of `names`, round the namespaces, 150 ms apart.
+async fn create_gpujobs(admin: Client, names: Vec<String>) {
+    for i in 0..PER_NAMESPACE {
+        for n in &names {
+            let api: Api<GpuJob> = Api::namespaced(admin.clone(), n);
+            let gj: GpuJob = serde_json::from_value(json!({
+                "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+                "metadata": {"name": format!("gj-{i}")},
+                "spec": {"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "1")])},
+            }))
+            .unwrap();
+            api.create(&PostParams::default(), &gj).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    }
 }
