@@ -23,6 +23,13 @@
 # or `crane digest <image:tag>`, write each after its tag below, and rebuild; or let a
 # dependency bot (Renovate's dockerfile manager, Dependabot's docker ecosystem) open
 # those updates.
+#
+# The image carries the SBOM of the operator binary, sbom/gpujob-operator.cdx.json
+# (CycloneDX: the crates the binary is built from, from Cargo.lock; scripts/sbom.sh writes
+# it and the test command checks it is current), at
+# /usr/share/doc/gpujob-operator/sbom.cdx.json. It does not list the base image's Debian
+# packages (glibc, libgcc, CA certificates): BuildKit's SBOM attestation (`docker buildx
+# build --sbom=true`) or an image scanner lists those.
 FROM rust:1.95-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS build
 WORKDIR /src
 COPY . .
@@ -35,6 +42,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
 FROM gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a9c6da57b217585af0786db3845d1f0ec1a0dd182f
 # checkov:skip=CKV_DOCKER_2: Kubernetes probes the operator (GET /healthz, /readyz in deploy/operator/deployment.yaml); distroless has no shell or curl for a HEALTHCHECK, and Kubernetes ignores HEALTHCHECK
 COPY --from=build /gpujob-operator /usr/local/bin/gpujob-operator
+COPY sbom/gpujob-operator.cdx.json /usr/share/doc/gpujob-operator/sbom.cdx.json
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/gpujob-operator"]
