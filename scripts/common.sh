@@ -1,6 +1,7 @@
 # Shared by scripts/test.sh and scripts/demo.sh (sourced, not run).
 # Sets: repo, cache, CARGO_TARGET_DIR, KUBEBUILDER_ASSETS, DEVCLUSTER_KWOK; defines step,
-# prepare_machine, prepare_helm, prepare_third_party_crds and prepare_kueue.
+# prepare_machine, prepare_helm, prepare_cargo_cyclonedx, prepare_third_party_crds and
+# prepare_kueue.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -32,6 +33,16 @@ prepare_helm() {
   GPUJOB_HELM="$(scripts/helm.sh)"
   export GPUJOB_HELM
   echo "using $GPUJOB_HELM ($("$GPUJOB_HELM" version --short))" >&2
+}
+
+# cargo-cyclonedx (installed once from crates.io at a pinned version, cached), for the
+# operator's SBOM (scripts/sbom.sh); exported as GPUJOB_CARGO_CYCLONEDX, where
+# scripts/sbom.sh finds it. The test command needs it, the demo does not.
+prepare_cargo_cyclonedx() {
+  step "cargo-cyclonedx"
+  GPUJOB_CARGO_CYCLONEDX="$(scripts/cargo-cyclonedx.sh)"
+  export GPUJOB_CARGO_CYCLONEDX
+  echo "using $GPUJOB_CARGO_CYCLONEDX ($("$GPUJOB_CARGO_CYCLONEDX" cyclonedx --version))" >&2
 }
 
 # The Prometheus Operator's and cert-manager's CRDs (ServiceMonitor, PrometheusRule,

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The test command: everything CI checks, from a fresh machine.
 #
-# 1. installs what is missing (Debian packages, cargo-nextest; etcd, kube-apiserver,
+# 1. installs what is missing (Debian packages, cargo-nextest, cargo-cyclonedx from
+#    crates.io, cached; etcd, kube-apiserver,
 #    kube-controller-manager, kube-scheduler, kwok, helm and Kueue are built once with
 #    Go from the Go module proxy and cached; the Prometheus Operator's and cert-manager's CRDs
 #    are fetched once from their Go modules and cached),
 # 2. checks the alert rules with promtool, the Helm chart with helm lint and helm
 #    template, deploy/, the chart and the Dockerfile with checkov (installed from PyPI
-#    into the cache when missing), formatting and clippy,
+#    into the cache when missing), the operator's SBOM (sbom/, up to date and complete),
+#    formatting and clippy,
 # 3. starts one shared control plane (devcluster, Kubernetes v1.37) for the integration
 #    tests,
 # 4. runs every test with cargo-nextest, which prints the summary line,
@@ -31,6 +33,7 @@ if ! kubectl version --client 2>/dev/null | grep -q '^Kustomize Version: v5'; th
 fi
 
 prepare_helm
+prepare_cargo_cyclonedx
 prepare_third_party_crds
 prepare_kueue
 
@@ -42,6 +45,9 @@ charts/check.sh
 
 step "manifests, chart and Dockerfile: checkov, zero failed checks, every skip with its reason"
 scripts/checkov.sh
+
+step "SBOM of the operator binary: up to date, every crate of its cargo tree listed"
+scripts/sbom.sh --check
 
 step "format and lint"
 # The core crate stays pure: nothing that talks to the API server, runs tasks or does
