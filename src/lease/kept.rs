@@ -38,8 +38,9 @@ pub(super) struct Kept {
 pub const STEADY: Duration = Duration::from_secs(10);
 
 /// How long the namespaces stated must stay the same before the first cut: a count and
-/// a renewal (a namespace's first GpuJob is stated by then).
-pub const NAMESPACES_SETTLED: Duration = Duration::from_secs(5);
+/// a renewal (a namespace's first GpuJob is stated by then). Until the first cut, the
+/// namespaces named alike sit in one or two shards and the other replicas wait.
+pub const NAMESPACES_SETTLED: Duration = Duration::from_secs(3);
 
 impl Kept {
     pub fn new(interval: Duration) -> Kept {
@@ -80,6 +81,14 @@ impl Kept {
                 false
             }
         }
+    }
+
+    /// Whether the map changed (written or followed here) less than `window` ago: its
+    /// hand-over is likely under way, and looks come sooner, so that shards released
+    /// under it are taken at once and the keeper follows its own write.
+    pub fn hurrying(&self, now: Instant, window: Duration) -> bool {
+        self.since
+            .is_some_and(|s| now.saturating_duration_since(s) < window)
     }
 
     /// May the keeper re-cut at `now`, by the interval?
@@ -172,6 +181,17 @@ mod tests {
     }
 
     #[test]
+    fn looks_hurry_for_a_while_after_the_map_changed_and_not_before() {
+        let mut k = Kept::new(Duration::from_secs(60));
+        let t0 = Instant::now();
+        let window = Duration::from_secs(15);
+        assert!(!k.hurrying(t0, window), "no change seen yet");
+        k.since = Some(t0);
+        assert!(k.hurrying(t0 + Duration::from_secs(14), window));
+        assert!(!k.hurrying(t0 + Duration::from_secs(15), window));
+    }
+
+    #[test]
     fn the_load_is_steady_once_it_stays_within_a_tenth_for_ten_seconds() {
         let mut k = Kept::new(Duration::from_secs(60));
         let t0 = Instant::now();
@@ -189,14 +209,14 @@ mod tests {
     }
 
     #[test]
-    fn the_namespaces_are_settled_once_their_number_holds_for_five_seconds() {
+    fn the_namespaces_are_settled_once_their_number_holds_for_three_seconds() {
         let mut k = Kept::new(Duration::from_secs(60));
         let t0 = Instant::now();
         let at = |s| t0 + Duration::from_secs(s);
         assert!(!k.namespaces_settled_at(20, at(0)));
-        assert!(!k.namespaces_settled_at(26, at(3)), "one more appeared");
-        assert!(!k.namespaces_settled_at(26, at(7)));
-        assert!(k.namespaces_settled_at(26, at(8)));
+        assert!(!k.namespaces_settled_at(26, at(2)), "one more appeared");
+        assert!(!k.namespaces_settled_at(26, at(4)));
+        assert!(k.namespaces_settled_at(26, at(5)));
     }
 
     #[test]

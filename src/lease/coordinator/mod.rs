@@ -92,7 +92,7 @@ pub async fn run(params: Params, stop: impl Future<Output = ()>) {
     loop {
         c.tick().await;
         tokio::select! {
-            _ = tokio::time::sleep(jitter(c.group.timing.retry_period)) => {}
+            _ = tokio::time::sleep(jitter(c.next_look_in())) => {}
             _ = &mut stop => break,
         }
     }
@@ -458,7 +458,22 @@ struct Coordinator {
     status: Arc<Status>,
 }
 
+/// How much sooner the next look comes while a re-cut's hand-over is likely under way.
+const HURRIED_LOOKS: u32 = 4;
+
 impl Coordinator {
+    /// A retry period; a quarter of it for a lease duration after the kept map changed
+    /// (its hand-over: shards released under it are taken a look later, and the keeper
+    /// follows its own write a look later).
+    fn next_look_in(&self) -> std::time::Duration {
+        let period = self.group.timing.retry_period;
+        let now = Instant::now().into_std();
+        match &self.kept {
+            Some(k) if k.hurrying(now, self.group.timing.lease_duration) => period / HURRIED_LOOKS,
+            _ => period,
+        }
+    }
+
     fn new(p: Params) -> Coordinator {
         let Params {
             client,
