@@ -1,6 +1,7 @@
 //! The control plane: etcd, kube-apiserver, kube-controller-manager and kube-scheduler
 //! as child processes on free loopback ports, fake GPU nodes for the scheduler to place
-//! pods on, and kwok, which plays their kubelet.
+//! pods on (and, when asked, fake DRA devices on them), and kwok, which plays their
+//! kubelet.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::assets::Assets;
 use crate::audit::{AuditLog, POLICY};
+use crate::dra::{self, DraDevices};
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::nodes::GpuNodes;
@@ -62,6 +64,11 @@ pub struct Options {
     /// have it: lists and watches may then select objects by a hash range of their
     /// namespace or uid. Before 1.36 the gate does not exist (and naming it is an error).
     pub sharded_watch: bool,
+    /// Publish fake DRA devices for the fake GPU nodes ([`crate::dra`]): a DeviceClass
+    /// and one ResourceSlice per node, and run kube-controller-manager's ResourceClaim
+    /// controller, so pods that claim devices are allocated them by kube-scheduler.
+    /// Needs `resource.k8s.io/v1` (Kubernetes 1.34 or later). `None`: none of it.
+    pub dra: Option<DraDevices>,
 }
 
 impl Default for Options {
@@ -74,6 +81,7 @@ impl Default for Options {
             gpu_nodes: GpuNodes::default(),
             startup_timeout: Duration::from_secs(120),
             sharded_watch: true,
+            dra: None,
         }
     }
 }
@@ -218,6 +226,23 @@ impl ControlPlane {
         }
 
         let assets = Assets::locate()?;
+        let minor = assets.minor_version();
+        if let Some(devices) = &opts.dra {
+            // Refused before anything starts, with the reason, rather than as a 404 on
+            // the first ResourceSlice once the control plane is up.
+            if let Some(minor) = minor.filter(|m| *m < dra::SERVED_SINCE) {
+                return Err(Error::invalid(
+                    "fake DRA devices",
+                    format!(
+                        "Kubernetes 1.{minor} does not serve resource.k8s.io/v1 (1.{} and later do)",
+                        dra::SERVED_SINCE
+                    ),
+                ));
+            }
+            // Built once here only to fail now on a product without memory (or too
+            // many GPUs for a slice), not after the control plane has started.
+            devices.slices(&opts.gpu_nodes)?;
+        }
         // Found before anything starts, so a missing binary fails fast with the fix.
         let kwok_binary = if opts.pod_simulator {
             Some(kwok::locate()?)
@@ -313,8 +338,7 @@ impl ControlPlane {
         ]
         .into_iter()
         .chain(
-            assets
-                .minor_version()
+            minor
                 .is_some_and(|minor| minor >= SHARDED_WATCH_SINCE)
                 .then(|| format!("--feature-gates=ShardedListAndWatch={}", opts.sharded_watch)),
         )
@@ -363,9 +387,17 @@ impl ControlPlane {
                 // under their host names, as the cluster DNS would serve them. podgc:
                 // a node marked out of service (node.kubernetes.io/out-of-service) that
                 // is not Ready has its terminating pods deleted, as on a real cluster
-                // (`nodes::lose` makes a node so).
-                "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token,clusterrole-aggregation,endpointslice,podgc"
-                    .to_owned(),
+                // (`nodes::lose` makes a node so). resourceclaim-controller, with the fake
+                // DRA devices only: it makes a pod's claims from its templates and frees
+                // them once the pod is done.
+                format!(
+                    "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token,clusterrole-aggregation,endpointslice,podgc{}",
+                    if opts.dra.is_some() {
+                        ",resourceclaim-controller"
+                    } else {
+                        ""
+                    }
+                ),
                 "--leader-elect=false".to_owned(),
                 "--secure-port=0".to_owned(),
                 format!(
@@ -394,10 +426,16 @@ impl ControlPlane {
             .wait_default_service_account(remaining(deadline))
             .await?;
 
-        // The nodes exist before the scheduler starts, so its first pass sees them.
+        // The nodes (and their devices) exist before the scheduler starts, so its first
+        // pass sees them.
         opts.gpu_nodes
             .apply(cluster.client(Identity::Admin).await?)
             .await?;
+        if let Some(devices) = &opts.dra {
+            devices
+                .apply(cluster.client(Identity::Admin).await?, &opts.gpu_nodes)
+                .await?;
+        }
         let scheduler_config = state_dir.join("kube-scheduler.yaml");
         write(
             &scheduler_config,

@@ -20,12 +20,16 @@
 //! `for_tests` attaches to the control plane named by `DEVCLUSTER_DIR` (started once per
 //! test run by `scripts/test.sh`) or, when unset, starts a private one for the process.
 //!
+//! With [`Options::dra`] set, the fake nodes also have fake Dynamic Resource Allocation
+//! devices ([`dra`]) that kube-scheduler allocates ResourceClaims on.
+//!
 //! [`faultproxy::FaultProxy`] puts injected faults (latency, errors, resets, cut watches,
 //! partitions) between one client and kube-apiserver while the others talk to it directly.
 
 pub mod assets;
 pub mod audit;
 mod cluster;
+pub mod dra;
 mod error;
 pub mod faultproxy;
 pub mod identity;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use devcluster::assets::Assets;
+use devcluster::dra::DraDevices;
 use devcluster::nodes::GpuNodes;
 use devcluster::{ControlPlane, Identity, Options};
 
@@ -49,6 +50,16 @@ enum Cmd {
         /// GPU products (node label `nvidia.com/gpu.product`) the nodes take in turn.
         #[arg(long, value_delimiter = ',', default_values_t = GpuNodes::default().products)]
         gpu_products: Vec<String>,
+        /// Publish fake DRA devices (resource.k8s.io/v1): a DeviceClass
+        /// `gpu.devcluster.dev` and, per fake node, a ResourceSlice with one device per
+        /// GPU (attribute productName, capacity memory), and run the ResourceClaim
+        /// controller. Needs Kubernetes 1.34 or later.
+        #[arg(long)]
+        dra: bool,
+        /// With --dra: the memory of a product's devices, PRODUCT=QUANTITY (repeatable;
+        /// the A100 80GB, H100 and H200 are known).
+        #[arg(long = "dra-memory", value_parser = parse_memory, requires = "dra")]
+        dra_memory: Vec<(String, String)>,
     },
     /// Stop the control plane whose state folder this is (its `up` process, or processes
     /// left behind by one that was killed).
@@ -88,6 +99,8 @@ fn main() -> ExitCode {
             gpu_nodes,
             gpus_per_node,
             gpu_products,
+            dra,
+            dra_memory,
         } => up(Options {
             state_dir: Some(state_dir),
             crds,
@@ -98,6 +111,11 @@ fn main() -> ExitCode {
                 gpus_per_node,
                 products: gpu_products,
             },
+            dra: dra.then(|| {
+                let mut devices = DraDevices::default();
+                devices.memory.extend(dra_memory);
+                devices
+            }),
             ..Options::default()
         }),
         Cmd::Down { state_dir } => down(&state_dir),
@@ -108,6 +126,18 @@ fn main() -> ExitCode {
             eprintln!("devcluster: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `NVIDIA-H200=141Gi` → (`NVIDIA-H200`, `141Gi`); the API server judges the quantity.
+fn parse_memory(arg: &str) -> Result<(String, String), String> {
+    match arg.split_once('=') {
+        Some((product, memory)) if !product.is_empty() && !memory.is_empty() => {
+            Ok((product.to_owned(), memory.to_owned()))
+        }
+        _ => Err(format!(
+            "{arg:?} is not PRODUCT=QUANTITY (e.g. NVIDIA-H200=141Gi)"
+        )),
     }
 }
 

@@ -16,8 +16,10 @@ use serde_json::json;
 use crate::Error;
 use crate::kwok::{NODE_ANNOTATION, NODE_ANNOTATION_VALUE};
 
-/// The GPU products (label `nvidia.com/gpu.product`) the nodes carry, in turn.
+/// The GPU products ([`PRODUCT_LABEL`]) the nodes carry, in turn.
 pub const DEFAULT_PRODUCTS: [&str; 2] = ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100"];
+/// The node label naming a node's GPU product (GPU feature discovery's).
+pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 /// Marks the nodes devcluster made.
 pub const FAKE_NODE_LABEL: &str = "devcluster.dev/fake-node";
 const FIELD_MANAGER: &str = "devcluster";
@@ -60,6 +62,16 @@ impl GpuNodes {
         format!("gpu-node-{i}")
     }
 
+    /// The GPU product of node `i` (its `nvidia.com/gpu.product` label; also the
+    /// `productName` of its fake DRA devices, [`crate::dra`]); `None` when `products`
+    /// is empty.
+    pub fn product(&self, i: u16) -> Option<&str> {
+        if self.products.is_empty() {
+            return None;
+        }
+        Some(&self.products[usize::from(i) % self.products.len()])
+    }
+
     /// The Node object (status included) for node `i`.
     pub fn node(&self, i: u16) -> serde_json::Value {
         let name = Self::name(i);
@@ -70,9 +82,8 @@ impl GpuNodes {
             "nvidia.com/gpu.count": self.gpus_per_node.to_string(),
             FAKE_NODE_LABEL: "true",
         });
-        if !self.products.is_empty() {
-            let product = &self.products[usize::from(i) % self.products.len()];
-            labels["nvidia.com/gpu.product"] = json!(product);
+        if let Some(product) = self.product(i) {
+            labels[PRODUCT_LABEL] = json!(product);
         }
         // CPU, memory and pod slots far beyond what tests ask for: only GPUs are scarce.
         let resources = json!({
