@@ -585,12 +585,41 @@ fn plot_place(report: Option<&Path>) -> anyhow::Result<(PathBuf, String, bool)> 
     }
 }
 
-/// The operator's settings from this process's environment (`GPUJOB_*`), which the
-/// replicas inherit: the report says which flags differed from the defaults.
+/// The operator's settings from this process's environment, which the replicas
+/// inherit: the report says which flags differed from the defaults. Only the variables
+/// `gpujob-operator run` reads (its flags' `env`); the test harness's own `GPUJOB_*`
+/// paths are not the operator's settings.
 fn operator_env() -> Vec<(String, String)> {
+    let read = run_flag_env();
     let mut env: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("GPUJOB_"))
+        .filter(|(k, _)| read.contains(k.as_str()))
         .collect();
     env.sort();
     env
+}
+
+/// The environment variables `gpujob-operator run` reads, from its flag definitions.
+fn run_flag_env() -> std::collections::BTreeSet<String> {
+    use clap::CommandFactory;
+    gpujob_operator::cli::Cli::command()
+        .find_subcommand("run")
+        .map(|run| {
+            run.get_arguments()
+                .filter_map(|a| a.get_env())
+                .map(|e| e.to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod env_tests {
+    #[test]
+    fn the_run_flags_environment_holds_the_operators_settings_and_not_the_harness_paths() {
+        let read = super::run_flag_env();
+        assert!(read.contains("GPUJOB_API_QPS"), "{read:?}");
+        assert!(read.contains("GPUJOB_RECUT_INTERVAL"), "{read:?}");
+        assert!(!read.contains("GPUJOB_KUEUE_DIR"), "{read:?}");
+        assert!(!read.contains("GPUJOB_THIRD_PARTY_CRDS"), "{read:?}");
+    }
 }
