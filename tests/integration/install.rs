@@ -1540,7 +1540,6 @@ fn run(mut cmd: Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// `helm template` of the chart, parsed.
 /// A kubeconfig for the service account `sa` of `ns`: its own credentials, as its pod
 /// would have them.
 fn token_kubeconfig(cluster: &ControlPlane, ns: &str, sa: &str) -> PathBuf {
@@ -1584,32 +1583,6 @@ fn run_flags(pod: &serde_json::Value, watched: &str) -> Vec<String> {
         .collect()
 }
 
-/// `kubectl create` of `objects`: refused when one of them exists already, as `helm
-/// install` refuses an object another release owns.
-fn kubectl_create(cluster: &ControlPlane, objects: &[serde_json::Value]) -> Result<String, String> {
-    let mut child = cluster
-        .command("kubectl", Identity::Admin)
-        .args(["create", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(list.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
 /// `helm install release` of the chart into `ns` with `sets`, for real: what it printed
 /// (the notes among it).
 fn helm_install(cluster: &ControlPlane, release: &str, ns: &str, sets: &[&str]) -> String {
@@ -1640,6 +1613,7 @@ async fn installed_pod(admin: &Client, ns: &str, release: &str) -> serde_json::V
     serde_json::to_value(&deployments.items[0]).unwrap()["spec"]["template"]["spec"].clone()
 }
 
+/// `helm template` of the chart, parsed.
 fn helm_template(release: &str, namespace: &str, sets: &[&str]) -> Vec<serde_json::Value> {
     let mut cmd = helm(None);
     cmd.args(["template", release, CHART, "--namespace", namespace]);
@@ -2140,11 +2114,13 @@ async fn the_charts_namespaced_mode_runs_a_gpujob_with_its_roles_only() {
 }
 
 /// Two namespaced releases of the chart in one namespace, each watching a namespace of
-/// its own, with secure metrics: the second release's accounts and roles are created
-/// beside the first's (`kubectl create` refuses a name taken, as `helm install` refuses
-/// an object of another release), each release's replica runs its own GpuJob with its
-/// own account, and each holds Leases of its own (before, both shared one Lease and one
-/// team's GpuJobs never ran).
+/// its own, with secure metrics, each installed by a real `helm install` (which refuses
+/// an object another release owns, cluster-wide ones included): both installs succeed,
+/// each release's replica (the binary, with the flags of the Deployment helm installed)
+/// runs its own GpuJob with its own account, and each holds Leases of its own (before,
+/// both shared one Lease and one team's GpuJobs never ran). The CRD is the shared
+/// control plane's: neither release renders it (crds.install=false), so neither takes
+/// it over.
 #[tokio::test]
 async fn two_releases_in_one_namespace_each_run_their_gpujobs_on_leases_of_their_own() {
     gpujob_operator::client::install_crypto_provider();
@@ -2159,24 +2135,20 @@ async fn two_releases_in_one_namespace_each_run_their_gpujobs_on_leases_of_their
             .create_namespace(&format!("install-two-{release}"))
             .await
             .unwrap();
-        let objects = helm_template(
+        helm_install(
+            &cluster,
             release,
             &home,
             &[
                 &format!("watchNamespace={watched}"),
                 "crds.install=false",
                 "metrics.secure=true",
+                // The operator runs as a process here (devcluster's pods run nothing);
+                // pods would only add fake ones to the shared control plane.
+                "replicas=0",
             ],
         );
-        // The home namespace exists: only what each release adds to the cluster.
-        let rbac: Vec<_> = rbac_of(&objects)
-            .into_iter()
-            .filter(|o| o["kind"] != "Namespace")
-            .collect();
-        if let Err(e) = kubectl_create(&cluster, &rbac) {
-            panic!("release {release}: an account or role clashes with the other release's: {e}");
-        }
-        let pod = named(&objects, "Deployment")["spec"]["template"]["spec"].clone();
+        let pod = installed_pod(&admin, &home, release).await;
         let sa = pod["serviceAccountName"].as_str().unwrap().to_owned();
         runs.push((release, watched, pod, sa));
     }
@@ -2275,6 +2247,12 @@ async fn two_releases_in_one_namespace_each_run_their_gpujobs_on_leases_of_their
     for (replica, kubeconfig, _) in replicas {
         drop(replica);
         std::fs::remove_file(&kubeconfig).unwrap();
+    }
+    // Uninstalled: their cluster-wide roles do not pile up on the shared control plane.
+    for (release, ..) in &runs {
+        let mut uninstall = helm(Some(&cluster));
+        uninstall.args(["uninstall", release, "--namespace", &home]);
+        run(uninstall);
     }
     std::fs::remove_dir_all(support::namespace_temp(support::REPLICA_LOGS, &home)).unwrap();
 }
