@@ -3,16 +3,21 @@
 #
 # 1. makes a CA and a serving certificate for the webhook Service's DNS names
 #    (gpujob-operator-webhook.gpujob-system.svc[.cluster.local]) with openssl,
-# 2. creates or replaces the kubernetes.io/tls Secret gpujob-operator-webhook-tls in
-#    gpujob-system (the operator re-reads it without a restart),
-# 3. puts the CA into the CRD's spec.conversion.webhook.clientConfig.caBundle.
+# 2. puts the CA into the CRD's spec.conversion.webhook.clientConfig.caBundle (when the
+#    CRD exists and calls this Service),
+# 3. creates or replaces the kubernetes.io/tls Secret gpujob-operator-webhook-tls in
+#    gpujob-system (the operator re-reads it without a restart), with the same bundle as
+#    ca.crt: the Helm chart copies ca.crt into the CRD on every install and upgrade, so
+#    the Secret is the one place the CA lives and no chart value has to follow it.
 #
-# Run it after the install (the pods wait for the Secret), and again before the
-# certificate expires (DAYS, default 365) to rotate. A rotation has no outage: the new CA
-# is added to the caBundle beside the one in use first, and only then is the Secret
-# replaced, so the API server trusts both the certificate a replica still serves (the
-# kubelet updates Secret volumes within a minute or two) and the new one. The bundle
-# keeps the new CA and the one before it.
+# Run it before or after the install (the pods wait for the Secret; before a kustomize
+# install, run it again once the CRD is applied), and again before the certificate
+# expires (DAYS, default 365) to rotate. A rotation has no outage: the new CA is added to
+# the caBundle beside the one in use first, and only then is the Secret replaced, so the
+# API server trusts both the certificate a replica still serves (the kubelet updates
+# Secret volumes within a minute or two) and the new one. The bundle keeps the new CA
+# and the one before it, in the CRD and in ca.crt alike (a helm upgrade during those
+# minutes keeps trusting both).
 #
 # Before it expires: every replica exports the served certificate's notAfter
 # (gpujob_conversion_certificate_expiration_timestamp_seconds), the alert
@@ -97,24 +102,48 @@ openssl x509 -req -in "$dir/tls.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -CAc
   -days "$days" -sha256 -extfile "$dir/tls.ext" -out "$dir/tls.crt" 2>/dev/null
 openssl verify -CAfile "$dir/ca.crt" "$dir/tls.crt" >/dev/null
 
-# The caBundle first: the new CA, and the first CA of the bundle in use (the one that
-# signed what the replicas serve now), so both old and new certificates verify.
-echo "webhook-cert.sh: caBundle of CRD $crd (the new CA, and the one in use)" >&2
-kubectl get crd "$crd" -o jsonpath='{.spec.conversion.webhook.clientConfig.caBundle}' \
-  | base64 -d 2>/dev/null | awk '/-----BEGIN CERTIFICATE-----/{n++} n==1' >"$dir/ca-previous.crt" || true
+# The bundle: the new CA, and the CA that signed what the replicas serve now (the first
+# of the Secret's ca.crt; of the CRD's caBundle for a Secret this script made before it
+# wrote ca.crt), so both old and new certificates verify.
+first_ca() { base64 -d 2>/dev/null | awk '/-----BEGIN CERTIFICATE-----/{n++} n==1'; }
+kubectl get secret "$secret" -n "$namespace" -o jsonpath='{.data.ca\.crt}' 2>/dev/null \
+  | first_ca >"$dir/ca-previous.crt" || true
+if [[ ! -s "$dir/ca-previous.crt" ]]; then
+  kubectl get crd "$crd" -o jsonpath='{.spec.conversion.webhook.clientConfig.caBundle}' 2>/dev/null \
+    | first_ca >"$dir/ca-previous.crt" || true
+fi
 cat "$dir/ca.crt" >"$dir/ca-bundle.crt"
 if [[ -s "$dir/ca-previous.crt" ]] && openssl x509 -noout -in "$dir/ca-previous.crt" 2>/dev/null; then
   cat "$dir/ca-previous.crt" >>"$dir/ca-bundle.crt"
 fi
 bundle="$(base64 <"$dir/ca-bundle.crt" | tr -d '\n')"
-kubectl patch crd "$crd" --type=json \
-  -p "[{\"op\":\"add\",\"path\":\"/spec/conversion/webhook/clientConfig/caBundle\",\"value\":\"$bundle\"}]" >&2
 
-echo "webhook-cert.sh: Secret $namespace/$secret" >&2
-kubectl create secret tls "$secret" -n "$namespace" --cert="$dir/tls.crt" --key="$dir/tls.key" \
+# The CRD before the Secret, so the API server trusts the new CA before any replica
+# serves a certificate it signed; only when it calls this install's webhook (one install
+# of a cluster serves it: another's CA there would fail every conversion).
+if crd_error="$(kubectl get crd "$crd" -o name 2>&1 >/dev/null)"; then
+  called="$(kubectl get crd "$crd" -o jsonpath='{.spec.conversion.webhook.clientConfig.service.namespace}/{.spec.conversion.webhook.clientConfig.service.name}')"
+  if [[ "$called" == "$namespace/$service" ]]; then
+    echo "webhook-cert.sh: caBundle of CRD $crd (the new CA, and the one in use)" >&2
+    kubectl patch crd "$crd" --type=json \
+      -p "[{\"op\":\"add\",\"path\":\"/spec/conversion/webhook/clientConfig/caBundle\",\"value\":\"$bundle\"}]" >&2
+  else
+    echo "webhook-cert.sh: CRD $crd calls the webhook Service '$called', not $namespace/$service: its caBundle is left alone" >&2
+  fi
+elif [[ "$crd_error" == *NotFound* ]]; then
+  echo "webhook-cert.sh: CRD $crd is not installed yet: the Helm chart copies the Secret's ca.crt into it at install; with kustomize, run this again after applying deploy/crd" >&2
+else
+  echo "webhook-cert.sh: reading CRD $crd failed, nothing changed: $crd_error" >&2
+  exit 1
+fi
+
+echo "webhook-cert.sh: Secret $namespace/$secret (tls.crt, tls.key, and the bundle as ca.crt)" >&2
+kubectl create secret generic "$secret" -n "$namespace" --type=kubernetes.io/tls \
+  --from-file=tls.crt="$dir/tls.crt" --from-file=tls.key="$dir/tls.key" \
+  --from-file=ca.crt="$dir/ca-bundle.crt" \
   --dry-run=client -o yaml | kubectl apply --server-side --force-conflicts --field-manager=webhook-cert.sh -f - >&2
 
 expires="$(openssl x509 -noout -enddate -in "$dir/tls.crt")"
 echo "webhook-cert.sh: done; the certificate is valid until ${expires#notAfter=}: renew it before then (GpuJobConversionCertificateExpiresSoon fires 14 days before; \`$0 --check\` tells)" >&2
-echo "webhook-cert.sh: Helm installs: set webhook.caBundle to the caBundle above (kubectl get crd $crd -o jsonpath='{.spec.conversion.webhook.clientConfig.caBundle}') so an upgrade keeps it" >&2
+echo "webhook-cert.sh: Helm installs: nothing to set (install and upgrade copy the Secret's ca.crt into the CRD); only renders without a cluster (helm template, Argo CD) need webhook.caBundle set to it: kubectl get secret $secret -n $namespace -o jsonpath='{.data.ca\.crt}'" >&2
 echo "webhook-cert.sh: check with: kubectl get gpujobs.v2.gpujob.dev -A" >&2

@@ -324,6 +324,10 @@ impl ControlPlane {
             format!("--token-auth-file={}", token_file.display()),
             "--authorization-mode=RBAC".to_owned(),
             "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            // No kube-proxy routes a ClusterIP here: a webhook or APIService named by its
+            // Service is called at an address of its EndpointSlices instead, so a test can
+            // point a Service at a process on this machine (tests/integration/install.rs).
+            "--enable-aggregator-routing=true".to_owned(),
             // No kubernetes Service endpoints to keep: nothing here routes to them, and
             // their periodic writes would be noise in the audit log.
             "--endpoint-reconciler-type=none".to_owned(),

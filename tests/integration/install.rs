@@ -1540,7 +1540,6 @@ fn run(mut cmd: Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// `helm template` of the chart, parsed.
 /// A kubeconfig for the service account `sa` of `ns`: its own credentials, as its pod
 /// would have them.
 fn token_kubeconfig(cluster: &ControlPlane, ns: &str, sa: &str) -> PathBuf {
@@ -1584,32 +1583,37 @@ fn run_flags(pod: &serde_json::Value, watched: &str) -> Vec<String> {
         .collect()
 }
 
-/// `kubectl create` of `objects`: refused when one of them exists already, as `helm
-/// install` refuses an object another release owns.
-fn kubectl_create(cluster: &ControlPlane, objects: &[serde_json::Value]) -> Result<String, String> {
-    let mut child = cluster
-        .command("kubectl", Identity::Admin)
-        .args(["create", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(list.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+/// `helm install release` of the chart into `ns` with `sets`, for real: what it printed
+/// (the notes among it).
+fn helm_install(cluster: &ControlPlane, release: &str, ns: &str, sets: &[&str]) -> String {
+    let mut install = helm(Some(cluster));
+    install.args(["install", release, CHART, "--namespace", ns]);
+    for s in sets {
+        install.args(["--set", s]);
     }
+    let out = run(install);
+    assert!(out.contains("STATUS: deployed"), "{release}: {out}");
+    out
 }
 
+/// The pod template's spec of release `release`'s Deployment in `ns`, as the API server
+/// holds it (what its pods would run).
+async fn installed_pod(admin: &Client, ns: &str, release: &str) -> serde_json::Value {
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(admin.clone(), ns)
+        .list(&ListParams::default().labels(&format!(
+            "app.kubernetes.io/instance={release},app.kubernetes.io/component=controller"
+        )))
+        .await
+        .unwrap();
+    assert_eq!(
+        deployments.items.len(),
+        1,
+        "release {release}: {deployments:?}"
+    );
+    serde_json::to_value(&deployments.items[0]).unwrap()["spec"]["template"]["spec"].clone()
+}
+
+/// `helm template` of the chart, parsed.
 fn helm_template(release: &str, namespace: &str, sets: &[&str]) -> Vec<serde_json::Value> {
     let mut cmd = helm(None);
     cmd.args(["template", release, CHART, "--namespace", namespace]);
@@ -2110,11 +2114,13 @@ async fn the_charts_namespaced_mode_runs_a_gpujob_with_its_roles_only() {
 }
 
 /// Two namespaced releases of the chart in one namespace, each watching a namespace of
-/// its own, with secure metrics: the second release's accounts and roles are created
-/// beside the first's (`kubectl create` refuses a name taken, as `helm install` refuses
-/// an object of another release), each release's replica runs its own GpuJob with its
-/// own account, and each holds Leases of its own (before, both shared one Lease and one
-/// team's GpuJobs never ran).
+/// its own, with secure metrics, each installed by a real `helm install` (which refuses
+/// an object another release owns, cluster-wide ones included): both installs succeed,
+/// each release's replica (the binary, with the flags of the Deployment helm installed)
+/// runs its own GpuJob with its own account, and each holds Leases of its own (before,
+/// both shared one Lease and one team's GpuJobs never ran). The CRD is the shared
+/// control plane's: neither release renders it (crds.install=false), so neither takes
+/// it over.
 #[tokio::test]
 async fn two_releases_in_one_namespace_each_run_their_gpujobs_on_leases_of_their_own() {
     gpujob_operator::client::install_crypto_provider();
@@ -2129,24 +2135,20 @@ async fn two_releases_in_one_namespace_each_run_their_gpujobs_on_leases_of_their
             .create_namespace(&format!("install-two-{release}"))
             .await
             .unwrap();
-        let objects = helm_template(
+        helm_install(
+            &cluster,
             release,
             &home,
             &[
                 &format!("watchNamespace={watched}"),
                 "crds.install=false",
                 "metrics.secure=true",
+                // The operator runs as a process here (devcluster's pods run nothing);
+                // pods would only add fake ones to the shared control plane.
+                "replicas=0",
             ],
         );
-        // The home namespace exists: only what each release adds to the cluster.
-        let rbac: Vec<_> = rbac_of(&objects)
-            .into_iter()
-            .filter(|o| o["kind"] != "Namespace")
-            .collect();
-        if let Err(e) = kubectl_create(&cluster, &rbac) {
-            panic!("release {release}: an account or role clashes with the other release's: {e}");
-        }
-        let pod = named(&objects, "Deployment")["spec"]["template"]["spec"].clone();
+        let pod = installed_pod(&admin, &home, release).await;
         let sa = pod["serviceAccountName"].as_str().unwrap().to_owned();
         runs.push((release, watched, pod, sa));
     }
@@ -2246,7 +2248,452 @@ async fn two_releases_in_one_namespace_each_run_their_gpujobs_on_leases_of_their
         drop(replica);
         std::fs::remove_file(&kubeconfig).unwrap();
     }
+    // Uninstalled: their cluster-wide roles do not pile up on the shared control plane.
+    for (release, ..) in &runs {
+        let mut uninstall = helm(Some(&cluster));
+        uninstall.args(["uninstall", release, "--namespace", &home]);
+        run(uninstall);
+    }
     std::fs::remove_dir_all(support::namespace_temp(support::REPLICA_LOGS, &home)).unwrap();
+}
+
+/// GpuJob `train` reads as gpujob.dev/v2 (`v2`), which takes a conversion: at once or
+/// after a wait (a replica starting, the API server taking up a new CRD), and then for two
+/// seconds on end. `when` names the moment in a failure, with `replica`'s log.
+async fn v2_reads(
+    v2: &Api<kube::api::DynamicObject>,
+    when: &str,
+    replica: &support::replicas::Replica,
+) {
+    let last = std::sync::Mutex::new(String::new());
+    let last = &last;
+    wait::until(&format!("a v2 read {when}"), WAIT, POLL, || async move {
+        match v2.get("train").await {
+            Ok(o) => Some(o),
+            Err(e) => {
+                *last.lock().unwrap() = e.to_string();
+                None
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}; operator log:\n{}",
+            last.lock().unwrap(),
+            replica.log_text()
+        )
+    });
+    for _ in 0..10 {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        if let Err(e) = v2.get("train").await {
+            panic!("a v2 read {when} failed again: {e}");
+        }
+    }
+}
+
+/// The address this machine's other hosts would reach it at: the source address of its
+/// route to a documentation address (a UDP connect sends nothing). Not loopback: the API
+/// server refuses a loopback address in a Service's endpoints.
+fn host_address() -> std::net::IpAddr {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    socket.connect("203.0.113.1:9").unwrap_or_else(|e| {
+        panic!(
+            "the webhook's endpoint needs an IPv4 address that is not loopback, with a route: {e}"
+        )
+    });
+    let ip = socket.local_addr().unwrap().ip();
+    assert!(!ip.is_loopback() && !ip.is_unspecified(), "{ip}");
+    ip
+}
+
+/// The webhook Secret's `key`, as bytes.
+async fn secret_key(admin: &Client, ns: &str, name: &str, key: &str) -> Vec<u8> {
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), ns)
+        .get(name)
+        .await
+        .unwrap();
+    let data = secret.data.unwrap_or_default();
+    data.get(key)
+        .unwrap_or_else(|| panic!("Secret {ns}/{name} has no {key}: {:?}", data.keys()))
+        .0
+        .clone()
+}
+
+/// The CRD's conversion webhook caBundle, as bytes (PEM).
+async fn crd_ca_bundle(admin: &Client) -> Vec<u8> {
+    let crd = Api::<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    >::all(admin.clone())
+    .get("gpujobs.gpujob.dev")
+    .await
+    .unwrap();
+    crd.spec
+        .conversion
+        .and_then(|c| c.webhook)
+        .and_then(|w| w.client_config)
+        .and_then(|c| c.ca_bundle)
+        .map(|b| b.0)
+        .unwrap_or_default()
+}
+
+/// The first certificate of a PEM bundle (the CA a rotation made: scripts/webhook-cert.sh
+/// puts the new CA first, the previous one after it).
+fn first_certificate(pem: &[u8]) -> rustls::pki_types::CertificateDer<'static> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .next()
+        .expect("a certificate")
+        .unwrap()
+}
+
+/// A TLS handshake with the webhook at `address` as the API server makes it (the
+/// Service's DNS name), trusting `ca` alone: Ok when the certificate served now is one
+/// `ca` signed. Each handshake also makes the operator look at its certificate folder.
+async fn serves_a_certificate_of(
+    address: std::net::SocketAddr,
+    name: &str,
+    ca: &rustls::pki_types::CertificateDer<'static>,
+) -> Result<(), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).map_err(|e| e.to_string())?;
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name =
+        rustls::pki_types::ServerName::try_from(name.to_owned()).map_err(|e| e.to_string())?;
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// What the kubelet does when a mounted Secret changes: the new files appear whole (a
+/// rename each, the key first; the operator keeps serving the old pair while the two
+/// do not match).
+fn mount_secret_files(dir: &Path, tls_crt: &[u8], tls_key: &[u8]) {
+    for (name, bytes) in [("tls.key", tls_key), ("tls.crt", tls_crt)] {
+        let part = dir.join(format!("{name}.part"));
+        std::fs::write(&part, bytes).unwrap();
+        std::fs::rename(&part, dir.join(name)).unwrap();
+    }
+}
+
+/// Without cert-manager the webhook Secret is the one source of the conversion CA, as
+/// the chart installs and upgrades it for real (`helm install`, `helm upgrade
+/// --reuse-values`) on a control plane of its own (the chart's CRD, with the conversion
+/// webhook, would replace the shared one's). The operator binary runs with the flags of
+/// the Deployment helm installed, as its service account, serving the Secret's files,
+/// and is reached where the API server sends conversions: the chart's webhook Service,
+/// whose endpoint is a pod standing in for a replica at this machine's address (devcluster
+/// runs kube-apiserver with `--enable-aggregator-routing`: no kube-proxy routes a
+/// ClusterIP here).
+///
+/// 1. scripts/webhook-cert.sh makes the Secret (CA A) before the install; the install
+///    (with webhook.caBundle=A too, as the docs once said) writes A; the script run for
+///    another install leaves it; v2 reads work.
+/// 2. The Secret is replaced by other means (CA B; the CRD untouched), the operator
+///    serves B from its files (re-read without a restart), `helm upgrade --reuse-values`
+///    (which keeps webhook.caBundle=A), the replica restarts: v2 reads work and the
+///    CRD's caBundle is B.
+/// 3. webhook-cert.sh rotates (CA C: the CRD gets C and B first, the Secret after, with
+///    the same bundle as ca.crt), the operator serves C, `helm upgrade --reuse-values`,
+///    a restart: v2 reads work and the CRD keeps that bundle.
+///
+/// With the CA taken from the value (the chart before), step 2's upgrade leaves A and
+/// every v2 read after the restart fails.
+#[tokio::test]
+async fn without_cert_manager_the_crds_ca_follows_the_webhook_secret_through_reuse_values_upgrades()
+{
+    gpujob_operator::client::install_crypto_provider();
+    // No kwok: it would give the Deployment's pods fake addresses, and the webhook
+    // Service would send conversions there.
+    let cluster = ControlPlane::start(devcluster::Options {
+        pod_simulator: false,
+        ..devcluster::Options::default()
+    })
+    .await
+    .unwrap();
+    let admin = cluster.client(Identity::Admin).await.unwrap();
+    let ns = cluster.create_namespace("install-ca").await.unwrap();
+    let release = "gpujob-operator";
+    let (service, secret) = ("gpujob-operator-webhook", "gpujob-operator-webhook-tls");
+    let dns = format!("{service}.{ns}.svc");
+    let webhook_cert_sh = |service: &str, secret: &str| -> String {
+        let mut cmd = cluster.command(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/webhook-cert.sh"),
+            Identity::Admin,
+        );
+        cmd.env("NAMESPACE", &ns)
+            .env("SERVICE", service)
+            .env("SECRET", secret);
+        let out = cmd.output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "webhook-cert.sh failed: {said}");
+        said
+    };
+
+    // 1. The Secret first (the CRD does not exist yet), then the install.
+    let said = webhook_cert_sh(service, secret);
+    assert!(said.contains("is not installed yet"), "{said}");
+    let ca_a = secret_key(&admin, &ns, secret, "ca.crt").await;
+    let ca_a_value = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(&ca_a)
+    };
+    helm_install(
+        &cluster,
+        release,
+        &ns,
+        &["shards=1", &format!("webhook.caBundle={ca_a_value}")],
+    );
+    assert_eq!(crd_ca_bundle(&admin).await, ca_a, "the install wrote CA A");
+    // The script run for another install (a namespaced release beside this one, whose
+    // webhook the CRD does not call) leaves the CRD's CA alone.
+    let said = webhook_cert_sh(
+        "team-b-ops-gpujob-operator-webhook",
+        "team-b-ops-webhook-tls",
+    );
+    assert!(said.contains("is left alone"), "{said}");
+    assert_eq!(crd_ca_bundle(&admin).await, ca_a, "another install's CA");
+
+    // The replica: the installed Deployment's flags, the Secret's files where it reads
+    // them, its webhook at this machine's address.
+    let cert_dir = std::env::temp_dir().join(format!("gpujob-install-ca-{ns}"));
+    std::fs::create_dir_all(&cert_dir).unwrap();
+    mount_secret_files(
+        &cert_dir,
+        &secret_key(&admin, &ns, secret, "tls.crt").await,
+        &secret_key(&admin, &ns, secret, "tls.key").await,
+    );
+    let ip = host_address();
+    let webhook: std::net::SocketAddr = loop {
+        let port = devcluster::ports::free().unwrap();
+        if std::net::TcpListener::bind((ip, port)).is_ok() {
+            break (ip, port).into();
+        }
+    };
+    let pod = installed_pod(&admin, &ns, release).await;
+    let args: Vec<String> = pod["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(args[0], "run", "{args:?}");
+    let mounted = "--conversion-cert-dir=/etc/gpujob-operator/webhook-tls";
+    assert!(args.iter().any(|a| a == mounted), "{args:?}");
+    let mut args: Vec<String> = args[1..]
+        .iter()
+        .map(|a| {
+            if a == mounted {
+                format!("--conversion-cert-dir={}", cert_dir.display())
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    args.push(format!("--conversion-address={webhook}"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    let kubeconfig = token_kubeconfig(&cluster, &ns, sa);
+    let start = || support::replicas::start_as(&cluster, &ns, 1, &args, kubeconfig.clone());
+    let mut replica = start();
+
+    // The Service's endpoint: a pod with its selector's labels and a container port
+    // named as its targetPort, ready at this machine's address (no kubelet runs here to
+    // say otherwise), on a node that exists (the EndpointSlice controller skips a pod
+    // on a missing one).
+    let selector = Api::<k8s_openapi::api::core::v1::Service>::namespaced(admin.clone(), &ns)
+        .get(service)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .selector
+        .unwrap();
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), &ns);
+    let stand_in: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "webhook-endpoint", "labels": selector},
+        "spec": {
+            "nodeName": devcluster::nodes::GpuNodes::name(0),
+            "containers": [{
+                "name": "operator", "image": "registry.example.com/stand-in:1",
+                "ports": [{"name": "webhook", "containerPort": webhook.port()}],
+            }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &stand_in)
+        .await
+        .unwrap();
+    pods.patch_status(
+        "webhook-endpoint",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }})),
+    )
+    .await
+    .unwrap();
+    // kube-apiserver 1.33 (the compatibility subset) reaches a Service through its v1
+    // Endpoints, 1.35 and later through its EndpointSlices. devcluster runs the
+    // EndpointSlice controller alone, so the Endpoints the endpoints controller would
+    // make of that pod are written here (nothing else writes them).
+    let endpoints: k8s_openapi::api::core::v1::Endpoints = serde_json::from_value(json!({
+        "metadata": {"name": service},
+        "subsets": [{
+            "addresses": [{"ip": ip.to_string()}],
+            "ports": [{"name": "webhook", "port": webhook.port()}],
+        }],
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &endpoints)
+        .await
+        .unwrap();
+
+    // A GpuJob stored as v1: reading it as v2 takes a conversion.
+    let gj: GpuJob = serde_json::from_value(json!({
+        "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+        "metadata": {"name": "train"},
+        "spec": {"image": "registry.example.com/train:1", "gpus": 1},
+    }))
+    .unwrap();
+    Api::<GpuJob>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &gj)
+        .await
+        .unwrap();
+    let v2 = {
+        let gvk = kube::api::GroupVersionKind::gvk("gpujob.dev", "v2", "GpuJob");
+        let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, "gpujobs");
+        Api::<kube::api::DynamicObject>::namespaced_with(admin.clone(), &ns, &resource)
+    };
+    let v2 = &v2;
+    v2_reads(v2, "after the install", &replica).await;
+
+    // Serving the Secret's new pair, as the operator does within a handshake of the
+    // kubelet updating its files.
+    let serves = async |ca: rustls::pki_types::CertificateDer<'static>,
+                        what: &str,
+                        replica: &support::replicas::Replica| {
+        let (dns, ca) = (&dns, &ca);
+        wait::until(what, WAIT, POLL, || async move {
+            serves_a_certificate_of(webhook, dns, ca).await.ok()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; operator log:\n{}", replica.log_text()));
+    };
+    let upgrade = || -> String {
+        let mut upgrade = helm(Some(&cluster));
+        upgrade.args([
+            "upgrade",
+            release,
+            CHART,
+            "--namespace",
+            &ns,
+            "--reuse-values",
+        ]);
+        run(upgrade)
+    };
+
+    // 2. The Secret replaced by other means (CA B), the CRD untouched.
+    let (ca_b, tls_crt, tls_key) = {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca = params.self_signed(&ca_key).unwrap();
+        let leaf_key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec![dns.clone(), format!("{dns}.cluster.local")])
+            .unwrap()
+            .signed_by(&leaf_key, &ca, &ca_key)
+            .unwrap();
+        (ca.pem(), leaf.pem(), leaf_key.serialize_pem())
+    };
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), &ns)
+        .patch(
+            secret,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {
+                "tls.crt": tls_crt, "tls.key": tls_key, "ca.crt": ca_b,
+            }})),
+        )
+        .await
+        .unwrap();
+    mount_secret_files(&cert_dir, tls_crt.as_bytes(), tls_key.as_bytes());
+    serves(
+        first_certificate(ca_b.as_bytes()),
+        "the replica to serve CA B's certificate",
+        &replica,
+    )
+    .await;
+    let out = upgrade();
+    // The API server keeps the connections it opened while the replica served the old
+    // certificate, and reads through them prove nothing about the caBundle; a replica
+    // that restarts (a rollout, a drain) is when a wrong one shows. So: a new process.
+    drop(replica);
+    replica = start();
+    v2_reads(
+        v2,
+        "after the Secret changed, helm upgrade --reuse-values and a restart",
+        &replica,
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&crd_ca_bundle(&admin).await),
+        ca_b,
+        "the upgrade wrote the Secret's CA B"
+    );
+    assert!(
+        out.contains("webhook.caBundle differs and") && out.contains("is not used"),
+        "the notes say the value is not used: {out}"
+    );
+
+    // 3. webhook-cert.sh rotates (CA C, with B kept in the bundle).
+    let said = webhook_cert_sh(service, secret);
+    assert!(said.contains("caBundle of CRD"), "{said}");
+    let bundle = secret_key(&admin, &ns, secret, "ca.crt").await;
+    assert_eq!(
+        crd_ca_bundle(&admin).await,
+        bundle,
+        "the script wrote one bundle to both"
+    );
+    let ca_c = first_certificate(&bundle);
+    assert_ne!(ca_c, first_certificate(ca_b.as_bytes()), "a new CA");
+    mount_secret_files(
+        &cert_dir,
+        &secret_key(&admin, &ns, secret, "tls.crt").await,
+        &secret_key(&admin, &ns, secret, "tls.key").await,
+    );
+    serves(ca_c, "the replica to serve CA C's certificate", &replica).await;
+    upgrade();
+    drop(replica);
+    replica = start();
+    v2_reads(
+        v2,
+        "after webhook-cert.sh, helm upgrade --reuse-values and a restart",
+        &replica,
+    )
+    .await;
+    assert_eq!(
+        crd_ca_bundle(&admin).await,
+        bundle,
+        "the upgrade kept the Secret's bundle"
+    );
+
+    drop(replica);
+    std::fs::remove_file(&kubeconfig).unwrap();
+    std::fs::remove_dir_all(&cert_dir).unwrap();
+    std::fs::remove_dir_all(support::namespace_temp(support::REPLICA_LOGS, &ns)).unwrap();
 }
 
 /// values.schema.json: `helm template` and `helm lint` refuse a value of the wrong type or

@@ -120,6 +120,31 @@ with it, such as Argo CD) cannot look: there it is always the fullname (docs/ins
 {{- end -}}
 
 {{/*
+The CRD's conversion caBundle (base64 of PEM). Without cert-manager it is the ca.crt of
+the webhook's serving Secret whenever helm can read it (install, upgrade, a server dry
+run): the Secret is then the one place the CA lives, and each upgrade writes what the
+last rotation (scripts/webhook-cert.sh) put there. A value would not do: `helm upgrade
+--reuse-values` after a rotation wrote the install's webhook.caBundle back, and the API
+server then trusted a CA the replicas no longer served, failing every gpujob.dev/v2 read.
+webhook.caBundle is the fallback where nothing can look (helm template, Argo CD) or the
+Secret holds no ca.crt (made by hand, or by the script before it wrote one). With
+cert-manager the CA injector writes the field: the chart writes only webhook.caBundle
+(empty by default), as before.
+*/}}
+{{- define "gpujob-operator.caBundle" -}}
+{{- $bundle := .Values.webhook.caBundle -}}
+{{- if not .Values.webhook.certManager.enabled -}}
+{{- $secret := lookup "v1" "Secret" (include "gpujob-operator.namespace" .) (include "gpujob-operator.webhookSecret" .) -}}
+{{- with $secret.data -}}
+{{- with index . "ca.crt" -}}
+{{- $bundle = . -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $bundle -}}
+{{- end -}}
+
+{{/*
 The Deployment's selector: immutable, so it stays what every release so far had.
 Pods of two releases in one namespace both match it; the Deployment controller keeps
 them apart by owner references (each counts only its own ReplicaSets' pods).
