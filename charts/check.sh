@@ -126,6 +126,15 @@ render v-quota gpujob-operator gpujob-system --set quota.provider=http \
   --set quota.caConfigMap.name=quota-ca --set quota.caConfigMap.key=bundle.pem \
   --set quota.timeout=5s --set quota.cleanupTimeout=30m --set leaderElection.leaseDuration=30s \
   --set leaderElection.renewDeadline=20s --set leaderElection.retryPeriod=4s
+echo "== recutInterval as --set gives it (0 arrives as a number)"
+for v in 0 30s; do
+  out="$("$helm" template gpujob-operator "$chart" --set "recutInterval=$v")"
+  grep -q -- "- --recut-interval=$v\$" <<<"$out" || { echo "--set recutInterval=$v: no --recut-interval=$v in the Deployment" >&2; exit 1; }
+  echo "  OK: --set recutInterval=$v renders --recut-interval=$v"
+done
+if "$helm" template gpujob-operator "$chart" | grep -q -- "--recut-interval"; then
+  echo "recutInterval empty: a --recut-interval flag rendered all the same" >&2; exit 1
+fi
 echo "== values refused by the templates"
 for refused in "quota.provider=http" "commonLabels.app\\.kubernetes\\.io/name=x"; do
   if out="$("$helm" template gpujob-operator "$chart" --set "$refused" 2>&1)"; then
