@@ -289,17 +289,7 @@ pub fn assert_writes_within_tenures_by(
         *late_per_end
             .entry((shard, w.user.clone(), until.to_string()))
             .or_insert(0) += 1;
-        let others: Vec<&&AuditEvent> = writes
-            .iter()
-            .filter(|o| {
-                o.user != w.user
-                    && o.resource == w.resource
-                    && o.namespace == w.namespace
-                    && o.name == w.name
-                    && ts(&o.received) >= until
-                    && ts(&o.received) < t
-            })
-            .collect();
+        let others = written_by_others(&writes, w, until);
         if is_returned_job(w, &others) {
             let deleted_after = events.iter().any(|d| {
                 d.verb == "delete"
@@ -332,6 +322,28 @@ pub fn assert_writes_within_tenures_by(
     late
 }
 
+/// The writes of others to `w`'s object from `until` (its writer's tenure ended) up to
+/// `w`, in the order received.
+fn written_by_others<'a>(
+    writes: &[&'a AuditEvent],
+    w: &AuditEvent,
+    until: Timestamp,
+) -> Vec<&'a AuditEvent> {
+    let t = ts(&w.received);
+    writes
+        .iter()
+        .copied()
+        .filter(|o| {
+            o.user != w.user
+                && o.resource == w.resource
+                && o.namespace == w.namespace
+                && o.name == w.name
+                && ts(&o.received) >= until
+                && ts(&o.received) < t
+        })
+        .collect()
+}
+
 /// Where a write falls against its writer's tenures of the shard.
 enum Lateness {
     /// Within one of them.
@@ -361,7 +373,7 @@ fn ended_before(list: &[Tenure], w: &AuditEvent) -> Lateness {
 /// write to that Job (`others`, in the order received) deleted it: a new object by the
 /// old name, not a write on theirs. (The late-create test checks that its pods never
 /// run.)
-fn is_returned_job(w: &AuditEvent, others: &[&&AuditEvent]) -> bool {
+fn is_returned_job(w: &AuditEvent, others: &[&AuditEvent]) -> bool {
     w.resource == "jobs"
         && w.verb == "create"
         && others
@@ -387,20 +399,10 @@ pub fn returned_jobs_by(
     let mut out = BTreeMap::new();
     for w in writes.iter().filter(|w| w.verb == "create") {
         let shard = shard_of(&w.namespace, shards_of(w));
-        let t = ts(&w.received);
         let Lateness::After(until) = ended_before(&tenures[&shard], w) else {
             continue;
         };
-        let others: Vec<&&AuditEvent> = writes
-            .iter()
-            .filter(|o| {
-                o.user != w.user
-                    && o.namespace == w.namespace
-                    && o.name == w.name
-                    && ts(&o.received) >= until
-                    && ts(&o.received) < t
-            })
-            .collect();
+        let others = written_by_others(&writes, w, until);
         if is_returned_job(w, &others) {
             *out.entry((w.namespace.clone(), w.name.clone()))
                 .or_insert(0) += 1;
