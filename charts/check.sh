@@ -386,6 +386,13 @@ else:
         problem("PodMonitor: does not select the operator's pods")
     if spec.get("jobLabel") != "app.kubernetes.io/name":
         problem("PodMonitor: the scrape job is not named gpujob-operator (jobLabel)")
+    # The alerts group by (namespace, service); a ServiceMonitor's targets get the metrics
+    # Service's name as service, so a PodMonitor's must be given the same.
+    metrics_service = [o["metadata"]["name"] for o in objs if o["kind"] == "Service"
+                       and any(p.get("name") == "metrics" for p in o["spec"]["ports"])]
+    relabel = [r for r in endpoint.get("relabelings", []) if r.get("targetLabel") == "service"]
+    if [r.get("replacement") for r in relabel] != metrics_service:
+        problem(f"PodMonitor: targets not labelled service={metrics_service} as a ServiceMonitor's are: {relabel}")
 report("monitoring.kind=PodMonitor: a PodMonitor of the pods, HTTPS with the scraper's token, no ServiceMonitor")
 objs = load("v-quota")
 args, c, pod = container(objs)["args"], container(objs), pod_spec(objs)
