@@ -37,6 +37,7 @@ helm install gpujob-operator charts/gpujob-operator -n gpujob-system \\
   --set image.digest=sha256:<the digest your registry printed on push> \\
   --set webhook.certManager.enabled=true          # where cert-manager runs; else scripts/webhook-cert.sh
 helm upgrade gpujob-operator charts/gpujob-operator -n gpujob-system --reuse-values
+# a newer chart: --reset-then-reuse-values (its new values' defaults, then yours)
 helm uninstall gpujob-operator -n gpujob-system   # keeps the CRD, its roles and every GpuJob
 ```
 
