@@ -4,7 +4,7 @@
 # 1. makes a CA and a serving certificate for the webhook Service's DNS names
 #    (gpujob-operator-webhook.gpujob-system.svc[.cluster.local]) with openssl,
 # 2. puts the CA into the CRD's spec.conversion.webhook.clientConfig.caBundle (when the
-#    CRD exists and calls this Service),
+#    CRD exists and calls this Service, or a URL),
 # 3. creates or replaces the kubernetes.io/tls Secret gpujob-operator-webhook-tls in
 #    gpujob-system (the operator re-reads it without a restart), with the same bundle as
 #    ca.crt: the Helm chart copies ca.crt into the CRD on every install and upgrade, so
@@ -123,7 +123,9 @@ bundle="$(base64 <"$dir/ca-bundle.crt" | tr -d '\n')"
 # of a cluster serves it: another's CA there would fail every conversion).
 if crd_error="$(kubectl get crd "$crd" -o name 2>&1 >/dev/null)"; then
   called="$(kubectl get crd "$crd" -o jsonpath='{.spec.conversion.webhook.clientConfig.service.namespace}/{.spec.conversion.webhook.clientConfig.service.name}')"
-  if [[ "$called" == "$namespace/$service" ]]; then
+  # "/": the CRD calls a URL (an operator run outside the cluster), not a Service: no
+  # other install's to spare, so its caBundle gets the new CA as before.
+  if [[ "$called" == "$namespace/$service" || "$called" == "/" ]]; then
     echo "webhook-cert.sh: caBundle of CRD $crd (the new CA, and the one in use)" >&2
     kubectl patch crd "$crd" --type=json \
       -p "[{\"op\":\"add\",\"path\":\"/spec/conversion/webhook/clientConfig/caBundle\",\"value\":\"$bundle\"}]" >&2

@@ -126,7 +126,12 @@ async fn re_cut(name: &str, kill: bool, bound: Duration) {
     // GpuJobs arrive over about 20 s, round the namespaces, while the map moves.
     let arriving = tokio::spawn(create_gpujobs(env.admin.clone(), names.clone()));
     if kill {
+        // Its holder before the re-cut: nothing moves until then, and once the map is
+        // written that holder may have released it already (it is mid-hand-over).
         let crowded = even.shard_of(&names[0]);
+        let holder = shards::holders(&env.admin, &env.ns, SHARDS).await[crowded as usize]
+            .clone()
+            .expect("the crowded shard is held once the replicas are balanced");
         wait::until(
             "the first re-cut written",
             Duration::from_secs(120),
@@ -138,9 +143,6 @@ async fn re_cut(name: &str, kill: bool, bound: Duration) {
         )
         .await
         .unwrap();
-        let holder = shards::holders(&env.admin, &env.ns, SHARDS).await[crowded as usize]
-            .clone()
-            .expect("the crowded shard is held");
         let i = rs.iter().position(|r| r.identity() == holder).unwrap();
         rs[i].signal(Signal::SIGKILL);
         rs[i].wait_exit(Duration::from_secs(10)).await;
