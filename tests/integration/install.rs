@@ -2767,3 +2767,60 @@ fn the_chart_refuses_a_wrong_value_and_names_the_field() {
         }
     }
 }
+
+/// Two cluster-wide releases would both write every namespace's GpuJobs, each on Leases
+/// of its own. On a control plane of its own (a release installed for real on the shared
+/// one would refuse the other tests' cluster-wide dry runs): the first `helm install`
+/// goes through, a second release's is refused naming the first, and the first's own
+/// upgrade is not refused by its own binding.
+#[tokio::test]
+async fn a_second_cluster_wide_release_is_refused_naming_the_first() {
+    let cluster = ControlPlane::start(devcluster::Options {
+        pod_simulator: false,
+        ..devcluster::Options::default()
+    })
+    .await
+    .unwrap();
+    let first_ns = cluster.create_namespace("install-first").await.unwrap();
+    let second_ns = cluster.create_namespace("install-second").await.unwrap();
+    helm_install(&cluster, "first", &first_ns, &["replicas=0"]);
+
+    // The CRD is the first's: without crds.install=false the second would be refused
+    // for it too, and this test would not tell which refusal spoke.
+    let mut second = helm(Some(&cluster));
+    second.args([
+        "install",
+        "second",
+        CHART,
+        "--namespace",
+        &second_ns,
+        "--set",
+        "replicas=0",
+        "--set",
+        "crds.install=false",
+    ]);
+    let out = second.output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the second release installed: {said}"
+    );
+    assert!(
+        said.contains("another gpujob-operator release acts on every namespace already")
+            && said.contains("ClusterRoleBinding first-gpujob-operator of release \"first\"")
+            && said.contains(&format!("{first_ns}/first-gpujob-operator")),
+        "{said}"
+    );
+
+    let mut upgrade = helm(Some(&cluster));
+    upgrade.args([
+        "upgrade",
+        "first",
+        CHART,
+        "--namespace",
+        &first_ns,
+        "--reuse-values",
+    ]);
+    let out = run(upgrade);
+    assert!(out.contains("STATUS: deployed"), "{out}");
+}
