@@ -54,6 +54,7 @@ fn the_krew_manifest_is_well_formed() {
     ]
     .into();
     let mut seen = BTreeSet::new();
+    let mut placeholders = 0;
     for p in spec["platforms"].as_array().unwrap() {
         let labels = &p["selector"]["matchLabels"];
         let (os, arch) = (
@@ -73,6 +74,9 @@ fn the_krew_manifest_is_well_formed() {
                     .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
             "{os}/{arch}: sha256 {sha:?} is not 64 lowercase hex digits"
         );
+        if sha.bytes().all(|b| b == b'0') {
+            placeholders += 1;
+        }
         assert_eq!(p["bin"], "kubectl-gpujob", "{os}/{arch}");
         let files: Vec<&str> = p["files"]
             .as_array()
@@ -85,6 +89,19 @@ fn the_krew_manifest_is_well_formed() {
     }
     let all: BTreeSet<(&str, &str)> = want.iter().map(|(o, a, _)| (*o, *a)).collect();
     assert_eq!(seen, all, "linux and darwin, amd64 and arm64");
+    // The committed file is a template: every checksum a placeholder, and it says so. A
+    // release's manifest has none: one left behind installs nothing on its platform.
+    let template = MANIFEST.contains("uri and sha256 are placeholders here");
+    assert!(
+        placeholders == 0 || (template && placeholders == all.len()),
+        "{placeholders} of {} checksums are placeholders (all zeros) in a manifest that {}",
+        all.len(),
+        if template {
+            "is the template: all or none"
+        } else {
+            "is no template: a release fills every one"
+        }
+    );
 }
 
 #[test]
