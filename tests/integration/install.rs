@@ -2141,6 +2141,8 @@ async fn two_releases_in_one_namespace_each_run_their_gpujobs_on_leases_of_their
             &home,
             &[
                 &format!("watchNamespace={watched}"),
+                // One namespace is one shard (docs/install.md, "Namespaced mode").
+                "shards=1",
                 "crds.install=false",
                 "metrics.secure=true",
                 // The operator runs as a process here (devcluster's pods run nothing);
