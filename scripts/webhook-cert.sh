@@ -122,10 +122,14 @@ bundle="$(base64 <"$dir/ca-bundle.crt" | tr -d '\n')"
 # serves a certificate it signed; only when it calls this install's webhook (one install
 # of a cluster serves it: another's CA there would fail every conversion).
 if crd_error="$(kubectl get crd "$crd" -o name 2>&1 >/dev/null)"; then
+  strategy="$(kubectl get crd "$crd" -o jsonpath='{.spec.conversion.strategy}')"
+  url="$(kubectl get crd "$crd" -o jsonpath='{.spec.conversion.webhook.clientConfig.url}')"
   called="$(kubectl get crd "$crd" -o jsonpath='{.spec.conversion.webhook.clientConfig.service.namespace}/{.spec.conversion.webhook.clientConfig.service.name}')"
-  # "/": the CRD calls a URL (an operator run outside the cluster), not a Service: no
-  # other install's to spare, so its caBundle gets the new CA as before.
-  if [[ "$called" == "$namespace/$service" || "$called" == "/" ]]; then
+  if [[ "$strategy" != "Webhook" ]]; then
+    # The v1-only CRD (gpujob-operator crd --v1-only): no webhook, no caBundle to hold.
+    echo "webhook-cert.sh: CRD $crd has no conversion webhook (strategy '${strategy:-None}'): nothing to trust there yet; run this again after the CRD serving v2 is applied" >&2
+  elif [[ "$called" == "$namespace/$service" || -n "$url" ]]; then
+    # A URL: the operator run outside the cluster, no other install's Service to spare.
     echo "webhook-cert.sh: caBundle of CRD $crd (the new CA, and the one in use)" >&2
     kubectl patch crd "$crd" --type=json \
       -p "[{\"op\":\"add\",\"path\":\"/spec/conversion/webhook/clientConfig/caBundle\",\"value\":\"$bundle\"}]" >&2
@@ -134,6 +138,10 @@ if crd_error="$(kubectl get crd "$crd" -o name 2>&1 >/dev/null)"; then
   fi
 elif [[ "$crd_error" == *NotFound* ]]; then
   echo "webhook-cert.sh: CRD $crd is not installed yet: the Helm chart copies the Secret's ca.crt into it at install; with kustomize, run this again after applying deploy/crd" >&2
+elif [[ "$crd_error" == *Forbidden* || "$crd_error" == *forbidden* ]]; then
+  # A namespaced team may not read CRDs: its Secret still gets written (the chart's
+  # release that serves the CRD's webhook copies ca.crt in at its install or upgrade).
+  echo "webhook-cert.sh: reading CRD $crd is forbidden to this user: its caBundle is left alone; whoever installs the CRD's webhook puts this Secret's ca.crt there: $crd_error" >&2
 else
   echo "webhook-cert.sh: reading CRD $crd failed, nothing changed: $crd_error" >&2
   exit 1

@@ -18,6 +18,12 @@ pub(super) struct Kept {
     /// re-cuts no sooner than `interval` after. `None` until the map changes (the first
     /// re-cut waits only for every shard's load).
     pub since: Option<Instant>,
+    /// Since when this replica hurries its looks (`hurrying`): set when it wrote a map,
+    /// or followed one after its first look (a replica that starts into a map re-cut
+    /// long ago follows it on its first look: nothing is being handed over then, and
+    /// its first looks must stay a retry period apart, so that replicas started together
+    /// see each other before they take shards).
+    pub hurry_from: Option<Instant>,
     pub interval: Duration,
     pub rule: Rule,
     /// The version this replica wrote as keeper and when, until every shard is held
@@ -34,11 +40,12 @@ pub(super) struct Kept {
 }
 
 /// How long the load must stay within a tenth of itself before a re-cut: longer than
-/// the runner's count of it (every 2 s) and a renewal that states it.
+/// the runner's count of it (every second) and a renewal that states it.
 pub const STEADY: Duration = Duration::from_secs(10);
 
-/// How long the namespaces stated must stay the same before the first cut: a count and
-/// a renewal (a namespace's first GpuJob is stated by then). Until the first cut, the
+/// How long the namespaces stated must stay the same before the first cut: about a count
+/// and a renewal (a namespace's first GpuJob is stated by then; one that comes later,
+/// past jitter, is weighed by the next re-cut). Until the first cut, the
 /// namespaces named alike sit in one or two shards and the other replicas wait.
 pub const NAMESPACES_SETTLED: Duration = Duration::from_secs(3);
 
@@ -47,6 +54,7 @@ impl Kept {
         Kept {
             version: 0,
             since: None,
+            hurry_from: None,
             interval,
             rule: Rule::default(),
             wrote: None,
@@ -87,7 +95,7 @@ impl Kept {
     /// hand-over is likely under way, and looks come sooner, so that shards released
     /// under it are taken at once and the keeper follows its own write.
     pub fn hurrying(&self, now: Instant, window: Duration) -> bool {
-        self.since
+        self.hurry_from
             .is_some_and(|s| now.saturating_duration_since(s) < window)
     }
 
@@ -181,12 +189,17 @@ mod tests {
     }
 
     #[test]
-    fn looks_hurry_for_a_while_after_the_map_changed_and_not_before() {
+    fn looks_hurry_for_a_while_after_a_change_seen_while_running_and_not_before() {
         let mut k = Kept::new(Duration::from_secs(60));
         let t0 = Instant::now();
         let window = Duration::from_secs(15);
         assert!(!k.hurrying(t0, window), "no change seen yet");
         k.since = Some(t0);
+        assert!(
+            !k.hurrying(t0, window),
+            "followed on a first look: no hurry"
+        );
+        k.hurry_from = Some(t0);
         assert!(k.hurrying(t0 + Duration::from_secs(14), window));
         assert!(!k.hurrying(t0 + Duration::from_secs(15), window));
     }

@@ -2773,8 +2773,9 @@ fn the_chart_refuses_a_wrong_value_and_names_the_field() {
 /// Two cluster-wide releases would both write every namespace's GpuJobs, each on Leases
 /// of its own. On a control plane of its own (a release installed for real on the shared
 /// one would refuse the other tests' cluster-wide dry runs): the first `helm install`
-/// goes through, a second release's is refused naming the first, and the first's own
-/// upgrade is not refused by its own binding.
+/// goes through, a second release's is refused naming the first, so is a release of the
+/// first's name in another namespace, and the first's own upgrade is not refused by its
+/// own binding.
 #[tokio::test]
 async fn a_second_cluster_wide_release_is_refused_naming_the_first() {
     let cluster = ControlPlane::start(devcluster::Options {
@@ -2809,9 +2810,35 @@ async fn a_second_cluster_wide_release_is_refused_naming_the_first() {
     );
     assert!(
         said.contains("another gpujob-operator release acts on every namespace already")
-            && said.contains("ClusterRoleBinding first-gpujob-operator of release \"first\"")
+            && said.contains(
+                "ClusterRoleBinding first-gpujob-operator of release \"first\" in namespace"
+            )
             && said.contains(&format!("{first_ns}/first-gpujob-operator")),
         "{said}"
+    );
+
+    // A release of the first's name in another namespace has bindings of the same names:
+    // another release all the same (with --take-ownership, Helm would hand it the
+    // first's binding).
+    let mut same_name = helm(Some(&cluster));
+    same_name.args([
+        "install",
+        "first",
+        CHART,
+        "--namespace",
+        &second_ns,
+        "--take-ownership",
+        "--set",
+        "replicas=0",
+        "--set",
+        "crds.install=false",
+    ]);
+    let out = same_name.output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && said.contains(&format!("of release \"first\" in namespace \"{first_ns}\"")),
+        "a release of the same name in {second_ns}: {said}"
     );
 
     let mut upgrade = helm(Some(&cluster));
@@ -2825,4 +2852,46 @@ async fn a_second_cluster_wide_release_is_refused_naming_the_first() {
     ]);
     let out = run(upgrade);
     assert!(out.contains("STATUS: deployed"), "{out}");
+}
+
+/// webhook-cert.sh against a CRD without a conversion webhook (the v1-only CRD, as a
+/// cluster has it before the v2 upgrade, and as the shared control plane has it): it
+/// says there is nothing to trust there yet, leaves the CRD as it is, and still writes
+/// the Secret with its CA as ca.crt. (A JSON patch of the missing caBundle path failed
+/// the script before the Secret was written.)
+#[tokio::test]
+async fn the_webhook_script_writes_the_secret_beside_a_v1_only_crd() {
+    let cluster = ControlPlane::for_tests(&[&support::test_crd()])
+        .await
+        .unwrap();
+    let admin = cluster.client(Identity::Admin).await.unwrap();
+    let ns = cluster.create_namespace("install-v1-only").await.unwrap();
+    let crds = Api::<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    >::all(admin.clone());
+    let before = crds.get("gpujobs.gpujob.dev").await.unwrap();
+    assert_ne!(
+        before.spec.conversion.as_ref().map(|c| c.strategy.as_str()),
+        Some("Webhook"),
+        "this test needs the v1-only CRD"
+    );
+    let mut cmd = cluster.command(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/webhook-cert.sh"),
+        Identity::Admin,
+    );
+    cmd.env("NAMESPACE", &ns);
+    let out = cmd.output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "webhook-cert.sh failed: {said}");
+    assert!(said.contains("has no conversion webhook"), "{said}");
+    let ca = secret_key(&admin, &ns, "gpujob-operator-webhook-tls", "ca.crt").await;
+    assert!(
+        String::from_utf8_lossy(&ca).contains("BEGIN CERTIFICATE"),
+        "ca.crt holds the CA"
+    );
+    let after = crds.get("gpujobs.gpujob.dev").await.unwrap();
+    assert_eq!(
+        after.spec.conversion, before.spec.conversion,
+        "the CRD's conversion was written"
+    );
 }

@@ -204,25 +204,29 @@ The operator's service account: serviceAccount.name, or the release's fullname. 
 serviceAccount.create=false the chart makes none and binds its roles to this one.
 */}}
 {{/*
-(list . name): cluster-wide, fail when another Helm release's cluster-wide controller
-binding exists (`name`: this release's own, left out). Two such installs would both write
-every namespace's GpuJobs, each on Leases of its own. Found by lookup, so it holds for
-helm install and upgrade against a cluster (whoever installs cluster-wide may list
-ClusterRoleBindings), not for helm template or Argo CD. A kustomize install (managed-by
-kustomize) or a namespaced release beside this one is not found: docs/install.md,
-"Several installs", says what overlaps.
+Cluster-wide, fail when another Helm release's cluster-wide controller binding exists:
+two such installs would both write every namespace's GpuJobs, each on Leases of its own.
+A binding is this release's own when its release name and namespace are this one's (an
+upgrade that renames the objects is not refused); one of the same name but another
+release is another's. Found by lookup, so it holds for helm install and upgrade against
+a cluster (whoever installs cluster-wide may list ClusterRoleBindings), not for helm
+template or Argo CD. A kustomize install (managed-by kustomize) or a namespaced release
+beside this one is not found: docs/install.md, "Several installs", says what overlaps.
 */}}
 {{- define "gpujob-operator.oneClusterWide" -}}
-{{- $own := index . 1 -}}
+{{- $release := .Release.Name -}}
+{{- $namespace := .Release.Namespace -}}
 {{- $bindings := lookup "rbac.authorization.k8s.io/v1" "ClusterRoleBinding" "" "" -}}
 {{- range ($bindings.items | default list) -}}
 {{- $labels := .metadata.labels | default dict -}}
+{{- $annotations := .metadata.annotations | default dict -}}
 {{- $controller := and (eq (get $labels "app.kubernetes.io/part-of") "gpujob-operator") (eq (get $labels "app.kubernetes.io/component") "controller") (eq (get $labels "app.kubernetes.io/managed-by") "Helm") -}}
 {{- /* The operator's own binding: named as its ClusterRole; secure metrics' are too, by suffix. */ -}}
 {{- $operator := and (eq .roleRef.name .metadata.name) (not (regexMatch "-metrics-(auth|scraper)$" .metadata.name)) -}}
-{{- if and $controller $operator (ne .metadata.name $own) -}}
+{{- $own := and (eq (get $labels "app.kubernetes.io/instance") $release) (eq (get $annotations "meta.helm.sh/release-namespace") $namespace) -}}
+{{- if and $controller $operator (not $own) -}}
 {{- $sa := first (.subjects | default (list dict)) | default dict -}}
-{{- fail (printf "another gpujob-operator release acts on every namespace already: ClusterRoleBinding %s of release %q (service account %s/%s). Two would both write every GpuJob, each on Leases of its own: uninstall that one, or install this one for one namespace (watchNamespace)" .metadata.name (get $labels "app.kubernetes.io/instance") (get $sa "namespace") (get $sa "name")) -}}
+{{- fail (printf "another gpujob-operator release acts on every namespace already: ClusterRoleBinding %s of release %q in namespace %q (service account %s/%s). Two would both write every GpuJob, each on Leases of its own: uninstall that one, or install this one for one namespace (watchNamespace)" .metadata.name (get $labels "app.kubernetes.io/instance") (get $annotations "meta.helm.sh/release-namespace") (get $sa "namespace") (get $sa "name")) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

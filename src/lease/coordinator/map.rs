@@ -59,9 +59,13 @@ impl Coordinator {
             given_up_here = ?held,
             "shard map changed: draining and releasing the shards held whose range moved; keeping the others"
         );
+        let running = self.looked;
         if let Some(k) = self.kept.as_mut() {
             k.version = version;
             k.since = Some(now);
+            if running {
+                k.hurry_from = Some(now);
+            }
         }
         for s in held {
             let epoch = self.tx.borrow().tenure(s).map(|t| t.epoch);
@@ -302,6 +306,7 @@ impl Coordinator {
                 if let Some(k) = self.kept.as_mut() {
                     k.wrote = Some((version, now));
                     k.since = Some(now);
+                    k.hurry_from = Some(now);
                 }
             }
             // Another keeper wrote since the list: its map is followed next look.

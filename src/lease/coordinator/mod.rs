@@ -454,6 +454,9 @@ struct Coordinator {
     in_flight: InFlight,
     /// The kept shard map (`None`: fixed cuts, or one shard).
     kept: Option<Kept>,
+    /// Whether a look got as far as the list before (a map followed now is a change
+    /// seen while running, not the map found at start).
+    looked: bool,
     load: Load,
     status: Arc<Status>,
 }
@@ -463,8 +466,8 @@ const HURRIED_LOOKS: u32 = 4;
 
 impl Coordinator {
     /// A retry period; a quarter of it for a lease duration after the kept map changed
-    /// (its hand-over: shards released under it are taken a look later, and the keeper
-    /// follows its own write a look later).
+    /// while this replica ran (its hand-over: shards released under it are taken a look
+    /// later, and the keeper follows its own write a look later).
     fn next_look_in(&self) -> std::time::Duration {
         let period = self.group.timing.retry_period;
         let now = Instant::now().into_std();
@@ -528,6 +531,7 @@ impl Coordinator {
             gone: Vec::new(),
             in_flight,
             kept,
+            looked: false,
             load,
             status,
         }
@@ -561,6 +565,7 @@ impl Coordinator {
         let now = Instant::now().into_std();
         let members = self.mode.members(&leases, now);
         self.follow_map(&leases, now);
+        self.looked = true;
         let holding = self.tx.borrow().holds_any();
         let gate = self.mode.gate(&self.group, &leases, holding, now).await;
         let after = self.group.timing.lease_duration * MEMBER_GONE_LEASE_DURATIONS;
