@@ -1613,6 +1613,31 @@ async fn installed_pod(admin: &Client, ns: &str, release: &str) -> serde_json::V
     serde_json::to_value(&deployments.items[0]).unwrap()["spec"]["template"]["spec"].clone()
 }
 
+/// Waits until GpuJob `ns`/train has succeeded, run by `replica` (whose log a timeout
+/// shows); `whose` starts the wait's description.
+async fn train_succeeded(
+    admin: &Client,
+    ns: &str,
+    whose: &str,
+    replica: &support::replicas::Replica,
+) -> GpuJob {
+    let api = Api::<GpuJob>::namespaced(admin.clone(), ns);
+    let api = &api;
+    wait::until(
+        &format!("{whose}GpuJob {ns}/train to succeed"),
+        WAIT,
+        POLL,
+        || async move {
+            api.get("train")
+                .await
+                .ok()
+                .filter(|g| support::phase(g) == Some(gpujob_operator::api::Phase::Succeeded))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; operator log:\n{}", replica.log_text()))
+}
+
 /// `helm template` of the chart, parsed.
 fn helm_template(release: &str, namespace: &str, sets: &[&str]) -> Vec<serde_json::Value> {
     let mut cmd = helm(None);
@@ -2051,21 +2076,7 @@ async fn the_charts_namespaced_mode_runs_a_gpujob_with_its_roles_only() {
         let (api, gj) = gpujob(ns);
         api.create(&PostParams::default(), &gj).await.unwrap();
     }
-    let api = gpujob(&watched).0;
-    let api = &api;
-    let done = wait::until(
-        &format!("GpuJob {watched}/train to succeed"),
-        WAIT,
-        POLL,
-        || async move {
-            api.get("train")
-                .await
-                .ok()
-                .filter(|g| support::phase(g) == Some(gpujob_operator::api::Phase::Succeeded))
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; operator log:\n{}", replica.log_text()));
+    let done = train_succeeded(&admin, &watched, "", &replica).await;
     assert_eq!(done.status.unwrap().attempts, 1);
 
     // The operator's writes: its Lease in its own namespace, the Job and the GpuJob's
@@ -2201,21 +2212,7 @@ async fn two_releases_in_one_namespace_each_run_their_gpujobs_on_leases_of_their
             .unwrap();
     }
     for ((release, watched, _, _), (replica, _, _)) in runs.iter().zip(&replicas) {
-        let api = Api::<GpuJob>::namespaced(admin.clone(), watched);
-        let api = &api;
-        wait::until(
-            &format!("release {release}'s GpuJob {watched}/train to succeed"),
-            WAIT,
-            POLL,
-            || async move {
-                api.get("train")
-                    .await
-                    .ok()
-                    .filter(|g| support::phase(g) == Some(gpujob_operator::api::Phase::Succeeded))
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}; operator log:\n{}", replica.log_text()));
+        train_succeeded(&admin, watched, &format!("release {release}'s "), replica).await;
     }
     // Each release's Leases are its own: named after its --lease-name, held by its replica.
     let (a, b) = (&replicas[0].2, &replicas[1].2);

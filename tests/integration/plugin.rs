@@ -405,16 +405,7 @@ async fn why_says_a_gpujob_waits_for_nodes_or_a_name_conflict() {
     )
     .await;
     // A Job the GpuJob does not own holds its first attempt's name.
-    let squatter: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
-        "metadata": {"name": "taken-1"},
-        "spec": {"template": {"spec": {"restartPolicy": "Never",
-            "containers": [{"name": "c", "image": "i", "env": sim_env(&[("SIM_DURATION_SECONDS", "300")])}]}}},
-    }))
-    .unwrap();
-    env.jobs()
-        .create(&Default::default(), &squatter)
-        .await
-        .unwrap();
+    env.create_foreign_job("taken-1").await;
     env.create("taken", json!({"image": "i", "gpus": 1})).await;
 
     let ran = plugin_until(&env, &["why", "nowhere"], "waits for nodes", |r| {

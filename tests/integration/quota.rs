@@ -324,16 +324,7 @@ async fn gpujobs_that_cannot_run_hold_no_quota() {
 
     // A Job this GpuJob does not own holds its first attempt's name: whatever was
     // reserved before that was found is released, and nothing is reserved while it lasts.
-    let squatter: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
-        "metadata": {"name": "taken-1"},
-        "spec": {"template": {"spec": {"restartPolicy": "Never",
-            "containers": [{"name": "c", "image": "i", "env": sim_env(&[("SIM_DURATION_SECONDS", "300")])}]}}},
-    }))
-    .unwrap();
-    env.jobs()
-        .create(&Default::default(), &squatter)
-        .await
-        .unwrap();
+    env.create_foreign_job("taken-1").await;
     let taken = env
         .create(
             "taken",

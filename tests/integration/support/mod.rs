@@ -183,6 +183,18 @@ impl TestEnv {
         Api::namespaced(self.admin.clone(), &self.ns)
     }
 
+    /// Creates Job `name` that no GpuJob controls (a name conflict for the GpuJob whose
+    /// attempt would be called so); its pod would run for five minutes.
+    pub async fn create_foreign_job(&self, name: &str) -> Job {
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"template": {"spec": {"restartPolicy": "Never",
+                "containers": [{"name": "c", "image": "i", "env": sim_env(&[("SIM_DURATION_SECONDS", "300")])}]}}},
+        }))
+        .unwrap();
+        self.jobs().create(&Default::default(), &job).await.unwrap()
+    }
+
     pub fn jobs(&self) -> Api<Job> {
         Api::namespaced(self.admin.clone(), &self.ns)
     }
