@@ -91,6 +91,24 @@ impl Kept {
         }
     }
 
+    /// This replica acts under `version` from `now`, a map it followed. It hurries its
+    /// looks only when `running` (not on its first look, which finds the map as it is).
+    pub fn followed(&mut self, version: u64, now: Instant, running: bool) {
+        self.version = version;
+        self.since = Some(now);
+        if running {
+            self.hurry_from = Some(now);
+        }
+    }
+
+    /// This replica, keeping the map, wrote `version` at `now`: it follows it a
+    /// hurried look later.
+    pub fn wrote_map(&mut self, version: u64, now: Instant) {
+        self.wrote = Some((version, now));
+        self.since = Some(now);
+        self.hurry_from = Some(now);
+    }
+
     /// Whether the map changed (written or followed here) less than `window` ago: its
     /// hand-over is likely under way, and looks come sooner, so that shards released
     /// under it are taken at once and the keeper follows its own write.
@@ -194,14 +212,19 @@ mod tests {
         let t0 = Instant::now();
         let window = Duration::from_secs(15);
         assert!(!k.hurrying(t0, window), "no change seen yet");
-        k.since = Some(t0);
+        k.followed(3, t0, false);
         assert!(
             !k.hurrying(t0, window),
             "followed on a first look: no hurry"
         );
-        k.hurry_from = Some(t0);
+        assert_eq!((k.version, k.since), (3, Some(t0)));
+        k.followed(4, t0, true);
         assert!(k.hurrying(t0 + Duration::from_secs(14), window));
         assert!(!k.hurrying(t0 + Duration::from_secs(15), window));
+        let t1 = t0 + Duration::from_secs(60);
+        k.wrote_map(5, t1);
+        assert!(k.hurrying(t1, window), "the keeper after its write");
+        assert_eq!(k.wrote, Some((5, t1)));
     }
 
     #[test]

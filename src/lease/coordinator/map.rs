@@ -61,11 +61,7 @@ impl Coordinator {
         );
         let running = self.looked;
         if let Some(k) = self.kept.as_mut() {
-            k.version = version;
-            k.since = Some(now);
-            if running {
-                k.hurry_from = Some(now);
-            }
+            k.followed(version, now, running);
         }
         for s in held {
             let epoch = self.tx.borrow().tenure(s).map(|t| t.epoch);
@@ -304,9 +300,7 @@ impl Coordinator {
                 );
                 self.status.metrics.shard_recuts.inc();
                 if let Some(k) = self.kept.as_mut() {
-                    k.wrote = Some((version, now));
-                    k.since = Some(now);
-                    k.hurry_from = Some(now);
+                    k.wrote_map(version, now);
                 }
             }
             // Another keeper wrote since the list: its map is followed next look.
