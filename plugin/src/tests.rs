@@ -573,7 +573,7 @@ fn a_v1_gpujob_decodes_as_v2() {
     .unwrap();
     assert_eq!(
         (gj.spec.resources.gpus, gj.spec.nodes, gj.spec.suspend),
-        (2, 2, true)
+        (Some(2), 2, true)
     );
     assert_eq!(gj.spec.queue_name.as_deref(), Some("q"));
     assert_eq!(gj.status.unwrap().attempts, 1);

@@ -176,7 +176,7 @@ async fn one_gpujob_read_as_v1_or_v2_with_each_versions_defaults() {
     })
     .await;
     let (done, as_v2) = s.both("from-v1").await;
-    assert_eq!(as_v2.spec.resources.gpus, 2);
+    assert_eq!(as_v2.spec.resources.gpus, Some(2));
     assert_eq!(as_v2.spec.retry_policy.max_retries, 1);
     assert_eq!(as_v2.spec.attempt_deadline.as_deref(), Some("1m30s"));
     assert_eq!(as_v2.status, done.status, "the status, converted too");

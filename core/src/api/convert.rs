@@ -71,8 +71,10 @@ pub fn to_v2(v1: &GpuJob) -> v2::GpuJob {
             command: s.command.clone(),
             args: s.args.clone(),
             env: s.env.clone(),
+            // With devices, v1's `gpus` is only their largest count: v2 has no gpus.
             resources: v2::Resources {
-                gpus: s.gpus,
+                gpus: only.devices.is_none().then_some(s.gpus),
+                devices: only.devices,
                 product: only.gpu_product,
             },
             nodes: only.nodes.unwrap_or(1),
@@ -113,7 +115,16 @@ pub fn to_v1(v2: &v2::GpuJob) -> GpuJob {
         failure_rules: s.retry_policy.failure_rules.clone(),
         nodes: (s.nodes != 1).then_some(s.nodes),
         queue_name: s.queue_name.clone(),
+        devices: s.resources.devices.clone(),
     };
+    // v1 requires `gpus`: with devices it holds the most devices a pod may get (what
+    // quota counts); 0 for a spec with neither, which the v2 schema refuses.
+    let gpus = s.resources.gpus.unwrap_or_else(|| {
+        s.resources
+            .devices
+            .as_ref()
+            .map_or(0, crate::api::Devices::max_count)
+    });
     GpuJob {
         metadata: v2.metadata.clone(),
         spec: GpuJobSpec {
@@ -121,7 +132,7 @@ pub fn to_v1(v2: &v2::GpuJob) -> GpuJob {
             command: s.command.clone(),
             args: s.args.clone(),
             env: s.env.clone(),
-            gpus: s.resources.gpus,
+            gpus,
             max_retries: s.retry_policy.max_retries,
             active_deadline_seconds: seconds,
             node_selector: s.node_selector.clone(),

@@ -6,6 +6,7 @@
 pub mod convert;
 pub mod crd;
 pub mod decode;
+pub mod devices;
 pub mod duration;
 mod failure;
 mod spec;
@@ -13,12 +14,16 @@ mod status;
 pub mod v2;
 
 pub use crd::{Conversion, CrdOptions, StorageVersion, crd_yaml, crd_yaml_with};
+pub use devices::{
+    CelSelector, DEVICE_REQUEST, DeviceAlternative, DeviceSelector, Devices, ExactDevices,
+};
 pub use failure::{
     ExitCodeOperator, ExitCodes, FailureAction, FailureRule, MAX_FAILURE_RULES, PodConditionPattern,
 };
 pub use spec::{EnvVar, GpuJob, GpuJobSpec, MAX_NODES, UpdatePolicy, V2Only};
 pub use status::{
-    Condition, ConditionStatus, FailureRecord, GpuJobStatus, Phase, QuotaCall, QuotaOp,
+    Condition, ConditionStatus, DeviceAllocation, FailureRecord, GpuJobStatus, Phase, QuotaCall,
+    QuotaOp,
 };
 
 /// Label on Jobs and pods: the owning GpuJob's name (hash-truncated to 63 characters).
@@ -46,6 +51,11 @@ pub const MASTER_PORT: u16 = 29500;
 /// Annotation on Jobs with failure rules: the action of each rule of the Job's pod
 /// failure policy, in order (`job.rs`).
 pub const ANNOTATION_FAILURE_RULES: &str = "gpujob.dev/failure-rules";
+/// Annotation on Jobs of a GpuJob with `devices` (DRA): the request of the attempt's
+/// ResourceClaimTemplate, as JSON. The template is built from the Job (it is made after
+/// the Job, whose uid owns it), so it asks for what the Job was built for, whatever the
+/// spec says by then; quota counts from it too.
+pub const ANNOTATION_DEVICES: &str = "gpujob.dev/devices";
 /// Annotation on Jobs: the GpuJob generation the Job was built from.
 pub const ANNOTATION_GENERATION: &str = "gpujob.dev/generation";
 /// Finalizer held while an external quota reservation may exist.

@@ -5,7 +5,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{FailureRule, GpuJobStatus};
+use super::{Devices, FailureRule, GpuJobStatus};
 
 /// A batch run on GPUs. The operator runs it as one batch/v1 Job per attempt and
 /// retries failed attempts up to `maxRetries` times with exponential backoff.
@@ -48,7 +48,8 @@ pub struct GpuJobSpec {
     /// Environment variables of the container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
-    /// Number of GPUs (`nvidia.com/gpu`) for the run.
+    /// Number of GPUs (`nvidia.com/gpu`) for the run. With v2 `resources.devices`: the
+    /// most devices one pod may get (the largest `count`), which quota counts.
     #[schemars(range(min = 1, max = 64))]
     pub gpus: i32,
     /// How many failed attempts are retried; at most maxRetries + 1 attempts fail.
@@ -124,12 +125,21 @@ pub struct V2Only {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63), regex(pattern = QUEUE_NAME_PATTERN))]
     pub queue_name: Option<String>,
+    /// v2 `spec.resources.devices`: GPUs by Dynamic Resource Allocation, in place of
+    /// `nvidia.com/gpu` (`gpus` then holds the largest count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Devices>,
 }
 
 impl GpuJobSpec {
     /// How many pods (nodes) run each attempt: v2 `spec.nodes`, 1 unless set.
     pub fn nodes(&self) -> i32 {
         self.v2.as_ref().and_then(|v2| v2.nodes).unwrap_or(1)
+    }
+
+    /// The devices each pod gets by DRA (v2 `spec.resources.devices`), if any.
+    pub fn devices(&self) -> Option<&Devices> {
+        self.v2.as_ref().and_then(|v2| v2.devices.as_ref())
     }
 
     /// The Kueue LocalQueue that admits each attempt (v2 `spec.queueName`), if any.

@@ -75,10 +75,25 @@ pub struct GpuJobStatus {
     /// The `gpujob.dev/rerun` request the current run answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun_token: Option<String>,
+    /// Which alternative of `resources.devices.firstAvailable` the current attempt's
+    /// pods were allocated, read from their ResourceClaims once they were placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<DeviceAllocation>,
     /// When the GpuJob reached Succeeded or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>")]
     pub completion_time: Option<Timestamp>,
+}
+
+/// What an attempt's pods were allocated, from their ResourceClaims.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceAllocation {
+    /// The attempt.
+    pub attempt: i32,
+    /// The `firstAvailable` alternatives its pods got, each once, in order of
+    /// preference: one name when all of its pods got the same.
+    pub alternatives: Vec<String>,
 }
 
 /// A call to the quota service, as recorded before it was sent.

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::spec::{LABEL_VALUE_PATTERN, QUEUE_NAME_PATTERN, default_max_retries, preserved_object};
-use super::{EnvVar, FailureRule, GpuJobStatus, UpdatePolicy};
+use super::{Devices, EnvVar, FailureRule, GpuJobStatus, UpdatePolicy};
 
 /// A batch run on GPUs. The operator runs it as one batch/v1 Job per attempt and
 /// retries failed attempts up to `retryPolicy.maxRetries` times with exponential backoff.
@@ -122,13 +122,31 @@ pub struct GpuJobSpec {
     pub template: Option<Value>,
 }
 
-/// What the run needs of a node.
+/// What the run needs of a node: `gpus` (the extended resource `nvidia.com/gpu`) or
+/// `devices` (Dynamic Resource Allocation), one of the two.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.gpus) != has(self.devices)",
+    "message": "set one of gpus (nvidia.com/gpu) and devices (DRA)",
+    "reason": "FieldValueInvalid",
+}, {
+    "rule": "!has(self.devices) || !has(self.product)",
+    "message": "product selects nodes for gpus; with devices, select the product in a device selector",
+    "fieldPath": ".product",
+    "reason": "FieldValueForbidden",
+}]))]
 pub struct Resources {
-    /// Number of GPUs (`nvidia.com/gpu`) for the run.
+    /// Number of GPUs (`nvidia.com/gpu`) for the run, on each node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 64))]
-    pub gpus: i32,
+    pub gpus: Option<i32>,
+    /// GPUs by Dynamic Resource Allocation (`resource.k8s.io/v1`), on each node: each
+    /// attempt's pods get them through a ResourceClaimTemplate the operator makes for
+    /// the attempt. Needs a cluster whose DRA driver publishes the devices. See
+    /// docs/api.md, "GPUs by Dynamic Resource Allocation".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Devices>,
     /// GPU product name (the node label `nvidia.com/gpu.product`, e.g.
     /// `NVIDIA-A100-SXM4-80GB`) the run's node must have.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -205,7 +223,22 @@ mod tests {
         );
         let resources = &spec["properties"]["resources"];
         assert_eq!(resources["properties"]["gpus"]["maximum"], 64.0);
-        assert_eq!(resources["required"], json!(["gpus"]));
+        assert_eq!(
+            resources["required"],
+            serde_json::Value::Null,
+            "gpus or devices"
+        );
+        let rules = resources["x-kubernetes-validations"].as_array().unwrap();
+        assert_eq!(rules[0]["rule"], "has(self.gpus) != has(self.devices)");
+        let devices = &resources["properties"]["devices"];
+        assert_eq!(
+            devices["x-kubernetes-validations"][0]["rule"],
+            "has(self.exactly) != has(self.firstAvailable)"
+        );
+        assert_eq!(
+            devices["properties"]["firstAvailable"]["maxItems"],
+            json!(8)
+        );
         let retry = &spec["properties"]["retryPolicy"];
         assert_eq!(retry["default"], json!({"maxRetries": 3}));
         assert_eq!(retry["properties"]["backoffSeconds"]["minimum"], 1.0);

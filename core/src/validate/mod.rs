@@ -129,8 +129,13 @@ pub fn validate(spec: &GpuJobSpec, limits: &SpecLimits) -> Result<(), FieldError
         } else {
             format!("{} GPUs requested", spec.gpus)
         };
+        let field = if spec.devices().is_some() {
+            "spec.resources.devices"
+        } else {
+            "spec.gpus"
+        };
         return err(
-            "spec.gpus",
+            field,
             format!("{asked}; this operator allows at most {max_gpus} per GpuJob"),
         );
     }
@@ -628,6 +633,50 @@ mod tests {
 
     fn field_error(s: &GpuJobSpec) -> FieldError {
         validate(s, &limits(8)).unwrap_err()
+    }
+
+    #[test]
+    fn devices_are_checked_where_the_schema_cannot_and_gpus_must_hold_their_count() {
+        use serde_json::json;
+        let alt = |name: &str, count: i32| json!({"name": name, "deviceClassName": "gpu.example.com", "count": count});
+        // spec() asks for 2 GPUs: the largest count must be 2.
+        let ok = v2_spec(json!({"devices": {"firstAvailable": [alt("h200", 1), alt("h100", 2)]}}));
+        assert_eq!(validate(&ok, &limits(8)), Ok(()));
+        let e = field_error(&v2_spec(
+            json!({"devices": {"firstAvailable": [alt("h200", 1), alt("h100", 4)]}}),
+        ));
+        assert_eq!(e.field, "spec.gpus");
+        assert!(e.message.contains("largest count is 4"), "{e}");
+        let e = field_error(&v2_spec(
+            json!({"devices": {"firstAvailable": [alt("h100", 2), alt("h100", 1)]}}),
+        ));
+        assert_eq!(e.field, "spec.resources.devices.firstAvailable[1].name");
+        let e = field_error(&v2_spec(json!({"devices": {
+            "exactly": {"deviceClassName": "gpu.example.com", "count": 2},
+            "firstAvailable": [alt("h100", 2)]}})));
+        assert_eq!(e.field, "spec.resources.devices");
+        let e = field_error(&v2_spec(json!({"devices": {"exactly": {
+            "deviceClassName": "Not_A_Class", "count": 2}}})));
+        assert_eq!(e.field, "spec.resources.devices.exactly.deviceClassName");
+        let e = field_error(&v2_spec(json!({"devices": {"exactly": {
+            "deviceClassName": "gpu.example.com", "count": 2,
+            "selectors": [{"cel": {"expression": " "}}]}}})));
+        assert_eq!(
+            e.field,
+            "spec.resources.devices.exactly.selectors[0].cel.expression"
+        );
+        let e = field_error(&v2_spec(json!({"gpuProduct": "NVIDIA-H100",
+            "devices": {"exactly": {"deviceClassName": "gpu.example.com", "count": 2}}})));
+        assert_eq!(e.field, "spec.resources.product");
+        let e = field_error(&v2_spec(json!({
+            "devices": {"exactly": {"deviceClassName": "gpu.example.com", "count": 2}},
+            "template": {"spec": {"resourceClaims": [{"name": "gpus", "resourceClaimName": "x"}]}}})));
+        assert_eq!(e.field, "spec.template.spec.resourceClaims[0].name");
+        // Past --max-gpus: the devices are named.
+        let mut big = v2_spec(json!({"devices": {"exactly": {
+            "deviceClassName": "gpu.example.com", "count": 2}}, "nodes": 8}));
+        big.gpus = 2;
+        assert_eq!(field_error(&big).field, "spec.resources.devices");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 
 use k8s_openapi::api::core::v1::{Container, PodTemplateSpec, ResourceRequirements};
 
-use super::{FieldError, err, label_value, multi_node_env};
+use super::{FieldError, err, is_dns_label, is_dns_subdomain, label_value, multi_node_env};
+use crate::api::devices::{MAX_ALTERNATIVES, MAX_EXPRESSION, MAX_SELECTORS};
+use crate::api::{DEVICE_REQUEST, DeviceSelector, Devices};
 use crate::api::{ENV_ATTEMPT, GPU_RESOURCE, GpuJobSpec, LABEL_GPU_PRODUCT, LABEL_PREFIX};
 use crate::job::{CONTAINER_NAME, TEMPLATE_FIELD, pod_template};
 
@@ -29,6 +31,9 @@ pub(super) fn v2_only(spec: &GpuJobSpec) -> Result<(), FieldError> {
             );
         }
     }
+    if let Some(d) = &v2.devices {
+        devices(spec, d, product)?;
+    }
     if let Some(b) = v2.backoff_seconds
         && b < 1
     {
@@ -43,6 +48,92 @@ pub(super) fn v2_only(spec: &GpuJobSpec) -> Result<(), FieldError> {
         Err(e) => return err(e.path, format!("not a pod template: {}", e.message)),
     };
     template_owned_fields(spec, &template, product)
+}
+
+/// `spec.resources.devices`: what the schema checks, for objects stored before it did,
+/// and what it cannot (distinct alternative names, v1's `gpus` holding their largest
+/// count).
+fn devices(spec: &GpuJobSpec, d: &Devices, product: Option<&str>) -> Result<(), FieldError> {
+    const AT: &str = "spec.resources.devices";
+    if product.is_some() {
+        return err(
+            "spec.resources.product",
+            "product selects nodes for gpus; with devices, select the product in a device selector",
+        );
+    }
+    let kinds: Vec<(String, &str, i32, &[DeviceSelector])> =
+        match (&d.exactly, &d.first_available[..]) {
+            (Some(e), []) => vec![(
+                format!("{AT}.exactly"),
+                e.device_class_name.as_str(),
+                e.count,
+                &e.selectors[..],
+            )],
+            (None, alternatives) if !alternatives.is_empty() => {
+                if alternatives.len() > MAX_ALTERNATIVES {
+                    return err(
+                        format!("{AT}.firstAvailable"),
+                        format!(
+                            "{} alternatives; at most {MAX_ALTERNATIVES}",
+                            alternatives.len()
+                        ),
+                    );
+                }
+                let mut kinds = Vec::new();
+                for (i, a) in alternatives.iter().enumerate() {
+                    let at = format!("{AT}.firstAvailable[{i}]");
+                    if !is_dns_label(&a.name) {
+                        return err(
+                            format!("{at}.name"),
+                            format!("{:?} is not a valid name (lowercase DNS label)", a.name),
+                        );
+                    }
+                    if alternatives[..i].iter().any(|b| b.name == a.name) {
+                        return err(format!("{at}.name"), format!("{:?} is named twice", a.name));
+                    }
+                    kinds.push((at, a.device_class_name.as_str(), a.count, &a.selectors[..]));
+                }
+                kinds
+            }
+            _ => return err(AT, "set exactly one of exactly and firstAvailable"),
+        };
+    for (at, class, count, selectors) in &kinds {
+        if !is_dns_subdomain(class) {
+            return err(
+                format!("{at}.deviceClassName"),
+                format!("{class:?} is not a valid DeviceClass name (lowercase DNS subdomain)"),
+            );
+        }
+        if !(1..=64).contains(count) {
+            return err(format!("{at}.count"), format!("{count}: from 1 to 64"));
+        }
+        if selectors.len() > MAX_SELECTORS {
+            return err(
+                format!("{at}.selectors"),
+                format!("{} selectors; at most {MAX_SELECTORS}", selectors.len()),
+            );
+        }
+        for (j, s) in selectors.iter().enumerate() {
+            let e = &s.cel.expression;
+            if e.trim().is_empty() || e.len() > MAX_EXPRESSION {
+                return err(
+                    format!("{at}.selectors[{j}].cel.expression"),
+                    format!("must be a CEL expression of 1 to {MAX_EXPRESSION} characters"),
+                );
+            }
+        }
+    }
+    let most = d.max_count();
+    if spec.gpus != most {
+        return err(
+            "spec.gpus",
+            format!(
+                "{} disagrees with spec.resources.devices, whose largest count is {most}: in gpujob.dev/v1, gpus holds it (write the GpuJob through gpujob.dev/v2)",
+                spec.gpus
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// The operator's part of the pod, which a template may not set.
@@ -116,6 +207,20 @@ fn template_owned_fields(
                 format!("{v:?} disagrees with spec.nodeSelector ({other:?})"),
             );
         }
+    }
+    if spec.devices().is_some()
+        && let Some(i) = pod
+            .resource_claims
+            .iter()
+            .flatten()
+            .position(|c| c.name == DEVICE_REQUEST)
+    {
+        return err(
+            at(&format!("spec.resourceClaims[{i}].name")),
+            format!(
+                "{DEVICE_REQUEST:?} is the operator's claim for spec.resources.devices; name yours otherwise"
+            ),
+        );
     }
     let lists = [
         (

@@ -100,6 +100,34 @@ fn retry_policy_defaults_to_three_retries_in_v2_as_max_retries_does_in_v1() {
 }
 
 #[test]
+fn devices_travel_in_spec_v2_and_gpus_holds_their_count() {
+    let devices = json!({"firstAvailable": [
+        {"name": "h200", "deviceClassName": "gpu.example.com", "count": 4,
+         "selectors": [{"cel": {"expression": "device.attributes[\"gpu.example.com\"].productName == \"H200\""}}]},
+        {"name": "h100", "deviceClassName": "gpu.example.com", "count": 8},
+    ]});
+    let y = v2_job(json!({
+        "image": "i", "resources": {"devices": devices},
+        "nodes": 2,
+    }));
+    let x = to_v1(&y);
+    assert_eq!(x.spec.gpus, 8, "the largest count");
+    assert_eq!(x.spec.total_gpus(), 16, "quota counts it on every node");
+    assert_eq!(
+        serde_json::to_value(x.spec.devices()).unwrap(),
+        devices,
+        "kept as written"
+    );
+    let back = to_v2(&x);
+    assert_eq!(back, y);
+    assert_eq!(back.spec.resources.gpus, None, "v2 says devices, not gpus");
+    assert_eq!(
+        serde_json::to_value(&back).unwrap()["spec"]["resources"],
+        json!({"devices": devices})
+    );
+}
+
+#[test]
 fn v2_only_values_travel_in_spec_v2() {
     let template = json!({
         "metadata": {"labels": {"team": "ml"}},
@@ -124,6 +152,7 @@ fn v2_only_values_travel_in_spec_v2() {
             failure_rules: Vec::new(),
             nodes: Some(4),
             queue_name: Some("team-a".into()),
+            devices: None,
         })
     );
     assert_eq!(x.spec.queue_name(), Some("team-a"));
@@ -561,6 +590,9 @@ fn v1_base() -> impl Strategy<Value = GpuJob> {
                             failure_rules,
                             nodes,
                             queue_name,
+                            // With devices, v1's gpus is derived (their largest count):
+                            // `devices_travel_in_spec_v2_and_gpus_holds_their_count`.
+                            devices: None,
                         }),
                     },
                     status,
