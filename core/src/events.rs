@@ -5,8 +5,9 @@
 use crate::api::{ConditionStatus, GpuJobStatus, Phase};
 
 use crate::status::{
-    ADMITTED, BACKING_OFF, CLEANUP_STUCK, QUEUED, QUOTA_REFUSED, QUOTA_RESERVED, READY, RERUN,
-    SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, SUSPENDED, UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
+    ADMITTED, BACKING_OFF, CLAIM_TEMPLATE_NAME_CONFLICT, CLEANUP_STUCK, QUEUED, QUOTA_REFUSED,
+    QUOTA_RESERVED, READY, RERUN, SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, SUSPENDED,
+    UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -14,6 +15,9 @@ pub enum Kind {
     Normal,
     Warning,
 }
+
+/// Event reason: which `firstAvailable` alternative an attempt's pods got.
+pub const DEVICES_ALLOCATED: &str = "DevicesAllocated";
 
 /// One Event: `reason` is CamelCase and stable; `note` is for people.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,7 +138,26 @@ pub fn transitions(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
     out.extend(spec(before, after));
     out.extend(quota(before, after));
     out.extend(kueue(before, after));
+    out.extend(devices(before, after));
     out
+}
+
+/// The alternative of `resources.devices` an attempt's pods got, once per attempt: the
+/// Events keep what each attempt got, where status says only the latest.
+fn devices(before: &GpuJobStatus, after: &GpuJobStatus) -> Option<Note> {
+    if after.devices == before.devices {
+        return None;
+    }
+    let got = after.devices.as_ref()?;
+    Some(note(
+        Kind::Normal,
+        DEVICES_ALLOCATED,
+        format!(
+            "attempt {} got devices {}",
+            got.attempt,
+            got.alternatives.join(", ")
+        ),
+    ))
 }
 
 /// Kueue: an attempt queued (once per wait), admitted, or evicted by Kueue.
@@ -244,8 +267,14 @@ fn attempts(before: &GpuJobStatus, after: &GpuJobStatus) -> Vec<Note> {
         ));
     }
     // Once per wait (not again when the wording changes): no node for the pods, a
-    // multi-node attempt's Service name taken, or an old pod on a lost node.
-    for reason in [UNSCHEDULABLE, SERVICE_NAME_CONFLICT, WAITING_FOR_LOST_NODE] {
+    // multi-node attempt's Service or an attempt's ResourceClaimTemplate name taken, or an
+    // old pod on a lost node.
+    for reason in [
+        UNSCHEDULABLE,
+        SERVICE_NAME_CONFLICT,
+        CLAIM_TEMPLATE_NAME_CONFLICT,
+        WAITING_FOR_LOST_NODE,
+    ] {
         let waiting = |s: &GpuJobStatus| matches!(cond(s, READY), Some((_, r, _)) if r == reason);
         if waiting(after) && !waiting(before) {
             let message = cond(after, READY).map(|(_, _, m)| m.to_owned());

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Container, EnvVar as K8sEnvVar, EnvVarSource, ObjectFieldSelector, PodAffinityTerm,
-    PodAntiAffinity, PodSchedulingGate, PodTemplateSpec, Toleration,
+    PodAntiAffinity, PodResourceClaim, PodSchedulingGate, PodTemplateSpec, ResourceClaim,
+    Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -14,10 +15,10 @@ use kube::Resource;
 
 use crate::api::decode::{DecodeError, decode, join};
 use crate::api::{
-    ANNOTATION_FAILURE_RULES, ANNOTATION_GENERATION, ENV_ATTEMPT, ENV_MASTER_ADDR, ENV_MASTER_PORT,
-    ENV_RANK, ENV_WORLD_SIZE, GPU_RESOURCE, GpuJob, GpuJobSpec, LABEL_ATTEMPT, LABEL_GPU_PRODUCT,
-    LABEL_KUEUE_QUEUE, LABEL_NAME, LABEL_PREFIX, LABEL_UID, MASTER_PORT, MULTI_NODE_ENV,
-    SCHEDULING_GATE,
+    ANNOTATION_DEVICES, ANNOTATION_FAILURE_RULES, ANNOTATION_GENERATION, DEVICE_REQUEST, Devices,
+    ENV_ATTEMPT, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE, GPU_RESOURCE, GpuJob,
+    GpuJobSpec, LABEL_ATTEMPT, LABEL_GPU_PRODUCT, LABEL_KUEUE_QUEUE, LABEL_NAME, LABEL_PREFIX,
+    LABEL_UID, MASTER_PORT, MULTI_NODE_ENV, SCHEDULING_GATE,
 };
 use crate::failure_policy;
 use crate::hash::fnv1a64;
@@ -157,18 +158,24 @@ pub fn desired_job(gpujob: &GpuJob, attempt: i32) -> Job {
             completion_mode: multi.map(|_| "Indexed".to_owned()),
             completions: multi.map(|m| m.nodes),
             parallelism: multi.map(|m| m.nodes),
-            template: pod(spec, attempt, labels, template, multi),
+            template: pod(spec, attempt, &name, labels, template, multi),
             ..JobSpec::default()
         }),
         status: None,
     }
 }
 
-/// The Job's annotations: the generation it runs, and what its failure rules mean.
+/// The Job's annotations: the generation it runs, what its failure rules mean, and the
+/// devices its ResourceClaimTemplate asks for.
 fn annotations(gpujob: &GpuJob) -> Option<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     if let Some(g) = gpujob.metadata.generation {
         out.insert(ANNOTATION_GENERATION.to_owned(), g.to_string());
+    }
+    if let Some(devices) = gpujob.spec.devices()
+        && let Ok(json) = serde_json::to_string(devices)
+    {
+        out.insert(ANNOTATION_DEVICES.to_owned(), json);
     }
     if let Some(rules) = failure_policy::annotation(&gpujob.spec) {
         out.insert(ANNOTATION_FAILURE_RULES.to_owned(), rules);
@@ -191,10 +198,22 @@ pub fn suspended(job: &Job) -> bool {
     job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
 }
 
-/// The GPUs all of `job`'s pods ask for together: its `main` container's GPU limit times
-/// its completions (one pod per node).
+/// The devices `job`'s ResourceClaimTemplate asks for (`None`: the Job asks for
+/// `nvidia.com/gpu`, or its annotation does not decode).
+pub fn devices(job: &Job) -> Option<Devices> {
+    let json = job.metadata.annotations.as_ref()?.get(ANNOTATION_DEVICES)?;
+    serde_json::from_str(json).ok()
+}
+
+/// The GPUs all of `job`'s pods ask for together: its `main` container's GPU limit (or
+/// the most devices its claim may get) times its completions (one pod per node).
 pub fn gpus(job: &Job) -> Option<i32> {
     let spec = job.spec.as_ref()?;
+    if let Some(d) = devices(job) {
+        return d
+            .max_count()
+            .checked_mul(spec.completions.unwrap_or(1).max(1));
+    }
     let per_pod = spec
         .template
         .spec
@@ -284,6 +303,7 @@ pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 fn pod(
     spec: &GpuJobSpec,
     attempt: i32,
+    job: &str,
     labels: BTreeMap<String, String>,
     template: PodTemplateSpec,
     multi: Option<MultiNode<'_>>,
@@ -316,6 +336,23 @@ fn pod(
         anti.required_during_scheduling_ignored_during_execution
             .get_or_insert_with(Vec::new)
             .push(one_per_node(&pod_labels));
+    }
+    if spec.devices().is_some() {
+        // Each pod gets a ResourceClaim of its own from the attempt's template (named like
+        // the Job: `crate::claims`), made before any of its pods is let go.
+        let mut claims = vec![PodResourceClaim {
+            name: DEVICE_REQUEST.to_owned(),
+            resource_claim_template_name: Some(job.to_owned()),
+            resource_claim_name: None,
+        }];
+        claims.extend(
+            pod.resource_claims
+                .take()
+                .into_iter()
+                .flatten()
+                .filter(|c| c.name != DEVICE_REQUEST),
+        );
+        pod.resource_claims = Some(claims);
     }
     pod.restart_policy = Some("Never".to_owned());
     // The operator's gate first; a template's own gates (another scheduler's, Kueue's)
@@ -388,8 +425,26 @@ fn main_container(
     env.extend(multi.iter().flat_map(MultiNode::env));
     let mut resources = base.resources.unwrap_or_default();
     let mut limits = resources.limits.take().unwrap_or_default();
-    limits.insert(GPU_RESOURCE.to_owned(), Quantity(spec.gpus.to_string()));
-    resources.limits = Some(limits);
+    if spec.devices().is_some() {
+        // The GPUs come from the pod's claim, not the extended resource.
+        limits.remove(GPU_RESOURCE);
+        let mut claims = vec![ResourceClaim {
+            name: DEVICE_REQUEST.to_owned(),
+            request: None,
+        }];
+        claims.extend(
+            resources
+                .claims
+                .take()
+                .into_iter()
+                .flatten()
+                .filter(|c| c.name != DEVICE_REQUEST),
+        );
+        resources.claims = Some(claims);
+    } else {
+        limits.insert(GPU_RESOURCE.to_owned(), Quantity(spec.gpus.to_string()));
+    }
+    resources.limits = (!limits.is_empty()).then_some(limits);
     if let Some(requests) = resources.requests.as_mut() {
         // Only the GPU count of the spec is requested (validation refuses another).
         requests.remove(GPU_RESOURCE);
@@ -675,6 +730,58 @@ pub(crate) mod tests {
                 (LABEL_ATTEMPT.to_owned(), "2".to_owned()),
             ]),
             "one pod of the attempt per node"
+        );
+    }
+
+    #[test]
+    fn an_attempt_of_dra_devices_claims_them_from_its_template_not_nvidia_gpus() {
+        let mut g = gpujob("train");
+        let devices = serde_json::json!({"firstAvailable": [
+            {"name": "h200", "deviceClassName": "gpu.example.com", "count": 2},
+            {"name": "h100", "deviceClassName": "gpu.example.com", "count": 4},
+        ]});
+        g.spec.gpus = 4;
+        g.spec.v2 = Some(crate::api::V2Only {
+            devices: Some(serde_json::from_value(devices.clone()).unwrap()),
+            nodes: Some(2),
+            template: Some(serde_json::json!({"spec": {
+                "resourceClaims": [{"name": "scratch", "resourceClaimName": "shared"}],
+                "containers": [{"name": "main", "resources": {
+                    "limits": {"memory": "1Gi"}, "claims": [{"name": "scratch"}]}}],
+            }})),
+            ..crate::api::V2Only::default()
+        });
+        let job = desired_job(&g, 2);
+        let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        let claims = pod.resource_claims.as_ref().unwrap();
+        assert_eq!(claims[0].name, "gpus");
+        assert_eq!(
+            claims[0].resource_claim_template_name.as_deref(),
+            Some("train-2"),
+            "the attempt's template, named like its Job"
+        );
+        assert_eq!(claims[1].name, "scratch", "the template's own claims stay");
+        let main = &pod.containers[0];
+        let resources = main.resources.as_ref().unwrap();
+        let names: Vec<&str> = resources
+            .claims
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(names, vec!["gpus", "scratch"]);
+        let limits = resources.limits.as_ref().unwrap();
+        assert!(!limits.contains_key(GPU_RESOURCE), "{limits:?}");
+        assert_eq!(limits["memory"].0, "1Gi");
+        let annotation = &job.metadata.annotations.as_ref().unwrap()[ANNOTATION_DEVICES];
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(annotation).unwrap(),
+            devices
+        );
+        assert_eq!(gpus(&job), Some(8), "the largest count on each of 2 nodes");
+        assert_eq!(
+            crate::seen_job::SeenJob::of(&job).unwrap().devices,
+            g.spec.devices().cloned()
         );
     }
 

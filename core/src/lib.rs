@@ -19,6 +19,7 @@
 pub mod api;
 pub mod backoff;
 pub mod balance;
+pub mod claims;
 pub mod domain;
 pub mod events;
 pub mod failure_policy;

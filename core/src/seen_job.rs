@@ -6,8 +6,8 @@
 use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::api::{ANNOTATION_FAILURE_RULES, LABEL_KUEUE_QUEUE};
-use crate::job::{attempt_of, controller_of, gated, generation_of, gpus, suspended};
+use crate::api::{ANNOTATION_FAILURE_RULES, Devices, LABEL_KUEUE_QUEUE};
+use crate::job::{attempt_of, controller_of, devices, gated, generation_of, gpus, suspended};
 
 /// A Job controlled by a GpuJob (its controller owner reference, not its labels).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -44,6 +44,9 @@ pub struct SeenJob {
     /// for a GpuJob with `spec.queueName`, or by Kueue's LocalQueue defaulting; Kueue
     /// unsuspends it on admission (and suspends it again should it evict it).
     pub queue: Option<String>,
+    /// The devices its pods get by DRA (`gpujob.dev/devices`): its ResourceClaimTemplate
+    /// (`crate::claims`) asks for them.
+    pub devices: Option<Devices>,
     pub status: SeenJobStatus,
 }
 
@@ -96,6 +99,7 @@ impl SeenJob {
                 .as_ref()
                 .and_then(|l| l.get(LABEL_KUEUE_QUEUE))
                 .cloned(),
+            devices: devices(job),
             status: SeenJobStatus {
                 conditions: status
                     .and_then(|s| s.conditions.clone())

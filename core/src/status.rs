@@ -29,6 +29,10 @@ pub const WAITING_FOR_LOST_NODE: &str = "WaitingForLostNode";
 /// Ready reason: a Service the operator did not make holds the name of a multi-node
 /// attempt's Service; its Job waits, not started, and the GpuJob looks again in a while.
 pub const SERVICE_NAME_CONFLICT: &str = "ServiceNameConflict";
+/// Ready reason: a ResourceClaimTemplate the operator did not make holds the name of an
+/// attempt's template (`resources.devices`); its Job waits, not started, and the GpuJob
+/// looks again in a while.
+pub const CLAIM_TEMPLATE_NAME_CONFLICT: &str = "ResourceClaimTemplateNameConflict";
 /// Condition type, on GpuJobs with `spec.queueName`: whether Kueue admitted the current
 /// attempt (True, reason Admitted), or holds it (False, with Kueue's reason and words).
 pub const ADMITTED: &str = "Admitted";

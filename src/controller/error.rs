@@ -9,9 +9,14 @@ pub enum ApiCall {
     ReadWorkload,
     /// The Node a pod of the GpuJob is being deleted on (whether it is lost).
     ReadNode,
+    /// The running attempt's ResourceClaims (which alternative its pods got).
+    ReadClaims,
     CreateJob,
     /// A multi-node attempt's headless Service (its create, or the read after a 409).
     CreateService,
+    /// The ResourceClaimTemplate of an attempt whose pods get GPUs by DRA (its create, or
+    /// the read after a 409).
+    CreateClaimTemplate,
     /// The removal of the operator's scheduling gate from a pod of the current attempt.
     UngatePod,
     /// The delete of a pod that waits at the gate and is not the current attempt's.
@@ -25,14 +30,16 @@ pub enum ApiCall {
 }
 
 impl ApiCall {
-    pub const ALL: [ApiCall; 14] = [
+    pub const ALL: [ApiCall; 16] = [
         ApiCall::ReadGpuJob,
         ApiCall::ReadJob,
         ApiCall::ReadPods,
         ApiCall::ReadWorkload,
         ApiCall::ReadNode,
+        ApiCall::ReadClaims,
         ApiCall::CreateJob,
         ApiCall::CreateService,
+        ApiCall::CreateClaimTemplate,
         ApiCall::UngatePod,
         ApiCall::DeletePod,
         ApiCall::GateJob,
@@ -50,8 +57,10 @@ impl ApiCall {
             ApiCall::ReadPods => "read_pods",
             ApiCall::ReadWorkload => "read_workload",
             ApiCall::ReadNode => "read_node",
+            ApiCall::ReadClaims => "read_claims",
             ApiCall::CreateJob => "create_job",
             ApiCall::CreateService => "create_service",
+            ApiCall::CreateClaimTemplate => "create_claim_template",
             ApiCall::UngatePod => "ungate_pod",
             ApiCall::DeletePod => "delete_pod",
             ApiCall::GateJob => "gate_job",
@@ -69,8 +78,10 @@ impl ApiCall {
             ApiCall::ReadPods => "reading the GpuJob's pods",
             ApiCall::ReadWorkload => "reading the queued attempt's Kueue Workload",
             ApiCall::ReadNode => "reading the Node an old attempt's pod is being deleted on",
+            ApiCall::ReadClaims => "reading the running attempt's ResourceClaims",
             ApiCall::CreateJob => "creating the attempt's Job",
             ApiCall::CreateService => "creating the multi-node attempt's headless Service",
+            ApiCall::CreateClaimTemplate => "creating the attempt's ResourceClaimTemplate",
             ApiCall::UngatePod => {
                 "letting the current attempt's pod go (removing the scheduling gate)"
             }

@@ -13,7 +13,7 @@ pub mod view;
 // The pure parts of a reconcile live in the core crate; re-exported where the
 // controller has always had them.
 pub use gpujob_core::{
-    domain, events, job, plan, rendezvous, seen_job, seen_pod, status, validate,
+    claims, domain, events, job, plan, rendezvous, seen_job, seen_pod, status, validate,
 };
 
 use std::fmt;

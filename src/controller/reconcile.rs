@@ -52,7 +52,8 @@ impl Heard {
             Answer::Found(read, found) => {
                 self.reads.record(read, &found);
                 match found {
-                    Found::Job { .. } => {}
+                    // The Reads keep what these found.
+                    Found::Job { .. } | Found::Devices { .. } => {}
                     Found::Termination { termination, .. } => self.termination = termination,
                     Found::Placement {
                         unschedulable,

@@ -7,11 +7,12 @@ use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{
-    ADMITTED, Action, FAILURE_RULE, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion,
-    LOST_NODE_RECHECK, Next, OLD_ATTEMPT_STOPPING, PlanSettings, Planner, QUEUED, SCHEDULING_GRACE,
-    SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
+    ADMITTED, Action, CLAIM_TEMPLATE_NAME_CONFLICT, FAILURE_RULE, INVALID_SPEC, JOB_NAME_CONFLICT,
+    JobDeletion, LOST_NODE_RECHECK, Next, OLD_ATTEMPT_STOPPING, PlanSettings, Planner, QUEUED,
+    SCHEDULING_GRACE, SPEC_CHANGE_PENDING, Termination, UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
 };
 use crate::api::{ConditionStatus, FailureAction, FailureRecord, GpuJobSpec, Phase, UpdatePolicy};
+use crate::claims;
 use crate::events::{stray_job_deleted, unrecognized_job_deleted};
 use crate::failure_policy::{MatchedRule, action_name, matched_rule};
 use crate::job::{desired_job, job_name};
@@ -313,11 +314,20 @@ impl Planner<'_, '_> {
             });
             self.next.active_job = None;
             self.next.next_attempt_time = None;
-            if reason == INVALID_SPEC || reason == JOB_NAME_CONFLICT {
+            if [
+                INVALID_SPEC,
+                JOB_NAME_CONFLICT,
+                CLAIM_TEMPLATE_NAME_CONFLICT,
+            ]
+            .contains(&reason)
+            {
                 self.next.last_error = Some(message.clone());
             }
             self.requeue = match reason {
-                JOB_NAME_CONFLICT => Next::After(self.settings.name_conflict_retry),
+                // Nothing watches the names taken: look again in a while.
+                JOB_NAME_CONFLICT | CLAIM_TEMPLATE_NAME_CONFLICT => {
+                    Next::After(self.settings.name_conflict_retry)
+                }
                 INVALID_SPEC => Next::Done,
                 SUSPENDED => Next::Done,
                 // The Job watch says when it is gone.
@@ -371,6 +381,13 @@ impl Planner<'_, '_> {
             // status lost with the Jobs kept).
             debug_assert!(!made.deleting());
             return Some(self.follow(attempt));
+        }
+        // Before the Job: its pods' claims are made from it (`crate::claims`).
+        if let Some(template) = claims::template(self.gj, attempt) {
+            self.actions.push(Action::CreateClaimTemplate {
+                attempt,
+                template: Box::new(template),
+            });
         }
         self.actions.push(Action::CreateJob {
             attempt,
@@ -517,6 +534,9 @@ impl Planner<'_, '_> {
                 JOB_RUNNING,
                 running_message(&self.name, k),
             );
+            if let Some(allocation) = job.and_then(|j| self.allocation(k, j)) {
+                self.next.devices = Some(allocation);
+            }
             if let PodsWaiting::Grace(left) = waiting {
                 // Nothing tells the operator when the scheduler gives up on a pod.
                 self.requeue_within(left);

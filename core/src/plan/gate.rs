@@ -104,11 +104,7 @@ impl Planner<'_, '_> {
             // Nothing tells the operator when that Service goes: look again in a while.
             self.next.phase = Some(Phase::Pending);
             self.next.last_error = Some(r.message.clone());
-            self.ready(
-                ConditionStatus::False,
-                SERVICE_NAME_CONFLICT,
-                r.message.clone(),
-            );
+            self.ready(ConditionStatus::False, r.reason, r.message.clone());
             self.requeue = Next::After(self.settings.name_conflict_retry);
             return;
         }

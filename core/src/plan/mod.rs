@@ -32,6 +32,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 
 use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::events::Note;
@@ -39,8 +40,8 @@ use crate::quota::ReserveRequest;
 use crate::seen_job::SeenJob;
 use crate::seen_pod::SeenPod;
 pub use crate::status::{
-    ADMITTED, QUEUED, SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING, UNSCHEDULABLE,
-    WAITING_FOR_LOST_NODE,
+    ADMITTED, CLAIM_TEMPLATE_NAME_CONFLICT, QUEUED, SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING,
+    UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
 };
 use crate::status::{READY, seconds, set_condition};
 use crate::validate::{SpecLimits, multi_node_name, validate};
@@ -220,7 +221,8 @@ pub struct QueueWait {
 pub struct Refusal {
     pub attempt: i32,
     /// [`INVALID_SPEC`] (422: waits for a spec change), [`JOB_NAME_CONFLICT`] or
-    /// [`SERVICE_NAME_CONFLICT`] (the attempt's Job exists, and is not started).
+    /// [`SERVICE_NAME_CONFLICT`] or [`CLAIM_TEMPLATE_NAME_CONFLICT`] (the attempt's Job
+    /// exists, and is not started).
     pub reason: &'static str,
     pub message: String,
 }
@@ -303,6 +305,16 @@ pub enum Action {
     /// that name owned by the Job already is the same Service (done); a foreign one is a
     /// refusal ([`SERVICE_NAME_CONFLICT`]), and the plan is made again with it.
     CreateService { attempt: i32, service: Box<Service> },
+    /// Create the ResourceClaimTemplate of an attempt whose pods get their GPUs by DRA
+    /// (`crate::claims`), before its Job: the ResourceClaim controller makes each pod's
+    /// claim from the template that holds the name when the pod appears. One of that
+    /// name owned by the GpuJob already is done (a create before a crash); a foreign one
+    /// is a refusal ([`CLAIM_TEMPLATE_NAME_CONFLICT`]): the plan is made again with it,
+    /// and the attempt does not start.
+    CreateClaimTemplate {
+        attempt: i32,
+        template: Box<ResourceClaimTemplate>,
+    },
     /// Let one pod of the current attempt go: remove the operator's scheduling gate, with
     /// the pod's resourceVersion as precondition (the pod as the read found it; one
     /// changed since, a deletion begun say, is read and decided again). Only the gate
@@ -364,11 +376,13 @@ impl Action {
             Action::Read(Read::Placement { .. }) => "ReadPlacement",
             Action::Read(Read::Workload { .. }) => "ReadWorkload",
             Action::Read(Read::Node { .. }) => "ReadNode",
+            Action::Read(Read::Devices { .. }) => "ReadDevices",
             Action::Reserve(..) => "Reserve",
             Action::Release(_) => "Release",
             Action::ReadPods => "ReadPods",
             Action::CreateJob { .. } => "CreateJob",
             Action::CreateService { .. } => "CreateService",
+            Action::CreateClaimTemplate { .. } => "CreateClaimTemplate",
             Action::UngatePod { .. } => "UngatePod",
             Action::DeletePod { .. } => "DeletePod",
             Action::GateJob { .. } => "GateJob",
@@ -407,6 +421,7 @@ impl Action {
                 | Action::ReadPods
                 | Action::CreateJob { .. }
                 | Action::CreateService { .. }
+                | Action::CreateClaimTemplate { .. }
                 | Action::UngatePod { .. }
                 | Action::DeletePod { .. }
                 | Action::GateJob { .. }

@@ -17,7 +17,7 @@ use super::{
     Action, JOB_NAME_CONFLICT, JobState, Planner, PodsWaiting, QueueWait, Refusal, Termination,
     Unschedulable, pods_waiting, seen_state,
 };
-use crate::api::Phase;
+use crate::api::{DeviceAllocation, Phase};
 use crate::job::{job_name, name_taken};
 use crate::seen_job::SeenJob;
 use crate::seen_pod::SeenPod;
@@ -44,6 +44,10 @@ pub enum Read {
     /// ([`SeenPod::stopping_on`]): whether its kubelet can still confirm the stop
     /// (no cache watches Nodes).
     Node { name: String },
+    /// Which `firstAvailable` alternative the running attempt's pods were allocated,
+    /// from their ResourceClaims (labelled with the GpuJob's uid and the attempt), once
+    /// all of its pods are placed and before status says it.
+    Devices { attempt: i32 },
 }
 
 impl Read {
@@ -74,6 +78,10 @@ impl Read {
                 name: name.clone(),
                 state: NodeState::Gone,
             }),
+            Read::Devices { attempt } => Found::Devices {
+                attempt: *attempt,
+                claims: Vec::new(),
+            },
         }
     }
 }
@@ -176,6 +184,12 @@ pub enum Found {
     },
     Workload(QueueWait),
     Node(NodeHealth),
+    /// The attempt's ResourceClaims: for each, the alternative it was allocated (`None`
+    /// while it is not allocated).
+    Devices {
+        attempt: i32,
+        claims: Vec<Option<String>>,
+    },
 }
 
 /// Who holds an attempt's Job name.
@@ -198,6 +212,8 @@ pub struct Reads {
     every: bool,
     /// Attempts whose Job name a foreign Job holds.
     foreign: Vec<i32>,
+    /// The attempt whose ResourceClaims were read, and what each was allocated.
+    devices: Option<(i32, Vec<Option<String>>)>,
 }
 
 impl Reads {
@@ -223,6 +239,9 @@ impl Reads {
         } = found
         {
             self.foreign.push(*attempt);
+        }
+        if let Found::Devices { attempt, claims } = found {
+            self.devices = Some((*attempt, claims.clone()));
         }
         self.made.push(read);
     }
@@ -287,6 +306,9 @@ impl Planner<'_, '_> {
                         job_uid: job_uid.clone(),
                     });
                 }
+                if self.allocation_due(attempt, job, &job_uid) {
+                    due.push(Read::Devices { attempt });
+                }
                 if job.queued()
                     && !job.deleting()
                     && unknown(self.obs.queue_wait.as_ref().map(|w| w.attempt), attempt)
@@ -311,6 +333,58 @@ impl Planner<'_, '_> {
         }
         due.retain(|r| !self.obs.reads.made(r));
         due
+    }
+
+    /// Whether the ResourceClaims of `attempt` (its Job `job`, uid `job_uid`) are to be
+    /// read: the recorded attempt's, with alternatives to choose from, not said in status
+    /// yet, and all of its pods placed (the scheduler allocates a pod's claims before it
+    /// binds the pod), so one read finds every claim allocated.
+    fn allocation_due(&self, attempt: i32, job: &SeenJob, job_uid: &str) -> bool {
+        let alternatives = job
+            .devices
+            .as_ref()
+            .is_some_and(|d| !d.first_available.is_empty());
+        let said = self
+            .current
+            .devices
+            .as_ref()
+            .is_some_and(|d| d.attempt == attempt);
+        let placed = self
+            .obs
+            .cached_pods
+            .iter()
+            .filter(|p| p.of_job(job_uid) && p.attempt == Some(attempt) && p.bound)
+            .count();
+        let pods = usize::try_from(job.nodes.unwrap_or(1)).unwrap_or(usize::MAX);
+        alternatives
+            && !said
+            && attempt == self.current.attempts
+            && !job.deleting()
+            && placed >= pods
+    }
+
+    /// What attempt `k`'s pods (of Job `job`) were allocated, once a read of this
+    /// reconcile found every one of its claims allocated: the alternatives, each once,
+    /// in the order of preference.
+    pub(super) fn allocation(&self, k: i32, job: &SeenJob) -> Option<DeviceAllocation> {
+        let (attempt, claims) = self.obs.reads.devices.as_ref()?;
+        let pods = usize::try_from(job.nodes.unwrap_or(1)).ok()?;
+        let got: Vec<&str> = claims.iter().flatten().map(String::as_str).collect();
+        if *attempt != k || got.len() < pods {
+            return None;
+        }
+        let alternatives = job
+            .devices
+            .as_ref()?
+            .first_available
+            .iter()
+            .map(|a| a.name.clone())
+            .filter(|name| got.contains(&name.as_str()))
+            .collect();
+        Some(DeviceAllocation {
+            attempt: k,
+            alternatives,
+        })
     }
 
     /// The next attempt, while a foreign Job held its name when last tried (Ready says

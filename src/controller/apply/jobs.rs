@@ -1,17 +1,18 @@
 //! The executor's writes of an attempt's objects: its Job, its headless Service, its
-//! pods' gate. Each is fenced (`writes.rs`) and logged with what it means; what the API
+//! ResourceClaimTemplate, its pods' gate. Each is fenced (`writes.rs`) and logged with what it means; what the API
 //! server accepted is an outcome for the view.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use tracing::{info, warn};
 
 use super::{Created, Execution};
 use crate::controller::Key;
 use crate::controller::error::Error;
 use crate::controller::plan::{
-    INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion, OLD_ATTEMPT_STOPPING, Refusal,
-    SERVICE_NAME_CONFLICT,
+    CLAIM_TEMPLATE_NAME_CONFLICT, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion,
+    OLD_ATTEMPT_STOPPING, Refusal, SERVICE_NAME_CONFLICT,
 };
 use crate::controller::view::Outcome;
 use crate::failpoint;
@@ -102,6 +103,34 @@ impl Execution<'_> {
             attempt,
             service = name,
             "the multi-node attempt's headless Service exists (created now or before)"
+        );
+        Ok(None)
+    }
+
+    /// Creates the ResourceClaimTemplate of an attempt whose pods get GPUs by DRA;
+    /// `Some(refusal)` when a foreign one holds its name.
+    pub(super) async fn create_claim_template(
+        &mut self,
+        attempt: i32,
+        template: &ResourceClaimTemplate,
+    ) -> Result<Option<Refusal>, Error> {
+        let name = template.metadata.name.as_deref().unwrap_or_default();
+        if let Some(message) = self
+            .ctx
+            .writer
+            .create_claim_template(self.fence, template)
+            .await?
+        {
+            return Ok(Some(name_taken(
+                attempt,
+                CLAIM_TEMPLATE_NAME_CONFLICT,
+                message,
+            )));
+        }
+        info!(
+            attempt,
+            template = name,
+            "the attempt's ResourceClaimTemplate exists (created now or before)"
         );
         Ok(None)
     }
@@ -229,7 +258,8 @@ impl Execution<'_> {
     }
 }
 
-/// A foreign object holds the name of `attempt`'s Job or Service: said, and looked at
+/// A foreign object holds the name of `attempt`'s Job, Service or ResourceClaimTemplate:
+/// said, and looked at
 /// again later (`reason` says which).
 fn name_taken(attempt: i32, reason: &'static str, message: String) -> Refusal {
     warn!(attempt, "{message}; looking again in a while");

@@ -11,14 +11,15 @@ use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use tracing::{debug, info, warn};
 
-use crate::api::{GpuJob, LABEL_UID};
-use crate::controller::Key;
+use crate::api::{GpuJob, LABEL_ATTEMPT, LABEL_UID};
 use crate::controller::view::Outcome;
+use crate::controller::{Key, claims};
 
 use super::{Answer, End, Execution};
 use crate::controller::error::{ApiCall, Error};
@@ -179,7 +180,29 @@ impl Reader {
                 name: name.clone(),
                 state: self.node(name).await?,
             }),
+            Read::Devices { attempt } => Found::Devices {
+                attempt: *attempt,
+                claims: self.claims(ns, uid, *attempt).await?,
+            },
         })
+    }
+
+    /// What each ResourceClaim of the GpuJob's (uid `uid`) attempt was allocated: its
+    /// pods' claims carry the template's labels. None where the cluster serves no
+    /// `resource.k8s.io/v1`.
+    async fn claims(
+        &self,
+        ns: &str,
+        uid: &str,
+        attempt: i32,
+    ) -> Result<Vec<Option<String>>, Error> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), ns);
+        let selector = format!("{LABEL_UID}={uid},{LABEL_ATTEMPT}={attempt}");
+        match api.list(&ListParams::default().labels(&selector)).await {
+            Ok(list) => Ok(list.items.iter().map(claims::alternative).collect()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+            Err(e) => Err(Error::kube(ApiCall::ReadClaims)(e)),
+        }
     }
 
     /// Whether the Node `name` can still stop its pods. An install that may not read

@@ -22,6 +22,7 @@
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::Client;
 use kube::api::{
     Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
@@ -37,8 +38,8 @@ use crate::controller::Fence;
 use crate::controller::error::{ApiCall, Error, api_code};
 use crate::controller::events::Note;
 use crate::controller::job::{generation_of, is_controlled_by, name_taken};
-use crate::controller::rendezvous;
 use crate::controller::status::merge_patch;
+use crate::controller::{claims, rendezvous};
 use crate::lease::{Ownership, Tenure};
 use crate::quota::{Call, Provider, QuotaProvider, Reserve, ReserveRequest, fencing_token};
 
@@ -335,6 +336,38 @@ impl Writer {
             Made::Exists(existing) if rendezvous::is_of_job(&existing, job_uid) => Ok(None),
             Made::Exists(_) => Ok(Some(rendezvous::name_taken(ns, name))),
             Made::Refused(e) => Err(self.failed(fence, ApiCall::CreateService, e)),
+        }
+    }
+
+    /// Creates an attempt's ResourceClaimTemplate, before its Job. One of that name owned
+    /// by the GpuJob exists already (an earlier run of this step): done (`None`). A
+    /// foreign one: what to tell the user (`Some`), and the Job is not created. Safe when
+    /// late: it is owned by the GpuJob (garbage-collected with it), and an attempt that
+    /// never starts leaves only an unused template under its own name.
+    pub async fn create_claim_template(
+        &self,
+        fence: &Fence,
+        template: &ResourceClaimTemplate,
+    ) -> Result<Option<String>, Error> {
+        let ns = template.metadata.namespace.as_deref().unwrap_or_default();
+        let name = template.metadata.name.as_deref().unwrap_or_default();
+        let owner_uid = template
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| o.uid.as_str())
+            .next()
+            .unwrap_or_default();
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), ns);
+        match self
+            .create_or_read(fence, &api, template, ApiCall::CreateClaimTemplate)
+            .await?
+        {
+            Made::Created(_) => Ok(None),
+            Made::Exists(existing) if claims::is_of_gpujob(&existing, owner_uid) => Ok(None),
+            Made::Exists(_) => Ok(Some(claims::name_taken(ns, name))),
+            Made::Refused(e) => Err(self.failed(fence, ApiCall::CreateClaimTemplate, e)),
         }
     }
 

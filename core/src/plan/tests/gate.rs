@@ -8,7 +8,7 @@ use crate::api::{LABEL_KUEUE_QUEUE, SCHEDULING_GATE, UpdatePolicy};
 use crate::seen_pod::SeenPod;
 
 /// Attempt `attempt`'s Job as created: running, its pods gated.
-fn made(g: &GpuJob, attempt: i32) -> Job {
+pub(super) fn made(g: &GpuJob, attempt: i32) -> Job {
     let mut j = desired_job(g, attempt);
     j.metadata.uid = Some(format!("job-uid-{attempt}"));
     j.metadata.resource_version = Some(format!("{attempt}01"));
@@ -34,7 +34,7 @@ pub(super) fn pod(attempt: i32, n: u8) -> SeenPod {
     }
 }
 
-fn ungated(mut p: SeenPod) -> SeenPod {
+pub(super) fn ungated(mut p: SeenPod) -> SeenPod {
     p.gated = false;
     p.bound = true;
     p
@@ -133,7 +133,7 @@ impl<'a> Seen<'a> {
     }
 }
 
-fn kinds(p: &Plan) -> Vec<&'static str> {
+pub(super) fn kinds(p: &Plan) -> Vec<&'static str> {
     p.actions.iter().map(Action::name).collect()
 }
 
@@ -167,13 +167,13 @@ fn stray_deletes(p: &Plan) -> Vec<&str> {
 }
 
 /// `g` after its first plan (attempt 1 created and recorded).
-fn attempt_one(g: &GpuJob) -> GpuJob {
+pub(super) fn attempt_one(g: &GpuJob) -> GpuJob {
     let p = run(g, &[], None, T0);
     assert_eq!(creates(&p), vec![1]);
     with_status(g.clone(), &p)
 }
 
-const LATER: &str = "2026-11-30T06:00:02Z";
+pub(super) const LATER: &str = "2026-11-30T06:00:02Z";
 
 #[test]
 fn a_new_attempts_job_is_created_running_with_its_pods_gated() {

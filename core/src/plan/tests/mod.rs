@@ -1767,6 +1767,7 @@ mod v2_values {
                 failure_rules: Vec::new(),
                 nodes: Some(2),
                 queue_name: Some("team-a".into()),
+                devices: None,
             },
         );
         let v1 = PlanSettings {
@@ -2272,6 +2273,7 @@ mod strays {
     }
 }
 
+mod devices;
 mod gate;
 mod lost_node;
 mod reads;

@@ -13,6 +13,7 @@ use tracing::error;
 
 use super::record;
 use super::table::{self, Owned, Record};
+use crate::api::Devices;
 use crate::controller::Key;
 use crate::controller::job::controller_of;
 use crate::controller::seen_job::{SeenJob, SeenJobStatus};
@@ -61,6 +62,8 @@ struct Kept {
     nodes: Option<i32>,
     #[serde(rename = "q", default, skip_serializing_if = "Option::is_none")]
     queue: Option<String>,
+    #[serde(rename = "dv", default, skip_serializing_if = "Option::is_none")]
+    devices: Option<Devices>,
     #[serde(rename = "c", default, skip_serializing_if = "Vec::is_empty")]
     conditions: Vec<JobCondition>,
     #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
@@ -95,6 +98,7 @@ impl Cached {
             failure_rules: seen.failure_rules.clone(),
             nodes: seen.nodes,
             queue: seen.queue.clone(),
+            devices: seen.devices.clone(),
             conditions: status.conditions.clone(),
             completion_time: status.completion_time.clone(),
             active: status.active,
@@ -177,6 +181,7 @@ impl Cached {
             failure_rules: kept.failure_rules,
             nodes: kept.nodes,
             queue: kept.queue,
+            devices: kept.devices,
             status: SeenJobStatus {
                 conditions: kept.conditions,
                 completion_time: kept.completion_time,

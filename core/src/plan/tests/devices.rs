@@ -1,0 +1,237 @@
+//! GPUs by DRA (`resources.devices`): each attempt's ResourceClaimTemplate exists
+//! before any of its pods is let go, and status says which alternative it got.
+
+use super::gate::{LATER, Seen, attempt_one, kinds, made, pod, ungated};
+use super::*;
+use crate::api::{DeviceAllocation, Devices};
+use crate::events::{DEVICES_ALLOCATED, transitions};
+
+fn with_devices(mut g: GpuJob, devices: serde_json::Value) -> GpuJob {
+    let devices: Devices = serde_json::from_value(devices).unwrap();
+    g.spec.gpus = devices.max_count();
+    g.spec.v2 = Some(V2Only {
+        devices: Some(devices),
+        ..V2Only::default()
+    });
+    g
+}
+
+fn alternatives() -> serde_json::Value {
+    json!({"firstAvailable": [
+        {"name": "h200", "deviceClassName": "gpu.example.com"},
+        {"name": "h100", "deviceClassName": "gpu.example.com", "count": 2},
+    ]})
+}
+
+#[test]
+fn an_attempts_claim_template_is_made_before_its_job() {
+    let g = with_devices(gpujob(3), alternatives());
+    let p = run(&g, &[], None, T0);
+    let names: Vec<&str> = p.actions.iter().map(Action::name).collect();
+    let template = names.iter().position(|n| *n == "CreateClaimTemplate");
+    let job = names.iter().position(|n| *n == "CreateJob");
+    assert!(
+        matches!((template, job), (Some(t), Some(j)) if t < j),
+        "the template first: {names:?}"
+    );
+    let Some(Action::CreateClaimTemplate {
+        attempt: 1,
+        template,
+    }) = p
+        .actions
+        .iter()
+        .find(|a| matches!(a, Action::CreateClaimTemplate { .. }))
+    else {
+        panic!("{:?}", p.actions)
+    };
+    assert_eq!(template.metadata.name.as_deref(), Some("train-1"));
+    let owner = &template.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("GpuJob", "uid-1")
+    );
+    // Once the Job exists, its pods are let go with no template made again.
+    let g = attempt_one(&g);
+    let jobs = [made(&g, 1)];
+    let pods = [pod(1, 0)];
+    let p = Seen::new(&g, &jobs).cached(&pods).read(&pods).plan(LATER);
+    assert_eq!(kinds(&p), vec!["UngatePod"]);
+}
+
+#[test]
+fn a_foreign_template_under_the_attempts_name_keeps_the_attempt_from_starting() {
+    let g = with_devices(gpujob(3), alternatives());
+    let message = "ResourceClaimTemplate ns/train-1 exists and is not this GpuJob's".to_owned();
+    let p = plan(
+        &Observed {
+            gpujob: &g,
+            jobs: Vec::new(),
+            termination: None,
+            unschedulable: None,
+            queue_wait: None,
+            refused: Some(Refusal {
+                attempt: 1,
+                reason: CLAIM_TEMPLATE_NAME_CONFLICT,
+                message: message.clone(),
+            }),
+            quota_required: false,
+            quota: None,
+            pods: None,
+            cached_pods: Vec::new(),
+            confirmed: true,
+            term_start_due: false,
+            reads: Reads::every(),
+            nodes: Vec::new(),
+            now: t(T0),
+        },
+        &settings(),
+    );
+    assert_eq!(creates(&p), Vec::<i32>::new(), "{:?}", p.actions);
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreateClaimTemplate { .. })),
+        "{:?}",
+        p.actions
+    );
+    assert_eq!(ready(&p).1, CLAIM_TEMPLATE_NAME_CONFLICT);
+    assert_eq!(p.status.phase, Some(Phase::Pending));
+    assert_eq!(p.status.last_error.as_deref(), Some(message.as_str()));
+    assert_eq!(p.next, Next::After(settings().name_conflict_retry));
+}
+
+#[test]
+fn an_attempt_of_nvidia_gpus_makes_no_template() {
+    let g = attempt_one(&gpujob(3));
+    let jobs = [made(&g, 1)];
+    let pods = [pod(1, 0)];
+    let p = Seen::new(&g, &jobs).cached(&pods).read(&pods).plan(LATER);
+    assert_eq!(kinds(&p), vec!["UngatePod"]);
+}
+
+/// Attempt 1 of a GpuJob with alternatives, its pod placed.
+fn placed() -> (GpuJob, [Job; 1], [SeenPod; 1]) {
+    let g = attempt_one(&with_devices(gpujob(3), alternatives()));
+    let jobs = [made(&g, 1)];
+    (g, jobs, [ungated(pod(1, 0))])
+}
+
+#[test]
+fn once_its_pods_are_placed_the_claims_are_read_once_and_status_says_the_alternative() {
+    let (g, jobs, pods) = placed();
+    let p = Seen::new(&g, &jobs)
+        .cached(&pods)
+        .reads(Reads::default())
+        .plan(LATER);
+    assert_eq!(
+        p.actions,
+        vec![Action::Read(Read::Devices { attempt: 1 })],
+        "the claims are read"
+    );
+
+    let mut reads = Reads::default();
+    reads.record(
+        Read::Devices { attempt: 1 },
+        &Found::Devices {
+            attempt: 1,
+            claims: vec![Some("h100".into())],
+        },
+    );
+    let p = Seen::new(&g, &jobs).cached(&pods).reads(reads).plan(LATER);
+    let got = DeviceAllocation {
+        attempt: 1,
+        alternatives: vec!["h100".into()],
+    };
+    assert_eq!(p.status.devices.as_ref(), Some(&got));
+    let notes = transitions(g.status.as_ref().unwrap(), &p.status);
+    let note = notes
+        .iter()
+        .find(|n| n.reason == DEVICES_ALLOCATED)
+        .unwrap();
+    assert_eq!(note.note, "attempt 1 got devices h100");
+
+    // Said: not read again.
+    let g = with_status(g, &p);
+    let p = Seen::new(&g, &jobs)
+        .cached(&pods)
+        .reads(Reads::default())
+        .plan(LATER);
+    assert!(
+        !p.actions.iter().any(|a| matches!(a, Action::Read(_))),
+        "{:?}",
+        p.actions
+    );
+    assert_eq!(p.status.devices.as_ref(), Some(&got));
+}
+
+#[test]
+fn claims_are_not_read_before_every_pod_is_placed_nor_said_before_every_one_is_allocated() {
+    let g = attempt_one(&nodes_of(with_devices(gpujob(3), alternatives()), 2));
+    let jobs = [made(&g, 1)];
+    let one_placed = [ungated(pod(1, 0)), pod(1, 1)];
+    let p = Seen::new(&g, &jobs)
+        .cached(&one_placed)
+        .reads(Reads::default())
+        .plan(LATER);
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Read(Read::Devices { .. }))),
+        "{:?}",
+        p.actions
+    );
+
+    let both = [ungated(pod(1, 0)), ungated(pod(1, 1))];
+    let mut reads = Reads::default();
+    reads.record(
+        Read::Devices { attempt: 1 },
+        &Found::Devices {
+            attempt: 1,
+            claims: vec![Some("h100".into()), None],
+        },
+    );
+    let p = Seen::new(&g, &jobs).cached(&both).reads(reads).plan(LATER);
+    assert_eq!(p.status.devices, None, "one claim is not allocated yet");
+
+    let mut reads = Reads::default();
+    reads.record(
+        Read::Devices { attempt: 1 },
+        &Found::Devices {
+            attempt: 1,
+            claims: vec![Some("h100".into()), Some("h200".into())],
+        },
+    );
+    let p = Seen::new(&g, &jobs).cached(&both).reads(reads).plan(LATER);
+    assert_eq!(
+        p.status.devices,
+        Some(DeviceAllocation {
+            attempt: 1,
+            alternatives: vec!["h200".into(), "h100".into()],
+        }),
+        "each alternative once, in the order of preference"
+    );
+}
+
+#[test]
+fn an_exact_request_has_no_alternative_to_read() {
+    let g = attempt_one(&with_devices(
+        gpujob(3),
+        json!({"exactly": {"deviceClassName": "gpu.example.com", "count": 2}}),
+    ));
+    let jobs = [made(&g, 1)];
+    let pods = [ungated(pod(1, 0))];
+    let p = Seen::new(&g, &jobs)
+        .cached(&pods)
+        .reads(Reads::default())
+        .plan(LATER);
+    assert!(
+        !p.actions.iter().any(|a| matches!(a, Action::Read(_))),
+        "{:?}",
+        p.actions
+    );
+}
+
+fn nodes_of(mut g: GpuJob, nodes: i32) -> GpuJob {
+    g.spec.v2.get_or_insert_with(V2Only::default).nodes = Some(nodes);
+    g
+}
