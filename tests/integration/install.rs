@@ -788,6 +788,8 @@ const OPERATOR_RIGHTS: &[(&str, &str)] = &[
     ("jobs.batch", "get list watch create patch delete"),
     ("pods", "list watch patch delete"),
     ("services", "get create"),
+    ("resourceclaimtemplates.resource.k8s.io", "get create"),
+    ("resourceclaims.resource.k8s.io", "list"),
     ("workloads.kueue.x-k8s.io", "list"),
     ("events.events.k8s.io", "create patch"),
 ];

@@ -10,6 +10,7 @@ mod conversion;
 mod crash;
 mod crd;
 mod day2;
+mod dra;
 mod echo;
 mod events;
 mod faults;

@@ -171,6 +171,22 @@ impl TestEnv {
         Self::on(cluster, prefix).await
     }
 
+    /// [`TestEnv::private`] whose fake nodes `nodes` also publish fake DRA devices
+    /// (`devcluster::dra`), one per GPU, which kube-scheduler allocates claims on.
+    pub async fn private_with_dra(prefix: &str, nodes: devcluster::nodes::GpuNodes) -> TestEnv {
+        gpujob_operator::client::install_crypto_provider();
+        let cluster = ControlPlane::start(devcluster::Options {
+            crds: vec![test_crd()],
+            replicas: 1,
+            gpu_nodes: nodes,
+            dra: Some(devcluster::dra::DraDevices::default()),
+            ..devcluster::Options::default()
+        })
+        .await
+        .expect("private control plane with fake DRA devices");
+        Self::on(cluster, prefix).await
+    }
+
     async fn on(cluster: ControlPlane, prefix: &str) -> TestEnv {
         let admin = cluster.client(Identity::Admin).await.unwrap();
         grant_operator_role_to_replicas(&admin).await;
