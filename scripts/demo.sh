@@ -69,7 +69,8 @@ setsid nohup python3 scripts/forward.py 127.0.0.1:19443 "${webhook_backends[@]}"
 echo $! >"$cache/demo-forward.pid"
 "$bin/gpujob-operator" crd --webhook-url https://127.0.0.1:19443/convert \
   --ca-bundle-file "$webhook_dir/ca.crt" >"$cache/demo-crd.yaml"
-setsid nohup "$bin/devcluster" up --state-dir "$state" --crd "$cache/demo-crd.yaml" \
+# --dra: the fake nodes also publish DRA devices, for examples/dra.yaml.
+setsid nohup "$bin/devcluster" up --state-dir "$state" --dra --crd "$cache/demo-crd.yaml" \
   >"$cache/demo-cluster.log" 2>&1 </dev/null &
 wait_cluster "$state" "$cache/demo-cluster.log"
 export KUBECONFIG="$state/kubeconfig/admin.kubeconfig"
@@ -164,6 +165,10 @@ done
 echo
 kubectl -n "$ns" get gpujobs -o custom-columns='NAME:.metadata.name,PHASE:.status.phase,ATTEMPTS:.status.attempts,FAILURES:.status.failures,LAST-FAILURE:.status.lastFailure.reason,READY:.status.conditions[0].reason,MESSAGE:.status.conditions[0].message'
 echo
+# The DRA GpuJob: no H200 in the demo's nodes, so its attempt got the second alternative.
+echo "finetune-dra (examples/dra.yaml, GPUs by DRA) got: $(kubectl -n "$ns" get gpujob finetune-dra \
+  -o jsonpath='attempt {.status.devices.attempt}: {.status.devices.alternatives}' 2>/dev/null || true)"
+echo
 # Each attempt of the preempted GpuJob, through the kubectl plugin (plugin/): attempt 1
 # disrupted and not counted, attempt 2 succeeded. Shown, never fatal to the demo.
 echo "kubectl gpujob -n $ns attempts pretrain-preemptible"
@@ -177,6 +182,7 @@ The cluster and $replicas operator replicas are still running.
   plugin:        export PATH=$bin:\$PATH   # kubectl gpujob, from plugin/
                  kubectl gpujob -n $ns attempts finetune-llm; kubectl gpujob -n $ns why sweep-lr-3e-3
   two nodes:     kubectl -n $ns get pods,svc,endpointslices -l gpujob.dev/name=pretrain-multinode -o wide
+  DRA:           kubectl -n $ns get resourceclaimtemplates,resourceclaims -l gpujob.dev/name=finetune-dra
   who holds what: kubectl -n gpujob-system get leases -l gpujob.dev/lease-role=shard
   fail over:     kill -9 \$(cat $cache/demo-replica-${holder#demo-}.pid)   # ${holder:-?}, holder of $ns's shard $shard
                  kubectl -n gpujob-system get leases -w   # the others take its shards in ~15 s
