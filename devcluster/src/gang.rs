@@ -17,7 +17,8 @@
 //!   kube-controller-manager (its `podgroup-protection-controller` removes that
 //!   finalizer once no pod of the group is left; devcluster adds it to the controllers).
 //! - The feature gate `TopologyAwareWorkloadScheduling` (alpha since 1.36) for
-//!   `schedulingConstraints` (kube-apiserver refuses the field without it) and for
+//!   `schedulingConstraints` (without it kube-apiserver drops the field from a new
+//!   Workload or PodGroup, silently: the group is then placed anywhere) and for
 //!   kube-scheduler's `TopologyPlacementGenerator` and `PodGroupPodsCount` plugins: one
 //!   placement per value of the key's node label, the group placed whole in one of them.
 //! - Optionally the feature gate `WorkloadWithJob` (alpha since 1.36) on
