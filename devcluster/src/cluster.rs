@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::assets::Assets;
 use crate::audit::{AuditLog, POLICY};
 use crate::dra::{self, DraDevices};
+use crate::gang::{self, GangScheduling};
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::nodes::GpuNodes;
@@ -69,6 +70,11 @@ pub struct Options {
     /// controller, so pods that claim devices are allocated them by kube-scheduler.
     /// Needs `resource.k8s.io/v1` (Kubernetes 1.34 or later). `None`: none of it.
     pub dra: Option<DraDevices>,
+    /// Turn on workload-aware (gang) scheduling ([`crate::gang`]): its feature gates on
+    /// kube-apiserver, kube-controller-manager and kube-scheduler, the API
+    /// `scheduling.k8s.io/v1beta1` (Workload, PodGroup) and the PodGroup protection
+    /// controller. Needs Kubernetes 1.37 or later. `None`: none of it.
+    pub gang: Option<GangScheduling>,
 }
 
 impl Default for Options {
@@ -82,6 +88,7 @@ impl Default for Options {
             startup_timeout: Duration::from_secs(120),
             sharded_watch: true,
             dra: None,
+            gang: None,
         }
     }
 }
@@ -243,6 +250,18 @@ impl ControlPlane {
             // many GPUs for a slice), not after the control plane has started.
             devices.slices(&opts.gpu_nodes)?;
         }
+        if opts.gang.is_some() {
+            // Refused before anything starts: on an older release the flags would name
+            // gates and an API version its components do not know.
+            GangScheduling::check(minor)?;
+        }
+        let gates = |with: Vec<String>| -> Option<String> {
+            let mut all = with;
+            if let Some(g) = &opts.gang {
+                all.extend(g.feature_gates().iter().map(|g| format!("{g}=true")));
+            }
+            (!all.is_empty()).then(|| format!("--feature-gates={}", all.join(",")))
+        };
         // Found before anything starts, so a missing binary fails fast with the fix.
         let kwok_binary = if opts.pod_simulator {
             Some(kwok::locate()?)
@@ -341,10 +360,17 @@ impl ControlPlane {
             "--profiling=false".to_owned(),
         ]
         .into_iter()
-        .chain(
+        .chain(gates(
             minor
                 .is_some_and(|minor| minor >= SHARDED_WATCH_SINCE)
-                .then(|| format!("--feature-gates=ShardedListAndWatch={}", opts.sharded_watch)),
+                .then(|| format!("ShardedListAndWatch={}", opts.sharded_watch))
+                .into_iter()
+                .collect(),
+        ))
+        .chain(
+            opts.gang
+                .is_some()
+                .then(|| format!("--runtime-config={}", GangScheduling::runtime_config())),
         )
         .map(OsString::from)
         .collect();
@@ -393,13 +419,21 @@ impl ControlPlane {
                 // is not Ready has its terminating pods deleted, as on a real cluster
                 // (`nodes::lose` makes a node so). resourceclaim-controller, with the fake
                 // DRA devices only: it makes a pod's claims from its templates and frees
-                // them once the pod is done.
+                // them once the pod is done. podgroup-protection-controller, with gang
+                // scheduling only: kube-apiserver puts a finalizer on every PodGroup,
+                // which it alone removes (without it no PodGroup, nor its namespace,
+                // would ever go).
                 format!(
-                    "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token,clusterrole-aggregation,endpointslice,podgc{}",
+                    "--controllers=job,garbagecollector,namespace,serviceaccount,serviceaccount-token,clusterrole-aggregation,endpointslice,podgc{}{}",
                     if opts.dra.is_some() {
                         ",resourceclaim-controller"
                     } else {
                         ""
+                    },
+                    if opts.gang.is_some() {
+                        format!(",{}", gang::PROTECTION_CONTROLLER)
+                    } else {
+                        String::new()
                     }
                 ),
                 "--leader-elect=false".to_owned(),
@@ -415,6 +449,7 @@ impl ControlPlane {
                 "--kube-api-qps=300".to_owned(),
                 "--kube-api-burst=600".to_owned(),
             ]);
+            c.args(gates(Vec::new()));
             c
         };
         {
@@ -453,6 +488,7 @@ impl ControlPlane {
                 // collide with a second control plane on the machine.
                 "--secure-port=0".to_owned(),
             ]);
+            c.args(gates(Vec::new()));
             c
         };
         {

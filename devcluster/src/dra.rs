@@ -198,6 +198,7 @@ mod tests {
             count: 3,
             gpus_per_node: 2,
             products: products.iter().map(|p| (*p).to_owned()).collect(),
+            ..GpuNodes::default()
         }
     }
 
@@ -240,6 +241,7 @@ mod tests {
             count: 1,
             gpus_per_node: MAX_DEVICES_PER_SLICE + 1,
             products: vec!["NVIDIA-H100".to_owned()],
+            ..GpuNodes::default()
         };
         assert!(DraDevices::default().slices(&too_many).is_err());
     }

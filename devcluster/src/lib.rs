@@ -21,7 +21,10 @@
 //! test run by `scripts/test.sh`) or, when unset, starts a private one for the process.
 //!
 //! With [`Options::dra`] set, the fake nodes also have fake Dynamic Resource Allocation
-//! devices ([`dra`]) that kube-scheduler allocates ResourceClaims on.
+//! devices ([`dra`]) that kube-scheduler allocates ResourceClaims on. With
+//! [`Options::gang`] set, kube-scheduler schedules PodGroups all-or-nothing and keeps a
+//! group in one rack or block of the fake nodes' topology when it asks ([`gang`],
+//! [`nodes::Topology`]).
 //!
 //! [`faultproxy::FaultProxy`] puts injected faults (latency, errors, resets, cut watches,
 //! partitions) between one client and kube-apiserver while the others talk to it directly.
@@ -32,6 +35,7 @@ mod cluster;
 pub mod dra;
 mod error;
 pub mod faultproxy;
+pub mod gang;
 pub mod identity;
 pub mod kwok;
 pub mod metrics;

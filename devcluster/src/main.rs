@@ -1,5 +1,6 @@
 //! `devcluster`: start, inspect and stop a local control plane from the shell.
 
+use std::num::NonZeroU16;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -8,7 +9,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use devcluster::assets::Assets;
 use devcluster::dra::DraDevices;
-use devcluster::nodes::GpuNodes;
+use devcluster::gang::GangScheduling;
+use devcluster::nodes::{GpuNodes, Topology};
 use devcluster::{ControlPlane, Identity, Options};
 
 #[derive(Debug, Parser)]
@@ -50,6 +52,13 @@ enum Cmd {
         /// GPU products (node label `nvidia.com/gpu.product`) the nodes take in turn.
         #[arg(long, value_delimiter = ',', default_values_t = GpuNodes::default().products)]
         gpu_products: Vec<String>,
+        /// Fake nodes per rack (node label topology.devcluster.dev/rack); nodes fill
+        /// racks in order.
+        #[arg(long, default_value_t = Topology::default().hosts_per_rack)]
+        hosts_per_rack: NonZeroU16,
+        /// Racks per block (node label topology.devcluster.dev/block).
+        #[arg(long, default_value_t = Topology::default().racks_per_block)]
+        racks_per_block: NonZeroU16,
         /// Publish fake DRA devices (resource.k8s.io/v1): a DeviceClass
         /// `gpu.devcluster.dev` and, per fake node, a ResourceSlice with one device per
         /// GPU (attribute productName, capacity memory), and run the ResourceClaim
@@ -60,6 +69,17 @@ enum Cmd {
         /// the A100 80GB, H100 and H200 are known).
         #[arg(long = "dra-memory", value_parser = parse_memory, requires = "dra")]
         dra_memory: Vec<(String, String)>,
+        /// Turn on workload-aware (gang) scheduling: the feature gates GenericWorkload
+        /// and TopologyAwareWorkloadScheduling on kube-apiserver, kube-controller-manager
+        /// and kube-scheduler, the API scheduling.k8s.io/v1beta1 (Workload, PodGroup),
+        /// and the PodGroup protection controller. Needs Kubernetes 1.37 or later.
+        #[arg(long)]
+        gang: bool,
+        /// With --gang: also the feature gate WorkloadWithJob, with which the Job
+        /// controller makes a Workload and a PodGroup for every new Job that no other
+        /// object controls, and puts its pods in that group.
+        #[arg(long, requires = "gang")]
+        gang_jobs: bool,
     },
     /// Stop the control plane whose state folder this is (its `up` process, or processes
     /// left behind by one that was killed).
@@ -99,8 +119,12 @@ fn main() -> ExitCode {
             gpu_nodes,
             gpus_per_node,
             gpu_products,
+            hosts_per_rack,
+            racks_per_block,
             dra,
             dra_memory,
+            gang,
+            gang_jobs,
         } => up(Options {
             state_dir: Some(state_dir),
             crds,
@@ -110,11 +134,19 @@ fn main() -> ExitCode {
                 count: gpu_nodes,
                 gpus_per_node,
                 products: gpu_products,
+                topology: Topology {
+                    hosts_per_rack,
+                    racks_per_block,
+                },
             },
             dra: dra.then(|| {
                 let mut devices = DraDevices::default();
                 devices.memory.extend(dra_memory);
                 devices
+            }),
+            gang: gang.then_some(GangScheduling {
+                job_controller: gang_jobs,
+                ..GangScheduling::default()
             }),
             ..Options::default()
         }),

@@ -8,6 +8,15 @@
 //! devcluster lifts the not-ready taint admission gives a new node, as that controller
 //! would. A test makes a node lost ([`lose`]: NotReady, as that controller would once
 //! its kubelet stopped) and marks it out of service ([`mark_out_of_service`]).
+//!
+//! Every node also sits in a fake three-level network topology ([`Topology`]): a host
+//! (its [`HOST_LABEL`], the node's name) in a rack ([`RACK_LABEL`]) in a block
+//! ([`BLOCK_LABEL`]), as the labels a cloud's or a cluster's topology discovery puts on
+//! GPU nodes, so that topology-aware placement (kube-scheduler's
+//! TopologyAwareWorkloadScheduling, Kueue's TopologyAwareScheduling) has domains to keep
+//! a gang in.
+
+use std::num::NonZeroU16;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -22,6 +31,19 @@ pub const DEFAULT_PRODUCTS: [&str; 2] = ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100"]
 pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 /// Marks the nodes devcluster made.
 pub const FAKE_NODE_LABEL: &str = "devcluster.dev/fake-node";
+/// The node label naming a node's block, the topmost level (a group of racks, e.g. one
+/// spine switch's). No well-known Kubernetes label names a block or a rack
+/// (`topology.kubernetes.io/` has only `zone` and `region`, and the `kubernetes.io`
+/// domains are Kubernetes' own), so devcluster's own domain, as a cloud uses its own.
+pub const BLOCK_LABEL: &str = "topology.devcluster.dev/block";
+/// The node label naming a node's rack, the middle level. Its values are unique in the
+/// cluster (`rack-0`, `rack-1`, … counted across blocks), not only within a block:
+/// kube-scheduler's topology-aware placement groups nodes by this label's value alone.
+pub const RACK_LABEL: &str = "topology.devcluster.dev/rack";
+/// The lowest level, the host: the label every kubelet sets to its node's host name
+/// (here the node's name). Kueue's TopologyAwareScheduling assigns each pod to a node
+/// by it when a Topology's lowest level is this label.
+pub const HOST_LABEL: &str = "kubernetes.io/hostname";
 const FIELD_MANAGER: &str = "devcluster";
 
 /// The fake nodes of a control plane.
@@ -33,16 +55,65 @@ pub struct GpuNodes {
     pub gpus_per_node: u16,
     /// Node `i` gets `products[i % len]`; empty: no product label.
     pub products: Vec<String>,
+    /// The racks and blocks the nodes are in.
+    pub topology: Topology,
 }
 
 impl Default for GpuNodes {
-    /// Four nodes of eight GPUs, A100 and H100 in turn.
+    /// Four nodes of eight GPUs, A100 and H100 in turn, two to a rack, two racks to a
+    /// block.
     fn default() -> GpuNodes {
         GpuNodes {
             count: 4,
             gpus_per_node: 8,
             products: DEFAULT_PRODUCTS.iter().map(|p| (*p).to_owned()).collect(),
+            topology: Topology::default(),
         }
+    }
+}
+
+/// The shape of the fake topology: nodes fill racks in order (nodes 0 and 1 in rack 0,
+/// 2 and 3 in rack 1, … by default), racks fill blocks in order; the last rack or block
+/// may be partly filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Topology {
+    /// Nodes (hosts) per rack.
+    pub hosts_per_rack: NonZeroU16,
+    /// Racks per block.
+    pub racks_per_block: NonZeroU16,
+}
+
+impl Default for Topology {
+    /// Two hosts to a rack, two racks to a block: the default four nodes are two racks
+    /// of one block, so even the smallest cluster has more than one rack to choose from.
+    fn default() -> Topology {
+        const TWO: NonZeroU16 = NonZeroU16::new(2).expect("2 is not zero");
+        Topology {
+            hosts_per_rack: TWO,
+            racks_per_block: TWO,
+        }
+    }
+}
+
+impl Topology {
+    /// The rack of node `i`, counted across blocks.
+    pub fn rack_index(&self, i: u16) -> u16 {
+        i / self.hosts_per_rack.get()
+    }
+
+    /// The block of node `i`.
+    pub fn block_index(&self, i: u16) -> u16 {
+        self.rack_index(i) / self.racks_per_block.get()
+    }
+
+    /// The [`RACK_LABEL`] value of node `i`: `rack-<n>`, unique in the cluster.
+    pub fn rack(&self, i: u16) -> String {
+        format!("rack-{}", self.rack_index(i))
+    }
+
+    /// The [`BLOCK_LABEL`] value of node `i`: `block-<n>`.
+    pub fn block(&self, i: u16) -> String {
+        format!("block-{}", self.block_index(i))
     }
 }
 
@@ -76,7 +147,9 @@ impl GpuNodes {
     pub fn node(&self, i: u16) -> serde_json::Value {
         let name = Self::name(i);
         let mut labels = json!({
-            "kubernetes.io/hostname": name,
+            HOST_LABEL: name,
+            RACK_LABEL: self.topology.rack(i),
+            BLOCK_LABEL: self.topology.block(i),
             "kubernetes.io/os": "linux",
             "kubernetes.io/arch": "amd64",
             "nvidia.com/gpu.count": self.gpus_per_node.to_string(),
@@ -268,11 +341,47 @@ mod tests {
     }
 
     #[test]
+    fn nodes_fill_racks_and_racks_fill_blocks_in_order() {
+        let nodes = GpuNodes {
+            count: 12,
+            topology: Topology {
+                hosts_per_rack: NonZeroU16::new(3).unwrap(),
+                racks_per_block: NonZeroU16::new(2).unwrap(),
+            },
+            ..GpuNodes::default()
+        };
+        let at = |i| {
+            let n = nodes.node(i);
+            let l = &n["metadata"]["labels"];
+            (
+                l[BLOCK_LABEL].as_str().unwrap().to_owned(),
+                l[RACK_LABEL].as_str().unwrap().to_owned(),
+                l[HOST_LABEL].as_str().unwrap().to_owned(),
+            )
+        };
+        let t = |b: &str, r: &str, h: &str| (b.to_owned(), r.to_owned(), h.to_owned());
+        assert_eq!(at(0), t("block-0", "rack-0", "gpu-node-0"));
+        assert_eq!(at(2), t("block-0", "rack-0", "gpu-node-2"));
+        assert_eq!(at(3), t("block-0", "rack-1", "gpu-node-3"));
+        assert_eq!(at(5), t("block-0", "rack-1", "gpu-node-5"));
+        // Rack numbers go on across blocks: a rack's value alone names it.
+        assert_eq!(at(6), t("block-1", "rack-2", "gpu-node-6"));
+        assert_eq!(at(11), t("block-1", "rack-3", "gpu-node-11"));
+        // The default: two to a rack, two racks to a block.
+        let d = GpuNodes::default();
+        assert_eq!(d.node(1)["metadata"]["labels"][RACK_LABEL], "rack-0");
+        assert_eq!(d.node(2)["metadata"]["labels"][RACK_LABEL], "rack-1");
+        assert_eq!(d.node(3)["metadata"]["labels"][BLOCK_LABEL], "block-0");
+        assert_eq!(d.topology.block(4), "block-1");
+    }
+
+    #[test]
     fn no_products_no_product_label() {
         let nodes = GpuNodes {
             count: 1,
             gpus_per_node: 2,
             products: vec![],
+            ..GpuNodes::default()
         };
         let n = nodes.node(0);
         assert!(

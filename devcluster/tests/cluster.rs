@@ -695,6 +695,7 @@ async fn a_lost_nodes_terminating_pod_goes_once_the_node_is_out_of_service() {
         count: 1,
         gpus_per_node: 1,
         products: vec![name.clone()],
+        ..GpuNodes::default()
     }
     .node(0);
     node["metadata"]["name"] = json!(name);

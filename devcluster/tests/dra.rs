@@ -40,6 +40,7 @@ async fn cluster() -> ControlPlane {
             count: u16::try_from(PRODUCTS.len()).unwrap(),
             gpus_per_node: GPUS_PER_NODE,
             products: PRODUCTS.iter().map(|p| (*p).to_owned()).collect(),
+            ..GpuNodes::default()
         },
         dra: Some(DraDevices::default()),
         ..Options::default()

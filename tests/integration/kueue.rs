@@ -397,3 +397,258 @@ async fn a_job_kueue_labels_by_default_runs_only_through_the_operators_gate() {
     assert_eq!(running_pods(&env, &uid).await.len(), 2, "attempt 1 runs on");
     drop(op);
 }
+
+/// Kueue's TopologyAwareScheduling with a plain batch/v1 Job (no operator): a Job of four
+/// pods of 4 GPUs whose template says `kueue.x-k8s.io/podset-required-topology: <rack
+/// label>` is admitted by the ClusterQueue of a TAS ResourceFlavor and its pods all land
+/// in one rack (two nodes of 8 GPUs), the one rack of the flavor's three with room for
+/// all of it. What Kueue does to the pods, and that it leaves
+/// another scheduling gate alone: at admission it adds its gate `kueue.x-k8s.io/topology`
+/// (and the flavor's node labels, as a nodeSelector) to the Job's template beside the
+/// operator's gate the template already has; its topology ungater then takes only its
+/// own gate off each pod, adding a nodeSelector on the host Kueue assigned it. The pods
+/// wait at the operator's gate until that is removed too, and then run on those hosts.
+#[tokio::test]
+async fn a_plain_job_requiring_one_rack_is_admitted_by_kueue_tas_and_lands_in_one_rack() {
+    use devcluster::nodes::{HOST_LABEL, RACK_LABEL};
+    use gpujob_operator::api::SCHEDULING_GATE;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams};
+    use support::kueue::{TAS_QUEUE, tas_queue};
+
+    const KUEUE_GATE: &str = "kueue.x-k8s.io/topology";
+    let env = TestEnv::private_with_crds("kueue-tas", vec![test_crd(), kueue_crds()]).await;
+    let _kueue = Kueue::start(&env).await;
+    // The flavor's nodes: racks 0, 1 and 2 (nodes 0 to 5, two of 8 GPUs a rack).
+    const FLAVOR_LABEL: &str = "gpujob.test/tas";
+    let nodes_api: Api<Node> = Api::all(env.admin.clone());
+    for i in 0..6 {
+        let patch = json!({"metadata": {"labels": {FLAVOR_LABEL: "true"}}});
+        nodes_api
+            .patch(
+                &format!("gpu-node-{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+    }
+    // 4 GPUs taken on one node of racks 0 and 1 by pods Kueue does not admit (it counts
+    // them on their nodes all the same): rack 2 is the only one with 16 free GPUs.
+    // Without the rack requirement Kueue would pack the Job onto the fullest nodes
+    // (gpu-node-0, 1 and 2), across racks 0 and 1.
+    let pods_api: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    for node in ["gpu-node-0", "gpu-node-2"] {
+        let filler: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("filler-{node}")},
+            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": false,
+                "nodeSelector": {HOST_LABEL: node},
+                "containers": [{"name": "main", "image": "i",
+                    "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")]),
+                    "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+        }))
+        .unwrap();
+        pods_api
+            .create(&PostParams::default(), &filler)
+            .await
+            .unwrap();
+    }
+    for node in ["gpu-node-0", "gpu-node-2"] {
+        devcluster::wait::until(
+            &format!("the filler pod on {node} Running"),
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                let p = pods_api.get(&format!("filler-{node}")).await.ok()?;
+                (p.status?.phase.as_deref() == Some("Running")).then_some(())
+            },
+        )
+        .await
+        .unwrap();
+    }
+    tas_queue(&env, 32, (FLAVOR_LABEL, "true")).await;
+    let rack_of: std::collections::BTreeMap<String, String> = Api::<Node>::all(env.admin.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| {
+            Some((
+                n.metadata.name?,
+                n.metadata.labels?.get(RACK_LABEL)?.clone(),
+            ))
+        })
+        .collect();
+
+    // Created suspended and labelled for the queue, as Kueue's Job webhook (not
+    // registered here) would have it, with the operator's gate on its pods.
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": "rack", "labels": {LABEL_KUEUE_QUEUE: TAS_QUEUE}},
+        "spec": {
+            "parallelism": 4, "completions": 4, "suspend": true,
+            "template": {
+                "metadata": {"annotations": {
+                    "kueue.x-k8s.io/podset-required-topology": RACK_LABEL,
+                }},
+                "spec": {
+                    "restartPolicy": "Never", "automountServiceAccountToken": false,
+                    "schedulingGates": [{"name": SCHEDULING_GATE}],
+                    "containers": [{"name": "main", "image": "i",
+                        "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")]),
+                        "resources": {"limits": {"nvidia.com/gpu": "4"}}}],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    let job = env
+        .jobs()
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap();
+    let job_uid = job.metadata.uid.clone().unwrap();
+
+    // Admitted, with a topology assignment down to hosts.
+    let workload = devcluster::wait::until(
+        "Kueue to admit the Job's Workload by topology",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let w = workload_of(&env, &job_uid).await?;
+            let assignment = &w["status"]["admission"]["podSetAssignments"][0];
+            (!assignment["topologyAssignment"].is_null()).then_some(w)
+        },
+    )
+    .await
+    .unwrap();
+    let topology = &workload["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"];
+    println!("Kueue's topology assignment: {topology}");
+    let levels = topology["levels"].as_array().unwrap();
+    assert_eq!(levels.last().unwrap(), HOST_LABEL, "{topology}");
+
+    // The Job Kueue started (its Job reconciler follows the admission): its template
+    // carries both gates and the flavor's labels.
+    let started = devcluster::wait::until(
+        "Kueue to start the admitted Job",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let job = env.jobs().get("rack").await.ok()?;
+            (job.spec.as_ref()?.suspend == Some(false)).then_some(job)
+        },
+    )
+    .await
+    .unwrap();
+    let template = started.spec.unwrap().template.spec.unwrap();
+    println!(
+        "the started Job's template: schedulingGates {:?}, nodeSelector {:?}",
+        template.scheduling_gates, template.node_selector
+    );
+    let gates: Vec<String> = template
+        .scheduling_gates
+        .unwrap_or_default()
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    assert_eq!(gates, [SCHEDULING_GATE, KUEUE_GATE]);
+    assert_eq!(
+        template
+            .node_selector
+            .unwrap_or_default()
+            .get(FLAVOR_LABEL)
+            .map(String::as_str),
+        Some("true")
+    );
+
+    // Kueue's ungater takes its own gate off each pod and pins it to a host; the
+    // operator's gate stays, so no pod is bound yet.
+    let pods = devcluster::wait::until(
+        "Kueue to take its gate off the Job's four pods",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let pods = pods_api
+                .list(&ListParams::default().labels("job-name=rack"))
+                .await
+                .ok()?
+                .items;
+            let ungated = pods.iter().all(|p| {
+                let spec = p.spec.as_ref();
+                !spec
+                    .and_then(|s| s.scheduling_gates.as_ref())
+                    .is_some_and(|g| g.iter().any(|g| g.name == KUEUE_GATE))
+            });
+            (pods.len() == 4 && ungated).then_some(pods)
+        },
+    )
+    .await
+    .unwrap();
+    let mut hosts = std::collections::BTreeMap::new();
+    for pod in &pods {
+        let name = pod.metadata.name.clone().unwrap();
+        let spec = pod.spec.as_ref().unwrap();
+        let gates: Vec<&str> = spec
+            .scheduling_gates
+            .iter()
+            .flatten()
+            .map(|g| g.name.as_str())
+            .collect();
+        assert_eq!(
+            gates,
+            [SCHEDULING_GATE],
+            "pod {name}: only the operator's gate left"
+        );
+        assert_eq!(spec.node_name, None, "pod {name} is still gated");
+        let selector = spec.node_selector.clone().unwrap_or_default();
+        println!(
+            "pod {name}: nodeSelector {selector:?}, annotations {:?}, labels {:?}",
+            pod.metadata.annotations, pod.metadata.labels
+        );
+        hosts.insert(name, selector.get(HOST_LABEL).cloned().unwrap());
+    }
+    let racks: std::collections::BTreeSet<&str> =
+        hosts.values().map(|h| rack_of[h].as_str()).collect();
+    assert_eq!(
+        racks,
+        std::collections::BTreeSet::from(["rack-2"]),
+        "Kueue assigned hosts in the one rack with room: {hosts:?}"
+    );
+
+    // The operator's gate off (with the gates read, as the operator removes it): the
+    // pods run on the hosts Kueue assigned.
+    for pod in &pods {
+        let name = pod.metadata.name.as_deref().unwrap();
+        let patch = json!([
+            {"op": "test", "path": "/metadata/resourceVersion",
+             "value": pod.metadata.resource_version},
+            {"op": "remove", "path": "/spec/schedulingGates"},
+        ]);
+        pods_api
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(serde_json::from_value(patch).unwrap()),
+            )
+            .await
+            .unwrap();
+    }
+    for (name, host) in &hosts {
+        let pod = devcluster::wait::until(
+            &format!("pod {name} Running"),
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                let p = pods_api.get(name).await.ok()?;
+                (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            pod.spec.unwrap().node_name.as_ref(),
+            Some(host),
+            "pod {name}"
+        );
+    }
+}

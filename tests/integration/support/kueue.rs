@@ -400,3 +400,77 @@ pub async fn wait_defaulting(env: &TestEnv, ns: &str) {
     .await;
     assert!(labelled.is_ok(), "{labelled:?}");
 }
+
+/// The Topology [`TAS_TOPOLOGY`]: devcluster's fake nodes' block, rack and host labels,
+/// topmost first, as Kueue's TopologyAwareScheduling wants its levels.
+pub const TAS_TOPOLOGY: &str = "devcluster";
+/// The ResourceFlavor, ClusterQueue and LocalQueue of [`tas_queue`].
+pub const TAS_QUEUE: &str = "tas";
+
+/// What Kueue's TopologyAwareScheduling (beta, on by default in v0.17) needs to place a
+/// Workload's pods by topology: the Topology [`TAS_TOPOLOGY`] of the fake nodes' levels
+/// (block, rack, host); a ResourceFlavor `tas` with `topologyName` that and the node
+/// label `node_label` (key, value) as its `nodeLabels` (Kueue reads the topology of the
+/// nodes that have it, and puts it in the pods' nodeSelector); a ClusterQueue `tas` of
+/// `gpus` nvidia.com/gpu of it and the LocalQueue `tas` in `env`'s namespace.
+pub async fn tas_queue(env: &TestEnv, gpus: u32, node_label: (&str, &str)) {
+    use devcluster::nodes::{BLOCK_LABEL, HOST_LABEL, RACK_LABEL};
+    let pp = PatchParams::apply("gpujob-tests").force();
+    let apply = |api: Api<DynamicObject>, name: &'static str, body: serde_json::Value| {
+        let pp = pp.clone();
+        async move {
+            let obj: DynamicObject = serde_json::from_value(body).unwrap();
+            api.patch(name, &pp, &Patch::Apply(&obj)).await.unwrap();
+        }
+    };
+    apply(
+        Api::all_with(env.admin.clone(), &kueue_kind("Topology", "topologies")),
+        TAS_TOPOLOGY,
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
+        "metadata": {"name": TAS_TOPOLOGY},
+        "spec": {"levels": [
+            {"nodeLabel": BLOCK_LABEL},
+            {"nodeLabel": RACK_LABEL},
+            {"nodeLabel": HOST_LABEL},
+        ]}}),
+    )
+    .await;
+    apply(
+        Api::all_with(
+            env.admin.clone(),
+            &kueue_kind("ResourceFlavor", "resourceflavors"),
+        ),
+        TAS_QUEUE,
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+               "metadata": {"name": TAS_QUEUE},
+               "spec": {"nodeLabels": {node_label.0: node_label.1},
+                        "topologyName": TAS_TOPOLOGY}}),
+    )
+    .await;
+    apply(
+        Api::all_with(
+            env.admin.clone(),
+            &kueue_kind("ClusterQueue", "clusterqueues"),
+        ),
+        TAS_QUEUE,
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": TAS_QUEUE},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["nvidia.com/gpu"],
+            "flavors": [{"name": TAS_QUEUE, "resources": [
+                {"name": "nvidia.com/gpu", "nominalQuota": gpus}]}],
+        }]}}),
+    )
+    .await;
+    apply(
+        Api::namespaced_with(
+            env.admin.clone(),
+            &env.ns,
+            &kueue_kind("LocalQueue", "localqueues"),
+        ),
+        TAS_QUEUE,
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+               "metadata": {"name": TAS_QUEUE}, "spec": {"clusterQueue": TAS_QUEUE}}),
+    )
+    .await;
+}

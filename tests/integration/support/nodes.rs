@@ -24,6 +24,7 @@ impl OwnNode {
             count: 1,
             gpus_per_node: gpus,
             products: vec![name.clone()],
+            ..GpuNodes::default()
         }
         .node(0);
         node["metadata"]["name"] = json!(name);
@@ -51,6 +52,7 @@ impl OwnNode {
             count: 1,
             gpus_per_node: gpus,
             products: vec![self.name.clone()],
+            ..GpuNodes::default()
         }
         .node(0);
         node["metadata"]["name"] = json!(twin);
