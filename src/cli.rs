@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::client::Limits;
 use crate::controller::validate::{ServiceAccounts, SpecLimits};
-use crate::controller::{ApiVersions, PlanSettings, Settings};
+use crate::controller::{ApiVersions, GangScheduling, PlanSettings, Settings};
 use crate::lease::{Load, Timing};
 use crate::queue::Backoff;
 use crate::quota::{HttpProvider, HttpSettings, Provider};
@@ -376,6 +376,21 @@ pub struct RunArgs {
     /// way.
     #[arg(long, env = "GPUJOB_API_VERSIONS", default_value = "v1,v2", value_parser = parse_api_versions)]
     pub api_versions: ApiVersions,
+    /// Whether each multi-node attempt's pods are one gang, placed whole or not at all:
+    /// `auto` where kube-apiserver serves PodGroups (scheduling.k8s.io/v1beta1,
+    /// Kubernetes 1.37 with the feature gate GenericWorkload), asked once at start; `off`:
+    /// never (pods placed one by one).
+    #[arg(long, env = "GPUJOB_GANG_SCHEDULING", default_value = "auto", value_parser = parse_gang_scheduling)]
+    pub gang_scheduling: GangScheduling,
+}
+
+/// `auto` or `off`.
+pub fn parse_gang_scheduling(s: &str) -> Result<GangScheduling, String> {
+    match s {
+        "auto" => Ok(GangScheduling::Auto),
+        "off" => Ok(GangScheduling::Off),
+        _ => Err(format!("{s:?}: `auto` or `off`")),
+    }
 }
 
 /// `v1,v2` (any order) or `v1`.
@@ -610,6 +625,7 @@ impl RunArgs {
             quota: self.quota()?,
             watch_timeout: crate::client::watch_timeout(self.api_timeout),
             warm_shards: self.warm_shards,
+            gang_scheduling: self.gang_scheduling,
             load: if self.kept_map() {
                 Load::counted()
             } else {

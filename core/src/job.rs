@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvVar as K8sEnvVar, EnvVarSource, ObjectFieldSelector, PodAffinityTerm,
-    PodAntiAffinity, PodResourceClaim, PodSchedulingGate, PodTemplateSpec, ResourceClaim,
-    Toleration,
+    Affinity, Container, EnvVar as K8sEnvVar, EnvVarSource, ObjectFieldSelector, PodAffinity,
+    PodAffinityTerm, PodAntiAffinity, PodResourceClaim, PodSchedulingGate, PodSchedulingGroup,
+    PodSpec, PodTemplateSpec, ResourceClaim, Toleration, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -15,10 +15,11 @@ use kube::Resource;
 
 use crate::api::decode::{DecodeError, decode, join};
 use crate::api::{
-    ANNOTATION_DEVICES, ANNOTATION_FAILURE_RULES, ANNOTATION_GENERATION, DEVICE_REQUEST, Devices,
-    ENV_ATTEMPT, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE, GPU_RESOURCE, GpuJob,
-    GpuJobSpec, LABEL_ATTEMPT, LABEL_GPU_PRODUCT, LABEL_KUEUE_QUEUE, LABEL_NAME, LABEL_PREFIX,
-    LABEL_UID, MASTER_PORT, MULTI_NODE_ENV, SCHEDULING_GATE,
+    ANNOTATION_DEVICES, ANNOTATION_FAILURE_RULES, ANNOTATION_GENERATION, ANNOTATION_TOPOLOGY,
+    DEVICE_REQUEST, Devices, ENV_ATTEMPT, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK,
+    ENV_WORLD_SIZE, GPU_RESOURCE, GpuJob, GpuJobSpec, LABEL_ATTEMPT, LABEL_GPU_PRODUCT,
+    LABEL_KUEUE_QUEUE, LABEL_NAME, LABEL_PREFIX, LABEL_UID, MASTER_PORT, MULTI_NODE_ENV,
+    SCHEDULING_GATE, Topology, TopologyMode,
 };
 use crate::failure_policy;
 use crate::hash::fnv1a64;
@@ -177,6 +178,11 @@ fn annotations(gpujob: &GpuJob) -> Option<BTreeMap<String, String>> {
     {
         out.insert(ANNOTATION_DEVICES.to_owned(), json);
     }
+    if let Some(topology) = gpujob.spec.topology()
+        && let Ok(json) = serde_json::to_string(topology)
+    {
+        out.insert(ANNOTATION_TOPOLOGY.to_owned(), json);
+    }
     if let Some(rules) = failure_policy::annotation(&gpujob.spec) {
         out.insert(ANNOTATION_FAILURE_RULES.to_owned(), rules);
     }
@@ -196,6 +202,47 @@ pub fn gated(job: &Job) -> bool {
 /// Whether `job` is suspended (`spec.suspend: true`).
 pub fn suspended(job: &Job) -> bool {
     job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
+}
+
+/// Puts the pods of multi-node attempt `job` in one gang: a PodGroup named like the Job
+/// (`crate::gang`), which the plan makes before any of its pods is let go. Only where
+/// kube-apiserver serves PodGroups: elsewhere it drops the field, or refuses it.
+pub fn join_gang(job: &mut Job) {
+    let Some(name) = job.metadata.name.clone() else {
+        return;
+    };
+    let Some(spec) = job.spec.as_mut().filter(|s| s.completions.unwrap_or(1) > 1) else {
+        // One pod is a gang of itself: no group to make, none to wait for.
+        return;
+    };
+    if let Some(pod) = spec.template.spec.as_mut() {
+        pod.scheduling_group = Some(PodSchedulingGroup {
+            pod_group_name: Some(name),
+        });
+    }
+}
+
+/// The PodGroup `job`'s pods are in (`spec.schedulingGroup.podGroupName`), if any.
+pub fn pod_group(job: &Job) -> Option<String> {
+    job.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .scheduling_group
+        .as_ref()?
+        .pod_group_name
+        .clone()
+}
+
+/// Where `job`'s pods are kept together (`gpujob.dev/topology`), if anywhere.
+pub fn topology(job: &Job) -> Option<Topology> {
+    let json = job
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_TOPOLOGY)?;
+    serde_json::from_str(json).ok()
 }
 
 /// The devices `job`'s ResourceClaimTemplate asks for (`None`: the Job asks for
@@ -291,6 +338,33 @@ fn one_per_node(labels: &BTreeMap<String, String>) -> PodAffinityTerm {
     }
 }
 
+/// An affinity among an attempt's pods on the topology's level: each pod goes to the
+/// domain where the attempt's others are (required), or prefers it (preferred).
+fn keep_together(pod: &mut PodSpec, labels: &BTreeMap<String, String>, t: &Topology) {
+    let term = PodAffinityTerm {
+        topology_key: t.level.clone(),
+        ..one_per_node(labels)
+    };
+    let affinity = pod
+        .affinity
+        .get_or_insert_with(Affinity::default)
+        .pod_affinity
+        .get_or_insert_with(PodAffinity::default);
+    match t.mode {
+        TopologyMode::Required => affinity
+            .required_during_scheduling_ignored_during_execution
+            .get_or_insert_with(Vec::new)
+            .push(term),
+        TopologyMode::Preferred => affinity
+            .preferred_during_scheduling_ignored_during_execution
+            .get_or_insert_with(Vec::new)
+            .push(WeightedPodAffinityTerm {
+                weight: 100,
+                pod_affinity_term: term,
+            }),
+    }
+}
+
 /// The node label every kubelet sets to its node's name.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
@@ -336,6 +410,18 @@ fn pod(
         anti.required_during_scheduling_ignored_during_execution
             .get_or_insert_with(Vec::new)
             .push(one_per_node(&pod_labels));
+    }
+    let mut pod_annotations = meta.annotations.unwrap_or_default();
+    if let Some(t) = spec.topology() {
+        if spec.queue_name().is_some() {
+            // Kueue places the pod set in one domain as it admits it.
+            let (key, level) = t.kueue_annotation();
+            pod_annotations.insert(key.to_owned(), level.to_owned());
+        } else {
+            // Without Kueue, kube-scheduler keeps the pods together by affinity (and, in
+            // a gang, by its PodGroup's constraint: `crate::gang`).
+            keep_together(&mut pod, &pod_labels, t);
+        }
     }
     if spec.devices().is_some() {
         // Each pod gets a ResourceClaim of its own from the attempt's template (named like
@@ -388,7 +474,7 @@ fn pod(
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(pod_labels),
-            annotations: meta.annotations.filter(|a| !a.is_empty()),
+            annotations: (!pod_annotations.is_empty()).then_some(pod_annotations),
             ..ObjectMeta::default()
         }),
         spec: Some(pod),
@@ -783,6 +869,64 @@ pub(crate) mod tests {
             crate::seen_job::SeenJob::of(&job).unwrap().devices,
             g.spec.devices().cloned()
         );
+    }
+
+    #[test]
+    fn a_topology_is_kueues_annotation_with_a_queue_and_an_affinity_without() {
+        use crate::api::{
+            KUEUE_PREFERRED_TOPOLOGY, KUEUE_REQUIRED_TOPOLOGY, Topology, TopologyMode,
+        };
+        const RACK: &str = "topology.example.com/rack";
+        let with = |queue: Option<&str>, mode: TopologyMode| {
+            let mut g = gpujob("train");
+            g.spec.v2 = Some(crate::api::V2Only {
+                nodes: Some(2),
+                queue_name: queue.map(str::to_owned),
+                topology: Some(Topology {
+                    level: RACK.into(),
+                    mode,
+                }),
+                ..crate::api::V2Only::default()
+            });
+            desired_job(&g, 1)
+        };
+        let pod_of = |job: &Job| job.spec.clone().unwrap().template;
+
+        let queued = pod_of(&with(Some("team"), TopologyMode::Required));
+        let annotations = queued.metadata.unwrap().annotations.unwrap();
+        assert_eq!(annotations[KUEUE_REQUIRED_TOPOLOGY], RACK);
+        let affinity = queued.spec.unwrap().affinity.unwrap();
+        assert!(
+            affinity.pod_affinity.is_none(),
+            "Kueue places it: {affinity:?}"
+        );
+        let queued = pod_of(&with(Some("team"), TopologyMode::Preferred));
+        assert_eq!(
+            queued.metadata.unwrap().annotations.unwrap()[KUEUE_PREFERRED_TOPOLOGY],
+            RACK
+        );
+
+        let job = with(None, TopologyMode::Required);
+        assert_eq!(topology(&job).unwrap().level, RACK, "the Job says it");
+        let pod = pod_of(&job);
+        assert!(pod.metadata.unwrap().annotations.is_none());
+        let together = pod.spec.unwrap().affinity.unwrap().pod_affinity.unwrap();
+        let term = &together
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()[0];
+        assert_eq!(term.topology_key, RACK);
+        let selector = term.label_selector.clone().unwrap().match_labels.unwrap();
+        assert_eq!(selector[LABEL_ATTEMPT], "1", "the attempt's own pods");
+        let preferred = pod_of(&with(None, TopologyMode::Preferred))
+            .spec
+            .unwrap()
+            .affinity
+            .unwrap()
+            .pod_affinity
+            .unwrap()
+            .preferred_during_scheduling_ignored_during_execution
+            .unwrap();
+        assert_eq!(preferred[0].pod_affinity_term.topology_key, RACK);
     }
 
     #[test]

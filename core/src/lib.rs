@@ -23,6 +23,7 @@ pub mod claims;
 pub mod domain;
 pub mod events;
 pub mod failure_policy;
+pub mod gang;
 pub mod hash;
 pub mod job;
 pub mod lease;

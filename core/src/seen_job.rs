@@ -6,8 +6,10 @@
 use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::api::{ANNOTATION_FAILURE_RULES, Devices, LABEL_KUEUE_QUEUE};
-use crate::job::{attempt_of, controller_of, devices, gated, generation_of, gpus, suspended};
+use crate::api::{ANNOTATION_FAILURE_RULES, Devices, LABEL_KUEUE_QUEUE, Topology};
+use crate::job::{
+    attempt_of, controller_of, devices, gated, generation_of, gpus, pod_group, suspended, topology,
+};
 
 /// A Job controlled by a GpuJob (its controller owner reference, not its labels).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -47,6 +49,11 @@ pub struct SeenJob {
     /// The devices its pods get by DRA (`gpujob.dev/devices`): its ResourceClaimTemplate
     /// (`crate::claims`) asks for them.
     pub devices: Option<Devices>,
+    /// The PodGroup its pods are in (`spec.schedulingGroup`): a multi-node attempt's
+    /// gang, made by the plan before any of its pods is let go (`crate::gang`).
+    pub pod_group: Option<String>,
+    /// Where its pods are kept together (`gpujob.dev/topology`).
+    pub topology: Option<Topology>,
     pub status: SeenJobStatus,
 }
 
@@ -100,6 +107,8 @@ impl SeenJob {
                 .and_then(|l| l.get(LABEL_KUEUE_QUEUE))
                 .cloned(),
             devices: devices(job),
+            pod_group: pod_group(job),
+            topology: topology(job),
             status: SeenJobStatus {
                 conditions: status
                     .and_then(|s| s.conditions.clone())

@@ -33,6 +33,9 @@ pub const SERVICE_NAME_CONFLICT: &str = "ServiceNameConflict";
 /// attempt's template (`resources.devices`); its Job waits, not started, and the GpuJob
 /// looks again in a while.
 pub const CLAIM_TEMPLATE_NAME_CONFLICT: &str = "ResourceClaimTemplateNameConflict";
+/// Ready reason: a PodGroup the operator did not make holds the name of a multi-node
+/// attempt's gang; its pods wait at the gate, and the GpuJob looks again in a while.
+pub const POD_GROUP_NAME_CONFLICT: &str = "PodGroupNameConflict";
 /// Condition type, on GpuJobs with `spec.queueName`: whether Kueue admitted the current
 /// attempt (True, reason Admitted), or holds it (False, with Kueue's reason and words).
 pub const ADMITTED: &str = "Admitted";

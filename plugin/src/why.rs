@@ -8,9 +8,9 @@ use gpujob_core::plan::{
 };
 use gpujob_core::seen_pod::SeenPod;
 use gpujob_core::status::{
-    ADMITTED, BACKING_OFF, CLAIM_TEMPLATE_NAME_CONFLICT, CLEANUP_STUCK, JOB_RUNNING, QUEUED,
-    QUOTA_PENDING, QUOTA_REFUSED, QUOTA_RESERVED, READY, REPLACING, RERUN, SERVICE_NAME_CONFLICT,
-    SUSPENDED, UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
+    ADMITTED, BACKING_OFF, CLAIM_TEMPLATE_NAME_CONFLICT, CLEANUP_STUCK, JOB_RUNNING,
+    POD_GROUP_NAME_CONFLICT, QUEUED, QUOTA_PENDING, QUOTA_REFUSED, QUOTA_RESERVED, READY,
+    REPLACING, RERUN, SERVICE_NAME_CONFLICT, SUSPENDED, UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
 };
 use jiff::Timestamp;
 
@@ -171,7 +171,13 @@ pub fn sentences(s: &Snapshot, now: Timestamp) -> Vec<String> {
                 }
             ));
         }
-        (_, JOB_NAME_CONFLICT | SERVICE_NAME_CONFLICT | CLAIM_TEMPLATE_NAME_CONFLICT) => {
+        (
+            _,
+            JOB_NAME_CONFLICT
+            | SERVICE_NAME_CONFLICT
+            | CLAIM_TEMPLATE_NAME_CONFLICT
+            | POD_GROUP_NAME_CONFLICT,
+        ) => {
             out.push(format!(
                 "It waits for a name conflict to end{}; the operator looks again every \
                  minute, and a person ends it by deleting or renaming that object.",

@@ -17,6 +17,8 @@ pub enum ApiCall {
     /// The ResourceClaimTemplate of an attempt whose pods get GPUs by DRA (its create, or
     /// the read after a 409).
     CreateClaimTemplate,
+    /// A multi-node attempt's PodGroup (its gang; the create, or the read after a 409).
+    CreatePodGroup,
     /// The removal of the operator's scheduling gate from a pod of the current attempt.
     UngatePod,
     /// The delete of a pod that waits at the gate and is not the current attempt's.
@@ -30,7 +32,7 @@ pub enum ApiCall {
 }
 
 impl ApiCall {
-    pub const ALL: [ApiCall; 16] = [
+    pub const ALL: [ApiCall; 17] = [
         ApiCall::ReadGpuJob,
         ApiCall::ReadJob,
         ApiCall::ReadPods,
@@ -40,6 +42,7 @@ impl ApiCall {
         ApiCall::CreateJob,
         ApiCall::CreateService,
         ApiCall::CreateClaimTemplate,
+        ApiCall::CreatePodGroup,
         ApiCall::UngatePod,
         ApiCall::DeletePod,
         ApiCall::GateJob,
@@ -61,6 +64,7 @@ impl ApiCall {
             ApiCall::CreateJob => "create_job",
             ApiCall::CreateService => "create_service",
             ApiCall::CreateClaimTemplate => "create_claim_template",
+            ApiCall::CreatePodGroup => "create_pod_group",
             ApiCall::UngatePod => "ungate_pod",
             ApiCall::DeletePod => "delete_pod",
             ApiCall::GateJob => "gate_job",
@@ -82,6 +86,7 @@ impl ApiCall {
             ApiCall::CreateJob => "creating the attempt's Job",
             ApiCall::CreateService => "creating the multi-node attempt's headless Service",
             ApiCall::CreateClaimTemplate => "creating the attempt's ResourceClaimTemplate",
+            ApiCall::CreatePodGroup => "creating the multi-node attempt's PodGroup (its gang)",
             ApiCall::UngatePod => {
                 "letting the current attempt's pod go (removing the scheduling gate)"
             }

@@ -13,7 +13,7 @@ pub mod view;
 // The pure parts of a reconcile live in the core crate; re-exported where the
 // controller has always had them.
 pub use gpujob_core::{
-    claims, domain, events, job, plan, rendezvous, seen_job, seen_pod, status, validate,
+    claims, domain, events, gang, job, plan, rendezvous, seen_job, seen_pod, status, validate,
 };
 
 use std::fmt;
@@ -99,6 +99,20 @@ pub struct Settings {
     /// With sharded watches, also watch the shards this replica would take if another
     /// replica went (`Ownership::warm`): a takeover without a relist, for more memory.
     pub warm_shards: bool,
+    /// Whether multi-node attempts are gangs (`--gang-scheduling`): resolved at start
+    /// into `plan.gang`.
+    pub gang_scheduling: GangScheduling,
+}
+
+/// Whether each multi-node attempt's pods form one gang (`crate::controller::gang`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GangScheduling {
+    /// Where kube-apiserver serves PodGroups (`scheduling.k8s.io/v1beta1`), asked once
+    /// at start: turning the API on later takes a restart of the operator.
+    #[default]
+    Auto,
+    /// Never: pods are placed one by one (as on clusters before 1.37).
+    Off,
 }
 
 impl Default for Settings {
@@ -117,6 +131,7 @@ impl Default for Settings {
             load: Load::default(),
             watch_timeout: crate::client::watch_timeout(crate::client::Limits::default().timeout),
             warm_shards: true,
+            gang_scheduling: GangScheduling::default(),
         }
     }
 }

@@ -24,12 +24,18 @@ use support::{TestEnv, phase, sim_env};
 
 const H100: &str = "NVIDIA-H100";
 const H200: &str = "NVIDIA-H200";
-/// `gpu-node-1` is the only H200 node; 0 and 2 are H100s, two GPUs each.
-fn nodes() -> GpuNodes {
-    GpuNodes {
-        count: 3,
-        gpus_per_node: 2,
-        products: [H100, H200, H100].map(str::to_owned).to_vec(),
+/// `gpu-node-1` is the only H200 node; 0 and 2 are H100s, two GPUs each, and each
+/// publishes its GPUs as fake DRA devices.
+fn dra() -> devcluster::Options {
+    devcluster::Options {
+        gpu_nodes: GpuNodes {
+            count: 3,
+            gpus_per_node: 2,
+            products: [H100, H200, H100].map(str::to_owned).to_vec(),
+            ..GpuNodes::default()
+        },
+        dra: Some(devcluster::dra::DraDevices::default()),
+        ..devcluster::Options::default()
     }
 }
 const H200_NODE: &str = "gpu-node-1";
@@ -102,7 +108,7 @@ async fn got(env: &TestEnv, name: &str) -> (Vec<String>, String) {
 
 #[tokio::test]
 async fn an_attempt_gets_the_first_free_alternative_and_waits_with_a_reason_when_none_is() {
-    let env = TestEnv::private_with_dra("dra", nodes()).await;
+    let env = TestEnv::private_with_cluster("dra", dra()).await;
     let _op = env.operator("dra", env.settings()).await;
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(env.admin.clone(), &env.ns);
 
@@ -186,7 +192,7 @@ async fn an_attempt_gets_the_first_free_alternative_and_waits_with_a_reason_when
 
 #[tokio::test]
 async fn a_foreign_template_under_the_attempts_name_keeps_it_from_starting_until_it_goes() {
-    let env = TestEnv::private_with_dra("dra-taken", nodes()).await;
+    let env = TestEnv::private_with_cluster("dra-taken", dra()).await;
     let _op = env.operator("dra-taken", env.settings()).await;
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(env.admin.clone(), &env.ns);
     // Someone else's template holds the name of attempt 1's, asking for anything.

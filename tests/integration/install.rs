@@ -790,6 +790,7 @@ const OPERATOR_RIGHTS: &[(&str, &str)] = &[
     ("services", "get create"),
     ("resourceclaimtemplates.resource.k8s.io", "get create"),
     ("resourceclaims.resource.k8s.io", "list"),
+    ("podgroups.scheduling.k8s.io", "get create"),
     ("workloads.kueue.x-k8s.io", "list"),
     ("events.events.k8s.io", "create patch"),
 ];

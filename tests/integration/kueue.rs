@@ -412,74 +412,14 @@ async fn a_job_kueue_labels_by_default_runs_only_through_the_operators_gate() {
 async fn a_plain_job_requiring_one_rack_is_admitted_by_kueue_tas_and_lands_in_one_rack() {
     use devcluster::nodes::{HOST_LABEL, RACK_LABEL};
     use gpujob_operator::api::SCHEDULING_GATE;
-    use k8s_openapi::api::core::v1::Node;
     use kube::api::{Patch, PatchParams};
-    use support::kueue::{TAS_QUEUE, tas_queue};
+    use support::kueue::TAS_QUEUE;
 
     const KUEUE_GATE: &str = "kueue.x-k8s.io/topology";
     let env = TestEnv::private_with_crds("kueue-tas", vec![test_crd(), kueue_crds()]).await;
     let _kueue = Kueue::start(&env).await;
-    // The flavor's nodes: racks 0, 1 and 2 (nodes 0 to 5, two of 8 GPUs a rack).
-    const FLAVOR_LABEL: &str = "gpujob.test/tas";
-    let nodes_api: Api<Node> = Api::all(env.admin.clone());
-    for i in 0..6 {
-        let patch = json!({"metadata": {"labels": {FLAVOR_LABEL: "true"}}});
-        nodes_api
-            .patch(
-                &format!("gpu-node-{i}"),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .unwrap();
-    }
-    // 4 GPUs taken on one node of racks 0 and 1 by pods Kueue does not admit (it counts
-    // them on their nodes all the same): rack 2 is the only one with 16 free GPUs.
-    // Without the rack requirement Kueue would pack the Job onto the fullest nodes
-    // (gpu-node-0, 1 and 2), across racks 0 and 1.
+    let rack_of = tas_with_one_rack_free(&env).await;
     let pods_api: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
-    for node in ["gpu-node-0", "gpu-node-2"] {
-        let filler: Pod = serde_json::from_value(json!({
-            "metadata": {"name": format!("filler-{node}")},
-            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": false,
-                "nodeSelector": {HOST_LABEL: node},
-                "containers": [{"name": "main", "image": "i",
-                    "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")]),
-                    "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
-        }))
-        .unwrap();
-        pods_api
-            .create(&PostParams::default(), &filler)
-            .await
-            .unwrap();
-    }
-    for node in ["gpu-node-0", "gpu-node-2"] {
-        devcluster::wait::until(
-            &format!("the filler pod on {node} Running"),
-            Duration::from_secs(60),
-            Duration::from_millis(200),
-            || async {
-                let p = pods_api.get(&format!("filler-{node}")).await.ok()?;
-                (p.status?.phase.as_deref() == Some("Running")).then_some(())
-            },
-        )
-        .await
-        .unwrap();
-    }
-    tas_queue(&env, 32, (FLAVOR_LABEL, "true")).await;
-    let rack_of: std::collections::BTreeMap<String, String> = Api::<Node>::all(env.admin.clone())
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|n| {
-            Some((
-                n.metadata.name?,
-                n.metadata.labels?.get(RACK_LABEL)?.clone(),
-            ))
-        })
-        .collect();
 
     // Created suspended and labelled for the queue, as Kueue's Job webhook (not
     // registered here) would have it, with the operator's gate on its pods.
@@ -651,4 +591,126 @@ async fn a_plain_job_requiring_one_rack_is_admitted_by_kueue_tas_and_lands_in_on
             "pod {name}"
         );
     }
+}
+
+/// The flavor's nodes of [`tas_with_one_rack_free`]: racks 0, 1 and 2 (nodes 0 to 5).
+const FLAVOR_LABEL: &str = "gpujob.test/tas";
+
+/// Kueue's TopologyAwareScheduling queue `tas` (`support::kueue::tas_queue`) over racks
+/// 0, 1 and 2 (nodes 0 to 5, two nodes of 8 GPUs a rack), with 4 GPUs taken on one node
+/// of racks 0 and 1 by pods Kueue does not admit (it counts them on their nodes all the
+/// same): rack 2 is the only one with 16 free GPUs. Returns each node's rack.
+async fn tas_with_one_rack_free(env: &TestEnv) -> std::collections::BTreeMap<String, String> {
+    use devcluster::nodes::{HOST_LABEL, RACK_LABEL};
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams};
+    use support::kueue::tas_queue;
+
+    let nodes_api: Api<Node> = Api::all(env.admin.clone());
+    for i in 0..6 {
+        let patch = json!({"metadata": {"labels": {FLAVOR_LABEL: "true"}}});
+        nodes_api
+            .patch(
+                &format!("gpu-node-{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+    }
+    let pods_api: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    for node in ["gpu-node-0", "gpu-node-2"] {
+        let filler: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("filler-{node}")},
+            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": false,
+                "nodeSelector": {HOST_LABEL: node},
+                "containers": [{"name": "main", "image": "i",
+                    "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")]),
+                    "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+        }))
+        .unwrap();
+        pods_api
+            .create(&PostParams::default(), &filler)
+            .await
+            .unwrap();
+    }
+    for node in ["gpu-node-0", "gpu-node-2"] {
+        devcluster::wait::until(
+            &format!("the filler pod on {node} Running"),
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                let p = pods_api.get(&format!("filler-{node}")).await.ok()?;
+                (p.status?.phase.as_deref() == Some("Running")).then_some(())
+            },
+        )
+        .await
+        .unwrap();
+    }
+    tas_queue(env, 32, (FLAVOR_LABEL, "true")).await;
+    Api::<Node>::all(env.admin.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| {
+            Some((
+                n.metadata.name?,
+                n.metadata.labels?.get(RACK_LABEL)?.clone(),
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_multi_node_gpujob_with_a_rack_topology_lands_in_one_rack_through_kueue_tas() {
+    use devcluster::nodes::RACK_LABEL;
+    use support::kueue::TAS_QUEUE;
+
+    let env = TestEnv::private_with_crds("kueue-tas-gj", vec![test_crd(), kueue_crds()]).await;
+    let _kueue = Kueue::start(&env).await;
+    let rack_of = tas_with_one_rack_free(&env).await;
+    let mut settings = env.settings();
+    settings.plan.limits.max_gpus = 16;
+    let op = env.operator("kueue-tas-gj", settings).await;
+    // Two whole nodes in one rack: rack 2 is the only rack with both free.
+    env.create(
+        "pair",
+        json!({"image": "i", "gpus": 8, "maxRetries": 0,
+               "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")]),
+               "v2": {"nodes": 2, "queueName": TAS_QUEUE, "topology": {"level": RACK_LABEL}}}),
+    )
+    .await;
+    let running = env
+        .wait_gpujob("pair", "admitted and running", |g| {
+            phase(g) == Some(Phase::Running)
+                && condition(g, "Admitted").is_some_and(|c| c.status == ConditionStatus::True)
+        })
+        .await;
+    let uid = running.metadata.uid.clone().unwrap();
+    let pods = devcluster::wait::until(
+        "both pods of the pair Running",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let pods = running_pods(&env, &uid).await;
+            (pods.len() == 2).then_some(pods)
+        },
+    )
+    .await
+    .unwrap();
+    let racks: std::collections::BTreeSet<&str> = pods
+        .iter()
+        .map(|p| rack_of[p.spec.as_ref().unwrap().node_name.as_deref().unwrap()].as_str())
+        .collect();
+    assert_eq!(
+        racks,
+        std::collections::BTreeSet::from(["rack-2"]),
+        "{:?}",
+        pods.iter()
+            .map(|p| p.spec.as_ref().unwrap().node_name.clone())
+            .collect::<Vec<_>>()
+    );
+    drop(op);
 }

@@ -79,6 +79,7 @@ pub fn to_v2(v1: &GpuJob) -> v2::GpuJob {
             },
             nodes: only.nodes.unwrap_or(1),
             queue_name: only.queue_name,
+            topology: only.topology,
             retry_policy: v2::RetryPolicy {
                 max_retries: s.max_retries,
                 backoff_seconds: only.backoff_seconds,
@@ -116,6 +117,7 @@ pub fn to_v1(v2: &v2::GpuJob) -> GpuJob {
         nodes: (s.nodes != 1).then_some(s.nodes),
         queue_name: s.queue_name.clone(),
         devices: s.resources.devices.clone(),
+        topology: s.topology.clone(),
     };
     // v1 requires `gpus`: with devices it holds the most devices a pod may get (what
     // quota counts); 0 for a spec with neither, which the v2 schema refuses.

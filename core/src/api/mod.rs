@@ -11,6 +11,7 @@ pub mod duration;
 mod failure;
 mod spec;
 mod status;
+mod topology;
 pub mod v2;
 
 pub use crd::{Conversion, CrdOptions, StorageVersion, crd_yaml, crd_yaml_with};
@@ -25,6 +26,7 @@ pub use status::{
     Condition, ConditionStatus, DeviceAllocation, FailureRecord, GpuJobStatus, Phase, QuotaCall,
     QuotaOp,
 };
+pub use topology::{KUEUE_PREFERRED_TOPOLOGY, KUEUE_REQUIRED_TOPOLOGY, Topology, TopologyMode};
 
 /// Label on Jobs and pods: the owning GpuJob's name (hash-truncated to 63 characters).
 pub const LABEL_NAME: &str = "gpujob.dev/name";
@@ -56,6 +58,9 @@ pub const ANNOTATION_FAILURE_RULES: &str = "gpujob.dev/failure-rules";
 /// the Job, whose uid owns it), so it asks for what the Job was built for, whatever the
 /// spec says by then; quota counts from it too.
 pub const ANNOTATION_DEVICES: &str = "gpujob.dev/devices";
+/// Annotation on Jobs of a GpuJob with `topology`: where its pods are kept together, as
+/// JSON (a gang's PodGroup is built from the Job, after it).
+pub const ANNOTATION_TOPOLOGY: &str = "gpujob.dev/topology";
 /// Annotation on Jobs: the GpuJob generation the Job was built from.
 pub const ANNOTATION_GENERATION: &str = "gpujob.dev/generation";
 /// Finalizer held while an external quota reservation may exist.

@@ -5,7 +5,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Devices, FailureRule, GpuJobStatus};
+use super::{Devices, FailureRule, GpuJobStatus, Topology};
 
 /// A batch run on GPUs. The operator runs it as one batch/v1 Job per attempt and
 /// retries failed attempts up to `maxRetries` times with exponential backoff.
@@ -129,6 +129,9 @@ pub struct V2Only {
     /// `nvidia.com/gpu` (`gpus` then holds the largest count).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<Devices>,
+    /// v2 `spec.topology`: the node label whose one domain holds each attempt's pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
 }
 
 impl GpuJobSpec {
@@ -140,6 +143,11 @@ impl GpuJobSpec {
     /// The devices each pod gets by DRA (v2 `spec.resources.devices`), if any.
     pub fn devices(&self) -> Option<&Devices> {
         self.v2.as_ref().and_then(|v2| v2.devices.as_ref())
+    }
+
+    /// Where each attempt's pods are kept together (v2 `spec.topology`), if anywhere.
+    pub fn topology(&self) -> Option<&Topology> {
+        self.v2.as_ref().and_then(|v2| v2.topology.as_ref())
     }
 
     /// The Kueue LocalQueue that admits each attempt (v2 `spec.queueName`), if any.

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::spec::{LABEL_VALUE_PATTERN, QUEUE_NAME_PATTERN, default_max_retries, preserved_object};
-use super::{Devices, EnvVar, FailureRule, GpuJobStatus, UpdatePolicy};
+use super::{Devices, EnvVar, FailureRule, GpuJobStatus, Topology, UpdatePolicy};
 
 /// A batch run on GPUs. The operator runs it as one batch/v1 Job per attempt and
 /// retries failed attempts up to `retryPolicy.maxRetries` times with exponential backoff.
@@ -73,6 +73,10 @@ pub struct GpuJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63), regex(pattern = QUEUE_NAME_PATTERN))]
     pub queue_name: Option<String>,
+    /// Keeps each attempt's pods close together: in one domain of a node label (a rack,
+    /// a block). See docs/api.md, "Topology".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
     /// How failed attempts are retried.
     #[serde(default)]
     pub retry_policy: RetryPolicy,

@@ -15,7 +15,7 @@ use crate::api::{ConditionStatus, FailureAction, FailureRecord, GpuJobSpec, Phas
 use crate::claims;
 use crate::events::{stray_job_deleted, unrecognized_job_deleted};
 use crate::failure_policy::{MatchedRule, action_name, matched_rule};
-use crate::job::{desired_job, job_name};
+use crate::job::{desired_job, job_name, join_gang};
 use crate::seen_job::SeenJob;
 use crate::status::{
     BACKING_OFF, JOB_RUNNING, READY, REPLACING, SUSPENDED, remove_condition, seconds,
@@ -346,7 +346,10 @@ impl Planner<'_, '_> {
             self.ready(ConditionStatus::False, reason, message);
             return None;
         }
-        let job = desired_job(self.gj, attempt);
+        let mut job = desired_job(self.gj, attempt);
+        if self.settings.gang {
+            join_gang(&mut job);
+        }
         // The attempt's Job may exist already: created by this operator just before a
         // crash kept its status from being written, or by a replica that lost the shard
         // while its create was in flight. It is this attempt's only when it is what would

@@ -26,14 +26,14 @@
 //! kept, or one no Job owns).
 
 use super::{
-    Action, LOST_NODE_RECHECK, Next, NodeHealth, OLD_ATTEMPT_STOPPING, Planner,
-    SERVICE_NAME_CONFLICT, WAITING_FOR_LOST_NODE,
+    Action, LOST_NODE_RECHECK, Next, NodeHealth, OLD_ATTEMPT_STOPPING, POD_GROUP_NAME_CONFLICT,
+    Planner, SERVICE_NAME_CONFLICT, WAITING_FOR_LOST_NODE,
 };
 use crate::api::{ConditionStatus, Phase, UpdatePolicy};
 use crate::events::{Note, stray_pod_deleted};
-use crate::rendezvous;
 use crate::seen_job::SeenJob;
 use crate::seen_pod::SeenPod;
+use crate::{gang, rendezvous};
 
 impl Planner<'_, '_> {
     /// Attempt `k` runs (its Job is `job`): lets its pods that wait at the gate go, when
@@ -95,13 +95,11 @@ impl Planner<'_, '_> {
         if go.is_empty() {
             return;
         }
-        let taken = self
-            .obs
-            .refused
-            .as_ref()
-            .filter(|r| r.attempt == k && r.reason == SERVICE_NAME_CONFLICT);
+        let taken = self.obs.refused.as_ref().filter(|r| {
+            r.attempt == k && [SERVICE_NAME_CONFLICT, POD_GROUP_NAME_CONFLICT].contains(&r.reason)
+        });
         if let Some(r) = taken {
-            // Nothing tells the operator when that Service goes: look again in a while.
+            // Nothing tells the operator when that object goes: look again in a while.
             self.next.phase = Some(Phase::Pending);
             self.next.last_error = Some(r.message.clone());
             self.ready(ConditionStatus::False, r.reason, r.message.clone());
@@ -114,6 +112,14 @@ impl Planner<'_, '_> {
             self.actions.push(Action::CreateService {
                 attempt: k,
                 service: Box::new(service),
+            });
+        }
+        // A gang's pods are placed as their PodGroup says: it exists before any of them
+        // may be placed.
+        if let Some(group) = gang::pod_group(job) {
+            self.actions.push(Action::CreatePodGroup {
+                attempt: k,
+                group: Box::new(group),
             });
         }
         for p in go {

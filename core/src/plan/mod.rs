@@ -33,6 +33,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::core::DynamicObject;
 
 use crate::api::{ConditionStatus, GpuJob, GpuJobStatus};
 use crate::events::Note;
@@ -40,8 +41,8 @@ use crate::quota::ReserveRequest;
 use crate::seen_job::SeenJob;
 use crate::seen_pod::SeenPod;
 pub use crate::status::{
-    ADMITTED, CLAIM_TEMPLATE_NAME_CONFLICT, QUEUED, SERVICE_NAME_CONFLICT, SPEC_CHANGE_PENDING,
-    UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
+    ADMITTED, CLAIM_TEMPLATE_NAME_CONFLICT, POD_GROUP_NAME_CONFLICT, QUEUED, SERVICE_NAME_CONFLICT,
+    SPEC_CHANGE_PENDING, UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
 };
 use crate::status::{READY, seconds, set_condition};
 use crate::validate::{SpecLimits, multi_node_name, validate};
@@ -112,6 +113,9 @@ pub struct PlanSettings {
     pub default_ttl: Option<Duration>,
     /// The API versions whose meaning the operator applies (`--api-versions`).
     pub api_versions: ApiVersions,
+    /// kube-apiserver serves PodGroups (`--gang-scheduling`): each multi-node attempt's
+    /// pods are one gang (`crate::gang`).
+    pub gang: bool,
 }
 
 /// What the operator knows of the GpuJob API (`--api-versions`).
@@ -139,6 +143,7 @@ impl Default for PlanSettings {
             name_conflict_retry: Duration::from_secs(60),
             default_ttl: None,
             api_versions: ApiVersions::default(),
+            gang: false,
         }
     }
 }
@@ -315,6 +320,14 @@ pub enum Action {
         attempt: i32,
         template: Box<ResourceClaimTemplate>,
     },
+    /// Create a multi-node attempt's PodGroup (`crate::gang`), where kube-apiserver
+    /// serves them, before any of its pods is let go: kube-scheduler places the gang
+    /// whole or not at all. As with the Service: one of that name owned by the Job
+    /// already is done; a foreign one is a refusal ([`POD_GROUP_NAME_CONFLICT`]).
+    CreatePodGroup {
+        attempt: i32,
+        group: Box<DynamicObject>,
+    },
     /// Let one pod of the current attempt go: remove the operator's scheduling gate, with
     /// the pod's resourceVersion as precondition (the pod as the read found it; one
     /// changed since, a deletion begun say, is read and decided again). Only the gate
@@ -383,6 +396,7 @@ impl Action {
             Action::CreateJob { .. } => "CreateJob",
             Action::CreateService { .. } => "CreateService",
             Action::CreateClaimTemplate { .. } => "CreateClaimTemplate",
+            Action::CreatePodGroup { .. } => "CreatePodGroup",
             Action::UngatePod { .. } => "UngatePod",
             Action::DeletePod { .. } => "DeletePod",
             Action::GateJob { .. } => "GateJob",
@@ -422,6 +436,7 @@ impl Action {
                 | Action::CreateJob { .. }
                 | Action::CreateService { .. }
                 | Action::CreateClaimTemplate { .. }
+                | Action::CreatePodGroup { .. }
                 | Action::UngatePod { .. }
                 | Action::DeletePod { .. }
                 | Action::GateJob { .. }

@@ -3,7 +3,9 @@
 
 use k8s_openapi::api::core::v1::{Container, PodTemplateSpec, ResourceRequirements};
 
-use super::{FieldError, err, is_dns_label, is_dns_subdomain, label_value, multi_node_env};
+use super::{
+    FieldError, err, is_dns_label, is_dns_subdomain, label_key, label_value, multi_node_env,
+};
 use crate::api::devices::{MAX_ALTERNATIVES, MAX_EXPRESSION, MAX_SELECTORS};
 use crate::api::{DEVICE_REQUEST, DeviceSelector, Devices};
 use crate::api::{ENV_ATTEMPT, GPU_RESOURCE, GpuJobSpec, LABEL_GPU_PRODUCT, LABEL_PREFIX};
@@ -33,6 +35,14 @@ pub(super) fn v2_only(spec: &GpuJobSpec) -> Result<(), FieldError> {
     }
     if let Some(d) = &v2.devices {
         devices(spec, d, product)?;
+    }
+    if let Some(t) = &v2.topology {
+        label_key(&t.level).or_else(|m| {
+            err(
+                "spec.topology.level",
+                format!("{:?} is not a node label key: {m}", t.level),
+            )
+        })?;
     }
     if let Some(b) = v2.backoff_seconds
         && b < 1

@@ -1,10 +1,11 @@
 //! The executor's writes of an attempt's objects: its Job, its headless Service, its
-//! ResourceClaimTemplate, its pods' gate. Each is fenced (`writes.rs`) and logged with what it means; what the API
+//! ResourceClaimTemplate, its PodGroup, its pods' gate. Each is fenced (`writes.rs`) and logged with what it means; what the API
 //! server accepted is an outcome for the view.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::core::DynamicObject;
 use tracing::{info, warn};
 
 use super::{Created, Execution};
@@ -12,7 +13,7 @@ use crate::controller::Key;
 use crate::controller::error::Error;
 use crate::controller::plan::{
     CLAIM_TEMPLATE_NAME_CONFLICT, INVALID_SPEC, JOB_NAME_CONFLICT, JobDeletion,
-    OLD_ATTEMPT_STOPPING, Refusal, SERVICE_NAME_CONFLICT,
+    OLD_ATTEMPT_STOPPING, POD_GROUP_NAME_CONFLICT, Refusal, SERVICE_NAME_CONFLICT,
 };
 use crate::controller::view::Outcome;
 use crate::failpoint;
@@ -131,6 +132,25 @@ impl Execution<'_> {
             attempt,
             template = name,
             "the attempt's ResourceClaimTemplate exists (created now or before)"
+        );
+        Ok(None)
+    }
+
+    /// Creates a multi-node attempt's PodGroup (its gang); `Some(refusal)` when a
+    /// foreign one holds its name.
+    pub(super) async fn create_pod_group(
+        &mut self,
+        attempt: i32,
+        group: &DynamicObject,
+    ) -> Result<Option<Refusal>, Error> {
+        let name = group.metadata.name.as_deref().unwrap_or_default();
+        if let Some(message) = self.ctx.writer.create_pod_group(self.fence, group).await? {
+            return Ok(Some(name_taken(attempt, POD_GROUP_NAME_CONFLICT, message)));
+        }
+        info!(
+            attempt,
+            pod_group = name,
+            "the multi-node attempt's PodGroup exists (created now or before)"
         );
         Ok(None)
     }

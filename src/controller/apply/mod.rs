@@ -195,6 +195,11 @@ impl Execution<'_> {
                         return Ok(self.heard(Answer::Refused(refusal)));
                     }
                 }
+                Action::CreatePodGroup { attempt, group } => {
+                    if let Some(refusal) = self.create_pod_group(*attempt, group).await? {
+                        return Ok(self.heard(Answer::Refused(refusal)));
+                    }
+                }
                 Action::CreateClaimTemplate { attempt, template } => {
                     if let Some(refusal) = self.create_claim_template(*attempt, template).await? {
                         return Ok(self.heard(Answer::Refused(refusal)));

@@ -27,6 +27,7 @@ use kube::Client;
 use kube::api::{
     Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
 };
+use kube::core::DynamicObject;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -39,7 +40,7 @@ use crate::controller::error::{ApiCall, Error, api_code};
 use crate::controller::events::Note;
 use crate::controller::job::{generation_of, is_controlled_by, name_taken};
 use crate::controller::status::merge_patch;
-use crate::controller::{claims, rendezvous};
+use crate::controller::{claims, gang, rendezvous};
 use crate::lease::{Ownership, Tenure};
 use crate::quota::{Call, Provider, QuotaProvider, Reserve, ReserveRequest, fencing_token};
 
@@ -368,6 +369,38 @@ impl Writer {
             Made::Exists(existing) if claims::is_of_gpujob(&existing, owner_uid) => Ok(None),
             Made::Exists(_) => Ok(Some(claims::name_taken(ns, name))),
             Made::Refused(e) => Err(self.failed(fence, ApiCall::CreateClaimTemplate, e)),
+        }
+    }
+
+    /// Creates a multi-node attempt's PodGroup. One of that name owned by the attempt's
+    /// Job exists already (an earlier run of this step): done (`None`). A foreign one:
+    /// what to tell the user (`Some`), and the pods are not let go. Safe when late: it is
+    /// owned by the Job, so one created after the Job is gone is the garbage collector's.
+    pub async fn create_pod_group(
+        &self,
+        fence: &Fence,
+        group: &DynamicObject,
+    ) -> Result<Option<String>, Error> {
+        let ns = group.metadata.namespace.as_deref().unwrap_or_default();
+        let name = group.metadata.name.as_deref().unwrap_or_default();
+        let job_uid = group
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| o.uid.as_str())
+            .next()
+            .unwrap_or_default();
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), ns, &gang::resource());
+        match self
+            .create_or_read(fence, &api, group, ApiCall::CreatePodGroup)
+            .await?
+        {
+            Made::Created(_) => Ok(None),
+            Made::Exists(existing) if gang::is_of_job(&existing, job_uid) => Ok(None),
+            Made::Exists(_) => Ok(Some(gang::name_taken(ns, name))),
+            Made::Refused(e) => Err(self.failed(fence, ApiCall::CreatePodGroup, e)),
         }
     }
 

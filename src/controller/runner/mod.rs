@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::view::View;
-use super::{Context, Key, Settings, apply, domain, init_metrics};
+use super::{Context, GangScheduling, Key, Settings, apply, domain, init_metrics};
 use crate::health::Status;
 use crate::lease::Ownership;
 use crate::queue::Queue;
@@ -67,6 +67,40 @@ impl Intake {
     }
 }
 
+/// Whether kube-apiserver serves PodGroups (`crate::controller::gang`), from its
+/// discovery: then each multi-node attempt is one gang. Not served, or the question
+/// fails: pods are placed one by one, and the log says so.
+async fn serves_pod_groups(client: &Client) -> bool {
+    use crate::controller::gang;
+    let group_version = format!("{}/{}", gang::GROUP, gang::VERSION);
+    match client.list_api_group_resources(&group_version).await {
+        Ok(list) if list.resources.iter().any(|r| r.name == gang::PLURAL) => {
+            info!(
+                "kube-apiserver serves {group_version} PodGroups: each multi-node attempt is one gang"
+            );
+            true
+        }
+        Ok(_) => {
+            info!(
+                "kube-apiserver serves {group_version} without PodGroups: multi-node attempts' pods are placed one by one"
+            );
+            false
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            info!(
+                "kube-apiserver does not serve {group_version}: multi-node attempts' pods are placed one by one"
+            );
+            false
+        }
+        Err(e) => {
+            warn!(
+                "cannot tell whether kube-apiserver serves {group_version} PodGroups ({e}): multi-node attempts' pods are placed one by one until this replica restarts"
+            );
+            false
+        }
+    }
+}
+
 /// Runs the controller without an election: this process owns everything (one replica,
 /// tests). Same as [`run`] with an ownership that never expires.
 pub async fn run_unfenced(
@@ -104,6 +138,11 @@ pub async fn run(
     status: Arc<Status>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let mut settings = settings;
+    settings.plan.gang = match settings.gang_scheduling {
+        GangScheduling::Auto => serves_pod_groups(&client).await,
+        GangScheduling::Off => false,
+    };
     let metrics = status.metrics.clone();
     init_metrics(&metrics);
     metrics.init_shards(ownership.borrow().shards());

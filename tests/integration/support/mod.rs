@@ -171,19 +171,17 @@ impl TestEnv {
         Self::on(cluster, prefix).await
     }
 
-    /// [`TestEnv::private`] whose fake nodes `nodes` also publish fake DRA devices
-    /// (`devcluster::dra`), one per GPU, which kube-scheduler allocates claims on.
-    pub async fn private_with_dra(prefix: &str, nodes: devcluster::nodes::GpuNodes) -> TestEnv {
+    /// [`TestEnv::private`] on a control plane started with `options` (its fake nodes,
+    /// DRA devices, gang scheduling), the GpuJob CRD installed and one replica user.
+    pub async fn private_with_cluster(prefix: &str, options: devcluster::Options) -> TestEnv {
         gpujob_operator::client::install_crypto_provider();
         let cluster = ControlPlane::start(devcluster::Options {
             crds: vec![test_crd()],
             replicas: 1,
-            gpu_nodes: nodes,
-            dra: Some(devcluster::dra::DraDevices::default()),
-            ..devcluster::Options::default()
+            ..options
         })
         .await
-        .expect("private control plane with fake DRA devices");
+        .expect("private control plane");
         Self::on(cluster, prefix).await
     }
 

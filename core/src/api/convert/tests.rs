@@ -153,6 +153,7 @@ fn v2_only_values_travel_in_spec_v2() {
             nodes: Some(4),
             queue_name: Some("team-a".into()),
             devices: None,
+            topology: None,
         })
     );
     assert_eq!(x.spec.queue_name(), Some("team-a"));
@@ -593,6 +594,7 @@ fn v1_base() -> impl Strategy<Value = GpuJob> {
                             // With devices, v1's gpus is derived (their largest count):
                             // `devices_travel_in_spec_v2_and_gpus_holds_their_count`.
                             devices: None,
+                            topology: None,
                         }),
                     },
                     status,

@@ -50,6 +50,7 @@ fn settings() -> PlanSettings {
         name_conflict_retry: Duration::from_secs(30),
         default_ttl: None,
         api_versions: ApiVersions::V1AndV2,
+        gang: false,
     }
 }
 
@@ -1768,6 +1769,7 @@ mod v2_values {
                 nodes: Some(2),
                 queue_name: Some("team-a".into()),
                 devices: None,
+                topology: None,
             },
         );
         let v1 = PlanSettings {
@@ -2274,6 +2276,7 @@ mod strays {
 }
 
 mod devices;
+mod gang;
 mod gate;
 mod lost_node;
 mod reads;

@@ -13,7 +13,7 @@ use tracing::error;
 
 use super::record;
 use super::table::{self, Owned, Record};
-use crate::api::Devices;
+use crate::api::{Devices, Topology};
 use crate::controller::Key;
 use crate::controller::job::controller_of;
 use crate::controller::seen_job::{SeenJob, SeenJobStatus};
@@ -64,6 +64,10 @@ struct Kept {
     queue: Option<String>,
     #[serde(rename = "dv", default, skip_serializing_if = "Option::is_none")]
     devices: Option<Devices>,
+    #[serde(rename = "pg", default, skip_serializing_if = "Option::is_none")]
+    pod_group: Option<String>,
+    #[serde(rename = "tp", default, skip_serializing_if = "Option::is_none")]
+    topology: Option<Topology>,
     #[serde(rename = "c", default, skip_serializing_if = "Vec::is_empty")]
     conditions: Vec<JobCondition>,
     #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
@@ -99,6 +103,8 @@ impl Cached {
             nodes: seen.nodes,
             queue: seen.queue.clone(),
             devices: seen.devices.clone(),
+            pod_group: seen.pod_group.clone(),
+            topology: seen.topology.clone(),
             conditions: status.conditions.clone(),
             completion_time: status.completion_time.clone(),
             active: status.active,
@@ -182,6 +188,8 @@ impl Cached {
             nodes: kept.nodes,
             queue: kept.queue,
             devices: kept.devices,
+            pod_group: kept.pod_group,
+            topology: kept.topology,
             status: SeenJobStatus {
                 conditions: kept.conditions,
                 completion_time: kept.completion_time,
