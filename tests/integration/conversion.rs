@@ -293,6 +293,30 @@ async fn one_gpujob_read_as_v1_or_v2_with_each_versions_defaults() {
             json!({"image": "busybox", "resources": {"gpus": 1, "product": ""}}),
             "spec.resources.product",
         ),
+        (
+            "gpus-and-devices",
+            json!({"image": "busybox", "resources": {"gpus": 1,
+                   "devices": {"exactly": {"deviceClassName": "gpu.example.com"}}}}),
+            "spec.resources",
+        ),
+        (
+            "neither-gpus-nor-devices",
+            json!({"image": "busybox", "resources": {}}),
+            "spec.resources",
+        ),
+        (
+            "product-with-devices",
+            json!({"image": "busybox", "resources": {"product": "NVIDIA-H100",
+                   "devices": {"exactly": {"deviceClassName": "gpu.example.com"}}}}),
+            "spec.resources.product",
+        ),
+        (
+            "exactly-and-alternatives",
+            json!({"image": "busybox", "resources": {"devices": {
+                   "exactly": {"deviceClassName": "gpu.example.com"},
+                   "firstAvailable": [{"name": "a", "deviceClassName": "gpu.example.com"}]}}}),
+            "spec.resources.devices",
+        ),
     ] {
         let object = json!({
             "apiVersion": "gpujob.dev/v2", "kind": "GpuJob",
