@@ -104,17 +104,6 @@ pub fn name_taken(ns: &str, name: &str) -> String {
     )
 }
 
-/// Whether `template` is the one of the GpuJob with `uid` (its controller owner
-/// reference), not a foreign template under the same name.
-pub fn is_of_gpujob(template: &ResourceClaimTemplate, uid: &str) -> bool {
-    template
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.kind == "GpuJob" && o.uid == uid)
-}
-
 /// The `firstAvailable` alternative a claim was allocated (from its allocation result
 /// for request `gpus`); `None` while it is not allocated, or for an `exactly` request.
 pub fn alternative(claim: &ResourceClaim) -> Option<String> {
@@ -165,8 +154,6 @@ mod tests {
             (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
             ("GpuJob", "train", "uid-1")
         );
-        assert!(is_of_gpujob(&t, "uid-1"));
-        assert!(!is_of_gpujob(&t, "another"));
         let spec = t.spec.unwrap();
         let as_json = serde_json::to_value(&spec.spec).unwrap();
         assert_eq!(

@@ -11,14 +11,11 @@
 //! it places them, so, like the multi-node Service, it is made before any pod is let go;
 //! one under that name the operator did not make holds the pods at the gate.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 
-use crate::api::{LABEL_ATTEMPT, LABEL_NAME, LABEL_UID, TopologyMode};
-use crate::job::{MANAGED_BY, name_label};
+use crate::api::TopologyMode;
 use crate::seen_job::SeenJob;
 
 /// Where PodGroups are served.
@@ -37,14 +34,7 @@ pub fn resource() -> ApiResource {
 pub fn pod_group(job: &SeenJob) -> Option<DynamicObject> {
     let name = job.pod_group.clone()?;
     let pods = job.nodes?;
-    let uid = job.uid.clone()?;
-    let attempt = job.attempt?.to_string();
-    let labels = BTreeMap::from([
-        (LABEL_NAME.to_owned(), name_label(&job.owner)),
-        (LABEL_UID.to_owned(), job.owner_uid.clone()),
-        (LABEL_ATTEMPT.to_owned(), attempt),
-        (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
-    ]);
+    let metadata = job.attempt_object_meta()?;
     let mut spec = json!({"schedulingPolicy": {"gang": {"minCount": pods}}});
     if let Some(t) = job
         .topology
@@ -54,20 +44,10 @@ pub fn pod_group(job: &SeenJob) -> Option<DynamicObject> {
         spec["schedulingConstraints"] = json!({"topology": [{"key": t.level}]});
     }
     let mut group = DynamicObject::new(&name, &resource()).within(&job.namespace);
+    // The pods name the group after their Job (`job::join_gang`).
     group.metadata = ObjectMeta {
         name: Some(name),
-        namespace: Some(job.namespace.clone()),
-        labels: Some(labels),
-        owner_references: Some(vec![OwnerReference {
-            api_version: "batch/v1".to_owned(),
-            kind: "Job".to_owned(),
-            name: job.name.clone(),
-            uid,
-            controller: Some(true),
-            // Blocking the Job's deletion would need update rights on jobs/finalizers.
-            block_owner_deletion: None,
-        }]),
-        ..ObjectMeta::default()
+        ..metadata
     };
     group.data = json!({"spec": spec});
     Some(group)
@@ -78,17 +58,6 @@ pub fn name_taken(ns: &str, name: &str) -> String {
     format!(
         "PodGroup {ns}/{name} exists and is not this multi-node attempt's (not owned by its Job {name}); its pods would be scheduled as that group says, so they wait, not started; delete or rename that PodGroup"
     )
-}
-
-/// Whether `group` is the one of the Job with `job_uid` (its controller owner
-/// reference), not a foreign PodGroup under the same name.
-pub fn is_of_job(group: &DynamicObject, job_uid: &str) -> bool {
-    group
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.kind == "Job" && o.uid == job_uid)
 }
 
 #[cfg(test)]
@@ -132,8 +101,11 @@ mod tests {
                 .map(|t| (t.api_version.as_str(), t.kind.as_str())),
             Some(("scheduling.k8s.io/v1beta1", "PodGroup"))
         );
-        assert!(is_of_job(&group, "job-uid"));
-        assert!(!is_of_job(&group, "another"));
+        let owner = &group.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("Job", "job-uid", Some(true))
+        );
         assert_eq!(
             group.data["spec"],
             json!({"schedulingPolicy": {"gang": {"minCount": 4}},

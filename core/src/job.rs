@@ -567,6 +567,20 @@ pub fn controller_of(job: &Job) -> Option<&OwnerReference> {
     })
 }
 
+/// Whether `existing` has the controller owner (kind and uid) that `desired` names: the
+/// object an earlier run of the create made for the same owner, not a foreign one under
+/// the name. An object without a controller is never the same.
+pub fn same_controller(existing: &ObjectMeta, desired: &ObjectMeta) -> bool {
+    let controller = |m: &ObjectMeta| {
+        m.owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| (o.kind.clone(), o.uid.clone()))
+    };
+    controller(existing).is_some_and(|c| Some(c) == controller(desired))
+}
+
 /// Whether `job` is controlled by the GpuJob with `uid`.
 pub fn is_controlled_by(job: &Job, uid: &str) -> bool {
     controller_of(job).is_some_and(|o| o.uid == uid)
@@ -927,6 +941,39 @@ pub(crate) mod tests {
             .preferred_during_scheduling_ignored_during_execution
             .unwrap();
         assert_eq!(preferred[0].pod_affinity_term.topology_key, RACK);
+    }
+
+    #[test]
+    fn an_object_is_the_same_only_with_the_same_controller() {
+        let meta = |refs: serde_json::Value| -> ObjectMeta {
+            serde_json::from_value(serde_json::json!({"ownerReferences": refs})).unwrap()
+        };
+        let owner = |kind: &str, uid: &str, controller: bool| {
+            serde_json::json!({"apiVersion": "v1", "kind": kind, "name": "n", "uid": uid,
+                               "controller": controller})
+        };
+        let desired = meta(serde_json::json!([owner("Job", "u1", true)]));
+        assert!(same_controller(
+            &meta(serde_json::json!([owner("Job", "u1", true)])),
+            &desired
+        ));
+        assert!(!same_controller(
+            &meta(serde_json::json!([owner("Job", "u2", true)])),
+            &desired
+        ));
+        assert!(!same_controller(
+            &meta(serde_json::json!([owner("GpuJob", "u1", true)])),
+            &desired
+        ));
+        assert!(
+            !same_controller(
+                &meta(serde_json::json!([owner("Job", "u1", false)])),
+                &desired
+            ),
+            "an owner that is not the controller"
+        );
+        assert!(!same_controller(&ObjectMeta::default(), &desired));
+        assert!(!same_controller(&desired, &ObjectMeta::default()));
     }
 
     #[test]

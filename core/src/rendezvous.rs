@@ -6,44 +6,21 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::api::{LABEL_ATTEMPT, LABEL_NAME, LABEL_UID};
-use crate::job::{MANAGED_BY, name_label};
+use crate::api::{LABEL_ATTEMPT, LABEL_UID};
 use crate::seen_job::SeenJob;
 
 /// The Service of `job`'s attempt; `None` unless it is a multi-node attempt's Job
 /// (`SeenJob::nodes`, set only for more than one pod) with a uid and an attempt.
 pub fn service(job: &SeenJob) -> Option<Service> {
     job.nodes?;
-    let uid = job.uid.clone()?;
-    let attempt = job.attempt?.to_string();
-    let labels = BTreeMap::from([
-        (LABEL_NAME.to_owned(), name_label(&job.owner)),
-        (LABEL_UID.to_owned(), job.owner_uid.clone()),
-        (LABEL_ATTEMPT.to_owned(), attempt.clone()),
-        (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
-    ]);
+    let metadata = job.attempt_object_meta()?;
     let selector = BTreeMap::from([
         (LABEL_UID.to_owned(), job.owner_uid.clone()),
-        (LABEL_ATTEMPT.to_owned(), attempt),
+        (LABEL_ATTEMPT.to_owned(), job.attempt?.to_string()),
     ]);
     Some(Service {
-        metadata: ObjectMeta {
-            name: Some(job.name.clone()),
-            namespace: Some(job.namespace.clone()),
-            labels: Some(labels),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "batch/v1".to_owned(),
-                kind: "Job".to_owned(),
-                name: job.name.clone(),
-                uid,
-                controller: Some(true),
-                // Blocking the Job's deletion would need update rights on jobs/finalizers.
-                block_owner_deletion: None,
-            }]),
-            ..ObjectMeta::default()
-        },
+        metadata,
         spec: Some(ServiceSpec {
             // Headless: DNS names the pods themselves, no virtual IP.
             cluster_ip: Some("None".to_owned()),
@@ -61,17 +38,6 @@ pub fn name_taken(ns: &str, name: &str) -> String {
     format!(
         "Service {ns}/{name} exists and is not this multi-node attempt's (not owned by its Job {name}); its pods would not find each other, so the Job waits, not started; delete or rename that Service"
     )
-}
-
-/// Whether `service` is the one of the Job with `job_uid` (its controller owner
-/// reference), not a foreign Service under the same name.
-pub fn is_of_job(service: &Service, job_uid: &str) -> bool {
-    service
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.kind == "Job" && o.uid == job_uid)
 }
 
 #[cfg(test)]
@@ -102,8 +68,6 @@ mod tests {
             (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
             ("Job", "train-3", "job-uid")
         );
-        assert!(is_of_job(&svc, "job-uid"));
-        assert!(!is_of_job(&svc, "another"));
         let spec = svc.spec.unwrap();
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
         assert_eq!(spec.publish_not_ready_addresses, Some(true));
@@ -117,12 +81,5 @@ mod tests {
     fn a_one_node_attempt_has_none() {
         assert_eq!(service(&seen(None)), None);
         assert_eq!(service(&seen(Some(1))), None);
-    }
-
-    #[test]
-    fn a_foreign_service_of_the_name_is_not_the_jobs() {
-        let mut svc = service(&seen(Some(2))).unwrap();
-        svc.metadata.owner_references = None;
-        assert!(!is_of_job(&svc, "job-uid"));
     }
 }

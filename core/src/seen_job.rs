@@ -4,11 +4,17 @@
 //! another; here it cannot read it at all.
 
 use k8s_openapi::api::batch::v1::{Job, JobCondition};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::collections::BTreeMap;
 
-use crate::api::{ANNOTATION_FAILURE_RULES, Devices, LABEL_KUEUE_QUEUE, Topology};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+
+use crate::api::{
+    ANNOTATION_FAILURE_RULES, Devices, LABEL_ATTEMPT, LABEL_KUEUE_QUEUE, LABEL_NAME, LABEL_UID,
+    Topology,
+};
 use crate::job::{
-    attempt_of, controller_of, devices, gated, generation_of, gpus, pod_group, suspended, topology,
+    MANAGED_BY, attempt_of, controller_of, devices, gated, generation_of, gpus, name_label,
+    pod_group, suspended, topology,
 };
 
 /// A Job controlled by a GpuJob (its controller owner reference, not its labels).
@@ -72,6 +78,35 @@ pub struct SeenJobStatus {
 }
 
 impl SeenJob {
+    /// The metadata of an object of this Job's attempt (its Service, its PodGroup): named
+    /// like the Job, in its namespace, labelled as the attempt's pods are (GpuJob name
+    /// and uid, attempt, managed-by), with the Job as its controller owner, so the garbage
+    /// collector deletes it with the Job. `None` without a uid or an attempt.
+    pub fn attempt_object_meta(&self) -> Option<ObjectMeta> {
+        let uid = self.uid.clone()?;
+        let labels = BTreeMap::from([
+            (LABEL_NAME.to_owned(), name_label(&self.owner)),
+            (LABEL_UID.to_owned(), self.owner_uid.clone()),
+            (LABEL_ATTEMPT.to_owned(), self.attempt?.to_string()),
+            (MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned()),
+        ]);
+        Some(ObjectMeta {
+            name: Some(self.name.clone()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(labels),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "batch/v1".to_owned(),
+                kind: "Job".to_owned(),
+                name: self.name.clone(),
+                uid,
+                controller: Some(true),
+                // Blocking the Job's deletion would need update rights on jobs/finalizers.
+                block_owner_deletion: None,
+            }]),
+            ..ObjectMeta::default()
+        })
+    }
+
     /// `None` for a Job without a name or namespace, or not controlled by a GpuJob.
     pub fn of(job: &Job) -> Option<SeenJob> {
         let m = &job.metadata;

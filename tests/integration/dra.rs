@@ -69,6 +69,22 @@ fn reason(g: &GpuJob) -> Option<String> {
     Some(g.status.as_ref()?.condition(READY)?.reason.clone())
 }
 
+/// Waits until GpuJob `name` is Pending with Ready reason `why`; returns it and Ready's
+/// message.
+async fn pending(env: &TestEnv, name: &str, why: &str) -> (GpuJob, String) {
+    let g = env
+        .wait_gpujob(name, &format!("Pending, reason {why}"), |g| {
+            reason(g).as_deref() == Some(why) && phase(g) == Some(Phase::Pending)
+        })
+        .await;
+    let message = g
+        .status
+        .as_ref()
+        .and_then(|s| s.condition(READY))
+        .map(|c| c.message.clone());
+    (g, message.unwrap_or_default())
+}
+
 fn devices(g: &GpuJob) -> Option<&DeviceAllocation> {
     g.status.as_ref()?.devices.as_ref()
 }
@@ -140,19 +156,7 @@ async fn an_attempt_gets_the_first_free_alternative_and_waits_with_a_reason_when
 
     // Neither alternative is free: Pending, with the scheduler's reason.
     create(&env, "fourth").await;
-    let waiting = env
-        .wait_gpujob("fourth", "waiting for a node, with the reason", |g| {
-            reason(g).as_deref() == Some(UNSCHEDULABLE)
-        })
-        .await;
-    assert_eq!(phase(&waiting), Some(Phase::Pending));
-    let message = &waiting
-        .status
-        .as_ref()
-        .unwrap()
-        .condition(READY)
-        .unwrap()
-        .message;
+    let (waiting, message) = pending(&env, "fourth", UNSCHEDULABLE).await;
     assert!(
         message.contains("claim"),
         "the scheduler's words: {message}"
@@ -208,19 +212,7 @@ async fn a_foreign_template_under_the_attempts_name_keeps_it_from_starting_until
         .unwrap();
 
     let g = create(&env, "taken").await;
-    let held = env
-        .wait_gpujob("taken", "held by the name conflict", |g| {
-            reason(g).as_deref() == Some(CLAIM_TEMPLATE_NAME_CONFLICT)
-        })
-        .await;
-    assert_eq!(phase(&held), Some(Phase::Pending));
-    let message = &held
-        .status
-        .as_ref()
-        .unwrap()
-        .condition(READY)
-        .unwrap()
-        .message;
+    let (_, message) = pending(&env, "taken", CLAIM_TEMPLATE_NAME_CONFLICT).await;
     assert!(message.contains("ResourceClaimTemplate"), "{message}");
     // The attempt did not start: no Job, so no pod whose claim that template could make.
     assert!(env.jobs().get_opt("taken-1").await.unwrap().is_none());

@@ -38,7 +38,7 @@ use crate::client::FIELD_MANAGER;
 use crate::controller::Fence;
 use crate::controller::error::{ApiCall, Error, api_code};
 use crate::controller::events::Note;
-use crate::controller::job::{generation_of, is_controlled_by, name_taken};
+use crate::controller::job::{generation_of, is_controlled_by, name_taken, same_controller};
 use crate::controller::status::merge_patch;
 use crate::controller::{claims, gang, rendezvous};
 use crate::lease::{Ownership, Tenure};
@@ -310,97 +310,89 @@ impl Writer {
         }
     }
 
-    /// Creates a multi-node attempt's headless Service. One of that name owned by the
-    /// attempt's Job exists already (an earlier run of this step): done (`None`). A
-    /// foreign one: what to tell the user (`Some`), and the Job is not started.
+    /// Creates a multi-node attempt's headless Service (owned by its Job). A foreign one
+    /// under its name: what to tell the user (`Some`), and the pods are not let go.
     pub async fn create_service(
         &self,
         fence: &Fence,
         service: &Service,
     ) -> Result<Option<String>, Error> {
         let ns = service.metadata.namespace.as_deref().unwrap_or_default();
-        let name = service.metadata.name.as_deref().unwrap_or_default();
-        let job_uid = service
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .map(|o| o.uid.as_str())
-            .next()
-            .unwrap_or_default();
         let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
-        match self
-            .create_or_read(fence, &api, service, ApiCall::CreateService)
-            .await?
-        {
-            Made::Created(_) => Ok(None),
-            Made::Exists(existing) if rendezvous::is_of_job(&existing, job_uid) => Ok(None),
-            Made::Exists(_) => Ok(Some(rendezvous::name_taken(ns, name))),
-            Made::Refused(e) => Err(self.failed(fence, ApiCall::CreateService, e)),
-        }
+        self.create_owned(
+            fence,
+            &api,
+            service,
+            ApiCall::CreateService,
+            rendezvous::name_taken,
+        )
+        .await
     }
 
-    /// Creates an attempt's ResourceClaimTemplate, before its Job. One of that name owned
-    /// by the GpuJob exists already (an earlier run of this step): done (`None`). A
-    /// foreign one: what to tell the user (`Some`), and the Job is not created. Safe when
-    /// late: it is owned by the GpuJob (garbage-collected with it), and an attempt that
-    /// never starts leaves only an unused template under its own name.
+    /// Creates an attempt's ResourceClaimTemplate, before its Job (owned by the
+    /// GpuJob). A foreign one under its name: what to tell the user (`Some`), and the
+    /// Job is not created. An attempt that never starts leaves only an unused template
+    /// under its own name, collected with the GpuJob.
     pub async fn create_claim_template(
         &self,
         fence: &Fence,
         template: &ResourceClaimTemplate,
     ) -> Result<Option<String>, Error> {
         let ns = template.metadata.namespace.as_deref().unwrap_or_default();
-        let name = template.metadata.name.as_deref().unwrap_or_default();
-        let owner_uid = template
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .map(|o| o.uid.as_str())
-            .next()
-            .unwrap_or_default();
         let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), ns);
-        match self
-            .create_or_read(fence, &api, template, ApiCall::CreateClaimTemplate)
-            .await?
-        {
-            Made::Created(_) => Ok(None),
-            Made::Exists(existing) if claims::is_of_gpujob(&existing, owner_uid) => Ok(None),
-            Made::Exists(_) => Ok(Some(claims::name_taken(ns, name))),
-            Made::Refused(e) => Err(self.failed(fence, ApiCall::CreateClaimTemplate, e)),
-        }
+        let call = ApiCall::CreateClaimTemplate;
+        self.create_owned(fence, &api, template, call, claims::name_taken)
+            .await
     }
 
-    /// Creates a multi-node attempt's PodGroup. One of that name owned by the attempt's
-    /// Job exists already (an earlier run of this step): done (`None`). A foreign one:
-    /// what to tell the user (`Some`), and the pods are not let go. Safe when late: it is
-    /// owned by the Job, so one created after the Job is gone is the garbage collector's.
+    /// Creates a multi-node attempt's PodGroup (owned by its Job). A foreign one under
+    /// its name: what to tell the user (`Some`), and the pods are not let go.
     pub async fn create_pod_group(
         &self,
         fence: &Fence,
         group: &DynamicObject,
     ) -> Result<Option<String>, Error> {
         let ns = group.metadata.namespace.as_deref().unwrap_or_default();
-        let name = group.metadata.name.as_deref().unwrap_or_default();
-        let job_uid = group
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .map(|o| o.uid.as_str())
-            .next()
-            .unwrap_or_default();
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), ns, &gang::resource());
-        match self
-            .create_or_read(fence, &api, group, ApiCall::CreatePodGroup)
-            .await?
-        {
+        self.create_owned(
+            fence,
+            &api,
+            group,
+            ApiCall::CreatePodGroup,
+            gang::name_taken,
+        )
+        .await
+    }
+
+    /// Creates one of an attempt's objects, owned by its controller owner reference. One
+    /// of that name with the same controller exists already (an earlier run of this
+    /// step): done (`None`). A foreign one: `taken(namespace, name)` (`Some`). Safe when
+    /// late: an object whose owner is gone is the garbage collector's.
+    async fn create_owned<K>(
+        &self,
+        fence: &Fence,
+        api: &Api<K>,
+        object: &K,
+        call: ApiCall,
+        taken: fn(&str, &str) -> String,
+    ) -> Result<Option<String>, Error>
+    where
+        K: kube::Resource
+            + Clone
+            + serde::de::DeserializeOwned
+            + serde::Serialize
+            + std::fmt::Debug,
+    {
+        match self.create_or_read(fence, api, object, call).await? {
             Made::Created(_) => Ok(None),
-            Made::Exists(existing) if gang::is_of_job(&existing, job_uid) => Ok(None),
-            Made::Exists(_) => Ok(Some(gang::name_taken(ns, name))),
-            Made::Refused(e) => Err(self.failed(fence, ApiCall::CreatePodGroup, e)),
+            Made::Exists(existing) if same_controller(existing.meta(), object.meta()) => Ok(None),
+            Made::Exists(_) => {
+                let meta = object.meta();
+                let ns = meta.namespace.as_deref().unwrap_or_default();
+                Ok(Some(taken(ns, meta.name.as_deref().unwrap_or_default())))
+            }
+            Made::Refused(e) => Err(self.failed(fence, call, e)),
         }
     }
 

@@ -64,25 +64,12 @@ fn a_foreign_template_under_the_attempts_name_keeps_the_attempt_from_starting() 
     let message = "ResourceClaimTemplate ns/train-1 exists and is not this GpuJob's".to_owned();
     let p = plan(
         &Observed {
-            gpujob: &g,
-            jobs: Vec::new(),
-            termination: None,
-            unschedulable: None,
-            queue_wait: None,
             refused: Some(Refusal {
                 attempt: 1,
                 reason: CLAIM_TEMPLATE_NAME_CONFLICT,
                 message: message.clone(),
             }),
-            quota_required: false,
-            quota: None,
-            pods: None,
-            cached_pods: Vec::new(),
-            confirmed: true,
-            term_start_due: false,
-            reads: Reads::every(),
-            nodes: Vec::new(),
-            now: t(T0),
+            ..observed(&g, &[], T0)
         },
         &settings(),
     );

@@ -42,58 +42,15 @@ fn group_of(job: &Job) -> Option<String> {
 #[test]
 fn a_multi_node_attempts_pods_name_their_gang_only_where_pod_groups_are_served() {
     let g = multi(3);
-    let plan_with = |settings: &PlanSettings| {
-        let jobs = seen(&[]);
-        plan(
-            &Observed {
-                gpujob: &g,
-                jobs: jobs.iter().collect(),
-                termination: None,
-                unschedulable: None,
-                queue_wait: None,
-                refused: None,
-                quota_required: false,
-                quota: None,
-                pods: None,
-                cached_pods: Vec::new(),
-                confirmed: true,
-                term_start_due: false,
-                reads: Reads::every(),
-                nodes: Vec::new(),
-                now: t(T0),
-            },
-            settings,
-        )
-    };
-    let p = plan_with(&gang_settings());
+    let p = run_with_settings(&g, &gang_settings());
     assert_eq!(group_of(created_job(&p)).as_deref(), Some("train-1"));
-    let p = plan_with(&settings());
+    let p = run_with_settings(&g, &settings());
     assert_eq!(group_of(created_job(&p)), None, "not served: no group");
 
     // One pod is no gang.
     let mut one = gpujob(3);
     one.spec.v2 = Some(V2Only::default());
-    let jobs = seen(&[]);
-    let p = plan(
-        &Observed {
-            gpujob: &one,
-            jobs: jobs.iter().collect(),
-            termination: None,
-            unschedulable: None,
-            queue_wait: None,
-            refused: None,
-            quota_required: false,
-            quota: None,
-            pods: None,
-            cached_pods: Vec::new(),
-            confirmed: true,
-            term_start_due: false,
-            reads: Reads::every(),
-            nodes: Vec::new(),
-            now: t(T0),
-        },
-        &gang_settings(),
-    );
+    let p = run_with_settings(&one, &gang_settings());
     assert_eq!(group_of(created_job(&p)), None);
 }
 
@@ -107,28 +64,9 @@ fn made_gang() -> (GpuJob, Job) {
     (with_status(g, &p), job)
 }
 
+/// `g`'s plan with no Job yet.
 fn run_with_settings(g: &GpuJob, settings: &PlanSettings) -> Plan {
-    let jobs = seen(&[]);
-    plan(
-        &Observed {
-            gpujob: g,
-            jobs: jobs.iter().collect(),
-            termination: None,
-            unschedulable: None,
-            queue_wait: None,
-            refused: None,
-            quota_required: false,
-            quota: None,
-            pods: None,
-            cached_pods: Vec::new(),
-            confirmed: true,
-            term_start_due: false,
-            reads: Reads::every(),
-            nodes: Vec::new(),
-            now: t(T0),
-        },
-        settings,
-    )
+    plan(&observed(g, &[], T0), settings)
 }
 
 #[test]
@@ -165,25 +103,14 @@ fn the_gang_exists_before_any_of_its_pods_goes_and_a_foreign_one_holds_them() {
     let jobs_seen = seen(&jobs);
     let p = plan(
         &Observed {
-            gpujob: &g,
-            jobs: jobs_seen.iter().collect(),
-            termination: None,
-            unschedulable: None,
-            queue_wait: None,
             refused: Some(Refusal {
                 attempt: 1,
                 reason: POD_GROUP_NAME_CONFLICT,
                 message: message.clone(),
             }),
-            quota_required: false,
-            quota: None,
             pods: Some(pods.to_vec()),
             cached_pods: pods.iter().collect(),
-            confirmed: true,
-            term_start_due: false,
-            reads: Reads::every(),
-            nodes: Vec::new(),
-            now: t(LATER),
+            ..observed(&g, &jobs_seen, LATER)
         },
         &gang_settings(),
     );

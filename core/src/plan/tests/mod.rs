@@ -90,6 +90,28 @@ fn waiting(job: &Job, now: Timestamp) -> PodsWaiting {
     pods_waiting(&seen(std::slice::from_ref(job))[0], now)
 }
 
+/// What a plan sees of `g` and its Jobs `jobs` at `now` with nothing heard: a confirmed
+/// view, every read made, no pods; tests set the rest with struct update syntax.
+fn observed<'a>(g: &'a GpuJob, jobs: &'a [SeenJob], now: &str) -> Observed<'a> {
+    Observed {
+        gpujob: g,
+        jobs: jobs.iter().collect(),
+        termination: None,
+        unschedulable: None,
+        queue_wait: None,
+        refused: None,
+        quota_required: false,
+        quota: None,
+        pods: None,
+        cached_pods: Vec::new(),
+        confirmed: true,
+        term_start_due: false,
+        reads: Reads::every(),
+        nodes: Vec::new(),
+        now: t(now),
+    }
+}
+
 fn run(g: &GpuJob, jobs: &[Job], termination: Option<Termination>, now: &str) -> Plan {
     run_with(g, jobs, termination, None, now)
 }
