@@ -519,3 +519,113 @@ async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_managemen
     }
     assert_eq!(manager_pods.count(), 0, "no pod on the management cluster");
 }
+
+/// Not a test: how many Jobs a second MultiKueue dispatches (Jobs created on the
+/// manager at once, counted as their copies appear on the worker), with Kueue's default
+/// client settings (`clientConnection` 20 qps, burst 30) and with them raised on both
+/// Kueues. `GPUJOB_MK_JOBS` Jobs (default 100). Run with
+/// `cargo nextest run -p gpujob-operator --features gpujob-operator/failpoints
+/// --run-ignored only -E 'test(multikueue_dispatch_figures)' --no-capture`.
+#[tokio::test]
+#[ignore = "measurement, not a test: run on demand"]
+async fn multikueue_dispatch_figures() {
+    let n: usize = std::env::var("GPUJOB_MK_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    for (label, client) in [
+        ("default clientConnection (20 qps, burst 30)", json!({})),
+        (
+            "clientConnection 500 qps, burst 1000",
+            json!({"clientConnection": {"qps": 500, "burst": 1000}}),
+        ),
+    ] {
+        let two = TwoClusters::start("mk-rate", u32::try_from(n).unwrap(), client).await;
+        let (manager, worker) = (&two.manager, &two.worker);
+        let long = [("SIM_DURATION_SECONDS", "3600")];
+        let gets_before = worker_gets(worker).await;
+        let started = Instant::now();
+        let jobs = manager.jobs();
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let jobs = jobs.clone();
+                async move {
+                    jobs.create(
+                        &PostParams::default(),
+                        &batch_job(&format!("j{i}"), &long, json!({})),
+                    )
+                    .await
+                    .unwrap();
+                }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<()>>()
+            .await;
+        let created = started.elapsed();
+        // Seconds at which 10%, 50%, 90% and all of the Jobs were on the worker.
+        let marks = [n / 10, n / 2, n * 9 / 10, n];
+        let mut at = Vec::new();
+        let remote = worker.jobs();
+        for mark in marks {
+            devcluster::wait::until(
+                &format!("{mark} Jobs on the worker"),
+                Duration::from_secs(600),
+                Duration::from_millis(100),
+                || async {
+                    let count = remote.list(&ListParams::default()).await.ok()?.items.len();
+                    (count >= mark).then_some(())
+                },
+            )
+            .await
+            .unwrap();
+            at.push(started.elapsed().as_secs_f64());
+        }
+        let rate = (marks[2] - marks[0]) as f64 / (at[2] - at[0]);
+        println!(
+            "FIGURE multikueue dispatch, {label}: {n} Jobs created on the manager in {:.1}s; \
+             on the worker 10% at {:.1}s, 50% at {:.1}s, 90% at {:.1}s, all at {:.1}s: \
+             {rate:.1} Jobs/s between 10% and 90%",
+            created.as_secs_f64(),
+            at[0],
+            at[1],
+            at[2],
+            at[3]
+        );
+        // What MultiKueue wrote on the worker (its reads are not audited), by verb,
+        // resource and answer: its remote client is client-go's default, 5 qps and
+        // burst 10, which no Kueue setting changes.
+        let mut writes = std::collections::BTreeMap::<String, usize>::new();
+        let events = worker.cluster.audit().all().unwrap();
+        let ours: Vec<_> = events
+            .iter()
+            .filter(|e| e.user == "system:serviceaccount:kueue-system:multikueue-sa")
+            .collect();
+        for e in &ours {
+            *writes
+                .entry(format!("{} {} {}", e.verb, e.resource, e.code))
+                .or_default() += 1;
+        }
+        let gets = worker_gets(worker).await;
+        println!(
+            "FIGURE multikueue on the worker, {label}: {} writes {writes:?}; GETs of one \
+             workload {} and of one Job {} (every client's; the worker's own controllers \
+             read from their caches)",
+            ours.len(),
+            gets.0 - gets_before.0,
+            gets.1 - gets_before.1,
+        );
+        drop(two);
+    }
+}
+
+/// kube-apiserver's count of GETs of single workloads and of single Jobs on `env`.
+async fn worker_gets(env: &TestEnv) -> (f64, f64) {
+    let metrics = env.cluster.apiserver_metrics().await.unwrap();
+    let get = |resource| {
+        metrics.sum(
+            "apiserver_request_total",
+            &[("verb", "GET"), ("resource", resource)],
+        )
+    };
+    (get("workloads"), get("jobs"))
+}

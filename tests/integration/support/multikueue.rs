@@ -63,24 +63,33 @@ impl TwoClusters {
     /// Starts both clusters (the worker's ClusterQueue with `gpus` GPUs, the manager's
     /// with as many), both Kueues, and the MultiKueue set-up; returns once the worker is
     /// connected, the check and the manager's ClusterQueue are active, and Kueue's
-    /// webhook defaults `managedBy` for the LocalQueue. `manager_config` is merged into
-    /// the manager Kueue's configuration (e.g. `clientConnection`).
-    pub async fn start(prefix: &str, gpus: u32, manager_config: serde_json::Value) -> TwoClusters {
+    /// webhook defaults `managedBy` for the LocalQueue. `kueue_config` is merged into
+    /// both Kueues' configuration (e.g. `clientConnection`).
+    pub async fn start(prefix: &str, gpus: u32, kueue_config: serde_json::Value) -> TwoClusters {
         gpujob_operator::client::install_crypto_provider();
-        let crds = vec![test_crd(), kueue_crds()];
         let options = devcluster::Options {
-            crds,
+            crds: vec![test_crd(), kueue_crds()],
             ..devcluster::Options::default()
+        };
+        // The worker's nodes hold every GPU of its ClusterQueue (8 a node, 4 nodes at
+        // least); the manager's default nodes stay empty.
+        let nodes = u16::try_from(gpus.div_ceil(8)).unwrap().max(4);
+        let worker_options = devcluster::Options {
+            gpu_nodes: devcluster::nodes::GpuNodes {
+                count: nodes,
+                ..devcluster::nodes::GpuNodes::default()
+            },
+            ..options.clone()
         };
         // The two start at once: most of a start is waiting on the processes.
         let (manager, worker) = tokio::join!(
-            ControlPlane::start(options.clone()),
-            ControlPlane::start(options)
+            ControlPlane::start(options),
+            ControlPlane::start(worker_options)
         );
         let manager = TestEnv::on(manager.expect("management control plane"), prefix).await;
         let worker = TestEnv::on_named(worker.expect("worker control plane"), &manager.ns).await;
 
-        let worker_kueue = Kueue::start_as(&worker, "-worker", json!({})).await;
+        let worker_kueue = Kueue::start_as(&worker, "-worker", kueue_config.clone()).await;
         gpu_queue(&worker, gpus).await;
         let kubeconfig = multikueue_account(&worker).await;
 
@@ -89,8 +98,7 @@ impl TwoClusters {
             // often (default 1 minute); deletes are not waiting on it, see the tests.
             "gcInterval": "1m",
         }});
-        if let (Some(c), serde_json::Value::Object(extra)) =
-            (config.as_object_mut(), manager_config)
+        if let (Some(c), serde_json::Value::Object(extra)) = (config.as_object_mut(), kueue_config)
         {
             c.extend(extra);
         }
