@@ -331,9 +331,11 @@ async fn a_plain_job_queued_on_the_manager_runs_on_the_worker_and_its_end_comes_
 /// the worker's Kueue admits and starts it, and its pod waits at the gate for good (no
 /// one there lifts it), its GPU held by the worker's ClusterQueue all the while; the
 /// management Job shows the worker's status (one active pod, none ready). Deleting the
-/// management Job deletes the worker's Job and, through the worker's garbage collector,
-/// its pods: the gated one and a running one of another Job alike. The tests print how
-/// long each took.
+/// management Job deletes the worker's Job (in the background) and, through the worker's
+/// garbage collector, its pods: the gated one and a running one of another Job alike.
+/// A foreground delete of the management Job does not wait for the worker: the
+/// management Jobs are gone while the running pod on the worker still runs. The test
+/// prints how long each took.
 #[tokio::test]
 async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_management_job() {
     let two = TwoClusters::start("mk-gated", 4, json!({})).await;
@@ -355,7 +357,18 @@ async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_managemen
         .unwrap();
     manager
         .jobs()
-        .create(&pp, &batch_job("runs", &long, json!({})))
+        .create(
+            &pp,
+            &batch_job(
+                "runs",
+                &[
+                    ("SIM_DURATION_SECONDS", "3600"),
+                    // Its container takes 10 s to stop once deleted, as a real one may.
+                    ("SIM_TERMINATION_SECONDS", "10"),
+                ],
+                json!({"spec": {"terminationGracePeriodSeconds": 60}}),
+            ),
+        )
         .await
         .unwrap();
 
@@ -470,25 +483,59 @@ async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_managemen
         "the worker admitted the gated Job: {remote_workload:?}"
     );
 
-    // Delete the management Jobs: both worker Jobs go, and their pods.
+    // Delete the management Jobs in the foreground, as the operator deletes a running
+    // attempt's Job (on one cluster that Job stays until its pods are gone). Here it has
+    // no pods: it goes once its Workload is gone, not waiting for the worker. Kueue
+    // deletes the worker's Jobs in the background when it sees the Workload go.
     let started = Instant::now();
     for name in ["gated", "runs"] {
         manager
             .jobs()
-            .delete(name, &DeleteParams::background())
+            .delete(name, &DeleteParams::foreground())
             .await
             .unwrap();
     }
+    for name in ["gated", "runs"] {
+        manager
+            .wait_job_gone(name, &format!("management Job {name} gone"))
+            .await;
+    }
+    let manager_gone = started.elapsed();
+    let pods: Api<Pod> = Api::namespaced(worker.admin.clone(), &worker.ns);
+    // The worker's pod of "runs" still runs: whether or not Kueue has asked for its
+    // delete yet, it takes 10 s to stop.
+    let left = pods.list(&ListParams::default()).await.unwrap().items;
+    let still: Vec<_> = left
+        .iter()
+        .filter(|p| job_of(p) == Some("runs") && phase(p) == Some("Running"))
+        .map(|p| {
+            (
+                p.metadata.name.clone(),
+                p.metadata.deletion_timestamp.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        still.len(),
+        1,
+        "the management Jobs were gone ({:.2}s) while the worker's pod of runs ran on: {left:?}",
+        manager_gone.as_secs_f64()
+    );
+    eprintln!(
+        "management Jobs gone {:.2}s after their foreground delete; then on the worker: \
+         pod of runs (name, deletion asked) {still:?}, {} pods in all",
+        manager_gone.as_secs_f64(),
+        left.len()
+    );
     for name in ["gated", "runs"] {
         worker
             .wait_job_gone(name, &format!("Job {name} gone from the worker"))
             .await;
         eprintln!(
-            "Job {name} gone from the worker {:.2}s after the management Job's delete",
+            "Job {name} gone from the worker {:.2}s after the management Jobs' delete",
             started.elapsed().as_secs_f64()
         );
     }
-    let pods: Api<Pod> = Api::namespaced(worker.admin.clone(), &worker.ns);
     devcluster::wait::until(
         "the worker's pods gone",
         WAIT,
@@ -505,7 +552,8 @@ async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_managemen
     .await
     .unwrap();
     eprintln!(
-        "every pod gone from the worker {:.2}s after the management Jobs' delete",
+        "every pod gone from the worker {:.2}s after the management Jobs' delete (the \
+         running one takes 10 s to stop)",
         started.elapsed().as_secs_f64()
     );
     // The gated pod never left its gate before it went.
