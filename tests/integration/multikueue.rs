@@ -329,8 +329,8 @@ async fn a_plain_job_queued_on_the_manager_runs_on_the_worker_and_its_end_comes_
 /// A Job whose pod template carries the operator's scheduling gate: Kueue copies the
 /// template to the worker with the gate (and the template's labels and annotations),
 /// the worker's Kueue admits and starts it, and its pod waits at the gate for good (no
-/// one there lifts it), its GPU held by the worker's ClusterQueue all the while; the
-/// management Job shows the worker's status (one active pod, none ready). Deleting the
+/// one there lifts it), its GPU held by the worker's ClusterQueue all the while, and
+/// the management Job is started with no pod of its own. Deleting the
 /// management Job deletes the worker's Job (in the background) and, through the worker's
 /// garbage collector, its pods: the gated one and a running one of another Job alike.
 /// A foreground delete of the management Job does not wait for the worker: the
@@ -439,19 +439,20 @@ async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_managemen
         theirs.spec.as_ref().unwrap().tolerations
     );
 
-    // The management Job shows the worker's status: one pod active, none ready.
-    let shown = wait_job(
-        manager,
-        "gated",
-        "the worker's status, one pod active",
-        |j| j.status.as_ref().and_then(|s| s.active) == Some(1),
-    )
+    // The management Job is started (Kueue admitted it once the worker had), and has no
+    // pods. Its status is the worker Job's only if a change on the worker came after
+    // that start: Kueue copies it on the worker's events and skips the copy while the
+    // management Job is still suspended, and a gated pod changes nothing more (in one
+    // run of five the status stayed empty; the next periodic look is workerLostTimeout,
+    // 15 min, away). So it is shown, not required.
+    let begun = wait_job(manager, "gated", "started by Kueue on the manager", |j| {
+        j.spec.as_ref().and_then(|s| s.suspend) == Some(false)
+    })
     .await;
-    assert_eq!(
-        shown.status.as_ref().unwrap().ready,
-        Some(0),
-        "{:?}",
-        shown.status
+    eprintln!(
+        "the management Job's status once started: active {:?}, ready {:?}",
+        begun.status.as_ref().and_then(|s| s.active),
+        begun.status.as_ref().and_then(|s| s.ready)
     );
     // Its pod is still at the gate, unbound, and its GPU is taken on the worker.
     let now = Api::<Pod>::namespaced(worker.admin.clone(), &worker.ns)
