@@ -678,3 +678,110 @@ async fn worker_gets(env: &TestEnv) -> (f64, f64) {
     };
     (get("workloads"), get("jobs"))
 }
+
+/// Not a test: whether a Job that ends on the worker before Kueue has started it on
+/// the manager gets its end on the manager. Kueue copies the worker's status only while
+/// the management Job is started, finishes the management Workload when the worker's
+/// does, then deletes the worker's Job: an end that comes too early may never be copied.
+/// `GPUJOB_MK_JOBS` Jobs (default 20) whose pods end at once; prints how many management
+/// Jobs got Complete within 90 s. Run with `cargo nextest run -p gpujob-operator
+/// --features gpujob-operator/failpoints --run-ignored only -E
+/// 'test(multikueue_early_end_figures)' --no-capture`.
+#[tokio::test]
+#[ignore = "measurement, not a test: run on demand"]
+async fn multikueue_early_end_figures() {
+    let n: usize = std::env::var("GPUJOB_MK_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let two = TwoClusters::start("mk-early", u32::try_from(n).unwrap(), json!({})).await;
+    let (manager, worker) = (&two.manager, &two.worker);
+    for i in 0..n {
+        manager
+            .jobs()
+            .create(
+                &PostParams::default(),
+                &batch_job(
+                    &format!("e{i}"),
+                    &[("SIM_DURATION_SECONDS", "0")],
+                    json!({}),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+    // Every management Workload finished and every worker copy deleted: nothing more
+    // will be copied.
+    let workloads: Api<DynamicObject> = Api::namespaced_with(
+        manager.admin.clone(),
+        &manager.ns,
+        &kueue_kind("Workload", "workloads"),
+    );
+    devcluster::wait::until(
+        "every management Workload finished and the worker's Jobs gone",
+        Duration::from_secs(300),
+        Duration::from_millis(200),
+        || async {
+            let list = workloads.list(&ListParams::default()).await.ok()?.items;
+            let finished = list
+                .iter()
+                .filter_map(|w| serde_json::to_value(w).ok())
+                .filter(|w| {
+                    w["status"]["conditions"].as_array().is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c["type"] == "Finished" && c["status"] == "True")
+                    })
+                })
+                .count();
+            let left = worker
+                .jobs()
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .len();
+            (finished == n && left == 0).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let jobs = manager
+        .jobs()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let complete = jobs
+        .iter()
+        .filter(|j| job_condition(j, "Complete").is_some())
+        .count();
+    let statusless: Vec<_> = jobs
+        .iter()
+        .filter(|j| job_condition(j, "Complete").is_none() && job_condition(j, "Failed").is_none())
+        .map(|j| {
+            (
+                j.metadata.name.clone().unwrap_or_default(),
+                j.spec.as_ref().and_then(|s| s.suspend),
+                j.status.clone(),
+                j.metadata.uid.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    // What the management Workload of each says: its Finished condition.
+    let mut statusless_workloads = Vec::new();
+    for (name, _, _, uid) in &statusless {
+        let finished = workload(manager, &manager.ns, uid).await.and_then(|w| {
+            w["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Finished")
+                .map(|c| format!("{} {}: {}", c["status"], c["reason"], c["message"]))
+        });
+        statusless_workloads.push((name.clone(), finished));
+    }
+    println!(
+        "FIGURE multikueue early end: {n} Jobs whose pods end at once; {complete} management \
+         Jobs Complete once the worker's copies were gone; without an end (name, suspend, \
+         status, uid): {statusless:?}; their Workloads' Finished: {statusless_workloads:?}"
+    );
+}
