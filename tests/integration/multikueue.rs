@@ -172,11 +172,14 @@ async fn a_plain_job_queued_on_the_manager_runs_on_the_worker_and_its_end_comes_
     let worker_pods = PodLog::start(worker);
     let pp = PostParams::default();
 
+    // Each runs 3 s: an end on the worker before Kueue has started the management Job
+    // (a fraction of a second after the worker's Job is made) is never copied back
+    // (`multikueue_early_end_figures`).
     let created = manager
         .jobs()
         .create(
             &pp,
-            &batch_job("ok", &[("SIM_DURATION_SECONDS", "2")], json!({})),
+            &batch_job("ok", &[("SIM_DURATION_SECONDS", "3")], json!({})),
         )
         .await
         .unwrap();
@@ -184,7 +187,11 @@ async fn a_plain_job_queued_on_the_manager_runs_on_the_worker_and_its_end_comes_
         .jobs()
         .create(
             &pp,
-            &batch_job("fails", &[("SIM_EXIT_CODE", "3")], json!({})),
+            &batch_job(
+                "fails",
+                &[("SIM_DURATION_SECONDS", "3"), ("SIM_EXIT_CODE", "3")],
+                json!({}),
+            ),
         )
         .await
         .unwrap();
