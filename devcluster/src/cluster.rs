@@ -585,6 +585,66 @@ impl ControlPlane {
         Ok(config)
     }
 
+    /// A kubeconfig (as text) for service account `name` in `namespace`, which must
+    /// exist: a token minted for it by the TokenRequest API, valid for `valid_for`, and
+    /// the CA inline (`certificate-authority-data`), no file paths. What a client that
+    /// runs elsewhere is handed, e.g. Kueue's MultiKueue on another cluster, which
+    /// refuses a kubeconfig naming files.
+    pub async fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        valid_for: Duration,
+    ) -> Result<String, Error> {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        let accounts: Api<ServiceAccount> =
+            Api::namespaced(self.client(Identity::Admin).await?, namespace);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: i64::try_from(valid_for.as_secs()).ok(),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        let minted = accounts
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .map_err(Error::kube(format!(
+                "minting a token for service account {namespace}/{name}"
+            )))?;
+        let token = minted
+            .status
+            .and_then(|s| s.token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                Error::invalid(
+                    format!("the token of service account {namespace}/{name}"),
+                    "the TokenRequest came back without a token",
+                )
+            })?;
+        let ca = std::fs::read(&self.info.ca_file).map_err(Error::io(format!(
+            "reading {}",
+            self.info.ca_file.display()
+        )))?;
+        // ByteString serializes as base64, the encoding kubeconfig's *-data fields take.
+        let ca_data = serde_json::to_value(k8s_openapi::ByteString(ca))
+            .map_err(|e| Error::invalid("encoding the CA", e))?;
+        let user = format!("system:serviceaccount:{namespace}:{name}");
+        // JSON is YAML: every kubeconfig reader takes it.
+        let kubeconfig = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "devcluster", "cluster": {
+                "server": self.info.server,
+                "certificate-authority-data": ca_data,
+            }}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "devcluster", "context": {"cluster": "devcluster", "user": user}}],
+            "current-context": "devcluster",
+        });
+        serde_json::to_string_pretty(&kubeconfig).map_err(|e| Error::invalid("a kubeconfig", e))
+    }
+
     /// A client acting as `who`.
     pub async fn client(&self, who: Identity) -> Result<kube::Client, Error> {
         kube::Client::try_from(self.config(who).await?)

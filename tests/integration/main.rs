@@ -28,6 +28,7 @@ mod metrics;
 mod metrics_secure;
 mod migration;
 mod monitoring;
+mod multikueue;
 mod observability;
 mod plugin;
 mod preconditions;

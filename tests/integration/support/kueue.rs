@@ -128,11 +128,23 @@ impl Kueue {
     /// names Kueue's Service, which the API server here cannot reach; it still fills its
     /// Secret, which nothing here mounts).
     pub async fn start_with_job_webhook(env: &TestEnv) -> Kueue {
-        let dir = std::env::temp_dir().join(format!("gpujob-kueue-{}", env.ns));
+        Self::start_with_job_webhook_as(env, "", json!({})).await
+    }
+
+    /// [`Kueue::start_with_job_webhook`] with `config` merged into the top level of
+    /// its configuration (a `multiKueue` section, `clientConnection`), its files in a
+    /// folder named with `role` too (two clusters' Kueues for one namespace name keep
+    /// their own).
+    pub async fn start_with_job_webhook_as(
+        env: &TestEnv,
+        role: &str,
+        config: serde_json::Value,
+    ) -> Kueue {
+        let dir = std::env::temp_dir().join(format!("gpujob-kueue-{}{role}", env.ns));
         let certs = dir.join("certs");
         let ca = super::webhook::webhook_certs(&certs);
         let (health, port) = (free_port(), free_port());
-        let config = write_config(&dir, health, port, &certs);
+        let config = write_config(&dir, health, port, &certs, config);
         cert_secret(env).await;
         let kueue = Kueue {
             child: spawn(&env.cluster, &dir, &config, 1),
@@ -189,11 +201,18 @@ impl Kueue {
     /// Starts Kueue on `env`'s control plane (which must have [`kueue_crds`]) and waits
     /// until it is ready.
     pub async fn start(env: &TestEnv) -> Kueue {
-        let dir = std::env::temp_dir().join(format!("gpujob-kueue-{}", env.ns));
+        Self::start_as(env, "", json!({})).await
+    }
+
+    /// [`Kueue::start`] with `config` merged into the top level of its configuration,
+    /// its files in a folder named with `role` too (see
+    /// [`Kueue::start_with_job_webhook_as`]).
+    pub async fn start_as(env: &TestEnv, role: &str, config: serde_json::Value) -> Kueue {
+        let dir = std::env::temp_dir().join(format!("gpujob-kueue-{}{role}", env.ns));
         let certs = dir.join("certs");
         std::fs::create_dir_all(&certs).unwrap();
         let health = free_port();
-        let config = write_config(&dir, health, free_port(), &certs);
+        let config = write_config(&dir, health, free_port(), &certs, config);
 
         // Kueue's certificate management fills a Secret that must exist, and waits for
         // the kubelet to mount it; here the test copies it into the folder.
@@ -225,10 +244,17 @@ impl Kueue {
 }
 
 /// Kueue's configuration in `dir`: its health probe on `health`, its webhook server on
-/// `port` with the certificates in `certs`, only batch/v1 Jobs integrated.
-fn write_config(dir: &Path, health: u16, port: u16, certs: &Path) -> PathBuf {
+/// `port` with the certificates in `certs`, only batch/v1 Jobs integrated; the keys of
+/// `extra` (an object) added at the top level.
+fn write_config(
+    dir: &Path,
+    health: u16,
+    port: u16,
+    certs: &Path,
+    extra: serde_json::Value,
+) -> PathBuf {
     let config = dir.join("config.yaml");
-    let text = json!({
+    let mut text = json!({
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -238,6 +264,9 @@ fn write_config(dir: &Path, health: u16, port: u16, certs: &Path) -> PathBuf {
         "leaderElection": {"leaderElect": false},
         "integrations": {"frameworks": ["batch/job"]},
     });
+    if let (Some(text), serde_json::Value::Object(extra)) = (text.as_object_mut(), extra) {
+        text.extend(extra);
+    }
     std::fs::write(&config, serde_json::to_string(&text).unwrap()).unwrap();
     config
 }

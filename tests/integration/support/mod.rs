@@ -7,6 +7,7 @@
 pub mod attempts;
 pub mod harness;
 pub mod kueue;
+pub mod multikueue;
 pub mod nodes;
 pub mod prometheus;
 pub mod quota;
@@ -186,9 +187,27 @@ impl TestEnv {
     }
 
     async fn on(cluster: ControlPlane, prefix: &str) -> TestEnv {
+        let ns = cluster.create_namespace(prefix).await.unwrap();
+        Self::in_namespace(cluster, ns).await
+    }
+
+    /// A TestEnv on `cluster` in namespace `ns`, made here: another cluster's
+    /// namespace of the same name (MultiKueue dispatches a Job to the namespace of its
+    /// name on the worker).
+    async fn on_named(cluster: ControlPlane, ns: &str) -> TestEnv {
+        let admin = cluster.client(Identity::Admin).await.unwrap();
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin);
+        let namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await
+            .unwrap();
+        Self::in_namespace(cluster, ns.to_owned()).await
+    }
+
+    async fn in_namespace(cluster: ControlPlane, ns: String) -> TestEnv {
         let admin = cluster.client(Identity::Admin).await.unwrap();
         grant_operator_role_to_replicas(&admin).await;
-        let ns = cluster.create_namespace(prefix).await.unwrap();
         grant_lease_role_to_replicas(&admin, &ns).await;
         TestEnv { cluster, ns, admin }
     }
