@@ -60,6 +60,9 @@ pub struct SeenJob {
     pub pod_group: Option<String>,
     /// Where its pods are kept together (`gpujob.dev/topology`).
     pub topology: Option<Topology>,
+    /// The controller that makes its pods when not the Job controller (`spec.managedBy`:
+    /// Kueue's MultiKueue, which runs it on another cluster).
+    pub managed_by: Option<String>,
     pub status: SeenJobStatus,
 }
 
@@ -76,6 +79,9 @@ pub struct SeenJobStatus {
     /// Only when some are (zero is what nearly every Job says).
     pub terminating: Option<i32>,
 }
+
+/// `spec.managedBy` of a Job the Job controller runs (the default).
+const JOB_CONTROLLER: &str = "kubernetes.io/job-controller";
 
 impl SeenJob {
     /// The metadata of an object of this Job's attempt (its Service, its PodGroup): named
@@ -144,6 +150,11 @@ impl SeenJob {
             devices: devices(job),
             pod_group: pod_group(job),
             topology: topology(job),
+            managed_by: job
+                .spec
+                .as_ref()
+                .and_then(|s| s.managed_by.clone())
+                .filter(|m| m != JOB_CONTROLLER),
             status: SeenJobStatus {
                 conditions: status
                     .and_then(|s| s.conditions.clone())

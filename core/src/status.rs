@@ -36,6 +36,10 @@ pub const CLAIM_TEMPLATE_NAME_CONFLICT: &str = "ResourceClaimTemplateNameConflic
 /// Ready reason: a PodGroup the operator did not make holds the name of a multi-node
 /// attempt's gang; its pods wait at the gate, and the GpuJob looks again in a while.
 pub const POD_GROUP_NAME_CONFLICT: &str = "PodGroupNameConflict";
+/// Ready reason: the current attempt's Job is managed by another controller
+/// (`spec.managedBy`, which Kueue sets for a queue that dispatches through MultiKueue),
+/// so its pods run on another cluster, where this operator does not let them go.
+pub const MANAGED_ELSEWHERE: &str = "ManagedElsewhere";
 /// Condition type, on GpuJobs with `spec.queueName`: whether Kueue admitted the current
 /// attempt (True, reason Admitted), or holds it (False, with Kueue's reason and words).
 pub const ADMITTED: &str = "Admitted";

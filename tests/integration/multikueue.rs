@@ -3,8 +3,9 @@
 //! and its outcome comes back; a Job whose pods carry a scheduling gate nobody on the
 //! worker lifts (the operator's gate, lifted only where the operator watches) stays
 //! gated there, and goes from the worker when the management Job is deleted. The
-//! groundwork for running GpuJobs through MultiKueue: what Kueue does to the Jobs, not
-//! yet what the operator does.
+//! groundwork for running GpuJobs through MultiKueue: what Kueue does to the Jobs; what
+//! the operator does today is only to say so (a GpuJob through such a queue is Pending,
+//! ManagedElsewhere).
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -791,4 +792,58 @@ async fn multikueue_early_end_figures() {
          Jobs Complete once the worker's copies were gone; without an end (name, suspend, \
          status, uid): {statusless:?}; their Workloads' Finished: {statusless_workloads:?}"
     );
+}
+
+/// A GpuJob queued through a MultiKueue queue: Kueue's webhook makes its attempt's Job
+/// a MultiKueue Job and dispatches it to the worker, where its pod waits at the
+/// operator's gate (the operator lets pods go only on the cluster it runs against). The
+/// GpuJob says so, Pending with reason ManagedElsewhere, rather than Running.
+#[tokio::test]
+async fn a_gpujob_through_a_multikueue_queue_says_its_pods_wait_on_another_cluster() {
+    use gpujob_operator::api::{LABEL_UID, Phase};
+    use gpujob_operator::controller::status::{MANAGED_ELSEWHERE, READY};
+
+    let two = TwoClusters::start("mk-gpujob", 4, json!({})).await;
+    let (manager, worker) = (&two.manager, &two.worker);
+    let _op = manager.operator("mk-gpujob", manager.settings()).await;
+    let g = manager
+        .create(
+            "train",
+            json!({"image": "i", "gpus": 1, "maxRetries": 0,
+                   "env": support::sim_env(&[("SIM_DURATION_SECONDS", "3600")]),
+                   "v2": {"queueName": QUEUE}}),
+        )
+        .await;
+    let said = manager
+        .wait_gpujob("train", "Pending, its Job managed by MultiKueue", |g| {
+            g.status
+                .as_ref()
+                .and_then(|s| s.condition(READY))
+                .is_some_and(|c| c.reason == MANAGED_ELSEWHERE)
+        })
+        .await;
+    assert_eq!(support::phase(&said), Some(Phase::Pending));
+    let message = &said
+        .status
+        .as_ref()
+        .unwrap()
+        .condition(READY)
+        .unwrap()
+        .message;
+    assert!(message.contains(MANAGED_BY), "{message}");
+    // Its pod is on the worker, at the operator's gate; none is on the manager.
+    let uid = g.metadata.uid.clone().unwrap();
+    let selector = ListParams::default().labels(&format!("{LABEL_UID}={uid}"));
+    let worker_pods: Api<Pod> = Api::namespaced(worker.admin.clone(), &worker.ns);
+    let pod = devcluster::wait::until("the attempt's pod on the worker", WAIT, POLL, || {
+        let pods = worker_pods.clone();
+        let selector = selector.clone();
+        async move { pods.list(&selector).await.ok()?.items.into_iter().next() }
+    })
+    .await
+    .unwrap();
+    let gates = pod.spec.unwrap().scheduling_gates.unwrap_or_default();
+    assert!(gates.iter().any(|g| g.name == SCHEDULING_GATE), "{gates:?}");
+    let manager_pods: Api<Pod> = Api::namespaced(manager.admin.clone(), &manager.ns);
+    assert!(manager_pods.list(&selector).await.unwrap().items.is_empty());
 }

@@ -2302,3 +2302,31 @@ mod gang;
 mod gate;
 mod lost_node;
 mod reads;
+
+#[test]
+fn an_attempt_whose_job_another_controller_runs_says_so_not_running() {
+    let mut g = gpujob(3);
+    g.spec.v2 = Some(V2Only {
+        queue_name: Some("team".into()),
+        ..V2Only::default()
+    });
+    let g = with_status(g.clone(), &run(&g, &[], None, T0));
+    // Kueue's webhook made it a MultiKueue Job, and MultiKueue admitted it: unsuspended.
+    let mut j = job(&g, 1, None);
+    let spec = j.spec.as_mut().unwrap();
+    spec.managed_by = Some("kueue.x-k8s.io/multikueue".into());
+    spec.suspend = Some(false);
+    let p = run(&g, &[j.clone()], None, "2026-11-30T06:00:02Z");
+    assert_eq!(p.status.phase, Some(Phase::Pending));
+    let c = p.status.condition(READY).unwrap();
+    assert_eq!(c.reason, crate::status::MANAGED_ELSEWHERE);
+    assert!(
+        c.message.contains("kueue.x-k8s.io/multikueue"),
+        "{}",
+        c.message
+    );
+    // The Job controller's own name is not another controller.
+    j.spec.as_mut().unwrap().managed_by = Some("kubernetes.io/job-controller".into());
+    let p = run(&g, &[j], None, "2026-11-30T06:00:02Z");
+    assert_eq!(ready(&p).1, crate::status::JOB_RUNNING);
+}

@@ -68,6 +68,8 @@ struct Kept {
     pod_group: Option<String>,
     #[serde(rename = "tp", default, skip_serializing_if = "Option::is_none")]
     topology: Option<Topology>,
+    #[serde(rename = "mb", default, skip_serializing_if = "Option::is_none")]
+    managed_by: Option<String>,
     #[serde(rename = "c", default, skip_serializing_if = "Vec::is_empty")]
     conditions: Vec<JobCondition>,
     #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
@@ -105,6 +107,7 @@ impl Cached {
             devices: seen.devices.clone(),
             pod_group: seen.pod_group.clone(),
             topology: seen.topology.clone(),
+            managed_by: seen.managed_by.clone(),
             conditions: status.conditions.clone(),
             completion_time: status.completion_time.clone(),
             active: status.active,
@@ -190,6 +193,7 @@ impl Cached {
             devices: kept.devices,
             pod_group: kept.pod_group,
             topology: kept.topology,
+            managed_by: kept.managed_by,
             status: SeenJobStatus {
                 conditions: kept.conditions,
                 completion_time: kept.completion_time,
