@@ -1,7 +1,9 @@
 //! Pure: the ResourceClaimTemplate through which an attempt's pods get their GPUs by
-//! Dynamic Resource Allocation (v2 `spec.resources.devices`). One per attempt, named
-//! like its Job (each pod's claim `gpus` names it), with one request `gpus` as the spec
-//! says. The ResourceClaim controller makes one claim per pod from it, and
+//! Dynamic Resource Allocation (v2 `spec.resources.devices`). One per attempt and
+//! request: named after its Job and a hash of the request ([`template_name`], which each
+//! pod's claim `gpus` names), so a template made for another spec (a create that lands
+//! late, a spec changed between a refused Job and its retry) is never taken for this
+//! one's; one request `gpus` as the spec says. The ResourceClaim controller makes one claim per pod from it, and
 //! kube-scheduler allocates each claim on the pod's node.
 //!
 //! It is made before the attempt's Job, so it is owned by the GpuJob (the Job has no uid
@@ -21,6 +23,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::api::{DEVICE_REQUEST, DeviceSelector, Devices, GpuJob};
+use crate::hash::fnv1a64;
 use crate::job::{job_name, labels, owner_reference};
 
 /// How every count is allocated: exactly that many devices.
@@ -32,7 +35,8 @@ const EXACT_COUNT: &str = "ExactCount";
 pub fn template(gpujob: &GpuJob, attempt: i32) -> Option<ResourceClaimTemplate> {
     let devices = gpujob.spec.devices()?;
     let labels: BTreeMap<String, String> = labels(gpujob, attempt);
-    let name = job_name(gpujob.metadata.name.as_deref().unwrap_or_default(), attempt);
+    let job = job_name(gpujob.metadata.name.as_deref().unwrap_or_default(), attempt);
+    let name = template_name(&job, devices);
     Some(ResourceClaimTemplate {
         metadata: ObjectMeta {
             name: Some(name),
@@ -55,6 +59,14 @@ pub fn template(gpujob: &GpuJob, attempt: i32) -> Option<ResourceClaimTemplate> 
             }),
         }),
     })
+}
+
+/// The name of the template of the attempt whose Job is `job`, for `devices`:
+/// `<job>-<10 hex digits of FNV-1a 64 of the request's JSON>`.
+pub fn template_name(job: &str, devices: &Devices) -> String {
+    let json = serde_json::to_string(devices).unwrap_or_default();
+    let hash = format!("{:016x}", fnv1a64(json.as_bytes()));
+    format!("{job}-{}", &hash[..10])
 }
 
 /// The one request `gpus`, as the spec says it (the shapes are resource.k8s.io/v1's).
@@ -147,7 +159,26 @@ mod tests {
         ]}));
         let t = template(&g, 3).expect("an attempt with devices");
         let m = &t.metadata;
-        assert_eq!(m.name.as_deref(), Some("train-3"));
+        let name = m.name.clone().unwrap();
+        assert!(
+            name.starts_with("train-3-") && name.len() == "train-3-".len() + 10,
+            "{name}"
+        );
+        assert_eq!(name, template_name("train-3", g.spec.devices().unwrap()));
+        // Another request, another name: a template made for another spec is not this
+        // one's.
+        let mut other = g.clone();
+        other
+            .spec
+            .v2
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .first_available[1]
+            .count = 4;
+        assert_ne!(template(&other, 3).unwrap().metadata.name.unwrap(), name);
         assert_eq!(m.namespace.as_deref(), Some("team-a"));
         let owner = &m.owner_references.as_ref().unwrap()[0];
         assert_eq!(

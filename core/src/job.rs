@@ -428,7 +428,9 @@ fn pod(
         // the Job: `crate::claims`), made before any of its pods is let go.
         let mut claims = vec![PodResourceClaim {
             name: DEVICE_REQUEST.to_owned(),
-            resource_claim_template_name: Some(job.to_owned()),
+            resource_claim_template_name: spec
+                .devices()
+                .map(|d| crate::claims::template_name(job, d)),
             resource_claim_name: None,
         }];
         claims.extend(
@@ -856,9 +858,17 @@ pub(crate) mod tests {
         let claims = pod.resource_claims.as_ref().unwrap();
         assert_eq!(claims[0].name, "gpus");
         assert_eq!(
-            claims[0].resource_claim_template_name.as_deref(),
-            Some("train-2"),
-            "the attempt's template, named like its Job"
+            claims[0].resource_claim_template_name,
+            Some(crate::claims::template_name(
+                "train-2",
+                g.spec.devices().unwrap()
+            )),
+            "the attempt's template, named after its Job and its request"
+        );
+        assert_eq!(
+            crate::claims::template(&g, 2).unwrap().metadata.name,
+            claims[0].resource_claim_template_name,
+            "the template the plan makes is the one the pods name"
         );
         assert_eq!(claims[1].name, "scratch", "the template's own claims stay");
         let main = &pod.containers[0];

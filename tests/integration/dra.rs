@@ -53,6 +53,13 @@ fn h200_else_h100() -> serde_json::Value {
     json!({"firstAvailable": [alternative("h200", H200), alternative("h100", H100)]})
 }
 
+/// The name of the ResourceClaimTemplate of the attempt whose Job is `job`, for
+/// [`h200_else_h100`].
+fn template_of(job: &str) -> String {
+    let devices = serde_json::from_value(h200_else_h100()).unwrap();
+    gpujob_operator::controller::claims::template_name(job, &devices)
+}
+
 /// A GpuJob (v1's spelling: `gpus` holds the largest count) whose attempt runs for an
 /// hour once placed, so its devices stay taken.
 async fn create(env: &TestEnv, name: &str) -> GpuJob {
@@ -135,7 +142,7 @@ async fn an_attempt_gets_the_first_free_alternative_and_waits_with_a_reason_when
         (vec!["h200".to_owned()], H200_NODE.to_owned())
     );
     // Its template is the attempt's: named like its Job, owned by the GpuJob.
-    let template = templates.get("first-1").await.unwrap();
+    let template = templates.get(&template_of("first-1")).await.unwrap();
     let owner = &template.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
         (owner.kind.as_str(), owner.uid.as_str()),
@@ -182,7 +189,7 @@ async fn an_attempt_gets_the_first_free_alternative_and_waits_with_a_reason_when
             let templates = templates.clone();
             async move {
                 templates
-                    .get_opt("first-1")
+                    .get_opt(&template_of("first-1"))
                     .await
                     .unwrap()
                     .is_none()
@@ -201,7 +208,7 @@ async fn a_foreign_template_under_the_attempts_name_keeps_it_from_starting_until
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(env.admin.clone(), &env.ns);
     // Someone else's template holds the name of attempt 1's, asking for anything.
     let foreign: ResourceClaimTemplate = serde_json::from_value(json!({
-        "metadata": {"name": "taken-1"},
+        "metadata": {"name": template_of("taken-1")},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpus",
             "exactly": {"deviceClassName": DEVICE_CLASS, "count": 1}}]}}},
     }))
@@ -227,14 +234,14 @@ async fn a_foreign_template_under_the_attempts_name_keeps_it_from_starting_until
     // The foreign template goes: the attempt's own is made, then its Job, and its pod
     // runs on the devices its own template asks for.
     templates
-        .delete("taken-1", &DeleteParams::default())
+        .delete(&template_of("taken-1"), &DeleteParams::default())
         .await
         .unwrap();
     assert_eq!(
         got(&env, "taken").await,
         (vec!["h200".to_owned()], H200_NODE.to_owned())
     );
-    let template = templates.get("taken-1").await.unwrap();
+    let template = templates.get(&template_of("taken-1")).await.unwrap();
     assert_eq!(
         template.metadata.owner_references.as_ref().unwrap()[0].uid,
         uid

@@ -53,10 +53,10 @@ pub const MASTER_PORT: u16 = 29500;
 /// Annotation on Jobs with failure rules: the action of each rule of the Job's pod
 /// failure policy, in order (`job.rs`).
 pub const ANNOTATION_FAILURE_RULES: &str = "gpujob.dev/failure-rules";
-/// Annotation on Jobs of a GpuJob with `devices` (DRA): the request of the attempt's
-/// ResourceClaimTemplate, as JSON. The template is built from the Job (it is made after
-/// the Job, whose uid owns it), so it asks for what the Job was built for, whatever the
-/// spec says by then; quota counts from it too.
+/// Annotation on Jobs of a GpuJob with `devices` (DRA): the request the attempt's pods
+/// claim, as JSON (their ResourceClaimTemplate, made just before the Job from the same
+/// spec, is named after a hash of it): what the Job was built for, whatever the spec
+/// says later. Quota counts from it, and `status.devices` names its alternatives.
 pub const ANNOTATION_DEVICES: &str = "gpujob.dev/devices";
 /// Annotation on Jobs of a GpuJob with `topology`: where its pods are kept together, as
 /// JSON (a gang's PodGroup is built from the Job, after it).

@@ -75,8 +75,9 @@ pub struct GpuJobStatus {
     /// The `gpujob.dev/rerun` request the current run answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun_token: Option<String>,
-    /// Which alternative of `resources.devices.firstAvailable` the current attempt's
-    /// pods were allocated, read from their ResourceClaims once they were placed.
+    /// Which alternatives of `resources.devices.firstAvailable` an attempt's pods were
+    /// allocated (the newest attempt read; `attempt` says which), read from their
+    /// ResourceClaims once they were all placed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<DeviceAllocation>,
     /// When the GpuJob reached Succeeded or Failed.

@@ -336,9 +336,11 @@ impl Planner<'_, '_> {
     }
 
     /// Whether the ResourceClaims of `attempt` (its Job `job`, uid `job_uid`) are to be
-    /// read: the recorded attempt's, with alternatives to choose from, not said in status
-    /// yet, and all of its pods placed (the scheduler allocates a pod's claims before it
-    /// binds the pod), so one read finds every claim allocated.
+    /// read: the recorded attempt's, running, with alternatives to choose from, not said
+    /// in status yet, and all of its pods placed (the scheduler allocates a pod's claims
+    /// before it binds the pod), so one read finds every claim allocated. A finished
+    /// attempt's claims go with its pods: not read (an attempt that ends before the read
+    /// leaves status without its alternatives).
     fn allocation_due(&self, attempt: i32, job: &SeenJob, job_uid: &str) -> bool {
         let alternatives = job
             .devices
@@ -359,6 +361,8 @@ impl Planner<'_, '_> {
         alternatives
             && !said
             && attempt == self.current.attempts
+            && !self.current.phase.is_some_and(Phase::is_final)
+            && seen_state(job) == JobState::Active
             && !job.deleting()
             && placed >= pods
     }

@@ -8,6 +8,7 @@ use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::core::DynamicObject;
 use tracing::{info, warn};
 
+use super::writes::Owned;
 use super::{Created, Execution};
 use crate::controller::Key;
 use crate::controller::error::Error;
@@ -96,44 +97,30 @@ impl Execution<'_> {
         attempt: i32,
         service: &Service,
     ) -> Result<Option<Refusal>, Error> {
-        let name = service.metadata.name.as_deref().unwrap_or_default();
-        if let Some(message) = self.ctx.writer.create_service(self.fence, service).await? {
-            return Ok(Some(name_taken(attempt, SERVICE_NAME_CONFLICT, message)));
-        }
-        info!(
+        let made = self.ctx.writer.create_service(self.fence, service).await?;
+        Ok(owned(
             attempt,
-            service = name,
-            "the multi-node attempt's headless Service exists (created now or before)"
-        );
-        Ok(None)
+            "headless Service",
+            made,
+            SERVICE_NAME_CONFLICT,
+        ))
     }
 
     /// Creates the ResourceClaimTemplate of an attempt whose pods get GPUs by DRA;
-    /// `Some(refusal)` when a foreign one holds its name.
+    /// `Some(refusal)` when a foreign one holds its name, or the API server will not
+    /// have it.
     pub(super) async fn create_claim_template(
         &mut self,
         attempt: i32,
         template: &ResourceClaimTemplate,
     ) -> Result<Option<Refusal>, Error> {
-        let name = template.metadata.name.as_deref().unwrap_or_default();
-        if let Some(message) = self
+        let made = self
             .ctx
             .writer
             .create_claim_template(self.fence, template)
-            .await?
-        {
-            return Ok(Some(name_taken(
-                attempt,
-                CLAIM_TEMPLATE_NAME_CONFLICT,
-                message,
-            )));
-        }
-        info!(
-            attempt,
-            template = name,
-            "the attempt's ResourceClaimTemplate exists (created now or before)"
-        );
-        Ok(None)
+            .await?;
+        let conflict = CLAIM_TEMPLATE_NAME_CONFLICT;
+        Ok(owned(attempt, "ResourceClaimTemplate", made, conflict))
     }
 
     /// Creates a multi-node attempt's PodGroup (its gang); `Some(refusal)` when a
@@ -143,16 +130,8 @@ impl Execution<'_> {
         attempt: i32,
         group: &DynamicObject,
     ) -> Result<Option<Refusal>, Error> {
-        let name = group.metadata.name.as_deref().unwrap_or_default();
-        if let Some(message) = self.ctx.writer.create_pod_group(self.fence, group).await? {
-            return Ok(Some(name_taken(attempt, POD_GROUP_NAME_CONFLICT, message)));
-        }
-        info!(
-            attempt,
-            pod_group = name,
-            "the multi-node attempt's PodGroup exists (created now or before)"
-        );
-        Ok(None)
+        let made = self.ctx.writer.create_pod_group(self.fence, group).await?;
+        Ok(owned(attempt, "PodGroup", made, POD_GROUP_NAME_CONFLICT))
     }
 
     /// Lets the current attempt's pod go.
@@ -275,6 +254,32 @@ impl Execution<'_> {
             foreground,
         });
         Ok(())
+    }
+}
+
+/// What creating `attempt`'s `kind` came to, as the plan hears it: nothing when made
+/// (now or before), else a refusal (`conflict` for a foreign object under the name).
+fn owned(attempt: i32, kind: &str, made: Owned, conflict: &'static str) -> Option<Refusal> {
+    match made {
+        Owned::Done => {
+            info!(
+                attempt,
+                "the attempt's {kind} exists (created now or before)"
+            );
+            None
+        }
+        Owned::Taken(message) => Some(name_taken(attempt, conflict, message)),
+        Owned::Invalid(message) => {
+            warn!(
+                attempt,
+                "the attempt's {kind} refused as invalid: {message}; waiting for a spec change"
+            );
+            Some(Refusal {
+                attempt,
+                reason: INVALID_SPEC,
+                message,
+            })
+        }
     }
 }
 

@@ -69,6 +69,18 @@ struct Target<'a> {
     resource_version: &'a str,
 }
 
+/// What creating one of an attempt's own objects (its Service, ResourceClaimTemplate or
+/// PodGroup) came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owned {
+    /// Created now, or by an earlier run of the same step.
+    Done,
+    /// A foreign object holds the name: what to tell the user.
+    Taken(String),
+    /// The API server refuses it (or does not serve its kind): what it said.
+    Invalid(String),
+}
+
 /// What a create under a stable name found ([`Writer::create_or_read`]).
 enum Made<K> {
     Created(K),
@@ -311,64 +323,54 @@ impl Writer {
     }
 
     /// Creates a multi-node attempt's headless Service (owned by its Job). A foreign one
-    /// under its name: what to tell the user (`Some`), and the pods are not let go.
-    pub async fn create_service(
-        &self,
-        fence: &Fence,
-        service: &Service,
-    ) -> Result<Option<String>, Error> {
+    /// under its name is `Taken`, and the pods are not let go.
+    pub async fn create_service(&self, fence: &Fence, service: &Service) -> Result<Owned, Error> {
         let ns = service.metadata.namespace.as_deref().unwrap_or_default();
         let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
-        self.create_owned(
-            fence,
-            &api,
-            service,
-            ApiCall::CreateService,
-            rendezvous::name_taken,
-        )
-        .await
+        let taken = rendezvous::name_taken;
+        self.create_owned(fence, &api, service, ApiCall::CreateService, taken, None)
+            .await
     }
 
     /// Creates an attempt's ResourceClaimTemplate, before its Job (owned by the
-    /// GpuJob). A foreign one under its name: what to tell the user (`Some`), and the
-    /// Job is not created. An attempt that never starts leaves only an unused template
-    /// under its own name, collected with the GpuJob.
+    /// GpuJob). A foreign one under its name is `Taken`, and the Job is not created; a
+    /// cluster without `resource.k8s.io/v1`, or one that refuses the request (its CEL
+    /// selectors, say), is `Invalid`: the spec cannot run here. An attempt that never
+    /// starts leaves only an unused template, collected with the GpuJob.
     pub async fn create_claim_template(
         &self,
         fence: &Fence,
         template: &ResourceClaimTemplate,
-    ) -> Result<Option<String>, Error> {
+    ) -> Result<Owned, Error> {
         let ns = template.metadata.namespace.as_deref().unwrap_or_default();
         let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), ns);
-        let call = ApiCall::CreateClaimTemplate;
-        self.create_owned(fence, &api, template, call, claims::name_taken)
+        let (call, taken) = (ApiCall::CreateClaimTemplate, claims::name_taken);
+        let not_served = "the cluster serves no resource.k8s.io/v1 ResourceClaimTemplates (Dynamic Resource Allocation: Kubernetes 1.34 or later): spec.resources.devices cannot run here; ask for resources.gpus instead";
+        self.create_owned(fence, &api, template, call, taken, Some(not_served))
             .await
     }
 
     /// Creates a multi-node attempt's PodGroup (owned by its Job). A foreign one under
-    /// its name: what to tell the user (`Some`), and the pods are not let go.
+    /// its name is `Taken`, and the pods are not let go.
     pub async fn create_pod_group(
         &self,
         fence: &Fence,
         group: &DynamicObject,
-    ) -> Result<Option<String>, Error> {
+    ) -> Result<Owned, Error> {
         let ns = group.metadata.namespace.as_deref().unwrap_or_default();
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), ns, &gang::resource());
-        self.create_owned(
-            fence,
-            &api,
-            group,
-            ApiCall::CreatePodGroup,
-            gang::name_taken,
-        )
-        .await
+        let (call, taken) = (ApiCall::CreatePodGroup, gang::name_taken);
+        self.create_owned(fence, &api, group, call, taken, None)
+            .await
     }
 
     /// Creates one of an attempt's objects, owned by its controller owner reference. One
     /// of that name with the same controller exists already (an earlier run of this
-    /// step): done (`None`). A foreign one: `taken(namespace, name)` (`Some`). Safe when
-    /// late: an object whose owner is gone is the garbage collector's.
+    /// step): `Done`. A foreign one: `Taken` with `taken(namespace, name)`. Refused as
+    /// invalid (422), or not served (404, when `not_served` says what that means):
+    /// `Invalid`. The objects are named for what they hold (the template by a hash of
+    /// its request), so an object of the same name and owner is the same object.
     async fn create_owned<K>(
         &self,
         fence: &Fence,
@@ -376,7 +378,8 @@ impl Writer {
         object: &K,
         call: ApiCall,
         taken: fn(&str, &str) -> String,
-    ) -> Result<Option<String>, Error>
+        not_served: Option<&str>,
+    ) -> Result<Owned, Error>
     where
         K: kube::Resource
             + Clone
@@ -384,13 +387,16 @@ impl Writer {
             + serde::Serialize
             + std::fmt::Debug,
     {
+        let meta = object.meta();
+        let ns = meta.namespace.as_deref().unwrap_or_default();
+        let name = meta.name.as_deref().unwrap_or_default();
         match self.create_or_read(fence, api, object, call).await? {
-            Made::Created(_) => Ok(None),
-            Made::Exists(existing) if same_controller(existing.meta(), object.meta()) => Ok(None),
-            Made::Exists(_) => {
-                let meta = object.meta();
-                let ns = meta.namespace.as_deref().unwrap_or_default();
-                Ok(Some(taken(ns, meta.name.as_deref().unwrap_or_default())))
+            Made::Created(_) => Ok(Owned::Done),
+            Made::Exists(existing) if same_controller(existing.meta(), meta) => Ok(Owned::Done),
+            Made::Exists(_) => Ok(Owned::Taken(taken(ns, name))),
+            Made::Refused(kube::Error::Api(s)) if s.code == 422 => Ok(Owned::Invalid(s.message)),
+            Made::Refused(kube::Error::Api(s)) if s.code == 404 && not_served.is_some() => {
+                Ok(Owned::Invalid(not_served.unwrap_or_default().to_owned()))
             }
             Made::Refused(e) => Err(self.failed(fence, call, e)),
         }

@@ -44,7 +44,8 @@ fn an_attempts_claim_template_is_made_before_its_job() {
     else {
         panic!("{:?}", p.actions)
     };
-    assert_eq!(template.metadata.name.as_deref(), Some("train-1"));
+    let name = template.metadata.name.as_deref().unwrap();
+    assert!(name.starts_with("train-1-"), "{name}");
     let owner = &template.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
         (owner.kind.as_str(), owner.uid.as_str()),
@@ -89,6 +90,15 @@ fn a_foreign_template_under_the_attempts_name_keeps_the_attempt_from_starting() 
 
 #[test]
 fn an_attempt_of_nvidia_gpus_makes_no_template() {
+    let p = run(&gpujob(3), &[], None, T0);
+    assert_eq!(creates(&p), vec![1]);
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreateClaimTemplate { .. })),
+        "{:?}",
+        p.actions
+    );
     let g = attempt_one(&gpujob(3));
     let jobs = [made(&g, 1)];
     let pods = [pod(1, 0)];
@@ -196,6 +206,23 @@ fn claims_are_not_read_before_every_pod_is_placed_nor_said_before_every_one_is_a
             alternatives: vec!["h200".into(), "h100".into()],
         }),
         "each alternative once, in the order of preference"
+    );
+}
+
+#[test]
+fn a_finished_attempts_claims_are_not_read() {
+    let (g, _, pods) = placed();
+    let done = [job(&g, 1, Some(("Complete", "", "2026-11-30T06:00:01Z")))];
+    let p = Seen::new(&g, &done)
+        .cached(&pods)
+        .reads(Reads::default())
+        .plan(LATER);
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Read(Read::Devices { .. }))),
+        "{:?}",
+        p.actions
     );
 }
 

@@ -558,14 +558,24 @@ mod tests {
         use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
+        // With every part a Job may say: devices, a topology, a gang, another manager.
         let mut gj = GpuJob::new(
             "a",
-            serde_json::from_value(serde_json::json!({"image": "i", "gpus": 1})).unwrap(),
+            serde_json::from_value(serde_json::json!({"image": "i", "gpus": 1, "v2": {
+                "nodes": 2,
+                "devices": {"exactly": {"deviceClassName": "gpu.example.com"}},
+                "topology": {"level": "example.com/rack"},
+            }}))
+            .unwrap(),
         );
         gj.metadata.namespace = Some("ns".into());
         gj.metadata.uid = Some("u1".into());
         gj.metadata.generation = Some(4);
         let mut full = desired_job(&gj, 2);
+        crate::controller::job::join_gang(&mut full);
+        if let Some(spec) = full.spec.as_mut() {
+            spec.managed_by = Some("example.com/elsewhere".into());
+        }
         full.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
         full.metadata.uid = Some("j1".into());
         full.metadata.resource_version = Some("7".into());
@@ -598,7 +608,10 @@ mod tests {
                 !cached.suspended && cached.gated,
                 "created running, its pods gated"
             );
-            assert_eq!(cached.gpus, Some(1));
+            assert_eq!(cached.gpus, Some(2), "one device on each of two nodes");
+            assert!(cached.devices.is_some() && cached.topology.is_some());
+            assert_eq!(cached.pod_group.as_deref(), Some("a-2"));
+            assert_eq!(cached.managed_by.as_deref(), Some("example.com/elsewhere"));
             assert_eq!(cached.name, "a-2");
             assert_eq!(cached.uid.as_deref(), Some("j1"));
             assert_eq!(cached.resource_version.as_deref(), Some("7"));
