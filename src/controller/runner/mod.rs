@@ -69,11 +69,24 @@ impl Intake {
 
 /// Whether kube-apiserver serves PodGroups (`crate::controller::gang`), from its
 /// discovery: then each multi-node attempt is one gang. Not served, or the question
-/// fails: pods are placed one by one, and the log says so.
+/// keeps failing (it is asked [`DISCOVERY_TRIES`] times, a second apart): pods are
+/// placed one by one, and the log says so.
 async fn serves_pod_groups(client: &Client) -> bool {
     use crate::controller::gang;
     let group_version = format!("{}/{}", gang::GROUP, gang::VERSION);
-    match client.list_api_group_resources(&group_version).await {
+    let mut answer = client.list_api_group_resources(&group_version).await;
+    for _ in 1..DISCOVERY_TRIES {
+        match &answer {
+            Err(kube::Error::Api(e)) if e.code == 404 => break,
+            Err(e) => warn!(
+                "asking kube-apiserver whether it serves {group_version} PodGroups failed ({e}); asking again in a second"
+            ),
+            Ok(_) => break,
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        answer = client.list_api_group_resources(&group_version).await;
+    }
+    match answer {
         Ok(list) if list.resources.iter().any(|r| r.name == gang::PLURAL) => {
             info!(
                 "kube-apiserver serves {group_version} PodGroups: each multi-node attempt is one gang"
@@ -100,6 +113,10 @@ async fn serves_pod_groups(client: &Client) -> bool {
         }
     }
 }
+
+/// How often the start asks whether PodGroups are served before it takes no for an
+/// answer (a replica that decides wrongly makes no gangs until it restarts).
+const DISCOVERY_TRIES: u32 = 5;
 
 /// Runs the controller without an election: this process owns everything (one replica,
 /// tests). Same as [`run`] with an ownership that never expires.
