@@ -23,7 +23,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::api::{DEVICE_REQUEST, DeviceSelector, Devices, GpuJob};
-use crate::hash::fnv1a64;
+pub use crate::job::claim_template_name as template_name;
 use crate::job::{job_name, labels, owner_reference};
 
 /// How every count is allocated: exactly that many devices.
@@ -59,14 +59,6 @@ pub fn template(gpujob: &GpuJob, attempt: i32) -> Option<ResourceClaimTemplate> 
             }),
         }),
     })
-}
-
-/// The name of the template of the attempt whose Job is `job`, for `devices`:
-/// `<job>-<10 hex digits of FNV-1a 64 of the request's JSON>`.
-pub fn template_name(job: &str, devices: &Devices) -> String {
-    let json = serde_json::to_string(devices).unwrap_or_default();
-    let hash = format!("{:016x}", fnv1a64(json.as_bytes()));
-    format!("{job}-{}", &hash[..10])
 }
 
 /// The one request `gpus`, as the spec says it (the shapes are resource.k8s.io/v1's).

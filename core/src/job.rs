@@ -42,6 +42,15 @@ pub fn job_name(gpujob: &str, attempt: i32) -> String {
     format!("{}{suffix}", shorten(gpujob, MAX_JOB_NAME - suffix.len()))
 }
 
+/// The name of the ResourceClaimTemplate (`crate::claims`) of the attempt whose Job is
+/// `job`, for `devices`: `<job>-<10 hex digits of FNV-1a 64 of the request's JSON>`.
+/// The pods name it, and a template made for another request has another name.
+pub fn claim_template_name(job: &str, devices: &Devices) -> String {
+    let json = serde_json::to_string(devices).unwrap_or_default();
+    let hash = format!("{:016x}", fnv1a64(json.as_bytes()));
+    format!("{job}-{}", &hash[..10])
+}
+
 /// A label value for the GpuJob name: the name itself when it fits in 63 characters,
 /// else a prefix and a hash of the whole name.
 pub fn name_label(gpujob: &str) -> String {
@@ -428,9 +437,7 @@ fn pod(
         // the Job: `crate::claims`), made before any of its pods is let go.
         let mut claims = vec![PodResourceClaim {
             name: DEVICE_REQUEST.to_owned(),
-            resource_claim_template_name: spec
-                .devices()
-                .map(|d| crate::claims::template_name(job, d)),
+            resource_claim_template_name: spec.devices().map(|d| claim_template_name(job, d)),
             resource_claim_name: None,
         }];
         claims.extend(
@@ -859,10 +866,7 @@ pub(crate) mod tests {
         assert_eq!(claims[0].name, "gpus");
         assert_eq!(
             claims[0].resource_claim_template_name,
-            Some(crate::claims::template_name(
-                "train-2",
-                g.spec.devices().unwrap()
-            )),
+            Some(claim_template_name("train-2", g.spec.devices().unwrap())),
             "the attempt's template, named after its Job and its request"
         );
         assert_eq!(
