@@ -153,11 +153,7 @@ fn once_its_pods_are_placed_the_claims_are_read_once_and_status_says_the_alterna
         .cached(&pods)
         .reads(Reads::default())
         .plan(LATER);
-    assert!(
-        !p.actions.iter().any(|a| matches!(a, Action::Read(_))),
-        "{:?}",
-        p.actions
-    );
+    assert_reads_no_claims(&p);
     assert_eq!(p.status.devices.as_ref(), Some(&got));
 }
 
@@ -170,13 +166,7 @@ fn claims_are_not_read_before_every_pod_is_placed_nor_said_before_every_one_is_a
         .cached(&one_placed)
         .reads(Reads::default())
         .plan(LATER);
-    assert!(
-        !p.actions
-            .iter()
-            .any(|a| matches!(a, Action::Read(Read::Devices { .. }))),
-        "{:?}",
-        p.actions
-    );
+    assert_reads_no_claims(&p);
 
     let both = [ungated(pod(1, 0)), ungated(pod(1, 1))];
     let mut reads = Reads::default();
@@ -217,13 +207,7 @@ fn a_finished_attempts_claims_are_not_read() {
         .cached(&pods)
         .reads(Reads::default())
         .plan(LATER);
-    assert!(
-        !p.actions
-            .iter()
-            .any(|a| matches!(a, Action::Read(Read::Devices { .. }))),
-        "{:?}",
-        p.actions
-    );
+    assert_reads_no_claims(&p);
 }
 
 #[test]
@@ -238,14 +222,21 @@ fn an_exact_request_has_no_alternative_to_read() {
         .cached(&pods)
         .reads(Reads::default())
         .plan(LATER);
-    assert!(
-        !p.actions.iter().any(|a| matches!(a, Action::Read(_))),
-        "{:?}",
-        p.actions
-    );
+    assert_reads_no_claims(&p);
 }
 
 fn nodes_of(mut g: GpuJob, nodes: i32) -> GpuJob {
     g.spec.v2.get_or_insert_with(V2Only::default).nodes = Some(nodes);
     g
+}
+
+/// The plan does not read the attempt's ResourceClaims.
+fn assert_reads_no_claims(p: &Plan) {
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Read(Read::Devices { .. }))),
+        "{:?}",
+        p.actions
+    );
 }
