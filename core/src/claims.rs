@@ -108,6 +108,17 @@ pub fn name_taken(ns: &str, name: &str) -> String {
     )
 }
 
+/// Whether `template` is owned (as its controller) by the GpuJob with `uid`: this
+/// GpuJob's, not a foreign one under the name.
+pub fn is_owned_by(template: &ResourceClaimTemplate, uid: &str) -> bool {
+    template
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "GpuJob" && o.uid == uid)
+}
+
 /// The `firstAvailable` alternative a claim was allocated (from its allocation result
 /// for request `gpus`); `None` while it is not allocated, or for an `exactly` request.
 pub fn alternative(claim: &ResourceClaim) -> Option<String> {

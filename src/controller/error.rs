@@ -11,6 +11,8 @@ pub enum ApiCall {
     ReadNode,
     /// The running attempt's ResourceClaims (which alternative its pods got).
     ReadClaims,
+    /// The ResourceClaimTemplate name the next attempt waits for (a foreign one held it).
+    ReadClaimTemplate,
     CreateJob,
     /// A multi-node attempt's headless Service (its create, or the read after a 409).
     CreateService,
@@ -32,13 +34,14 @@ pub enum ApiCall {
 }
 
 impl ApiCall {
-    pub const ALL: [ApiCall; 17] = [
+    pub const ALL: [ApiCall; 18] = [
         ApiCall::ReadGpuJob,
         ApiCall::ReadJob,
         ApiCall::ReadPods,
         ApiCall::ReadWorkload,
         ApiCall::ReadNode,
         ApiCall::ReadClaims,
+        ApiCall::ReadClaimTemplate,
         ApiCall::CreateJob,
         ApiCall::CreateService,
         ApiCall::CreateClaimTemplate,
@@ -61,6 +64,7 @@ impl ApiCall {
             ApiCall::ReadWorkload => "read_workload",
             ApiCall::ReadNode => "read_node",
             ApiCall::ReadClaims => "read_claims",
+            ApiCall::ReadClaimTemplate => "read_claim_template",
             ApiCall::CreateJob => "create_job",
             ApiCall::CreateService => "create_service",
             ApiCall::CreateClaimTemplate => "create_claim_template",
@@ -83,6 +87,9 @@ impl ApiCall {
             ApiCall::ReadWorkload => "reading the queued attempt's Kueue Workload",
             ApiCall::ReadNode => "reading the Node an old attempt's pod is being deleted on",
             ApiCall::ReadClaims => "reading the running attempt's ResourceClaims",
+            ApiCall::ReadClaimTemplate => {
+                "reading the ResourceClaimTemplate name the next attempt waits for"
+            }
             ApiCall::CreateJob => "creating the attempt's Job",
             ApiCall::CreateService => "creating the multi-node attempt's headless Service",
             ApiCall::CreateClaimTemplate => "creating the attempt's ResourceClaimTemplate",

@@ -53,7 +53,7 @@ impl Heard {
                 self.reads.record(read, &found);
                 match found {
                     // The Reads keep what these found.
-                    Found::Job { .. } | Found::Devices { .. } => {}
+                    Found::Job { .. } | Found::Devices { .. } | Found::ClaimTemplate { .. } => {}
                     Found::Termination { termination, .. } => self.termination = termination,
                     Found::Placement {
                         unschedulable,

@@ -390,6 +390,7 @@ impl Action {
             Action::Read(Read::Workload { .. }) => "ReadWorkload",
             Action::Read(Read::Node { .. }) => "ReadNode",
             Action::Read(Read::Devices { .. }) => "ReadDevices",
+            Action::Read(Read::ClaimTemplate { .. }) => "ReadClaimTemplate",
             Action::Reserve(..) => "Reserve",
             Action::Release(_) => "Release",
             Action::ReadPods => "ReadPods",

@@ -14,10 +14,11 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::{
-    Action, JOB_NAME_CONFLICT, JobState, Planner, PodsWaiting, QueueWait, Refusal, Termination,
-    Unschedulable, pods_waiting, seen_state,
+    Action, CLAIM_TEMPLATE_NAME_CONFLICT, JOB_NAME_CONFLICT, JobState, Planner, PodsWaiting,
+    QueueWait, Refusal, Termination, Unschedulable, pods_waiting, seen_state,
 };
 use crate::api::{DeviceAllocation, Phase};
+use crate::claims;
 use crate::job::{job_name, name_taken};
 use crate::seen_job::SeenJob;
 use crate::seen_pod::SeenPod;
@@ -44,6 +45,10 @@ pub enum Read {
     /// ([`SeenPod::stopping_on`]): whether its kubelet can still confirm the stop
     /// (no cache watches Nodes).
     Node { name: String },
+    /// The ResourceClaimTemplate the next attempt would be made with (`name`), while a
+    /// foreign one held it when last tried: still held, nothing is reserved for an
+    /// attempt that cannot start (as for a Job name: no cache watches templates).
+    ClaimTemplate { attempt: i32, name: String },
     /// Which `firstAvailable` alternative the running attempt's pods were allocated,
     /// from their ResourceClaims (labelled with the GpuJob's uid and the attempt), once
     /// all of its pods are placed and before status says it.
@@ -81,6 +86,10 @@ impl Read {
             Read::Devices { attempt } => Found::Devices {
                 attempt: *attempt,
                 claims: Vec::new(),
+            },
+            Read::ClaimTemplate { attempt, .. } => Found::ClaimTemplate {
+                attempt: *attempt,
+                foreign: false,
             },
         }
     }
@@ -190,6 +199,11 @@ pub enum Found {
         attempt: i32,
         claims: Vec<Option<String>>,
     },
+    /// Whether a template this GpuJob does not own holds the name of `attempt`'s.
+    ClaimTemplate {
+        attempt: i32,
+        foreign: bool,
+    },
 }
 
 /// Who holds an attempt's Job name.
@@ -214,6 +228,8 @@ pub struct Reads {
     foreign: Vec<i32>,
     /// The attempt whose ResourceClaims were read, and what each was allocated.
     devices: Option<(i32, Vec<Option<String>>)>,
+    /// Attempts whose ResourceClaimTemplate name a foreign template holds.
+    foreign_templates: Vec<i32>,
 }
 
 impl Reads {
@@ -242,6 +258,13 @@ impl Reads {
         }
         if let Found::Devices { attempt, claims } = found {
             self.devices = Some((*attempt, claims.clone()));
+        }
+        if let Found::ClaimTemplate {
+            attempt,
+            foreign: true,
+        } = found
+        {
+            self.foreign_templates.push(*attempt);
         }
         self.made.push(read);
     }
@@ -274,6 +297,12 @@ impl Planner<'_, '_> {
             && !deleting
         {
             due.push(Read::Job { attempt: next });
+        }
+        if let Some((attempt, name)) = self.template_conflict()
+            && !self.by_attempt.contains_key(&attempt)
+            && !deleting
+        {
+            due.push(Read::ClaimTemplate { attempt, name });
         }
         due.retain(|r| !self.obs.reads.made(r));
         if !due.is_empty() || deleting {
@@ -394,25 +423,47 @@ impl Planner<'_, '_> {
     /// The next attempt, while a foreign Job held its name when last tried (Ready says
     /// so): its name is read again.
     fn name_conflict_attempt(&self) -> Option<i32> {
+        self.waiting_for_name(JOB_NAME_CONFLICT)
+    }
+
+    /// The next attempt and its ResourceClaimTemplate's name, while a foreign template
+    /// held that name when last tried (Ready says so): the name is read again.
+    fn template_conflict(&self) -> Option<(i32, String)> {
+        let attempt = self.waiting_for_name(CLAIM_TEMPLATE_NAME_CONFLICT)?;
+        let template = claims::template(self.gj, attempt)?;
+        Some((attempt, template.metadata.name?))
+    }
+
+    /// The next attempt, while Ready says it waits for a name taken (`reason`).
+    fn waiting_for_name(&self, reason: &str) -> Option<i32> {
         let status = &self.current;
         let waiting = !status.phase.is_some_and(Phase::is_final)
-            && status
-                .condition(READY)
-                .is_some_and(|c| c.reason == JOB_NAME_CONFLICT);
+            && status.condition(READY).is_some_and(|c| c.reason == reason);
         waiting.then(|| status.attempts.checked_add(1)).flatten()
     }
 
-    /// The Job of the next attempt cannot be created: the API server refused it in this
-    /// reconcile, or a read found a foreign Job holding its name.
+    /// The Job of the next attempt cannot be created: the API server refused it (or its
+    /// template) in this reconcile, or a read found a foreign Job or template holding
+    /// its name.
     pub(super) fn refusal(&self) -> Option<Refusal> {
         if let Some(r) = &self.obs.refused {
             return Some(r.clone());
+        }
+        let ns = self.gj.metadata.namespace.as_deref().unwrap_or_default();
+        if let Some((attempt, name)) = self.template_conflict()
+            && self.obs.reads.foreign_templates.contains(&attempt)
+            && !self.by_attempt.contains_key(&attempt)
+        {
+            return Some(Refusal {
+                attempt,
+                reason: CLAIM_TEMPLATE_NAME_CONFLICT,
+                message: claims::name_taken(ns, &name),
+            });
         }
         let attempt = self.name_conflict_attempt()?;
         if !self.obs.reads.foreign.contains(&attempt) || self.by_attempt.contains_key(&attempt) {
             return None;
         }
-        let ns = self.gj.metadata.namespace.as_deref().unwrap_or_default();
         Some(Refusal {
             attempt,
             reason: JOB_NAME_CONFLICT,

@@ -23,7 +23,8 @@
 use jiff::SignedDuration;
 
 use super::{
-    Action, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Next, Planner, PodsLeft, QuotaAnswer,
+    Action, CLAIM_TEMPLATE_NAME_CONFLICT, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Next,
+    Planner, PodsLeft, QuotaAnswer,
 };
 use crate::api::{
     ANNOTATION_SKIP_RELEASE, ConditionStatus, GpuJobStatus, Phase, QuotaCall, QuotaOp,
@@ -177,8 +178,11 @@ impl Planner<'_, '_> {
             "no attempt can start (Suspended)".to_owned()
         } else if self.invalid.is_some() {
             format!("no attempt can start ({INVALID_SPEC})")
-        } else if self.ready_reason_is(&[JOB_NAME_CONFLICT]) {
-            format!("no attempt can start ({JOB_NAME_CONFLICT})")
+        } else if let Some(reason) = [JOB_NAME_CONFLICT, CLAIM_TEMPLATE_NAME_CONFLICT]
+            .into_iter()
+            .find(|r| self.ready_reason_is(&[r]))
+        {
+            format!("no attempt can start ({reason})")
         } else if resized {
             format!(
                 "{}; the spec asks for {asks}; the next attempt reserves again",

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
@@ -184,6 +184,19 @@ impl Reader {
                 attempt: *attempt,
                 claims: self.claims(ns, uid, *attempt).await?,
             },
+            Read::ClaimTemplate { attempt, name } => {
+                let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), ns);
+                let found = match api.get_opt(name).await {
+                    Ok(found) => found,
+                    // No resource.k8s.io/v1: no template holds the name.
+                    Err(kube::Error::Api(e)) if e.code == 404 => None,
+                    Err(e) => return Err(Error::kube(ApiCall::ReadClaimTemplate)(e)),
+                };
+                Found::ClaimTemplate {
+                    attempt: *attempt,
+                    foreign: found.is_some_and(|t| !claims::is_owned_by(&t, uid)),
+                }
+            }
         })
     }
 

@@ -240,3 +240,136 @@ fn assert_reads_no_claims(p: &Plan) {
         p.actions
     );
 }
+
+/// `g` after a plan whose template create a foreign template refused, with quota held.
+fn held_by_a_foreign_template(quota: bool) -> GpuJob {
+    let mut g = with_devices(gpujob(3), alternatives());
+    if quota {
+        // The reservation granted and recorded (the plan's checkpoint before any
+        // attempt's object), then the template refused.
+        g.metadata.finalizers = Some(vec![crate::api::FINALIZER_QUOTA.to_owned()]);
+        let p = plan(
+            &Observed {
+                quota_required: true,
+                quota: Some(QuotaAnswer::Reserved {
+                    id: "r-1".into(),
+                    gpus: 2,
+                }),
+                ..observed(&g, &[], T0)
+            },
+            &settings(),
+        );
+        let recorded = p.actions.iter().find_map(|a| match a {
+            Action::RecordStatus(s) => Some(s.as_ref().clone()),
+            _ => None,
+        });
+        g.status = recorded;
+        assert!(g.status.as_ref().unwrap().reservation_id.is_some());
+    }
+    let refused = Refusal {
+        attempt: 1,
+        reason: CLAIM_TEMPLATE_NAME_CONFLICT,
+        message: "taken".into(),
+    };
+    let p = plan(
+        &Observed {
+            refused: Some(refused),
+            quota_required: quota,
+            quota: quota.then(|| QuotaAnswer::Reserved {
+                id: "r-1".into(),
+                gpus: 2,
+            }),
+            ..observed(&g, &[], T0)
+        },
+        &settings(),
+    );
+    assert_eq!(ready(&p).1, CLAIM_TEMPLATE_NAME_CONFLICT);
+    with_status(g, &p)
+}
+
+#[test]
+fn a_template_name_held_is_read_again_before_the_attempt_is_tried() {
+    let g = held_by_a_foreign_template(false);
+    let name = crate::claims::template(&g, 1)
+        .unwrap()
+        .metadata
+        .name
+        .unwrap();
+    let read = Read::ClaimTemplate { attempt: 1, name };
+    let p = plan(
+        &Observed {
+            reads: Reads::default(),
+            ..observed(&g, &[], LATER)
+        },
+        &settings(),
+    );
+    assert_eq!(p.actions, vec![Action::Read(read.clone())]);
+
+    // Still held: the attempt waits, nothing made.
+    let mut reads = Reads::default();
+    reads.record(
+        read.clone(),
+        &Found::ClaimTemplate {
+            attempt: 1,
+            foreign: true,
+        },
+    );
+    let p = plan(
+        &Observed {
+            reads,
+            ..observed(&g, &[], LATER)
+        },
+        &settings(),
+    );
+    assert!(creates(&p).is_empty(), "{:?}", p.actions);
+    assert_eq!(ready(&p).1, CLAIM_TEMPLATE_NAME_CONFLICT);
+
+    // Gone: the template, then the Job.
+    let mut reads = Reads::default();
+    reads.record(
+        read,
+        &Found::ClaimTemplate {
+            attempt: 1,
+            foreign: false,
+        },
+    );
+    let p = plan(
+        &Observed {
+            reads,
+            ..observed(&g, &[], LATER)
+        },
+        &settings(),
+    );
+    assert_eq!(creates(&p), vec![1], "{:?}", p.actions);
+}
+
+#[test]
+fn quota_held_while_a_template_name_is_taken_is_released_and_not_asked_again() {
+    let g = held_by_a_foreign_template(true);
+    assert!(g.status.as_ref().unwrap().reservation_id.is_some());
+    let name = crate::claims::template(&g, 1)
+        .unwrap()
+        .metadata
+        .name
+        .unwrap();
+    let mut reads = Reads::default();
+    reads.record(
+        Read::ClaimTemplate { attempt: 1, name },
+        &Found::ClaimTemplate {
+            attempt: 1,
+            foreign: true,
+        },
+    );
+    let p = plan(
+        &Observed {
+            reads,
+            quota_required: true,
+            pods: Some(Vec::new()),
+            ..observed(&g, &[], LATER)
+        },
+        &settings(),
+    );
+    let kinds: Vec<&str> = p.actions.iter().map(Action::name).collect();
+    assert!(kinds.contains(&"Release"), "{kinds:?}");
+    assert!(!kinds.contains(&"Reserve"), "{kinds:?}");
+}
