@@ -379,7 +379,7 @@ pub struct RunArgs {
     /// Whether each multi-node attempt's pods are one gang, placed whole or not at all:
     /// `auto` where kube-apiserver serves PodGroups (scheduling.k8s.io/v1beta1,
     /// Kubernetes 1.37 with the feature gate GenericWorkload), asked once at start; `off`:
-    /// never (pods placed one by one).
+    /// no gangs (pods placed one by one).
     #[arg(long, env = "GPUJOB_GANG_SCHEDULING", default_value = "auto", value_parser = parse_gang_scheduling)]
     pub gang_scheduling: GangScheduling,
 }

@@ -1,7 +1,8 @@
 //! Pure: the PodGroup that makes a multi-node attempt's pods one gang, where
 //! kube-apiserver serves `scheduling.k8s.io/v1beta1` (Kubernetes 1.37 with the feature
 //! gate `GenericWorkload`): kube-scheduler places all of its pods at once or none of them,
-//! so a partial attempt never holds GPUs waiting for the rest. One per attempt, named
+//! so a partial attempt does not hold GPUs waiting for the rest
+//! (`gang::with_room_for_all_but_one_pod_…` in tests/integration). One per attempt, named
 //! like its Job (the pods join it by `spec.schedulingGroup.podGroupName`), owned by the
 //! Job (the garbage collector deletes it with the Job), with a gang of all of the
 //! attempt's pods and, for `topology` `Required`, the level they must share

@@ -111,7 +111,7 @@ pub enum GangScheduling {
     /// at start: turning the API on later takes a restart of the operator.
     #[default]
     Auto,
-    /// Never: pods are placed one by one (as on clusters before 1.37).
+    /// No gangs: pods are placed one by one (as on clusters before 1.37).
     Off,
 }
 

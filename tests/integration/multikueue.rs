@@ -174,8 +174,8 @@ async fn a_plain_job_queued_on_the_manager_runs_on_the_worker_and_its_end_comes_
     let pp = PostParams::default();
 
     // Each runs 3 s: an end on the worker before Kueue has started the management Job
-    // (a fraction of a second after the worker's Job is made) is never copied back
-    // (`multikueue_early_end_figures`).
+    // (a fraction of a second after the worker's Job is made) can be lost, not copied
+    // back (`multikueue_early_end_figures`: 3 of 40).
     let created = manager
         .jobs()
         .create(
@@ -277,7 +277,7 @@ async fn a_plain_job_queued_on_the_manager_runs_on_the_worker_and_its_end_comes_
 
     // Without Kueue's webhook the creator must set managedBy: a Job made as the
     // operator makes them (labelled, suspended) in a namespace the webhook is not
-    // called for is rejected by the MultiKueue check, and never leaves.
+    // called for is rejected by the MultiKueue check, and stays suspended.
     let plain = format!("{}-nohook", manager.ns);
     let namespaces: Api<Namespace> = Api::all(manager.admin.clone());
     namespaces
