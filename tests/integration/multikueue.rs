@@ -103,9 +103,12 @@ fn node(pod: &Pod) -> Option<&str> {
 }
 
 fn gates(pod: &Pod) -> Vec<String> {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.clone())
+    gates_of(pod.spec.as_ref())
+}
+
+/// The scheduling gates of a pod spec (a pod's, or a Job's template's), by name.
+fn gates_of(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<String> {
+    spec.and_then(|s| s.scheduling_gates.clone())
         .unwrap_or_default()
         .into_iter()
         .map(|g| g.name)
@@ -394,15 +397,7 @@ async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_managemen
     let remote = worker.jobs().get("gated").await.unwrap();
     let ours = gated.spec.as_ref().unwrap().template.clone();
     let theirs = remote.spec.as_ref().unwrap().template.clone();
-    let gate_names = |t: &k8s_openapi::api::core::v1::PodTemplateSpec| -> Vec<String> {
-        t.spec
-            .as_ref()
-            .and_then(|s| s.scheduling_gates.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .map(|g| g.name)
-            .collect()
-    };
+    let gate_names = |t: &k8s_openapi::api::core::v1::PodTemplateSpec| gates_of(t.spec.as_ref());
     assert_eq!(gate_names(&theirs), vec![SCHEDULING_GATE.to_owned()]);
     assert_eq!(
         gate_names(&theirs),

@@ -126,10 +126,9 @@ fn once_its_pods_are_placed_the_claims_are_read_once_and_status_says_the_alterna
         "the claims are read"
     );
 
-    let mut reads = Reads::default();
-    reads.record(
+    let reads = having_read(
         Read::Devices { attempt: 1 },
-        &Found::Devices {
+        Found::Devices {
             attempt: 1,
             claims: vec![Some("h100".into())],
         },
@@ -169,10 +168,9 @@ fn claims_are_not_read_before_every_pod_is_placed_nor_said_before_every_one_is_a
     assert_reads_no_claims(&p);
 
     let both = [ungated(pod(1, 0)), ungated(pod(1, 1))];
-    let mut reads = Reads::default();
-    reads.record(
+    let reads = having_read(
         Read::Devices { attempt: 1 },
-        &Found::Devices {
+        Found::Devices {
             attempt: 1,
             claims: vec![Some("h100".into()), None],
         },
@@ -180,10 +178,9 @@ fn claims_are_not_read_before_every_pod_is_placed_nor_said_before_every_one_is_a
     let p = Seen::new(&g, &jobs).cached(&both).reads(reads).plan(LATER);
     assert_eq!(p.status.devices, None, "one claim is not allocated yet");
 
-    let mut reads = Reads::default();
-    reads.record(
+    let reads = having_read(
         Read::Devices { attempt: 1 },
-        &Found::Devices {
+        Found::Devices {
             attempt: 1,
             claims: vec![Some("h100".into()), Some("h200".into())],
         },
@@ -306,10 +303,9 @@ fn a_template_name_held_is_read_again_before_the_attempt_is_tried() {
     assert_eq!(p.actions, vec![Action::Read(read.clone())]);
 
     // Still held: the attempt waits, nothing made.
-    let mut reads = Reads::default();
-    reads.record(
+    let reads = having_read(
         read.clone(),
-        &Found::ClaimTemplate {
+        Found::ClaimTemplate {
             attempt: 1,
             foreign: true,
         },
@@ -325,10 +321,9 @@ fn a_template_name_held_is_read_again_before_the_attempt_is_tried() {
     assert_eq!(ready(&p).1, CLAIM_TEMPLATE_NAME_CONFLICT);
 
     // Gone: the template, then the Job.
-    let mut reads = Reads::default();
-    reads.record(
+    let reads = having_read(
         read,
-        &Found::ClaimTemplate {
+        Found::ClaimTemplate {
             attempt: 1,
             foreign: false,
         },
@@ -352,10 +347,9 @@ fn quota_held_while_a_template_name_is_taken_is_released_and_not_asked_again() {
         .metadata
         .name
         .unwrap();
-    let mut reads = Reads::default();
-    reads.record(
+    let reads = having_read(
         Read::ClaimTemplate { attempt: 1, name },
-        &Found::ClaimTemplate {
+        Found::ClaimTemplate {
             attempt: 1,
             foreign: true,
         },
@@ -372,4 +366,11 @@ fn quota_held_while_a_template_name_is_taken_is_released_and_not_asked_again() {
     let kinds: Vec<&str> = p.actions.iter().map(Action::name).collect();
     assert!(kinds.contains(&"Release"), "{kinds:?}");
     assert!(!kinds.contains(&"Reserve"), "{kinds:?}");
+}
+
+/// The reads of a reconcile that made `read` and found `found`.
+fn having_read(read: Read, found: Found) -> Reads {
+    let mut reads = Reads::default();
+    reads.record(read, &found);
+    reads
 }
