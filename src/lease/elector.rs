@@ -40,6 +40,9 @@ pub struct Elector {
     /// while nobody else wrote), and a delete of its own Lease requires its uid and
     /// resourceVersion to still be there.
     written: Mutex<Option<Lease>>,
+    /// Told when the annotations changed in a way the keeper of the shard map acts on:
+    /// the renew loop then renews at once instead of at its next period.
+    soon: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Elector {
@@ -70,7 +73,19 @@ impl Elector {
             annotations: Default::default(),
             observed: Mutex::new(None),
             written: Mutex::new(None),
+            soon: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Asks the renew loop of the held Lease to renew now (writing the annotations set
+    /// since), not at its next period.
+    pub fn renew_soon(&self) {
+        self.soon.notify_one();
+    }
+
+    /// Resolves once [`Elector::renew_soon`] was asked (since it last resolved).
+    pub async fn renew_asked(&self) {
+        self.soon.notified().await;
     }
 
     /// The Lease is created with these labels, and every acquire and renew writes them.

@@ -117,6 +117,17 @@ impl Kept {
             .is_some_and(|s| now.saturating_duration_since(s) < window)
     }
 
+    /// How long until the namespaces stated, unchanged, have settled for the first cut
+    /// (`None`: none is awaited, or they have).
+    pub fn first_cut_in(&self, now: Instant) -> Option<Duration> {
+        if self.version > 0 || self.wrote.is_some() {
+            return None;
+        }
+        let (namespaces, since) = self.namespaces?;
+        let due = since + NAMESPACES_SETTLED;
+        (namespaces > 0 && due > now).then(|| due - now)
+    }
+
     /// May the keeper re-cut at `now`, by the interval?
     pub fn due(&self, now: Instant) -> bool {
         self.since
@@ -253,6 +264,25 @@ mod tests {
         assert!(!k.namespaces_settled_at(26, at(2)), "one more appeared");
         assert!(!k.namespaces_settled_at(26, at(4)));
         assert!(k.namespaces_settled_at(26, at(5)));
+    }
+
+    #[test]
+    fn the_keeper_looks_when_the_namespaces_will_have_settled_and_not_after_a_cut() {
+        let mut k = Kept::new(Duration::from_secs(60));
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert_eq!(k.first_cut_in(at(0)), None, "nothing stated yet");
+        assert!(!k.namespaces_settled_at(0, at(0)));
+        assert_eq!(k.first_cut_in(at(0)), None, "no namespace yet");
+        assert!(!k.namespaces_settled_at(26, at(1000)));
+        assert_eq!(k.first_cut_in(at(1500)), Some(Duration::from_millis(2500)));
+        assert_eq!(k.first_cut_in(at(4000)), None, "settled: the look cuts");
+        k.wrote_map(1, at(4000));
+        assert_eq!(k.first_cut_in(at(1500)), None, "cut");
+        let mut later = Kept::new(Duration::from_secs(60));
+        assert!(!later.namespaces_settled_at(26, at(0)));
+        later.followed(2, at(0), true);
+        assert_eq!(later.first_cut_in(at(0)), None, "a map was cut before");
     }
 
     #[test]

@@ -7,12 +7,17 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use gpujob_core::shard::HashRange;
+use tokio::sync::Notify;
 
 /// Shared between the runner (which fills it) and the lease loop (which reads it).
 /// The default counts nothing: only a kept map ([`Load::counted`]) needs the counts.
 #[derive(Debug, Clone, Default)]
 pub struct Load {
     inner: Arc<Mutex<Counted>>,
+    /// Told when the namespaces counted, or the shards, change (not a count alone): the
+    /// lease loop then states them at once, so the keeper's first cut is not a few
+    /// periods late (docs/ha-and-sharding.md, "The kept map").
+    changed: Arc<Notify>,
     counting: bool,
 }
 
@@ -42,7 +47,18 @@ impl Load {
     /// GpuJobs per namespace hash, of the namespaces of `shards` (shard, epoch of the
     /// term it was counted in: caches covered it).
     pub fn set(&self, counts: BTreeMap<u64, u64>, shards: BTreeMap<u32, u64>) {
-        *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Counted { counts, shards };
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = inner.shards != shards || !inner.counts.keys().eq(counts.keys());
+        *inner = Counted { counts, shards };
+        if changed {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Resolves once the namespaces or shards counted changed since the last time it
+    /// resolved (a change while nobody waits is kept for the next wait).
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     /// The counts of the namespaces in `range`, if shard `shard` was counted in the
@@ -85,5 +101,27 @@ mod tests {
         assert_eq!(load.within(0, 7, &r(2, 5)), Some(BTreeMap::new()));
         assert_eq!(load.within(0, 9, &r(0, 5)), None, "counted in another term");
         assert_eq!(load.within(2, 1, &r(0, 5)), None, "not counted");
+    }
+
+    #[tokio::test]
+    async fn a_change_of_namespaces_or_shards_is_told_and_a_count_alone_is_not() {
+        let told = |load: &Load| {
+            let load = load.clone();
+            async move {
+                tokio::time::timeout(std::time::Duration::from_millis(50), load.changed())
+                    .await
+                    .is_ok()
+            }
+        };
+        let load = Load::counted();
+        load.set(BTreeMap::from([(1, 3)]), BTreeMap::from([(0, 7)]));
+        assert!(told(&load).await, "the first namespace");
+        load.set(BTreeMap::from([(1, 9)]), BTreeMap::from([(0, 7)]));
+        assert!(!told(&load).await, "a count alone");
+        load.set(BTreeMap::from([(1, 9), (4, 1)]), BTreeMap::from([(0, 7)]));
+        assert!(told(&load).await, "a namespace more");
+        load.set(BTreeMap::from([(1, 9), (4, 1)]), BTreeMap::from([(0, 8)]));
+        assert!(told(&load).await, "a shard counted in a new term");
+        assert!(!told(&load).await, "told once");
     }
 }

@@ -11,7 +11,8 @@ use super::{Attempt, Elector, Ownership, Timing, explain, gained_or_lost, jitter
 use crate::health::Status;
 
 /// Renews one held shard every retry period (jittered), at the latest when half the
-/// renew deadline is left, until a renewal is refused or the renew deadline passes
+/// renew deadline is left, and at once when the lease loop asks
+/// ([`Elector::renew_soon`]: the shard's namespaces changed), until a renewal is refused or the renew deadline passes
 /// without one; then the shard leaves the ownership (its reconciles stop, its writes
 /// are fenced). Ends at once if the term `epoch` is over.
 pub(super) async fn renew(
@@ -35,7 +36,11 @@ pub(super) async fn renew(
         let Some(due) = deadline() else {
             return;
         };
-        tokio::time::sleep_until(next_try(due, failed, &timing)).await;
+        tokio::select! {
+            _ = tokio::time::sleep_until(next_try(due, failed, &timing)) => {}
+            // After a failure, the next try keeps its period.
+            _ = elector.renew_asked(), if !failed => {}
+        }
         let Some(deadline) = deadline() else {
             return;
         };

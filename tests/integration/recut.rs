@@ -209,6 +209,17 @@ async fn re_cut(name: &str, kill: bool, bound: Duration) {
         worst <= bound,
         "a GpuJob waited {worst:?} for its first write"
     );
+    // Under the shipped Role the replicas may watch their Leases, so a look comes as
+    // soon as one changes (src/lease/coordinator/wake.rs), not a retry period later.
+    for r in &rs {
+        let text = r.log_text();
+        let refused: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("watching the shard Leases"))
+            .filter(|l| l.contains("listing failed") || l.contains("starting the watch failed"))
+            .collect();
+        assert!(refused.is_empty(), "{}: {refused:#?}", r.identity());
+    }
     drop(rs);
 }
 

@@ -163,16 +163,23 @@ impl Coordinator {
     /// Each held shard's Lease states, from its next renewal, the GpuJobs per namespace
     /// of its range, once the runner has counted it from caches that cover it in this
     /// term (before that, no load: the keeper waits rather than take it for empty).
-    pub(super) fn state_loads(&self) {
+    /// When which namespaces a shard holds changed (or it is stated first in a term),
+    /// that renewal comes at once: the keeper's first cut waits for them.
+    pub(super) fn state_loads(&mut self) {
         if self.kept.is_none() {
             return;
         }
-        let own = self.tx.borrow();
+        let own = self.tx.borrow().clone();
+        self.stated.retain(|s, _| own.held.contains_key(s));
         for (s, tenure) in &own.held {
             let e = &self.electors[*s as usize];
             match self.load.within(*s, tenure.epoch, &own.map.range(*s)) {
                 Some(counts) => {
                     e.annotate([(ANNOTATION_LOAD.to_owned(), recut::format_load(&counts))]);
+                    let namespaces = (tenure.epoch, counts.len());
+                    if self.stated.insert(*s, namespaces) != Some(namespaces) {
+                        e.renew_soon();
+                    }
                 }
                 None => e.unannotate(ANNOTATION_LOAD),
             }

@@ -50,6 +50,7 @@ use super::{
 use crate::health::Status;
 
 mod map;
+mod wake;
 
 /// The lease loop's wiring, built once by main.
 pub struct Params {
@@ -88,13 +89,27 @@ impl std::fmt::Debug for Params {
 /// controller has drained (held shards are renewed meanwhile).
 pub async fn run(params: Params, stop: impl Future<Output = ()>) {
     let mut c = Coordinator::new(params);
+    let watch = c.kept.is_some().then(|| {
+        let leases = &c.group.leases;
+        tokio::spawn(wake::watch(
+            c.group.api.clone(),
+            leases.namespace.clone(),
+            format!("{LABEL_GROUP}={}", leases.lease_name),
+            c.wake.clone(),
+            c.keeper.clone(),
+        ))
+    });
     tokio::pin!(stop);
     loop {
         c.tick().await;
         tokio::select! {
             _ = tokio::time::sleep(jitter(c.next_look_in())) => {}
+            _ = c.woken() => {}
             _ = &mut stop => break,
         }
+    }
+    if let Some(w) = watch {
+        w.abort();
     }
     c.shut_down().await;
 }
@@ -457,6 +472,17 @@ struct Coordinator {
     /// Whether a look got as far as the list before (a map followed now is a change
     /// seen while running, not the map found at start).
     looked: bool,
+    /// Looks so far (up to 2: until then, no look comes sooner than its period).
+    looks: u8,
+    /// Told by the watch of the group's Leases (`wake.rs`) when a look has something
+    /// new to act on.
+    wake: Arc<tokio::sync::Notify>,
+    /// Whether this replica held shard 0 (kept the map) at its last look: a shard
+    /// stating other namespaces is news to it only.
+    keeper: Arc<std::sync::atomic::AtomicBool>,
+    /// The term and number of namespaces each held shard's Lease was last told to
+    /// state (`state_loads`: a change is renewed at once).
+    stated: BTreeMap<u32, (u64, usize)>,
     load: Load,
     status: Arc<Status>,
 }
@@ -464,17 +490,42 @@ struct Coordinator {
 /// How much sooner the next look comes while a re-cut's hand-over is likely under way.
 const HURRIED_LOOKS: u32 = 4;
 
+/// A look woken by a change waits this part of a retry period first, so that changes
+/// made together (a hand-over's releases, the renewals under a new map) make one look.
+const GATHER: u32 = 16;
+
 impl Coordinator {
     /// A retry period; a quarter of it for a lease duration after the kept map changed
     /// while this replica ran (its hand-over: shards released under it are taken a look
     /// later, and the keeper follows its own write a look later).
+    /// The keeper waiting for the namespaces to settle before the first cut looks when
+    /// they will have.
     fn next_look_in(&self) -> std::time::Duration {
         let period = self.group.timing.retry_period;
         let now = Instant::now().into_std();
         match &self.kept {
             Some(k) if k.hurrying(now, self.group.timing.lease_duration) => period / HURRIED_LOOKS,
+            Some(k) if self.tx.borrow().held.contains_key(&0) => {
+                k.first_cut_in(now).map_or(period, |d| d.min(period))
+            }
             _ => period,
         }
+    }
+
+    /// Resolves when a look should come before its period is up: the group's Leases
+    /// changed in a way a look acts on (`wake.rs`), or the namespaces this replica
+    /// counts did (stated at once). Only with the kept map, and not before the second
+    /// look: the first looks stay a retry period apart, so that replicas started
+    /// together see each other before they take shards.
+    async fn woken(&self) {
+        if self.kept.is_none() || self.looks < 2 {
+            return std::future::pending().await;
+        }
+        tokio::select! {
+            _ = self.wake.notified() => {}
+            _ = self.load.changed() => {}
+        }
+        tokio::time::sleep(self.group.timing.retry_period / GATHER).await;
     }
 
     fn new(p: Params) -> Coordinator {
@@ -532,6 +583,10 @@ impl Coordinator {
             in_flight,
             kept,
             looked: false,
+            looks: 0,
+            wake: Arc::new(tokio::sync::Notify::new()),
+            keeper: Arc::default(),
+            stated: BTreeMap::new(),
             load,
             status,
         }
@@ -539,6 +594,7 @@ impl Coordinator {
 
     /// One look, then the deletes of member Leases it found gone.
     async fn tick(&mut self) {
+        self.looks = self.looks.saturating_add(1).min(2);
         self.look().await;
         self.delete_gone().await;
     }
@@ -616,6 +672,9 @@ impl Coordinator {
         self.take(&take).await;
         self.state_loads();
         self.keep_map(&leases, now).await;
+        let keeper = self.tx.borrow().held.contains_key(&0);
+        self.keeper
+            .store(keeper, std::sync::atomic::Ordering::Relaxed);
         let own = self.tx.borrow().clone();
         self.mode
             .after_look(&self.group, &own, &self.electors[0])

@@ -1,0 +1,205 @@
+//! A look that comes as soon as the group's Leases change in a way a look acts on, not
+//! a retry period later: a newer shard map (followed at once), a shard released or
+//! taken (a shard freed by a hand-over is taken at once), a shard claiming another
+//! range or stating another map version; and, for the keeper of the map only, a shard
+//! stating other namespaces (what its cut waits for). A renewal alone changes none of
+//! these, so a quiet group wakes nobody. Only with the kept map
+//! (docs/ha-and-sharding.md, "The kept map"); every look is still one of the lease
+//! loop's looks, so the protocol is the same, only sooner.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::StreamExt;
+use gpujob_core::recut::{ANNOTATION_CUTS, ANNOTATION_LOAD, ANNOTATION_RANGE, ANNOTATION_VERSION};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+/// What of a Lease a look acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Signature {
+    holder: Option<String>,
+    version: Option<String>,
+    cuts: Option<String>,
+    range: Option<String>,
+    /// How many namespaces its load names (their counts move with every GpuJob).
+    namespaces: Option<usize>,
+}
+
+impl Signature {
+    /// All but the namespaces: what is news to every replica.
+    fn but_namespaces(
+        &self,
+    ) -> (
+        &Option<String>,
+        &Option<String>,
+        &Option<String>,
+        &Option<String>,
+    ) {
+        (&self.holder, &self.version, &self.cuts, &self.range)
+    }
+}
+
+pub(super) fn signature(lease: &Lease) -> Signature {
+    let annotation = |key: &str| lease.annotations().get(key).cloned();
+    Signature {
+        holder: lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .filter(|h| !h.is_empty()),
+        version: annotation(ANNOTATION_VERSION),
+        cuts: annotation(ANNOTATION_CUTS),
+        range: annotation(ANNOTATION_RANGE),
+        namespaces: lease
+            .annotations()
+            .get(ANNOTATION_LOAD)
+            .map(|l| l.split(',').filter(|e| !e.is_empty()).count()),
+    }
+}
+
+/// Who a change is news to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum News {
+    None,
+    /// Only the keeper of the map: a shard states other namespaces.
+    Keeper,
+    Everyone,
+}
+
+/// Remembers each Lease's [`Signature`], to tell what changed.
+#[derive(Debug, Default)]
+pub(super) struct Seen(HashMap<String, Signature>);
+
+impl Seen {
+    pub(super) fn changed(&mut self, lease: &Lease) -> News {
+        let sig = signature(lease);
+        match self.0.insert(lease.name_any(), sig.clone()) {
+            Some(was) if was == sig => News::None,
+            Some(was) if was.but_namespaces() == sig.but_namespaces() => News::Keeper,
+            _ => News::Everyone,
+        }
+    }
+
+    pub(super) fn gone(&mut self, lease: &Lease) -> News {
+        match self.0.remove(&lease.name_any()) {
+            Some(_) => News::Everyone,
+            None => News::None,
+        }
+    }
+}
+
+/// Watches the Leases `selector` picks in `api` and tells `wake` of each change a look
+/// acts on (news to the keeper only while `keeper`: this replica holds shard 0). A
+/// watch that fails (a role without `watch` on Leases, say) is said once and retried
+/// with backoff; the looks keep their period meanwhile.
+pub(super) async fn watch(
+    api: Api<Lease>,
+    namespace: String,
+    selector: String,
+    wake: Arc<Notify>,
+    keeper: Arc<AtomicBool>,
+) {
+    let mut seen = Seen::default();
+    let mut failing = false;
+    let mut events = watcher(api, watcher::Config::default().labels(&selector))
+        .default_backoff()
+        .boxed();
+    while let Some(event) = events.next().await {
+        let news = match event {
+            Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => seen.changed(&l),
+            Ok(watcher::Event::Delete(l)) => seen.gone(&l),
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => News::None,
+            Err(e) => {
+                if !failing {
+                    warn!(
+                        "watching the shard Leases in {namespace}: {}; the lease loop looks every retry period meanwhile",
+                        crate::apierror::describe_watch(&e)
+                    );
+                    failing = true;
+                }
+                continue;
+            }
+        };
+        if failing {
+            info!("watching the shard Leases in {namespace} again");
+            failing = false;
+        }
+        if news == News::Everyone || news == News::Keeper && keeper.load(Ordering::Relaxed) {
+            wake.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use kube::api::ObjectMeta;
+
+    fn lease(holder: &str, annotations: &[(&str, &str)], renewed: i32) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("gpujob-operator-shard-3".to_owned()),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.to_owned()),
+                lease_transitions: Some(renewed),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_renewal_or_a_count_is_news_to_nobody_a_namespace_to_the_keeper_a_holder_or_map_to_all() {
+        let mut seen = Seen::default();
+        let load = |l: &'static str| [(ANNOTATION_VERSION, "1"), (ANNOTATION_LOAD, l)];
+        let mut news = |l: Lease| seen.changed(&l);
+        assert_eq!(
+            news(lease("a", &load("1:3,ff:4"), 1)),
+            News::Everyone,
+            "new"
+        );
+        assert_eq!(
+            news(lease("a", &load("1:3,ff:4"), 2)),
+            News::None,
+            "renewed"
+        );
+        assert_eq!(
+            news(lease("a", &load("1:9,ff:5"), 3)),
+            News::None,
+            "counts moved"
+        );
+        let more = load("1:9,ff:5,aa:1");
+        assert_eq!(news(lease("a", &more, 3)), News::Keeper, "a namespace more");
+        assert_eq!(news(lease("", &more, 3)), News::Everyone, "released");
+        assert_eq!(news(lease("b", &more, 4)), News::Everyone, "taken");
+        let v2 = [
+            (ANNOTATION_VERSION, "2"),
+            (ANNOTATION_LOAD, "1:9,ff:5,aa:1"),
+        ];
+        assert_eq!(
+            news(lease("b", &v2, 4)),
+            News::Everyone,
+            "under a newer map"
+        );
+        let mut seen = Seen::default();
+        let l = lease("b", &v2, 4);
+        assert_eq!(seen.gone(&l), News::None, "never seen");
+        seen.changed(&l);
+        assert_eq!(seen.gone(&l), News::Everyone);
+        assert_eq!(seen.gone(&l), News::None, "gone once");
+    }
+}
