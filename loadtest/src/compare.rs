@@ -132,6 +132,9 @@ pub struct Figures {
     pub converged: Duration,
     /// Create answered → converged, sorted.
     pub latencies: Vec<Duration>,
+    /// The operator: first create → every GpuJob's first pod let go at its gate, and
+    /// create answered → that, sorted ([`started`]).
+    pub started: Option<(Duration, Vec<Duration>)>,
     /// Writes to GpuJobs and Jobs by the operator's service account (all three use it).
     pub writes: usize,
     pub conflicts: usize,
@@ -307,6 +310,7 @@ async fn phase(
     let cpu_before = machine_cpu(cluster, &running, kcm);
     let requests_before = requests_by_verb(admin).await?;
     let start = Instant::now();
+    let start_wall = jiff::Timestamp::now();
     let sampler = match &running {
         Running::Operator(replicas) => Some(replicas.sample(start, SAMPLE_EVERY)),
         _ => None,
@@ -413,6 +417,12 @@ async fn phase(
         .iter()
         .filter(|e| e.resource == "gpujobs" || e.resource == "jobs")
         .collect();
+    let started = match &running {
+        Running::Operator(_) => {
+            Some(started(&audit, cursor, plan, (start, start_wall), &created_at).await?)
+        }
+        _ => None,
+    };
     if let (Running::Operator(replicas), None) = (&mut running, &takeover)
         && plan.takeover
     {
@@ -439,6 +449,7 @@ async fn phase(
         created,
         converged,
         latencies,
+        started,
         writes: control.len(),
         conflicts: control.iter().filter(|e| e.code == 409).count(),
         events: ours.iter().filter(|e| e.resource == "events").count(),
@@ -452,6 +463,70 @@ async fn phase(
         memory,
         recuts,
     })
+}
+
+/// When each GpuJob's first pod was let go at the operator's gate: the first accepted
+/// PATCH of one of its pods by the operator in the audit log (the gate's only pod
+/// patch), waited for until every GpuJob has one. Converged counts a Job created; its
+/// pods wait at the gate until this. Returns first create → the last of them, and
+/// create answered → each, sorted.
+async fn started(
+    audit: &devcluster::audit::AuditLog,
+    cursor: devcluster::audit::Cursor,
+    plan: &Plan<'_>,
+    (start, start_wall): (Instant, jiff::Timestamp),
+    created_at: &HashMap<String, Instant>,
+) -> anyhow::Result<(Duration, Vec<Duration>)> {
+    let load: std::collections::BTreeSet<&str> =
+        plan.namespaces.iter().map(String::as_str).collect();
+    loop {
+        let mut first: HashMap<String, jiff::Timestamp> = HashMap::new();
+        for e in audit.since(cursor)? {
+            if e.user != OPERATOR_USER
+                || e.resource != "pods"
+                || e.verb != "patch"
+                || !e.succeeded()
+                || !load.contains(e.namespace.as_str())
+            {
+                continue;
+            }
+            // Pod `<gpujob>-<attempt>-<suffix>` of the GpuJob `<gpujob>`.
+            let Some(gpujob) = e.name.rsplitn(3, '-').nth(2) else {
+                continue;
+            };
+            let at: jiff::Timestamp = e
+                .received
+                .parse()
+                .with_context(|| format!("audit timestamp {}", e.received))?;
+            let entry = first
+                .entry(format!("{}/{gpujob}", e.namespace))
+                .or_insert(at);
+            *entry = (*entry).min(at);
+        }
+        if first.len() >= plan.gpujobs {
+            let since = |at: &jiff::Timestamp| {
+                Duration::try_from(at.duration_since(start_wall)).unwrap_or(Duration::ZERO)
+            };
+            let all = first.values().map(since).max().unwrap_or_default();
+            let mut each: Vec<Duration> = created_at
+                .iter()
+                .filter_map(|(k, c)| {
+                    let created = c.saturating_duration_since(start);
+                    first.get(k).map(|at| since(at).saturating_sub(created))
+                })
+                .collect();
+            each.sort();
+            return Ok((all, each));
+        }
+        if Instant::now() >= plan.deadline {
+            bail!(
+                "gave up with {} of {} GpuJobs' first pod let go at the gate",
+                first.len(),
+                plan.gpujobs
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// `kill -9` of the working replica and its takeover; `under_load`: how many GpuJobs had
@@ -857,6 +932,20 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
             f.conflicts,
             f.events as f64 / n,
         );
+    }
+    for f in all {
+        if let Some((all_started, each)) = &f.started {
+            let q = |x: f64| quantile(each, x).map_or("–".to_owned(), secs);
+            let _ = writeln!(
+                r,
+                "\n{}: every GpuJob started (its first pod let go at the operator's gate: the pod's \
+                 PATCH in the audit log) {} after the first create; create → started p50 / p99 {} / {}.",
+                f.who.name(),
+                secs(*all_started),
+                q(0.5),
+                q(0.99),
+            );
+        }
     }
     let find = |w: Contender| all.iter().find(|f| f.who == w);
     if let (Some(op), Some(floor), Some(reference)) = (
