@@ -124,6 +124,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 in_flight,
                 load: settings.load.clone(),
                 recut_interval: args.recut_interval,
+                watch_timeout: client::watch_timeout(limits.timeout),
                 status: status.clone(),
             };
             let lease_task = tokio::spawn(lease::run(lease_loop, drained_rx));

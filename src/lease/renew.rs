@@ -12,7 +12,7 @@ use crate::health::Status;
 
 /// Renews one held shard every retry period (jittered), at the latest when half the
 /// renew deadline is left, and at once when the lease loop asks
-/// ([`Elector::renew_soon`]: the shard's namespaces changed), until a renewal is refused or the renew deadline passes
+/// ([`Elector::renew_soon`]: the number of the shard's namespaces changed), until a renewal is refused or the renew deadline passes
 /// without one; then the shard leaves the ownership (its reconciles stop, its writes
 /// are fenced). Ends at once if the term `epoch` is over.
 pub(super) async fn renew(

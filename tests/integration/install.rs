@@ -802,7 +802,7 @@ const REVIEWED_SECURE_METRICS: &[(&str, &str)] = &[
 ];
 const LEASES: (&str, &str) = (
     "leases.coordination.k8s.io",
-    "get list create update delete",
+    "get list watch create update delete",
 );
 /// The Node an old attempt's pod is being deleted on (is it lost?): cluster-scoped, so
 /// only a cluster-wide install has it; the chart's namespaced mode goes without.

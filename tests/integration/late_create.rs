@@ -504,6 +504,21 @@ async fn freeze_once_held(
     leader: &replicas::Replica,
     what: &str,
 ) -> tokio::time::Instant {
+    let held = freeze_when_held(proxy, leader, what).await;
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-2"
+    })
+    .await;
+    held
+}
+
+/// Waits until the proxy holds a request ([`hold`]) and freezes `leader` with it in
+/// flight; returns when the request was first seen held.
+async fn freeze_when_held(
+    proxy: &FaultProxy,
+    leader: &replicas::Replica,
+    what: &str,
+) -> tokio::time::Instant {
     let p = proxy.handle();
     wait::until(
         what,
@@ -518,10 +533,6 @@ async fn freeze_once_held(
     .unwrap();
     let held = tokio::time::Instant::now();
     leader.signal(Signal::SIGSTOP);
-    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
-        h == "replica-2"
-    })
-    .await;
     held
 }
 
@@ -547,14 +558,15 @@ async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbid
     // Attempt 1 fails; the leader's create of attempt 2 is held, and the leader frozen
     // before it could record attempt 2.
     hold(&proxy, Method::POST, &["jobs"]);
-    let held = freeze_once_held(
-        &env,
+    let held = freeze_when_held(
         &proxy,
         &first,
         "the leader's create of attempt 2 to be held",
     )
     .await;
-    // The spec turns invalid (2 GPUs, one allowed): no attempt may start.
+    // The spec turns invalid (2 GPUs, one allowed): no attempt may start. Changed while
+    // the leader is frozen and before replica 2 leads, so replica 2's first look sees it
+    // (changed after, it could race replica 2's start of attempt 2 from the valid spec).
     env.gpujobs()
         .patch(
             "train",
@@ -563,6 +575,10 @@ async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbid
         )
         .await
         .unwrap();
+    wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
+        h == "replica-2"
+    })
+    .await;
     env.wait_gpujob("train", "waiting on the invalid spec", |g| {
         ready(g).is_some_and(|(_, reason, _)| reason == "InvalidSpec")
     })

@@ -163,8 +163,8 @@ impl Coordinator {
     /// Each held shard's Lease states, from its next renewal, the GpuJobs per namespace
     /// of its range, once the runner has counted it from caches that cover it in this
     /// term (before that, no load: the keeper waits rather than take it for empty).
-    /// When which namespaces a shard holds changed (or it is stated first in a term),
-    /// that renewal comes at once: the keeper's first cut waits for them.
+    /// When the number of namespaces a shard holds changed (or it is stated first in a
+    /// term), that renewal comes at once: the keeper's first cut waits for them.
     pub(super) fn state_loads(&mut self) {
         if self.kept.is_none() {
             return;

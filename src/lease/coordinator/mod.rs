@@ -2,7 +2,8 @@
 //! Lease `<lease-name>-shard-<i>`, and with one shard by `<lease-name>` itself (the
 //! Lease users know; replicas of earlier releases share it). A sharded replica's member
 //! heartbeat Lease, `<lease-name>-member-<identity>` (none with one shard: `modes.rs`),
-//! is renewed by a task of its own (`heartbeat.rs`). Every retry period (with jitter)
+//! is renewed by a task of its own (`heartbeat.rs`). Every retry period (with jitter;
+//! with the kept map also as soon as a Lease changes in a way a look acts on: `wake.rs`)
 //! the coordinator lists the group's Leases (one call), works out the live replicas of
 //! its split (a member whose record changed within a lease duration on this replica's
 //! own clock, the same rule as for shard Leases) and who holds what, and takes or gives
@@ -37,7 +38,7 @@ use tokio::time::{Instant, timeout};
 use tracing::{debug, error, info, warn};
 
 use super::balance::{self, Holder, View};
-use super::group::{LABEL_GROUP, ShardLeases};
+use super::group::{LABEL_GROUP, LABEL_ROLE, ShardLeases};
 use super::heartbeat::Heartbeat;
 use super::kept::Kept;
 use super::load::Load;
@@ -70,6 +71,9 @@ pub struct Params {
     pub load: Load,
     /// The least time between two re-cuts of the kept map (`--recut-interval`).
     pub recut_interval: Duration,
+    /// How long the API server may keep a watch of the Leases open (`wake.rs`): less
+    /// than the client's read timeout.
+    pub watch_timeout: Duration,
     /// The lease loop's heartbeat for /healthz, and the metrics.
     pub status: Arc<Status>,
 }
@@ -94,9 +98,15 @@ pub async fn run(params: Params, stop: impl Future<Output = ()>) {
         tokio::spawn(wake::watch(
             c.group.api.clone(),
             leases.namespace.clone(),
-            format!("{LABEL_GROUP}={}", leases.lease_name),
+            // Shard Leases and the map: a member's heartbeat is no news (a new member is
+            // balanced at the next look, as the new member itself takes a period to).
+            format!(
+                "{LABEL_GROUP}={},{LABEL_ROLE} in (shard,shard-map)",
+                leases.lease_name
+            ),
+            c.watch_timeout,
             c.wake.clone(),
-            c.keeper.clone(),
+            c.tx.subscribe(),
         ))
     });
     tokio::pin!(stop);
@@ -472,14 +482,14 @@ struct Coordinator {
     /// Whether a look got as far as the list before (a map followed now is a change
     /// seen while running, not the map found at start).
     looked: bool,
-    /// Looks so far (up to 2: until then, no look comes sooner than its period).
-    looks: u8,
+    /// How long the API server may keep the watch of the Leases open.
+    watch_timeout: Duration,
+    /// Whether a look could take shards before (`Mode::ready`): until then no look
+    /// comes sooner than its period.
+    taking: bool,
     /// Told by the watch of the group's Leases (`wake.rs`) when a look has something
     /// new to act on.
     wake: Arc<tokio::sync::Notify>,
-    /// Whether this replica held shard 0 (kept the map) at its last look: a shard
-    /// stating other namespaces is news to it only.
-    keeper: Arc<std::sync::atomic::AtomicBool>,
     /// The term and number of namespaces each held shard's Lease was last told to
     /// state (`state_loads`: a change is renewed at once).
     stated: BTreeMap<u32, (u64, usize)>,
@@ -514,11 +524,11 @@ impl Coordinator {
 
     /// Resolves when a look should come before its period is up: the group's Leases
     /// changed in a way a look acts on (`wake.rs`), or the namespaces this replica
-    /// counts did (stated at once). Only with the kept map, and not before the second
-    /// look: the first looks stay a retry period apart, so that replicas started
-    /// together see each other before they take shards.
+    /// counts did (stated at once). Only with the kept map, and not before a look could
+    /// take shards: the looks up to it stay a retry period apart, so that replicas
+    /// started together see each other before they take shards.
     async fn woken(&self) {
-        if self.kept.is_none() || self.looks < 2 {
+        if self.kept.is_none() || !self.taking {
             return std::future::pending().await;
         }
         tokio::select! {
@@ -538,6 +548,7 @@ impl Coordinator {
             in_flight,
             load,
             recut_interval,
+            watch_timeout,
             status,
         } = p;
         let kept = leases.kept.then(|| Kept::new(recut_interval));
@@ -583,9 +594,9 @@ impl Coordinator {
             in_flight,
             kept,
             looked: false,
-            looks: 0,
+            taking: false,
+            watch_timeout,
             wake: Arc::new(tokio::sync::Notify::new()),
-            keeper: Arc::default(),
             stated: BTreeMap::new(),
             load,
             status,
@@ -594,7 +605,6 @@ impl Coordinator {
 
     /// One look, then the deletes of member Leases it found gone.
     async fn tick(&mut self) {
-        self.looks = self.looks.saturating_add(1).min(2);
         self.look().await;
         self.delete_gone().await;
     }
@@ -659,6 +669,7 @@ impl Coordinator {
             self.could_not();
             return;
         }
+        self.taking = true;
         self.report_unheld(&holders, now);
         let take: Vec<u32> = {
             let own = self.tx.borrow();
@@ -672,9 +683,6 @@ impl Coordinator {
         self.take(&take).await;
         self.state_loads();
         self.keep_map(&leases, now).await;
-        let keeper = self.tx.borrow().held.contains_key(&0);
-        self.keeper
-            .store(keeper, std::sync::atomic::Ordering::Relaxed);
         let own = self.tx.borrow().clone();
         self.mode
             .after_look(&self.group, &own, &self.electors[0])

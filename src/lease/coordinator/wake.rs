@@ -2,14 +2,14 @@
 //! a retry period later: a newer shard map (followed at once), a shard released or
 //! taken (a shard freed by a hand-over is taken at once), a shard claiming another
 //! range or stating another map version; and, for the keeper of the map only, a shard
-//! stating other namespaces (what its cut waits for). A renewal alone changes none of
+//! stating another number of namespaces (what its cut waits for). A renewal alone changes none of
 //! these, so a quiet group wakes nobody. Only with the kept map
 //! (docs/ha-and-sharding.md, "The kept map"); every look is still one of the lease
 //! loop's looks, so the protocol is the same, only sooner.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures::StreamExt;
 use gpujob_core::recut::{ANNOTATION_CUTS, ANNOTATION_LOAD, ANNOTATION_RANGE, ANNOTATION_VERSION};
@@ -17,8 +17,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch as channel};
 use tracing::{info, warn};
+
+use crate::lease::Ownership;
 
 /// What of a Lease a look acts on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +29,8 @@ pub(super) struct Signature {
     version: Option<String>,
     cuts: Option<String>,
     range: Option<String>,
-    /// How many namespaces its load names (their counts move with every GpuJob).
+    /// How many namespaces its load names (their counts move with every GpuJob; a
+    /// namespace swapped for another is seen by the keeper at its next look).
     namespaces: Option<usize>,
 }
 
@@ -67,7 +70,7 @@ pub(super) fn signature(lease: &Lease) -> Signature {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum News {
     None,
-    /// Only the keeper of the map: a shard states other namespaces.
+    /// Only the keeper of the map: a shard states another number of namespaces.
     Keeper,
     Everyone,
 }
@@ -95,21 +98,23 @@ impl Seen {
 }
 
 /// Watches the Leases `selector` picks in `api` and tells `wake` of each change a look
-/// acts on (news to the keeper only while `keeper`: this replica holds shard 0). A
-/// watch that fails (a role without `watch` on Leases, say) is said once and retried
+/// acts on (news to the keeper only while `own` says this replica holds shard 0). The
+/// API server ends each watch within `within` (before the client's read timeout could).
+/// A watch that fails (a role without `watch` on Leases, say) is said once and retried
 /// with backoff; the looks keep their period meanwhile.
 pub(super) async fn watch(
     api: Api<Lease>,
     namespace: String,
     selector: String,
+    within: Duration,
     wake: Arc<Notify>,
-    keeper: Arc<AtomicBool>,
+    own: channel::Receiver<Ownership>,
 ) {
     let mut seen = Seen::default();
     let mut failing = false;
-    let mut events = watcher(api, watcher::Config::default().labels(&selector))
-        .default_backoff()
-        .boxed();
+    let secs = u32::try_from(within.as_secs()).unwrap_or(u32::MAX).max(1);
+    let config = watcher::Config::default().labels(&selector).timeout(secs);
+    let mut events = watcher(api, config).default_backoff().boxed();
     while let Some(event) = events.next().await {
         let news = match event {
             Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => seen.changed(&l),
@@ -130,7 +135,8 @@ pub(super) async fn watch(
             info!("watching the shard Leases in {namespace} again");
             failing = false;
         }
-        if news == News::Everyone || news == News::Keeper && keeper.load(Ordering::Relaxed) {
+        let keeper = || own.borrow().held.contains_key(&0);
+        if news == News::Everyone || news == News::Keeper && keeper() {
             wake.notify_one();
         }
     }
