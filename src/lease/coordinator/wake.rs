@@ -77,12 +77,19 @@ pub(super) enum News {
 
 /// Remembers each Lease's [`Signature`], to tell what changed.
 #[derive(Debug, Default)]
-pub(super) struct Seen(HashMap<String, Signature>);
+pub(super) struct Seen {
+    by_name: HashMap<String, Signature>,
+    /// While the watch lists again (after it could not resume): the names listed so far.
+    relisted: Option<std::collections::HashSet<String>>,
+}
 
 impl Seen {
     pub(super) fn changed(&mut self, lease: &Lease) -> News {
         let sig = signature(lease);
-        match self.0.insert(lease.name_any(), sig.clone()) {
+        if let Some(listed) = self.relisted.as_mut() {
+            listed.insert(lease.name_any());
+        }
+        match self.by_name.insert(lease.name_any(), sig.clone()) {
             Some(was) if was == sig => News::None,
             Some(was) if was.but_namespaces() == sig.but_namespaces() => News::Keeper,
             _ => News::Everyone,
@@ -90,9 +97,28 @@ impl Seen {
     }
 
     pub(super) fn gone(&mut self, lease: &Lease) -> News {
-        match self.0.remove(&lease.name_any()) {
+        match self.by_name.remove(&lease.name_any()) {
             Some(_) => News::Everyone,
             None => News::None,
+        }
+    }
+
+    /// The watch lists every Lease again.
+    pub(super) fn relist_begins(&mut self) {
+        self.relisted = Some(Default::default());
+    }
+
+    /// The list is over: a Lease it did not name went while the watch was down.
+    pub(super) fn relist_done(&mut self) -> News {
+        let Some(listed) = self.relisted.take() else {
+            return News::None;
+        };
+        let before = self.by_name.len();
+        self.by_name.retain(|name, _| listed.contains(name));
+        if self.by_name.len() < before {
+            News::Everyone
+        } else {
+            News::None
         }
     }
 }
@@ -119,7 +145,11 @@ pub(super) async fn watch(
         let news = match event {
             Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => seen.changed(&l),
             Ok(watcher::Event::Delete(l)) => seen.gone(&l),
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => News::None,
+            Ok(watcher::Event::Init) => {
+                seen.relist_begins();
+                News::None
+            }
+            Ok(watcher::Event::InitDone) => seen.relist_done(),
             Err(e) => {
                 if !failing {
                     warn!(
@@ -207,5 +237,25 @@ mod tests {
         seen.changed(&l);
         assert_eq!(seen.gone(&l), News::Everyone);
         assert_eq!(seen.gone(&l), News::None, "gone once");
+    }
+
+    #[test]
+    fn a_lease_missing_from_a_new_list_went_while_the_watch_was_down() {
+        let mut seen = Seen::default();
+        let named = |name: &str| {
+            let mut l = lease("a", &[], 1);
+            l.metadata.name = Some(name.to_owned());
+            l
+        };
+        let (a, b) = (named("shard-0"), named("shard-1"));
+        seen.relist_begins();
+        seen.changed(&a);
+        seen.changed(&b);
+        assert_eq!(seen.relist_done(), News::None, "the first list");
+        seen.relist_begins();
+        assert_eq!(seen.changed(&a), News::None, "unchanged");
+        assert_eq!(seen.relist_done(), News::Everyone, "shard-1 went");
+        assert_eq!(seen.gone(&b), News::None, "forgotten");
+        assert_eq!(seen.relist_done(), News::None, "no list under way");
     }
 }
