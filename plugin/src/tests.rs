@@ -337,6 +337,13 @@ fn why_says_quota_nodes_lost_node_and_name_conflicts() {
         ),
         (
             json!([ready(
+                "ManagedElsewhere",
+                "attempt 1's Job is managed by kueue.x-k8s.io/multikueue (Kueue's MultiKueue runs it on another cluster)"
+            )]),
+            "does not run: its Job is managed elsewhere: attempt 1's Job is managed by kueue.x-k8s.io/multikueue",
+        ),
+        (
+            json!([ready(
                 "InvalidSpec",
                 "invalid spec: spec.image: not a reference"
             )]),

@@ -9,8 +9,9 @@ use gpujob_core::plan::{
 use gpujob_core::seen_pod::SeenPod;
 use gpujob_core::status::{
     ADMITTED, BACKING_OFF, CLAIM_TEMPLATE_NAME_CONFLICT, CLEANUP_STUCK, JOB_RUNNING,
-    POD_GROUP_NAME_CONFLICT, QUEUED, QUOTA_PENDING, QUOTA_REFUSED, QUOTA_RESERVED, READY,
-    REPLACING, RERUN, SERVICE_NAME_CONFLICT, SUSPENDED, UNSCHEDULABLE, WAITING_FOR_LOST_NODE,
+    MANAGED_ELSEWHERE, POD_GROUP_NAME_CONFLICT, QUEUED, QUOTA_PENDING, QUOTA_REFUSED,
+    QUOTA_RESERVED, READY, REPLACING, RERUN, SERVICE_NAME_CONFLICT, SUSPENDED, UNSCHEDULABLE,
+    WAITING_FOR_LOST_NODE,
 };
 use jiff::Timestamp;
 
@@ -204,6 +205,13 @@ pub fn sentences(s: &Snapshot, now: Timestamp) -> Vec<String> {
             out.push(format!(
                 "It waits for its retry backoff{next}{last}; then attempt {} starts.",
                 current + 1
+            ));
+        }
+        (_, MANAGED_ELSEWHERE) => {
+            // The operator's message names the controller and what to do.
+            out.push(format!(
+                "It does not run: its Job is managed elsewhere{}.",
+                said(message)
             ));
         }
         (_, INVALID_SPEC) => {
