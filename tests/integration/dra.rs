@@ -15,12 +15,12 @@ use crate::support;
 use devcluster::dra::{DEVICE_CLASS, DRIVER};
 use devcluster::nodes::GpuNodes;
 use gpujob_operator::api::{DeviceAllocation, GPU_RESOURCE, GpuJob, LABEL_UID, Phase};
-use gpujob_operator::controller::status::{CLAIM_TEMPLATE_NAME_CONFLICT, READY, UNSCHEDULABLE};
+use gpujob_operator::controller::status::{CLAIM_TEMPLATE_NAME_CONFLICT, UNSCHEDULABLE};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
-use support::{TestEnv, phase, sim_env};
+use support::{TestEnv, phase, ready, sim_env};
 
 const H100: &str = "NVIDIA-H100";
 const H200: &str = "NVIDIA-H200";
@@ -72,23 +72,15 @@ async fn create(env: &TestEnv, name: &str) -> GpuJob {
     .await
 }
 
-fn reason(g: &GpuJob) -> Option<String> {
-    Some(g.status.as_ref()?.condition(READY)?.reason.clone())
-}
-
 /// Waits until GpuJob `name` is Pending with Ready reason `why`; returns it and Ready's
 /// message.
 async fn pending(env: &TestEnv, name: &str, why: &str) -> (GpuJob, String) {
     let g = env
         .wait_gpujob(name, &format!("Pending, reason {why}"), |g| {
-            reason(g).as_deref() == Some(why) && phase(g) == Some(Phase::Pending)
+            ready(g).is_some_and(|(_, r, _)| r == why) && phase(g) == Some(Phase::Pending)
         })
         .await;
-    let message = g
-        .status
-        .as_ref()
-        .and_then(|s| s.condition(READY))
-        .map(|c| c.message.clone());
+    let message = ready(&g).map(|(_, _, m)| m);
     (g, message.unwrap_or_default())
 }
 

@@ -18,12 +18,12 @@ use devcluster::gang::GangScheduling;
 use devcluster::nodes::{GpuNodes, RACK_LABEL};
 use gpujob_operator::api::{LABEL_UID, Phase};
 use gpujob_operator::controller::gang;
-use gpujob_operator::controller::status::{READY, UNSCHEDULABLE};
+use gpujob_operator::controller::status::UNSCHEDULABLE;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::core::DynamicObject;
 use serde_json::json;
-use support::{TestEnv, phase, sim_env};
+use support::{TestEnv, phase, ready, sim_env};
 
 /// Eight nodes of two GPUs, two to a rack: racks 0 to 3.
 fn cluster() -> devcluster::Options {
@@ -201,10 +201,7 @@ async fn with_room_for_all_but_one_pod_no_pod_of_the_attempt_gets_a_node() {
     create(&env, "trio", 3, None).await;
     let waiting = env
         .wait_gpujob("trio", "waiting for nodes, with the reason", |g| {
-            g.status
-                .as_ref()
-                .and_then(|s| s.condition(READY))
-                .is_some_and(|c| c.reason == UNSCHEDULABLE)
+            ready(g).is_some_and(|(_, r, _)| r == UNSCHEDULABLE)
         })
         .await;
     assert_eq!(phase(&waiting), Some(Phase::Pending));
@@ -225,11 +222,7 @@ async fn with_room_for_all_but_one_pod_no_pod_of_the_attempt_gets_a_node() {
         .await
         .unwrap();
     env.wait_gpujob("trio", "running", |g| {
-        g.status
-            .as_ref()
-            .and_then(|s| s.condition(READY))
-            .is_some_and(|c| c.reason != UNSCHEDULABLE)
-            && phase(g) == Some(Phase::Running)
+        ready(g).is_some_and(|(_, r, _)| r != UNSCHEDULABLE) && phase(g) == Some(Phase::Running)
     })
     .await;
     let pods = devcluster::wait::until("all three placed", support::WAIT, support::POLL, || {

@@ -796,7 +796,7 @@ async fn multikueue_early_end_figures() {
 #[tokio::test]
 async fn a_gpujob_through_a_multikueue_queue_says_its_pods_wait_on_another_cluster() {
     use gpujob_operator::api::{LABEL_UID, Phase};
-    use gpujob_operator::controller::status::{MANAGED_ELSEWHERE, READY};
+    use gpujob_operator::controller::status::MANAGED_ELSEWHERE;
 
     let two = TwoClusters::start("mk-gpujob", 4, json!({})).await;
     let (manager, worker) = (&two.manager, &two.worker);
@@ -811,20 +811,11 @@ async fn a_gpujob_through_a_multikueue_queue_says_its_pods_wait_on_another_clust
         .await;
     let said = manager
         .wait_gpujob("train", "Pending, its Job managed by MultiKueue", |g| {
-            g.status
-                .as_ref()
-                .and_then(|s| s.condition(READY))
-                .is_some_and(|c| c.reason == MANAGED_ELSEWHERE)
+            support::ready(g).is_some_and(|(_, r, _)| r == MANAGED_ELSEWHERE)
         })
         .await;
     assert_eq!(support::phase(&said), Some(Phase::Pending));
-    let message = &said
-        .status
-        .as_ref()
-        .unwrap()
-        .condition(READY)
-        .unwrap()
-        .message;
+    let (_, _, message) = support::ready(&said).unwrap();
     assert!(message.contains(MANAGED_BY), "{message}");
     // Its pod is on the worker, at the operator's gate; none is on the manager.
     let uid = g.metadata.uid.clone().unwrap();

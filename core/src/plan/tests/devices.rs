@@ -284,57 +284,50 @@ fn held_by_a_foreign_template(quota: bool) -> GpuJob {
     with_status(g, &p)
 }
 
-#[test]
-fn a_template_name_held_is_read_again_before_the_attempt_is_tried() {
-    let g = held_by_a_foreign_template(false);
-    let name = crate::claims::template(&g, 1)
+/// The read of the name of `g`'s attempt 1 template.
+fn template_read(g: &GpuJob) -> Read {
+    let name = crate::claims::template(g, 1)
         .unwrap()
         .metadata
         .name
         .unwrap();
-    let read = Read::ClaimTemplate { attempt: 1, name };
-    let p = plan(
-        &Observed {
-            reads: Reads::default(),
-            ..observed(&g, &[], LATER)
-        },
-        &settings(),
-    );
-    assert_eq!(p.actions, vec![Action::Read(read.clone())]);
+    Read::ClaimTemplate { attempt: 1, name }
+}
 
-    // Still held: the attempt waits, nothing made.
-    let reads = having_read(
-        read.clone(),
+/// The reads of a reconcile that read that name and found it held by a `foreign`
+/// template, or not.
+fn template_found(g: &GpuJob, foreign: bool) -> Reads {
+    having_read(
+        template_read(g),
         Found::ClaimTemplate {
             attempt: 1,
-            foreign: true,
+            foreign,
         },
-    );
-    let p = plan(
-        &Observed {
-            reads,
-            ..observed(&g, &[], LATER)
-        },
-        &settings(),
-    );
+    )
+}
+
+#[test]
+fn a_template_name_held_is_read_again_before_the_attempt_is_tried() {
+    let g = held_by_a_foreign_template(false);
+    let at = |reads| {
+        plan(
+            &Observed {
+                reads,
+                ..observed(&g, &[], LATER)
+            },
+            &settings(),
+        )
+    };
+    let p = at(Reads::default());
+    assert_eq!(p.actions, vec![Action::Read(template_read(&g))]);
+
+    // Still held: the attempt waits, nothing made.
+    let p = at(template_found(&g, true));
     assert!(creates(&p).is_empty(), "{:?}", p.actions);
     assert_eq!(ready(&p).1, CLAIM_TEMPLATE_NAME_CONFLICT);
 
     // Gone: the template, then the Job.
-    let reads = having_read(
-        read,
-        Found::ClaimTemplate {
-            attempt: 1,
-            foreign: false,
-        },
-    );
-    let p = plan(
-        &Observed {
-            reads,
-            ..observed(&g, &[], LATER)
-        },
-        &settings(),
-    );
+    let p = at(template_found(&g, false));
     assert_eq!(creates(&p), vec![1], "{:?}", p.actions);
 }
 
@@ -342,28 +335,16 @@ fn a_template_name_held_is_read_again_before_the_attempt_is_tried() {
 fn quota_held_while_a_template_name_is_taken_is_released_and_not_asked_again() {
     let g = held_by_a_foreign_template(true);
     assert!(g.status.as_ref().unwrap().reservation_id.is_some());
-    let name = crate::claims::template(&g, 1)
-        .unwrap()
-        .metadata
-        .name
-        .unwrap();
-    let reads = having_read(
-        Read::ClaimTemplate { attempt: 1, name },
-        Found::ClaimTemplate {
-            attempt: 1,
-            foreign: true,
-        },
-    );
     let p = plan(
         &Observed {
-            reads,
+            reads: template_found(&g, true),
             quota_required: true,
             pods: Some(Vec::new()),
             ..observed(&g, &[], LATER)
         },
         &settings(),
     );
-    let kinds: Vec<&str> = p.actions.iter().map(Action::name).collect();
+    let kinds = kinds(&p);
     assert!(kinds.contains(&"Release"), "{kinds:?}");
     assert!(!kinds.contains(&"Reserve"), "{kinds:?}");
 }

@@ -506,11 +506,7 @@ fn a_job_an_earlier_version_created_suspended_gets_the_gate_then_starts() {
     );
     // Of a GpuJob with spec.queueName, not yet handed over (that version labelled it
     // only when it started it): gated and handed to its queue, left suspended for Kueue.
-    let mut queued = g.clone();
-    queued.spec.v2 = Some(V2Only {
-        queue_name: Some("team-a".into()),
-        ..V2Only::default()
-    });
+    let queued = in_queue(g.clone(), "team-a");
     let p = Seen::new(&queued, std::slice::from_ref(&old)).plan(LATER);
     assert!(
         matches!(p.actions.as_slice(), [Action::GateJob { queue: Some(q), .. }] if q == "team-a"),
@@ -568,11 +564,7 @@ fn a_job_kueue_labels_by_default_still_waits_at_the_gate() {
 
 #[test]
 fn a_queued_gpujobs_job_is_created_suspended_in_its_queue() {
-    let mut g = gpujob(3);
-    g.spec.v2 = Some(V2Only {
-        queue_name: Some("team-a".into()),
-        ..V2Only::default()
-    });
+    let g = in_queue(gpujob(3), "team-a");
     let p = run(&g, &[], None, T0);
     let Some(Action::CreateJob { job, .. }) = p.actions.first() else {
         panic!("{:?}", p.actions)

@@ -235,6 +235,15 @@ fn with_status(mut g: GpuJob, p: &Plan) -> GpuJob {
     g
 }
 
+/// `g` with `spec.queueName` `queue` (its other v2 fields unset).
+fn in_queue(mut g: GpuJob, queue: &str) -> GpuJob {
+    g.spec.v2 = Some(V2Only {
+        queue_name: Some(queue.into()),
+        ..V2Only::default()
+    });
+    g
+}
+
 fn exit(attempt: i32, code: i32) -> Option<Termination> {
     Some(Termination {
         attempt,
@@ -768,6 +777,7 @@ fn an_invalid_job_waits_for_a_spec_change() {
 mod quota {
     //! The quota protocol, step by step, with the answers fed back as the executor does.
 
+    use super::gate::kinds;
     use super::*;
     use crate::api::{ANNOTATION_SKIP_RELEASE, FINALIZER_QUOTA, QuotaCall, QuotaOp};
     use crate::status::{CLEANUP_STUCK, QUOTA_RESERVED};
@@ -779,10 +789,6 @@ mod quota {
 
     fn quota_plan(g: &GpuJob, jobs: &[Job], answer: Option<QuotaAnswer>, now: &str) -> Plan {
         plan_from(g, jobs, answer, true, true, now)
-    }
-
-    fn kinds(p: &Plan) -> Vec<&'static str> {
-        p.actions.iter().map(Action::name).collect()
     }
 
     fn granted() -> Option<QuotaAnswer> {
@@ -2305,11 +2311,7 @@ mod reads;
 
 #[test]
 fn an_attempt_whose_job_another_controller_runs_says_so_not_running() {
-    let mut g = gpujob(3);
-    g.spec.v2 = Some(V2Only {
-        queue_name: Some("team".into()),
-        ..V2Only::default()
-    });
+    let g = in_queue(gpujob(3), "team");
     let g = with_status(g.clone(), &run(&g, &[], None, T0));
     // Kueue's webhook made it a MultiKueue Job, and MultiKueue admitted it: unsuspended.
     let mut j = job(&g, 1, None);

@@ -181,11 +181,7 @@ fn a_foreign_job_on_the_next_name_is_read_again_and_refuses_the_attempt() {
 
 #[test]
 fn a_queued_attempt_reads_its_workload_and_says_why_kueue_holds_it() {
-    let mut g = running(&gpujob(3), 1, 0);
-    g.spec.v2 = Some(V2Only {
-        queue_name: Some("team".into()),
-        ..Default::default()
-    });
+    let g = in_queue(running(&gpujob(3), 1, 0), "team");
     let mut queued = job(&g, 1, None);
     queued.spec.as_mut().unwrap().suspend = Some(true);
     let jobs = std::slice::from_ref(&queued);
@@ -290,11 +286,7 @@ fn reads_are_asked_in_at_most_two_rounds_and_never_again_once_answered() {
     // pods waiting past the scheduler's grace, a foreign Job on the next name.
     let base = gpujob(3);
     let failed = |g: &GpuJob, a| job(g, a, Some(("Failed", "BackoffLimitExceeded", T0)));
-    let mut queued_g = running(&base, 1, 0);
-    queued_g.spec.v2 = Some(V2Only {
-        queue_name: Some("team".into()),
-        ..Default::default()
-    });
+    let queued_g = in_queue(running(&base, 1, 0), "team");
     let mut queued = job(&queued_g, 1, None);
     queued.spec.as_mut().unwrap().suspend = Some(true);
     let mut conflict = running(&base, 1, 1);
