@@ -154,6 +154,8 @@ pub struct Figures {
     pub machine_cpu: Vec<(&'static str, f64)>,
     /// The API server's requests over the same span (`apiserver_request_total`), by verb.
     pub requests: BTreeMap<String, f64>,
+    /// The operator: its replicas' requests from the first create to all started.
+    pub to_started: Option<OperatorRequests>,
     /// One replica holding every GpuJob: its RSS against the GpuJobs created so far.
     pub memory: Option<Slope>,
     /// The operator with a kept shard map: what its replicas' logs say of re-cuts.
@@ -309,6 +311,10 @@ async fn phase(
     let cursor = audit.cursor()?;
     let cpu_before = machine_cpu(cluster, &running, kcm);
     let requests_before = requests_by_verb(admin).await?;
+    let operator_before = match &running {
+        Running::Operator(replicas) => Some(OperatorRequests::scrape(replicas).await),
+        _ => None,
+    };
     let start = Instant::now();
     let start_wall = jiff::Timestamp::now();
     let sampler = match &running {
@@ -423,6 +429,14 @@ async fn phase(
         }
         _ => None,
     };
+    // What the replicas sent, and how long they waited on their budget, from the first
+    // create to the poll that found every GpuJob started (within a second of it).
+    let to_started = match (&running, &operator_before, &started) {
+        (Running::Operator(replicas), Some(before), Some(_)) => {
+            Some(OperatorRequests::scrape(replicas).await.since(before))
+        }
+        _ => None,
+    };
     if let (Running::Operator(replicas), None) = (&mut running, &takeover)
         && plan.takeover
     {
@@ -450,6 +464,7 @@ async fn phase(
         converged,
         latencies,
         started,
+        to_started,
         writes: control.len(),
         conflicts: control.iter().filter(|e| e.code == 409).count(),
         events: ours.iter().filter(|e| e.resource == "events").count(),
@@ -585,6 +600,54 @@ fn machine_cpu(
         ("load generator", cpu(Some(std::process::id()))),
         ("controller (all replicas)", contender),
     ]
+}
+
+/// What all replicas sent (`rest_client_requests_total`, by HTTP method: a list or a
+/// watch is a GET) and how long their requests waited on the client's budget
+/// (`rest_client_rate_limiter_duration_seconds`), summed over the replicas.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OperatorRequests {
+    pub by_method: BTreeMap<String, f64>,
+    pub limiter_wait_seconds: f64,
+}
+
+impl OperatorRequests {
+    async fn scrape(replicas: &Replicas) -> OperatorRequests {
+        let mut sum = OperatorRequests::default();
+        for (who, text) in replicas.scrape().await {
+            match Metrics::parse(&text) {
+                Ok(m) => sum.add(&m),
+                Err(e) => eprintln!("the /metrics of {who} do not parse: {e}"),
+            }
+        }
+        sum
+    }
+
+    fn add(&mut self, m: &Metrics) {
+        for s in &m.samples {
+            match s.name.as_str() {
+                "rest_client_requests_total" => {
+                    let method = s.labels.get("method").cloned().unwrap_or_default();
+                    *self.by_method.entry(method).or_insert(0.0) += s.value;
+                }
+                "rest_client_rate_limiter_duration_seconds_sum" => {
+                    self.limiter_wait_seconds += s.value;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// These counts less `before`'s (a replica that restarted meanwhile counts from 0).
+    fn since(mut self, before: &OperatorRequests) -> OperatorRequests {
+        for (method, n) in &mut self.by_method {
+            *n = (*n - before.by_method.get(method).copied().unwrap_or(0.0)).max(0.0);
+        }
+        self.by_method.retain(|_, n| *n > 0.0);
+        self.limiter_wait_seconds =
+            (self.limiter_wait_seconds - before.limiter_wait_seconds).max(0.0);
+        self
+    }
 }
 
 /// The API server's `apiserver_request_total` so far, by verb.
@@ -947,6 +1010,21 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
                 q(0.5),
                 q(0.99),
             );
+            if let Some(o) = &f.to_started {
+                let n = plan.gpujobs.max(1) as f64;
+                let methods: Vec<String> = o
+                    .by_method
+                    .iter()
+                    .map(|(m, c)| format!("{m} {:.2}", c / n))
+                    .collect();
+                let _ = writeln!(
+                    r,
+                    "Up to then its replicas sent, per GpuJob, {} (a list or a watch is a GET), and \
+                     their requests waited {:.1} s in all on their client budgets.",
+                    methods.join(", "),
+                    o.limiter_wait_seconds,
+                );
+            }
         }
     }
     let find = |w: Contender| all.iter().find(|f| f.who == w);
