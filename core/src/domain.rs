@@ -117,6 +117,12 @@ impl Facts {
         }
     }
 
+    /// Whether the operator ever recorded what it observed of the GpuJob
+    /// (`status.observedGeneration` set): one it never did is new work.
+    pub fn observed(&self) -> bool {
+        self.observed_generation > 0
+    }
+
     pub fn to_bytes(&self) -> [u8; Facts::LEN] {
         let mut out = [0; Facts::LEN];
         out[..8].copy_from_slice(&self.uid.to_le_bytes());

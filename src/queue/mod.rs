@@ -13,9 +13,10 @@
 //! not make one created meanwhile in another wait behind all of them.
 //!
 //! A third lane holds the first look at the GpuJobs of a shard this replica just gained
-//! ([`Queue::add_first_look`]): they are handed out ahead of the normal lane, and take
-//! turns with the prompt lane while both have keys, so a takeover is not queued behind
-//! the survivor's own backlog, and the survivor's new work still gets every other turn.
+//! ([`Queue::add_first_look`]; those never observed are new work, in the prompt lane):
+//! they are handed out ahead of the normal lane, and take turns with the prompt lane
+//! while both have keys, so a takeover is not queued behind the survivor's own backlog,
+//! and the survivor's new work still gets every other turn.
 //!
 //! Time is tokio's, so the behaviour is tested on a paused clock.
 

@@ -4,19 +4,17 @@
 //! is. Losing a shard forgets what this replica wrote there (its successor writes now);
 //! gaining one queues its GpuJobs from the cache in the queue's first-look lane, ahead
 //! of this replica's backlog (anything may have changed; with sharded watches the cache
-//! has them only once the shard is listed, and then the watches queue them so).
+//! has them only once the shard is listed, and then the watches queue them so), and
+//! those never observed in the prompt lane, as new work.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::first_look::FirstLooks;
-use super::{Context, Key};
+use super::{Context, Intake};
 use crate::lease::Ownership;
-use crate::queue::Queue;
 
 /// The epoch of each shard as last seen.
 #[derive(Debug, Default)]
@@ -50,12 +48,9 @@ impl Terms {
     }
 }
 
-pub(super) async fn run(
-    ctx: Arc<Context>,
-    queue: Queue<Key>,
-    mut own: watch::Receiver<Ownership>,
-    looks: Arc<FirstLooks>,
-) {
+pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
+    let mut own = intake.own.clone();
+    let looks = &intake.looks;
     let mut terms = Terms::default();
     loop {
         let now = own.borrow_and_update().clone();
@@ -78,17 +73,15 @@ pub(super) async fn run(
             let at = Instant::now();
             for &shard in &changes.gained {
                 looks.gained(shard, at);
-                let keys = ctx.view.keys_where(|ns| now.shard_of(ns) == shard);
+                let keys = ctx.view.gained_keys(|ns| now.shard_of(ns) == shard);
                 // Not covered yet (sharded watches, a cold shard): its GpuJobs are known,
                 // and queued, when both caches have listed it (`watches.rs`).
                 if ctx.view.covers_shard(shard)
-                    && let Some(done) = looks.known(shard, keys.clone(), at)
+                    && let Some(done) = looks.known(shard, keys.all(), at)
                 {
                     done.report(&ctx.metrics);
                 }
-                for key in keys {
-                    queue.add_first_look(key);
-                }
+                intake.add_gained(keys);
             }
         }
         if own.changed().await.is_err() {

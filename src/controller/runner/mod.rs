@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use super::view::View;
+use super::view::{GainedKeys, View};
 use super::{Context, GangScheduling, Key, Settings, apply, domain, init_metrics};
 use crate::health::Status;
 use crate::lease::Ownership;
@@ -48,6 +48,18 @@ impl Intake {
             self.queue.add_first_look(key);
         } else {
             self.queue.add(key);
+        }
+    }
+
+    /// The GpuJobs of a gained shard (or of a cold one, once listed): those observed
+    /// before to its first look (`add`), those never observed to the prompt lane, as new
+    /// work on any replica is.
+    fn add_gained(&self, keys: GainedKeys) {
+        for key in keys.observed {
+            self.add(key);
+        }
+        for key in keys.new {
+            self.add_prompt(key);
         }
     }
 
@@ -206,12 +218,7 @@ pub async fn run(
     }
     on_scrape(&status, &ctx, &queue, &ownership);
     let background = [
-        tokio::spawn(handover::run(
-            ctx.clone(),
-            queue.clone(),
-            ownership.clone(),
-            looks.clone(),
-        )),
+        tokio::spawn(handover::run(ctx.clone(), intake.clone())),
         tokio::spawn(resync(ctx.clone(), intake)),
         tokio::spawn(count_load(ctx.clone(), ownership.clone())),
     ];
@@ -459,5 +466,35 @@ mod tests {
         intake.add_prompt(Key::new("ns", "new"));
         assert_eq!(queue.get().await, Some(Key::new("ns", "new")));
         assert_eq!(queue.get().await, Some(Key::new("ns", "later")));
+    }
+
+    /// A gained shard's GpuJobs never observed are new work: in the prompt lane, where
+    /// a namespace's new GpuJobs come before a pod that reaches the gate after them. Those
+    /// observed before take turns with it from the first-look lane.
+    #[tokio::test(start_paused = true)]
+    async fn a_gained_shards_new_gpujobs_come_before_pods_newly_at_the_gate() {
+        let queue: Queue<Key> = Queue::new(Backoff::default());
+        let (_tx, own) = watch::channel(Ownership::unfenced());
+        let intake = Intake {
+            queue: queue.clone(),
+            own,
+            looks: Arc::default(),
+        };
+        intake.looks.gained(0, tokio::time::Instant::now());
+        intake.add_gained(GainedKeys {
+            observed: vec![Key::new("ns", "o1"), Key::new("ns", "o2")],
+            new: vec![Key::new("ns", "n1"), Key::new("ns", "n2")],
+        });
+        let mut order = Vec::new();
+        while !queue.is_empty() {
+            let Some(key) = queue.get().await else { break };
+            queue.done(&key);
+            if key.name == "n1" && !order.contains(&key.name) {
+                // The pod of n1's Job, at the gate once n1 was looked at: behind n2.
+                intake.add_prompt(key.clone());
+            }
+            order.push(key.name);
+        }
+        assert_eq!(order, ["o1", "n1", "o2", "n2", "n1"]);
     }
 }

@@ -458,15 +458,13 @@ fn newly_covered(ctx: &Context, intake: &Intake, new: &Scope) {
     let at = tokio::time::Instant::now();
     for shard in 0..own.shards() {
         if new.contains_shard(shard) && intake.looks.unknown(shard) {
-            let keys = ctx.view.keys_where(|ns| own.shard_of(ns) == shard);
+            let keys = ctx.view.gained_keys(|ns| own.shard_of(ns) == shard).all();
             if let Some(done) = intake.looks.known(shard, keys, at) {
                 done.report(&ctx.metrics);
             }
         }
     }
-    for key in ctx.view.keys_where(|ns| new.contains(ns)) {
-        intake.add(key);
-    }
+    intake.add_gained(ctx.view.gained_keys(|ns| new.contains(ns)));
 }
 
 /// Keeps an event unless it carries an object from outside `scope` (the API server did

@@ -37,6 +37,23 @@ use crate::controller::seen_pod::SeenPod;
 use cache::{GpuJobCache, JobIndex, PodIndex, owner_of};
 use memory::WriteMemory;
 pub use observe::Snapshot;
+
+/// The GpuJobs of a shard this replica gained. `observed`: those the operator recorded
+/// a status of (an earlier holder, or this replica in an earlier term); what became of
+/// them since is looked at first (the first-look lane). `new`: those it never observed,
+/// new work like any GpuJob created now (the prompt lane, where each namespace's new
+/// GpuJobs come before the pods that their Jobs bring to the gate).
+#[derive(Debug, Default)]
+pub struct GainedKeys {
+    pub observed: Vec<Key>,
+    pub new: Vec<Key>,
+}
+
+impl GainedKeys {
+    pub fn all(&self) -> Vec<Key> {
+        self.observed.iter().chain(&self.new).cloned().collect()
+    }
+}
 use scope::{Cached, Coverage, Scope};
 use term_start::TermStarts;
 
@@ -230,9 +247,18 @@ impl View {
         self.gpujobs.keys()
     }
 
-    /// Keys of the cached GpuJobs in namespaces for which `pick` holds.
-    pub fn keys_where(&self, pick: impl Fn(&str) -> bool) -> Vec<Key> {
-        self.gpujobs.keys_where(pick)
+    /// The cached GpuJobs of namespaces for which `pick` holds, as a gained shard's
+    /// first look queues them ([`GainedKeys`]).
+    pub fn gained_keys(&self, pick: impl Fn(&str) -> bool) -> GainedKeys {
+        let mut keys = GainedKeys::default();
+        for (key, observed) in self.gpujobs.keys_observed_where(pick) {
+            if observed {
+                keys.observed.push(key);
+            } else {
+                keys.new.push(key);
+            }
+        }
+        keys
     }
 
     /// Runs `f` over the domain gauges' facts of the cached GpuJobs of the namespaces

@@ -213,6 +213,21 @@ impl GpuJobCache {
         self.keys_where(|_| true)
     }
 
+    /// Keys of the GpuJobs in namespaces for which `pick` holds, each with whether the
+    /// operator ever observed it ([`Facts::observed`]; nothing decoded).
+    pub fn keys_observed_where(&self, pick: impl Fn(&str) -> bool) -> Vec<(Key, bool)> {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        inner
+            .table
+            .iter()
+            .filter(|(ns, _, _)| pick(ns))
+            .map(|(ns, name, tail)| {
+                let observed = Facts::from_bytes(tail).is_some_and(|(f, _)| f.observed());
+                (Key::new(ns, name), observed)
+            })
+            .collect()
+    }
+
     /// Keys of the GpuJobs in namespaces for which `pick` holds.
     pub fn keys_where(&self, pick: impl Fn(&str) -> bool) -> Vec<Key> {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
@@ -434,6 +449,16 @@ mod tests {
         );
         assert_eq!(facts, vec![("ns".to_owned(), Facts::of(&gpujob("c", "4")))]);
         assert!(cache.facts_where(|ns| ns == "other", |each| each.count()) == 0);
+        let mut fresh = gpujob("d", "5");
+        fresh.status = None;
+        cache.apply(&Event::Apply(fresh), &Scope::All);
+        let mut observed = cache.keys_observed_where(|ns| ns == "ns");
+        observed.sort();
+        assert_eq!(
+            observed,
+            vec![(Key::new("ns", "c"), true), (Key::new("ns", "d"), false)],
+            "one with observedGeneration was observed; one without a status, never"
+        );
     }
 
     #[test]
