@@ -40,14 +40,16 @@ pub(super) struct Kept {
 }
 
 /// How long the load must stay within a tenth of itself before a re-cut: longer than
-/// the runner's count of it (every second) and a renewal that states it.
+/// the runner's count of it (every half second) and a renewal that states it.
 pub const STEADY: Duration = Duration::from_secs(10);
 
-/// How long the namespaces stated must stay the same before the first cut: about a count
-/// and a renewal (a namespace's first GpuJob is stated by then; one that comes later,
-/// past jitter, is weighed by the next re-cut). Until the first cut, the
-/// namespaces named alike sit in one or two shards and the other replicas wait.
-pub const NAMESPACES_SETTLED: Duration = Duration::from_secs(3);
+/// How long the namespaces stated must stay the same before the first cut: two of the
+/// runner's counts (every half second), each stated by a renewal at once when its
+/// namespaces change (a namespace's first GpuJob is stated by then; one that comes
+/// later, past jitter, is weighed by the next re-cut). Until the first cut, the
+/// namespaces named alike sit in one or two shards and the other replicas wait: every
+/// moment of this wait is a moment most replicas idle in a burst.
+pub const NAMESPACES_SETTLED: Duration = Duration::from_secs(1);
 
 impl Kept {
     pub fn new(interval: Duration) -> Kept {
@@ -256,14 +258,14 @@ mod tests {
     }
 
     #[test]
-    fn the_namespaces_are_settled_once_their_number_holds_for_three_seconds() {
+    fn the_namespaces_are_settled_once_their_number_holds_for_a_second() {
         let mut k = Kept::new(Duration::from_secs(60));
         let t0 = Instant::now();
-        let at = |s| t0 + Duration::from_secs(s);
+        let at = |ms| t0 + Duration::from_millis(ms);
         assert!(!k.namespaces_settled_at(20, at(0)));
-        assert!(!k.namespaces_settled_at(26, at(2)), "one more appeared");
-        assert!(!k.namespaces_settled_at(26, at(4)));
-        assert!(k.namespaces_settled_at(26, at(5)));
+        assert!(!k.namespaces_settled_at(26, at(500)), "one more appeared");
+        assert!(!k.namespaces_settled_at(26, at(1499)));
+        assert!(k.namespaces_settled_at(26, at(1500)));
     }
 
     #[test]
@@ -275,9 +277,9 @@ mod tests {
         assert!(!k.namespaces_settled_at(0, at(0)));
         assert_eq!(k.first_cut_in(at(0)), None, "no namespace yet");
         assert!(!k.namespaces_settled_at(26, at(1000)));
-        assert_eq!(k.first_cut_in(at(1500)), Some(Duration::from_millis(2500)));
-        assert_eq!(k.first_cut_in(at(4000)), None, "settled: the look cuts");
-        k.wrote_map(1, at(4000));
+        assert_eq!(k.first_cut_in(at(1300)), Some(Duration::from_millis(700)));
+        assert_eq!(k.first_cut_in(at(2000)), None, "settled: the look cuts");
+        k.wrote_map(1, at(2000));
         assert_eq!(k.first_cut_in(at(1500)), None, "cut");
         let mut later = Kept::new(Duration::from_secs(60));
         assert!(!later.namespaces_settled_at(26, at(0)));

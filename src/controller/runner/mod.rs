@@ -374,10 +374,11 @@ fn on_scrape(
     });
 }
 
-/// How often the GpuJobs per namespace held are counted for the kept shard map: twice
-/// per default renewal, so a renewal states a count at most a second old (the first
-/// cut waits for the namespaces stated; a pass over the cache takes milliseconds).
-const LOAD_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often the GpuJobs per namespace held are counted for the kept shard map: four
+/// times per default renewal, so a renewal states a count at most half a second old
+/// (the first cut waits for the namespaces stated, `NAMESPACES_SETTLED`; a pass over the
+/// cache takes milliseconds).
+const LOAD_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Counts the GpuJobs per namespace of the shards held, every [`LOAD_EVERY`], for the
 /// lease loop to state on their Leases (`lease::Load`). Nothing to count with one shard
