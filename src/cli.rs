@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::client::Limits;
 use crate::controller::validate::{ServiceAccounts, SpecLimits};
-use crate::controller::{ApiVersions, GangScheduling, PlanSettings, Settings};
+use crate::controller::{ApiVersions, GangScheduling, PlanSettings, Settings, Workers};
 use crate::lease::{Load, Timing};
 use crate::queue::Backoff;
 use crate::quota::{HttpProvider, HttpSettings, Provider};
@@ -431,13 +431,22 @@ impl RunArgs {
         self.shards > 1 && self.shard_cuts.trim().is_empty()
     }
 
-    /// The workers: `--workers`, else enough to spend `--api-qps` (about 16 requests a
-    /// second each, docs/api.md), at least the 4 that spend the default 50.
-    pub fn workers(&self) -> usize {
+    /// The workers: `--workers`, else by the budget (docs/api.md): at least enough to
+    /// spend `--api-qps` at 16 requests a second each (4 at the default 50), more while
+    /// the API server answers slowly, up to `--api-qps` ÷ 2 (at most 256).
+    pub fn workers(&self) -> Workers {
         match self.workers {
-            Some(n) => usize::from(n),
+            Some(n) => Workers::Fixed(usize::from(n)),
             // 1..=256 for any finite qps above 0 (validated before use).
-            None => (self.api_qps / 16.0).ceil().clamp(4.0, 256.0) as usize,
+            None => {
+                let floor = (self.api_qps / 16.0).ceil().clamp(4.0, 256.0) as usize;
+                let ceiling = (self.api_qps / 2.0).ceil().clamp(floor as f64, 256.0) as usize;
+                Workers::ByBudget {
+                    qps: self.api_qps,
+                    floor,
+                    ceiling,
+                }
+            }
         }
     }
 
@@ -716,14 +725,21 @@ mod tests {
             let Command::Run(run) = Cli::try_parse_from(all).unwrap().command else {
                 panic!("run")
             };
-            run.settings().unwrap().workers
+            match run.settings().unwrap().workers {
+                Workers::ByBudget { floor, ceiling, .. } => (floor, ceiling),
+                Workers::Fixed(n) => (n, 0),
+            }
         };
-        assert_eq!(workers(&[]), 4, "the default 50 qps");
-        assert_eq!(workers(&["--api-qps", "2000"]), 125);
-        assert_eq!(workers(&["--api-qps", "100"]), 7);
-        assert_eq!(workers(&["--api-qps", "5"]), 4, "never below 4");
-        assert_eq!(workers(&["--api-qps", "100000"]), 256, "never above 256");
-        assert_eq!(workers(&["--api-qps", "2000", "--workers", "8"]), 8);
+        assert_eq!(workers(&[]), (4, 25), "the default 50 qps");
+        assert_eq!(workers(&["--api-qps", "2000"]), (125, 256));
+        assert_eq!(workers(&["--api-qps", "100"]), (7, 50));
+        assert_eq!(workers(&["--api-qps", "5"]), (4, 4), "never below 4");
+        assert_eq!(
+            workers(&["--api-qps", "100000"]),
+            (256, 256),
+            "never above 256"
+        );
+        assert_eq!(workers(&["--api-qps", "2000", "--workers", "8"]), (8, 0));
     }
 
     #[test]

@@ -59,6 +59,8 @@ pub struct Metrics {
     pub reconcile_errors: IntCounter,
     pub reconcile_time: Histogram,
     pub reconcile_errors_by_kind: IntCounterVec,
+    /// Workers allowed to reconcile at once (`runner/sizing.rs`).
+    pub workers: IntGauge,
     pub rest_requests: IntCounterVec,
     pub rest_latency: HistogramVec,
     pub rate_limiter_wait: Histogram,
@@ -243,6 +245,10 @@ impl Metrics {
                 "gpujob_reconcile_errors_total",
                 "Reconcile errors by stable error label",
                 &["error"],
+            )?,
+            workers: gauge(
+                "gpujob_workers",
+                "Workers allowed to reconcile at once: --workers, else by the API budget and the API server's answer time",
             )?,
             rest_requests: counters(
                 "rest_client_requests_total",
@@ -471,6 +477,7 @@ impl Metrics {
             Box::new(self.reconcile_errors.clone()),
             Box::new(self.reconcile_time.clone()),
             Box::new(self.reconcile_errors_by_kind.clone()),
+            Box::new(self.workers.clone()),
             Box::new(self.rest_requests.clone()),
             Box::new(self.rest_latency.clone()),
             Box::new(self.rate_limiter_wait.clone()),

@@ -74,7 +74,7 @@ pub struct Settings {
     /// Watch only this namespace; all namespaces when `None`.
     pub namespace: Option<String>,
     /// Concurrent reconciles (each key is reconciled by one worker at a time).
-    pub workers: usize,
+    pub workers: Workers,
     pub plan: PlanSettings,
     /// Every GpuJob is reconciled at least this often, events or not.
     pub resync: Duration,
@@ -104,6 +104,49 @@ pub struct Settings {
     pub gang_scheduling: GangScheduling,
 }
 
+/// How many reconciles run at once (`runner/sizing.rs`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Workers {
+    /// `--workers`.
+    Fixed(usize),
+    /// By the API budget `qps`: at least `floor`, more while the API server answers
+    /// slowly, at most `ceiling`.
+    ByBudget {
+        qps: f64,
+        floor: usize,
+        ceiling: usize,
+    },
+}
+
+impl std::fmt::Display for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Workers::Fixed(n) => write!(f, "{n}"),
+            Workers::ByBudget { floor, ceiling, .. } => {
+                write!(f, "{floor} to {ceiling}, by the API server's answer time")
+            }
+        }
+    }
+}
+
+impl Workers {
+    /// Workers allowed at start.
+    pub fn initial(&self) -> usize {
+        match *self {
+            Workers::Fixed(n) => n.max(1),
+            Workers::ByBudget { floor, .. } => floor.max(1),
+        }
+    }
+
+    /// Workers there can ever be.
+    pub fn most(&self) -> usize {
+        match *self {
+            Workers::Fixed(n) => n.max(1),
+            Workers::ByBudget { floor, ceiling, .. } => ceiling.max(floor).max(1),
+        }
+    }
+}
+
 /// Whether each multi-node attempt's pods form one gang (`crate::controller::gang`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum GangScheduling {
@@ -119,7 +162,7 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             namespace: None,
-            workers: 4,
+            workers: Workers::Fixed(4),
             plan: PlanSettings::default(),
             resync: Duration::from_secs(300),
             unconverged_after: Duration::from_secs(600),

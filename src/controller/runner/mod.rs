@@ -4,6 +4,7 @@
 
 mod first_look;
 mod handover;
+mod sizing;
 mod watches;
 mod worker;
 
@@ -223,7 +224,11 @@ pub async fn run(
         tokio::spawn(count_load(ctx.clone(), ownership.clone())),
     ];
     let (stop_workers, stopping) = watch::channel(false);
-    let workers: Vec<_> = (0..ctx.settings.workers.max(1))
+    let pool = sizing::Pool::new(ctx.settings.workers.initial());
+    ctx.metrics
+        .workers
+        .set(i64::try_from(pool.size()).unwrap_or(i64::MAX));
+    let workers: Vec<_> = (0..ctx.settings.workers.most())
         .map(|_| {
             tokio::spawn(worker::run(
                 ctx.clone(),
@@ -231,15 +236,22 @@ pub async fn run(
                 ownership.clone(),
                 stopping.clone(),
                 looks.clone(),
+                pool.gate(),
             ))
         })
         .collect();
+    let sizing = tokio::spawn(sizing::follow(
+        ctx.metrics.clone(),
+        ctx.settings.workers,
+        pool,
+    ));
 
     shutdown.await;
     info!("shutting down: no new work; draining in-flight reconciles");
     stop_workers.send_replace(true);
     queue.shut_down();
     abort(&background);
+    sizing.abort();
     let drain = futures::future::join_all(workers);
     if tokio::time::timeout(ctx.settings.drain_timeout, drain)
         .await

@@ -1,10 +1,11 @@
 //! A worker: takes a key of a held shard, reconciles it in that shard's current term
-//! (cancelled if the term ends), and tells the queue what comes next.
+//! (cancelled if the term ends), and tells the queue what comes next. It takes a key
+//! only with a permit of the pool (`sizing.rs`): the workers allowed at once.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tracing::{debug, error, info};
 
 use super::first_look::FirstLooks;
@@ -21,6 +22,7 @@ pub(super) async fn run(
     mut own: watch::Receiver<Ownership>,
     mut stopping: watch::Receiver<bool>,
     looks: Arc<FirstLooks>,
+    pool: Arc<Semaphore>,
 ) {
     let mut lost = own.clone();
     loop {
@@ -29,6 +31,14 @@ pub(super) async fn run(
             held = own.wait_for(Ownership::holds_any) => if held.is_err() { return },
             _ = stopping.wait_for(|s| *s) => return,
         }
+        // Held until this key is done.
+        let _permit = tokio::select! {
+            permit = pool.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            _ = stopping.wait_for(|s| *s) => return,
+        };
         let key = tokio::select! {
             key = queue.get() => match key {
                 Some(key) => key,

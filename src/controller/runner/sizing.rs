@@ -1,0 +1,193 @@
+//! How many workers reconcile at once. Each worker waits for the API server's answer
+//! before its next request, so a replica sends at most (workers) ÷ (answer time)
+//! requests a second: with too few, the budget (`--api-qps`) goes unspent while keys
+//! wait, and a busy API server answers slowly exactly when there is most to do. Unless
+//! `--workers` fixes the number, it follows the answer time seen over the last
+//! [`SIZE_EVERY`] (Little's law: requests in flight = rate × answer time), twice over for
+//! the time a worker spends between requests, within a floor (`--api-qps` ÷ 16, at
+//! least 4) and a ceiling (`--api-qps` ÷ 2, at most 256).
+//!
+//! More workers than the budget needs only wait at the client's rate limiter: the
+//! budget, not the workers, bounds what the API server gets.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use crate::controller::Workers;
+use crate::metrics::Metrics;
+
+/// How often the workers are sized again, over the answers of that span.
+pub const SIZE_EVERY: Duration = Duration::from_secs(2);
+
+/// Workers that spend `qps` when each request is answered in `answer`: twice
+/// `qps × answer`, rounded up, within `floor..=ceiling`.
+pub fn needed(qps: f64, answer: Duration, floor: usize, ceiling: usize) -> usize {
+    let n = (qps * answer.as_secs_f64() * 2.0).ceil();
+    // Finite and at most `ceiling` after the clamp, so the cast is exact.
+    (n.clamp(floor as f64, ceiling.max(floor) as f64)) as usize
+}
+
+/// The permits workers take before each key: as many as the workers wanted.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    gate: Arc<Semaphore>,
+    /// Permits given out in all (held or free).
+    permits: usize,
+}
+
+impl Pool {
+    pub fn new(workers: usize) -> Pool {
+        Pool {
+            gate: Arc::new(Semaphore::new(workers)),
+            permits: workers,
+        }
+    }
+
+    pub fn gate(&self) -> Arc<Semaphore> {
+        self.gate.clone()
+    }
+
+    /// Workers allowed now (a shrink takes effect as busy workers finish their key).
+    pub fn size(&self) -> usize {
+        self.permits
+    }
+
+    /// Allows `target` workers: adds permits, or takes back free ones (those held are
+    /// taken back at a later call, once their workers are done).
+    pub fn resize(&mut self, target: usize) {
+        if target > self.permits {
+            self.gate.add_permits(target - self.permits);
+            self.permits = target;
+        } else if target < self.permits {
+            self.permits -= self.gate.forget_permits(self.permits - target);
+        }
+    }
+}
+
+/// The answer times seen so far, summed over every request this replica sent (all its
+/// clients: one API server answers them all).
+fn answers(metrics: &Metrics) -> (f64, u64) {
+    use prometheus::core::Collector;
+    let mut sum = 0.0;
+    let mut count = 0;
+    for family in metrics.rest_latency.collect() {
+        for m in family.get_metric() {
+            let h = m.get_histogram();
+            sum += h.get_sample_sum();
+            count += h.get_sample_count();
+        }
+    }
+    (sum, count)
+}
+
+/// Sizes `pool` every [`SIZE_EVERY`] by the mean answer time of that span (a span
+/// without answers keeps the size). Runs only when the workers follow the budget.
+pub async fn follow(metrics: Metrics, workers: Workers, mut pool: Pool) {
+    let Workers::ByBudget {
+        qps,
+        floor,
+        ceiling,
+    } = workers
+    else {
+        return;
+    };
+    let mut last = answers(&metrics);
+    let mut tick = tokio::time::interval(SIZE_EVERY);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let now = answers(&metrics);
+        let (seconds, count) = (now.0 - last.0, now.1.saturating_sub(last.1));
+        last = now;
+        if count > 0 {
+            let answer = Duration::from_secs_f64((seconds / count as f64).max(0.0));
+            pool.resize(needed(qps, answer, floor, ceiling));
+        } else {
+            // Nothing asked: back to the floor, free permits first.
+            pool.resize(floor);
+        }
+        metrics
+            .workers
+            .set(i64::try_from(pool.size()).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_follow_the_answer_time_within_floor_and_ceiling() {
+        let ms = Duration::from_millis;
+        // 50 qps: the floor of 4 spends it while answers take up to 40 ms.
+        assert_eq!(needed(50.0, ms(10), 4, 25), 4);
+        assert_eq!(needed(50.0, ms(40), 4, 25), 4);
+        assert_eq!(needed(50.0, ms(100), 4, 25), 10);
+        assert_eq!(needed(50.0, ms(1000), 4, 25), 25, "never above the ceiling");
+        assert_eq!(
+            needed(2000.0, ms(20), 125, 256),
+            125,
+            "never below the floor"
+        );
+        assert_eq!(needed(2000.0, ms(50), 125, 256), 200);
+        assert_eq!(needed(50.0, Duration::ZERO, 4, 25), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pool_follows_the_answer_time_of_each_span_unless_fixed() {
+        let metrics = Metrics::new();
+        let pool = Pool::new(4);
+        let gate = pool.gate();
+        let by_budget = Workers::ByBudget {
+            qps: 50.0,
+            floor: 4,
+            ceiling: 25,
+        };
+        let task = tokio::spawn(follow(metrics.clone(), by_budget, pool));
+        tokio::task::yield_now().await;
+        let answered = |seconds: f64, n: usize| {
+            for _ in 0..n {
+                metrics
+                    .rest_latency
+                    .with_label_values(&["GET"])
+                    .observe(seconds);
+            }
+        };
+        answered(0.2, 10);
+        tokio::time::sleep(SIZE_EVERY + Duration::from_millis(10)).await;
+        assert_eq!(metrics.workers.get(), 20, "50 qps × 200 ms × 2");
+        assert_eq!(gate.available_permits(), 20);
+        answered(0.01, 10);
+        tokio::time::sleep(SIZE_EVERY).await;
+        assert_eq!(metrics.workers.get(), 4, "fast answers: the floor");
+        assert_eq!(gate.available_permits(), 4);
+        task.abort();
+
+        let fixed = Pool::new(3);
+        let gate = fixed.gate();
+        tokio::spawn(follow(metrics.clone(), Workers::Fixed(3), fixed))
+            .await
+            .expect("--workers: returns at once");
+        assert_eq!(gate.available_permits(), 3, "--workers stays");
+    }
+
+    #[tokio::test]
+    async fn a_pool_grows_at_once_and_shrinks_as_permits_come_back() {
+        let mut pool = Pool::new(4);
+        let gate = pool.gate();
+        pool.resize(10);
+        assert_eq!((pool.size(), gate.available_permits()), (10, 10));
+        let held: Vec<_> = (0..8)
+            .map(|_| gate.clone().try_acquire_owned())
+            .collect::<Result<_, _>>()
+            .expect("10 permits");
+        pool.resize(4);
+        assert_eq!(pool.size(), 8, "only the 2 free permits were taken back");
+        assert_eq!(gate.available_permits(), 0);
+        drop(held);
+        pool.resize(4);
+        assert_eq!((pool.size(), gate.available_permits()), (4, 4));
+    }
+}
