@@ -73,7 +73,7 @@ pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
             let at = Instant::now();
             for &shard in &changes.gained {
                 looks.gained(shard, at);
-                let keys = ctx.view.gained_keys(|ns| now.shard_of(ns) == shard);
+                let keys = ctx.view.keys_where(|ns| now.shard_of(ns) == shard);
                 // Not covered yet (sharded watches, a cold shard): its GpuJobs are known,
                 // and queued, when both caches have listed it (`watches.rs`).
                 if ctx.view.covers_shard(shard)
@@ -81,7 +81,7 @@ pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
                 {
                     done.report(&ctx.metrics);
                 }
-                intake.add_gained(keys);
+                intake.add_sorted(keys);
             }
         }
         if own.changed().await.is_err() {

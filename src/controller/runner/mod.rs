@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use super::view::{GainedKeys, View};
+use super::view::{ObservedOrNew, View};
 use super::{Context, GangScheduling, Key, Settings, apply, domain, init_metrics};
 use crate::health::Status;
 use crate::lease::Ownership;
@@ -52,10 +52,10 @@ impl Intake {
         }
     }
 
-    /// The GpuJobs of a gained shard (or of a cold one, once listed): those observed
-    /// before to its first look (`add`), those never observed to the prompt lane, as new
-    /// work on any replica is.
-    fn add_gained(&self, keys: GainedKeys) {
+    /// GpuJobs found by a gain or a list: those observed before as `add` queues them (to
+    /// the first look of a shard just gained), those never observed to the prompt lane,
+    /// as new work on any replica is.
+    fn add_sorted(&self, keys: ObservedOrNew) {
         for key in keys.observed {
             self.add(key);
         }
@@ -494,7 +494,7 @@ mod tests {
             looks: Arc::default(),
         };
         intake.looks.gained(0, tokio::time::Instant::now());
-        intake.add_gained(GainedKeys {
+        intake.add_sorted(ObservedOrNew {
             observed: vec![Key::new("ns", "o1"), Key::new("ns", "o2")],
             new: vec![Key::new("ns", "n1"), Key::new("ns", "n2")],
         });

@@ -354,7 +354,7 @@ async fn gpujobs(
             changed = ctx.view.gpujob_event(event, &scope);
         }
         match event {
-            Ok(watcher::Event::Apply(gj)) if gj.status.is_none() => {
+            Ok(watcher::Event::Apply(gj)) if never_observed(&gj) => {
                 intake.add_prompt(Key::of(&gj));
             }
             Ok(watcher::Event::Apply(gj)) => {
@@ -365,9 +365,9 @@ async fn gpujobs(
             }
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
             Ok(watcher::Event::InitDone) => {
-                for key in std::mem::take(&mut changed) {
-                    intake.add(key);
-                }
+                // A cold gain's list names every GpuJob of the shard: those never
+                // observed are new work there too.
+                intake.add_sorted(ctx.view.sort_observed(std::mem::take(&mut changed)));
                 // The GpuJobs of shards both caches now cover for the first time (when
                 // the Job list completed first).
                 if let Some(new) = ctx.view.listed(Cached::GpuJobs, &scope) {
@@ -383,6 +383,15 @@ async fn gpujobs(
             }
         }
     }
+}
+
+/// A GpuJob the operator never recorded a status of (no `observedGeneration`): new work
+/// (as `domain::Facts::observed` says of a cached one).
+fn never_observed(gj: &GpuJob) -> bool {
+    gj.status
+        .as_ref()
+        .and_then(|s| s.observed_generation)
+        .is_none_or(|g| g <= 0)
 }
 
 async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
@@ -458,13 +467,13 @@ fn newly_covered(ctx: &Context, intake: &Intake, new: &Scope) {
     let at = tokio::time::Instant::now();
     for shard in 0..own.shards() {
         if new.contains_shard(shard) && intake.looks.unknown(shard) {
-            let keys = ctx.view.gained_keys(|ns| own.shard_of(ns) == shard).all();
+            let keys = ctx.view.keys_where(|ns| own.shard_of(ns) == shard).all();
             if let Some(done) = intake.looks.known(shard, keys, at) {
                 done.report(&ctx.metrics);
             }
         }
     }
-    intake.add_gained(ctx.view.gained_keys(|ns| new.contains(ns)));
+    intake.add_sorted(ctx.view.keys_where(|ns| new.contains(ns)));
 }
 
 /// Keeps an event unless it carries an object from outside `scope` (the API server did

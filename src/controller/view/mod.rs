@@ -38,18 +38,31 @@ use cache::{GpuJobCache, JobIndex, PodIndex, owner_of};
 use memory::WriteMemory;
 pub use observe::Snapshot;
 
-/// The GpuJobs of a shard this replica gained. `observed`: those the operator recorded
-/// a status of (an earlier holder, or this replica in an earlier term); what became of
-/// them since is looked at first (the first-look lane). `new`: those it never observed,
-/// new work like any GpuJob created now (the prompt lane, where each namespace's new
-/// GpuJobs come before the pods that their Jobs bring to the gate).
+/// GpuJobs to look at, by whether the operator ever observed them. `observed`: it
+/// recorded a status of them (an earlier holder of their shard, or this replica in an
+/// earlier term); in a gained shard, what became of them since is looked at first (the
+/// first-look lane). `new`: never observed, new work like any GpuJob created now (the
+/// prompt lane, where each namespace's new GpuJobs come before the pods that their Jobs
+/// bring to the gate).
 #[derive(Debug, Default)]
-pub struct GainedKeys {
+pub struct ObservedOrNew {
     pub observed: Vec<Key>,
     pub new: Vec<Key>,
 }
 
-impl GainedKeys {
+impl ObservedOrNew {
+    fn of(keys: Vec<(Key, bool)>) -> ObservedOrNew {
+        let mut sorted = ObservedOrNew::default();
+        for (key, observed) in keys {
+            if observed {
+                sorted.observed.push(key);
+            } else {
+                sorted.new.push(key);
+            }
+        }
+        sorted
+    }
+
     pub fn all(&self) -> Vec<Key> {
         self.observed.iter().chain(&self.new).cloned().collect()
     }
@@ -247,18 +260,15 @@ impl View {
         self.gpujobs.keys()
     }
 
-    /// The cached GpuJobs of namespaces for which `pick` holds, as a gained shard's
-    /// first look queues them ([`GainedKeys`]).
-    pub fn gained_keys(&self, pick: impl Fn(&str) -> bool) -> GainedKeys {
-        let mut keys = GainedKeys::default();
-        for (key, observed) in self.gpujobs.keys_observed_where(pick) {
-            if observed {
-                keys.observed.push(key);
-            } else {
-                keys.new.push(key);
-            }
-        }
-        keys
+    /// The cached GpuJobs of namespaces for which `pick` holds, by whether they were
+    /// ever observed.
+    pub fn keys_where(&self, pick: impl Fn(&str) -> bool) -> ObservedOrNew {
+        ObservedOrNew::of(self.gpujobs.keys_observed_where(pick))
+    }
+
+    /// `keys`, by whether their GpuJobs were ever observed.
+    pub fn sort_observed(&self, keys: Vec<Key>) -> ObservedOrNew {
+        ObservedOrNew::of(self.gpujobs.observed(keys))
     }
 
     /// Runs `f` over the domain gauges' facts of the cached GpuJobs of the namespaces

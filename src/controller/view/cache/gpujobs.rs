@@ -228,6 +228,22 @@ impl GpuJobCache {
             .collect()
     }
 
+    /// Which of `keys` the operator ever observed ([`Facts::observed`]; a key not cached:
+    /// not observed).
+    pub fn observed(&self, keys: Vec<Key>) -> Vec<(Key, bool)> {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        keys.into_iter()
+            .map(|key| {
+                let observed = inner
+                    .table
+                    .get(&key)
+                    .and_then(Facts::from_bytes)
+                    .is_some_and(|(f, _)| f.observed());
+                (key, observed)
+            })
+            .collect()
+    }
+
     /// Keys of the GpuJobs in namespaces for which `pick` holds.
     pub fn keys_where(&self, pick: impl Fn(&str) -> bool) -> Vec<Key> {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
@@ -458,6 +474,19 @@ mod tests {
             observed,
             vec![(Key::new("ns", "c"), true), (Key::new("ns", "d"), false)],
             "one with observedGeneration was observed; one without a status, never"
+        );
+        let keys = vec![
+            Key::new("ns", "d"),
+            Key::new("ns", "c"),
+            Key::new("ns", "gone"),
+        ];
+        assert_eq!(
+            cache.observed(keys),
+            vec![
+                (Key::new("ns", "d"), false),
+                (Key::new("ns", "c"), true),
+                (Key::new("ns", "gone"), false)
+            ]
         );
     }
 
