@@ -202,8 +202,10 @@ pub struct RunArgs {
     /// (default: $POD_NAME, else $HOSTNAME, else "gpujob-operator").
     #[arg(long, env = "GPUJOB_IDENTITY")]
     pub identity: Option<String>,
-    /// Concurrent reconciles (default: --api-qps / 16, at least 4, at most 256). Each
-    /// waits for the API server's answers, so the workers a budget needs grow with it.
+    /// Concurrent reconciles, fixed (default: by the API budget and the API server's
+    /// answer time, every 2 s: from --api-qps / 16, at least 4, to --api-qps / 2, at most
+    /// 256). Each waits for the API server's answers, so the workers a budget needs grow
+    /// with it and with the answer time.
     #[arg(long, env = "GPUJOB_WORKERS", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: Option<u16>,
     /// Wait before the attempt after the first failure; doubles per failure.

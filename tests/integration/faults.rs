@@ -20,8 +20,7 @@ use serde_json::json;
 use support::replicas::{self, wait_holder};
 use support::{TestEnv, phase, sim_env};
 
-/// The operator's default `--workers`.
-const WORKERS: usize = 4;
+use support::replicas::WORKERS;
 
 fn on(fault: Fault, rate: f64, methods: &[Method], resource: &str) -> Rule {
     Rule::new(fault)

@@ -19,8 +19,7 @@ use serde_json::json;
 use support::replicas::{self, LEASE_DURATION, Replica, holder, times, wait_holder};
 use support::{TestEnv, phase, sim_env};
 
-/// The operator's default `--workers`: requests in flight at once.
-const WORKERS: usize = 4;
+use support::replicas::WORKERS;
 
 async fn start_three(env: &TestEnv) -> Vec<Replica> {
     (1..=3)

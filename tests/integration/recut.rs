@@ -29,8 +29,7 @@ use support::replicas::{self, LEASE, LEASE_DURATION, Replica};
 use support::shards::{self, wait_balanced};
 use support::{TestEnv, sim_env};
 
-/// The operator's default `--workers`.
-const WORKERS: usize = 4;
+use support::replicas::WORKERS;
 const SHARDS: u32 = 6;
 const PER_NAMESPACE: usize = 5;
 

@@ -26,8 +26,7 @@ use support::replicas::{self, LEASE_DURATION, Replica};
 use support::shards::{self, ts};
 use support::{TestEnv, phase, sim_env};
 
-/// The operator's default `--workers`: requests in flight at once, per replica.
-const WORKERS: usize = 4;
+use support::replicas::WORKERS;
 /// The replicas' renew deadline (`replicas::SHORT`): the longest a drain waits.
 const RENEW_DEADLINE: Duration = Duration::from_secs(2);
 

@@ -26,8 +26,7 @@ use support::replicas::{self, LEASE_DURATION, Replica};
 use support::shards::{self, assert_writes_within_tenures, moves, wait_balanced};
 use support::{TestEnv, phase, sim_env};
 
-/// The operator's default `--workers`: requests in flight at once, per replica.
-const WORKERS: usize = 4;
+use support::replicas::WORKERS;
 
 fn replica(env: &TestEnv, n: u8, shards: u32) -> Replica {
     replicas::start_sharded(&env.cluster, &env.ns, n, shards)

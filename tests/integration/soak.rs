@@ -64,8 +64,7 @@ const HOLD: Duration = Duration::from_secs(8);
 /// holder after a freeze or a kill, and for the quota service through failures and
 /// backoff.
 const ORPHAN_WITHIN: Duration = Duration::from_secs(45);
-/// The operator's default `--workers`.
-const WORKERS: usize = 4;
+use support::replicas::WORKERS;
 
 /// The whole schedule follows from the seed (the fault proxy's splitmix64).
 struct Rng(SplitMix64);

@@ -236,7 +236,7 @@ pub async fn run(
                 ownership.clone(),
                 stopping.clone(),
                 looks.clone(),
-                pool.gate(),
+                pool.permits(),
             ))
         })
         .collect();

@@ -11,9 +11,10 @@
 //! budget, not the workers, bounds what the API server gets.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::controller::Workers;
 use crate::metrics::Metrics;
@@ -29,40 +30,98 @@ pub fn needed(qps: f64, answer: Duration, floor: usize, ceiling: usize) -> usize
     (n.clamp(floor as f64, ceiling.max(floor) as f64)) as usize
 }
 
-/// The permits workers take before each key: as many as the workers wanted.
-#[derive(Debug, Clone)]
+/// What the workers share: a permit per worker allowed, taken before each key and
+/// given back after it, and how many permits are owed (the pool shrank while they were
+/// held): a permit given back while some are owed is dropped instead, so a shrink takes
+/// effect as workers finish their keys, whoever waits for a permit meanwhile.
+#[derive(Debug)]
+pub struct Permits {
+    gate: Semaphore,
+    owed: AtomicUsize,
+}
+
+/// A worker's permit, given back (or paid against what is owed) when dropped.
+#[derive(Debug)]
+pub struct Held<'a> {
+    permits: &'a Permits,
+    permit: Option<SemaphorePermit<'a>>,
+}
+
+impl Permits {
+    /// A permit, once one is free; `None` once the gate is closed.
+    pub async fn acquire(&self) -> Option<Held<'_>> {
+        let permit = self.gate.acquire().await.ok()?;
+        Some(Held {
+            permits: self,
+            permit: Some(permit),
+        })
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let owed = self
+            .permits
+            .owed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if owed {
+            permit.forget();
+        }
+    }
+}
+
+/// The workers allowed, and the permits that allow them.
+#[derive(Debug)]
 pub struct Pool {
-    gate: Arc<Semaphore>,
-    /// Permits given out in all (held or free).
-    permits: usize,
+    permits: Arc<Permits>,
+    size: usize,
 }
 
 impl Pool {
     pub fn new(workers: usize) -> Pool {
         Pool {
-            gate: Arc::new(Semaphore::new(workers)),
-            permits: workers,
+            permits: Arc::new(Permits {
+                gate: Semaphore::new(workers),
+                owed: AtomicUsize::new(0),
+            }),
+            size: workers,
         }
     }
 
-    pub fn gate(&self) -> Arc<Semaphore> {
-        self.gate.clone()
+    pub fn permits(&self) -> Arc<Permits> {
+        self.permits.clone()
     }
 
-    /// Workers allowed now (a shrink takes effect as busy workers finish their key).
+    /// Workers allowed now (after a shrink, more may still hold a permit until they
+    /// finish their key).
     pub fn size(&self) -> usize {
-        self.permits
+        self.size
     }
 
-    /// Allows `target` workers: adds permits, or takes back free ones (those held are
-    /// taken back at a later call, once their workers are done).
+    /// Allows `target` workers: a growth cancels what is owed, then adds permits; a
+    /// shrink takes back the free permits and owes the rest.
     pub fn resize(&mut self, target: usize) {
-        if target > self.permits {
-            self.gate.add_permits(target - self.permits);
-            self.permits = target;
-        } else if target < self.permits {
-            self.permits -= self.gate.forget_permits(self.permits - target);
+        let p = &self.permits;
+        if target > self.size {
+            let grow = target - self.size;
+            let mut cancelled = 0;
+            let _ = p
+                .owed
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    cancelled = n.min(grow);
+                    Some(n - cancelled)
+                });
+            p.gate.add_permits(grow - cancelled);
+        } else if target < self.size {
+            let shrink = self.size - target;
+            let freed = p.gate.forget_permits(shrink);
+            p.owed.fetch_add(shrink - freed, Ordering::SeqCst);
         }
+        self.size = target;
     }
 }
 
@@ -83,7 +142,7 @@ fn answers(metrics: &Metrics) -> (f64, u64) {
 }
 
 /// Sizes `pool` every [`SIZE_EVERY`] by the mean answer time of that span (a span
-/// without answers keeps the size). Runs only when the workers follow the budget.
+/// without answers: back to the floor). Runs only when the workers follow the budget.
 pub async fn follow(metrics: Metrics, workers: Workers, mut pool: Pool) {
     let Workers::ByBudget {
         qps,
@@ -139,7 +198,7 @@ mod tests {
     async fn the_pool_follows_the_answer_time_of_each_span_unless_fixed() {
         let metrics = Metrics::new();
         let pool = Pool::new(4);
-        let gate = pool.gate();
+        let permits = pool.permits();
         let by_budget = Workers::ByBudget {
             qps: 50.0,
             floor: 4,
@@ -158,36 +217,58 @@ mod tests {
         answered(0.2, 10);
         tokio::time::sleep(SIZE_EVERY + Duration::from_millis(10)).await;
         assert_eq!(metrics.workers.get(), 20, "50 qps × 200 ms × 2");
-        assert_eq!(gate.available_permits(), 20);
+        assert_eq!(permits.gate.available_permits(), 20);
         answered(0.01, 10);
         tokio::time::sleep(SIZE_EVERY).await;
         assert_eq!(metrics.workers.get(), 4, "fast answers: the floor");
-        assert_eq!(gate.available_permits(), 4);
+        assert_eq!(permits.gate.available_permits(), 4);
         task.abort();
 
         let fixed = Pool::new(3);
-        let gate = fixed.gate();
+        let permits = fixed.permits();
         tokio::spawn(follow(metrics.clone(), Workers::Fixed(3), fixed))
             .await
             .expect("--workers: returns at once");
-        assert_eq!(gate.available_permits(), 3, "--workers stays");
+        assert_eq!(permits.gate.available_permits(), 3, "--workers stays");
     }
 
     #[tokio::test]
     async fn a_pool_grows_at_once_and_shrinks_as_permits_come_back() {
         let mut pool = Pool::new(4);
-        let gate = pool.gate();
+        let permits = pool.permits();
+        let free = || permits.gate.available_permits();
         pool.resize(10);
-        assert_eq!((pool.size(), gate.available_permits()), (10, 10));
-        let held: Vec<_> = (0..8)
-            .map(|_| gate.clone().try_acquire_owned())
-            .collect::<Result<_, _>>()
-            .expect("10 permits");
+        assert_eq!((pool.size(), free()), (10, 10));
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            held.push(permits.acquire().await.expect("open"));
+        }
+        // A worker waits for a permit meanwhile: it must not get one given back while
+        // the pool is over its size.
+        let waiting = {
+            let permits = permits.clone();
+            tokio::spawn(async move { permits.acquire().await.map(drop).is_some() })
+        };
         pool.resize(4);
-        assert_eq!(pool.size(), 8, "only the 2 free permits were taken back");
-        assert_eq!(gate.available_permits(), 0);
+        assert_eq!(pool.size(), 4);
+        assert_eq!(free(), 0, "the 2 free permits were taken back, 4 are owed");
+        held.truncate(4);
+        tokio::task::yield_now().await;
+        assert!(
+            !waiting.is_finished(),
+            "4 given back, all paid against what was owed"
+        );
+        held.truncate(3);
+        assert!(waiting.await.expect("joins"), "then one is free again");
         drop(held);
-        pool.resize(4);
-        assert_eq!((pool.size(), gate.available_permits()), (4, 4));
+        assert_eq!(free(), 4);
+        // Grown while some are owed: those are cancelled first.
+        let held = permits.acquire().await.expect("open");
+        pool.resize(0);
+        assert_eq!(free(), 0, "3 taken back, 1 owed");
+        pool.resize(5);
+        assert_eq!(free(), 4, "the one owed cancelled, 4 added");
+        drop(held);
+        assert_eq!(free(), 5);
     }
 }

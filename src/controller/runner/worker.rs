@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tracing::{debug, error, info};
 
 use super::first_look::FirstLooks;
+use super::sizing::Permits;
 use super::{Context, Key};
 use crate::controller::error::Error;
 use crate::controller::plan::Next;
@@ -22,7 +23,7 @@ pub(super) async fn run(
     mut own: watch::Receiver<Ownership>,
     mut stopping: watch::Receiver<bool>,
     looks: Arc<FirstLooks>,
-    pool: Arc<Semaphore>,
+    pool: Arc<Permits>,
 ) {
     let mut lost = own.clone();
     loop {
@@ -33,9 +34,9 @@ pub(super) async fn run(
         }
         // Held until this key is done.
         let _permit = tokio::select! {
-            permit = pool.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => return,
+            permit = pool.acquire() => match permit {
+                Some(permit) => permit,
+                None => return,
             },
             _ = stopping.wait_for(|s| *s) => return,
         };

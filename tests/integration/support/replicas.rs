@@ -16,6 +16,10 @@ use nix::unistd::Pid;
 
 pub const LEASE: &str = "gpujob-operator";
 
+/// The replicas' `--workers` (fixed: by default the number follows the API server's
+/// answer time): at most this many requests in flight at once, per replica.
+pub const WORKERS: usize = 4;
+
 /// Short timings for tests: lease 3 s, renew deadline 2 s, retry period 0.5 s.
 pub const LEASE_DURATION: Duration = Duration::from_secs(3);
 
@@ -256,6 +260,11 @@ fn spawn(
             "4s",
         ])
         .args(extra)
+        .args(if extra.contains(&"--workers") {
+            Vec::new()
+        } else {
+            vec!["--workers".to_owned(), WORKERS.to_string()]
+        })
         // Tests that find a namespace's shard by equal ranges must not see the kept map
         // re-cut under them: only `recut.rs` runs the default.
         .args(if recut {
