@@ -430,9 +430,10 @@ async fn phase(
         _ => None,
     };
     // What the replicas sent, and how long they waited on their budget, from the first
-    // create to the poll that found every GpuJob started (within a second of it).
+    // create to the poll of the audit log that found every GpuJob started (a second or
+    // two after it). Not with a takeover: the killed replica's counts are gone.
     let to_started = match (&running, &operator_before, &started) {
-        (Running::Operator(replicas), Some(before), Some(_)) => {
+        (Running::Operator(replicas), Some(before), Some(_)) if takeover.is_none() => {
             Some(OperatorRequests::scrape(replicas).await.since(before))
         }
         _ => None,
