@@ -1,5 +1,5 @@
 //! GpuJobs per namespace of the shards this replica holds, for the kept shard map: the
-//! runner counts them from its cache every few seconds, and the lease loop states each
+//! runner counts them from its cache every half second, and the lease loop states each
 //! held shard's part on its Lease (`gpujob_core::recut::ANNOTATION_LOAD`), where the
 //! keeper of the map reads them.
 

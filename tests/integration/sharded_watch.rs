@@ -284,7 +284,7 @@ async fn where_the_server_cannot_select_shards_replicas_watch_everything_and_sti
     }
     // Still only a shard's holder writes its GpuJobs.
     let events = env.cluster.audit().since(start_at).unwrap();
-    shards::assert_writes_within_tenures(&events, SHARDS, 4);
+    shards::assert_writes_within_tenures(&events, SHARDS, replicas::WORKERS);
     let writers: std::collections::BTreeSet<String> = shards::writers_by_namespace(&events)
         .into_values()
         .flatten()

@@ -452,9 +452,10 @@ mod tests {
     use super::*;
     use crate::queue::Backoff;
 
-    /// The list that follows a cold gain queues every GpuJob of the shard through `add`:
-    /// until the shard's first look is over they go to the first-look lane, ahead of
-    /// the backlog, and not behind it (a key queued already keeps its place).
+    /// The list that follows a cold gain queues the GpuJobs of the shard observed before
+    /// through `add`: until the shard's first look is over they go to the first-look
+    /// lane, ahead of the backlog, and not behind it (a key queued already keeps its
+    /// place).
     #[tokio::test(start_paused = true)]
     async fn a_gained_shards_gpujobs_queue_for_their_first_look_until_it_is_over() {
         let queue: Queue<Key> = Queue::new(Backoff::default());

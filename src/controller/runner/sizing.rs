@@ -33,7 +33,8 @@ pub fn needed(qps: f64, answer: Duration, floor: usize, ceiling: usize) -> usize
 /// What the workers share: a permit per worker allowed, taken before each key and
 /// given back after it, and how many permits are owed (the pool shrank while they were
 /// held): a permit given back while some are owed is dropped instead, so a shrink takes
-/// effect as workers finish their keys, whoever waits for a permit meanwhile.
+/// effect as workers finish their next keys, whoever waits for a permit meanwhile (an
+/// idle worker holds its permit while it waits for a key).
 #[derive(Debug)]
 pub struct Permits {
     gate: Semaphore,

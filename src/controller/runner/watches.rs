@@ -460,8 +460,9 @@ async fn pods(api: Api<Pod>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
 }
 
 /// Both caches cover the shards of `new` for the first time: every GpuJob of them is
-/// queued (in the first-look lane for a shard whose first look is not over: `Intake::add`),
-/// and a shard gained cold learns which GpuJobs it has to look at.
+/// queued (`Intake::add_sorted`: one observed before in the first-look lane while its
+/// shard's first look is not over, one never observed in the prompt lane), and a shard
+/// gained cold learns which GpuJobs it has to look at.
 fn newly_covered(ctx: &Context, intake: &Intake, new: &Scope) {
     let own = intake.own.borrow().clone();
     let at = tokio::time::Instant::now();

@@ -228,8 +228,8 @@ impl GpuJobCache {
             .collect()
     }
 
-    /// Which of `keys` the operator ever observed ([`Facts::observed`]; a key not cached:
-    /// not observed).
+    /// Which of `keys` the operator ever observed ([`Facts::observed`]). A key not cached
+    /// (its GpuJob gone) counts as observed: it is no new work.
     pub fn observed(&self, keys: Vec<Key>) -> Vec<(Key, bool)> {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         keys.into_iter()
@@ -238,7 +238,7 @@ impl GpuJobCache {
                     .table
                     .get(&key)
                     .and_then(Facts::from_bytes)
-                    .is_some_and(|(f, _)| f.observed());
+                    .is_none_or(|(f, _)| f.observed());
                 (key, observed)
             })
             .collect()
@@ -485,7 +485,7 @@ mod tests {
             vec![
                 (Key::new("ns", "d"), false),
                 (Key::new("ns", "c"), true),
-                (Key::new("ns", "gone"), false)
+                (Key::new("ns", "gone"), true)
             ]
         );
     }
