@@ -381,10 +381,7 @@ async fn phase(
         .map(|((who, after), (_, before))| (who, after - before))
         .collect();
     let mut requests = requests_by_verb(admin).await?;
-    for (verb, n) in &mut requests {
-        *n -= requests_before.get(verb).copied().unwrap_or(0.0);
-    }
-    requests.retain(|_, n| *n > 0.0);
+    less(&mut requests, &requests_before);
     let converged_over_time = plots::cumulative(start, converged_map.values().copied());
     let converged = converged_map
         .values()
@@ -641,14 +638,19 @@ impl OperatorRequests {
 
     /// These counts less `before`'s (a replica that restarted meanwhile counts from 0).
     fn since(mut self, before: &OperatorRequests) -> OperatorRequests {
-        for (method, n) in &mut self.by_method {
-            *n = (*n - before.by_method.get(method).copied().unwrap_or(0.0)).max(0.0);
-        }
-        self.by_method.retain(|_, n| *n > 0.0);
+        less(&mut self.by_method, &before.by_method);
         self.limiter_wait_seconds =
             (self.limiter_wait_seconds - before.limiter_wait_seconds).max(0.0);
         self
     }
+}
+
+/// Counters `now` less what they were `before`, keeping those that grew.
+fn less(now: &mut BTreeMap<String, f64>, before: &BTreeMap<String, f64>) {
+    for (key, n) in now.iter_mut() {
+        *n -= before.get(key).copied().unwrap_or(0.0);
+    }
+    now.retain(|_, n| *n > 0.0);
 }
 
 /// The API server's `apiserver_request_total` so far, by verb.
@@ -1142,6 +1144,35 @@ fn machine_report(all: &[Figures], n: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_replicas_requests_are_summed_by_method_and_counted_from_before() {
+        let scrape = |text: &str| {
+            let mut sum = OperatorRequests::default();
+            sum.add(&Metrics::parse(text).unwrap());
+            sum
+        };
+        let before = scrape(
+            "rest_client_requests_total{code=\"200\",method=\"GET\"} 10\n\
+             rest_client_requests_total{code=\"200\",method=\"PATCH\"} 4\n\
+             rest_client_rate_limiter_duration_seconds_sum 1.5\n",
+        );
+        let after = scrape(
+            "rest_client_requests_total{code=\"200\",method=\"GET\"} 25\n\
+             rest_client_requests_total{code=\"404\",method=\"GET\"} 5\n\
+             rest_client_requests_total{code=\"200\",method=\"PATCH\"} 4\n\
+             rest_client_requests_total{code=\"201\",method=\"POST\"} 7\n\
+             rest_client_rate_limiter_duration_seconds_sum 4\n\
+             rest_client_rate_limiter_duration_seconds_count 9\n",
+        );
+        let d = after.since(&before);
+        assert_eq!(
+            d.by_method,
+            BTreeMap::from([("GET".to_owned(), 20.0), ("POST".to_owned(), 7.0)]),
+            "every code summed; a method that did not grow left out"
+        );
+        assert!((d.limiter_wait_seconds - 2.5).abs() < 1e-9, "{d:?}");
+    }
 
     #[test]
     fn the_memory_slope_is_bytes_per_gpujob_held_at_each_sample() {

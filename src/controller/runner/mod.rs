@@ -225,9 +225,6 @@ pub async fn run(
     ];
     let (stop_workers, stopping) = watch::channel(false);
     let pool = sizing::Pool::new(ctx.settings.workers.initial());
-    ctx.metrics
-        .workers
-        .set(i64::try_from(pool.size()).unwrap_or(i64::MAX));
     let workers: Vec<_> = (0..ctx.settings.workers.most())
         .map(|_| {
             tokio::spawn(worker::run(

@@ -142,9 +142,16 @@ fn answers(metrics: &Metrics) -> (f64, u64) {
     (sum, count)
 }
 
-/// Sizes `pool` every [`SIZE_EVERY`] by the mean answer time of that span (a span
-/// without answers: back to the floor). Runs only when the workers follow the budget.
+/// Says `pool`'s size (`gpujob_workers`), then sizes it every [`SIZE_EVERY`] by the mean
+/// answer time of that span (a span without answers: back to the floor), when the
+/// workers follow the budget.
 pub async fn follow(metrics: Metrics, workers: Workers, mut pool: Pool) {
+    let publish = |pool: &Pool| {
+        metrics
+            .workers
+            .set(i64::try_from(pool.size()).unwrap_or(i64::MAX));
+    };
+    publish(&pool);
     let Workers::ByBudget {
         qps,
         floor,
@@ -168,9 +175,7 @@ pub async fn follow(metrics: Metrics, workers: Workers, mut pool: Pool) {
             // Nothing asked: back to the floor, free permits first.
             pool.resize(floor);
         }
-        metrics
-            .workers
-            .set(i64::try_from(pool.size()).unwrap_or(i64::MAX));
+        publish(&pool);
     }
 }
 
@@ -231,6 +236,7 @@ mod tests {
             .await
             .expect("--workers: returns at once");
         assert_eq!(permits.gate.available_permits(), 3, "--workers stays");
+        assert_eq!(metrics.workers.get(), 3, "and is said");
     }
 
     #[tokio::test]
