@@ -81,12 +81,14 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let server = tokio::spawn(bound.run(status.clone(), reviews, async move {
             let _ = server_stopped.await;
         }));
+        // Before any Lease can be held: see shutdown_signal.
+        let shutdown = shutdown_signal();
         let result = if !args.leader_elect {
             let kube_client = client::build(config.clone(), &identity, limits, Some(metrics.clone()), None)
                 .context("building the API client")?;
             let events_client = client::build(config, &identity, event_limits, Some(metrics), None)
                 .context("building the Events client")?;
-            controller::run_unfenced(kube_client, events_client, settings, status, shutdown_signal()).await
+            controller::run_unfenced(kube_client, events_client, settings, status, shutdown).await
         } else {
             let (tx, rx) = watch::channel(Ownership::nothing_in(map.clone()));
             // Reconcile writes are fenced by the Lease of their shard, right before they are sent.
@@ -128,7 +130,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 status: status.clone(),
             };
             let lease_task = tokio::spawn(lease::run(lease_loop, drained_rx));
-            let result = controller::run(kube_client, events_client, settings, rx, status, shutdown_signal()).await;
+            let result = controller::run(kube_client, events_client, settings, rx, status, shutdown).await;
             // Drained: now the Leases can be released.
             let _ = drained.send(());
             lease_task.await.context("lease task")?;
@@ -188,20 +190,43 @@ where
     })
 }
 
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
+/// Registers the SIGTERM and SIGINT handlers now and returns the future that resolves
+/// on either. Registering at once matters: the lease task is spawned before the runner
+/// first polls this future, and a signal before registration would take its default
+/// action (exit) with Leases held and not released.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    if let Err(e) = &term {
+        tracing::warn!(error = %e, "could not register the SIGTERM handler; a SIGTERM will end the process without draining or releasing Leases");
     }
-    info!("shutdown signal received");
+    if let Err(e) = &int {
+        tracing::warn!(error = %e, "could not register the SIGINT handler; Ctrl-C will end the process without draining or releasing Leases");
+    }
+    async move {
+        let term = async {
+            match term {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        let int = async {
+            match int {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = int => {}
+            _ = term => {}
+        }
+        info!("shutdown signal received");
+    }
 }
 
 fn init_logging(format: LogFormat) {

@@ -169,8 +169,14 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let mut settings = settings;
+    tokio::pin!(shutdown);
+    // Discovery retries for seconds when the API server fails; a shutdown meanwhile
+    // stops here (nothing has been started to drain).
     settings.plan.gang = match settings.gang_scheduling {
-        GangScheduling::Auto => serves_pod_groups(&client).await,
+        GangScheduling::Auto => tokio::select! {
+            gang = serves_pod_groups(&client) => gang,
+            _ = &mut shutdown => return Ok(()),
+        },
         GangScheduling::Off => false,
     };
     let metrics = status.metrics.clone();
@@ -205,7 +211,6 @@ pub async fn run(
     // Workers start only once both caches hold a full list, so the first reconcile of
     // every GpuJob sees its Jobs.
     let ready = ctx.view.wait_ready();
-    tokio::pin!(shutdown);
     tokio::select! {
         _ = ready => {
             let ns = ctx.settings.namespace.as_deref().unwrap_or("*");
