@@ -106,6 +106,7 @@ pub struct Metrics {
     pub sharded_watch: IntGauge,
     pub cached_objects: IntGaugeVec,
     pub shard_first_look: HistogramVec,
+    pub shard_first_look_observed: HistogramVec,
     pub shard_cached: IntGaugeVec,
     pub conversion_requests: IntCounterVec,
     pub conversion_duration: Histogram,
@@ -428,6 +429,16 @@ impl Metrics {
                 ),
                 &["shard"],
             )?,
+            shard_first_look_observed: HistogramVec::new(
+                histogram(
+                    "gpujob_shard_first_look_observed_seconds",
+                    "By shard: seconds from this replica gaining the shard to every GpuJob the shard had then that was observed before (work under way, not new work) looked at once",
+                    vec![
+                        0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                    ],
+                ),
+                &["shard"],
+            )?,
             shard_cached: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_shard_cached",
@@ -514,6 +525,7 @@ impl Metrics {
             Box::new(self.sharded_watch.clone()),
             Box::new(self.cached_objects.clone()),
             Box::new(self.shard_first_look.clone()),
+            Box::new(self.shard_first_look_observed.clone()),
             Box::new(self.shard_cached.clone()),
             Box::new(self.conversion_requests.clone()),
             Box::new(self.conversion_duration.clone()),
@@ -534,6 +546,8 @@ impl Metrics {
             self.gpujobs_per_shard.with_label_values(&[s.as_str()]);
             self.namespaces_per_shard.with_label_values(&[s.as_str()]);
             self.shard_first_look.with_label_values(&[s.as_str()]);
+            self.shard_first_look_observed
+                .with_label_values(&[s.as_str()]);
             self.shard_cached.with_label_values(&[s.as_str()]);
         }
     }

@@ -3,7 +3,9 @@
 //! of them, and should write nothing. With `--takeover-at N` the kill comes once N have
 //! converged, under load: the survivors' writes then include converging the rest. Measures how long that takes, shard by shard (each
 //! new holder's `gpujob_shard_first_look_seconds{shard}`: from its gain to every GpuJob
-//! of the shard looked at), what they wrote, and their memory.
+//! of the shard looked at; and `gpujob_shard_first_look_observed_seconds{shard}`: to
+//! every one observed before the gain, the work under way, apart from the new work that
+//! costs its writes), what they wrote, and their memory.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -21,6 +23,7 @@ use crate::replicas::{Replicas, queue_depth};
 
 const RECONCILES: &str = "controller_runtime_reconcile_total";
 const FIRST_LOOK: &str = "gpujob_shard_first_look_seconds";
+const FIRST_LOOK_OBSERVED: &str = "gpujob_shard_first_look_observed_seconds";
 
 /// One shard of the killed replica, taken over.
 #[derive(Debug)]
@@ -32,6 +35,8 @@ pub struct ShardLook {
     pub gpujobs: f64,
     /// Gain → every GpuJob it had looked at, as the holder measured it.
     pub first_look: f64,
+    /// Gain → every GpuJob it had that was observed before the gain looked at.
+    pub first_look_observed: Option<f64>,
     /// Did the holder cache the shard before the kill (kept it warm)?
     pub warm: bool,
 }
@@ -211,24 +216,25 @@ fn first_looks(
         let was = ahead.iter().find(|(w, _)| w == who).map(|(_, m)| m);
         for shard in held {
             let label = shard.to_string();
-            let of = |m: &Metrics, suffix: &str| {
-                m.sum(
-                    &format!("{FIRST_LOOK}_{suffix}"),
-                    &[("shard", label.as_str())],
-                )
-            };
-            let count = of(&now, "count") - was.map_or(0.0, |m| of(m, "count"));
-            if count < 1.0 {
-                continue;
-            }
             // The latest look's seconds: the sum's growth over as many looks (one, unless
             // the shard moved again).
-            let seconds = (of(&now, "sum") - was.map_or(0.0, |m| of(m, "sum"))) / count;
+            let latest = |name: &str| {
+                let of = |m: &Metrics, suffix: &str| {
+                    m.sum(&format!("{name}_{suffix}"), &[("shard", label.as_str())])
+                };
+                let count = of(&now, "count") - was.map_or(0.0, |m| of(m, "count"));
+                (count >= 1.0)
+                    .then(|| (of(&now, "sum") - was.map_or(0.0, |m| of(m, "sum"))) / count)
+            };
+            let Some(seconds) = latest(FIRST_LOOK) else {
+                continue;
+            };
             looks.push(ShardLook {
                 shard: *shard,
                 holder: who.clone(),
                 gpujobs: now.sum("gpujob_gpujobs_per_shard", &[("shard", label.as_str())]),
                 first_look: seconds,
+                first_look_observed: latest(FIRST_LOOK_OBSERVED),
                 warm: was.is_some_and(|m| caches_shard(m, *shard)),
             });
         }
@@ -293,6 +299,13 @@ pub fn report(t: &Takeover) -> String {
             l.gpujobs,
             l.first_look
         );
+        if let Some(observed) = l.first_look_observed {
+            let _ = writeln!(
+                r,
+                "| shard {}: gain → every one observed before the gain (work under way, not new work) looked at | {observed:.1} s |",
+                l.shard,
+            );
+        }
     }
     let _ = writeln!(
         r,

@@ -14,9 +14,13 @@
 //!
 //! A third lane holds the first look at the GpuJobs of a shard this replica just gained
 //! ([`Queue::add_first_look`]; those never observed are new work, in the prompt lane):
-//! they are handed out ahead of the normal lane, and take turns with the prompt lane
-//! while both have keys, so a takeover is not queued behind the survivor's own backlog,
-//! and the survivor's new work still gets every other turn.
+//! they are handed out ahead of the normal lane, and share the workers' time with the
+//! prompt lane while both have keys: the next key comes from the lane whose keys have
+//! held workers for less time since both had keys (their turns alternate on a tie). So a
+//! takeover is not queued behind the survivor's own backlog, the survivor's new work
+//! keeps half the workers' time, and a first look with nothing to write (done in well
+//! under a millisecond) does not wait a turn behind new work whose writes wait on the
+//! API budget.
 //!
 //! Time is tokio's, so the behaviour is tested on a paused clock.
 
@@ -116,8 +120,16 @@ struct State<K> {
     prompt: FairLane<K>,
     /// The first looks at a gained shard's GpuJobs, first in, first out.
     first_look: VecDeque<K>,
-    /// Whether the last key handed out while both lanes had keys was a first look.
+    /// Whether the last key handed out on a tie of the two lanes was a first look.
     first_look_last: bool,
+    /// The time keys of the prompt and the first-look lanes held workers (finished keys;
+    /// those in flight are counted at each hand-out) since `sharing_since`.
+    served: Served,
+    /// When one of those two lanes last went from empty to having keys: time served
+    /// before, while the other may have had none, is no credit.
+    sharing_since: Instant,
+    /// The keys in flight taken from the prompt or the first-look lane.
+    taken_from: HashMap<K, Lane>,
     /// The normal lane.
     ready: VecDeque<K>,
     dirty: HashSet<K>,
@@ -177,6 +189,9 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 prompt: FairLane::new(),
                 first_look: VecDeque::new(),
                 first_look_last: false,
+                served: Served::default(),
+                sharing_since: Instant::now(),
+                taken_from: HashMap::new(),
                 ready: VecDeque::new(),
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
@@ -320,7 +335,10 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 let mut s = self.lock();
                 let now = Instant::now();
                 promote_due(&mut s, now, self.tenant, self.metrics.as_ref());
-                if let Some(key) = s.pop() {
+                if let Some((key, lane)) = s.pop(now) {
+                    if lane != Lane::Normal {
+                        s.taken_from.insert(key.clone(), lane);
+                    }
                     s.dirty.remove(&key);
                     s.processing.insert(key.clone());
                     s.started_at.insert(key.clone(), now);
@@ -362,10 +380,16 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
         s.processing.remove(key);
-        if let Some(started) = s.started_at.remove(key)
-            && let Some(m) = &self.metrics
-        {
-            m.work_duration.observe(started.elapsed().as_secs_f64());
+        let lane = s.taken_from.remove(key);
+        if let Some(started) = s.started_at.remove(key) {
+            let took = started.elapsed();
+            if let Some(lane) = lane {
+                let since = started.max(s.sharing_since);
+                s.served.charge(lane, since.elapsed());
+            }
+            if let Some(m) = &self.metrics {
+                m.work_duration.observe(took.as_secs_f64());
+            }
         }
         if s.dirty.contains(key) && !s.shutting_down {
             s.ready.push_back(key.clone());
@@ -403,6 +427,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         s.shutting_down = true;
         s.prompt.clear();
         s.first_look.clear();
+        s.taken_from.clear();
         s.ready.clear();
         s.dirty.clear();
         s.waiting.clear();
@@ -421,26 +446,67 @@ enum Lane {
     Normal,
 }
 
-impl<K> State<K> {
+impl<K: Eq + Hash> State<K> {
     fn len(&self) -> usize {
         self.prompt.len + self.first_look.len() + self.ready.len()
     }
 
-    /// The next key: the prompt and first-look lanes in turns while both have keys,
-    /// then whichever has, then the normal lane.
-    fn pop(&mut self) -> Option<K> {
+    /// The next key, and its lane: while the prompt and first-look lanes both have
+    /// keys, the one that held workers for less time (in turns on a tie); then whichever
+    /// has; then the normal lane.
+    fn pop(&mut self, now: Instant) -> Option<(K, Lane)> {
         let first_look = match (self.first_look.is_empty(), self.prompt.len == 0) {
             (true, _) => false,
             (false, true) => true,
             (false, false) => {
-                self.first_look_last = !self.first_look_last;
-                self.first_look_last
+                let (prompt, first_look) = self.served_by(now);
+                match first_look.cmp(&prompt) {
+                    std::cmp::Ordering::Less => true,
+                    std::cmp::Ordering::Greater => false,
+                    std::cmp::Ordering::Equal => {
+                        self.first_look_last = !self.first_look_last;
+                        self.first_look_last
+                    }
+                }
             }
         };
         if first_look {
-            return self.first_look.pop_front();
+            return self.first_look.pop_front().map(|k| (k, Lane::FirstLook));
         }
-        self.prompt.pop().or_else(|| self.ready.pop_front())
+        if let Some(k) = self.prompt.pop() {
+            return Some((k, Lane::Prompt));
+        }
+        self.ready.pop_front().map(|k| (k, Lane::Normal))
+    }
+
+    /// The time the prompt and first-look lanes' keys held workers, those in flight up to
+    /// `now` included.
+    fn served_by(&self, now: Instant) -> (Duration, Duration) {
+        let mut served = self.served;
+        for (key, lane) in &self.taken_from {
+            if let Some(started) = self.started_at.get(key) {
+                let since = (*started).max(self.sharing_since);
+                served.charge(*lane, now.saturating_duration_since(since));
+            }
+        }
+        (served.prompt, served.first_look)
+    }
+}
+
+/// The time the keys of the two lanes that share the workers held them.
+#[derive(Debug, Default, Clone, Copy)]
+struct Served {
+    prompt: Duration,
+    first_look: Duration,
+}
+
+impl Served {
+    fn charge(&mut self, lane: Lane, took: Duration) {
+        match lane {
+            Lane::Prompt => self.prompt += took,
+            Lane::FirstLook => self.first_look += took,
+            Lane::Normal => {}
+        }
     }
 }
 
@@ -469,6 +535,16 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
     if s.processing.contains(&key) {
         // Runs again after `done`.
         return false;
+    }
+    let was_empty = match lane {
+        Lane::Prompt => s.prompt.len == 0,
+        Lane::FirstLook => s.first_look.is_empty(),
+        Lane::Normal => false,
+    };
+    if was_empty {
+        // The two lanes share the workers afresh.
+        s.served = Served::default();
+        s.sharing_since = Instant::now();
     }
     match lane {
         Lane::Prompt => s.prompt.push(key, tenant),

@@ -81,6 +81,86 @@ async fn a_gained_shards_first_look_goes_before_the_backlog_and_takes_turns_with
     assert_eq!(next(&q).await, Some("echo-3"));
 }
 
+/// The two lanes share the workers' time, not turns: first looks with nothing to write
+/// (done at once) all go while new work waits on its budget.
+#[tokio::test(start_paused = true)]
+async fn first_looks_that_take_no_time_go_while_new_work_waits_on_its_budget() {
+    let q = queue();
+    for k in ["new-1", "new-2"] {
+        q.add_prompt(k);
+    }
+    for k in ["gained-1", "gained-2", "gained-3", "gained-4"] {
+        q.add_first_look(k);
+    }
+    // Even at first: the lanes alternate.
+    assert_eq!(next(&q).await, Some("gained-1"));
+    q.done(&"gained-1");
+    // One worker takes new work, whose writes wait 100 ms on the API budget.
+    assert_eq!(next(&q).await, Some("new-1"));
+    tokio::time::advance(Duration::from_millis(100)).await;
+    // Meanwhile another looks at the gained GpuJobs, each done at once: none waits
+    // behind new-2 (in turns, two would have).
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let k = next(&q).await.expect("a key");
+        order.push(k);
+        q.done(&k);
+    }
+    assert_eq!(order, ["gained-2", "gained-3", "gained-4"]);
+    assert_eq!(next(&q).await, Some("new-2"));
+}
+
+/// A lane whose keys hold workers long does not keep the other waiting: a first look
+/// that takes a second lets new work go meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_lane_whose_keys_hold_workers_long_lets_the_other_go() {
+    let q = queue();
+    for k in ["new-1", "new-2", "new-3"] {
+        q.add_prompt(k);
+    }
+    for k in ["gained-1", "gained-2"] {
+        q.add_first_look(k);
+    }
+    assert_eq!(next(&q).await, Some("gained-1"));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let k = next(&q).await.expect("a key");
+        order.push(k);
+        q.done(&k);
+    }
+    assert_eq!(
+        order,
+        ["new-1", "new-2", "new-3"],
+        "gained-1 has held a worker for a second: new work's turns"
+    );
+    q.done(&"gained-1");
+    assert_eq!(next(&q).await, Some("gained-2"));
+}
+
+/// Time served while the other lane had nothing is no credit: when both have keys
+/// again they start even.
+#[tokio::test(start_paused = true)]
+async fn time_served_while_the_other_lane_was_empty_is_no_credit() {
+    let q = queue();
+    q.add_prompt("new-1");
+    assert_eq!(next(&q).await, Some("new-1"));
+    tokio::time::advance(Duration::from_secs(10)).await;
+    q.done(&"new-1");
+    for k in ["gained-1", "gained-2"] {
+        q.add_first_look(k);
+    }
+    for k in ["new-2", "new-3"] {
+        q.add_prompt(k);
+    }
+    let mut order = Vec::new();
+    while let Some(k) = next(&q).await {
+        order.push(k);
+        q.done(&k);
+    }
+    assert_eq!(order, ["gained-1", "new-2", "gained-2", "new-3"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_prompt_lane_takes_turns_between_tenants() {
     let q = queue().fair_by(|k: &&'static str| k.split('/').next().unwrap_or_default());

@@ -4,7 +4,9 @@
 //! already (one shard of many, or one kept warm), or when its list completes (a cold
 //! one). Looks that land before that still count. Exported as
 //! `gpujob_shard_first_look_seconds{shard}` and logged; a shard lost before it completes
-//! reports nothing.
+//! reports nothing. The GpuJobs observed before the gain (work under way) are also timed
+//! apart, `gpujob_shard_first_look_observed_seconds{shard}`: the never-observed ones are
+//! new work, whose looks cost their Job and first status on the budget.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
@@ -14,17 +16,28 @@ use tokio::time::Instant;
 use tracing::info;
 
 use super::Key;
+use crate::controller::view::ObservedOrNew;
 use crate::metrics::Metrics;
 
 #[derive(Debug)]
 struct Pending {
     since: Instant,
     /// The GpuJobs still to be looked at, once known.
-    left: Option<HashSet<Key>>,
+    left: Option<Left>,
     /// Looked at before the shard's GpuJobs were known.
     early: HashSet<Key>,
-    /// How many GpuJobs the shard had when they became known.
+}
+
+#[derive(Debug)]
+struct Left {
+    /// Every GpuJob the shard had, not looked at yet.
+    all: HashSet<Key>,
+    /// Those of them observed before the gain (work under way), not looked at yet;
+    /// `None` once reported.
+    observed: Option<HashSet<Key>>,
+    /// How many GpuJobs, and how many observed, the shard had when they became known.
     total: usize,
+    total_observed: usize,
 }
 
 /// The shards gained whose GpuJobs are not all looked at yet.
@@ -33,10 +46,22 @@ pub struct FirstLooks {
     pending: Mutex<BTreeMap<u32, Pending>>,
 }
 
-/// A shard whose GpuJobs have all been looked at since it was gained.
+/// Which of a gained shard's GpuJobs a [`Done`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// Those observed before the gain (a status written by a replica): the work its last
+    /// holder had under way. Their look costs requests only where something changed.
+    Observed,
+    /// Every one, the never-observed too: those are new work (their Job and first status
+    /// to write), on the same budget as this replica's own new work.
+    All,
+}
+
+/// A shard whose GpuJobs (`which` of them) have all been looked at since it was gained.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Done {
     pub shard: u32,
+    pub which: Which,
     pub gpujobs: usize,
     pub after: Duration,
 }
@@ -50,7 +75,6 @@ impl FirstLooks {
                 since: now,
                 left: None,
                 early: HashSet::new(),
-                total: 0,
             },
         );
     }
@@ -70,53 +94,91 @@ impl FirstLooks {
         self.lock().get(&shard).is_some_and(|p| p.left.is_none())
     }
 
-    /// Both caches cover `shard` now, holding `keys`. Done at once if every one was
-    /// looked at already (or there are none).
-    pub fn known(&self, shard: u32, keys: Vec<Key>, now: Instant) -> Option<Done> {
+    /// Both caches cover `shard` now, holding `keys`. Done at once for those (or all)
+    /// looked at already, or when there are none.
+    pub fn known(&self, shard: u32, keys: &ObservedOrNew, now: Instant) -> Vec<Done> {
         let mut pending = self.lock();
-        let p = pending.get_mut(&shard)?;
+        let Some(p) = pending.get_mut(&shard) else {
+            return Vec::new();
+        };
         if p.left.is_some() {
-            return None;
+            return Vec::new();
         }
         let early = std::mem::take(&mut p.early);
-        let left: HashSet<Key> = keys.into_iter().filter(|k| !early.contains(k)).collect();
-        let gpujobs = left.len() + early.len();
-        if left.is_empty() {
-            let since = p.since;
-            pending.remove(&shard);
-            return Some(Done {
-                shard,
-                gpujobs,
-                after: now.saturating_duration_since(since),
-            });
-        }
-        p.left = Some(left);
-        p.total = gpujobs;
-        None
+        let observed: HashSet<Key> = keys
+            .observed
+            .iter()
+            .filter(|k| !early.contains(*k))
+            .cloned()
+            .collect();
+        let all: HashSet<Key> = keys
+            .new
+            .iter()
+            .filter(|k| !early.contains(*k))
+            .cloned()
+            .chain(observed.iter().cloned())
+            .collect();
+        p.left = Some(Left {
+            all,
+            observed: Some(observed),
+            total: keys.observed.len() + keys.new.len(),
+            total_observed: keys.observed.len(),
+        });
+        Self::settle(&mut pending, shard, now)
     }
 
     /// `key` of shard `shard` was looked at, at `now`.
-    pub fn looked(&self, shard: u32, key: &Key, now: Instant) -> Option<Done> {
+    pub fn looked(&self, shard: u32, key: &Key, now: Instant) -> Vec<Done> {
         let mut pending = self.lock();
-        let p = pending.get_mut(&shard)?;
+        let Some(p) = pending.get_mut(&shard) else {
+            return Vec::new();
+        };
         match &mut p.left {
             None => {
                 p.early.insert(key.clone());
-                None
+                Vec::new()
             }
             Some(left) => {
-                if !left.remove(key) || !left.is_empty() {
-                    return None;
+                if !left.all.remove(key) {
+                    return Vec::new();
                 }
-                let done = Done {
-                    shard,
-                    gpujobs: p.total,
-                    after: now.saturating_duration_since(p.since),
-                };
-                pending.remove(&shard);
-                Some(done)
+                if let Some(observed) = &mut left.observed {
+                    observed.remove(key);
+                }
+                Self::settle(&mut pending, shard, now)
             }
         }
+    }
+
+    /// What of `shard` is done now that its known GpuJobs changed.
+    fn settle(pending: &mut BTreeMap<u32, Pending>, shard: u32, now: Instant) -> Vec<Done> {
+        let mut done = Vec::new();
+        let Some(p) = pending.get_mut(&shard) else {
+            return done;
+        };
+        let after = now.saturating_duration_since(p.since);
+        let Some(left) = &mut p.left else {
+            return done;
+        };
+        if left.observed.as_ref().is_some_and(HashSet::is_empty) {
+            left.observed = None;
+            done.push(Done {
+                shard,
+                which: Which::Observed,
+                gpujobs: left.total_observed,
+                after,
+            });
+        }
+        if left.all.is_empty() {
+            done.push(Done {
+                shard,
+                which: Which::All,
+                gpujobs: left.total,
+                after,
+            });
+            pending.remove(&shard);
+        }
+        done
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, Pending>> {
@@ -125,18 +187,44 @@ impl FirstLooks {
 }
 
 impl Done {
-    /// Into `gpujob_shard_first_look_seconds` and the log.
+    /// Into `gpujob_shard_first_look_seconds` (every GpuJob) or
+    /// `gpujob_shard_first_look_observed_seconds` (those observed before), and the log.
     pub fn report(&self, metrics: &Metrics) {
-        metrics
-            .shard_first_look
-            .with_label_values(&[self.shard.to_string().as_str()])
-            .observe(self.after.as_secs_f64());
-        info!(
-            shard = self.shard,
-            gpujobs = self.gpujobs,
-            seconds = self.after.as_secs_f64(),
-            "shard handed over: every GpuJob it had when gained is looked at"
-        );
+        let shard = self.shard.to_string();
+        let seconds = self.after.as_secs_f64();
+        match self.which {
+            Which::All => {
+                metrics
+                    .shard_first_look
+                    .with_label_values(&[shard.as_str()])
+                    .observe(seconds);
+                info!(
+                    shard = self.shard,
+                    gpujobs = self.gpujobs,
+                    seconds,
+                    "shard handed over: every GpuJob it had when gained is looked at"
+                );
+            }
+            Which::Observed => {
+                metrics
+                    .shard_first_look_observed
+                    .with_label_values(&[shard.as_str()])
+                    .observe(seconds);
+                info!(
+                    shard = self.shard,
+                    gpujobs = self.gpujobs,
+                    seconds,
+                    "shard's work under way looked at: every GpuJob it had when gained that was observed before"
+                );
+            }
+        }
+    }
+}
+
+/// Reports each of `done`.
+pub fn report(done: Vec<Done>, metrics: &Metrics) {
+    for d in done {
+        d.report(metrics);
     }
 }
 
@@ -148,6 +236,23 @@ mod tests {
         names.iter().map(|n| Key::new("ns", n)).collect()
     }
 
+    /// `observed` observed before the gain, `new` never.
+    fn sorted(observed: &[&str], new: &[&str]) -> ObservedOrNew {
+        ObservedOrNew {
+            observed: keys(observed),
+            new: keys(new),
+        }
+    }
+
+    fn done(shard: u32, which: Which, gpujobs: usize, after: Duration) -> Done {
+        Done {
+            shard,
+            which,
+            gpujobs,
+            after,
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_warm_shard_is_done_when_its_last_gpujob_is_looked_at() {
         let looks = FirstLooks::default();
@@ -155,35 +260,65 @@ mod tests {
         assert!(!looks.pending(3));
         looks.gained(3, t0);
         assert!(looks.unknown(3) && looks.pending(3));
-        assert_eq!(looks.known(3, keys(&["a", "b"]), t0), None);
+        assert_eq!(looks.known(3, &sorted(&["a", "b"], &[]), t0), []);
         assert!(!looks.unknown(3) && looks.pending(3));
         let later = t0 + Duration::from_millis(700);
-        assert_eq!(looks.looked(3, &Key::new("ns", "a"), later), None);
+        assert_eq!(looks.looked(3, &Key::new("ns", "a"), later), []);
         assert_eq!(
             looks.looked(3, &Key::new("ns", "other"), later),
-            None,
+            [],
             "a GpuJob created after the gain is not waited for"
         );
         assert_eq!(
             looks.looked(4, &Key::new("ns", "b"), later),
-            None,
+            [],
             "another shard"
         );
-        let done = looks.looked(3, &Key::new("ns", "b"), t0 + Duration::from_secs(2));
+        let at = Duration::from_secs(2);
         assert_eq!(
-            done,
-            Some(Done {
-                shard: 3,
-                gpujobs: 2,
-                after: Duration::from_secs(2)
-            })
+            looks.looked(3, &Key::new("ns", "b"), t0 + at),
+            [done(3, Which::Observed, 2, at), done(3, Which::All, 2, at)]
         );
         assert_eq!(
             looks.looked(3, &Key::new("ns", "a"), later),
-            None,
+            [],
             "reported once"
         );
         assert!(!looks.pending(3), "over");
+    }
+
+    /// The work under way is timed apart from the new work the shard brought: here the
+    /// observed GpuJob is looked at first, then the never-observed one.
+    #[tokio::test(start_paused = true)]
+    async fn the_observed_gpujobs_are_timed_apart_from_the_new_ones() {
+        let looks = FirstLooks::default();
+        let t0 = Instant::now();
+        looks.gained(0, t0);
+        assert_eq!(looks.known(0, &sorted(&["old"], &["new"]), t0), []);
+        assert_eq!(
+            looks.looked(0, &Key::new("ns", "old"), t0 + Duration::from_secs(1)),
+            [done(0, Which::Observed, 1, Duration::from_secs(1))]
+        );
+        assert!(looks.pending(0), "the new one is still to be looked at");
+        assert_eq!(
+            looks.looked(0, &Key::new("ns", "new"), t0 + Duration::from_secs(9)),
+            [done(0, Which::All, 2, Duration::from_secs(9))]
+        );
+        // The other way round: the observed one last ends both.
+        looks.gained(1, t0);
+        looks.known(1, &sorted(&["old"], &["new"]), t0);
+        assert_eq!(looks.looked(1, &Key::new("ns", "new"), t0), []);
+        let at = Duration::from_secs(3);
+        assert_eq!(
+            looks.looked(1, &Key::new("ns", "old"), t0 + at),
+            [done(1, Which::Observed, 1, at), done(1, Which::All, 2, at)]
+        );
+        // No observed GpuJob at all: that part is done when they are known.
+        looks.gained(2, t0);
+        assert_eq!(
+            looks.known(2, &sorted(&[], &["n"]), t0),
+            [done(2, Which::Observed, 0, Duration::ZERO)]
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -192,23 +327,22 @@ mod tests {
         let t0 = Instant::now();
         looks.gained(1, t0);
         looks.gained(2, t0);
-        assert_eq!(looks.looked(1, &Key::new("ns", "a"), t0), None);
+        assert_eq!(looks.looked(1, &Key::new("ns", "a"), t0), []);
         let listed = t0 + Duration::from_secs(5);
+        let after = Duration::from_secs(5);
         assert_eq!(
-            looks.known(1, keys(&["a"]), listed),
-            Some(Done {
-                shard: 1,
-                gpujobs: 1,
-                after: Duration::from_secs(5)
-            })
+            looks.known(1, &sorted(&["a"], &[]), listed),
+            [
+                done(1, Which::Observed, 1, after),
+                done(1, Which::All, 1, after)
+            ]
         );
         assert_eq!(
-            looks.known(2, Vec::new(), listed),
-            Some(Done {
-                shard: 2,
-                gpujobs: 0,
-                after: Duration::from_secs(5)
-            })
+            looks.known(2, &sorted(&[], &[]), listed),
+            [
+                done(2, Which::Observed, 0, after),
+                done(2, Which::All, 0, after)
+            ]
         );
     }
 
@@ -217,19 +351,22 @@ mod tests {
         let looks = FirstLooks::default();
         let t0 = Instant::now();
         looks.gained(0, t0);
-        looks.known(0, keys(&["a", "b"]), t0);
+        looks.known(0, &sorted(&["a", "b"], &[]), t0);
         looks.looked(0, &Key::new("ns", "a"), t0);
         looks.lost(0);
-        assert_eq!(looks.looked(0, &Key::new("ns", "b"), t0), None, "lost");
+        assert_eq!(looks.looked(0, &Key::new("ns", "b"), t0), [], "lost");
         let t1 = t0 + Duration::from_secs(10);
         looks.gained(0, t1);
-        looks.known(0, keys(&["a", "b"]), t1);
+        looks.known(0, &sorted(&["a", "b"], &[]), t1);
         assert_eq!(
             looks.looked(0, &Key::new("ns", "b"), t1),
-            None,
+            [],
             "a needed again"
         );
         let done = looks.looked(0, &Key::new("ns", "a"), t1 + Duration::from_secs(1));
-        assert_eq!(done.map(|d| d.after), Some(Duration::from_secs(1)));
+        assert_eq!(
+            done.iter().map(|d| d.after).collect::<Vec<_>>(),
+            [Duration::from_secs(1); 2]
+        );
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::{Context, Intake};
+use super::{Context, Intake, first_look};
 use crate::lease::Ownership;
 
 /// The epoch of each shard as last seen.
@@ -76,10 +76,8 @@ pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
                 let keys = ctx.view.keys_where(|ns| now.shard_of(ns) == shard);
                 // Not covered yet (sharded watches, a cold shard): its GpuJobs are known,
                 // and queued, when both caches have listed it (`watches.rs`).
-                if ctx.view.covers_shard(shard)
-                    && let Some(done) = looks.known(shard, keys.all(), at)
-                {
-                    done.report(&ctx.metrics);
+                if ctx.view.covers_shard(shard) {
+                    first_look::report(looks.known(shard, &keys, at), &ctx.metrics);
                 }
                 intake.add_sorted(keys);
             }

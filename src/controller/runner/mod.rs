@@ -475,9 +475,12 @@ mod tests {
         assert_eq!(queue.get().await, Some(Key::new("ns", "backlog")));
         // Its first look over, the shard's GpuJobs queue in the normal lane again.
         let at = tokio::time::Instant::now();
-        let keys = vec![Key::new("ns", "gained")];
-        assert!(looks.known(0, keys, at).is_none());
-        assert!(looks.looked(0, &Key::new("ns", "gained"), at).is_some());
+        let keys = ObservedOrNew {
+            observed: vec![Key::new("ns", "gained")],
+            new: Vec::new(),
+        };
+        assert!(looks.known(0, &keys, at).is_empty());
+        assert!(!looks.looked(0, &Key::new("ns", "gained"), at).is_empty());
         intake.add(Key::new("ns", "later"));
         intake.add_prompt(Key::new("ns", "new"));
         assert_eq!(queue.get().await, Some(Key::new("ns", "new")));

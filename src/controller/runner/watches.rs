@@ -35,7 +35,7 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 use tracing::{debug, info, warn};
 
-use super::{Context, Intake, Key};
+use super::{Context, Intake, Key, first_look};
 use crate::api::{GpuJob, LABEL_UID};
 use crate::client::selecting;
 use crate::controller::plan::{JobState, job_state};
@@ -468,10 +468,8 @@ fn newly_covered(ctx: &Context, intake: &Intake, new: &Scope) {
     let at = tokio::time::Instant::now();
     for shard in 0..own.shards() {
         if new.contains_shard(shard) && intake.looks.unknown(shard) {
-            let keys = ctx.view.keys_where(|ns| own.shard_of(ns) == shard).all();
-            if let Some(done) = intake.looks.known(shard, keys, at) {
-                done.report(&ctx.metrics);
-            }
+            let keys = ctx.view.keys_where(|ns| own.shard_of(ns) == shard);
+            first_look::report(intake.looks.known(shard, &keys, at), &ctx.metrics);
         }
     }
     intake.add_sorted(ctx.view.keys_where(|ns| new.contains(ns)));

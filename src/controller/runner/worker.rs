@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{debug, error, info};
 
-use super::first_look::FirstLooks;
+use super::first_look::{self, FirstLooks};
 use super::sizing::Permits;
 use super::{Context, Key};
 use crate::controller::error::Error;
@@ -86,9 +86,8 @@ pub(super) async fn run(
             }
             Some(result) => {
                 follow_up(&ctx, &queue, &key, result);
-                if let Some(done) = looks.looked(shard, &key, tokio::time::Instant::now()) {
-                    done.report(&ctx.metrics);
-                }
+                let done = looks.looked(shard, &key, tokio::time::Instant::now());
+                first_look::report(done, &ctx.metrics);
             }
         }
         queue.done(&key);
