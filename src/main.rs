@@ -82,7 +82,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             let _ = server_stopped.await;
         }));
         // Before any Lease can be held: see shutdown_signal.
-        let shutdown = shutdown_signal();
+        let shutdown = shutdown_signal()?;
         let result = if !args.leader_elect {
             let kube_client = client::build(config.clone(), &identity, limits, Some(metrics.clone()), None)
                 .context("building the API client")?;
@@ -193,40 +193,19 @@ where
 /// Registers the SIGTERM and SIGINT handlers now and returns the future that resolves
 /// on either. Registering at once matters: the lease task is spawned before the runner
 /// first polls this future, and a signal before registration would take its default
-/// action (exit) with Leases held and not released.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+/// action (exit) with Leases held and not released. A replica that cannot register them
+/// does not start: it could neither drain nor release its Leases.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    if let Err(e) = &term {
-        tracing::warn!(error = %e, "could not register the SIGTERM handler; a SIGTERM will end the process without draining or releasing Leases");
-    }
-    if let Err(e) = &int {
-        tracing::warn!(error = %e, "could not register the SIGINT handler; Ctrl-C will end the process without draining or releasing Leases");
-    }
-    async move {
-        let term = async {
-            match term {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
-        let int = async {
-            match int {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
+    let mut term = signal(SignalKind::terminate()).context("registering the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("registering the SIGINT handler")?;
+    Ok(async move {
         tokio::select! {
-            _ = int => {}
-            _ = term => {}
+            _ = int.recv() => {}
+            _ = term.recv() => {}
         }
         info!("shutdown signal received");
-    }
+    })
 }
 
 fn init_logging(format: LogFormat) {

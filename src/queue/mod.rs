@@ -16,11 +16,12 @@
 //! ([`Queue::add_first_look`]; those never observed are new work, in the prompt lane):
 //! they are handed out ahead of the normal lane, and share the workers' time with the
 //! prompt lane while both have keys: the next key comes from the lane whose keys have
-//! held workers for less time since both had keys (their turns alternate on a tie). So a
-//! takeover is not queued behind the survivor's own backlog, the survivor's new work
-//! keeps half the workers' time, and a first look with nothing to write (done in well
-//! under a millisecond) does not wait a turn behind new work whose writes wait on the
-//! API budget.
+//! held workers for less time since either lane last went from empty to having keys
+//! (their turns alternate on a tie). So a takeover is not queued behind the survivor's
+//! own backlog, the survivor's new work keeps about half the workers' time or more (the
+//! first looks take less when they are quick), and a first look with nothing to write
+//! does not wait a turn behind new work whose writes wait on the API budget. A key added
+//! to either lane while it is processed runs again in that lane.
 //!
 //! Time is tokio's, so the behaviour is tested on a paused clock.
 
@@ -116,7 +117,7 @@ impl<K> FairLane<K> {
 
 #[derive(Debug)]
 struct State<K> {
-    /// The prompt lane, handed out first (taking turns with `first_look`).
+    /// The prompt lane, handed out first (sharing the workers' time with `first_look`).
     prompt: FairLane<K>,
     /// The first looks at a gained shard's GpuJobs, first in, first out.
     first_look: VecDeque<K>,
@@ -130,6 +131,9 @@ struct State<K> {
     sharing_since: Instant,
     /// The keys in flight taken from the prompt or the first-look lane.
     taken_from: HashMap<K, Lane>,
+    /// Keys added to the prompt or the first-look lane while processed: the lane they run
+    /// again in after `done` (the first such add decides; otherwise the normal lane).
+    again_in: HashMap<K, Lane>,
     /// The normal lane.
     ready: VecDeque<K>,
     dirty: HashSet<K>,
@@ -192,6 +196,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 served: Served::default(),
                 sharing_since: Instant::now(),
                 taken_from: HashMap::new(),
+                again_in: HashMap::new(),
                 ready: VecDeque::new(),
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
@@ -226,15 +231,16 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.add_in(key, Lane::Normal);
     }
 
-    /// Queues `key` now in the prompt lane, ahead of the normal lane and taking turns
-    /// with the first-look lane, unless it is queued already (then it keeps its place).
+    /// Queues `key` now in the prompt lane, ahead of the normal lane and sharing the
+    /// workers' time with the first-look lane, unless it is queued already (then it keeps
+    /// its place). A key added while it is processed runs again in this lane.
     pub fn add_prompt(&self, key: K) {
         self.add_in(key, Lane::Prompt);
     }
 
     /// Queues `key` now for a first look after its shard was gained: ahead of the
-    /// normal lane, taking turns with the prompt lane. A key queued already keeps its
-    /// place.
+    /// normal lane, sharing the workers' time with the prompt lane. A key queued already
+    /// keeps its place; one added while it is processed runs again in this lane.
     pub fn add_first_look(&self, key: K) {
         self.add_in(key, Lane::FirstLook);
     }
@@ -391,8 +397,9 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 m.work_duration.observe(took.as_secs_f64());
             }
         }
+        let again = s.again_in.remove(key).unwrap_or(Lane::Normal);
         if s.dirty.contains(key) && !s.shutting_down {
-            s.ready.push_back(key.clone());
+            push_locked(&mut s, key.clone(), again, self.tenant);
             if let Some(m) = &self.metrics {
                 m.depth.set(gauge(s.len()));
             }
@@ -428,6 +435,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         s.prompt.clear();
         s.first_look.clear();
         s.taken_from.clear();
+        s.again_in.clear();
         s.ready.clear();
         s.dirty.clear();
         s.waiting.clear();
@@ -522,7 +530,13 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
     tenant: fn(&K) -> &str,
     metrics: Option<&QueueMetrics>,
 ) -> bool {
-    if s.shutting_down || s.dirty.contains(&key) {
+    if s.shutting_down {
+        return false;
+    }
+    if s.dirty.contains(&key) {
+        if s.processing.contains(&key) && lane != Lane::Normal {
+            s.again_in.entry(key).or_insert(lane);
+        }
         return false;
     }
     // Counted as client-go counts: an add that queues the key (or marks it to run again
@@ -533,9 +547,27 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
     s.dirty.insert(key.clone());
     s.queued_at.insert(key.clone(), Instant::now());
     if s.processing.contains(&key) {
-        // Runs again after `done`.
+        // Runs again after `done`, in this lane unless new work or a first look asked
+        // for it.
+        if lane != Lane::Normal {
+            s.again_in.entry(key).or_insert(lane);
+        }
         return false;
     }
+    push_locked(s, key, lane, tenant);
+    if let Some(m) = metrics {
+        m.depth.set(gauge(s.len()));
+    }
+    true
+}
+
+/// Puts `key` at the end of `lane`.
+fn push_locked<K: Clone + Eq + Hash + Ord>(
+    s: &mut State<K>,
+    key: K,
+    lane: Lane,
+    tenant: fn(&K) -> &str,
+) {
     let was_empty = match lane {
         Lane::Prompt => s.prompt.len == 0,
         Lane::FirstLook => s.first_look.is_empty(),
@@ -551,10 +583,6 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
         Lane::FirstLook => s.first_look.push_back(key),
         Lane::Normal => s.ready.push_back(key),
     }
-    if let Some(m) = metrics {
-        m.depth.set(gauge(s.len()));
-    }
-    true
 }
 
 fn promote_due<K: Clone + Eq + Hash + Ord>(

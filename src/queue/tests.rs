@@ -72,7 +72,8 @@ async fn a_gained_shards_first_look_goes_before_the_backlog_and_takes_turns_with
         vec![
             "gained-1", "new-1", "gained-2", "new-2", "new-3", "echo-1", "echo-2"
         ],
-        "first looks and new work take turns; the backlog waits for both"
+        "first looks and new work take turns (every look here takes no time: a tie each \
+         time); the backlog waits for both"
     );
     // No new work: a first look still goes before the backlog.
     q.add("echo-3");
@@ -159,6 +160,33 @@ async fn time_served_while_the_other_lane_was_empty_is_no_credit() {
         q.done(&k);
     }
     assert_eq!(order, ["gained-1", "new-2", "gained-2", "new-3"]);
+}
+
+/// A key added to the prompt or the first-look lane while it is processed runs again in
+/// that lane, not behind the backlog.
+#[tokio::test(start_paused = true)]
+async fn a_key_added_to_a_lane_while_processed_runs_again_in_that_lane() {
+    let q = queue();
+    q.add("gained");
+    assert_eq!(next(&q).await, Some("gained"));
+    for k in ["echo-1", "echo-2"] {
+        q.add(k);
+    }
+    // Its shard's first look asks for it while a worker still has it: an add to the
+    // normal lane first does not change that.
+    q.add("gained");
+    q.add_first_look("gained");
+    q.done(&"gained");
+    assert_eq!(next(&q).await, Some("gained"), "ahead of the backlog");
+    q.done(&"gained");
+    // Only normal adds: back of the normal lane, as before.
+    q.add("gained");
+    assert_eq!(next(&q).await, Some("echo-1"));
+    q.add("echo-1");
+    q.done(&"echo-1");
+    assert_eq!(next(&q).await, Some("echo-2"));
+    assert_eq!(next(&q).await, Some("gained"));
+    assert_eq!(next(&q).await, Some("echo-1"));
 }
 
 #[tokio::test(start_paused = true)]

@@ -489,7 +489,8 @@ mod tests {
 
     /// A gained shard's GpuJobs never observed are new work: in the prompt lane, where
     /// a namespace's new GpuJobs come before a pod that reaches the gate after them. Those
-    /// observed before take turns with it from the first-look lane.
+    /// observed before share the workers with it from the first-look lane (in turns here,
+    /// where every look takes no time).
     #[tokio::test(start_paused = true)]
     async fn a_gained_shards_new_gpujobs_come_before_pods_newly_at_the_gate() {
         let queue: Queue<Key> = Queue::new(Backoff::default());

@@ -47,6 +47,12 @@ pub(super) async fn run(
             },
             _ = lost.wait_for(|o| !o.holds_any()) => continue,
         };
+        // Done however this key's turn ends, a panic included: a key never done would
+        // stay in flight, and count against its lane's share of the workers for good.
+        let _done = Done {
+            queue: &queue,
+            key: &key,
+        };
         let (shard, epoch) = {
             let o = own.borrow();
             let shard = o.shard_of(&key.namespace);
@@ -54,14 +60,12 @@ pub(super) async fn run(
         };
         let Some(epoch) = epoch else {
             // Its shard went meanwhile: the key comes back with the shard.
-            queue.done(&key);
             continue;
         };
         if !ctx.view.covers(&key.namespace) {
             // Its shard was just gained and the watches are still listing it: the key
             // comes back when both caches have it (`watches.rs`).
             debug!(gpujob = %key, shard, "not reconciled yet: the caches are still listing its shard");
-            queue.done(&key);
             continue;
         }
         let started = tokio::time::Instant::now();
@@ -90,7 +94,18 @@ pub(super) async fn run(
                 first_look::report(done, &ctx.metrics);
             }
         }
-        queue.done(&key);
+    }
+}
+
+/// Marks its key done when dropped.
+struct Done<'a> {
+    queue: &'a Queue<Key>,
+    key: &'a Key,
+}
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.queue.done(self.key);
     }
 }
 
