@@ -193,34 +193,26 @@ impl Done {
     /// Into `gpujob_shard_first_look_seconds` (every GpuJob) or
     /// `gpujob_shard_first_look_observed_seconds` (those observed before), and the log.
     pub fn report(&self, metrics: &Metrics) {
-        let shard = self.shard.to_string();
+        let (histogram, what) = match self.which {
+            Which::All => (
+                &metrics.shard_first_look,
+                "shard handed over: every GpuJob it had when gained is looked at",
+            ),
+            Which::Observed => (
+                &metrics.shard_first_look_observed,
+                "shard's work under way looked at: every GpuJob it had when gained that was observed before",
+            ),
+        };
         let seconds = self.after.as_secs_f64();
-        match self.which {
-            Which::All => {
-                metrics
-                    .shard_first_look
-                    .with_label_values(&[shard.as_str()])
-                    .observe(seconds);
-                info!(
-                    shard = self.shard,
-                    gpujobs = self.gpujobs,
-                    seconds,
-                    "shard handed over: every GpuJob it had when gained is looked at"
-                );
-            }
-            Which::Observed => {
-                metrics
-                    .shard_first_look_observed
-                    .with_label_values(&[shard.as_str()])
-                    .observe(seconds);
-                info!(
-                    shard = self.shard,
-                    gpujobs = self.gpujobs,
-                    seconds,
-                    "shard's work under way looked at: every GpuJob it had when gained that was observed before"
-                );
-            }
-        }
+        histogram
+            .with_label_values(&[self.shard.to_string().as_str()])
+            .observe(seconds);
+        info!(
+            shard = self.shard,
+            gpujobs = self.gpujobs,
+            seconds,
+            "{what}"
+        );
     }
 }
 
