@@ -129,8 +129,6 @@ struct State<K> {
     /// When one of those two lanes last went from empty to having keys: time served
     /// before, while the other may have had none, is no credit.
     sharing_since: Instant,
-    /// The keys in flight taken from the prompt or the first-look lane.
-    taken_from: HashMap<K, Lane>,
     /// Keys added to the prompt or the first-look lane while processed: the lane they run
     /// again in after `done` (the first such add decides; otherwise the normal lane).
     again_in: HashMap<K, Lane>,
@@ -145,8 +143,9 @@ struct State<K> {
     failures: HashMap<K, u32>,
     /// When each dirty key was queued (for the time-in-queue metric).
     queued_at: HashMap<K, Instant>,
-    /// When each key's processing started (work duration, unfinished work).
-    started_at: HashMap<K, Instant>,
+    /// When each key's processing started (work duration, unfinished work, the lanes'
+    /// shares), and the lane it was taken from.
+    started_at: HashMap<K, (Instant, Lane)>,
     shutting_down: bool,
 }
 
@@ -195,7 +194,6 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 first_look_last: false,
                 served: Served::default(),
                 sharing_since: Instant::now(),
-                taken_from: HashMap::new(),
                 again_in: HashMap::new(),
                 ready: VecDeque::new(),
                 dirty: HashSet::new(),
@@ -342,12 +340,9 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 let now = Instant::now();
                 promote_due(&mut s, now, self.tenant, self.metrics.as_ref());
                 if let Some((key, lane)) = s.pop(now) {
-                    if lane != Lane::Normal {
-                        s.taken_from.insert(key.clone(), lane);
-                    }
                     s.dirty.remove(&key);
                     s.processing.insert(key.clone());
-                    s.started_at.insert(key.clone(), now);
+                    s.started_at.insert(key.clone(), (now, lane));
                     if let Some(m) = &self.metrics {
                         if let Some(at) = s.queued_at.remove(&key) {
                             m.queue_duration
@@ -386,13 +381,11 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
         s.processing.remove(key);
-        let lane = s.taken_from.remove(key);
-        if let Some(started) = s.started_at.remove(key) {
-            let took = started.elapsed();
-            if let Some(lane) = lane {
-                let since = started.max(s.sharing_since);
-                s.served.charge(lane, since.elapsed());
-            }
+        if let Some((started, lane)) = s.started_at.remove(key) {
+            let now = Instant::now();
+            let shared = s.shared_since(started, now);
+            s.served.charge(lane, shared);
+            let took = now.saturating_duration_since(started);
             if let Some(m) = &self.metrics {
                 m.work_duration.observe(took.as_secs_f64());
             }
@@ -419,7 +412,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         let running: Vec<f64> = s
             .started_at
             .values()
-            .map(|t| now.saturating_duration_since(*t).as_secs_f64())
+            .map(|(t, _)| now.saturating_duration_since(*t).as_secs_f64())
             .collect();
         m.unfinished_work.set(running.iter().sum());
         m.longest_running
@@ -434,7 +427,6 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         s.shutting_down = true;
         s.prompt.clear();
         s.first_look.clear();
-        s.taken_from.clear();
         s.again_in.clear();
         s.ready.clear();
         s.dirty.clear();
@@ -491,13 +483,16 @@ impl<K: Eq + Hash> State<K> {
     /// `now` included.
     fn served_by(&self, now: Instant) -> (Duration, Duration) {
         let mut served = self.served;
-        for (key, lane) in &self.taken_from {
-            if let Some(started) = self.started_at.get(key) {
-                let since = (*started).max(self.sharing_since);
-                served.charge(*lane, now.saturating_duration_since(since));
-            }
+        for (started, lane) in self.started_at.values() {
+            served.charge(*lane, self.shared_since(*started, now));
         }
         (served.prompt, served.first_look)
+    }
+
+    /// The part of a key's time on a worker, from `started` to `now`, that counts to its
+    /// lane's share: none before the lanes last started sharing.
+    fn shared_since(&self, started: Instant, now: Instant) -> Duration {
+        now.saturating_duration_since(started.max(self.sharing_since))
     }
 }
 
@@ -533,10 +528,12 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
     if s.shutting_down {
         return false;
     }
+    if s.processing.contains(&key) && lane != Lane::Normal {
+        // It runs again after `done` (once marked dirty), in this lane unless new work or
+        // a first look asked for it first.
+        s.again_in.entry(key.clone()).or_insert(lane);
+    }
     if s.dirty.contains(&key) {
-        if s.processing.contains(&key) && lane != Lane::Normal {
-            s.again_in.entry(key).or_insert(lane);
-        }
         return false;
     }
     // Counted as client-go counts: an add that queues the key (or marks it to run again
@@ -547,11 +544,7 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
     s.dirty.insert(key.clone());
     s.queued_at.insert(key.clone(), Instant::now());
     if s.processing.contains(&key) {
-        // Runs again after `done`, in this lane unless new work or a first look asked
-        // for it.
-        if lane != Lane::Normal {
-            s.again_in.entry(key).or_insert(lane);
-        }
+        // Runs again after `done`.
         return false;
     }
     push_locked(s, key, lane, tenant);
