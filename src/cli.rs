@@ -1,5 +1,6 @@
 //! Command line. Every flag can also be set from the environment (`GPUJOB_*`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -384,6 +385,27 @@ pub struct RunArgs {
     /// no gangs (pods placed one by one).
     #[arg(long, env = "GPUJOB_GANG_SCHEDULING", default_value = "auto", value_parser = parse_gang_scheduling)]
     pub gang_scheduling: GangScheduling,
+    /// A worker cluster of Kueue's MultiKueue, as NAME=KUBECONFIG (repeat the flag, or
+    /// separate with commas in the variable, for each worker). The pods of the attempts
+    /// MultiKueue dispatches there wait at the operator's gate; the operator watches,
+    /// reads and lets them go with that kubeconfig's credentials (its current context),
+    /// which need get, list, watch, patch and delete on pods and list on Jobs in the
+    /// GpuJobs' namespaces there (deploy/multikueue/worker-rbac.yaml). NAME names the
+    /// worker in logs and errors. Without any, a dispatched attempt waits and says so.
+    #[arg(long = "multikueue-worker", env = "GPUJOB_MULTIKUEUE_WORKERS", value_delimiter = ',', value_parser = parse_worker)]
+    pub multikueue_workers: Vec<(String, PathBuf)>,
+}
+
+/// `NAME=KUBECONFIG`: a worker cluster's name and its kubeconfig file.
+pub fn parse_worker(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.trim().is_empty() && !path.trim().is_empty() => {
+            Ok((name.trim().to_owned(), PathBuf::from(path.trim())))
+        }
+        _ => Err(format!(
+            "{s:?}: NAME=KUBECONFIG, a worker cluster's name and the path of its kubeconfig"
+        )),
+    }
 }
 
 /// `auto` or `off`.
@@ -609,6 +631,18 @@ impl RunArgs {
         }
         if self.resync.is_zero() {
             return Err("--resync must be greater than zero".to_owned());
+        }
+        let mut names: Vec<&str> = self
+            .multikueue_workers
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!(
+                "--multikueue-worker names {} twice: each worker cluster needs a name of its own",
+                w[0]
+            ));
         }
         if self.shards > 1 && !self.leader_elect {
             return Err(format!(

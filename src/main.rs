@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Parser;
 use gpujob_operator::cli::{Cli, Command, LogFormat, MigrateArgs, RunArgs, ShardCutsArgs};
 use gpujob_operator::client::Limits;
+use gpujob_operator::controller::multikueue::WorkerClusters;
 use gpujob_operator::health::Status;
 use gpujob_operator::lease::{self, Ownership, ShardLeases};
 use gpujob_operator::metrics::Metrics;
@@ -37,7 +38,7 @@ fn main() -> ExitCode {
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
-    let settings = args.settings().map_err(anyhow::Error::msg)?;
+    let mut settings = args.settings().map_err(anyhow::Error::msg)?;
     let timing = args.timing().map_err(anyhow::Error::msg)?;
     let limits = args.limits().map_err(anyhow::Error::msg)?;
     let event_limits = args.event_limits().map_err(anyhow::Error::msg)?;
@@ -86,8 +87,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let result = if !args.leader_elect {
             let kube_client = client::build(config.clone(), &identity, limits, Some(metrics.clone()), None)
                 .context("building the API client")?;
-            let events_client = client::build(config, &identity, event_limits, Some(metrics), None)
+            let events_client = client::build(config, &identity, event_limits, Some(metrics.clone()), None)
                 .context("building the Events client")?;
+            let workers = &args.multikueue_workers;
+            settings.multikueue = WorkerClusters::connect(workers, &identity, limits, Some(metrics), None).await?;
             controller::run_unfenced(kube_client, events_client, settings, status, shutdown).await
         } else {
             let (tx, rx) = watch::channel(Ownership::nothing_in(map.clone()));
@@ -100,6 +103,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             let events_client =
                 client::build(config.clone(), &identity, event_limits, Some(metrics.clone()), Some(rx.clone()))
                     .context("building the Events client")?;
+            // The pods of dispatched attempts are written on the workers under the same Leases.
+            let workers = &args.multikueue_workers;
+            settings.multikueue =
+                WorkerClusters::connect(workers, &identity, limits, Some(metrics.clone()), Some(rx.clone())).await?;
             // The Leases have their own client and budget: reconcile traffic never starves
             // renewals. Sharded, each replica renews its share plus a heartbeat.
             let lease_limits = Limits { qps: 5.0 + f64::from(args.shards), burst: 10 + args.shards, ..limits };

@@ -80,10 +80,19 @@ pub struct SeenJobStatus {
     pub terminating: Option<i32>,
 }
 
+/// `spec.managedBy` of a Job Kueue's MultiKueue dispatches to a worker cluster: a copy
+/// of it runs there, and its status comes back here.
+pub const MULTIKUEUE: &str = "kueue.x-k8s.io/multikueue";
+
 /// `spec.managedBy` of a Job the Job controller runs (the default).
 const JOB_CONTROLLER: &str = "kubernetes.io/job-controller";
 
 impl SeenJob {
+    /// Whether Kueue's MultiKueue runs it on a worker cluster ([`MULTIKUEUE`]).
+    pub fn dispatched(&self) -> bool {
+        self.managed_by.as_deref() == Some(MULTIKUEUE)
+    }
+
     /// The metadata of an object of this Job's attempt (its Service, its PodGroup): named
     /// like the Job, in its namespace, labelled as the attempt's pods are (GpuJob name
     /// and uid, attempt, managed-by), with the Job as its controller owner, so the garbage

@@ -33,6 +33,12 @@ pub struct SeenPod {
     pub terminal: bool,
     /// Being deleted (`metadata.deletionTimestamp`).
     pub deleting: bool,
+    /// The worker cluster it is on, for an attempt Kueue's MultiKueue dispatched
+    /// (`--multikueue-worker`); `None`: the operator's own cluster. A worker's pod has
+    /// `job_uid` of the management cluster's Job when it belongs to the live copy of
+    /// that Job there (the executor's read says so); a pod of an older copy keeps its own
+    /// Job's uid, so it counts as another Job's pod.
+    pub cluster: Option<String>,
 }
 
 impl SeenPod {
@@ -69,6 +75,7 @@ impl SeenPod {
                 Some("Succeeded" | "Failed")
             ),
             deleting: m.deletion_timestamp.is_some(),
+            cluster: None,
         })
     }
 

@@ -111,13 +111,14 @@ impl ApiCall {
 
 /// Every label [`Error::metric_label`] can return besides the [`ApiCall`] ones; metrics
 /// are created with all of them at zero ([`error_labels`]).
-const OTHER_LABELS: [&str; 6] = [
+const OTHER_LABELS: [&str; 7] = [
     "conflict",
     "serialize",
     "unconditioned",
     "not_leader",
     "quota",
     "undecided",
+    "unknown_cluster",
 ];
 
 /// Every label [`Error::metric_label`] can return.
@@ -168,6 +169,12 @@ pub enum Error {
     /// planning, stopped rather than looped.
     #[error("no decision after {plans} plans (a planning defect); retrying with backoff")]
     Undecided { plans: usize },
+    /// A pod write for a worker cluster the operator was not given: a defect (the pod
+    /// came from a read of that cluster).
+    #[error(
+        "no MultiKueue worker cluster named {name} was given (--multikueue-worker); the pod write was not sent; retrying with backoff"
+    )]
+    UnknownCluster { name: String },
 }
 
 impl Error {
@@ -185,6 +192,7 @@ impl Error {
             Error::NotLeader => "not_leader",
             Error::Quota(_) => "quota",
             Error::Undecided { .. } => "undecided",
+            Error::UnknownCluster { .. } => "unknown_cluster",
         }
     }
 
@@ -226,6 +234,9 @@ mod tests {
                 what: String::new(),
             },
             Error::Undecided { plans: 1 },
+            Error::UnknownCluster {
+                name: String::new(),
+            },
         ];
         for e in &errors {
             assert!(labels.contains(&e.metric_label()), "{}", e.metric_label());

@@ -6,6 +6,7 @@
 
 pub mod apply;
 pub mod error;
+pub mod multikueue;
 mod reconcile;
 mod runner;
 pub mod view;
@@ -102,6 +103,9 @@ pub struct Settings {
     /// Whether multi-node attempts are gangs (`--gang-scheduling`): resolved at start
     /// into `plan.gang`.
     pub gang_scheduling: GangScheduling,
+    /// MultiKueue's worker clusters (`--multikueue-worker`), where the pods of the
+    /// attempts it dispatches wait at the gate: read, watched and let go there.
+    pub multikueue: multikueue::WorkerClusters,
 }
 
 /// How many reconciles run at once (`runner/sizing.rs`).
@@ -175,6 +179,7 @@ impl Default for Settings {
             watch_timeout: crate::client::watch_timeout(crate::client::Limits::default().timeout),
             warm_shards: true,
             gang_scheduling: GangScheduling::default(),
+            multikueue: multikueue::WorkerClusters::default(),
         }
     }
 }

@@ -33,9 +33,11 @@ const JOB_SELECTOR_LABELS: [&str; 4] = [
     "batch.kubernetes.io/job-name",
 ];
 
-/// Every version of every pod of a namespace that a watch saw, in order, with when.
+/// Every version of every pod of a namespace that a watch saw, in order, with when; and
+/// when each pod was seen gone.
 struct PodLog {
     seen: Arc<Mutex<Vec<(Instant, Pod)>>>,
+    gone: Arc<Mutex<Vec<(Instant, String)>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -48,17 +50,25 @@ impl Drop for PodLog {
 impl PodLog {
     fn start(env: &TestEnv) -> PodLog {
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let gone = Arc::new(Mutex::new(Vec::new()));
         let api: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
-        let log = seen.clone();
+        let (log, gone_log) = (seen.clone(), gone.clone());
         let task = tokio::spawn(async move {
             let mut events = watcher(api, watcher::Config::default()).boxed();
             while let Some(event) = events.next().await {
-                if let Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) = event {
-                    log.lock().unwrap().push((Instant::now(), pod));
+                match event {
+                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                        log.lock().unwrap().push((Instant::now(), pod));
+                    }
+                    Ok(watcher::Event::Delete(pod)) => {
+                        let name = pod.metadata.name.unwrap_or_default();
+                        gone_log.lock().unwrap().push((Instant::now(), name));
+                    }
+                    _ => {}
                 }
             }
         });
-        PodLog { seen, task }
+        PodLog { seen, gone, task }
     }
 
     /// The versions seen of the pods of Job `job`.
@@ -832,4 +842,302 @@ async fn a_gpujob_through_a_multikueue_queue_says_its_pods_wait_on_another_clust
     assert!(gates.iter().any(|g| g.name == SCHEDULING_GATE), "{gates:?}");
     let manager_pods: Api<Pod> = Api::namespaced(manager.admin.clone(), &manager.ns);
     assert!(manager_pods.list(&selector).await.unwrap().items.is_empty());
+}
+
+/// The same GpuJob with the operator given the worker (`--multikueue-worker`): its pod
+/// is let go on the worker, where it runs; the GpuJob is Running, then Succeeded, from
+/// the management Job's status that MultiKueue brings back. Nothing of it runs on the
+/// manager.
+#[tokio::test]
+async fn a_gpujob_through_a_multikueue_queue_runs_on_the_worker_and_succeeds() {
+    use gpujob_operator::api::{LABEL_UID, Phase};
+
+    let two = TwoClusters::start("mk-run", 4, json!({})).await;
+    let (manager, worker) = (&two.manager, &two.worker);
+    let _op = manager
+        .operator("mk-run", two.operator_settings().await)
+        .await;
+    let g = manager
+        .create(
+            "train",
+            json!({"image": "i", "gpus": 1, "maxRetries": 0,
+                   "env": support::sim_env(&[("SIM_DURATION_SECONDS", "4")]),
+                   "v2": {"queueName": QUEUE}}),
+        )
+        .await;
+    manager
+        .wait_gpujob("train", "Running", |g| {
+            support::phase(g) == Some(Phase::Running)
+        })
+        .await;
+    let uid = g.metadata.uid.clone().unwrap();
+    let selector = ListParams::default().labels(&format!("{LABEL_UID}={uid}"));
+    let worker_pods: Api<Pod> = Api::namespaced(worker.admin.clone(), &worker.ns);
+    // Running says its Job started; its pod is let go in the same reconcile or the next.
+    let pods =
+        devcluster::wait::until("the attempt's pod let go on the worker", WAIT, POLL, || {
+            let pods = worker_pods.clone();
+            let selector = selector.clone();
+            async move {
+                let items = pods.list(&selector).await.ok()?.items;
+                let let_go = |p: &Pod| !gates(p).iter().any(|g| g == SCHEDULING_GATE);
+                (!items.is_empty() && items.iter().all(let_go)).then_some(items)
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(pods.len(), 1, "one pod, on the worker");
+    let done = manager
+        .wait_gpujob("train", "Succeeded", |g| {
+            support::phase(g).is_some_and(Phase::is_final)
+        })
+        .await;
+    let status = done.status.unwrap();
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert_eq!((status.attempts, status.failures), (1, 0));
+    let manager_pods: Api<Pod> = Api::namespaced(manager.admin.clone(), &manager.ns);
+    assert!(manager_pods.list(&selector).await.unwrap().items.is_empty());
+}
+
+/// Failures on the worker: a failure rule on the exit code (read from the pod on the
+/// worker) fails one GpuJob at once; another's failed attempt is retried, its next
+/// attempt dispatched and let go there, and it succeeds.
+#[tokio::test]
+async fn failure_rules_and_retries_hold_for_gpujobs_that_run_on_the_worker() {
+    use gpujob_operator::api::Phase;
+
+    let two = TwoClusters::start("mk-fail", 4, json!({})).await;
+    let manager = &two.manager;
+    let _op = manager
+        .operator("mk-fail", two.operator_settings().await)
+        .await;
+    let spec = |code: &str, failing: Option<&str>, max_retries: i32, rules| {
+        let mut env = vec![("SIM_EXIT_CODE", code), ("SIM_DURATION_SECONDS", "0.5")];
+        if let Some(n) = failing {
+            env.push(("SIM_FAIL_ATTEMPTS", n));
+        }
+        json!({"image": "i", "gpus": 1, "maxRetries": max_retries,
+               "env": support::sim_env(&env),
+               "v2": {"queueName": QUEUE, "failureRules": rules, "backoffSeconds": 1}})
+    };
+    let rules =
+        json!([{"action": "FailGpuJob", "onExitCodes": {"operator": "In", "values": [42]}}]);
+    manager
+        .create("config-error", spec("42", None, 3, rules))
+        .await;
+    // Attempt 1 exits 3; attempt 2 succeeds.
+    manager
+        .create("flaky", spec("3", Some("1"), 1, json!([])))
+        .await;
+    let final_ = |g: &gpujob_operator::api::GpuJob| support::phase(g).is_some_and(Phase::is_final);
+    let failed = manager.wait_gpujob("config-error", "Failed", final_).await;
+    let status = failed.status.unwrap();
+    assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
+    assert_eq!((status.attempts, status.failures), (1, 1), "no retry");
+    let f = status.last_failure.unwrap();
+    assert_eq!((f.rule, f.exit_code), (Some(0), Some(42)), "{f:?}");
+
+    let done = manager.wait_gpujob("flaky", "Succeeded", final_).await;
+    let status = done.status.unwrap();
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert_eq!((status.attempts, status.failures), (2, 1));
+    let f = status.last_failure.unwrap();
+    assert_eq!((f.attempt, f.exit_code), (1, Some(3)), "{f:?}");
+}
+
+/// No overlap across the two clusters: a spec change (Recreate) replaces a running
+/// attempt that runs on the worker. MultiKueue deletes the worker's copy of the old Job
+/// on its own schedule, so the next attempt's pod can be on the worker while the old
+/// one's still runs there; it is let go only once the old pod can no longer run
+/// (finished, or gone).
+#[tokio::test]
+async fn a_replacement_on_the_worker_is_let_go_only_once_the_old_attempts_pod_is_done() {
+    use gpujob_operator::api::Phase;
+    use kube::api::{Patch, PatchParams};
+
+    let two = TwoClusters::start("mk-replace", 4, json!({})).await;
+    let (manager, worker) = (&two.manager, &two.worker);
+    let worker_log = PodLog::start(worker);
+    let _op = manager
+        .operator("mk-replace", two.operator_settings().await)
+        .await;
+    // Deleted, a pod takes 8 s to stop (kwok plays the stop within the grace), as a
+    // real container may: long enough for the next attempt's pod to wait beside it.
+    let long = |lr: &str| {
+        json!({"image": "i", "gpus": 1, "maxRetries": 0,
+               "env": support::sim_env(&[("SIM_DURATION_SECONDS", "3600"),
+                                         ("SIM_TERMINATION_SECONDS", "8"), ("LR", lr)]),
+               "v2": {"queueName": QUEUE,
+                      "template": {"spec": {"terminationGracePeriodSeconds": 60}}}})
+    };
+    manager.create("train", long("0.1")).await;
+    worker_log
+        .wait("train-1", "attempt 1's pod let go on the worker", |p| {
+            !gates(p).iter().any(|g| g == SCHEDULING_GATE)
+        })
+        .await;
+    manager
+        .gpujobs()
+        .patch(
+            "train",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": long("0.01")})),
+        )
+        .await
+        .unwrap();
+    let let_go = |p: &Pod| !gates(p).iter().any(|g| g == SCHEDULING_GATE);
+    worker_log
+        .wait("train-2", "attempt 2's pod let go on the worker", let_go)
+        .await;
+    manager
+        .wait_gpujob("train", "Running attempt 2", |g| {
+            support::phase(g) == Some(Phase::Running)
+                && g.status.as_ref().is_some_and(|s| s.attempts == 2)
+        })
+        .await;
+
+    // When attempt 2's pod was first seen let go, every pod of attempt 1 was gone or
+    // finished, as the watch of the worker saw them (one stream: its order is the
+    // store's).
+    let seen = worker_log.seen.lock().unwrap().clone();
+    let gone = worker_log.gone.lock().unwrap().clone();
+    let (released, _) = seen
+        .iter()
+        .find(|(_, p)| job_of(p) == Some("train-2") && let_go(p))
+        .unwrap();
+    let old: Vec<&Pod> = seen
+        .iter()
+        .filter(|(_, p)| job_of(p) == Some("train-1"))
+        .map(|(_, p)| p)
+        .collect();
+    assert!(!old.is_empty(), "attempt 1 ran on the worker");
+    let names: std::collections::BTreeSet<String> =
+        old.iter().filter_map(|p| p.metadata.name.clone()).collect();
+    for name in &names {
+        let was_gone = gone.iter().any(|(at, n)| n == name && at < released);
+        let last_before = seen
+            .iter()
+            .filter(|(at, p)| p.metadata.name.as_ref() == Some(name) && at < released)
+            .map(|(_, p)| p)
+            .next_back();
+        let finished =
+            last_before.is_some_and(|p| matches!(phase(p), Some("Succeeded" | "Failed")));
+        assert!(
+            was_gone || finished,
+            "attempt 2's pod was let go while attempt 1's pod {name} could still run: {:?}",
+            last_before.map(|p| (phase(p), p.metadata.deletion_timestamp.is_some()))
+        );
+    }
+    let (arrived, _) = seen
+        .iter()
+        .find(|(_, p)| job_of(p) == Some("train-2"))
+        .unwrap();
+    println!(
+        "attempt 2's pod waited at the gate {:?}; attempt 1's pods {names:?}, gone this long before attempt 2's was let go: {:?}",
+        released.duration_since(*arrived),
+        gone.iter()
+            .filter(|(at, n)| names.contains(n) && at < released)
+            .map(|(at, n)| (n, released.duration_since(*at)))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Not a test: how fast GpuJobs run through MultiKueue with the operator given the
+/// worker. `GPUJOB_MK_GPUJOBS` GpuJobs (default 100) created at once on the manager
+/// through the MultiKueue queue, each running an hour (the worker's ClusterQueue holds
+/// them all), with Kueue's default client settings (`clientConnection` 20 qps, burst
+/// 30; MultiKueue's remote client is client-go's default, 5 qps and burst 10, which no
+/// Kueue setting changes) and the operator's defaults. Counted by polling both clusters
+/// each second: the attempts' Jobs on the worker (dispatched), their pods let go there
+/// by the operator, and the GpuJobs Running. Run with `cargo nextest run -p
+/// gpujob-operator --features gpujob-operator/failpoints --run-ignored only -E
+/// 'test(multikueue_gpujob_figures)' --no-capture`.
+#[tokio::test]
+#[ignore = "measurement, not a test: run on demand"]
+async fn multikueue_gpujob_figures() {
+    use gpujob_operator::api::{LABEL_UID, Phase};
+
+    let n: usize = std::env::var("GPUJOB_MK_GPUJOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let two = TwoClusters::start("mk-gj-rate", u32::try_from(n).unwrap(), json!({})).await;
+    let (manager, worker) = (&two.manager, &two.worker);
+    let _op = manager
+        .operator("mk-gj-rate", two.operator_settings().await)
+        .await;
+    let spec = json!({"image": "i", "gpus": 1, "maxRetries": 0,
+                      "env": support::sim_env(&[("SIM_DURATION_SECONDS", "3600")]),
+                      "v2": {"queueName": QUEUE}});
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let spec = spec.clone();
+            async move {
+                manager.create(&format!("g{i}"), spec).await;
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
+    let created = started.elapsed().as_secs_f64();
+    let marks = [n / 10, n / 2, n * 9 / 10, n];
+    // For each of dispatched, pods made, let go and Running: when each mark was first
+    // reached.
+    let mut reached: [Vec<f64>; 4] = Default::default();
+    let labelled = ListParams::default().labels(LABEL_UID);
+    let (remote_jobs, remote_pods) = (
+        worker.jobs(),
+        Api::<Pod>::namespaced(worker.admin.clone(), &worker.ns),
+    );
+    let deadline = Duration::from_secs(3600);
+    while reached.iter().any(|r| r.len() < marks.len()) {
+        assert!(
+            started.elapsed() < deadline,
+            "not all ran within {deadline:?}: {reached:?}"
+        );
+        let dispatched = remote_jobs.list(&labelled).await.map(|l| l.items.len());
+        let pods = remote_pods.list(&labelled).await;
+        let made = pods.as_ref().map(|l| l.items.len());
+        let let_go = pods.as_ref().map(|l| {
+            l.items
+                .iter()
+                .filter(|p| !gates(p).iter().any(|g| g == SCHEDULING_GATE))
+                .count()
+        });
+        let running = manager
+            .gpujobs()
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|g| support::phase(g) == Some(Phase::Running))
+                    .count()
+            });
+        let now = started.elapsed().as_secs_f64();
+        let counts = [dispatched.ok(), made.ok(), let_go.ok(), running.ok()];
+        for (r, count) in reached.iter_mut().zip(counts) {
+            let Some(count) = count else { continue };
+            while r.len() < marks.len() && count >= marks[r.len()] {
+                r.push(now);
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let what = [
+        "dispatched (their Jobs on the worker)",
+        "with their pod made on the worker",
+        "with their pod let go on the worker",
+        "Running",
+    ];
+    for (what, at) in what.iter().zip(&reached) {
+        let rate = (marks[2] - marks[0]) as f64 / (at[2] - at[0]);
+        println!(
+            "FIGURE multikueue GpuJobs {what}: {n} GpuJobs created on the manager in \
+             {created:.1}s; 10% at {:.1}s, 50% at {:.1}s, 90% at {:.1}s, all at {:.1}s: \
+             {rate:.2}/s between 10% and 90%",
+            at[0], at[1], at[2], at[3]
+        );
+    }
 }

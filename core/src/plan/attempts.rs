@@ -522,14 +522,15 @@ impl Planner<'_, '_> {
         self.admission(k, job);
         if let Some(job) = job.filter(|j| j.queued()) {
             self.queued(k, job);
-        } else if let Some(manager) = job.and_then(|j| j.managed_by.as_deref()) {
-            // Another controller makes its pods, elsewhere: none comes to this cluster's
-            // gate, and this operator cannot let one go there.
+        } else if let Some(why) = job.and_then(|j| self.managed_elsewhere(j)) {
+            // Another controller makes its pods, where this operator does not let them
+            // go (the gate holds them: `gate.rs`).
             self.next.phase = Some(Phase::Pending);
-            let message = format!(
-                "attempt {k}'s Job is managed by {manager} (Kueue's MultiKueue runs it on another cluster), where this operator does not let its pods go: they wait there at its scheduling gate; GpuJobs do not run through MultiKueue yet: use a LocalQueue whose ClusterQueue has no MultiKueue admission check"
+            self.ready(
+                ConditionStatus::False,
+                MANAGED_ELSEWHERE,
+                format!("attempt {k}'s Job {why}"),
             );
-            self.ready(ConditionStatus::False, MANAGED_ELSEWHERE, message);
         } else if let Some(u) = unschedulable {
             // Its Job runs, but nothing of it does: Pending, as its pod is. When a pod
             // is placed and runs, the Job's ready count changes and says so.

@@ -128,6 +128,7 @@ impl Planner<'_, '_> {
                     name: p.name.clone(),
                     uid: uid.clone(),
                     resource_version: rv.clone(),
+                    cluster: p.cluster.clone(),
                 });
             }
         }
@@ -188,6 +189,7 @@ impl Planner<'_, '_> {
             || recorded.phase.is_some_and(Phase::is_final)
             || recorded.replacing_attempt == Some(k)
             || self.gj.spec.suspend
+            || self.managed_elsewhere(job).is_some()
         {
             return false;
         }
@@ -247,6 +249,7 @@ impl Planner<'_, '_> {
                     name: p.name.clone(),
                     uid: p.uid.clone()?,
                     resource_version: p.resource_version.clone()?,
+                    cluster: p.cluster.clone(),
                 };
                 Some((delete, stray_pod_deleted(&p.name, p.attempt, current)))
             })
@@ -255,6 +258,41 @@ impl Planner<'_, '_> {
             self.actions.push(delete);
             self.actions.push(Action::Publish(note));
         }
+    }
+}
+
+impl Planner<'_, '_> {
+    /// Why the pods of `job` are made where this operator does not let them go, if they
+    /// are: by a controller other than the Job controller, unless it is Kueue's
+    /// MultiKueue with its worker clusters given to the operator and an attempt whose
+    /// pods need nothing but themselves there. A multi-node attempt's Service and
+    /// PodGroup, and the ResourceClaimTemplate of one with DRA devices, are made on this
+    /// cluster beside the Job; MultiKueue copies only the Job, so its pods on a worker
+    /// would find none of them.
+    pub(super) fn managed_elsewhere(&self, job: &SeenJob) -> Option<String> {
+        let manager = job.managed_by.as_deref()?;
+        if !job.dispatched() {
+            return Some(format!(
+                "is managed by {manager}, which makes its pods where this operator does not let them go: they wait at its scheduling gate"
+            ));
+        }
+        if !self.settings.multikueue {
+            return Some(format!(
+                "is managed by {manager} (Kueue's MultiKueue runs it on a worker cluster), where this operator does not let its pods go: they wait there at its scheduling gate; start the operator with --multikueue-worker for each worker cluster, or use a LocalQueue whose ClusterQueue has no MultiKueue admission check"
+            ));
+        }
+        let needs = if job.nodes.is_some_and(|n| n > 1) {
+            "a Service (and a PodGroup) of its attempt"
+        } else if job.devices.is_some() {
+            "its ResourceClaimTemplate"
+        } else if job.pod_group.is_some() {
+            "its PodGroup"
+        } else {
+            return None;
+        };
+        Some(format!(
+            "is managed by {manager} (Kueue's MultiKueue runs it on a worker cluster), and its pods there would need {needs}, which is made on this cluster only: multi-node attempts and DRA devices do not run through MultiKueue; its pods wait there at the operator's scheduling gate; use a LocalQueue whose ClusterQueue has no MultiKueue admission check"
+        ))
     }
 }
 

@@ -116,6 +116,9 @@ pub struct PlanSettings {
     /// kube-apiserver serves PodGroups (`--gang-scheduling`): each multi-node attempt's
     /// pods are one gang (`crate::gang`).
     pub gang: bool,
+    /// The operator reads and lets go pods on the worker clusters of Kueue's MultiKueue
+    /// (`--multikueue-worker`): a dispatched attempt's pods wait at the gate there.
+    pub multikueue: bool,
 }
 
 /// What the operator knows of the GpuJob API (`--api-versions`).
@@ -144,6 +147,7 @@ impl Default for PlanSettings {
             default_ttl: None,
             api_versions: ApiVersions::default(),
             gang: false,
+            multikueue: false,
         }
     }
 }
@@ -336,6 +340,8 @@ pub enum Action {
         name: String,
         uid: String,
         resource_version: String,
+        /// The worker cluster the pod is on ([`SeenPod::cluster`]); `None`: this one.
+        cluster: Option<String>,
     },
     /// Delete a pod that waits at the gate but is not the current attempt's, and that no
     /// Job deletion will take (its Job has finished and is kept, or no Job owns it), with
@@ -345,6 +351,7 @@ pub enum Action {
         name: String,
         uid: String,
         resource_version: String,
+        cluster: Option<String>,
     },
     /// A Job an earlier version of the operator created suspended, whose pod template
     /// has no gate: the gate is added to its template, and without a Kueue LocalQueue it

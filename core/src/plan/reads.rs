@@ -34,11 +34,22 @@ pub enum Read {
     /// that cannot start (no cache watches foreign Jobs).
     Job { attempt: i32 },
     /// How a failed attempt's container ended, from its Job's pods (by `controller-uid`):
-    /// the Job itself only says `BackoffLimitExceeded`.
-    Termination { attempt: i32, job_uid: String },
+    /// the Job itself only says `BackoffLimitExceeded`. `dispatched`: the Job runs on a
+    /// worker cluster through MultiKueue ([`SeenJob::dispatched`]), where its pods are
+    /// those of the attempt labelled with the GpuJob's uid.
+    Termination {
+        attempt: i32,
+        job_uid: String,
+        dispatched: bool,
+    },
     /// Why the newest attempt's pods are not placed (their `PodScheduled` condition),
-    /// once the scheduler's grace is over ([`pods_waiting`]).
-    Placement { attempt: i32, job_uid: String },
+    /// once the scheduler's grace is over ([`pods_waiting`]). `dispatched`: as for
+    /// `Termination`.
+    Placement {
+        attempt: i32,
+        job_uid: String,
+        dispatched: bool,
+    },
     /// Why Kueue holds the attempt's Job (its Workload, by `kueue.x-k8s.io/job-uid`).
     Workload { attempt: i32, job_uid: String },
     /// The Node a pod of the GpuJob is being deleted on while it may still run there
@@ -316,7 +327,11 @@ impl Planner<'_, '_> {
             && unknown(self.obs.termination.as_ref().map(|t| t.attempt), attempt)
             && let Some(job_uid) = uid_of(job)
         {
-            due.push(Read::Termination { attempt, job_uid });
+            due.push(Read::Termination {
+                attempt,
+                job_uid,
+                dispatched: job.dispatched(),
+            });
         }
         if let Some((&attempt, job)) = self.by_attempt.last_key_value() {
             let at_gate = |u: &str| {
@@ -333,6 +348,7 @@ impl Planner<'_, '_> {
                     due.push(Read::Placement {
                         attempt,
                         job_uid: job_uid.clone(),
+                        dispatched: job.dispatched(),
                     });
                 }
                 if self.allocation_due(attempt, job, &job_uid) {

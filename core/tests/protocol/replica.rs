@@ -535,5 +535,7 @@ fn seen_pod(pod: &PodObj) -> SeenPod {
         node: None,
         terminal: pod.ended,
         deleting: pod.deleting,
+        // One cluster: the model has no MultiKueue worker.
+        cluster: None,
     }
 }

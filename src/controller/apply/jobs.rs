@@ -9,7 +9,7 @@ use kube::core::DynamicObject;
 use tracing::{info, warn};
 
 use super::writes::Owned;
-use super::{Created, Execution};
+use super::{Created, Execution, PodRef};
 use crate::controller::Key;
 use crate::controller::error::Error;
 use crate::controller::plan::{
@@ -135,39 +135,27 @@ impl Execution<'_> {
     }
 
     /// Lets the current attempt's pod go.
-    pub(super) async fn ungate_pod(
-        &mut self,
-        key: &Key,
-        name: &str,
-        uid: &str,
-        resource_version: &str,
-    ) -> Result<(), Error> {
+    pub(super) async fn ungate_pod(&mut self, key: &Key, pod: &PodRef<'_>) -> Result<(), Error> {
         self.ctx
             .writer
-            .ungate_pod(self.fence, &key.namespace, name, resource_version)
+            .ungate_pod(self.fence, &key.namespace, pod)
             .await?;
         failpoint::hit("after-ungate");
         self.ctx.metrics.pods_ungated.inc();
-        info!(pod = %name, pod_uid = %uid, "let the current attempt's pod go (removed the scheduling gate)");
+        info!(pod = %pod.name, pod_uid = %pod.uid, worker = pod.cluster.unwrap_or("-"), "let the current attempt's pod go (removed the scheduling gate)");
         self.outcomes.push(Outcome::PodUngated {
-            uid: uid.to_owned(),
+            uid: pod.uid.to_owned(),
         });
         Ok(())
     }
 
     /// Deletes a gated pod that is not the current attempt's.
-    pub(super) async fn delete_pod(
-        &mut self,
-        key: &Key,
-        name: &str,
-        uid: &str,
-        resource_version: &str,
-    ) -> Result<(), Error> {
+    pub(super) async fn delete_pod(&mut self, key: &Key, pod: &PodRef<'_>) -> Result<(), Error> {
         self.ctx
             .writer
-            .delete_pod(self.fence, &key.namespace, name, uid, resource_version)
+            .delete_pod(self.fence, &key.namespace, pod)
             .await?;
-        warn!(pod = %name, "deleted a pod that waited at the scheduling gate and is not the current attempt's (it never ran)");
+        warn!(pod = %pod.name, worker = pod.cluster.unwrap_or("-"), "deleted a pod that waited at the scheduling gate and is not the current attempt's (it never ran)");
         Ok(())
     }
 

@@ -28,7 +28,7 @@ use super::{Context, Fence, Key};
 use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus};
 use crate::quota::QuotaError;
 pub use reads::Reader;
-pub use writes::{Created, Writer};
+pub use writes::{Created, PodRef, Writer};
 
 /// What a run of the executor did: what the view must remember (also of the actions
 /// before a failure), what the next plan must hear, and how it ended.
@@ -84,6 +84,12 @@ pub async fn execute(
         outcomes: Vec::new(),
         answers: Vec::new(),
         gpujob_refused: false,
+        dispatched: snap
+            .jobs
+            .iter()
+            .filter(|j| j.dispatched())
+            .filter_map(|j| Some((j.name.clone(), j.uid.clone()?)))
+            .collect(),
     };
     let mut end = ex.run(key, actions, status).await;
     if ex.gpujob_refused {
@@ -119,6 +125,9 @@ struct Execution<'a> {
     answers: Vec<Answer>,
     /// A write of the GpuJob was refused because it changed since `gpujob` (409).
     gpujob_refused: bool,
+    /// The GpuJob's Jobs MultiKueue dispatched (name, uid): their pods are on worker
+    /// clusters (`Reader::pods`).
+    dispatched: Vec<(String, String)>,
 }
 
 impl Execution<'_> {
@@ -209,12 +218,30 @@ impl Execution<'_> {
                     name,
                     uid,
                     resource_version,
-                } => self.ungate_pod(key, name, uid, resource_version).await?,
+                    cluster,
+                } => {
+                    let pod = PodRef {
+                        name,
+                        uid,
+                        resource_version,
+                        cluster: cluster.as_deref(),
+                    };
+                    self.ungate_pod(key, &pod).await?
+                }
                 Action::DeletePod {
                     name,
                     uid,
                     resource_version,
-                } => self.delete_pod(key, name, uid, resource_version).await?,
+                    cluster,
+                } => {
+                    let pod = PodRef {
+                        name,
+                        uid,
+                        resource_version,
+                        cluster: cluster.as_deref(),
+                    };
+                    self.delete_pod(key, &pod).await?
+                }
                 Action::GateJob {
                     name,
                     resource_version,

@@ -18,6 +18,7 @@ use kube::core::GroupVersionKind;
 use tracing::{debug, info, warn};
 
 use crate::api::{GpuJob, LABEL_ATTEMPT, LABEL_UID};
+use crate::controller::multikueue::{self, Copy, WorkerClusters};
 use crate::controller::view::Outcome;
 use crate::controller::{Key, claims};
 
@@ -42,10 +43,12 @@ pub struct TermStart {
     pub listed: Vec<(String, String)>,
 }
 
-/// Reads of the API server, on the operator's client.
+/// Reads of the API server, on the operator's client, and of the pods on MultiKueue's
+/// worker clusters, on theirs.
 #[derive(Clone)]
 pub struct Reader {
     client: Client,
+    workers: WorkerClusters,
 }
 
 impl std::fmt::Debug for Reader {
@@ -56,7 +59,15 @@ impl std::fmt::Debug for Reader {
 
 impl Reader {
     pub fn new(client: Client) -> Reader {
-        Reader { client }
+        Reader {
+            client,
+            workers: WorkerClusters::default(),
+        }
+    }
+
+    /// Reads the pods of dispatched attempts on `workers` too.
+    pub fn with_workers(self, workers: WorkerClusters) -> Reader {
+        Reader { workers, ..self }
     }
 
     /// The GpuJob as the API server has it now (a quorum read); `None` when it is gone,
@@ -71,12 +82,42 @@ impl Reader {
     }
 
     /// The pods labelled with GpuJob uid `uid`: a list without a resourceVersion, which
-    /// the API server answers with what is current (a quorum read).
-    pub async fn pods(&self, ns: &str, uid: &str) -> Result<Vec<SeenPod>, Error> {
-        let list = self
-            .pods_labelled(ns, &format!("{LABEL_UID}={uid}"))
-            .await?;
-        Ok(list.iter().filter_map(SeenPod::of).collect())
+    /// the API server answers with what is current (a quorum read). While the GpuJob has
+    /// Jobs MultiKueue dispatched (`dispatched`: name and uid of each), also those on
+    /// every worker cluster, as the gate must see them ([`multikueue::as_managed`]): with
+    /// the worker's copies of its Jobs, read after the pods (a copy made after the pod
+    /// list has no pod in it).
+    pub async fn pods(
+        &self,
+        ns: &str,
+        uid: &str,
+        dispatched: &[(String, String)],
+    ) -> Result<Vec<SeenPod>, Error> {
+        let selector = format!("{LABEL_UID}={uid}");
+        let list = pods_labelled(&self.client, ns, &selector).await?;
+        let mut pods: Vec<SeenPod> = list.iter().filter_map(SeenPod::of).collect();
+        if dispatched.is_empty() {
+            return Ok(pods);
+        }
+        for worker in self.workers.iter() {
+            let there = pods_labelled(&worker.client, ns, &selector)
+                .await
+                .inspect_err(|e| warn!(worker = %worker.name, "reading the pods on a MultiKueue worker cluster: {e}"))?;
+            if there.is_empty() {
+                continue;
+            }
+            let copies = copies(&worker.client, ns, &selector)
+                .await
+                .inspect_err(|e| warn!(worker = %worker.name, "reading the Jobs on a MultiKueue worker cluster: {e}"))?;
+            let seen = there.iter().filter_map(SeenPod::of).collect();
+            pods.extend(multikueue::as_managed(
+                seen,
+                &worker.name,
+                &copies,
+                dispatched,
+            ));
+        }
+        Ok(pods)
     }
 
     /// Where a term that began now begins, read in namespace `ns`: the store's
@@ -161,12 +202,27 @@ impl Reader {
                     job,
                 }
             }
-            Read::Termination { attempt, job_uid } => Found::Termination {
-                attempt: *attempt,
-                termination: termination_of(*attempt, &self.pods_of_job(ns, job_uid).await?),
-            },
-            Read::Placement { attempt, job_uid } => {
-                let pods = self.pods_of_job(ns, job_uid).await?;
+            Read::Termination {
+                attempt,
+                job_uid,
+                dispatched,
+            } => {
+                let pods = self
+                    .pods_of_job(ns, uid, *attempt, job_uid, *dispatched)
+                    .await?;
+                Found::Termination {
+                    attempt: *attempt,
+                    termination: termination_of(*attempt, &pods),
+                }
+            }
+            Read::Placement {
+                attempt,
+                job_uid,
+                dispatched,
+            } => {
+                let pods = self
+                    .pods_of_job(ns, uid, *attempt, job_uid, *dispatched)
+                    .await?;
                 Found::Placement {
                     attempt: *attempt,
                     unschedulable: unschedulable_of(*attempt, &pods),
@@ -238,19 +294,27 @@ impl Reader {
         }
     }
 
-    /// The pods of the Job with uid `job_uid`, by its `controller-uid` label.
-    async fn pods_of_job(&self, ns: &str, job_uid: &str) -> Result<Vec<Pod>, Error> {
-        self.pods_labelled(ns, &format!("controller-uid={job_uid}"))
-            .await
-    }
-
-    async fn pods_labelled(&self, ns: &str, selector: &str) -> Result<Vec<Pod>, Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let list = api
-            .list(&ListParams::default().labels(selector))
-            .await
-            .map_err(Error::kube(ApiCall::ReadPods))?;
-        Ok(list.items)
+    /// The pods of attempt `attempt`'s Job (uid `job_uid`) of the GpuJob with uid `uid`:
+    /// by the Job's `controller-uid` label; one MultiKueue dispatched (`dispatched`), on
+    /// every worker cluster by the GpuJob's uid and the attempt (a copy there has a uid
+    /// of its own).
+    async fn pods_of_job(
+        &self,
+        ns: &str,
+        uid: &str,
+        attempt: i32,
+        job_uid: &str,
+        dispatched: bool,
+    ) -> Result<Vec<Pod>, Error> {
+        if !dispatched {
+            return pods_labelled(&self.client, ns, &format!("controller-uid={job_uid}")).await;
+        }
+        let selector = format!("{LABEL_UID}={uid},{LABEL_ATTEMPT}={attempt}");
+        let mut pods = Vec::new();
+        for worker in self.workers.iter() {
+            pods.extend(pods_labelled(&worker.client, ns, &selector).await?);
+        }
+        Ok(pods)
     }
 
     /// Why Kueue holds the Job with uid `job_uid`, from its Workload (found by Kueue's
@@ -285,6 +349,35 @@ impl Reader {
             },
         })
     }
+}
+
+async fn pods_labelled(client: &Client, ns: &str, selector: &str) -> Result<Vec<Pod>, Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = api
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map_err(Error::kube(ApiCall::ReadPods))?;
+    Ok(list.items)
+}
+
+/// The Jobs labelled `selector` on a worker cluster (their metadata).
+async fn copies(client: &Client, ns: &str, selector: &str) -> Result<Vec<Copy>, Error> {
+    let api: Api<Job> = Api::namespaced(client.clone(), ns);
+    let list = api
+        .list_metadata(&ListParams::default().labels(selector))
+        .await
+        .map_err(Error::kube(ApiCall::ReadJob))?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|j| {
+            Some(Copy {
+                name: j.metadata.name?,
+                uid: j.metadata.uid?,
+                deleting: j.metadata.deletion_timestamp.is_some(),
+            })
+        })
+        .collect())
 }
 
 impl Execution<'_> {
@@ -362,7 +455,11 @@ impl Execution<'_> {
     pub(super) async fn read_pods(&mut self, key: &Key) -> Result<(), Error> {
         self.ctx.writer.check(self.fence)?;
         let uid = self.gpujob.metadata.uid.as_deref().unwrap_or_default();
-        let pods = self.ctx.reader.pods(&key.namespace, uid).await?;
+        let pods = self
+            .ctx
+            .reader
+            .pods(&key.namespace, uid, &self.dispatched)
+            .await?;
         self.answers.push(Answer::Pods(pods));
         Ok(())
     }

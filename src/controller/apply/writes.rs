@@ -39,6 +39,7 @@ use crate::controller::Fence;
 use crate::controller::error::{ApiCall, Error, api_code};
 use crate::controller::events::Note;
 use crate::controller::job::{generation_of, is_controlled_by, name_taken, same_controller};
+use crate::controller::multikueue::WorkerClusters;
 use crate::controller::status::merge_patch;
 use crate::controller::{claims, gang, rendezvous};
 use crate::lease::{Ownership, Tenure};
@@ -47,9 +48,20 @@ use crate::quota::{Call, Provider, QuotaProvider, Reserve, ReserveRequest, fenci
 #[derive(Clone)]
 pub struct Writer {
     client: Client,
+    /// MultiKueue's worker clusters: the pods of dispatched attempts are written there.
+    workers: WorkerClusters,
     ownership: watch::Receiver<Ownership>,
     recorder: std::sync::Arc<Recorder>,
     quota: Provider,
+}
+
+/// A pod as a plan's read found it, on the cluster it is on (`None`: this one).
+#[derive(Debug, Clone, Copy)]
+pub struct PodRef<'a> {
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub resource_version: &'a str,
+    pub cluster: Option<&'a str>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -119,8 +131,27 @@ impl Writer {
         Writer {
             recorder: std::sync::Arc::new(Recorder::spawn(events, identity, event_counts)),
             client,
+            workers: WorkerClusters::default(),
             ownership,
             quota,
+        }
+    }
+
+    /// Writes the pods of dispatched attempts on `workers`.
+    pub fn with_workers(self, workers: WorkerClusters) -> Writer {
+        Writer { workers, ..self }
+    }
+
+    /// The client of the cluster a pod is on.
+    fn client_of(&self, pod: &PodRef<'_>) -> Result<&Client, Error> {
+        match pod.cluster {
+            None => Ok(&self.client),
+            Some(name) => self
+                .workers
+                .client(name)
+                .ok_or_else(|| Error::UnknownCluster {
+                    name: name.to_owned(),
+                }),
         }
     }
 
@@ -406,20 +437,17 @@ impl Writer {
     /// patch deleting that gate by name; other gates stay), with the resourceVersion the
     /// plan's read found as precondition. Changed or gone since: `Conflict`, so the pods
     /// are read and decided again.
-    pub async fn ungate_pod(
-        &self,
-        fence: &Fence,
-        ns: &str,
-        name: &str,
-        resource_version: &str,
-    ) -> Result<(), Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+    pub async fn ungate_pod(&self, fence: &Fence, ns: &str, pod: &PodRef<'_>) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(self.client_of(pod)?.clone(), ns);
         let patch = json!({
-            "metadata": {"resourceVersion": resource_version},
+            "metadata": {"resourceVersion": pod.resource_version},
             "spec": {"schedulingGates": [{"$patch": "delete", "name": SCHEDULING_GATE}]},
         });
-        let what = format!("pod {ns}/{name}");
-        self.patch_precondition(fence, &api, &what, name, &patch, ApiCall::UngatePod)
+        let what = match pod.cluster {
+            None => format!("pod {ns}/{}", pod.name),
+            Some(worker) => format!("pod {ns}/{} on worker cluster {worker}", pod.name),
+        };
+        self.patch_precondition(fence, &api, &what, pod.name, &patch, ApiCall::UngatePod)
             .await
     }
 
@@ -514,21 +542,14 @@ impl Writer {
     /// Deletes a pod that waits at the gate and is not the current attempt's, with uid and
     /// resourceVersion preconditions (changed since it was read: `Conflict`, read again).
     /// It was never placed, so it goes at once.
-    pub async fn delete_pod(
-        &self,
-        fence: &Fence,
-        ns: &str,
-        name: &str,
-        uid: &str,
-        resource_version: &str,
-    ) -> Result<(), Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+    pub async fn delete_pod(&self, fence: &Fence, ns: &str, pod: &PodRef<'_>) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(self.client_of(pod)?.clone(), ns);
         let target = Target {
             what: "pod",
             ns,
-            name,
-            uid,
-            resource_version,
+            name: pod.name,
+            uid: pod.uid,
+            resource_version: pod.resource_version,
         };
         self.delete(
             fence,

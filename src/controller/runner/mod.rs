@@ -186,9 +186,11 @@ pub async fn run(
     // new GpuJobs in another.
     let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()))
         .fair_by(|k: &Key| k.namespace.as_str());
+    settings.plan.multikueue = !settings.multikueue.is_empty();
+    let workers = settings.multikueue.clone();
     let ctx = Arc::new(Context {
-        view: View::default(),
-        reader: crate::controller::apply::Reader::new(client.clone()),
+        view: View::with_workers(workers.iter().map(|w| w.name.as_str())),
+        reader: crate::controller::apply::Reader::new(client.clone()).with_workers(workers.clone()),
         writer: apply::Writer::new(
             client.clone(),
             events,
@@ -196,7 +198,8 @@ pub async fn run(
             &settings.identity,
             settings.quota.clone(),
             metrics.events.clone(),
-        ),
+        )
+        .with_workers(workers.clone()),
         settings,
         metrics,
     });

@@ -38,6 +38,7 @@ use tracing::{debug, info, warn};
 use super::{Context, Intake, Key, first_look};
 use crate::api::{GpuJob, LABEL_UID};
 use crate::client::selecting;
+use crate::controller::multikueue::WorkerCluster;
 use crate::controller::plan::{JobState, job_state};
 use crate::controller::view::scope::{Cached, Scope};
 use crate::health::Status;
@@ -75,6 +76,11 @@ pub(super) fn spawn(
 const SETTLE: Duration = Duration::from_millis(200);
 
 async fn supervise(client: Client, ctx: Arc<Context>, intake: Intake, status: Arc<Status>) {
+    // Whatever this replica holds, for as long as the watches run (dropped with them).
+    let mut on_workers = JoinSet::new();
+    for worker in ctx.settings.multikueue.iter() {
+        on_workers.spawn(worker_pods(worker.clone(), ctx.clone(), intake.clone()));
+    }
     let mut own = intake.own.clone();
     let mut map = own.borrow().map.clone();
     let mut tasks = JoinSet::new();
@@ -453,6 +459,31 @@ async fn pods(api: Api<Pod>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
             }
             Err(e) => warn!(
                 "pod watch: {}; retrying with backoff",
+                crate::apierror::describe_watch(&e)
+            ),
+        }
+    }
+}
+
+/// The pods of the GpuJobs on MultiKueue worker cluster `worker`, into its pod cache:
+/// as [`pods`], for the attempts MultiKueue dispatched there. Every such pod, whatever
+/// the shards held (a worker's API server is not asked to select by shard); a GpuJob of
+/// a shard not held is not queued.
+async fn worker_pods(worker: WorkerCluster, ctx: Arc<Context>, intake: Intake) {
+    let api = api::<Pod>(&worker.client, ctx.settings.namespace.as_deref());
+    let config = config(&ctx).labels(LABEL_UID);
+    let mut events = watch_events(api, config, &ctx, &Scope::All, "pods");
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => {
+                for key in ctx.view.worker_pod_event(&worker.name, &event) {
+                    debug!(gpujob = %key, worker = %worker.name, event = event_name(&event), "pod event on a MultiKueue worker");
+                    intake.add_prompt(key);
+                }
+            }
+            Err(e) => warn!(
+                worker = %worker.name,
+                "pod watch on a MultiKueue worker cluster: {}; retrying with backoff",
                 crate::apierror::describe_watch(&e)
             ),
         }

@@ -126,6 +126,9 @@ pub struct View {
     gpujobs: GpuJobCache,
     jobs: JobIndex,
     pods: PodIndex,
+    /// The pods on each of MultiKueue's worker clusters, by the worker's name: each fed
+    /// by a watch of its own, of everything there (`runner/watches.rs`).
+    worker_pods: Vec<(String, PodIndex)>,
     memory: WriteMemory,
     term_starts: TermStarts,
     coverage: Coverage,
@@ -142,6 +145,17 @@ impl std::fmt::Debug for View {
 }
 
 impl View {
+    /// A view with a pod cache for each of MultiKueue's worker clusters `workers`.
+    pub fn with_workers<'w>(workers: impl IntoIterator<Item = &'w str>) -> View {
+        View {
+            worker_pods: workers
+                .into_iter()
+                .map(|w| (w.to_owned(), PodIndex::default()))
+                .collect(),
+            ..View::default()
+        }
+    }
+
     /// A GpuJob watch event: into the cache; a GpuJob delivered settles what the memory
     /// kept of the status writes it shows. Returns, at the end of a relist, the GpuJobs
     /// it changed ([`GpuJobCache::apply`]).
@@ -188,7 +202,45 @@ impl View {
     /// go shown so while the cache lags). Enough to tell that a pod waits at the gate,
     /// never to let it go.
     pub fn pods_of(&self, key: &Key, uid: &str) -> Vec<Arc<SeenPod>> {
-        self.memory.pods(key, uid, || self.pods.pods_of(uid))
+        self.memory.pods(key, uid, || {
+            let mut pods = self.pods.pods_of(uid);
+            for (worker, index) in &self.worker_pods {
+                pods.extend(
+                    index
+                        .pods_of(uid)
+                        .into_iter()
+                        .map(|p| self.on_worker(worker, p)),
+                );
+            }
+            pods
+        })
+    }
+
+    /// A pod event of the watch of worker cluster `worker` (MultiKueue): as
+    /// [`View::pod_event`], into that worker's pod cache.
+    pub fn worker_pod_event(&self, worker: &str, event: &Event<Pod>) -> Vec<Key> {
+        self.worker_pods
+            .iter()
+            .find(|(w, _)| w == worker)
+            .map(|(_, index)| index.apply(event, &Scope::All, &self.jobs))
+            .unwrap_or_default()
+    }
+
+    /// A cached pod of worker cluster `worker`, as the plan sees it: a pod of a Job
+    /// named as a dispatched Job here counts as that Job's. By name only, which is
+    /// enough for the cache's one use (to say a read is due): the read tells the live
+    /// copy's pods from older ones (`multikueue::as_managed`).
+    fn on_worker(&self, worker: &str, pod: Arc<SeenPod>) -> Arc<SeenPod> {
+        let mut pod = Arc::unwrap_or_clone(pod);
+        pod.cluster = Some(worker.to_owned());
+        let here = pod
+            .job
+            .as_deref()
+            .and_then(|j| self.jobs.job(&pod.namespace, j));
+        if let Some(job) = here.filter(SeenJob::dispatched) {
+            pod.job_uid = job.uid;
+        }
+        Arc::new(pod)
     }
 
     /// The shards for which `lost` holds changed hands: what this replica knew of their

@@ -114,6 +114,31 @@ impl TwoClusters {
     }
 }
 
+impl TwoClusters {
+    /// The manager's settings for an operator given the worker (`--multikueue-worker
+    /// worker=...`), as user `replica-1` there: the operator's RBAC role on the worker,
+    /// nothing more.
+    pub async fn operator_settings(&self) -> gpujob_operator::controller::Settings {
+        use gpujob_operator::controller::multikueue::{WorkerCluster, WorkerClusters};
+        let config = self
+            .worker
+            .cluster
+            .config(Identity::Replica(1))
+            .await
+            .unwrap();
+        let client =
+            gpujob_operator::client::build(config, "mk-worker", Default::default(), None, None)
+                .unwrap();
+        gpujob_operator::controller::Settings {
+            multikueue: WorkerClusters::new(vec![WorkerCluster {
+                name: WORKER.to_owned(),
+                client,
+            }]),
+            ..self.manager.settings()
+        }
+    }
+}
+
 /// On the worker: the service account MultiKueue acts as, the role Kueue's set-up
 /// script grants it, and a kubeconfig with a token minted for it.
 async fn multikueue_account(worker: &TestEnv) -> String {

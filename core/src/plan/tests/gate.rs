@@ -31,6 +31,7 @@ pub(super) fn pod(attempt: i32, n: u8) -> SeenPod {
         node: None,
         terminal: false,
         deleting: false,
+        cluster: None,
     }
 }
 
@@ -52,6 +53,7 @@ pub(super) struct Seen<'a> {
     answer: Option<QuotaAnswer>,
     reads: Reads,
     nodes: Vec<NodeHealth>,
+    settings: PlanSettings,
 }
 
 impl<'a> Seen<'a> {
@@ -66,7 +68,14 @@ impl<'a> Seen<'a> {
             answer: None,
             reads: Reads::every(),
             nodes: Vec::new(),
+            settings: settings(),
         }
+    }
+
+    /// The operator reads and lets go pods on MultiKueue's worker clusters.
+    pub(super) fn multikueue(mut self) -> Self {
+        self.settings.multikueue = true;
+        self
     }
 
     pub(super) fn cached(mut self, pods: &[SeenPod]) -> Self {
@@ -128,7 +137,7 @@ impl<'a> Seen<'a> {
                 nodes: self.nodes.clone(),
                 now: t(now),
             },
-            &settings(),
+            &self.settings,
         )
     }
 }

@@ -51,6 +51,7 @@ fn settings() -> PlanSettings {
         default_ttl: None,
         api_versions: ApiVersions::V1AndV2,
         gang: false,
+        multikueue: false,
     }
 }
 
@@ -2307,6 +2308,7 @@ mod devices;
 mod gang;
 mod gate;
 mod lost_node;
+mod multikueue;
 mod reads;
 
 #[test]

@@ -84,6 +84,7 @@ fn a_failed_attempt_not_recorded_reads_its_pods_for_the_exit_code_once() {
     let read = Read::Termination {
         attempt: 1,
         job_uid: "job-uid-1".into(),
+        dispatched: false,
     };
     assert_eq!(asked(&p), vec![read.clone()]);
     // Read: the exit code is recorded. Read and nothing found: recorded without it, and
@@ -162,6 +163,7 @@ fn a_foreign_job_on_the_next_name_is_read_again_and_refuses_the_attempt() {
         let termination = Read::Termination {
             attempt: 1,
             job_uid: "job-uid-1".into(),
+            dispatched: false,
         };
         reads.record(
             termination,
@@ -190,7 +192,7 @@ fn a_queued_attempt_reads_its_workload_and_says_why_kueue_holds_it() {
         asked(&p),
         vec![Read::Workload {
             attempt: 1,
-            job_uid: "job-uid-1".into()
+            job_uid: "job-uid-1".into(),
         }]
     );
     let wait = workload_wait(
@@ -400,7 +402,24 @@ fn what_was_heard_of_another_attempt_does_not_answer_for_this_one() {
         asked(&p),
         vec![Read::Termination {
             attempt: 1,
-            job_uid: "job-uid-1".into()
+            job_uid: "job-uid-1".into(),
+            dispatched: false,
+        }]
+    );
+}
+
+#[test]
+fn a_failed_attempt_multikueue_ran_on_a_worker_reads_its_exit_code_there() {
+    let g = running(&gpujob(3), 1, 0);
+    let mut failed = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)));
+    failed.spec.as_mut().unwrap().managed_by = Some(crate::seen_job::MULTIKUEUE.into());
+    let p = plan_after(&g, &[failed], Reads::default(), None, None, T0);
+    assert_eq!(
+        asked(&p),
+        vec![Read::Termination {
+            attempt: 1,
+            job_uid: "job-uid-1".into(),
+            dispatched: true,
         }]
     );
 }

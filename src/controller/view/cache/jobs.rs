@@ -276,6 +276,11 @@ impl JobIndex {
         self.table.find(namespace, name, Cached::owner)
     }
 
+    /// The cached Job `namespace/name`.
+    pub fn job(&self, namespace: &str, name: &str) -> Option<SeenJob> {
+        self.table.find(namespace, name, Cached::seen)
+    }
+
     /// How many Jobs are cached.
     pub fn len(&self) -> usize {
         self.table.len()

@@ -146,6 +146,7 @@ impl Cached {
             node: owned(f.node),
             terminal: f.flags & TERMINAL != 0,
             deleting: f.flags & DELETING != 0,
+            cluster: None,
         })
     }
 }
