@@ -58,7 +58,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let status = Status::new(Metrics::new());
         let metrics = status.metrics.clone();
         info!(identity = %identity, version = env!("CARGO_PKG_VERSION"), leader_elect = args.leader_elect,
-            shards = args.shards, shard_map = %map.name(), workers = %args.workers(), "gpujob-operator starting");
+            shards = args.shards, shard_map = %map.name(), workers = %args.workers(),
+            multikueue_workers = ?args.multikueue_workers.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+            "gpujob-operator starting");
         if settings.plan.api_versions == controller::ApiVersions::V1 {
             tracing::warn!(
                 "--api-versions=v1 (rollback mode): spec.v2 of every GpuJob is ignored (no pod template, GPU product or per-GpuJob backoff; Jobs are built as before v2 existed) and left as it is; the conversion webhook runs if --conversion-cert-dir is given"

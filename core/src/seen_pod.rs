@@ -96,9 +96,11 @@ impl SeenPod {
     }
 
     /// The node it is being deleted on while it may still run there: its kubelet has
-    /// to confirm the stop, so the node's state decides how long that takes.
+    /// to confirm the stop, so the node's state decides how long that takes. `None` for
+    /// a pod on a MultiKueue worker: the operator reads no Node there (a Node of that
+    /// name here is another machine), so such a pod is only said to be stopping.
     pub fn stopping_on(&self) -> Option<&str> {
-        (self.deleting && self.may_run())
+        (self.deleting && self.may_run() && self.cluster.is_none())
             .then_some(self.node.as_deref())
             .flatten()
     }
@@ -188,6 +190,12 @@ mod tests {
         });
         assert!(p.may_run() && !p.gated);
         assert_eq!(p.stopping_on(), Some("gpu-1"));
+        // On a worker cluster: its Node is not this cluster's to read.
+        let on_worker = SeenPod {
+            cluster: Some("worker".into()),
+            ..p.clone()
+        };
+        assert_eq!(on_worker.stopping_on(), None);
         // Finished: runs nothing, bound or not.
         let p = seen(&|p| {
             bound(p);

@@ -2,10 +2,12 @@
 //! (`support::multikueue`): a Job queued on the management cluster runs on the worker
 //! and its outcome comes back; a Job whose pods carry a scheduling gate nobody on the
 //! worker lifts (the operator's gate, lifted only where the operator watches) stays
-//! gated there, and goes from the worker when the management Job is deleted. The
-//! groundwork for running GpuJobs through MultiKueue: what Kueue does to the Jobs; what
-//! the operator does today is only to say so (a GpuJob through such a queue is Pending,
-//! ManagedElsewhere).
+//! gated there, and goes from the worker when the management Job is deleted. Then
+//! GpuJobs through MultiKueue: with the operator given the worker
+//! (`--multikueue-worker`, as deploy/multikueue-worker/'s service account), their pods
+//! are let go there by the same gate, and status, failure rules, retries and the
+//! no-overlap rule hold across the two clusters; without it, a GpuJob says
+//! ManagedElsewhere.
 
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
@@ -801,7 +803,7 @@ async fn multikueue_early_end_figures() {
 
 /// A GpuJob queued through a MultiKueue queue: Kueue's webhook makes its attempt's Job
 /// a MultiKueue Job and dispatches it to the worker, where its pod waits at the
-/// operator's gate (the operator lets pods go only on the cluster it runs against). The
+/// operator's gate. An operator not given the worker does not let it go there: the
 /// GpuJob says so, Pending with reason ManagedElsewhere, rather than Running.
 #[tokio::test]
 async fn a_gpujob_through_a_multikueue_queue_says_its_pods_wait_on_another_cluster() {

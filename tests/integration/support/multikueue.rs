@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use devcluster::{ControlPlane, Identity};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -114,26 +114,75 @@ impl TwoClusters {
     }
 }
 
+/// What the operator is given on each worker (`kubectl apply -k` of it).
+const WORKER_RBAC: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/deploy/multikueue-worker/rbac.yaml"
+);
+
 impl TwoClusters {
-    /// The manager's settings for an operator given the worker (`--multikueue-worker
-    /// worker=...`), as user `replica-1` there: the operator's RBAC role on the worker,
-    /// nothing more.
+    /// The manager's settings for an operator given the worker as
+    /// `--multikueue-worker worker=KUBECONFIG` is: deploy/multikueue-worker/ applied on
+    /// the worker, and a kubeconfig file with a token of its service account, so the
+    /// operator has there what that manifest grants and nothing more.
     pub async fn operator_settings(&self) -> gpujob_operator::controller::Settings {
-        use gpujob_operator::controller::multikueue::{WorkerCluster, WorkerClusters};
-        let config = self
+        use gpujob_operator::controller::multikueue::WorkerClusters;
+        let text = std::fs::read_to_string(WORKER_RBAC).unwrap();
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+        let pp = PatchParams::apply("gpujob-tests").force();
+        let admin = &self.worker.admin;
+        let mut account = None;
+        for doc in docs {
+            let name = doc["metadata"]["name"].as_str().unwrap().to_owned();
+            match doc["kind"].as_str().unwrap() {
+                "Namespace" => {
+                    let ns: Namespace = serde_json::from_value(doc).unwrap();
+                    Api::<Namespace>::all(admin.clone())
+                        .patch(&name, &pp, &Patch::Apply(&ns))
+                        .await
+                        .unwrap();
+                }
+                "ServiceAccount" => {
+                    let ns = doc["metadata"]["namespace"].as_str().unwrap().to_owned();
+                    let sa: ServiceAccount = serde_json::from_value(doc).unwrap();
+                    Api::<ServiceAccount>::namespaced(admin.clone(), &ns)
+                        .patch(&name, &pp, &Patch::Apply(&sa))
+                        .await
+                        .unwrap();
+                    account = Some((ns, name));
+                }
+                "ClusterRole" => {
+                    let role: ClusterRole = serde_json::from_value(doc).unwrap();
+                    Api::<ClusterRole>::all(admin.clone())
+                        .patch(&name, &pp, &Patch::Apply(&role))
+                        .await
+                        .unwrap();
+                }
+                "ClusterRoleBinding" => {
+                    let binding: ClusterRoleBinding = serde_json::from_value(doc).unwrap();
+                    Api::<ClusterRoleBinding>::all(admin.clone())
+                        .patch(&name, &pp, &Patch::Apply(&binding))
+                        .await
+                        .unwrap();
+                }
+                kind => panic!("{WORKER_RBAC}: unexpected {kind}"),
+            }
+        }
+        let (ns, sa) = account.expect("a ServiceAccount");
+        let kubeconfig = self
             .worker
             .cluster
-            .config(Identity::Replica(1))
+            .service_account_kubeconfig(&ns, &sa, Duration::from_secs(24 * 3600))
             .await
             .unwrap();
-        let client =
-            gpujob_operator::client::build(config, "mk-worker", Default::default(), None, None)
-                .unwrap();
+        let path = std::env::temp_dir().join(format!("{}-worker.kubeconfig", self.manager.ns));
+        std::fs::write(&path, kubeconfig).unwrap();
+        let workers = [(WORKER.to_owned(), path)];
+        let limits = gpujob_operator::client::Limits::default();
         gpujob_operator::controller::Settings {
-            multikueue: WorkerClusters::new(vec![WorkerCluster {
-                name: WORKER.to_owned(),
-                client,
-            }]),
+            multikueue: WorkerClusters::connect(&workers, "mk-worker", limits, None, None)
+                .await
+                .unwrap(),
             ..self.manager.settings()
         }
     }

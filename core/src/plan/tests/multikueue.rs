@@ -129,3 +129,44 @@ fn a_dispatched_attempt_that_needs_objects_of_this_cluster_is_not_let_go_there()
         p.status.condition(READY)
     );
 }
+
+#[test]
+fn a_worker_pod_stopping_there_is_waited_for_without_a_node_of_this_cluster() {
+    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let jobs = [dispatched(&g)];
+    // The older copy's pod is being deleted on the worker's node gpu-1; this cluster
+    // may have a Node of that name, another machine.
+    let stopping = SeenPod {
+        name: "train-1-old".into(),
+        uid: Some("pod-old".into()),
+        job_uid: Some("worker-copy-1".into()),
+        gated: false,
+        bound: true,
+        deleting: true,
+        node: Some("gpu-1".into()),
+        ..on_worker(9)
+    };
+    let waiting = on_worker(0);
+    let pods = [waiting, stopping];
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .reads(Reads::default())
+        .cached(&pods)
+        .plan(LATER);
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Read(Read::Node { .. }))),
+        "{:?}",
+        p.actions
+    );
+    // Even with a Node of that name gone here, the pod is only stopping.
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .node("gpu-1", Some(NodeState::Gone))
+        .cached(&pods)
+        .read(&pods)
+        .plan(LATER);
+    assert!(ungated_on(&p).is_empty(), "{:?}", p.actions);
+    assert_eq!(ready(&p).1, crate::plan::OLD_ATTEMPT_STOPPING);
+}
