@@ -389,9 +389,11 @@ pub struct RunArgs {
     /// separate with commas in the variable, for each worker). The pods of the attempts
     /// MultiKueue dispatches there wait at the operator's gate; the operator watches,
     /// reads and lets them go with that kubeconfig's credentials (its current context),
-    /// which need get, list, watch, patch and delete on pods and list on Jobs in the
-    /// GpuJobs' namespaces there (deploy/multikueue/worker-rbac.yaml). NAME names the
-    /// worker in logs and errors. Without any, a dispatched attempt waits and says so.
+    /// which need list, watch, patch and delete on pods and list on Jobs there,
+    /// cluster-wide unless --namespace is set (deploy/multikueue-worker/). NAME names the
+    /// worker in logs and errors. Give every worker of the MultiKueueConfig: the pods of
+    /// an attempt dispatched to one not given are never let go. Without any, a
+    /// dispatched attempt waits and says so.
     #[arg(long = "multikueue-worker", env = "GPUJOB_MULTIKUEUE_WORKERS", value_delimiter = ',', value_parser = parse_worker)]
     pub multikueue_workers: Vec<(String, PathBuf)>,
 }

@@ -36,8 +36,9 @@ pub struct SeenPod {
     /// The worker cluster it is on, for an attempt Kueue's MultiKueue dispatched
     /// (`--multikueue-worker`); `None`: the operator's own cluster. A worker's pod has
     /// `job_uid` of the management cluster's Job when it belongs to the live copy of
-    /// that Job there (the executor's read says so); a pod of an older copy keeps its own
-    /// Job's uid, so it counts as another Job's pod.
+    /// that Job there (the executor's read says so; the pod cache, by the Job's name
+    /// alone); a pod of an older copy keeps its own Job's uid, so it counts as another
+    /// Job's pod.
     pub cluster: Option<String>,
 }
 

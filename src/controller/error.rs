@@ -5,6 +5,8 @@ pub enum ApiCall {
     ReadGpuJob,
     ReadJob,
     ReadPods,
+    /// MultiKueue's copies of the GpuJob's Jobs on a worker cluster (their metadata).
+    ReadJobCopies,
     /// The Kueue Workload of a queued attempt's Job (why Kueue holds it).
     ReadWorkload,
     /// The Node a pod of the GpuJob is being deleted on (whether it is lost).
@@ -34,10 +36,11 @@ pub enum ApiCall {
 }
 
 impl ApiCall {
-    pub const ALL: [ApiCall; 18] = [
+    pub const ALL: [ApiCall; 19] = [
         ApiCall::ReadGpuJob,
         ApiCall::ReadJob,
         ApiCall::ReadPods,
+        ApiCall::ReadJobCopies,
         ApiCall::ReadWorkload,
         ApiCall::ReadNode,
         ApiCall::ReadClaims,
@@ -61,6 +64,7 @@ impl ApiCall {
             ApiCall::ReadGpuJob => "read_gpujob",
             ApiCall::ReadJob => "read_job",
             ApiCall::ReadPods => "read_pods",
+            ApiCall::ReadJobCopies => "read_job_copies",
             ApiCall::ReadWorkload => "read_workload",
             ApiCall::ReadNode => "read_node",
             ApiCall::ReadClaims => "read_claims",
@@ -84,6 +88,7 @@ impl ApiCall {
             ApiCall::ReadGpuJob => "reading the GpuJob from the API server (a confirming read)",
             ApiCall::ReadJob => "reading an attempt's Job",
             ApiCall::ReadPods => "reading the GpuJob's pods",
+            ApiCall::ReadJobCopies => "reading MultiKueue's copies of the GpuJob's Jobs",
             ApiCall::ReadWorkload => "reading the queued attempt's Kueue Workload",
             ApiCall::ReadNode => "reading the Node an old attempt's pod is being deleted on",
             ApiCall::ReadClaims => "reading the running attempt's ResourceClaims",
@@ -175,6 +180,15 @@ pub enum Error {
         "no MultiKueue worker cluster named {name} was given (--multikueue-worker); the pod write was not sent; retrying with backoff"
     )]
     UnknownCluster { name: String },
+    /// A call to a MultiKueue worker cluster failed: which one, and the failure. Until it
+    /// answers, no pod of a dispatched attempt of the GpuJob is let go (the gate needs
+    /// a read of every worker).
+    #[error("on MultiKueue worker cluster {worker}: {source}")]
+    OnWorker {
+        worker: String,
+        #[source]
+        source: Box<Error>,
+    },
 }
 
 impl Error {
@@ -193,6 +207,18 @@ impl Error {
             Error::Quota(_) => "quota",
             Error::Undecided { .. } => "undecided",
             Error::UnknownCluster { .. } => "unknown_cluster",
+            Error::OnWorker { source, .. } => source.metric_label(),
+        }
+    }
+
+    /// Names worker cluster `worker` (when the call went there) in an API call's error.
+    pub fn on_worker(worker: Option<&str>) -> impl FnOnce(Error) -> Error {
+        move |e| match (worker, e) {
+            (Some(worker), e @ Error::Kube { .. }) => Error::OnWorker {
+                worker: worker.to_owned(),
+                source: Box::new(e),
+            },
+            (_, e) => e,
         }
     }
 

@@ -963,12 +963,13 @@ async fn a_replacement_on_the_worker_is_let_go_only_once_the_old_attempts_pod_is
     let _op = manager
         .operator("mk-replace", two.operator_settings().await)
         .await;
-    // Deleted, a pod takes 8 s to stop (kwok plays the stop within the grace), as a
-    // real container may: long enough for the next attempt's pod to wait beside it.
+    // Deleted, a pod takes 30 s to stop (kwok plays the stop within the grace), as a
+    // real container may: long enough for the next attempt's pod to be dispatched and
+    // wait beside it (one Job takes MultiKueue a few seconds here).
     let long = |lr: &str| {
         json!({"image": "i", "gpus": 1, "maxRetries": 0,
                "env": support::sim_env(&[("SIM_DURATION_SECONDS", "3600"),
-                                         ("SIM_TERMINATION_SECONDS", "8"), ("LR", lr)]),
+                                         ("SIM_TERMINATION_SECONDS", "30"), ("LR", lr)]),
                "v2": {"queueName": QUEUE,
                       "template": {"spec": {"terminationGracePeriodSeconds": 60}}}})
     };
@@ -1034,6 +1035,17 @@ async fn a_replacement_on_the_worker_is_let_go_only_once_the_old_attempts_pod_is
         .iter()
         .find(|(_, p)| job_of(p) == Some("train-2"))
         .unwrap();
+    // The gate had something to hold: attempt 2's pod was there before attempt 1's went.
+    let old_gone = gone
+        .iter()
+        .filter(|(_, n)| names.contains(n))
+        .map(|(at, _)| *at)
+        .max()
+        .unwrap();
+    assert!(
+        arrived < &old_gone,
+        "attempt 2's pod came only after attempt 1's was gone: nothing was held"
+    );
     println!(
         "attempt 2's pod waited at the gate {:?}; attempt 1's pods {names:?}, gone this long before attempt 2's was let go: {:?}",
         released.duration_since(*arrived),

@@ -116,7 +116,9 @@ pub fn pods_waiting(job: &SeenJob, now: Timestamp) -> PodsWaiting {
 
 /// Whether `job` may still have pods that run or are stopping: it has not finished, or
 /// it is being deleted (deleted in the foreground, a Job goes only once its pods are
-/// gone, terminating ones included), or it counts terminating pods (Kubernetes before
+/// gone, terminating ones included; a Job MultiKueue dispatched has its pods on a
+/// worker, where its copy goes on its own: there the gate's read holds the next
+/// attempt), or it counts terminating pods (Kubernetes before
 /// the terminal condition waited for them could mark a Job finished while its pods
 /// still stopped).
 pub(in crate::plan) fn live(job: &SeenJob) -> bool {
@@ -797,7 +799,8 @@ impl Planner<'_, '_> {
     /// a second create only while the first Job exists, so a create sent by a replica
     /// that then lost the shard can land after its successor ended that attempt (after
     /// a replacement or a suspend) and run it again, beside the next one. Deleted in the
-    /// foreground: no further attempt starts until its pods are gone.
+    /// foreground: no further attempt starts until its pods are gone (for a Job
+    /// MultiKueue dispatched, the gate's read of the workers waits for them).
     pub(super) fn stop_strays(&mut self, current: Option<i32>) {
         let current_job = current.and_then(|k| self.by_attempt.get(&k).copied());
         let mut strays: Vec<&SeenJob> = self

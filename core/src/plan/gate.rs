@@ -88,6 +88,28 @@ impl Planner<'_, '_> {
             self.requeue = Next::Backoff;
             return;
         }
+        // Pods of the attempt's Job on two clusters: MultiKueue dispatched it again to
+        // another worker while the first copy may still run there (a worker it took for
+        // lost, still reachable here). Both count as the Job's; letting either go could
+        // run the attempt twice. None goes until one copy is gone.
+        let mut clusters: Vec<&str> = pods
+            .iter()
+            .filter(|p| p.of_job(job_uid) && p.may_run())
+            .map(|p| p.cluster.as_deref().unwrap_or("this cluster"))
+            .collect();
+        clusters.sort_unstable();
+        clusters.dedup();
+        if clusters.len() > 1 {
+            self.next.phase = Some(Phase::Pending);
+            let message = format!(
+                "attempt {k}'s Job has pods on more than one cluster ({}): MultiKueue dispatched it again; its pods wait at the gate until one copy is gone",
+                clusters.join(", ")
+            );
+            self.ready(ConditionStatus::False, OLD_ATTEMPT_STOPPING, message);
+            // Their end is an event; the backoff bounds a missed one.
+            self.requeue = Next::Backoff;
+            return;
+        }
         let go: Vec<&SeenPod> = pods
             .iter()
             .filter(|p| p.of_job(job_uid) && p.attempt == Some(k) && p.waits_at_gate())

@@ -505,12 +505,17 @@ impl Planner<'_, '_> {
 
 /// How a failed attempt's container ended, from its pods as read.
 pub fn termination_of(attempt: i32, pods: &[Pod]) -> Option<Termination> {
-    let t = pods.iter().find_map(|pod| {
-        let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
-        statuses
-            .iter()
-            .find_map(|c| c.state.as_ref()?.terminated.clone())
-    })?;
+    // The last to end: a pod of an earlier copy of the Job (MultiKueue dispatches one
+    // again after an eviction on a worker) ended before the copy that failed.
+    let t = pods
+        .iter()
+        .filter_map(|pod| {
+            let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+            statuses
+                .iter()
+                .find_map(|c| c.state.as_ref()?.terminated.clone())
+        })
+        .max_by(|a, b| a.finished_at.cmp(&b.finished_at))?;
     Some(Termination {
         attempt,
         exit_code: Some(t.exit_code),

@@ -90,6 +90,8 @@ pub async fn execute(
             .filter(|j| j.dispatched())
             .filter_map(|j| Some((j.name.clone(), j.uid.clone()?)))
             .collect(),
+        on_workers: snap.jobs.iter().any(|j| j.dispatched())
+            || snap.cached_pods.iter().any(|p| p.cluster.is_some()),
     };
     let mut end = ex.run(key, actions, status).await;
     if ex.gpujob_refused {
@@ -128,6 +130,10 @@ struct Execution<'a> {
     /// The GpuJob's Jobs MultiKueue dispatched (name, uid): their pods are on worker
     /// clusters (`Reader::pods`).
     dispatched: Vec<(String, String)>,
+    /// Its pods are read on the worker clusters too: it has a Job dispatched, or the
+    /// worker pod caches hold a pod of it (one of an attempt dispatched before, which
+    /// may still be stopping there while the next attempt runs here).
+    on_workers: bool,
 }
 
 impl Execution<'_> {
@@ -220,12 +226,7 @@ impl Execution<'_> {
                     resource_version,
                     cluster,
                 } => {
-                    let pod = PodRef {
-                        name,
-                        uid,
-                        resource_version,
-                        cluster: cluster.as_deref(),
-                    };
+                    let pod = PodRef::new(name, uid, resource_version, cluster);
                     self.ungate_pod(key, &pod).await?
                 }
                 Action::DeletePod {
@@ -234,12 +235,7 @@ impl Execution<'_> {
                     resource_version,
                     cluster,
                 } => {
-                    let pod = PodRef {
-                        name,
-                        uid,
-                        resource_version,
-                        cluster: cluster.as_deref(),
-                    };
+                    let pod = PodRef::new(name, uid, resource_version, cluster);
                     self.delete_pod(key, &pod).await?
                 }
                 Action::GateJob {

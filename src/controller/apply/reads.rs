@@ -82,33 +82,40 @@ impl Reader {
     }
 
     /// The pods labelled with GpuJob uid `uid`: a list without a resourceVersion, which
-    /// the API server answers with what is current (a quorum read). While the GpuJob has
-    /// Jobs MultiKueue dispatched (`dispatched`: name and uid of each), also those on
-    /// every worker cluster, as the gate must see them ([`multikueue::as_managed`]): with
-    /// the worker's copies of its Jobs, read after the pods (a copy made after the pod
-    /// list has no pod in it).
+    /// the API server answers with what is current (a quorum read); on this cluster, and
+    /// on every MultiKueue worker cluster the operator was given when `on_workers` (the
+    /// GpuJob has a Job dispatched, or the worker pod caches hold a pod of it: an attempt
+    /// dispatched before may still have pods stopping there). A worker's pods as the gate
+    /// must see them
+    /// ([`multikueue::as_managed`]), from the GpuJob's Jobs MultiKueue dispatched
+    /// (`dispatched`: name and uid of each) and the worker's copies of them, read after
+    /// the pods (a copy made after the pod list has no pod in it).
     pub async fn pods(
         &self,
         ns: &str,
         uid: &str,
         dispatched: &[(String, String)],
+        on_workers: bool,
     ) -> Result<Vec<SeenPod>, Error> {
         let selector = format!("{LABEL_UID}={uid}");
         let list = pods_labelled(&self.client, ns, &selector).await?;
         let mut pods: Vec<SeenPod> = list.iter().filter_map(SeenPod::of).collect();
-        if dispatched.is_empty() {
-            return Ok(pods);
-        }
-        for worker in self.workers.iter() {
+        let workers = self.workers.iter().filter(|_| on_workers);
+        for worker in workers {
+            let named = Error::on_worker(Some(&worker.name));
             let there = pods_labelled(&worker.client, ns, &selector)
                 .await
-                .inspect_err(|e| warn!(worker = %worker.name, "reading the pods on a MultiKueue worker cluster: {e}"))?;
+                .map_err(named)?;
             if there.is_empty() {
                 continue;
             }
-            let copies = copies(&worker.client, ns, &selector)
-                .await
-                .inspect_err(|e| warn!(worker = %worker.name, "reading the Jobs on a MultiKueue worker cluster: {e}"))?;
+            let copies = match dispatched {
+                // Nothing to count as a Job here: every pod there is another Job's.
+                [] => Vec::new(),
+                _ => copies(&worker.client, ns, &selector)
+                    .await
+                    .map_err(Error::on_worker(Some(&worker.name)))?,
+            };
             let seen = there.iter().filter_map(SeenPod::of).collect();
             pods.extend(multikueue::as_managed(
                 seen,
@@ -210,6 +217,7 @@ impl Reader {
                 let pods = self
                     .pods_of_job(ns, uid, *attempt, job_uid, *dispatched)
                     .await?;
+                let pods: Vec<Pod> = pods.into_iter().map(|(_, pod)| pod).collect();
                 Found::Termination {
                     attempt: *attempt,
                     termination: termination_of(*attempt, &pods),
@@ -220,13 +228,21 @@ impl Reader {
                 job_uid,
                 dispatched,
             } => {
-                let pods = self
+                let found = self
                     .pods_of_job(ns, uid, *attempt, job_uid, *dispatched)
                     .await?;
+                let seen = found
+                    .iter()
+                    .filter_map(|(cluster, pod)| {
+                        let cluster = cluster.clone();
+                        SeenPod::of(pod).map(|p| SeenPod { cluster, ..p })
+                    })
+                    .collect();
+                let pods: Vec<Pod> = found.into_iter().map(|(_, pod)| pod).collect();
                 Found::Placement {
                     attempt: *attempt,
                     unschedulable: unschedulable_of(*attempt, &pods),
-                    pods: pods.iter().filter_map(SeenPod::of).collect(),
+                    pods: seen,
                 }
             }
             Read::Workload { attempt, job_uid } => {
@@ -305,14 +321,23 @@ impl Reader {
         attempt: i32,
         job_uid: &str,
         dispatched: bool,
-    ) -> Result<Vec<Pod>, Error> {
+    ) -> Result<Vec<(Option<String>, Pod)>, Error> {
         if !dispatched {
-            return pods_labelled(&self.client, ns, &format!("controller-uid={job_uid}")).await;
+            let here =
+                pods_labelled(&self.client, ns, &format!("controller-uid={job_uid}")).await?;
+            return Ok(here.into_iter().map(|pod| (None, pod)).collect());
         }
         let selector = format!("{LABEL_UID}={uid},{LABEL_ATTEMPT}={attempt}");
         let mut pods = Vec::new();
         for worker in self.workers.iter() {
-            pods.extend(pods_labelled(&worker.client, ns, &selector).await?);
+            let there = pods_labelled(&worker.client, ns, &selector)
+                .await
+                .map_err(Error::on_worker(Some(&worker.name)))?;
+            pods.extend(
+                there
+                    .into_iter()
+                    .map(|pod| (Some(worker.name.clone()), pod)),
+            );
         }
         Ok(pods)
     }
@@ -366,7 +391,7 @@ async fn copies(client: &Client, ns: &str, selector: &str) -> Result<Vec<Copy>, 
     let list = api
         .list_metadata(&ListParams::default().labels(selector))
         .await
-        .map_err(Error::kube(ApiCall::ReadJob))?;
+        .map_err(Error::kube(ApiCall::ReadJobCopies))?;
     Ok(list
         .items
         .into_iter()
@@ -458,7 +483,7 @@ impl Execution<'_> {
         let pods = self
             .ctx
             .reader
-            .pods(&key.namespace, uid, &self.dispatched)
+            .pods(&key.namespace, uid, &self.dispatched, self.on_workers)
             .await?;
         self.answers.push(Answer::Pods(pods));
         Ok(())

@@ -64,6 +64,22 @@ pub struct PodRef<'a> {
     pub cluster: Option<&'a str>,
 }
 
+impl<'a> PodRef<'a> {
+    pub fn new(
+        name: &'a str,
+        uid: &'a str,
+        resource_version: &'a str,
+        cluster: &'a Option<String>,
+    ) -> PodRef<'a> {
+        PodRef {
+            name,
+            uid,
+            resource_version,
+            cluster: cluster.as_deref(),
+        }
+    }
+}
+
 impl std::fmt::Debug for Writer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Writer")
@@ -449,6 +465,7 @@ impl Writer {
         };
         self.patch_precondition(fence, &api, &what, pod.name, &patch, ApiCall::UngatePod)
             .await
+            .map_err(Error::on_worker(pod.cluster))
     }
 
     /// Puts the operator's scheduling gate on the pod template of Job `name`, which an
@@ -511,7 +528,8 @@ impl Writer {
     /// Deletes a Job with uid and resourceVersion preconditions: a finished attempt's Job
     /// with background propagation (batch/v1 would orphan its pods otherwise), a running
     /// attempt's Job being replaced or stopped, or a stray one, in the foreground (the Job
-    /// stays until its pods are gone). Gone already: done. Changed since it was read (409, precondition
+    /// stays until its pods are gone; one MultiKueue dispatched has none here, and its
+    /// copy's pods on the worker are waited for by the gate). Gone already: done. Changed since it was read (409, precondition
     /// failed): `Conflict`, so the GpuJob is read again and decided again; never "done".
     pub async fn delete_job(
         &self,
@@ -559,6 +577,7 @@ impl Writer {
             ApiCall::DeletePod,
         )
         .await
+        .map_err(Error::on_worker(pod.cluster))
     }
 
     /// Deletes the GpuJob itself, with uid and resourceVersion preconditions (a GpuJob

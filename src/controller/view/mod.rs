@@ -227,9 +227,11 @@ impl View {
     }
 
     /// A cached pod of worker cluster `worker`, as the plan sees it: a pod of a Job
-    /// named as a dispatched Job here counts as that Job's. By name only, which is
-    /// enough for the cache's one use (to say a read is due): the read tells the live
-    /// copy's pods from older ones (`multikueue::as_managed`).
+    /// named as a dispatched Job here counts as that Job's. By name only: the cache may
+    /// lag, and the plan decides nothing from it but that a read is due (or which reads
+    /// to make); the gate acts on the read, which tells the live copy's pods from older
+    /// ones (`multikueue::as_managed`). A gated pod of an older copy looks like the
+    /// current one's here, which costs a pod read, not a wrong start.
     fn on_worker(&self, worker: &str, pod: Arc<SeenPod>) -> Arc<SeenPod> {
         let mut pod = Arc::unwrap_or_clone(pod);
         pod.cluster = Some(worker.to_owned());

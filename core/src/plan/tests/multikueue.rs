@@ -170,3 +170,81 @@ fn a_worker_pod_stopping_there_is_waited_for_without_a_node_of_this_cluster() {
     assert!(ungated_on(&p).is_empty(), "{:?}", p.actions);
     assert_eq!(ready(&p).1, crate::plan::OLD_ATTEMPT_STOPPING);
 }
+
+#[test]
+fn an_attempt_whose_job_has_live_copies_on_two_workers_lets_no_pod_go() {
+    // MultiKueue took worker-a for lost and dispatched the Job to worker-b; the copy on
+    // worker-a still runs, and the read counts both copies' pods as the Job's.
+    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let jobs = [dispatched(&g)];
+    let first = SeenPod {
+        name: "train-1-a".into(),
+        uid: Some("pod-a".into()),
+        cluster: Some("worker-a".into()),
+        gated: false,
+        bound: true,
+        ..pod(1, 1)
+    };
+    let second = SeenPod {
+        cluster: Some("worker-b".into()),
+        ..pod(1, 0)
+    };
+    let pods = [first, second.clone()];
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .cached(&pods)
+        .read(&pods)
+        .plan(LATER);
+    assert!(ungated_on(&p).is_empty(), "{:?}", p.actions);
+    assert_eq!(ready(&p).1, crate::plan::OLD_ATTEMPT_STOPPING);
+    assert!(
+        p.status
+            .condition(READY)
+            .unwrap()
+            .message
+            .contains("worker-a, worker-b"),
+        "{:?}",
+        p.status.condition(READY)
+    );
+    // The first copy gone: the second's pod goes.
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .cached(std::slice::from_ref(&second))
+        .read(std::slice::from_ref(&second))
+        .plan(LATER);
+    assert_eq!(ungated_on(&p), vec![("train-1-0", Some("worker-b"))]);
+}
+
+#[test]
+fn a_stray_pod_on_a_worker_is_deleted_there() {
+    // Attempt 1 failed and is kept; its Job's pod, made as the Job controller raced its
+    // end, waits at the gate on the worker while attempt 2 runs.
+    let g = running(&in_queue(gpujob(3), "team"), 2, 1);
+    let mut failed = dispatched(&g);
+    failed.status = job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0))).status;
+    let mut second = made(&g, 2);
+    let spec = second.spec.as_mut().unwrap();
+    spec.managed_by = Some(crate::seen_job::MULTIKUEUE.into());
+    spec.suspend = Some(false);
+    let jobs = [failed, second];
+    let stray = on_worker(3);
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .cached(std::slice::from_ref(&stray))
+        .read(std::slice::from_ref(&stray))
+        .plan(LATER);
+    let deletes: Vec<_> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::DeletePod { name, cluster, .. } => Some((name.as_str(), cluster.as_deref())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deletes,
+        vec![("train-1-3", Some("worker"))],
+        "{:?}",
+        p.actions
+    );
+}

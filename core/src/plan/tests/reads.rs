@@ -423,3 +423,22 @@ fn a_failed_attempt_multikueue_ran_on_a_worker_reads_its_exit_code_there() {
         }]
     );
 }
+
+#[test]
+fn the_exit_code_is_of_the_pod_that_ended_last() {
+    // An earlier copy's pod (MultiKueue dispatched the Job again) was killed first.
+    let pod = |code: i32, finished: &str| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(json!({"status": {"containerStatuses": [{
+            "name": "main", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": code, "reason": "Error",
+                                     "finishedAt": finished}}}]}}))
+        .unwrap()
+    };
+    let pods = [
+        pod(137, "2026-11-30T06:00:01Z"),
+        pod(42, "2026-11-30T06:05:00Z"),
+        pod(143, "2026-11-30T06:00:02Z"),
+    ];
+    let t = termination_of(1, &pods).unwrap();
+    assert_eq!(t.exit_code, Some(42));
+}
