@@ -337,6 +337,13 @@ fn why_says_quota_nodes_lost_node_and_name_conflicts() {
         ),
         (
             json!([ready(
+                "Dispatching",
+                "attempt 1's Job is admitted; Kueue's MultiKueue runs it on a worker cluster, where its copy has not started yet"
+            )]),
+            "waits for Kueue's MultiKueue to start its Job on a worker cluster: attempt 1's Job is admitted",
+        ),
+        (
+            json!([ready(
                 "ManagedElsewhere",
                 "attempt 1's Job is managed by kueue.x-k8s.io/multikueue (Kueue's MultiKueue runs it on another cluster)"
             )]),

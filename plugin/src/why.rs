@@ -8,7 +8,7 @@ use gpujob_core::plan::{
 };
 use gpujob_core::seen_pod::SeenPod;
 use gpujob_core::status::{
-    ADMITTED, BACKING_OFF, CLAIM_TEMPLATE_NAME_CONFLICT, CLEANUP_STUCK, JOB_RUNNING,
+    ADMITTED, BACKING_OFF, CLAIM_TEMPLATE_NAME_CONFLICT, CLEANUP_STUCK, DISPATCHING, JOB_RUNNING,
     MANAGED_ELSEWHERE, POD_GROUP_NAME_CONFLICT, QUEUED, QUOTA_PENDING, QUOTA_REFUSED,
     QUOTA_RESERVED, READY, REPLACING, RERUN, SERVICE_NAME_CONFLICT, SUSPENDED, UNSCHEDULABLE,
     WAITING_FOR_LOST_NODE,
@@ -205,6 +205,12 @@ pub fn sentences(s: &Snapshot, now: Timestamp) -> Vec<String> {
             out.push(format!(
                 "It waits for its retry backoff{next}{last}; then attempt {} starts.",
                 current + 1
+            ));
+        }
+        (_, DISPATCHING) => {
+            out.push(format!(
+                "It waits for Kueue's MultiKueue to start its Job on a worker cluster{}.",
+                said(message)
             ));
         }
         (_, MANAGED_ELSEWHERE) => {

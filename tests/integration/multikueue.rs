@@ -1077,7 +1077,7 @@ async fn multikueue_gpujob_figures() {
         .unwrap_or(100);
     let two = TwoClusters::start("mk-gj-rate", u32::try_from(n).unwrap(), json!({})).await;
     let (manager, worker) = (&two.manager, &two.worker);
-    let _op = manager
+    let op = manager
         .operator("mk-gj-rate", two.operator_settings().await)
         .await;
     let spec = json!({"image": "i", "gpus": 1, "maxRetries": 0,
@@ -1105,6 +1105,7 @@ async fn multikueue_gpujob_figures() {
         Api::<Pod>::namespaced(worker.admin.clone(), &worker.ns),
     );
     let deadline = Duration::from_secs(3600);
+    let mut next_report = 0.0;
     while reached.iter().any(|r| r.len() < marks.len()) {
         assert!(
             started.elapsed() < deadline,
@@ -1131,6 +1132,17 @@ async fn multikueue_gpujob_figures() {
             });
         let now = started.elapsed().as_secs_f64();
         let counts = [dispatched.ok(), made.ok(), let_go.ok(), running.ok()];
+        // Where the operator is, every 30 s: its work queue and the pods it let go.
+        if now >= next_report {
+            next_report += 30.0;
+            let m = &op.status.metrics;
+            println!(
+                "at {now:.0}s: dispatched, made, let go, Running {counts:?}; the operator's \
+                 queue {} keys, {} pods let go",
+                m.queue.depth.get(),
+                m.pods_ungated.get()
+            );
+        }
         for (r, count) in reached.iter_mut().zip(counts) {
             let Some(count) = count else { continue };
             while r.len() < marks.len() && count >= marks[r.len()] {

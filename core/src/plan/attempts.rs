@@ -18,8 +18,8 @@ use crate::failure_policy::{MatchedRule, action_name, matched_rule};
 use crate::job::{desired_job, job_name, join_gang};
 use crate::seen_job::SeenJob;
 use crate::status::{
-    BACKING_OFF, JOB_RUNNING, MANAGED_ELSEWHERE, READY, REPLACING, SUSPENDED, remove_condition,
-    seconds,
+    BACKING_OFF, DISPATCHING, JOB_RUNNING, MANAGED_ELSEWHERE, READY, REPLACING, SUSPENDED,
+    remove_condition, seconds,
 };
 
 /// What a Job's conditions say.
@@ -112,6 +112,15 @@ pub fn pods_waiting(job: &SeenJob, now: Timestamp) -> PodsWaiting {
         Some(left) if !left.is_zero() => PodsWaiting::Grace(left),
         _ => PodsWaiting::ReadPod,
     }
+}
+
+/// Whether `job` is one MultiKueue dispatched whose copy on the worker has not started
+/// yet, as far as the status it copies back says (no start, no pod).
+fn not_started_on_worker(job: &SeenJob) -> bool {
+    job.dispatched()
+        && job.status.start_time.is_none()
+        && job.status.active.unwrap_or(0) == 0
+        && seen_state(job) == JobState::Active
 }
 
 /// Whether `job` may still have pods that run or are stopping: it has not finished, or
@@ -533,6 +542,14 @@ impl Planner<'_, '_> {
                 MANAGED_ELSEWHERE,
                 format!("attempt {k}'s Job {why}"),
             );
+        } else if job.is_some_and(not_started_on_worker) {
+            // Admitted here, its copy not started there yet: MultiKueue makes the copies
+            // a few a second, and the copy's status is what says it started.
+            self.next.phase = Some(Phase::Pending);
+            let message = format!(
+                "attempt {k}'s Job is admitted; Kueue's MultiKueue runs it on a worker cluster, where its copy has not started yet"
+            );
+            self.ready(ConditionStatus::False, DISPATCHING, message);
         } else if let Some(u) = unschedulable {
             // Its Job runs, but nothing of it does: Pending, as its pod is. When a pod
             // is placed and runs, the Job's ready count changes and says so.

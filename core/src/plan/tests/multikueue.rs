@@ -8,8 +8,21 @@ use super::*;
 use crate::seen_pod::SeenPod;
 use crate::status::MANAGED_ELSEWHERE;
 
-/// Attempt 1's Job as MultiKueue leaves it once admitted: managed by it, unsuspended.
+/// Attempt 1's Job as MultiKueue leaves it once admitted (managed by it, unsuspended)
+/// and its copy on the worker started: the copy's status, copied back.
 fn dispatched(g: &GpuJob) -> Job {
+    let mut j = not_started(g);
+    j.status = Some(k8s_openapi::api::batch::v1::JobStatus {
+        active: Some(1),
+        ready: Some(0),
+        start_time: Some(Time(t(T0))),
+        ..Default::default()
+    });
+    j
+}
+
+/// Attempt 1's Job admitted, its copy on the worker not started yet: no status.
+fn not_started(g: &GpuJob) -> Job {
     let mut j = made(g, 1);
     let spec = j.spec.as_mut().unwrap();
     spec.managed_by = Some(crate::seen_job::MULTIKUEUE.into());
@@ -247,4 +260,26 @@ fn a_stray_pod_on_a_worker_is_deleted_there() {
         "{:?}",
         p.actions
     );
+}
+
+#[test]
+fn a_dispatched_attempt_is_pending_until_its_copy_on_the_worker_has_started() {
+    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let jobs = [not_started(&g)];
+    let p = Seen::new(&g, &jobs).multikueue().plan(LATER);
+    assert_eq!(p.status.phase, Some(Phase::Pending));
+    assert_eq!(ready(&p).1, crate::status::DISPATCHING);
+    // Its pod at the gate there is let go all the same: the copy starts with it.
+    let waiting = on_worker(0);
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .cached(std::slice::from_ref(&waiting))
+        .read(std::slice::from_ref(&waiting))
+        .plan(LATER);
+    assert_eq!(ungated_on(&p), vec![("train-1-0", Some("worker"))]);
+    // Started there: Running.
+    let jobs = [dispatched(&g)];
+    let p = Seen::new(&g, &jobs).multikueue().plan(LATER);
+    assert_eq!(p.status.phase, Some(Phase::Running));
+    assert_eq!(ready(&p).1, crate::status::JOB_RUNNING);
 }
