@@ -404,15 +404,27 @@ impl Planner<'_, '_> {
                 template: Box::new(template),
             });
         }
+        let queue = self.gj.spec.queue_name().map(str::to_owned);
         self.actions.push(Action::CreateJob {
             attempt,
             job: Box::new(job),
         });
-        self.ready(
-            ConditionStatus::False,
-            JOB_RUNNING,
-            running_message(&self.name, attempt),
-        );
+        match queue {
+            // Kueue's webhook makes it suspended: it runs once Kueue admits it, and says
+            // so then (not Running in between, which a backlog could stretch).
+            Some(queue) => {
+                self.next.phase = Some(Phase::Pending);
+                let message = format!(
+                    "attempt {attempt} waits in Kueue LocalQueue {queue}: its Job is made, and Kueue has not decided on it yet"
+                );
+                self.ready(ConditionStatus::False, QUEUED, message);
+            }
+            None => self.ready(
+                ConditionStatus::False,
+                JOB_RUNNING,
+                running_message(&self.name, attempt),
+            ),
+        }
         Some(attempt)
     }
 

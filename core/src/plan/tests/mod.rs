@@ -268,6 +268,17 @@ fn a_new_gpujob_starts_attempt_one() {
 }
 
 #[test]
+fn a_new_gpujob_in_a_kueue_queue_is_queued_from_its_jobs_create_not_running() {
+    // Kueue's webhook suspends the Job it is about to make; it runs once admitted.
+    let g = in_queue(gpujob(3), "team");
+    let p = run(&g, &[], None, T0);
+    assert_eq!(creates(&p), vec![1]);
+    assert_eq!(p.status.phase, Some(Phase::Pending));
+    assert_eq!((p.status.attempts, p.status.failures), (1, 0));
+    assert_eq!(ready(&p), (ConditionStatus::False, "Queued".into()));
+}
+
+#[test]
 fn a_converged_gpujob_plans_nothing_and_the_same_status() {
     let g = gpujob(3);
     let first = run(&g, &[], None, T0);
