@@ -11,7 +11,8 @@ use jiff::Timestamp;
 use crate::api::{GpuJob, Phase};
 use crate::plan::INVALID_SPEC;
 use crate::status::{
-    BACKING_OFF, CLEANUP_STUCK, QUEUED, QUOTA_REFUSED, READY, SUSPENDED, WAITING_FOR_LOST_NODE,
+    ADMITTED, BACKING_OFF, CLEANUP_STUCK, QUEUED, QUOTA_REFUSED, READY, SUSPENDED,
+    WAITING_FOR_LOST_NODE,
 };
 
 /// Ready reasons of a GpuJob that waits on purpose: not stuck, with metrics of its own.
@@ -86,6 +87,10 @@ impl Facts {
         let status = gj.status.as_ref();
         let stuck = status.and_then(|s| s.condition(CLEANUP_STUCK));
         let ready = status.and_then(|s| s.condition(READY));
+        let admitted = status
+            .and_then(|s| s.condition(ADMITTED))
+            .filter(|c| c.status == crate::api::ConditionStatus::True)
+            .map(|c| c.last_transition_time);
         let phase = status.and_then(|s| s.phase);
         let waiting = ready
             .map(|c| c.reason.as_str())
@@ -109,6 +114,10 @@ impl Facts {
             observed_generation: status.and_then(|s| s.observed_generation).unwrap_or(0),
             pending_since: ready
                 .map(|c| c.last_transition_time)
+                // Waiting in a Kueue queue is deliberate (`Queued`): once admitted, the
+                // clock starts again, so a wait after admission (the copy MultiKueue
+                // makes, a node) is not taken for as long as the queue's.
+                .map(|r| admitted.map_or(r, |a| a.max(r)))
                 .or(gj.metadata.creation_timestamp.as_ref().map(|t| t.0))
                 .map(Timestamp::as_nanosecond),
             phase: phase_index(phase_label),
@@ -453,6 +462,41 @@ mod tests {
         assert_eq!(late.oldest_unconverged, Duration::from_secs(900));
         assert_eq!(late.waiting["Queued"], 1);
         assert_eq!(late.waiting["WaitingForLostNode"], 1);
+    }
+
+    #[test]
+    fn a_wait_after_kueue_admitted_the_attempt_ages_from_the_admission() {
+        // Queued an hour (on purpose), admitted at 06:00, its copy on a MultiKueue
+        // worker not started yet: Pending since the create, as Ready says, but waiting
+        // without a deliberate reason only since the admission.
+        let mut dispatching = status(Phase::Pending, 1, "Dispatching", "2026-11-30T05:00:00Z");
+        dispatching.conditions.push(Condition {
+            type_: ADMITTED.into(),
+            status: ConditionStatus::True,
+            observed_generation: Some(1),
+            last_transition_time: t("2026-11-30T06:00:00Z"),
+            reason: "Admitted".into(),
+            message: String::new(),
+        });
+        let all = [gj("m", 1, Some(dispatching))];
+        let soon = snapshot(
+            facts(&all),
+            t("2026-11-30T06:05:00Z"),
+            TEN_MIN,
+            &mut FirstSeen::new(),
+        );
+        assert_eq!(soon.unconverged, 0, "five minutes since the admission");
+        let late = snapshot(
+            facts(&all),
+            t("2026-11-30T06:15:00Z"),
+            TEN_MIN,
+            &mut FirstSeen::new(),
+        );
+        assert_eq!(
+            late.unconverged, 1,
+            "a copy stuck past the threshold still counts"
+        );
+        assert_eq!(late.oldest_unconverged, Duration::from_secs(900));
     }
 
     #[test]

@@ -41,8 +41,8 @@ pub const POD_GROUP_NAME_CONFLICT: &str = "PodGroupNameConflict";
 /// so its pods run on another cluster, where this operator does not let them go.
 pub const MANAGED_ELSEWHERE: &str = "ManagedElsewhere";
 /// Ready reason: the current attempt's Job is admitted and Kueue's MultiKueue runs it on a
-/// worker cluster, whose copy has not started yet (no status came back from it): the
-/// GpuJob is Pending until it does.
+/// worker cluster, where nothing says its copy runs yet (no status came back, no pod of
+/// it is placed there): the GpuJob is Pending until one does.
 pub const DISPATCHING: &str = "Dispatching";
 /// Condition type, on GpuJobs with `spec.queueName`: whether Kueue admitted the current
 /// attempt (True, reason Admitted), or holds it (False, with Kueue's reason and words).

@@ -338,9 +338,9 @@ fn why_says_quota_nodes_lost_node_and_name_conflicts() {
         (
             json!([ready(
                 "Dispatching",
-                "attempt 1's Job is admitted; Kueue's MultiKueue runs it on a worker cluster, where its copy has not started yet"
+                "attempt 1's Job is admitted, and Kueue's MultiKueue runs it on a worker cluster; no pod of it is placed there yet, and no status has come back from there"
             )]),
-            "waits for Kueue's MultiKueue to start its Job on a worker cluster: attempt 1's Job is admitted",
+            "waits for its Job's copy on a MultiKueue worker cluster to run: attempt 1's Job is admitted",
         ),
         (
             json!([ready(

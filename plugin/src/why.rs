@@ -209,7 +209,7 @@ pub fn sentences(s: &Snapshot, now: Timestamp) -> Vec<String> {
         }
         (_, DISPATCHING) => {
             out.push(format!(
-                "It waits for Kueue's MultiKueue to start its Job on a worker cluster{}.",
+                "It waits for its Job's copy on a MultiKueue worker cluster to run{}.",
                 said(message)
             ));
         }

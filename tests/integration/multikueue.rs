@@ -1134,7 +1134,7 @@ async fn multikueue_gpujob_figures() {
         let counts = [dispatched.ok(), made.ok(), let_go.ok(), running.ok()];
         // Where the operator is, every 30 s: its work queue and the pods it let go.
         if now >= next_report {
-            next_report += 30.0;
+            next_report = now + 30.0;
             let m = &op.status.metrics;
             println!(
                 "at {now:.0}s: dispatched, made, let go, Running {counts:?}; the operator's \

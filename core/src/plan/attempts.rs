@@ -114,6 +114,17 @@ pub fn pods_waiting(job: &SeenJob, now: Timestamp) -> PodsWaiting {
     }
 }
 
+impl Planner<'_, '_> {
+    /// Whether a pod of `job`'s live copy on a MultiKueue worker is placed on a node
+    /// there, in the pods seen (read, or cached).
+    fn placed_on_worker(&self, job: &SeenJob) -> bool {
+        let Some(uid) = job.uid.as_deref() else {
+            return false;
+        };
+        self.seen_pods(|p| p.cluster.is_some() && p.of_job(uid) && p.bound)
+    }
+}
+
 /// Whether `job` is one MultiKueue dispatched whose copy on the worker has not started
 /// yet, as far as the status it copies back says (no start, no pod).
 fn not_started_on_worker(job: &SeenJob) -> bool {
@@ -410,8 +421,8 @@ impl Planner<'_, '_> {
             job: Box::new(job),
         });
         match queue {
-            // Kueue's webhook makes it suspended: it runs once Kueue admits it, and says
-            // so then (not Running in between, which a backlog could stretch).
+            // Made suspended, for Kueue: it runs once Kueue admits it, and says so then
+            // (not Running in between, which a backlog could stretch).
             Some(queue) => {
                 self.next.phase = Some(Phase::Pending);
                 let message = format!(
@@ -554,12 +565,13 @@ impl Planner<'_, '_> {
                 MANAGED_ELSEWHERE,
                 format!("attempt {k}'s Job {why}"),
             );
-        } else if job.is_some_and(not_started_on_worker) {
-            // Admitted here, its copy not started there yet: MultiKueue makes the copies
-            // a few a second, and the copy's status is what says it started.
+        } else if job.is_some_and(|j| not_started_on_worker(j) && !self.placed_on_worker(j)) {
+            // Admitted here, and nothing says its copy runs there yet: no status came
+            // back (MultiKueue copies it only once the copy changes after this Job
+            // started), and no pod of it is placed there as far as the pods seen say.
             self.next.phase = Some(Phase::Pending);
             let message = format!(
-                "attempt {k}'s Job is admitted; Kueue's MultiKueue runs it on a worker cluster, where its copy has not started yet"
+                "attempt {k}'s Job is admitted, and Kueue's MultiKueue runs it on a worker cluster; no pod of it is placed there yet, and no status has come back from there"
             );
             self.ready(ConditionStatus::False, DISPATCHING, message);
         } else if let Some(u) = unschedulable {

@@ -164,7 +164,7 @@ impl Planner<'_, '_> {
 
     /// Whether a pod for which `pred` holds is seen: in the read of this reconcile, or,
     /// without one, in the pod cache.
-    fn seen_pods(&self, pred: impl Fn(&SeenPod) -> bool) -> bool {
+    pub(super) fn seen_pods(&self, pred: impl Fn(&SeenPod) -> bool) -> bool {
         match &self.obs.pods {
             Some(read) => read.iter().any(pred),
             None => self.obs.cached_pods.iter().any(|p| pred(p)),

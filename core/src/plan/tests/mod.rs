@@ -269,7 +269,7 @@ fn a_new_gpujob_starts_attempt_one() {
 
 #[test]
 fn a_new_gpujob_in_a_kueue_queue_is_queued_from_its_jobs_create_not_running() {
-    // Kueue's webhook suspends the Job it is about to make; it runs once admitted.
+    // The Job is made suspended, for Kueue; it runs once admitted.
     let g = in_queue(gpujob(3), "team");
     let p = run(&g, &[], None, T0);
     assert_eq!(creates(&p), vec![1]);

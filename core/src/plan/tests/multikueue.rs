@@ -277,6 +277,28 @@ fn a_dispatched_attempt_is_pending_until_its_copy_on_the_worker_has_started() {
         .read(std::slice::from_ref(&waiting))
         .plan(LATER);
     assert_eq!(ungated_on(&p), vec![("train-1-0", Some("worker"))]);
+    // Its pod placed there, before any status came back (MultiKueue copies it only once
+    // the copy changes): Running.
+    let placed = SeenPod {
+        gated: false,
+        bound: true,
+        ..on_worker(0)
+    };
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .cached(std::slice::from_ref(&placed))
+        .plan(LATER);
+    assert_eq!(p.status.phase, Some(Phase::Running));
+    // A placed pod of another Job there says nothing of this one.
+    let other = SeenPod {
+        job_uid: Some("worker-copy-0".into()),
+        ..placed
+    };
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .cached(std::slice::from_ref(&other))
+        .plan(LATER);
+    assert_eq!(ready(&p).1, crate::status::DISPATCHING);
     // Started there: Running.
     let jobs = [dispatched(&g)];
     let p = Seen::new(&g, &jobs).multikueue().plan(LATER);
