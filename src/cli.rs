@@ -392,7 +392,7 @@ pub struct RunArgs {
     /// which need list, watch, patch and delete on pods and list on Jobs there,
     /// cluster-wide unless --namespace is set (deploy/multikueue-worker/). NAME names the
     /// worker in logs and errors. Give every worker of the MultiKueueConfig: the pods of
-    /// an attempt dispatched to one not given are never let go. Without any, a
+    /// an attempt dispatched to one not given are not let go. Without any, a
     /// dispatched attempt waits and says so.
     #[arg(long = "multikueue-worker", env = "GPUJOB_MULTIKUEUE_WORKERS", value_delimiter = ',', value_parser = parse_worker)]
     pub multikueue_workers: Vec<(String, PathBuf)>,

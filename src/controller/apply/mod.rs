@@ -84,14 +84,7 @@ pub async fn execute(
         outcomes: Vec::new(),
         answers: Vec::new(),
         gpujob_refused: false,
-        dispatched: snap
-            .jobs
-            .iter()
-            .filter(|j| j.dispatched())
-            .filter_map(|j| Some((j.name.clone(), j.uid.clone()?)))
-            .collect(),
-        on_workers: snap.jobs.iter().any(|j| j.dispatched())
-            || snap.cached_pods.iter().any(|p| p.cluster.is_some()),
+        snap,
     };
     let mut end = ex.run(key, actions, status).await;
     if ex.gpujob_refused {
@@ -127,13 +120,9 @@ struct Execution<'a> {
     answers: Vec<Answer>,
     /// A write of the GpuJob was refused because it changed since `gpujob` (409).
     gpujob_refused: bool,
-    /// The GpuJob's Jobs MultiKueue dispatched (name, uid): their pods are on worker
-    /// clusters (`Reader::pods`).
-    dispatched: Vec<(String, String)>,
-    /// Its pods are read on the worker clusters too: it has a Job dispatched, or the
-    /// worker pod caches hold a pod of it (one of an attempt dispatched before, which
-    /// may still be stopping there while the next attempt runs here).
-    on_workers: bool,
+    /// The view the plan was made from: which of the GpuJob's Jobs MultiKueue
+    /// dispatched, and its pods cached on worker clusters (`read_pods`).
+    snap: &'a Snapshot,
 }
 
 impl Execution<'_> {

@@ -476,14 +476,26 @@ impl Execution<'_> {
         Ok(())
     }
 
-    /// The GpuJob's pods, for the next plan.
+    /// The GpuJob's pods, for the next plan: on the worker clusters too when it has a
+    /// Job MultiKueue dispatched, or the worker pod caches hold a pod of it (one of an
+    /// attempt dispatched before, which may still be stopping there while the next
+    /// attempt runs here).
     pub(super) async fn read_pods(&mut self, key: &Key) -> Result<(), Error> {
         self.ctx.writer.check(self.fence)?;
         let uid = self.gpujob.metadata.uid.as_deref().unwrap_or_default();
+        let dispatched: Vec<(String, String)> = self
+            .snap
+            .jobs
+            .iter()
+            .filter(|j| j.dispatched())
+            .filter_map(|j| Some((j.name.clone(), j.uid.clone()?)))
+            .collect();
+        let on_workers =
+            !dispatched.is_empty() || self.snap.cached_pods.iter().any(|p| p.cluster.is_some());
         let pods = self
             .ctx
             .reader
-            .pods(&key.namespace, uid, &self.dispatched, self.on_workers)
+            .pods(&key.namespace, uid, &dispatched, on_workers)
             .await?;
         self.answers.push(Answer::Pods(pods));
         Ok(())

@@ -305,3 +305,21 @@ fn a_dispatched_attempt_is_pending_until_its_copy_on_the_worker_has_started() {
     assert_eq!(p.status.phase, Some(Phase::Running));
     assert_eq!(ready(&p).1, crate::status::JOB_RUNNING);
 }
+
+#[test]
+fn a_worker_pod_waits_while_the_management_job_is_still_suspended() {
+    // MultiKueue made the copy, and its pod, before the manager's Kueue started the
+    // Job here: letting it go now could let it end before the manager takes its status.
+    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let mut suspended = not_started(&g);
+    suspended.spec.as_mut().unwrap().suspend = Some(true);
+    let jobs = [suspended];
+    let waiting = on_worker(0);
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .cached(std::slice::from_ref(&waiting))
+        .read(std::slice::from_ref(&waiting))
+        .plan(LATER);
+    assert!(ungated_on(&p).is_empty(), "{:?}", p.actions);
+    assert_eq!(ready(&p).1, crate::status::QUEUED);
+}
