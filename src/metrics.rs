@@ -107,6 +107,8 @@ pub struct Metrics {
     pub cached_objects: IntGaugeVec,
     pub shard_first_look: HistogramVec,
     pub shard_first_look_observed: HistogramVec,
+    pub shard_first_plan: HistogramVec,
+    pub first_looks_from_caches: IntCounter,
     pub shard_cached: IntGaugeVec,
     pub conversion_requests: IntCounterVec,
     pub conversion_duration: Histogram,
@@ -439,6 +441,20 @@ impl Metrics {
                 ),
                 &["shard"],
             )?,
+            shard_first_plan: HistogramVec::new(
+                histogram(
+                    "gpujob_shard_first_plan_seconds",
+                    "By shard: seconds from this replica gaining the shard to every GpuJob the shard had then planned once from the caches (ended there, or queued with what it asks of the API server)",
+                    vec![
+                        0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                    ],
+                ),
+                &["shard"],
+            )?,
+            first_looks_from_caches: counter(
+                "gpujob_first_looks_from_caches_total",
+                "First looks at the GpuJobs of gained shards that ended from the caches alone, with no worker and no request (the others were queued for a worker); counted in controller_runtime_reconcile_total too",
+            )?,
             shard_cached: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_shard_cached",
@@ -526,6 +542,8 @@ impl Metrics {
             Box::new(self.cached_objects.clone()),
             Box::new(self.shard_first_look.clone()),
             Box::new(self.shard_first_look_observed.clone()),
+            Box::new(self.shard_first_plan.clone()),
+            Box::new(self.first_looks_from_caches.clone()),
             Box::new(self.shard_cached.clone()),
             Box::new(self.conversion_requests.clone()),
             Box::new(self.conversion_duration.clone()),
@@ -548,6 +566,7 @@ impl Metrics {
             self.shard_first_look.with_label_values(&[s.as_str()]);
             self.shard_first_look_observed
                 .with_label_values(&[s.as_str()]);
+            self.shard_first_plan.with_label_values(&[s.as_str()]);
             self.shard_cached.with_label_values(&[s.as_str()]);
         }
     }

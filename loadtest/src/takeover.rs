@@ -5,7 +5,9 @@
 //! new holder's `gpujob_shard_first_look_seconds{shard}`: from its gain to every GpuJob
 //! of the shard looked at; and `gpujob_shard_first_look_observed_seconds{shard}`: to
 //! every one observed before the gain, the work under way, apart from the new work that
-//! costs its writes), what they wrote, and their memory.
+//! costs its writes; and `gpujob_shard_first_plan_seconds{shard}`: to every one planned
+//! once from the caches, ended there or queued for a worker), what they wrote, and their
+//! memory.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -24,6 +26,8 @@ use crate::replicas::{Replicas, queue_depth};
 const RECONCILES: &str = "controller_runtime_reconcile_total";
 const FIRST_LOOK: &str = "gpujob_shard_first_look_seconds";
 const FIRST_LOOK_OBSERVED: &str = "gpujob_shard_first_look_observed_seconds";
+const FIRST_PLAN: &str = "gpujob_shard_first_plan_seconds";
+const FROM_CACHES: &str = "gpujob_first_looks_from_caches_total";
 
 /// One shard of the killed replica, taken over.
 #[derive(Debug)]
@@ -37,6 +41,8 @@ pub struct ShardLook {
     pub first_look: f64,
     /// Gain → every GpuJob it had that was observed before the gain looked at.
     pub first_look_observed: Option<f64>,
+    /// Gain → every GpuJob it had planned once from the caches.
+    pub first_plan: Option<f64>,
     /// Did the holder cache the shard before the kill (kept it warm)?
     pub warm: bool,
 }
@@ -56,6 +62,9 @@ pub struct Takeover {
     pub shards: Vec<ShardLook>,
     /// Reconciles the survivors counted meanwhile.
     pub reconciles: f64,
+    /// First looks the survivors ended from the caches alone meanwhile (no worker, no
+    /// request).
+    pub from_caches: f64,
     /// Writes to GpuJobs and Jobs in the load namespaces after the kill, by the survivors.
     pub writes: usize,
     /// Events the survivors wrote after the kill.
@@ -133,7 +142,7 @@ pub async fn run(
             .await?;
     }
     let held_after = killed_at.elapsed();
-    let (looked_after, reconciled, looks) = loop {
+    let (looked_after, reconciled, from_caches, looks) = loop {
         let scrapes = replicas.scrape().await;
         let done: f64 = scrapes
             .iter()
@@ -141,7 +150,18 @@ pub async fn run(
             .sum();
         let looks = first_looks(&ahead, &scrapes, &held);
         if looks.len() == held.len() {
-            break (killed_at.elapsed(), done, looks);
+            let from_caches: f64 = scrapes
+                .iter()
+                .filter_map(|(who, text)| {
+                    let now = Metrics::parse(text).ok()?.sum(FROM_CACHES, &[]);
+                    let was = ahead
+                        .iter()
+                        .find(|(w, _)| w == who)
+                        .map_or(0.0, |(_, m)| m.sum(FROM_CACHES, &[]));
+                    Some(now - was)
+                })
+                .sum();
+            break (killed_at.elapsed(), done, from_caches, looks);
         }
         if Instant::now() >= deadline {
             bail!(
@@ -193,6 +213,7 @@ pub async fn run(
         looked_after,
         shards: looks,
         reconciles: reconciled,
+        from_caches,
         writes,
         events,
         events_of_killed,
@@ -235,6 +256,7 @@ fn first_looks(
                 gpujobs: now.sum("gpujob_gpujobs_per_shard", &[("shard", label.as_str())]),
                 first_look: seconds,
                 first_look_observed: latest(FIRST_LOOK_OBSERVED),
+                first_plan: latest(FIRST_PLAN),
                 warm: was.is_some_and(|m| caches_shard(m, *shard)),
             });
         }
@@ -289,6 +311,11 @@ pub fn report(t: &Takeover) -> String {
         (t.looked_after.saturating_sub(t.held_after)).as_secs_f64(),
         t.reconciles
     );
+    let _ = writeln!(
+        r,
+        "| of those, first looks that ended from the caches alone (no worker, no request) | {} |",
+        t.from_caches
+    );
     for l in &t.shards {
         let _ = writeln!(
             r,
@@ -299,6 +326,13 @@ pub fn report(t: &Takeover) -> String {
             l.gpujobs,
             l.first_look
         );
+        if let Some(planned) = l.first_plan {
+            let _ = writeln!(
+                r,
+                "| shard {}: gain → every one planned once from the caches (ended there, or queued for a worker) | {planned:.1} s |",
+                l.shard,
+            );
+        }
         if let Some(observed) = l.first_look_observed {
             let _ = writeln!(
                 r,

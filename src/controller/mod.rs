@@ -28,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::queue::Backoff;
 use crate::quota::Provider;
 pub use plan::{ApiVersions, Next, PlanSettings};
-pub use reconcile::reconcile;
+pub use reconcile::{Looked, Reach, reconcile};
 pub use runner::{run, run_unfenced};
 
 /// The term a reconcile runs in: its writes are valid only while `shard` is still held

@@ -102,11 +102,32 @@ impl Heard {
     }
 }
 
+/// How far a reconcile may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// As far as its plans ask: reads, writes, the quota service.
+    Api,
+    /// Only as far as the caches answer: it stops before its first request. The first
+    /// look at a gained shard's GpuJobs goes so, all at once and on no budget; those
+    /// that need the API server go to a worker (`runner/first_look.rs`).
+    Caches,
+}
+
+/// How a reconcile ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Looked {
+    /// To an outcome: what comes next.
+    Ended(Next),
+    /// Stopped before its first request ([`Reach::Caches`] only): nothing was sent, and
+    /// the view recorded only that the term-start read, if offered, was not made.
+    NeedsApi,
+}
+
 /// Reconciles one GpuJob: at most [`MAX_PLANS`] plans (why that bounds it: there).
-pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
+pub async fn reconcile(ctx: &Context, key: &Key, reach: Reach) -> Result<Looked, Error> {
     let fence = ctx.writer.fence_for(&key.namespace)?;
     let Some(mut snap) = ctx.view.snapshot(key, &fence) else {
-        return Ok(Next::Done);
+        return Ok(Looked::Ended(Next::Done));
     };
     let now = Timestamp::now();
     let quota_required = ctx.writer.quota_enabled();
@@ -125,6 +146,16 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
             next = ?plan.next,
             "planned"
         );
+        if reach == Reach::Caches && !apply::sends_nothing(&snap, &plan.actions, &plan.status) {
+            // Offered the read of the term's start, this look hands it back: a worker's
+            // reconcile of the namespace makes it, instead of a read per GpuJob until the
+            // offer times out.
+            let declined = apply::unread_term_start(&snap).into_iter().collect();
+            if !ctx.view.record(key, &fence, &mut snap, declined) {
+                return Ok(Looked::Ended(Next::Done));
+            }
+            return Ok(Looked::NeedsApi);
+        }
         let run = apply::execute(ctx, &fence, key, &snap, &plan.actions, &plan.status).await;
         // The pods as read are no longer as they are once this run wrote one.
         if plan.actions.iter().any(Action::writes_pods) {
@@ -135,16 +166,16 @@ pub async fn reconcile(ctx: &Context, key: &Key) -> Result<Next, Error> {
         }
         if !ctx.view.record(key, &fence, &mut snap, run.outcomes) {
             info!("the GpuJob is gone (read from the API server); nothing is done for it");
-            return Ok(Next::Done);
+            return Ok(Looked::Ended(Next::Done));
         }
         match run.end? {
             End::Asked => {}
-            End::Gone => return Ok(Next::Done),
+            End::Gone => return Ok(Looked::Ended(Next::Done)),
             End::Done => {
                 tracing::Span::current().record("attempt", plan.status.attempts);
                 return match heard.release_error {
                     Some(e) => Err(e.into()),
-                    None => Ok(plan.next),
+                    None => Ok(Looked::Ended(plan.next)),
                 };
             }
         }

@@ -319,6 +319,12 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.lock().failures.get(key).copied().unwrap_or(0)
     }
 
+    /// Is `key` queued, or with a worker?
+    pub fn has(&self, key: &K) -> bool {
+        let s = self.lock();
+        s.dirty.contains(key) || s.processing.contains(key)
+    }
+
     /// Keys ready to be processed now.
     pub fn len(&self) -> usize {
         self.lock().len()

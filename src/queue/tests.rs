@@ -18,6 +18,20 @@ async fn next(q: &Queue<&'static str>) -> Option<&'static str> {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_key_is_had_while_queued_or_with_a_worker() {
+    let q = queue();
+    assert!(!q.has(&"a"));
+    q.add("a");
+    assert!(q.has(&"a"), "queued");
+    assert_eq!(next(&q).await, Some("a"));
+    assert!(q.has(&"a"), "with a worker");
+    q.done(&"a");
+    assert!(!q.has(&"a"), "done");
+    q.add_after("a", Duration::from_secs(1));
+    assert!(!q.has(&"a"), "not queued before its time");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_key_is_queued_once() {
     let q = queue();
     q.add("a");

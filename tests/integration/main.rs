@@ -16,6 +16,7 @@ mod events;
 mod faults;
 mod fence;
 mod forged;
+mod from_caches;
 mod gang;
 mod ha;
 mod ha_apiserver;

@@ -142,15 +142,17 @@ async fn wait_cached(r: &Running, who: &str, gpujobs: usize) -> Metrics {
 
 /// `gpujob_shard_first_look_seconds_count` of each of `shards`, summed over `rs`.
 async fn first_looks(rs: &[Running], shards: &[u32]) -> BTreeMap<u32, f64> {
+    per_shard(rs, shards, "gpujob_shard_first_look_seconds_count").await
+}
+
+/// `metric` of each of `shards`, summed over `rs`.
+async fn per_shard(rs: &[Running], shards: &[u32], metric: &str) -> BTreeMap<u32, f64> {
     let mut counts = BTreeMap::new();
     for r in rs {
         let m = scrape(r).await.unwrap();
         for s in shards {
             let shard = s.to_string();
-            *counts.entry(*s).or_insert(0.0) += m.sum(
-                "gpujob_shard_first_look_seconds_count",
-                &[("shard", shard.as_str())],
-            );
+            *counts.entry(*s).or_insert(0.0) += m.sum(metric, &[("shard", shard.as_str())]);
         }
     }
     counts
@@ -201,6 +203,12 @@ async fn each_replica_caches_its_shards_and_those_it_would_take_and_a_takeover_l
         .filter(|s| holders[*s as usize].as_deref() == Some("replica-3"))
         .collect();
     let looks_before = first_looks(&rs[..2], &its).await;
+    let plans_before = per_shard(&rs[..2], &its, "gpujob_shard_first_plan_seconds_count").await;
+    let from_caches = |m: &Metrics| m.sum("gpujob_first_looks_from_caches_total", &[]);
+    let mut from_caches_before = 0.0;
+    for r in &rs[..2] {
+        from_caches_before += from_caches(&scrape(r).await.unwrap());
+    }
     let mut watched_before = Vec::new();
     for (r, who) in rs[..2].iter().zip(ids) {
         let received = received_gpujobs(&scrape(r).await.unwrap());
@@ -225,6 +233,24 @@ async fn each_replica_caches_its_shards_and_those_it_would_take_and_a_takeover_l
     )
     .await
     .unwrap();
+    // Every GpuJob of its shards had succeeded: none needs anything from the API server,
+    // so each first look ended from the caches, with no worker and no request.
+    let plans = per_shard(&rs, &its, "gpujob_shard_first_plan_seconds_count").await;
+    assert!(
+        its.iter().all(|s| plans.get(s) > plans_before.get(s)),
+        "each gained shard reports its first plan: {plans_before:?} then {plans:?}"
+    );
+    let mut from_caches_after = 0.0;
+    for r in &rs {
+        from_caches_after += from_caches(&scrape(r).await.unwrap());
+    }
+    let gained: BTreeSet<u32> = its.iter().copied().collect();
+    let settled = count_in(&gained, &namespaces, &counts) as f64;
+    assert!(
+        from_caches_after - from_caches_before >= settled,
+        "{} first looks ended from the caches, for the {settled} GpuJobs of shards {its:?}",
+        from_caches_after - from_caches_before
+    );
     // Each survivor listed only the shards it did not watch before: a shard it held or
     // kept warm went on with the watch it had.
     for ((r, who), (before, received)) in rs.iter().zip(two_ids).zip(&watched_before) {

@@ -65,6 +65,24 @@ pub enum Answer {
     Found(Read, Found),
 }
 
+/// Whether [`execute`] would send nothing for this plan: no action, and the status as the
+/// snapshot's GpuJob has it (`write_status` writes only a change).
+pub fn sends_nothing(snap: &Snapshot, actions: &[Action], status: &GpuJobStatus) -> bool {
+    actions.is_empty()
+        && snap
+            .gpujob
+            .status
+            .as_ref()
+            .map_or(*status == GpuJobStatus::default(), |s| s == status)
+}
+
+/// What a run that did not read where the term began says of it, when `snap` was offered
+/// that read: declined, so that the view offers it to the next reconcile of the
+/// namespace at once, not after the offer times out.
+pub fn unread_term_start(snap: &Snapshot) -> Option<Outcome> {
+    snap.term_start_due.then_some(Outcome::TermStartDeclined)
+}
+
 /// Carries out `actions` for the GpuJob `key` in the term `fence`, from the view in
 /// `snap`, then writes `status` (when every action ran). Each write is made from the
 /// GpuJob as the one before it left it.
@@ -98,8 +116,8 @@ pub async fn execute(
         .outcomes
         .iter()
         .any(|o| matches!(o, Outcome::TermStart { .. }));
-    if snap.term_start_due && !read_term_start {
-        ex.outcomes.push(Outcome::TermStartDeclined);
+    if !read_term_start {
+        ex.outcomes.extend(unread_term_start(snap));
     }
     Run {
         outcomes: ex.outcomes,

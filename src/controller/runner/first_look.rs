@@ -1,5 +1,15 @@
-//! How long a hand-over takes, shard by shard: from this replica gaining a shard to each
-//! GpuJob the shard had then looked at once (reconciled to an outcome, whatever it was).
+//! A gained shard's first look, and how long a hand-over takes, shard by shard.
+//!
+//! The first look plans every GpuJob of the shard from the caches at once, on no API
+//! budget ([`look_from_caches`]): one that needs nothing from the API server (most, where
+//! the shard's work was settled) is looked at then; only the others wait for a worker,
+//! in the first-look lane (the never-observed ones in the prompt lane, as new work). So a
+//! takeover is planned whole in about the time the caches take, whatever the survivor's
+//! backlog, and its workers' time goes to what must be read or written.
+//!
+//! Timed from this replica gaining a shard: to every GpuJob the shard had then planned
+//! once (`gpujob_shard_first_plan_seconds{shard}`), and to each looked at once through to
+//! an outcome, whatever it was.
 //! A shard's GpuJobs are known when both caches cover it: at the gain when they did
 //! already (one shard of many, or one kept warm), or when its list completes (a cold
 //! one). Looks that land before that still count. Exported as
@@ -9,15 +19,74 @@
 //! new work, whose looks cost their Job and first status on the budget.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{Instrument, info};
 
-use super::Key;
+use super::{Context, Intake, Key, worker};
 use crate::controller::view::ObservedOrNew;
+use crate::controller::{Looked, Reach, reconcile};
 use crate::metrics::Metrics;
+
+/// How many GpuJobs [`look_from_caches`] plans before it lets other tasks run.
+const BATCH: usize = 64;
+
+/// The first look at `keys`, the GpuJobs of shards just gained (or just listed after a
+/// gain): each is reconciled from the caches alone ([`Reach::Caches`]), at once. One
+/// that needs nothing from the API server ends there, as a worker's reconcile would (the
+/// same plan, the same executor, which sends nothing); the others are queued as
+/// [`Intake::add_found`] queues them, for a worker, which plans again from the caches as
+/// they are then. A GpuJob whose shard is no longer in its first look, or not listed yet,
+/// is queued at once.
+///
+/// A GpuJob queued already, or with a worker, is left to that look. Otherwise the key
+/// is not taken from the queue meanwhile: a watch event may queue it, and a worker look
+/// at it at the same time. The look here sends nothing, so the worst is a look more.
+pub(super) async fn look_from_caches(ctx: Arc<Context>, intake: Intake, keys: ObservedOrNew) {
+    let observed = keys.observed.into_iter().map(|k| (k, true));
+    let new = keys.new.into_iter().map(|k| (k, false));
+    for (i, (key, observed)) in observed.chain(new).enumerate() {
+        if i % BATCH == BATCH - 1 {
+            tokio::task::yield_now().await;
+        }
+        let shard = {
+            let own = intake.own.borrow();
+            if !own.holds_namespace(&key.namespace) {
+                continue;
+            }
+            own.shard_of(&key.namespace)
+        };
+        if !ctx.view.covers(&key.namespace) {
+            // Its shard is still being listed: its GpuJobs come back, every one, when
+            // both caches have it (`watches::newly_covered`). A worker would drop it too.
+            continue;
+        }
+        // Queued already, or with a worker (a watch event came first): that look will
+        // do, and this one would only double it.
+        let looked = if intake.looks.pending(shard) && !intake.queue.has(&key) {
+            let span = tracing::info_span!("reconcile", namespace = %key.namespace, name = %key.name,
+                shard, attempt = tracing::field::Empty);
+            reconcile(&ctx, &key, Reach::Caches).instrument(span).await
+        } else {
+            Ok(Looked::NeedsApi)
+        };
+        match looked {
+            Ok(Looked::Ended(next)) => {
+                ctx.metrics.first_looks_from_caches.inc();
+                worker::ended(&ctx, &intake.queue, &intake.looks, shard, &key, Ok(next));
+            }
+            // A worker looks through to an outcome; an error here (the term ended, say)
+            // is its to meet and report.
+            Ok(Looked::NeedsApi) | Err(_) => {
+                let now = Instant::now();
+                report(intake.looks.planned(shard, &key, now), &ctx.metrics);
+                intake.add_found(key, observed);
+            }
+        }
+    }
+}
 
 #[derive(Debug)]
 struct Pending {
@@ -38,6 +107,11 @@ struct Left {
     /// How many GpuJobs, and how many observed, the shard had when they became known.
     total: usize,
     total_observed: usize,
+    /// Every one not planned yet: not ended by a look, from the caches or a worker's,
+    /// nor queued by a look from the caches.
+    unplanned: HashSet<Key>,
+    /// Every one planned once, reported.
+    planned: bool,
 }
 
 /// The shards gained whose GpuJobs are not all looked at yet.
@@ -46,18 +120,22 @@ pub struct FirstLooks {
     pending: Mutex<BTreeMap<u32, Pending>>,
 }
 
-/// Which of a gained shard's GpuJobs a [`Done`] is about.
+/// Which of a gained shard's GpuJobs a [`Done`] is about, and how far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Which {
-    /// Those observed before the gain (a status written by a replica): the work its last
+    /// Every one planned once from the caches: ended there, or queued with what it asks
+    /// of the API server (or looked at through to an outcome, which plans it too).
+    Planned,
+    /// Looked at through to an outcome, those observed before the gain (a status written by a replica): the work its last
     /// holder had under way. Their look costs requests only where something changed.
     Observed,
-    /// Every one, the never-observed too: those are new work (their Job and first status
+    /// Looked at through to an outcome, every one, the never-observed too: those are new work (their Job and first status
     /// to write), on the same budget as this replica's own new work.
     All,
 }
 
-/// A shard whose GpuJobs (`which` of them) have all been looked at since it was gained.
+/// A shard whose GpuJobs (`which` of them) have all been planned or looked at since it was
+/// gained.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Done {
     pub shard: u32,
@@ -119,10 +197,12 @@ impl FirstLooks {
             .chain(observed.iter().cloned())
             .collect();
         p.left = Some(Left {
+            unplanned: all.clone(),
             all,
             observed: Some(observed),
             total: keys.observed.len() + keys.new.len(),
             total_observed: keys.observed.len(),
+            planned: false,
         });
         Self::settle(&mut pending, shard, now)
     }
@@ -139,6 +219,7 @@ impl FirstLooks {
                 Vec::new()
             }
             Some(left) => {
+                left.unplanned.remove(key);
                 if !left.all.remove(key) {
                     return Vec::new();
                 }
@@ -148,6 +229,19 @@ impl FirstLooks {
                 Self::settle(&mut pending, shard, now)
             }
         }
+    }
+
+    /// `key` of shard `shard` was planned from the caches at `now`, and queued for a
+    /// worker with what it asks of the API server (`look_from_caches`).
+    pub fn planned(&self, shard: u32, key: &Key, now: Instant) -> Vec<Done> {
+        let mut pending = self.lock();
+        let Some(left) = pending.get_mut(&shard).and_then(|p| p.left.as_mut()) else {
+            return Vec::new();
+        };
+        if !left.unplanned.remove(key) {
+            return Vec::new();
+        }
+        Self::settle(&mut pending, shard, now)
     }
 
     /// What of `shard` is done now that its known GpuJobs changed.
@@ -172,6 +266,15 @@ impl FirstLooks {
                 });
             }
         }
+        if left.unplanned.is_empty() && !left.planned {
+            left.planned = true;
+            done.push(Done {
+                shard,
+                which: Which::Planned,
+                gpujobs: left.total,
+                after,
+            });
+        }
         if left.all.is_empty() {
             done.push(Done {
                 shard,
@@ -190,10 +293,15 @@ impl FirstLooks {
 }
 
 impl Done {
-    /// Into `gpujob_shard_first_look_seconds` (every GpuJob) or
+    /// Into `gpujob_shard_first_plan_seconds` (every GpuJob planned once),
+    /// `gpujob_shard_first_look_seconds` (every GpuJob looked at) or
     /// `gpujob_shard_first_look_observed_seconds` (those observed before), and the log.
     pub fn report(&self, metrics: &Metrics) {
         let (histogram, what) = match self.which {
+            Which::Planned => (
+                &metrics.shard_first_plan,
+                "shard's first plan: every GpuJob it had when gained planned once from the caches",
+            ),
             Which::All => (
                 &metrics.shard_first_look,
                 "shard handed over: every GpuJob it had when gained is looked at",
@@ -272,7 +380,11 @@ mod tests {
         let at = Duration::from_secs(2);
         assert_eq!(
             looks.looked(3, &Key::new("ns", "b"), t0 + at),
-            [done(3, Which::Observed, 2, at), done(3, Which::All, 2, at)]
+            [
+                done(3, Which::Observed, 2, at),
+                done(3, Which::Planned, 2, at),
+                done(3, Which::All, 2, at)
+            ]
         );
         assert_eq!(
             looks.looked(3, &Key::new("ns", "a"), later),
@@ -297,7 +409,10 @@ mod tests {
         assert!(looks.pending(0), "the new one is still to be looked at");
         assert_eq!(
             looks.looked(0, &Key::new("ns", "new"), t0 + Duration::from_secs(9)),
-            [done(0, Which::All, 2, Duration::from_secs(9))]
+            [
+                done(0, Which::Planned, 2, Duration::from_secs(9)),
+                done(0, Which::All, 2, Duration::from_secs(9))
+            ]
         );
         // The other way round: the observed one last ends both.
         looks.gained(1, t0);
@@ -306,14 +421,65 @@ mod tests {
         let at = Duration::from_secs(3);
         assert_eq!(
             looks.looked(1, &Key::new("ns", "old"), t0 + at),
-            [done(1, Which::Observed, 1, at), done(1, Which::All, 2, at)]
+            [
+                done(1, Which::Observed, 1, at),
+                done(1, Which::Planned, 2, at),
+                done(1, Which::All, 2, at)
+            ]
         );
         // No observed GpuJob at all: nothing to report of that part.
         looks.gained(2, t0);
         assert_eq!(looks.known(2, &sorted(&[], &["n"]), t0), []);
         assert_eq!(
             looks.looked(2, &Key::new("ns", "n"), t0),
-            [done(2, Which::All, 1, Duration::ZERO)]
+            [
+                done(2, Which::Planned, 1, Duration::ZERO),
+                done(2, Which::All, 1, Duration::ZERO)
+            ]
+        );
+    }
+
+    /// Every GpuJob planned once (most ended from the caches, the rest queued) is
+    /// reported apart, once, before they are all looked at through to an outcome.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_planned_whole_is_reported_before_its_last_look() {
+        let looks = FirstLooks::default();
+        let t0 = Instant::now();
+        looks.gained(5, t0);
+        let (settled, busy, new) = (
+            Key::new("ns", "settled"),
+            Key::new("ns", "busy"),
+            Key::new("ns", "new"),
+        );
+        assert_eq!(
+            looks.planned(5, &busy, t0),
+            [],
+            "its GpuJobs are not known yet: the plan is not counted"
+        );
+        looks.known(5, &sorted(&["settled", "busy"], &["new"]), t0);
+        let t1 = t0 + Duration::from_millis(300);
+        // Ended from the caches; the other two queued for a worker.
+        assert_eq!(looks.looked(5, &settled, t1), []);
+        assert_eq!(looks.planned(5, &busy, t1), []);
+        assert_eq!(
+            looks.planned(5, &Key::new("other", "x"), t1),
+            [],
+            "not the shard's"
+        );
+        assert_eq!(
+            looks.planned(5, &new, t1),
+            [done(5, Which::Planned, 3, Duration::from_millis(300))]
+        );
+        assert_eq!(looks.planned(5, &new, t1), [], "reported once");
+        let t2 = t0 + Duration::from_secs(4);
+        assert_eq!(
+            looks.looked(5, &busy, t2),
+            [done(5, Which::Observed, 2, Duration::from_secs(4))]
+        );
+        assert_eq!(
+            looks.looked(5, &new, t2),
+            [done(5, Which::All, 3, Duration::from_secs(4))],
+            "planned was reported already"
         );
     }
 
@@ -330,12 +496,16 @@ mod tests {
             looks.known(1, &sorted(&["a"], &[]), listed),
             [
                 done(1, Which::Observed, 1, after),
+                done(1, Which::Planned, 1, after),
                 done(1, Which::All, 1, after)
             ]
         );
         assert_eq!(
             looks.known(2, &sorted(&[], &[]), listed),
-            [done(2, Which::All, 0, after)]
+            [
+                done(2, Which::Planned, 0, after),
+                done(2, Which::All, 0, after)
+            ]
         );
     }
 
@@ -359,7 +529,7 @@ mod tests {
         let done = looks.looked(0, &Key::new("ns", "a"), t1 + Duration::from_secs(1));
         assert_eq!(
             done.iter().map(|d| d.after).collect::<Vec<_>>(),
-            [Duration::from_secs(1); 2]
+            [Duration::from_secs(1); 3]
         );
     }
 }

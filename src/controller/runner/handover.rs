@@ -2,10 +2,12 @@
 //! latest value, so a shard lost and regained between two looks would seem unchanged;
 //! comparing each shard's epoch (new on every gain) sees it as the two transitions it
 //! is. Losing a shard forgets what this replica wrote there (its successor writes now);
-//! gaining one queues its GpuJobs from the cache in the queue's first-look lane, ahead
-//! of this replica's backlog (anything may have changed; with sharded watches the cache
-//! has them only once the shard is listed, and then the watches queue them so), and
-//! those never observed in the prompt lane, as new work.
+//! gaining one gives its GpuJobs their first look from the caches
+//! (`first_look::look_from_caches`: those that need nothing from the API server end
+//! there; the others are queued in the first-look lane, ahead of this replica's backlog,
+//! and those never observed in the prompt lane, as new work). With sharded watches the
+//! caches have a cold shard's GpuJobs only once it is listed, and the watches start
+//! their first look then.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -75,11 +77,16 @@ pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
                 looks.gained(shard, at);
                 let keys = ctx.view.keys_where(|ns| now.shard_of(ns) == shard);
                 // Not covered yet (sharded watches, a cold shard): its GpuJobs are known,
-                // and queued, when both caches have listed it (`watches.rs`).
+                // and looked at, when both caches have listed it (`watches.rs`); the
+                // look here passes over them.
                 if ctx.view.covers_shard(shard) {
                     first_look::report(looks.known(shard, &keys, at), &ctx.metrics);
                 }
-                intake.add_sorted(keys);
+                tokio::spawn(first_look::look_from_caches(
+                    ctx.clone(),
+                    intake.clone(),
+                    keys,
+                ));
             }
         }
         if own.changed().await.is_err() {

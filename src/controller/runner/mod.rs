@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use super::view::{ObservedOrNew, View};
+use super::view::View;
 use super::{Context, GangScheduling, Key, Settings, apply, domain, init_metrics};
 use crate::health::Status;
 use crate::lease::Ownership;
@@ -52,14 +52,14 @@ impl Intake {
         }
     }
 
-    /// GpuJobs found by a gain or a list: those observed before as `add` queues them (to
-    /// the first look of a shard just gained), those never observed to the prompt lane,
-    /// as new work on any replica is.
-    fn add_sorted(&self, keys: ObservedOrNew) {
-        for key in keys.observed {
+    /// A GpuJob found by a gain or a list whose first look needs the API server
+    /// (`first_look::look_from_caches`): one `observed` before as `add` queues it (to the
+    /// first look of a shard just gained), one never observed to the prompt lane, as new
+    /// work on any replica is.
+    fn add_found(&self, key: Key, observed: bool) {
+        if observed {
             self.add(key);
-        }
-        for key in keys.new {
+        } else {
             self.add_prompt(key);
         }
     }
@@ -455,6 +455,7 @@ async fn resync(ctx: Arc<Context>, intake: Intake) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::view::ObservedOrNew;
     use crate::queue::Backoff;
 
     /// The list that follows a cold gain queues the GpuJobs of the shard observed before
@@ -504,10 +505,9 @@ mod tests {
             looks: Arc::default(),
         };
         intake.looks.gained(0, tokio::time::Instant::now());
-        intake.add_sorted(ObservedOrNew {
-            observed: vec![Key::new("ns", "o1"), Key::new("ns", "o2")],
-            new: vec![Key::new("ns", "n1"), Key::new("ns", "n2")],
-        });
+        for (name, observed) in [("o1", true), ("o2", true), ("n1", false), ("n2", false)] {
+            intake.add_found(Key::new("ns", name), observed);
+        }
         let mut order = Vec::new();
         while !queue.is_empty() {
             let Some(key) = queue.get().await else { break };

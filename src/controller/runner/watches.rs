@@ -371,12 +371,21 @@ async fn gpujobs(
             }
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
             Ok(watcher::Event::InitDone) => {
-                // A cold gain's list names every GpuJob of the shard: those never
-                // observed are new work there too.
-                intake.add_sorted(ctx.view.sort_observed(std::mem::take(&mut changed)));
-                // The GpuJobs of shards both caches now cover for the first time (when
-                // the Job list completed first).
-                if let Some(new) = ctx.view.listed(Cached::GpuJobs, &scope) {
+                // The shards both caches now cover for the first time (when the Job
+                // list completed first): every GpuJob of them has its first look there.
+                let new = ctx.view.listed(Cached::GpuJobs, &scope);
+                let mut changed = std::mem::take(&mut changed);
+                if let Some(new) = &new {
+                    changed.retain(|k| !new.contains(&k.namespace));
+                }
+                // The others the list changed (a relist that could not resume, or a
+                // cold gain's list while the Job cache still lists the shard).
+                tokio::spawn(first_look::look_from_caches(
+                    ctx.clone(),
+                    intake.clone(),
+                    ctx.view.sort_observed(changed),
+                ));
+                if let Some(new) = new {
                     newly_covered(&ctx, &intake, &new);
                 }
             }
@@ -490,11 +499,12 @@ async fn worker_pods(worker: WorkerCluster, ctx: Arc<Context>, intake: Intake) {
     }
 }
 
-/// Both caches cover the shards of `new` for the first time: every GpuJob of them is
-/// queued (`Intake::add_sorted`: one observed before in the first-look lane while its
-/// shard's first look is not over, one never observed in the prompt lane), and a shard
-/// gained cold learns which GpuJobs it has to look at.
-fn newly_covered(ctx: &Context, intake: &Intake, new: &Scope) {
+/// Both caches cover the shards of `new` for the first time: a shard gained cold learns
+/// which GpuJobs it has to look at, and every GpuJob of them has its first look
+/// (`first_look::look_from_caches`: planned from the caches, and queued if it needs the
+/// API server: one observed before in the first-look lane while its shard's first look
+/// is not over, one never observed in the prompt lane).
+fn newly_covered(ctx: &Arc<Context>, intake: &Intake, new: &Scope) {
     let own = intake.own.borrow().clone();
     let at = tokio::time::Instant::now();
     for shard in 0..own.shards() {
@@ -503,7 +513,11 @@ fn newly_covered(ctx: &Context, intake: &Intake, new: &Scope) {
             first_look::report(intake.looks.known(shard, &keys, at), &ctx.metrics);
         }
     }
-    intake.add_sorted(ctx.view.keys_where(|ns| new.contains(ns)));
+    tokio::spawn(first_look::look_from_caches(
+        ctx.clone(),
+        intake.clone(),
+        ctx.view.keys_where(|ns| new.contains(ns)),
+    ));
 }
 
 /// Keeps an event unless it carries an object from outside `scope` (the API server did

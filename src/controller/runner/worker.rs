@@ -13,7 +13,7 @@ use super::sizing::Permits;
 use super::{Context, Key};
 use crate::controller::error::Error;
 use crate::controller::plan::Next;
-use crate::controller::reconcile::reconcile;
+use crate::controller::{Looked, Reach, reconcile};
 use crate::lease::Ownership;
 use crate::queue::Queue;
 
@@ -76,7 +76,7 @@ pub(super) async fn run(
         let term_ended = |o: &Ownership| o.tenure(shard).map(|t| t.epoch) != Some(epoch);
         let running = ctx.settings.in_flight.enter(shard);
         let outcome = tokio::select! {
-            result = tracing::Instrument::instrument(reconcile(&ctx, &key), span) => Some(result),
+            result = tracing::Instrument::instrument(reconcile(&ctx, &key, Reach::Api), span) => Some(result),
             _ = lost.wait_for(term_ended) => None,
         };
         // Ended or cancelled: a shard being given up may be released now.
@@ -88,13 +88,31 @@ pub(super) async fn run(
             None => {
                 info!(gpujob = %key, shard, "reconcile cancelled: this replica's term for the shard ended")
             }
-            Some(result) => {
-                follow_up(&ctx, &queue, &key, result);
-                let done = looks.looked(shard, &key, tokio::time::Instant::now());
-                first_look::report(done, &ctx.metrics);
+            Some(Ok(Looked::NeedsApi)) => {
+                // Not with `Reach::Api`; should it ever be, the key looks again.
+                queue.add(key.clone());
             }
+            Some(Ok(Looked::Ended(next))) => ended(&ctx, &queue, &looks, shard, &key, Ok(next)),
+            Some(Err(e)) => ended(&ctx, &queue, &looks, shard, &key, Err(e)),
         }
     }
+}
+
+/// `key` of `shard` was reconciled to `result`: what comes next is queued, and a gained
+/// shard's first look counts it.
+pub(super) fn ended(
+    ctx: &Context,
+    queue: &Queue<Key>,
+    looks: &FirstLooks,
+    shard: u32,
+    key: &Key,
+    result: Result<Next, Error>,
+) {
+    follow_up(ctx, queue, key, result);
+    first_look::report(
+        looks.looked(shard, key, tokio::time::Instant::now()),
+        &ctx.metrics,
+    );
 }
 
 /// Marks its key done when dropped.

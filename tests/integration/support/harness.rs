@@ -7,7 +7,7 @@ use gpujob_operator::controller::apply::Writer;
 use gpujob_operator::controller::error::Error;
 use gpujob_operator::controller::view::View;
 use gpujob_operator::controller::view::scope::Scope;
-use gpujob_operator::controller::{Context, Key, Next, Settings, reconcile};
+use gpujob_operator::controller::{Context, Key, Looked, Next, Reach, Settings, reconcile};
 use gpujob_operator::lease::Ownership;
 use gpujob_operator::metrics::Metrics;
 use k8s_openapi::api::batch::v1::Job;
@@ -33,17 +33,27 @@ impl Harness {
             .config(devcluster::Identity::Replica(1))
             .await
             .unwrap();
-        let client =
+        // Its client counts what it sends into the context's metrics; Events, written in
+        // the background, go through a client of their own, uncounted.
+        let metrics = Metrics::new();
+        let client = gpujob_operator::client::build(
+            config.clone(),
+            identity,
+            Default::default(),
+            Some(metrics.clone()),
+            None,
+        )
+        .unwrap();
+        let events =
             gpujob_operator::client::build(config, identity, Default::default(), None, None)
                 .unwrap();
         let view = View::default();
         view.job_event(&Event::Init, &Scope::All);
         view.job_event(&Event::InitDone, &Scope::All);
         let (own, rx) = watch::channel(Ownership::unfenced());
-        let metrics = Metrics::new();
         let writer = Writer::new(
             client.clone(),
-            client.clone(),
+            events,
             rx,
             identity,
             settings.quota.clone(),
@@ -121,7 +131,28 @@ impl Harness {
     }
 
     pub async fn reconcile(&self, name: &str) -> Result<Next, Error> {
-        reconcile(&self.ctx, &Key::new(&self.ns, name)).await
+        match reconcile(&self.ctx, &Key::new(&self.ns, name), Reach::Api).await? {
+            Looked::Ended(next) => Ok(next),
+            Looked::NeedsApi => panic!("a reconcile that may ask the API server stopped short"),
+        }
+    }
+
+    /// A first look from the caches alone, as at a shard's gain.
+    pub async fn look_from_caches(&self, name: &str) -> Result<Looked, Error> {
+        reconcile(&self.ctx, &Key::new(&self.ns, name), Reach::Caches).await
+    }
+
+    /// Requests this context's client has sent, of every verb (Events apart).
+    pub fn requests_sent(&self) -> u64 {
+        use prometheus::core::Collector;
+        self.ctx
+            .metrics
+            .rest_requests
+            .collect()
+            .iter()
+            .flat_map(|f| f.get_metric())
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum()
     }
 
     /// Lets Job `job` of GpuJob `gpujob` run: once the Job controller has made its pod
