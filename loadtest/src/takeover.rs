@@ -329,7 +329,7 @@ pub fn report(t: &Takeover) -> String {
         if let Some(planned) = l.first_plan {
             let _ = writeln!(
                 r,
-                "| shard {}: gain → every one planned once from the caches (ended there, or queued for a worker) | {planned:.1} s |",
+                "| shard {}: gain → every one planned once from the caches (ended there, or queued for a worker) | {planned:.3} s |",
                 l.shard,
             );
         }
