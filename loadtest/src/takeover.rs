@@ -319,7 +319,7 @@ pub fn report(t: &Takeover) -> String {
     for l in &t.shards {
         let _ = writeln!(
             r,
-            "| shard {} → {} ({} before the kill): {} GpuJobs, gain → every one looked at | {:.1} s |",
+            "| shard {} → {} ({} before the kill): {} GpuJobs, gain → every one looked at | {:.3} s |",
             l.shard,
             l.holder,
             if l.warm { "cached" } else { "not cached" },
@@ -336,7 +336,7 @@ pub fn report(t: &Takeover) -> String {
         if let Some(observed) = l.first_look_observed {
             let _ = writeln!(
                 r,
-                "| shard {}: gain → every one observed before the gain (work under way, not new work) looked at | {observed:.1} s |",
+                "| shard {}: gain → every one observed before the gain (work under way, not new work) looked at | {observed:.3} s |",
                 l.shard,
             );
         }

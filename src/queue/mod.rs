@@ -319,10 +319,9 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.lock().failures.get(key).copied().unwrap_or(0)
     }
 
-    /// Is `key` queued, or with a worker?
-    pub fn has(&self, key: &K) -> bool {
-        let s = self.lock();
-        s.dirty.contains(key) || s.processing.contains(key)
+    /// Is `key` with a worker now?
+    pub fn in_flight(&self, key: &K) -> bool {
+        self.lock().processing.contains(key)
     }
 
     /// Keys ready to be processed now.

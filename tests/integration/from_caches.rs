@@ -13,11 +13,24 @@ use std::time::Duration;
 use devcluster::wait;
 use gpujob_operator::api::Phase;
 use gpujob_operator::controller::plan::{JobState, job_state};
+use gpujob_operator::controller::view::Outcome;
 use gpujob_operator::controller::{Key, Looked};
 use k8s_openapi::api::batch::v1::Job;
 use serde_json::json;
 use support::harness::Harness;
 use support::{TestEnv, phase, sim_env};
+
+/// GpuJob `gj`'s look from the caches, which must send no request.
+async fn look_sending_nothing(h: &Harness) -> Looked {
+    let before = h.requests_sent();
+    let looked = h.look_from_caches("gj").await.unwrap();
+    assert_eq!(
+        h.requests_sent(),
+        before,
+        "a look from the caches sent a request ({looked:?})"
+    );
+    looked
+}
 
 #[tokio::test]
 async fn a_look_from_the_caches_sends_nothing_and_stops_where_the_api_server_is_needed() {
@@ -30,12 +43,7 @@ async fn a_look_from_the_caches_sends_nothing_and_stops_where_the_api_server_is_
 
     // New: its Job is to be made. The look stops before the create.
     let before = h.requests_sent();
-    assert_eq!(h.look_from_caches("gj").await.unwrap(), Looked::NeedsApi);
-    assert_eq!(
-        h.requests_sent(),
-        before,
-        "a look from the caches sent a request"
-    );
+    assert_eq!(look_sending_nothing(&h).await, Looked::NeedsApi);
     assert!(
         env.jobs().get_opt("gj-1").await.unwrap().is_none(),
         "and made no Job"
@@ -43,15 +51,18 @@ async fn a_look_from_the_caches_sends_nothing_and_stops_where_the_api_server_is_
     // The look was offered the read of where this term began (the first look in the
     // namespace), and handed it back: the next reconcile there is offered it at once,
     // not a read of its own GpuJob until the offer times out.
+    let key = Key::new(&env.ns, "gj");
     let fence = h.ctx.writer.fence_for(&env.ns).unwrap();
-    let next = h
-        .ctx
-        .view
-        .snapshot(&Key::new(&env.ns, "gj"), &fence)
-        .unwrap();
+    let mut next = h.ctx.view.snapshot(&key, &fence).unwrap();
     assert!(
         next.term_start_due,
-        "the term-start read is still held by the look"
+        "the look kept the term-start read: the next reconcile is not offered it"
+    );
+    // Handed back again, as a reconcile that does not make the read hands it back.
+    assert!(
+        h.ctx
+            .view
+            .record(&key, &fence, &mut next, vec![Outcome::TermStartDeclined])
     );
 
     // A worker's reconcile makes it (and sends: the counter counts).
@@ -78,13 +89,7 @@ async fn a_look_from_the_caches_sends_nothing_and_stops_where_the_api_server_is_
     .await
     .unwrap();
     h.refresh(&env).await;
-    let before = h.requests_sent();
-    assert_eq!(h.look_from_caches("gj").await.unwrap(), Looked::NeedsApi);
-    assert_eq!(
-        h.requests_sent(),
-        before,
-        "a look from the caches sent a request"
-    );
+    assert_eq!(look_sending_nothing(&h).await, Looked::NeedsApi);
 
     // Run to the end; the status is written by a reconcile.
     h.release(&env, "gj", "gj-1").await;
@@ -102,21 +107,17 @@ async fn a_look_from_the_caches_sends_nothing_and_stops_where_the_api_server_is_
     .unwrap();
     h.refresh(&env).await;
     // Finished, not recorded: the status write is a request, so the look stops.
-    let before = h.requests_sent();
-    assert_eq!(h.look_from_caches("gj").await.unwrap(), Looked::NeedsApi);
-    assert_eq!(h.requests_sent(), before);
+    assert_eq!(look_sending_nothing(&h).await, Looked::NeedsApi);
     h.reconcile("gj").await.unwrap();
     let gj = env.gpujobs().get("gj").await.unwrap();
     assert_eq!(phase(&gj), Some(Phase::Succeeded), "{:?}", gj.status);
 
     // Settled, and the caches show it: the look ends there, having sent nothing.
     h.refresh(&env).await;
-    let before = h.requests_sent();
-    let looked = h.look_from_caches("gj").await.unwrap();
-    assert!(matches!(looked, Looked::Ended(_)), "{looked:?}");
-    assert_eq!(
-        h.requests_sent(),
-        before,
-        "a look from the caches sent a request"
+    assert!(
+        h.ctx.view.snapshot(&key, &fence).is_some(),
+        "the GpuJob is cached: its look is not the one for a GpuJob gone"
     );
+    let looked = look_sending_nothing(&h).await;
+    assert!(matches!(looked, Looked::Ended(_)), "{looked:?}");
 }

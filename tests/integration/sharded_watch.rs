@@ -246,10 +246,11 @@ async fn each_replica_caches_its_shards_and_those_it_would_take_and_a_takeover_l
     }
     let gained: BTreeSet<u32> = its.iter().copied().collect();
     let settled = count_in(&gained, &namespaces, &counts) as f64;
-    assert!(
-        from_caches_after - from_caches_before >= settled,
-        "{} first looks ended from the caches, for the {settled} GpuJobs of shards {its:?}",
-        from_caches_after - from_caches_before
+    // One look each: not fewer (a worker's), not more (a second look at a shard).
+    assert_eq!(
+        from_caches_after - from_caches_before,
+        settled,
+        "first looks ended from the caches, for the GpuJobs of shards {its:?}"
     );
     // Each survivor listed only the shards it did not watch before: a shard it held or
     // kept warm went on with the watch it had.

@@ -38,12 +38,15 @@ const BATCH: usize = 64;
 /// that needs nothing from the API server ends there, as a worker's reconcile would (the
 /// same plan, the same executor, which sends nothing); the others are queued as
 /// [`Intake::add_found`] queues them, for a worker, which plans again from the caches as
-/// they are then. A GpuJob whose shard is no longer in its first look, or not listed yet,
-/// is queued at once.
+/// they are then. A GpuJob whose shard is no longer in its first look is queued at once;
+/// one whose shard is not listed yet is passed over (it comes back, with every GpuJob of
+/// the shard, when both caches have it: `watches::newly_covered`).
 ///
-/// A GpuJob queued already, or with a worker, is left to that look. Otherwise the key
-/// is not taken from the queue meanwhile: a watch event may queue it, and a worker look
-/// at it at the same time. The look here sends nothing, so the worst is a look more.
+/// A GpuJob a worker has is left to that look. Otherwise the key is not taken from the
+/// queue: it may be queued already (a resync, a watch event), and a worker may take it
+/// while this look runs. The look here sends nothing, so the worst is a look more.
+/// Only a look made here counts a GpuJob as planned; one left to a worker counts when
+/// the worker has looked.
 pub(super) async fn look_from_caches(ctx: Arc<Context>, intake: Intake, keys: ObservedOrNew) {
     let observed = keys.observed.into_iter().map(|k| (k, true));
     let new = keys.new.into_iter().map(|k| (k, false));
@@ -63,27 +66,26 @@ pub(super) async fn look_from_caches(ctx: Arc<Context>, intake: Intake, keys: Ob
             // both caches have it (`watches::newly_covered`). A worker would drop it too.
             continue;
         }
-        // Queued already, or with a worker (a watch event came first): that look will
-        // do, and this one would only double it.
-        let looked = if intake.looks.pending(shard) && !intake.queue.has(&key) {
-            let span = tracing::info_span!("reconcile", namespace = %key.namespace, name = %key.name,
-                shard, attempt = tracing::field::Empty);
-            reconcile(&ctx, &key, Reach::Caches).instrument(span).await
-        } else {
-            Ok(Looked::NeedsApi)
-        };
-        match looked {
+        // With a worker (a watch event came first): that look will do.
+        if !intake.looks.pending(shard) || intake.queue.in_flight(&key) {
+            intake.add_found(key, observed);
+            continue;
+        }
+        let span = tracing::info_span!("reconcile", namespace = %key.namespace, name = %key.name,
+            shard, attempt = tracing::field::Empty);
+        match reconcile(&ctx, &key, Reach::Caches).instrument(span).await {
             Ok(Looked::Ended(next)) => {
                 ctx.metrics.first_looks_from_caches.inc();
                 worker::ended(&ctx, &intake.queue, &intake.looks, shard, &key, Ok(next));
             }
-            // A worker looks through to an outcome; an error here (the term ended, say)
-            // is its to meet and report.
-            Ok(Looked::NeedsApi) | Err(_) => {
+            Ok(Looked::NeedsApi) => {
                 let now = Instant::now();
                 report(intake.looks.planned(shard, &key, now), &ctx.metrics);
                 intake.add_found(key, observed);
             }
+            // A worker looks through to an outcome; an error here (the term ended, say)
+            // is its to meet and report.
+            Err(_) => intake.add_found(key, observed),
         }
     }
 }

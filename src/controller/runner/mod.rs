@@ -25,8 +25,8 @@ use crate::queue::Queue;
 use first_look::FirstLooks;
 
 /// Where watch events and resyncs put keys: the work queue, for GpuJobs of shards this
-/// replica holds. A standby queues nothing (gaining a shard queues its GpuJobs), so its
-/// queue metrics stay true.
+/// replica holds. A standby queues nothing (gaining a shard queues those of its GpuJobs
+/// that need the API server, `first_look.rs`), so its queue metrics stay true.
 #[derive(Clone)]
 struct Intake {
     queue: Queue<Key>,

@@ -375,9 +375,13 @@ async fn gpujobs(
                 // list completed first): every GpuJob of them has its first look there.
                 let new = ctx.view.listed(Cached::GpuJobs, &scope);
                 let mut changed = std::mem::take(&mut changed);
-                if let Some(new) = &new {
-                    changed.retain(|k| !new.contains(&k.namespace));
-                }
+                // Only those both caches covered before this list: one of a shard not
+                // covered yet has its first look when the shard is (the task below may
+                // run after that, and would look a second time).
+                changed.retain(|k| {
+                    ctx.view.covers(&k.namespace)
+                        && !new.as_ref().is_some_and(|n| n.contains(&k.namespace))
+                });
                 // The others the list changed (a relist that could not resume, or a
                 // cold gain's list while the Job cache still lists the shard).
                 tokio::spawn(first_look::look_from_caches(
@@ -419,8 +423,20 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
                     watcher::Event::Apply(job) if job_state(job) != JobState::Active
                 );
                 let keys = ctx.view.job_event(&event, &scope);
+                // The shards both caches now cover for the first time: every GpuJob of
+                // them, those without Jobs too, has its first look from the caches
+                // (`newly_covered`), so the list's touches do not queue them as well.
+                let new = match event {
+                    watcher::Event::InitDone => ctx.view.listed(Cached::Jobs, &scope),
+                    _ => None,
+                };
+                let looked_at_below =
+                    |k: &Key| new.as_ref().is_some_and(|n| n.contains(&k.namespace));
                 for key in keys.touched {
                     debug!(gpujob = %key, event = event_name(&event), finished, "Job event");
+                    if looked_at_below(&key) {
+                        continue;
+                    }
                     if finished {
                         intake.add_prompt(key);
                     } else {
@@ -430,13 +446,11 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
                 // Jobs this replica created or deleted may have come and gone between
                 // two lists, unseen: their GpuJobs are looked at again.
                 for key in keys.relisted {
-                    intake.add(key);
+                    if !looked_at_below(&key) {
+                        intake.add(key);
+                    }
                 }
-                // The GpuJobs of shards both caches now cover for the first time: those
-                // without Jobs too.
-                if matches!(event, watcher::Event::InitDone)
-                    && let Some(new) = ctx.view.listed(Cached::Jobs, &scope)
-                {
+                if let Some(new) = new {
                     newly_covered(&ctx, &intake, &new);
                 }
             }
