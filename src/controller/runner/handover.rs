@@ -3,7 +3,7 @@
 //! comparing each shard's epoch (new on every gain) sees it as the two transitions it
 //! is. Losing a shard forgets what this replica wrote there (its successor writes now);
 //! gaining one gives its GpuJobs their first look from the caches
-//! (`first_look::look_from_caches`: those that need nothing from the API server end
+//! (`from_caches::look_from_caches`: those that need nothing from the API server end
 //! there; the others are queued in the first-look lane, ahead of this replica's backlog,
 //! and those never observed in the prompt lane, as new work). With sharded watches the
 //! caches have a cold shard's GpuJobs only once it is listed, and the watches start
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::{Context, Intake, first_look};
+use super::{Context, Intake, first_look, from_caches};
 use crate::lease::Ownership;
 
 /// The epoch of each shard as last seen.
@@ -82,7 +82,7 @@ pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
                 if ctx.view.covers_shard(shard) {
                     first_look::report(looks.known(shard, &keys, at), &ctx.metrics);
                 }
-                tokio::spawn(first_look::look_from_caches(
+                tokio::spawn(from_caches::look_from_caches(
                     ctx.clone(),
                     intake.clone(),
                     keys,

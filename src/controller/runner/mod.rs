@@ -3,6 +3,7 @@
 //! work over shard by shard (`handover.rs`), shutdown drains.
 
 mod first_look;
+mod from_caches;
 mod handover;
 mod sizing;
 mod watches;
@@ -53,7 +54,7 @@ impl Intake {
     }
 
     /// A GpuJob found by a gain or a list whose first look needs the API server
-    /// (`first_look::look_from_caches`): one `observed` before as `add` queues it (to the
+    /// (`from_caches::look_from_caches`): one `observed` before as `add` queues it (to the
     /// first look of a shard just gained), one never observed to the prompt lane, as new
     /// work on any replica is.
     fn add_found(&self, key: Key, observed: bool) {

@@ -35,7 +35,7 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 use tracing::{debug, info, warn};
 
-use super::{Context, Intake, Key, first_look};
+use super::{Context, Intake, Key, first_look, from_caches};
 use crate::api::{GpuJob, LABEL_UID};
 use crate::client::selecting;
 use crate::controller::multikueue::WorkerCluster;
@@ -384,7 +384,7 @@ async fn gpujobs(
                 });
                 // The others the list changed (a relist that could not resume, or a
                 // cold gain's list while the Job cache still lists the shard).
-                tokio::spawn(first_look::look_from_caches(
+                tokio::spawn(from_caches::look_from_caches(
                     ctx.clone(),
                     intake.clone(),
                     ctx.view.sort_observed(changed),
@@ -515,7 +515,7 @@ async fn worker_pods(worker: WorkerCluster, ctx: Arc<Context>, intake: Intake) {
 
 /// Both caches cover the shards of `new` for the first time: a shard gained cold learns
 /// which GpuJobs it has to look at, and every GpuJob of them has its first look
-/// (`first_look::look_from_caches`: planned from the caches, and queued if it needs the
+/// (`from_caches::look_from_caches`: planned from the caches, and queued if it needs the
 /// API server: one observed before in the first-look lane while its shard's first look
 /// is not over, one never observed in the prompt lane).
 fn newly_covered(ctx: &Arc<Context>, intake: &Intake, new: &Scope) {
@@ -527,7 +527,7 @@ fn newly_covered(ctx: &Arc<Context>, intake: &Intake, new: &Scope) {
             first_look::report(intake.looks.known(shard, &keys, at), &ctx.metrics);
         }
     }
-    tokio::spawn(first_look::look_from_caches(
+    tokio::spawn(from_caches::look_from_caches(
         ctx.clone(),
         intake.clone(),
         ctx.view.keys_where(|ns| new.contains(ns)),
