@@ -68,12 +68,16 @@ pub enum Answer {
 /// Whether [`execute`] would send nothing for this plan: no action, and the status as the
 /// snapshot's GpuJob has it (`write_status` writes only a change).
 pub fn sends_nothing(snap: &Snapshot, actions: &[Action], status: &GpuJobStatus) -> bool {
-    actions.is_empty()
-        && snap
-            .gpujob
-            .status
-            .as_ref()
-            .map_or(*status == GpuJobStatus::default(), |s| s == status)
+    actions.is_empty() && status_as_written(&snap.gpujob, status)
+}
+
+/// Whether `gpujob` already has `status` (none counts as the default): then no status
+/// patch is sent.
+fn status_as_written(gpujob: &GpuJob, status: &GpuJobStatus) -> bool {
+    gpujob
+        .status
+        .as_ref()
+        .map_or(*status == GpuJobStatus::default(), |s| s == status)
 }
 
 /// What a run that did not read where the term began says of it, when `snap` was offered
@@ -288,10 +292,10 @@ impl Execution<'_> {
     /// One status patch from the GpuJob as last seen to `status` (nothing when equal),
     /// then its Events.
     async fn write_status(&mut self, status: &GpuJobStatus) -> Result<(), Error> {
-        let current = self.gpujob.status.clone().unwrap_or_default();
-        if *status == current {
+        if status_as_written(&self.gpujob, status) {
             return Ok(());
         }
+        let current = self.gpujob.status.clone().unwrap_or_default();
         let written = self
             .ctx
             .writer

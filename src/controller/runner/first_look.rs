@@ -65,8 +65,9 @@ pub enum Which {
     /// Looked at through to an outcome, those observed before the gain (a status written by a replica): the work its last
     /// holder had under way. Their look costs requests only where something changed.
     Observed,
-    /// Looked at through to an outcome, every one, the never-observed too: those are new work (their Job and first status
-    /// to write), on the same budget as this replica's own new work.
+    /// Looked at through to an outcome, every one, the never-observed too: those are new
+    /// work (their Job and first status to write), on the same budget as this replica's
+    /// own new work.
     All,
 }
 
