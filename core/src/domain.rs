@@ -291,6 +291,11 @@ mod tests {
 
     const TEN_MIN: Duration = Duration::from_secs(600);
 
+    /// The domain snapshot of `all` at `now`, with nothing seen before.
+    fn snapshot_at(all: &[GpuJob], now: &str) -> Snapshot {
+        snapshot(facts(all), t(now), TEN_MIN, &mut FirstSeen::new())
+    }
+
     /// Each GpuJob's facts, through the bytes the cache keeps.
     fn facts(all: &[GpuJob]) -> Vec<Facts> {
         all.iter()
@@ -349,12 +354,7 @@ mod tests {
             ),
             gj("e", 1, None),
         ];
-        let snap = snapshot(
-            facts(&all),
-            t("2026-11-30T06:01:00Z"),
-            TEN_MIN,
-            &mut FirstSeen::new(),
-        );
+        let snap = snapshot_at(&all, "2026-11-30T06:01:00Z");
         assert_eq!(snap.by_phase["Running"], 1);
         assert_eq!(snap.by_phase["Pending"], 2);
         assert_eq!(snap.by_phase["Unknown"], 1);
@@ -380,12 +380,7 @@ mod tests {
         });
         let mut deleting = gj("d", 1, Some(stuck));
         deleting.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:05:00Z")));
-        let snap = snapshot(
-            facts(&[deleting]),
-            t("2026-11-30T06:06:00Z"),
-            TEN_MIN,
-            &mut FirstSeen::new(),
-        );
+        let snap = snapshot_at(&[deleting], "2026-11-30T06:06:00Z");
         assert_eq!(snap.cleanup_stuck, 1);
         assert_eq!(snap.by_phase["Running"], 0, "not counted by phase");
         assert_eq!(snap.unconverged, 0);
@@ -442,19 +437,9 @@ mod tests {
             )),
         );
         let all = [stuck, running, backing_off, queued, lost];
-        let early = snapshot(
-            facts(&all),
-            t("2026-11-30T06:09:00Z"),
-            TEN_MIN,
-            &mut FirstSeen::new(),
-        );
+        let early = snapshot_at(&all, "2026-11-30T06:09:00Z");
         assert_eq!(early.unconverged, 0, "within the threshold");
-        let late = snapshot(
-            facts(&all),
-            t("2026-11-30T06:15:00Z"),
-            TEN_MIN,
-            &mut FirstSeen::new(),
-        );
+        let late = snapshot_at(&all, "2026-11-30T06:15:00Z");
         assert_eq!(
             late.unconverged, 1,
             "only the one without a deliberate reason or a running attempt"
@@ -479,19 +464,9 @@ mod tests {
             message: String::new(),
         });
         let all = [gj("m", 1, Some(dispatching))];
-        let soon = snapshot(
-            facts(&all),
-            t("2026-11-30T06:05:00Z"),
-            TEN_MIN,
-            &mut FirstSeen::new(),
-        );
+        let soon = snapshot_at(&all, "2026-11-30T06:05:00Z");
         assert_eq!(soon.unconverged, 0, "five minutes since the admission");
-        let late = snapshot(
-            facts(&all),
-            t("2026-11-30T06:15:00Z"),
-            TEN_MIN,
-            &mut FirstSeen::new(),
-        );
+        let late = snapshot_at(&all, "2026-11-30T06:15:00Z");
         assert_eq!(
             late.unconverged, 1,
             "a copy stuck past the threshold still counts"

@@ -38,6 +38,15 @@ fn on_worker(n: u8) -> SeenPod {
     }
 }
 
+/// The plan of an operator given workers, with `pod` on a worker both cached and read.
+fn with_worker_pod_read(g: &GpuJob, jobs: &[Job], pod: &SeenPod) -> Plan {
+    Seen::new(g, jobs)
+        .multikueue()
+        .cached(std::slice::from_ref(pod))
+        .read(std::slice::from_ref(pod))
+        .plan(LATER)
+}
+
 fn ungated_on(p: &Plan) -> Vec<(&str, Option<&str>)> {
     p.actions
         .iter()
@@ -59,11 +68,7 @@ fn a_dispatched_attempts_pod_is_let_go_on_its_worker_only_when_the_operator_has_
         .cached(std::slice::from_ref(&waiting))
         .plan(LATER);
     assert_eq!(p.actions, vec![Action::ReadPods]);
-    let p = Seen::new(&g, &jobs)
-        .multikueue()
-        .cached(std::slice::from_ref(&waiting))
-        .read(std::slice::from_ref(&waiting))
-        .plan(LATER);
+    let p = with_worker_pod_read(&g, &jobs, &waiting);
     assert_eq!(ungated_on(&p), vec![("train-1-0", Some("worker"))]);
     assert_eq!(ready(&p).1, crate::status::JOB_RUNNING);
     assert_eq!(p.status.phase, Some(Phase::Running));
@@ -125,11 +130,7 @@ fn a_dispatched_attempt_that_needs_objects_of_this_cluster_is_not_let_go_there()
     let seen = crate::seen_job::SeenJob::of(&jobs[0]).unwrap();
     assert_eq!(seen.nodes, Some(2), "the Job says it is multi-node");
     let waiting = on_worker(0);
-    let p = Seen::new(&g, &jobs)
-        .multikueue()
-        .cached(std::slice::from_ref(&waiting))
-        .read(std::slice::from_ref(&waiting))
-        .plan(LATER);
+    let p = with_worker_pod_read(&g, &jobs, &waiting);
     assert!(ungated_on(&p).is_empty(), "{:?}", p.actions);
     assert_eq!(ready(&p).1, MANAGED_ELSEWHERE);
     assert!(
@@ -271,11 +272,7 @@ fn a_dispatched_attempt_is_pending_until_its_copy_on_the_worker_has_started() {
     assert_eq!(ready(&p).1, crate::status::DISPATCHING);
     // Its pod at the gate there is let go all the same: the copy starts with it.
     let waiting = on_worker(0);
-    let p = Seen::new(&g, &jobs)
-        .multikueue()
-        .cached(std::slice::from_ref(&waiting))
-        .read(std::slice::from_ref(&waiting))
-        .plan(LATER);
+    let p = with_worker_pod_read(&g, &jobs, &waiting);
     assert_eq!(ungated_on(&p), vec![("train-1-0", Some("worker"))]);
     // Its pod placed there, before any status came back (MultiKueue copies it only once
     // the copy changes): Running.
@@ -315,11 +312,7 @@ fn a_worker_pod_waits_while_the_management_job_is_still_suspended() {
     suspended.spec.as_mut().unwrap().suspend = Some(true);
     let jobs = [suspended];
     let waiting = on_worker(0);
-    let p = Seen::new(&g, &jobs)
-        .multikueue()
-        .cached(std::slice::from_ref(&waiting))
-        .read(std::slice::from_ref(&waiting))
-        .plan(LATER);
+    let p = with_worker_pod_read(&g, &jobs, &waiting);
     assert!(ungated_on(&p).is_empty(), "{:?}", p.actions);
     assert_eq!(ready(&p).1, crate::status::QUEUED);
 }
