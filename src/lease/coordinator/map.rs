@@ -60,6 +60,8 @@ impl Coordinator {
             "shard map changed: draining and releasing the shards held whose range moved; keeping the others"
         );
         let running = self.looked;
+        // Every shard's watches start again under the new ranges: none lingers warm.
+        self.warm.forget();
         if let Some(k) = self.kept.as_mut() {
             k.followed(version, now, running);
         }

@@ -52,6 +52,7 @@ use crate::health::Status;
 
 mod map;
 mod wake;
+mod warm;
 
 /// The lease loop's wiring, built once by main.
 pub struct Params {
@@ -493,6 +494,9 @@ struct Coordinator {
     /// The term and number of namespaces each held shard's Lease was last told to
     /// state (`state_loads`: a change is renewed at once).
     stated: BTreeMap<u32, (u64, usize)>,
+    /// The shards published as kept warm, each for a lease duration after the last look
+    /// that computed it so (`warm.rs`).
+    warm: warm::Warm,
     load: Load,
     status: Arc<Status>,
 }
@@ -598,6 +602,7 @@ impl Coordinator {
             watch_timeout,
             wake: Arc::new(tokio::sync::Notify::new()),
             stated: BTreeMap::new(),
+            warm: warm::Warm::default(),
             load,
             status,
         }
@@ -656,7 +661,11 @@ impl Coordinator {
             lease_duration: self.group.timing.lease_duration,
         };
         let decision = balance::decide(&view);
-        let warm = self.mode.warm(&view);
+        let computed = self.mode.warm(&view);
+        let held: BTreeSet<u32> = self.tx.borrow().held.keys().copied().collect();
+        let warm = self
+            .warm
+            .publish(&computed, &held, self.group.timing.lease_duration, now);
         self.tx.send_if_modified(|o| {
             let changed = o.warm != warm;
             o.warm = warm;
