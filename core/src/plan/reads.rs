@@ -43,8 +43,8 @@ pub enum Read {
         dispatched: bool,
     },
     /// Why the newest attempt's pods are not placed (their `PodScheduled` condition),
-    /// once the scheduler's grace is over ([`pods_waiting`]). `dispatched`: as for
-    /// `Termination`.
+    /// once the scheduler's grace is over ([`pods_waiting`]) and while the pod cache
+    /// does not show every one of them placed. `dispatched`: as for `Termination`.
     Placement {
         attempt: i32,
         job_uid: String,
@@ -340,9 +340,22 @@ impl Planner<'_, '_> {
                     .iter()
                     .any(|p| p.of_job(u) && p.waits_at_gate())
             };
+            // Every pod of the attempt placed, as the pod cache says (a pod once bound
+            // stays bound): the scheduler has nothing to say, and the Job's ready count
+            // only lags its pods (the Job controller writes it, on its own budget).
+            let placed = |u: &str| {
+                let bound = self
+                    .obs
+                    .cached_pods
+                    .iter()
+                    .filter(|p| p.of_job(u) && p.bound && !p.terminal)
+                    .count();
+                bound >= usize::try_from(job.nodes.unwrap_or(1)).unwrap_or(usize::MAX)
+            };
             if let Some(job_uid) = uid_of(job) {
                 if pods_waiting(job, self.obs.now) == PodsWaiting::ReadPod
                     && !at_gate(&job_uid)
+                    && !placed(&job_uid)
                     && unknown(self.obs.unschedulable.as_ref().map(|u| u.attempt), attempt)
                 {
                     due.push(Read::Placement {

@@ -254,6 +254,68 @@ fn a_pod_the_scheduler_cannot_place_says_why_and_its_exit_code_is_read_from_its_
 }
 
 #[test]
+fn the_scheduler_is_asked_why_only_while_a_pod_of_the_attempt_is_not_placed() {
+    use super::gate::{Seen, pod, ungated};
+    let now = "2026-11-30T06:01:00Z";
+    let asks_placement = |p: &Plan| {
+        asked(p)
+            .iter()
+            .any(|r| matches!(r, Read::Placement { attempt: 1, .. }))
+    };
+    let g = running(&gpujob(0), 1, 0);
+    let jobs = [waiting_job(&g, T0, 0)];
+    let sees = |cached: &[SeenPod]| {
+        Seen::new(&g, &jobs)
+            .cached(cached)
+            .reads(Reads::default())
+            .plan(now)
+    };
+    // Past the grace, with no pod of it ready: read, unless the cache shows it placed.
+    assert!(asks_placement(&sees(&[])), "nothing of it cached");
+    let mut let_go = pod(1, 0);
+    let_go.gated = false;
+    assert!(
+        asks_placement(&sees(&[let_go.clone()])),
+        "let go, not placed"
+    );
+    let placed = ungated(pod(1, 0));
+    let p = sees(&[placed.clone()]);
+    assert!(
+        !asks_placement(&p),
+        "placed: the ready count lags: {:?}",
+        p.actions
+    );
+    // A pod of another attempt placed says nothing of this one's.
+    let p = sees(&[ungated(pod(2, 0)), let_go.clone()]);
+    assert!(asks_placement(&p), "{:?}", p.actions);
+    // A placed pod that has ended does not count.
+    let mut ended = placed.clone();
+    ended.terminal = true;
+    assert!(asks_placement(&sees(&[ended])));
+
+    // A multi-node attempt: every one of its pods placed.
+    let mut g = gpujob(0);
+    g.spec.v2 = Some(V2Only {
+        nodes: Some(3),
+        ..V2Only::default()
+    });
+    let g = running(&g, 1, 0);
+    let mut job = waiting_job(&g, T0, 2);
+    job.status.as_mut().unwrap().active = Some(3);
+    let jobs = [job];
+    let sees = |cached: &[SeenPod]| {
+        Seen::new(&g, &jobs)
+            .cached(cached)
+            .reads(Reads::default())
+            .plan(now)
+    };
+    let two = [ungated(pod(1, 0)), ungated(pod(1, 1)), let_go];
+    assert!(asks_placement(&sees(&two)), "two of three placed");
+    let three = [ungated(pod(1, 0)), ungated(pod(1, 1)), ungated(pod(1, 2))];
+    assert!(!asks_placement(&sees(&three)), "all three placed");
+}
+
+#[test]
 fn an_unknown_term_start_is_read_in_place_of_a_confirming_read() {
     let g = gpujob(0);
     let obs = |due| Observed {
