@@ -653,18 +653,27 @@ fn less(now: &mut BTreeMap<String, f64>, before: &BTreeMap<String, f64>) {
     now.retain(|_, n| *n > 0.0);
 }
 
-/// The API server's `apiserver_request_total` so far, by verb.
+/// The API server's `apiserver_request_total` so far, by verb; reads (GET and LIST) by
+/// verb and resource, so a report says what was read.
 async fn requests_by_verb(admin: &Client) -> anyhow::Result<BTreeMap<String, f64>> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = admin.request_text(req).await?;
+    Ok(by_verb(&Metrics::parse(&text)?))
+}
+
+fn by_verb(m: &Metrics) -> BTreeMap<String, f64> {
     let mut by_verb = BTreeMap::new();
-    for s in Metrics::parse(&text)?.samples {
+    for s in &m.samples {
         if s.name == "apiserver_request_total" {
             let verb = s.labels.get("verb").cloned().unwrap_or_default();
-            *by_verb.entry(verb).or_insert(0.0) += s.value;
+            let key = match (verb.as_str(), s.labels.get("resource")) {
+                ("GET" | "LIST", Some(resource)) => format!("{verb} {resource}"),
+                _ => verb,
+            };
+            *by_verb.entry(key).or_insert(0.0) += s.value;
         }
     }
-    Ok(by_verb)
+    by_verb
 }
 
 fn is_converged(gj: &GpuJob) -> bool {
@@ -1111,8 +1120,9 @@ fn machine_report(all: &[Figures], n: f64) -> String {
     };
     let mut r = String::from(
         "\n## Where the machine's CPU went\n\nCPU seconds of each process from the first \
-         create to all converged; API server requests per GpuJob by verb over the same span \
-         (`apiserver_request_total`; a watch counts once, not per event).\n\n|",
+         create to all converged; API server requests per GpuJob by verb (reads also by \
+         resource) over the same span (`apiserver_request_total`; a watch counts once, not \
+         per event).\n\n|",
     );
     for (who, _) in &first.machine_cpu {
         let _ = write!(r, " | {who}");
@@ -1172,6 +1182,29 @@ mod tests {
             "every code summed; a method that did not grow left out"
         );
         assert!((d.limiter_wait_seconds - 2.5).abs() < 1e-9, "{d:?}");
+    }
+
+    #[test]
+    fn the_api_servers_requests_are_by_verb_and_reads_by_resource_too() {
+        let m = Metrics::parse(
+            "apiserver_request_total{code=\"200\",resource=\"pods\",verb=\"LIST\"} 3\n\
+             apiserver_request_total{code=\"200\",resource=\"pods\",verb=\"PATCH\"} 4\n\
+             apiserver_request_total{code=\"201\",resource=\"jobs\",verb=\"POST\"} 5\n\
+             apiserver_request_total{code=\"404\",resource=\"jobs\",verb=\"GET\"} 1\n\
+             apiserver_request_total{code=\"200\",resource=\"jobs\",verb=\"GET\"} 2\n\
+             apiserver_request_total{code=\"200\",resource=\"gpujobs\",verb=\"LIST\"} 6\n",
+        )
+        .unwrap();
+        assert_eq!(
+            by_verb(&m),
+            BTreeMap::from([
+                ("GET jobs".to_owned(), 3.0),
+                ("LIST gpujobs".to_owned(), 6.0),
+                ("LIST pods".to_owned(), 3.0),
+                ("PATCH".to_owned(), 4.0),
+                ("POST".to_owned(), 5.0),
+            ])
+        );
     }
 
     #[test]
