@@ -342,13 +342,18 @@ impl Planner<'_, '_> {
             };
             // Every pod of the attempt placed, as the pod cache says (a pod once bound
             // stays bound): the scheduler has nothing to say, and the Job's ready count
-            // only lags its pods (the Job controller writes it, on its own budget).
+            // only lags its pods (the Job controller writes it, on its own budget). Only
+            // this cluster's pods, not being deleted: a worker's cached pod counts as the
+            // live copy's by the Job's name alone (`View::on_worker`), so a bound pod of
+            // an older copy would hide the live copy's pod that finds no node.
             let placed = |u: &str| {
                 let bound = self
                     .obs
                     .cached_pods
                     .iter()
-                    .filter(|p| p.of_job(u) && p.bound && !p.terminal)
+                    .filter(|p| {
+                        p.of_job(u) && p.bound && !p.terminal && !p.deleting && p.cluster.is_none()
+                    })
                     .count();
                 bound >= usize::try_from(job.nodes.unwrap_or(1)).unwrap_or(usize::MAX)
             };

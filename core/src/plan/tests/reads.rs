@@ -292,6 +292,14 @@ fn the_scheduler_is_asked_why_only_while_a_pod_of_the_attempt_is_not_placed() {
     let mut ended = placed.clone();
     ended.terminal = true;
     assert!(asks_placement(&sees(&[ended])));
+    // Nor one being deleted, nor one a worker's pod cache shows (matched by the Job's
+    // name alone: it may be an older copy's).
+    let mut going = placed.clone();
+    going.deleting = true;
+    assert!(asks_placement(&sees(&[going])));
+    let mut on_worker = placed.clone();
+    on_worker.cluster = Some("worker".into());
+    assert!(asks_placement(&sees(&[on_worker])));
 
     // A multi-node attempt: every one of its pods placed.
     let mut g = gpujob(0);
