@@ -661,8 +661,19 @@ impl Coordinator {
             lease_duration: self.group.timing.lease_duration,
         };
         let decision = balance::decide(&view);
-        let computed = self.mode.warm(&view);
-        let held: BTreeSet<u32> = self.tx.borrow().held.keys().copied().collect();
+        // A shard given up in this look lingers as one computed warm: its next keeper is
+        // often this replica (with two replicas, always), and the next look would list
+        // it again right after its watches stopped.
+        let mut computed = self.mode.warm(&view);
+        computed.extend(decision.release.iter().copied());
+        let held: BTreeSet<u32> = self
+            .tx
+            .borrow()
+            .held
+            .keys()
+            .filter(|s| !decision.release.contains(s))
+            .copied()
+            .collect();
         let warm = self
             .warm
             .publish(&computed, &held, self.group.timing.lease_duration, now);

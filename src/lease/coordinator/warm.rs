@@ -3,7 +3,9 @@
 //! drop a shard for a moment and add it back: a dead replica's member heartbeat may
 //! outlive its shard Leases, and while it does the survivors split each other's shards
 //! with it. Each drop would stop that shard's watches and drop its caches, and each
-//! return would list it again; a shard kept a lease duration longer rides that out.
+//! return would list it again; a shard kept a lease duration longer rides that out. A
+//! shard this replica gives up is passed as computed too: its next keeper is often this
+//! replica.
 //!
 //! [`balance::successor_of`]: gpujob_core::balance::successor_of
 
