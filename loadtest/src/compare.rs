@@ -666,8 +666,11 @@ fn by_verb(m: &Metrics) -> BTreeMap<String, f64> {
     for s in &m.samples {
         if s.name == "apiserver_request_total" {
             let verb = s.labels.get("verb").cloned().unwrap_or_default();
+            // A GET of no resource is of a path such as /metrics or /healthz.
             let key = match (verb.as_str(), s.labels.get("resource")) {
-                ("GET" | "LIST", Some(resource)) => format!("{verb} {resource}"),
+                ("GET" | "LIST", Some(resource)) if !resource.is_empty() => {
+                    format!("{verb} {resource}")
+                }
                 _ => verb,
             };
             *by_verb.entry(key).or_insert(0.0) += s.value;
@@ -1192,12 +1195,14 @@ mod tests {
              apiserver_request_total{code=\"201\",resource=\"jobs\",verb=\"POST\"} 5\n\
              apiserver_request_total{code=\"404\",resource=\"jobs\",verb=\"GET\"} 1\n\
              apiserver_request_total{code=\"200\",resource=\"jobs\",verb=\"GET\"} 2\n\
-             apiserver_request_total{code=\"200\",resource=\"gpujobs\",verb=\"LIST\"} 6\n",
+             apiserver_request_total{code=\"200\",resource=\"gpujobs\",verb=\"LIST\"} 6\n\
+             apiserver_request_total{code=\"200\",resource=\"\",verb=\"GET\"} 7\n",
         )
         .unwrap();
         assert_eq!(
             by_verb(&m),
             BTreeMap::from([
+                ("GET".to_owned(), 7.0),
                 ("GET jobs".to_owned(), 3.0),
                 ("LIST gpujobs".to_owned(), 6.0),
                 ("LIST pods".to_owned(), 3.0),
