@@ -26,6 +26,9 @@ pub struct SeenPod {
     pub gated: bool,
     /// Bound to a node (`spec.nodeName`): it runs, or its kubelet may still run it.
     pub bound: bool,
+    /// The scheduler found no node for it (`PodScheduled` False, reason
+    /// `Unschedulable`): why is then read afresh (`Read::Placement`).
+    pub unschedulable: bool,
     /// The node it is bound to (`spec.nodeName`): when it is being deleted there and
     /// that node is not Ready, only a person can end the wait (`plan/gate.rs`).
     pub node: Option<String>,
@@ -70,6 +73,17 @@ impl SeenPod {
                 .and_then(|s| s.scheduling_gates.as_ref())
                 .is_some_and(|g| g.iter().any(|g| g.name == SCHEDULING_GATE)),
             bound: spec.and_then(|s| s.node_name.as_ref()).is_some(),
+            unschedulable: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter().any(|c| {
+                        c.type_ == "PodScheduled"
+                            && c.status == "False"
+                            && c.reason.as_deref() == Some("Unschedulable")
+                    })
+                }),
             node: spec.and_then(|s| s.node_name.clone()),
             terminal: matches!(
                 pod.status.as_ref().and_then(|s| s.phase.as_deref()),
@@ -191,6 +205,36 @@ mod tests {
         });
         assert!(p.may_run() && !p.gated);
         assert_eq!(p.stopping_on(), Some("gpu-1"));
+        // The scheduler found no node for it.
+        let p = seen(&|p| {
+            p.status = Some(PodStatus {
+                conditions: Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "False".into(),
+                    reason: Some("Unschedulable".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            });
+        });
+        assert!(p.unschedulable && !p.bound);
+        // Held at a scheduling gate is not that.
+        let p = seen(&|p| {
+            p.status = Some(PodStatus {
+                conditions: Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "False".into(),
+                    reason: Some("SchedulingGated".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            });
+        });
+        assert!(!p.unschedulable);
+        let p = seen(&|p| {
+            bound(p);
+            deleting(p);
+        });
         // On a worker cluster: its Node is not this cluster's to read.
         let on_worker = SeenPod {
             cluster: Some("worker".into()),

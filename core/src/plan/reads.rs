@@ -43,8 +43,8 @@ pub enum Read {
         dispatched: bool,
     },
     /// Why the newest attempt's pods are not placed (their `PodScheduled` condition),
-    /// once the scheduler's grace is over ([`pods_waiting`]) and while the pod cache
-    /// does not show every one of them placed. `dispatched`: as for `Termination`.
+    /// once the scheduler's grace is over ([`pods_waiting`]) and the pod cache shows
+    /// one of them unschedulable. `dispatched`: as for `Termination`.
     Placement {
         attempt: i32,
         job_uid: String,
@@ -334,33 +334,20 @@ impl Planner<'_, '_> {
             });
         }
         if let Some((&attempt, job)) = self.by_attempt.last_key_value() {
-            let at_gate = |u: &str| {
+            // Only once the scheduler has said so of a pod of the attempt, as the pod
+            // cache shows (its watch queues the GpuJob then): until then a pod let go, or
+            // placed while the Job's ready count lags it (the Job controller writes that,
+            // on its own budget), has nothing to tell, and each reconcile in between
+            // would list the pods. The read gets the scheduler's words afresh.
+            let unplaceable = |u: &str| {
                 self.obs
                     .cached_pods
                     .iter()
-                    .any(|p| p.of_job(u) && p.waits_at_gate())
-            };
-            // Every pod of the attempt placed, as the pod cache says (a pod once bound
-            // stays bound): the scheduler has nothing to say, and the Job's ready count
-            // only lags its pods (the Job controller writes it, on its own budget). Only
-            // this cluster's pods, not being deleted: a worker's cached pod counts as the
-            // live copy's by the Job's name alone (`View::on_worker`), so a bound pod of
-            // an older copy would hide the live copy's pod that finds no node.
-            let placed = |u: &str| {
-                let bound = self
-                    .obs
-                    .cached_pods
-                    .iter()
-                    .filter(|p| {
-                        p.of_job(u) && p.bound && !p.terminal && !p.deleting && p.cluster.is_none()
-                    })
-                    .count();
-                bound >= usize::try_from(job.nodes.unwrap_or(1)).unwrap_or(usize::MAX)
+                    .any(|p| p.of_job(u) && p.unschedulable && !p.terminal && !p.deleting)
             };
             if let Some(job_uid) = uid_of(job) {
                 if pods_waiting(job, self.obs.now) == PodsWaiting::ReadPod
-                    && !at_gate(&job_uid)
-                    && !placed(&job_uid)
+                    && unplaceable(&job_uid)
                     && unknown(self.obs.unschedulable.as_ref().map(|u| u.attempt), attempt)
                 {
                     due.push(Read::Placement {

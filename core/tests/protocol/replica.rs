@@ -532,6 +532,8 @@ fn seen_pod(pod: &PodObj) -> SeenPod {
         job_uid: Some(format!("job-{}", pod.job_uid)),
         gated: pod.gated,
         bound: pod.bound,
+        // The model has no scheduler: a pod let go is placed.
+        unschedulable: false,
         node: None,
         terminal: pod.ended,
         deleting: pod.deleting,

@@ -13,8 +13,8 @@
 //!
 //! What the GpuJob and Job caches cover (every object, or some shards': `scope.rs`)
 //! decides which GpuJobs may be reconciled ([`View::covers`]). The pod cache is not
-//! waited for: it only tells a plan that a pod waits at the gate, and the gate lets a pod
-//! go only after a read of the API server.
+//! waited for: it only tells a plan that a pod waits at the gate (or finds no node), and
+//! the gate lets a pod go only after a read of the API server.
 
 pub mod cache;
 mod memory;

@@ -28,6 +28,7 @@ pub(super) fn pod(attempt: i32, n: u8) -> SeenPod {
         job_uid: Some(format!("job-uid-{attempt}")),
         gated: true,
         bound: false,
+        unschedulable: false,
         node: None,
         terminal: false,
         deleting: false,

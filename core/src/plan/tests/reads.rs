@@ -11,6 +11,19 @@ fn plan_after(
     queue_wait: Option<QueueWait>,
     now: &str,
 ) -> Plan {
+    plan_seeing(g, jobs, &[], reads, termination, queue_wait, now)
+}
+
+/// [`plan_after`], with `cached` in the pod cache.
+fn plan_seeing(
+    g: &GpuJob,
+    jobs: &[Job],
+    cached: &[SeenPod],
+    reads: Reads,
+    termination: Option<Termination>,
+    queue_wait: Option<QueueWait>,
+    now: &str,
+) -> Plan {
     let seen = seen(jobs);
     plan(
         &Observed {
@@ -23,7 +36,7 @@ fn plan_after(
             quota_required: false,
             quota: None,
             pods: Some(Vec::new()),
-            cached_pods: Vec::new(),
+            cached_pods: cached.iter().collect(),
             confirmed: true,
             term_start_due: false,
             reads,
@@ -254,7 +267,7 @@ fn a_pod_the_scheduler_cannot_place_says_why_and_its_exit_code_is_read_from_its_
 }
 
 #[test]
-fn the_scheduler_is_asked_why_only_while_a_pod_of_the_attempt_is_not_placed() {
+fn the_scheduler_is_asked_why_only_once_the_pod_cache_shows_it_could_not_place_a_pod() {
     use super::gate::{Seen, pod, ungated};
     let now = "2026-11-30T06:01:00Z";
     let asks_placement = |p: &Plan| {
@@ -270,57 +283,42 @@ fn the_scheduler_is_asked_why_only_while_a_pod_of_the_attempt_is_not_placed() {
             .reads(Reads::default())
             .plan(now)
     };
-    // Past the grace, with no pod of it ready: read, unless the cache shows it placed.
-    assert!(asks_placement(&sees(&[])), "nothing of it cached");
     let mut let_go = pod(1, 0);
     let_go.gated = false;
-    assert!(
-        asks_placement(&sees(&[let_go.clone()])),
-        "let go, not placed"
-    );
-    let placed = ungated(pod(1, 0));
-    let p = sees(&[placed.clone()]);
-    assert!(
-        !asks_placement(&p),
-        "placed: the ready count lags: {:?}",
-        p.actions
-    );
-    // A pod of another attempt placed says nothing of this one's.
-    let p = sees(&[ungated(pod(2, 0)), let_go.clone()]);
+    let mut unplaceable = let_go.clone();
+    unplaceable.unschedulable = true;
+    // Past the grace, with no pod of it ready: read once the scheduler has said why.
+    let p = sees(&[unplaceable.clone()]);
     assert!(asks_placement(&p), "{:?}", p.actions);
-    // A placed pod that has ended does not count.
-    let mut ended = placed.clone();
+    // Until then nothing to ask: nothing of it cached, a pod just let go, or one placed
+    // while the Job's ready count lags.
+    assert!(!asks_placement(&sees(&[])), "nothing of it cached");
+    assert!(!asks_placement(&sees(&[let_go])), "let go, not tried yet");
+    assert!(!asks_placement(&sees(&[ungated(pod(1, 0))])), "placed");
+    // Another attempt's pod says nothing of this one's; nor does one ended or going.
+    let mut other = pod(2, 0);
+    other.gated = false;
+    other.unschedulable = true;
+    assert!(!asks_placement(&sees(&[other])));
+    let mut ended = unplaceable.clone();
     ended.terminal = true;
-    assert!(asks_placement(&sees(&[ended])));
-    // Nor one being deleted, nor one a worker's pod cache shows (matched by the Job's
-    // name alone: it may be an older copy's).
-    let mut going = placed.clone();
+    assert!(!asks_placement(&sees(&[ended])));
+    let mut going = unplaceable.clone();
     going.deleting = true;
-    assert!(asks_placement(&sees(&[going])));
-    let mut on_worker = placed.clone();
-    on_worker.cluster = Some("worker".into());
-    assert!(asks_placement(&sees(&[on_worker])));
-
-    // A multi-node attempt: every one of its pods placed.
-    let mut g = gpujob(0);
-    g.spec.v2 = Some(V2Only {
-        nodes: Some(3),
-        ..V2Only::default()
-    });
-    let g = running(&g, 1, 0);
-    let mut job = waiting_job(&g, T0, 2);
-    job.status.as_mut().unwrap().active = Some(3);
-    let jobs = [job];
-    let sees = |cached: &[SeenPod]| {
-        Seen::new(&g, &jobs)
-            .cached(cached)
-            .reads(Reads::default())
-            .plan(now)
-    };
-    let two = [ungated(pod(1, 0)), ungated(pod(1, 1)), let_go];
-    assert!(asks_placement(&sees(&two)), "two of three placed");
-    let three = [ungated(pod(1, 0)), ungated(pod(1, 1)), ungated(pod(1, 2))];
-    assert!(!asks_placement(&sees(&three)), "all three placed");
+    assert!(!asks_placement(&sees(&[going])));
+    // Within the grace the scheduler is not asked, whatever the cache says.
+    let p = sees(&[unplaceable]);
+    let young = [waiting_job(&g, "2026-11-30T06:00:58Z", 0)];
+    let q = Seen::new(&g, &young)
+        .cached(&[{
+            let mut u = pod(1, 0);
+            u.gated = false;
+            u.unschedulable = true;
+            u
+        }])
+        .reads(Reads::default())
+        .plan(now);
+    assert!(asks_placement(&p) && !asks_placement(&q), "{:?}", q.actions);
 }
 
 #[test]
@@ -376,22 +374,31 @@ fn reads_are_asked_in_at_most_two_rounds_and_never_again_once_answered() {
             observed_generation: Some(1),
         });
     let g2 = running(&base, 2, 1);
-    let cases: Vec<(GpuJob, Vec<Job>)> = vec![
-        (g2.clone(), vec![]),
-        (g2.clone(), vec![failed(&g2, 1)]),
+    let mut unplaceable = super::gate::pod(1, 0);
+    unplaceable.gated = false;
+    unplaceable.unschedulable = true;
+    let cases: Vec<(GpuJob, Vec<Job>, Vec<SeenPod>)> = vec![
+        (g2.clone(), vec![], vec![]),
+        (g2.clone(), vec![failed(&g2, 1)], vec![]),
         (
             running(&base, 2, 0),
             vec![failed(&base, 1), failed(&base, 2)],
+            vec![],
         ),
-        (queued_g.clone(), vec![queued]),
-        (running(&base, 1, 0), vec![waiting_job(&base, T0, 0)]),
-        (conflict.clone(), vec![failed(&conflict, 1)]),
+        (queued_g.clone(), vec![queued], vec![]),
+        (
+            running(&base, 1, 0),
+            vec![waiting_job(&base, T0, 0)],
+            vec![unplaceable],
+        ),
+        (conflict.clone(), vec![failed(&conflict, 1)], vec![]),
     ];
-    for (g, jobs) in cases {
+    for (g, jobs, cached) in cases {
         let mut reads = Reads::default();
         let mut rounds = 0;
         loop {
-            let p = plan_after(&g, &jobs, reads.clone(), None, None, "2026-11-30T06:01:00Z");
+            let now = "2026-11-30T06:01:00Z";
+            let p = plan_seeing(&g, &jobs, &cached, reads.clone(), None, None, now);
             let asked = asked(&p);
             if asked.is_empty() {
                 break;

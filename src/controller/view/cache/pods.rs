@@ -1,7 +1,8 @@
 //! The pods of every GpuJob's attempts, indexed by the GpuJob's uid from their
 //! `gpujob.dev/uid` label, fed by a watch of pods with that label. It only tells a plan
-//! that a pod waits at the gate, so that a read is due: the gate itself lets a pod go
-//! only after a quorum read (`plan/gate.rs`), never from this cache, which may lag.
+//! that a pod waits at the gate, or that the scheduler found no node for one, so that a
+//! read is due: the gate itself lets a pod go only after a quorum read (`plan/gate.rs`),
+//! never from this cache, which may lag; the scheduler's words are read afresh too.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -19,21 +20,22 @@ use crate::controller::view::scope::Scope;
 
 /// A cached pod, in one allocation ([`record`]): the GpuJob's uid, the namespace, the
 /// controlling Job's name, the pod's name, its uid, resourceVersion, Job's uid and node
-/// (empty when not bound), then a byte of flags and, when it has one, its attempt (4
+/// (empty when not bound), then two bytes of flags and, when it has one, its attempt (4
 /// bytes): about 170 bytes for real names and uids, plus the node's name (measured
 /// before it was kept). `benches/examples/footprint.rs` measures the index whole.
 #[derive(Debug, Clone, PartialEq)]
 pub(in crate::controller) struct Cached(Box<[u8]>);
 
-const GATED: u8 = 1;
-const BOUND: u8 = 1 << 1;
-const TERMINAL: u8 = 1 << 2;
-const DELETING: u8 = 1 << 3;
+const GATED: u16 = 1;
+const BOUND: u16 = 1 << 1;
+const TERMINAL: u16 = 1 << 2;
+const DELETING: u16 = 1 << 3;
 // Which optional strings are there (an empty field and a missing one differ).
-const HAS_UID: u8 = 1 << 4;
-const HAS_RESOURCE_VERSION: u8 = 1 << 5;
-const HAS_JOB: u8 = 1 << 6;
-const HAS_JOB_UID: u8 = 1 << 7;
+const HAS_UID: u16 = 1 << 4;
+const HAS_RESOURCE_VERSION: u16 = 1 << 5;
+const HAS_JOB: u16 = 1 << 6;
+const HAS_JOB_UID: u16 = 1 << 7;
+const UNSCHEDULABLE: u16 = 1 << 8;
 
 /// The strings of a [`Cached`] pod, and its flags and attempt.
 struct Fields<'a> {
@@ -46,7 +48,7 @@ struct Fields<'a> {
     job_uid: Option<&'a str>,
     /// Empty: not bound (a node's name is never empty).
     node: Option<&'a str>,
-    flags: u8,
+    flags: u16,
     attempt: Option<i32>,
 }
 
@@ -57,7 +59,7 @@ impl Cached {
     }
 
     pub(in crate::controller) fn of(seen: &SeenPod) -> Option<Cached> {
-        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        let flag = |on: bool, bit: u16| if on { bit } else { 0 };
         let flags = flag(seen.gated, GATED)
             | flag(seen.bound, BOUND)
             | flag(seen.terminal, TERMINAL)
@@ -65,8 +67,9 @@ impl Cached {
             | flag(seen.uid.is_some(), HAS_UID)
             | flag(seen.resource_version.is_some(), HAS_RESOURCE_VERSION)
             | flag(seen.job.is_some(), HAS_JOB)
-            | flag(seen.job_uid.is_some(), HAS_JOB_UID);
-        let mut tail = vec![flags];
+            | flag(seen.job_uid.is_some(), HAS_JOB_UID)
+            | flag(seen.unschedulable, UNSCHEDULABLE);
+        let mut tail = flags.to_le_bytes().to_vec();
         if let Some(attempt) = seen.attempt {
             tail.extend_from_slice(&attempt.to_le_bytes());
         }
@@ -109,7 +112,8 @@ impl Cached {
             ],
             tail,
         ) = record::unpack(&self.0)?;
-        let (&flags, attempt) = tail.split_first()?;
+        let (flags, attempt) = tail.split_first_chunk::<2>()?;
+        let flags = u16::from_le_bytes(*flags);
         let attempt = match attempt {
             [] => None,
             bytes => Some(i32::from_le_bytes(bytes.try_into().ok()?)),
@@ -143,6 +147,7 @@ impl Cached {
             job_uid: owned(f.job_uid),
             gated: f.flags & GATED != 0,
             bound: f.flags & BOUND != 0,
+            unschedulable: f.flags & UNSCHEDULABLE != 0,
             node: owned(f.node),
             terminal: f.flags & TERMINAL != 0,
             deleting: f.flags & DELETING != 0,
@@ -152,7 +157,7 @@ impl Cached {
 }
 
 /// `field` if `flags` has `bit`.
-fn present(flags: u8, bit: u8, field: &str) -> Option<&str> {
+fn present(flags: u16, bit: u16, field: &str) -> Option<&str> {
     (flags & bit != 0).then_some(field)
 }
 
@@ -171,8 +176,9 @@ impl Record for Cached {
 /// GpuJob's gate has something to do: `new` newly seen waiting at the gate (a read may
 /// let it go); `old` gone, or `new` no longer able to run when `old` could (an attempt
 /// waiting for another's pods to stop may go on), or its deletion begun on its node.
-/// Anything else (scheduled, Running,
-/// Ready, a new resourceVersion) changes nothing the gate reads. A name taken by another
+/// Also `new` newly found unplaceable by the scheduler: the plan reads why
+/// (`Read::Placement`). Anything else (scheduled, Running,
+/// Ready, a new resourceVersion) changes nothing the plan reads. A name taken by another
 /// pod (another uid) is the old one gone and a new one seen.
 fn gate_cares<'a>(old: Option<&'a SeenPod>, new: Option<&'a SeenPod>) -> Vec<&'a SeenPod> {
     match (old, new) {
@@ -181,15 +187,19 @@ fn gate_cares<'a>(old: Option<&'a SeenPod>, new: Option<&'a SeenPod>) -> Vec<&'a
             due.extend(gate_cares(None, Some(n)));
             due
         }
-        (None, Some(n)) => n.waits_at_gate().then_some(n).into_iter().collect(),
+        (None, Some(n)) => (n.waits_at_gate() || n.unschedulable)
+            .then_some(n)
+            .into_iter()
+            .collect(),
         (Some(o), None) => vec![o],
         // Or a pod that may run begins its deletion on a node: the next attempt may
         // wait for it, and says where (a lost node: `plan/gate.rs`).
         (Some(o), Some(n)) => ((o.may_run() && !n.may_run())
-            || (o.stopping_on().is_none() && n.stopping_on().is_some()))
-        .then_some(n)
-        .into_iter()
-        .collect(),
+            || (o.stopping_on().is_none() && n.stopping_on().is_some())
+            || (!o.unschedulable && n.unschedulable))
+            .then_some(n)
+            .into_iter()
+            .collect(),
         (None, None) => Vec::new(),
     }
 }
@@ -269,7 +279,7 @@ mod tests {
     use super::*;
     use crate::api::{LABEL_ATTEMPT, LABEL_UID, SCHEDULING_GATE};
     use k8s_openapi::api::batch::v1::Job;
-    use k8s_openapi::api::core::v1::{PodSchedulingGate, PodSpec, PodStatus};
+    use k8s_openapi::api::core::v1::{PodCondition, PodSchedulingGate, PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
     use std::collections::BTreeMap;
 
@@ -350,6 +360,17 @@ mod tests {
         }
     }
 
+    /// The scheduler found no node for it.
+    fn unplaceable(p: &mut Pod) {
+        p.status.get_or_insert_default().conditions = Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/3 nodes are available".into()),
+            ..Default::default()
+        }]);
+    }
+
     fn deleting(p: &mut Pod) {
         p.metadata.deletion_timestamp = Some(Time("2026-12-05T00:00:00Z".parse().unwrap()));
     }
@@ -378,6 +399,11 @@ mod tests {
         // Let go, placed, running, ready: status churn.
         let free = next(&gated, "3", ungated);
         assert!(apply(&free).is_empty());
+        // Unless the scheduler finds no node for it: the plan reads why, once.
+        let unplaced = next(&free, "3a", unplaceable);
+        assert_eq!(apply(&unplaced), a, "newly unschedulable");
+        assert!(apply(&next(&unplaced, "3b", |_| {})).is_empty(), "still");
+        assert!(idx.pods_of("u1")[0].unschedulable);
         let placed = next(&free, "4", bound);
         assert!(apply(&placed).is_empty());
         let running = next(&placed, "5", phase("Running"));
@@ -576,8 +602,12 @@ mod tests {
             }
         });
         let gated = pod("ns", "a-1-x", "a-1", "u1");
+        let unplaced = next(&pod("ns", "a-1-u", "a-1", "u1"), "5", |p| {
+            ungated(p);
+            unplaceable(p);
+        });
         let mut seen_all = Vec::new();
-        for p in [full, bare, empty, gated] {
+        for p in [full, bare, empty, gated, unplaced] {
             let seen = SeenPod::of(&p).expect("labelled with its GpuJob's uid");
             let cached = Cached::of(&seen).expect("packed");
             assert_eq!(cached.seen().as_ref(), Some(&seen), "{}", seen.name);
@@ -595,6 +625,7 @@ mod tests {
         );
         assert_eq!(seen_all[2].uid.as_deref(), Some(""));
         assert!(seen_all[3].waits_at_gate());
+        assert!(seen_all[4].unschedulable && !seen_all[3].unschedulable);
 
         // Through the index, from an event and from a relist alike.
         for via_relist in [false, true] {
