@@ -205,31 +205,23 @@ mod tests {
         });
         assert!(p.may_run() && !p.gated);
         assert_eq!(p.stopping_on(), Some("gpu-1"));
-        // The scheduler found no node for it.
-        let p = seen(&|p| {
-            p.status = Some(PodStatus {
-                conditions: Some(vec![k8s_openapi::api::core::v1::PodCondition {
-                    type_: "PodScheduled".into(),
-                    status: "False".into(),
-                    reason: Some("Unschedulable".into()),
+        // The scheduler found no node for it; held at a scheduling gate is not that.
+        let not_scheduled = |reason: &'static str| {
+            move |p: &mut Pod| {
+                p.status = Some(PodStatus {
+                    conditions: Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                        type_: "PodScheduled".into(),
+                        status: "False".into(),
+                        reason: Some(reason.into()),
+                        ..Default::default()
+                    }]),
                     ..Default::default()
-                }]),
-                ..Default::default()
-            });
-        });
+                });
+            }
+        };
+        let p = seen(&not_scheduled("Unschedulable"));
         assert!(p.unschedulable && !p.bound);
-        // Held at a scheduling gate is not that.
-        let p = seen(&|p| {
-            p.status = Some(PodStatus {
-                conditions: Some(vec![k8s_openapi::api::core::v1::PodCondition {
-                    type_: "PodScheduled".into(),
-                    status: "False".into(),
-                    reason: Some("SchedulingGated".into()),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            });
-        });
+        let p = seen(&not_scheduled("SchedulingGated"));
         assert!(!p.unschedulable);
         let p = seen(&|p| {
             bound(p);
