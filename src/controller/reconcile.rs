@@ -28,7 +28,9 @@ struct Heard {
     unschedulable: Option<Unschedulable>,
     queue_wait: Option<QueueWait>,
     /// Pods a placement read found: a pod waiting at the gate there is as good a hint as
-    /// the pod cache's (which may have missed it).
+    /// the pod cache's (which may have missed it). The read comes only once the cache
+    /// shows a pod unschedulable, so this seldom finds one; a gated pod the cache lags
+    /// on queues its GpuJob when the pod watch delivers it.
     placed: Vec<SeenPod>,
     /// The Nodes read: those a pod of the GpuJob is being deleted on.
     nodes: Vec<NodeHealth>,

@@ -5,7 +5,8 @@
 //! bucket (`add_rate_limited`, like client-go's default controller rate limiter).
 //!
 //! Lanes: keys added with [`Queue::add_prompt`] (new work: a GpuJob never looked at,
-//! an attempt that just finished, a pod newly waiting at the gate) are handed out before
+//! an attempt that just finished, a pod newly waiting at the gate or newly unschedulable)
+//! are handed out before
 //! the normal lane (resyncs, retries, echoes of the operator's own writes), so new work
 //! does not wait behind a backlog of looks that change nothing. The normal lane is first in, first out. The prompt lane
 //! takes turns between tenants ([`Queue::fair_by`]: for GpuJobs, their namespace), first

@@ -594,7 +594,8 @@ impl Planner<'_, '_> {
                 self.next.devices = Some(allocation);
             }
             if let PodsWaiting::Grace(left) = waiting {
-                // Nothing tells the operator when the scheduler gives up on a pod.
+                // The pod watch queues the GpuJob when the scheduler gives up on a pod;
+                // news that came within the grace is acted on when the grace ends.
                 self.requeue_within(left);
             }
         }

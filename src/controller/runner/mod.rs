@@ -66,7 +66,8 @@ impl Intake {
     }
 
     /// New work (a GpuJob never looked at, an attempt that just finished, a pod newly
-    /// waiting at the gate): ahead of resyncs, retries and the echoes of this replica's
+    /// waiting at the gate or newly unschedulable): ahead of resyncs, retries and the
+    /// echoes of this replica's
     /// own writes.
     fn add_prompt(&self, key: Key) {
         if self.own.borrow().holds_namespace(&key.namespace) {

@@ -7,7 +7,8 @@
 //! could not resume, a shard starting its watch) look at every GpuJob it covers once
 //! more. A pod event, or a pod relist, queues a GpuJob only when its gate has something
 //! to do (a pod newly waiting at the gate, one that could run and no longer can, one
-//! gone: `View::pod_event`); a pod's status otherwise changes nothing the plan reads.
+//! gone, one the scheduler newly found no node for: `View::pod_event`); a pod's status
+//! otherwise changes nothing the plan reads.
 //! New work goes to the queue's prompt lane: a GpuJob without a status (never looked at),
 //! and a Job that has finished (its GpuJob's next step is due).
 //!
@@ -464,7 +465,8 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
 
 /// The pods of the GpuJobs (label `gpujob.dev/uid`, as every attempt's pod has): the pod
 /// cache says when a GpuJob's pod waits at the gate, so that its plan reads the pods and
-/// lets the gate go; a pod event queues the GpuJob only then ([`View::pod_event`]). Not
+/// lets the gate go, or finds no node, so that its plan reads why; a pod event queues the
+/// GpuJob only then, or when a pod ends or goes ([`View::pod_event`]). Not
 /// part of what a reconcile waits for (`Coverage`): the gate acts only on a read.
 ///
 /// [`View::pod_event`]: crate::controller::view::View::pod_event
@@ -473,8 +475,9 @@ async fn pods(api: Api<Pod>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
     while let Some(event) = events.next().await {
         match event {
             Ok(event) => {
-                // New work: a pod waiting at the gate is an attempt to let go, and one
-                // that can no longer run may free the next attempt.
+                // New work: a pod waiting at the gate is an attempt to let go, one that
+                // can no longer run may free the next attempt, and one that finds no node
+                // is a reason to say.
                 for key in ctx.view.pod_event(&event, &scope) {
                     debug!(gpujob = %key, event = event_name(&event), "pod event");
                     intake.add_prompt(key);

@@ -192,7 +192,8 @@ impl View {
 
     /// A pod watch event: into the pod cache. Returns the GpuJobs whose gate has
     /// something to do because of it ([`PodIndex::apply`]: a pod newly waiting at the
-    /// gate, one that could run and no longer can, one gone; at the end of a relist, those
+    /// gate, one that could run and no longer can, one gone, one the scheduler newly found
+    /// no node for; at the end of a relist, those
     /// whose pods it changed so), found through the pods' Jobs in the Job cache.
     pub fn pod_event(&self, event: &Event<Pod>, part: &Scope) -> Vec<Key> {
         self.pods.apply(event, part, &self.jobs)

@@ -438,6 +438,17 @@ mod tests {
         // when first seen.
         let seen_running = next(&pod("ns", "a-1-z", "a-1", "u1"), "3", bound);
         assert!(apply(&seen_running).is_empty());
+        // One first seen when the scheduler had already found no node for it (a relist, a
+        // shard's first list) queues its GpuJob.
+        let seen_unplaced = next(&pod("ns", "a-1-w", "a-1", "u1"), "3", |p| {
+            ungated(p);
+            unplaceable(p);
+        });
+        assert_eq!(apply(&seen_unplaced), a);
+        assert_eq!(
+            idx.apply(&Event::Delete(seen_unplaced), &Scope::All, &jobs),
+            a
+        );
         // The label taken off: gone from the cache, as if deleted.
         let unlabelled = next(&seen_running, "4", |p| p.metadata.labels = None);
         assert_eq!(apply(&unlabelled), a);
