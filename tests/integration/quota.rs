@@ -388,8 +388,16 @@ async fn gpujobs_that_cannot_run_hold_no_quota() {
         .patch("flaky", &PatchParams::default(), &Patch::Merge(patch))
         .await
         .unwrap();
+    // Succeeded can be written before the release: that waits for a read showing no
+    // pod of it may run. The release is recorded once the service confirmed it.
     let done = env
-        .wait_gpujob("flaky", "Succeeded", |g| phase(g) == Some(Phase::Succeeded))
+        .wait_gpujob("flaky", "Succeeded and its quota released", |g| {
+            phase(g) == Some(Phase::Succeeded)
+                && condition(g, "QuotaReserved").is_some_and(|c| c.1 == "Released")
+                && g.status
+                    .as_ref()
+                    .is_some_and(|s| s.reservation_id.is_none())
+        })
         .await;
     let status = done.status.unwrap();
     assert_eq!((status.attempts, status.failures), (2, 1));
