@@ -478,12 +478,11 @@ async fn phase(
     })
 }
 
-/// When each GpuJob's first pod was let go at the operator's gate: the first accepted
-/// PATCH of one of its pods by the operator in the audit log (the gate's only pod
-/// patch), waited for until every GpuJob has one. Converged counts a Job created; its
-/// pods wait at the gate until this. Returns first create → the last of them, and
-/// create answered → each, sorted; `None` (said) when the deadline comes first, so the
-/// phase's other figures are still reported.
+/// When each GpuJob's first pod was let go at the operator's gate ([`let_go_at`]),
+/// waited for until every GpuJob has one. Converged counts a Job created; its pods wait
+/// at the gate until this. Returns first create → the last of them, and create answered
+/// → each, sorted; `None` (said) when the deadline comes first, so the phase's other
+/// figures are still reported.
 async fn started(
     audit: &devcluster::audit::AuditLog,
     cursor: devcluster::audit::Cursor,
@@ -494,29 +493,7 @@ async fn started(
     let load: std::collections::BTreeSet<&str> =
         plan.namespaces.iter().map(String::as_str).collect();
     loop {
-        let mut first: HashMap<String, jiff::Timestamp> = HashMap::new();
-        for e in audit.since(cursor)? {
-            if e.user != OPERATOR_USER
-                || e.resource != "pods"
-                || e.verb != "patch"
-                || !e.succeeded()
-                || !load.contains(e.namespace.as_str())
-            {
-                continue;
-            }
-            // Pod `<gpujob>-<attempt>-<suffix>` of the GpuJob `<gpujob>`.
-            let Some(gpujob) = e.name.rsplitn(3, '-').nth(2) else {
-                continue;
-            };
-            let at: jiff::Timestamp = e
-                .received
-                .parse()
-                .with_context(|| format!("audit timestamp {}", e.received))?;
-            let entry = first
-                .entry(format!("{}/{gpujob}", e.namespace))
-                .or_insert(at);
-            *entry = (*entry).min(at);
-        }
+        let first = let_go_at(&audit.since(cursor)?, &load)?;
         if first.len() >= plan.gpujobs {
             let since = |at: &jiff::Timestamp| {
                 Duration::try_from(at.duration_since(start_wall)).unwrap_or(Duration::ZERO)
@@ -542,6 +519,55 @@ async fn started(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// `namespace/gpujob` → when its first pod was let go at the gate: the operator's patch
+/// of the pod (the gate's only pod patch), accepted; or answered 5xx (a timeout whose
+/// write may have landed) when the scheduler bound that pod later, which it does only to
+/// a pod with no gate. Pods in namespaces outside `load` are not counted.
+fn let_go_at(
+    events: &[devcluster::audit::AuditEvent],
+    load: &std::collections::BTreeSet<&str>,
+) -> anyhow::Result<HashMap<String, jiff::Timestamp>> {
+    let bound: std::collections::HashSet<(&str, &str)> = events
+        .iter()
+        .filter(|e| {
+            e.resource == "pods"
+                && e.subresource == "binding"
+                && e.verb == "create"
+                && e.succeeded()
+        })
+        .map(|e| (e.namespace.as_str(), e.name.as_str()))
+        .collect();
+    let mut first: HashMap<String, jiff::Timestamp> = HashMap::new();
+    for e in events {
+        if e.user != OPERATOR_USER
+            || e.resource != "pods"
+            || !e.subresource.is_empty()
+            || e.verb != "patch"
+            || !load.contains(e.namespace.as_str())
+        {
+            continue;
+        }
+        let landed = e.succeeded()
+            || (e.code >= 500 && bound.contains(&(e.namespace.as_str(), e.name.as_str())));
+        if !landed {
+            continue;
+        }
+        // Pod `<gpujob>-<attempt>-<suffix>` of the GpuJob `<gpujob>`.
+        let Some(gpujob) = e.name.rsplitn(3, '-').nth(2) else {
+            continue;
+        };
+        let at: jiff::Timestamp = e
+            .received
+            .parse()
+            .with_context(|| format!("audit timestamp {}", e.received))?;
+        let entry = first
+            .entry(format!("{}/{gpujob}", e.namespace))
+            .or_insert(at);
+        *entry = (*entry).min(at);
+    }
+    Ok(first)
 }
 
 /// `kill -9` of the working replica and its takeover; `under_load`: how many GpuJobs had
@@ -1157,6 +1183,137 @@ fn machine_report(all: &[Figures], n: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpujob_starts_at_its_first_pod_patch_that_landed() {
+        let event =
+            |user: &str, verb: &str, sub: &str, ns: &str, name: &str, code: u16, at: &str| {
+                devcluster::audit::AuditEvent {
+                    user: user.to_owned(),
+                    user_agent: String::new(),
+                    verb: verb.to_owned(),
+                    api_group: String::new(),
+                    resource: "pods".to_owned(),
+                    subresource: sub.to_owned(),
+                    namespace: ns.to_owned(),
+                    name: name.to_owned(),
+                    code,
+                    timestamp: at.to_owned(),
+                    received: at.to_owned(),
+                    lease_holder: None,
+                }
+            };
+        let op = OPERATOR_USER;
+        let sched = "system:kube-scheduler";
+        let events = vec![
+            // a: refused, then accepted: the accepted one counts.
+            event(
+                op,
+                "patch",
+                "",
+                "ns-1",
+                "a-1-x",
+                409,
+                "2026-01-01T00:00:01Z",
+            ),
+            event(
+                op,
+                "patch",
+                "",
+                "ns-1",
+                "a-1-x",
+                200,
+                "2026-01-01T00:00:02Z",
+            ),
+            // b: answered 504, though the gate went (the scheduler bound the pod).
+            event(
+                op,
+                "patch",
+                "",
+                "ns-1",
+                "b-1-x",
+                504,
+                "2026-01-01T00:00:03Z",
+            ),
+            event(
+                sched,
+                "create",
+                "binding",
+                "ns-1",
+                "b-1-x",
+                201,
+                "2026-01-01T00:00:04Z",
+            ),
+            // c: answered 504 and never bound: not started.
+            event(
+                op,
+                "patch",
+                "",
+                "ns-1",
+                "c-1-x",
+                504,
+                "2026-01-01T00:00:03Z",
+            ),
+            // d: another's patch, a status patch, and a namespace not under load.
+            event(
+                "someone",
+                "patch",
+                "",
+                "ns-1",
+                "d-1-x",
+                200,
+                "2026-01-01T00:00:05Z",
+            ),
+            event(
+                op,
+                "patch",
+                "status",
+                "ns-1",
+                "d-1-x",
+                200,
+                "2026-01-01T00:00:05Z",
+            ),
+            event(
+                op,
+                "patch",
+                "",
+                "other",
+                "d-1-x",
+                200,
+                "2026-01-01T00:00:05Z",
+            ),
+            // e: the second attempt's pod let go too: the first time counts.
+            event(
+                op,
+                "patch",
+                "",
+                "ns-1",
+                "e-2-y",
+                200,
+                "2026-01-01T00:00:09Z",
+            ),
+            event(
+                op,
+                "patch",
+                "",
+                "ns-1",
+                "e-1-x",
+                200,
+                "2026-01-01T00:00:06Z",
+            ),
+        ];
+        let load = std::collections::BTreeSet::from(["ns-1"]);
+        let first = let_go_at(&events, &load).unwrap();
+        let at = |s: &str| s.parse::<jiff::Timestamp>().unwrap();
+        assert_eq!(
+            first,
+            HashMap::from([
+                ("ns-1/a".to_owned(), at("2026-01-01T00:00:02Z")),
+                ("ns-1/b".to_owned(), at("2026-01-01T00:00:03Z")),
+                ("ns-1/e".to_owned(), at("2026-01-01T00:00:06Z")),
+            ])
+        );
+    }
 
     #[test]
     fn the_replicas_requests_are_summed_by_method_and_counted_from_before() {
