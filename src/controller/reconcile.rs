@@ -120,15 +120,22 @@ pub enum Reach {
 pub enum Looked {
     /// To an outcome: what comes next.
     Ended(Next),
-    /// Stopped before its first request ([`Reach::Caches`] only): nothing was sent, and
-    /// the view recorded only that the term-start read, if offered, was not made.
+    /// Stopped before its first request ([`Reach::Caches`] only): nothing was sent or
+    /// recorded (such a look is never offered the term-start read:
+    /// [`View::snapshot_from_caches`]).
+    ///
+    /// [`View::snapshot_from_caches`]: crate::controller::view::View::snapshot_from_caches
     NeedsApi,
 }
 
 /// Reconciles one GpuJob: at most [`MAX_PLANS`] plans (why that bounds it: there).
 pub async fn reconcile(ctx: &Context, key: &Key, reach: Reach) -> Result<Looked, Error> {
     let fence = ctx.writer.fence_for(&key.namespace)?;
-    let Some(mut snap) = ctx.view.snapshot(key, &fence) else {
+    let snap = match reach {
+        Reach::Api => ctx.view.snapshot(key, &fence),
+        Reach::Caches => ctx.view.snapshot_from_caches(key, &fence),
+    };
+    let Some(mut snap) = snap else {
         return Ok(Looked::Ended(Next::Done));
     };
     let now = Timestamp::now();
@@ -149,13 +156,6 @@ pub async fn reconcile(ctx: &Context, key: &Key, reach: Reach) -> Result<Looked,
             "planned"
         );
         if reach == Reach::Caches && !apply::sends_nothing(&snap, &plan.actions, &plan.status) {
-            // Offered the read of the term's start, this look hands it back: a worker's
-            // reconcile of the namespace makes it, instead of a read per GpuJob until the
-            // offer times out.
-            let declined = apply::unread_term_start(&snap).into_iter().collect();
-            if !ctx.view.record(key, &fence, &mut snap, declined) {
-                return Ok(Looked::Ended(Next::Done));
-            }
             return Ok(Looked::NeedsApi);
         }
         let run = apply::execute(ctx, &fence, key, &snap, &plan.actions, &plan.status).await;

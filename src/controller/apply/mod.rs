@@ -83,7 +83,7 @@ fn status_as_written(gpujob: &GpuJob, status: &GpuJobStatus) -> bool {
 /// What a run that did not read where the term began says of it, when `snap` was offered
 /// that read: declined, so that the view offers it to the next reconcile of the
 /// namespace at once, not after the offer times out.
-pub fn unread_term_start(snap: &Snapshot) -> Option<Outcome> {
+fn unread_term_start(snap: &Snapshot) -> Option<Outcome> {
     snap.term_start_due.then_some(Outcome::TermStartDeclined)
 }
 

@@ -339,7 +339,14 @@ impl View {
     /// What a reconcile of `key` starts from, in the term `fence`; `None` when the
     /// GpuJob is gone.
     pub fn snapshot(&self, key: &Key, fence: &Fence) -> Option<Snapshot> {
-        observe::observe(self, key, fence)
+        observe::observe(self, key, fence, true)
+    }
+
+    /// As [`View::snapshot`], for a look that makes no request (a first look from the
+    /// caches): never offered the read of where the term began (`term_start_due` false),
+    /// which a worker's reconcile of the namespace is offered instead.
+    pub fn snapshot_from_caches(&self, key: &Key, fence: &Fence) -> Option<Snapshot> {
+        observe::observe(self, key, fence, false)
     }
 
     /// Remembers what the executor's writes did and its reads found, in order, and lets
@@ -407,7 +414,7 @@ impl View {
                         // as far behind as the GpuJob was: observe again, from the
                         // current GpuJob (remembered), so that a running attempt whose
                         // Job the cache has not seen is read rather than taken for lost.
-                        match observe::observe(self, key, fence) {
+                        match observe::observe(self, key, fence, true) {
                             Some(again) => *snap = again,
                             None => return false,
                         }
@@ -444,8 +451,14 @@ impl View {
                     self.term_starts
                         .learned(fence.shard, &key.namespace, fence.epoch, start, now);
                     let rv = snap.gpujob.metadata.resource_version.clone();
-                    let covered =
-                        observe::currency(self, key, fence, rv.as_deref().unwrap_or_default(), now);
+                    let covered = observe::currency(
+                        self,
+                        key,
+                        fence,
+                        rv.as_deref().unwrap_or_default(),
+                        now,
+                        true,
+                    );
                     snap.confirmed = covered.past;
                     snap.term_start_due = covered.due;
                 }
@@ -517,11 +530,21 @@ mod tests {
         let key = Key::new("ns", "a");
         let fence = Fence { shard: 0, epoch: 1 };
         view.gpujob_event(&Event::Apply(gpujob("10", 1)), &Scope::All);
+        // A look from the caches, which makes no request, is not offered the read; nor
+        // does it keep it from the next reconcile (a worker's, meanwhile or after).
+        let from_caches = view.snapshot_from_caches(&key, &fence).unwrap();
+        assert!(!from_caches.confirmed && !from_caches.term_start_due);
         let mut snap = view.snapshot(&key, &fence).unwrap();
         assert!(!snap.confirmed, "nothing read in this term yet");
         assert!(
             snap.term_start_due,
             "the first reconcile is offered the term's start"
+        );
+        assert!(
+            !view
+                .snapshot_from_caches(&key, &fence)
+                .unwrap()
+                .term_start_due
         );
         assert!(
             !view.snapshot(&key, &fence).unwrap().term_start_due,

@@ -29,7 +29,7 @@ pub struct Snapshot {
 }
 
 /// `None` when the GpuJob is gone. `fence`: the term of the GpuJob's shard.
-pub(super) fn observe(view: &View, key: &Key, fence: &Fence) -> Option<Snapshot> {
+pub(super) fn observe(view: &View, key: &Key, fence: &Fence, may_read: bool) -> Option<Snapshot> {
     let cached = || view.gpujobs.get(key);
     let Some(gpujob) = view.memory.gpujob(key, cached) else {
         view.memory.forget(key);
@@ -43,7 +43,7 @@ pub(super) fn observe(view: &View, key: &Key, fence: &Fence) -> Option<Snapshot>
         .resource_version
         .as_deref()
         .unwrap_or_default();
-    let Covered { past, due } = currency(view, key, fence, rv, Instant::now());
+    let Covered { past, due } = currency(view, key, fence, rv, Instant::now(), may_read);
     Some(Snapshot {
         gpujob,
         jobs,
@@ -57,8 +57,15 @@ pub(super) fn observe(view: &View, key: &Key, fence: &Fence) -> Option<Snapshot>
 /// place that says so: read from the API server or written by this replica at that
 /// version in this term (every write carries a resourceVersion precondition), or changed
 /// after the term began (`term_start.rs`). `due`: the term's start is not known, and the
-/// caller is the one to read it.
-pub(super) fn currency(view: &View, key: &Key, fence: &Fence, rv: &str, now: Instant) -> Covered {
+/// caller is the one to read it (never when it may not read: `may_read` false).
+pub(super) fn currency(
+    view: &View,
+    key: &Key,
+    fence: &Fence,
+    rv: &str,
+    now: Instant,
+    may_read: bool,
+) -> Covered {
     if view.memory.is_current(key, fence.epoch, rv) {
         return Covered {
             past: true,
@@ -66,5 +73,5 @@ pub(super) fn currency(view: &View, key: &Key, fence: &Fence, rv: &str, now: Ins
         };
     }
     view.term_starts
-        .covers(fence.shard, &key.namespace, fence.epoch, rv, now)
+        .covers(fence.shard, &key.namespace, fence.epoch, rv, now, may_read)
 }

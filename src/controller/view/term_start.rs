@@ -2,7 +2,8 @@
 //! per term and namespace by a quorum list of the namespace's GpuJobs (their metadata,
 //! paged), after the term was gained, by the executor when a plan asks
 //! (`Action::ReadTermStart`, which the view offers one reconcile of the namespace at a
-//! time: [`TermStarts::covers`]). A cached GpuJob whose resourceVersion is past `T`
+//! time, never a first look from the caches, which makes no request:
+//! [`TermStarts::covers`]). A cached GpuJob whose resourceVersion is past `T`
 //! needs no confirming read before its first effect (`Action::Confirm`): that is every
 //! GpuJob created or changed after a replica took its shard, so a burst of new GpuJobs
 //! costs no read each. The same list says which version each older GpuJob of the
@@ -85,8 +86,18 @@ impl TermStarts {
     /// Whether version `rv` of a GpuJob in namespace `ns` is past the start of term
     /// `epoch` of `shard` (never while the start is unknown), and whether the caller
     /// should read the start (`due`: unknown, and not offered to another caller in the
-    /// last [`RETRY_AFTER`]).
-    pub fn covers(&self, shard: u32, ns: &str, epoch: u64, rv: &str, now: Instant) -> Covered {
+    /// last [`RETRY_AFTER`]). A caller that makes no request (`may_read` false: a first
+    /// look from the caches) is never offered the read: holding the offer, it would make
+    /// a worker's reconcile of the namespace meanwhile read its GpuJob alone.
+    pub fn covers(
+        &self,
+        shard: u32,
+        ns: &str,
+        epoch: u64,
+        rv: &str,
+        now: Instant,
+        may_read: bool,
+    ) -> Covered {
         let mut by_part = self.lock();
         let part = (shard, ns.to_owned());
         let offer = match by_part.get(&part) {
@@ -103,7 +114,7 @@ impl TermStarts {
             {
                 false
             }
-            _ => true,
+            _ => may_read,
         };
         if offer {
             by_part.insert(part, (epoch, Start::Offered(now)));
@@ -158,53 +169,58 @@ mod tests {
         let starts = TermStarts::default();
         let t0 = Instant::now();
         let unknown = |due| Covered { past: false, due };
-        assert_eq!(starts.covers(0, "ns", 1, "10", t0), unknown(true));
+        // A caller that may not read is not offered it, and takes no turn.
+        assert_eq!(starts.covers(0, "ns", 1, "10", t0, false), unknown(false));
+        assert_eq!(starts.covers(0, "ns", 1, "10", t0, true), unknown(true));
         // Offered: the others confirm their GpuJob meanwhile.
         assert_eq!(
-            starts.covers(0, "ns", 1, "10", t0 + Duration::from_secs(1)),
+            starts.covers(0, "ns", 1, "10", t0 + Duration::from_secs(1), true),
             unknown(false)
         );
         // Never answered (its reconcile ended first): offered again.
         let later = t0 + Duration::from_secs(6);
-        assert_eq!(starts.covers(0, "ns", 1, "10", later), unknown(true));
+        assert_eq!(starts.covers(0, "ns", 1, "10", later, true), unknown(true));
         // Declined (its GpuJob needed no confirmed view): offered to the next at once.
         starts.declined(0, "ns", 1);
-        assert_eq!(starts.covers(0, "ns", 1, "10", later), unknown(true));
+        assert_eq!(starts.covers(0, "ns", 1, "10", later, true), unknown(true));
         // A failed read waits as long before the next.
         starts.learned(0, "ns", 1, None, later);
-        assert_eq!(starts.covers(0, "ns", 1, "10", later), unknown(false));
+        assert_eq!(starts.covers(0, "ns", 1, "10", later, true), unknown(false));
         assert_eq!(
-            starts.covers(0, "ns", 1, "10", later + Duration::from_secs(6)),
+            starts.covers(0, "ns", 1, "10", later + Duration::from_secs(6), true),
             unknown(true)
         );
         starts.learned(0, "ns", 1, Some(10), later);
         assert_eq!(
-            starts.covers(0, "ns", 1, "11", later),
+            starts.covers(0, "ns", 1, "11", later, true),
             Covered {
                 past: true,
                 due: false
             }
         );
-        assert_eq!(starts.covers(0, "ns", 1, "10", later), unknown(false));
+        assert_eq!(starts.covers(0, "ns", 1, "10", later, true), unknown(false));
         // A new term knows nothing of the last one's start; an answer about the old
         // term does not overwrite the new one's.
-        assert_eq!(starts.covers(0, "ns", 2, "11", later), unknown(true));
+        assert_eq!(starts.covers(0, "ns", 2, "11", later, true), unknown(true));
         starts.learned(0, "ns", 1, Some(5), later);
-        assert_eq!(starts.covers(0, "ns", 2, "11", later), unknown(false));
+        assert_eq!(starts.covers(0, "ns", 2, "11", later, true), unknown(false));
         // Nor does a caller of the old term take the new term's offer.
         starts.declined(0, "ns", 2);
-        assert_eq!(starts.covers(0, "ns", 1, "11", later), unknown(false));
-        assert_eq!(starts.covers(0, "ns", 2, "11", later), unknown(true));
+        assert_eq!(starts.covers(0, "ns", 1, "11", later, true), unknown(false));
+        assert_eq!(starts.covers(0, "ns", 2, "11", later, true), unknown(true));
         // Each namespace of the shard reads its own: known in one, offered in another.
         starts.learned(0, "ns", 2, Some(10), later);
-        assert!(starts.covers(0, "ns", 2, "11", later).past);
-        assert_eq!(starts.covers(0, "other", 2, "11", later), unknown(true));
-        assert_eq!(starts.covers(1, "ns", 2, "11", later), unknown(true));
+        assert!(starts.covers(0, "ns", 2, "11", later, true).past);
+        assert_eq!(
+            starts.covers(0, "other", 2, "11", later, true),
+            unknown(true)
+        );
+        assert_eq!(starts.covers(1, "ns", 2, "11", later, true), unknown(true));
         // A lost shard's namespaces are forgotten; the others' kept.
         starts.learned(0, "other", 2, Some(10), later);
         starts.forget_where(|ns| ns == "ns");
-        assert_eq!(starts.covers(0, "ns", 2, "11", later), unknown(true));
-        assert!(starts.covers(0, "other", 2, "11", later).past);
+        assert_eq!(starts.covers(0, "ns", 2, "11", later, true), unknown(true));
+        assert!(starts.covers(0, "other", 2, "11", later, true).past);
     }
 
     #[test]
