@@ -86,8 +86,16 @@ pub(super) async fn renew(
             }
         }
     }
+    // Kept warm until the next look publishes the warm set (which keeps it a lease
+    // duration: `coordinator/warm.rs`): the replica often takes it back once the API
+    // server answers again, and would list it again otherwise.
     let lost = tx.send_if_modified(|o| {
-        o.held.get(&shard).is_some_and(|t| t.epoch == epoch) && o.held.remove(&shard).is_some()
+        let lost =
+            o.held.get(&shard).is_some_and(|t| t.epoch == epoch) && o.held.remove(&shard).is_some();
+        if lost {
+            o.warm.insert(shard);
+        }
+        lost
     });
     if lost {
         info!(

@@ -15,10 +15,12 @@ use crate::support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use devcluster::faultproxy::{Fault, FaultProxy, Faults, Rule};
 use devcluster::metrics::Metrics;
-use devcluster::wait;
+use devcluster::{Identity, wait};
 use gpujob_operator::api::GpuJob;
 use gpujob_operator::lease::balance::{self, Holder, View};
+use http::Method;
 use kube::api::{Api, PostParams};
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -318,4 +320,134 @@ async fn where_the_server_cannot_select_shards_replicas_watch_everything_and_sti
         .filter(|u| u.starts_with("replica-"))
         .collect();
     assert_eq!(writers.len(), 2, "{writers:?}");
+}
+
+/// Replica `n` as [`start`] starts it, talking to the API server through `proxy`.
+fn start_behind(env: &TestEnv, n: u8, proxy: &FaultProxy) -> Running {
+    let address = free_address();
+    let shards = SHARDS.to_string();
+    let kubeconfig = proxy
+        .kubeconfig(&env.cluster, Identity::Replica(n))
+        .unwrap();
+    let replica = replicas::start_everywhere(
+        &env.cluster,
+        &env.ns,
+        n,
+        &["--shards", &shards, "--listen-address", &address],
+        Some(kubeconfig),
+    );
+    Running {
+        replica,
+        metrics: format!("http://{address}/metrics"),
+    }
+}
+
+/// Waits until replica `r`'s metrics say `what` (`pred` of them); returns them.
+async fn wait_metrics(r: &Running, what: &str, pred: impl Fn(&Metrics) -> bool) -> Metrics {
+    let pred = &pred;
+    wait::until(
+        what,
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async move { scrape(r).await.filter(|m| pred(m)) },
+    )
+    .await
+    .unwrap()
+}
+
+/// `gpujob_shards_held`: the shards whose Lease the replica holds, as it sees them.
+fn shards_held(m: &Metrics) -> f64 {
+    m.sum("gpujob_shards_held", &[])
+}
+
+/// A replica whose renewals of a shard's Lease fail past the renew deadline (its
+/// heartbeat still going through) loses the shard, and takes it back once the API server
+/// answers again: a moment's failure. A shard lost so is kept warm for a lease duration,
+/// its watches going on, so taking it back lists nothing again. Before, a lost shard's
+/// watches stopped and its objects left the caches at once, and taking it back listed
+/// every one of them again.
+#[tokio::test]
+async fn a_shard_lost_for_a_failed_renewal_and_taken_back_is_not_listed_again() {
+    let env = TestEnv::private("lost-shard-warm").await;
+    let namespaces = shards::namespaces(&env, SHARDS, 1).await;
+    let proxy = FaultProxy::start(&env.cluster).unwrap();
+    let r = start_behind(&env, 1, &proxy);
+    let who = "replica-1";
+    let all: Vec<u32> = (0..SHARDS).collect();
+    wait_balanced(&env, SHARDS, &[who], all.len(), Duration::from_secs(60)).await;
+    create(&env, &namespaces, 3, "a").await;
+    let counts = shards::wait_succeeded(&env, namespaces.iter().map(|(ns, _)| ns.as_str())).await;
+    let total = counts.values().sum::<usize>() as f64;
+    // Every GpuJob cached with its last write (Succeeded): nothing more comes for them.
+    wait_cached(&r, who, total as usize).await;
+    let m = wait_metrics(&r, "every GpuJob cached as Succeeded", |m| {
+        m.sum("gpujob_gpujobs", &[("phase", "Succeeded")]) == total
+    })
+    .await;
+    let received = received_gpujobs(&m);
+    let looks_before = first_looks(std::slice::from_ref(&r), &all).await;
+
+    // Renewals of one shard's Lease are refused (the others', its member Lease, its
+    // heartbeat and the shard map's Lease go through): past the renew deadline the
+    // replica steps down from that shard.
+    let lost = 1;
+    proxy.set(
+        Faults::new().rule(
+            Rule::new(Fault::Status {
+                code: 503,
+                retry_after: None,
+            })
+            .methods([Method::PUT])
+            .resources(["leases"])
+            .name_contains(&shards::lease_of(lost)),
+        ),
+    );
+    let unheld = wait_metrics(&r, "the replica to lose the shard", |m| {
+        shards_held(m) == f64::from(SHARDS - 1)
+    })
+    .await;
+    let log = r.replica.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("renew deadline") && l.contains("stepping down from the shard")),
+        "the shard was not lost to its renew deadline:\n{log}"
+    );
+
+    // The API server answers again: the replica takes the shard back and looks at its
+    // GpuJobs.
+    proxy.clear();
+    wait_metrics(&r, "the replica to hold every shard again", |m| {
+        shards_held(m) == f64::from(SHARDS)
+    })
+    .await;
+    wait::until(
+        "the replica to look at the shard taken back",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let now = first_looks(std::slice::from_ref(&r), &[lost]).await;
+            (now.get(&lost) > looks_before.get(&lost)).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let m = wait_cached(&r, who, total as usize).await;
+    // A relist would have received each GpuJob of the shard again.
+    assert_eq!(
+        received_gpujobs(&m) - received,
+        0.0,
+        "GpuJobs received since the shard was lost (a relist adds each of its shard's {counts:?})"
+    );
+    assert_eq!(
+        unheld.sum("gpujob_cached_objects", &[("resource", "gpujobs")]),
+        total,
+        "the GpuJobs of the shard lost stayed cached while unheld"
+    );
+    assert_eq!(foreign(&m), 0.0);
+    let log = r.replica.log_text();
+    assert!(
+        !log.contains("stepping down from every shard") && !log.contains("held by another"),
+        "the replica lost its shards otherwise too (its heartbeat, or another holder):\n{log}"
+    );
+    drop((r, proxy));
 }

@@ -5,7 +5,8 @@
 //! with it. Each drop would stop that shard's watches and drop its caches, and each
 //! return would list it again; a shard kept a lease duration longer rides that out. A
 //! shard this replica gives up is passed as computed too: its next keeper is often this
-//! replica.
+//! replica. So is one it stopped holding otherwise (a renewal that failed past its
+//! deadline): the replica often takes it back once the API server answers again.
 //!
 //! [`balance::successor_of`]: gpujob_core::balance::successor_of
 
@@ -17,12 +18,15 @@ use std::time::{Duration, Instant};
 pub(super) struct Warm {
     /// Each shard last computed warm, with the look that last computed it so.
     last_computed: BTreeMap<u32, Instant>,
+    /// The shards held at the last look.
+    last_held: BTreeSet<u32>,
 }
 
 impl Warm {
     /// The shards to publish as kept warm after a look at `now` that computed `computed`:
     /// those, and each shard computed within `grace` before `now` and not `held` by
-    /// this replica now (a held shard is watched anyway; when it is given up, it goes).
+    /// this replica now (a held shard is watched anyway). A shard held at the last look
+    /// and not now counts as computed now.
     pub(super) fn publish(
         &mut self,
         computed: &BTreeSet<u32>,
@@ -30,9 +34,11 @@ impl Warm {
         grace: Duration,
         now: Instant,
     ) -> BTreeSet<u32> {
-        for &s in computed {
+        let no_longer_held = self.last_held.difference(held);
+        for &s in computed.iter().chain(no_longer_held) {
             self.last_computed.insert(s, now);
         }
+        self.last_held.clone_from(held);
         self.last_computed
             .retain(|s, at| !held.contains(s) && now.saturating_duration_since(*at) < grace);
         self.last_computed.keys().copied().collect()
@@ -41,6 +47,7 @@ impl Warm {
     /// Forgets every shard (the shard map moved: every shard's watches start again).
     pub(super) fn forget(&mut self) {
         self.last_computed.clear();
+        self.last_held.clear();
     }
 }
 
@@ -108,22 +115,33 @@ mod tests {
     }
 
     #[test]
-    fn a_shard_taken_leaves_the_warm_set_at_once_and_does_not_linger_after() {
+    fn a_shard_taken_leaves_the_warm_set_at_once_and_lingers_from_when_it_is_lost() {
         let t0 = Instant::now();
         let mut w = Warm::default();
         w.publish(&set(&[3, 4]), &set(&[]), GRACE, t0);
-        let t1 = t0 + Duration::from_secs(1);
+        let t1 = t0 + Duration::from_secs(10);
         assert_eq!(w.publish(&set(&[3]), &set(&[4]), GRACE, t1), set(&[3]));
-        // Given up again later: not warm from the time before it was held.
-        let t2 = t1 + Duration::from_secs(1);
-        assert_eq!(w.publish(&set(&[3]), &set(&[]), GRACE, t2), set(&[3]));
+        assert_eq!(w.publish(&set(&[3]), &set(&[4]), GRACE, t1), set(&[3]));
+        // Lost without being given up (its renewal failed): warm for a grace from the
+        // look that found it gone, not from the time before it was held.
+        let t2 = t1 + Duration::from_secs(10);
+        assert_eq!(w.publish(&set(&[3]), &set(&[]), GRACE, t2), set(&[3, 4]));
+        let just_before = t2 + GRACE - Duration::from_millis(1);
+        assert_eq!(
+            w.publish(&set(&[3]), &set(&[]), GRACE, just_before),
+            set(&[3, 4])
+        );
+        assert_eq!(
+            w.publish(&set(&[3]), &set(&[]), GRACE, t2 + GRACE),
+            set(&[3])
+        );
     }
 
     #[test]
     fn forgetting_drops_the_lingering_shards() {
         let t0 = Instant::now();
         let mut w = Warm::default();
-        w.publish(&set(&[1, 2]), &set(&[]), GRACE, t0);
+        w.publish(&set(&[1, 2]), &set(&[5]), GRACE, t0);
         w.forget();
         assert_eq!(w.publish(&set(&[1]), &set(&[]), GRACE, t0), set(&[1]));
     }
