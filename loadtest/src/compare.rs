@@ -521,51 +521,55 @@ async fn started(
     }
 }
 
-/// `namespace/gpujob` → when its first pod was let go at the gate: the operator's patch
-/// of the pod (the gate's only pod patch), accepted; or answered 5xx (a timeout whose
-/// write may have landed) when the scheduler bound that pod later, which it does only to
-/// a pod with no gate. Pods in namespaces outside `load` are not counted.
+/// `namespace/gpujob` → when its first pod was let go at the gate: the operator's first
+/// accepted patch of the pod (the gate's only pod patch); for a pod with none, the last
+/// of its patches answered 5xx (a timeout whose write may have landed) before the
+/// scheduler bound it, which it does only to a pod with no gate. Pods in namespaces
+/// outside `load` are not counted.
 fn let_go_at(
     events: &[devcluster::audit::AuditEvent],
     load: &std::collections::BTreeSet<&str>,
 ) -> anyhow::Result<HashMap<String, jiff::Timestamp>> {
-    let bound: std::collections::HashSet<(&str, &str)> = events
-        .iter()
-        .filter(|e| {
-            e.resource == "pods"
-                && e.subresource == "binding"
-                && e.verb == "create"
-                && e.succeeded()
-        })
-        .map(|e| (e.namespace.as_str(), e.name.as_str()))
-        .collect();
+    let at = |e: &devcluster::audit::AuditEvent| -> anyhow::Result<jiff::Timestamp> {
+        e.received
+            .parse()
+            .with_context(|| format!("audit timestamp {}", e.received))
+    };
+    let mut bound: HashMap<(&str, &str), jiff::Timestamp> = HashMap::new();
+    for e in events.iter().filter(|e| {
+        e.resource == "pods" && e.subresource == "binding" && e.verb == "create" && e.succeeded()
+    }) {
+        bound.insert((&e.namespace, &e.name), at(e)?);
+    }
+    // Per pod: its first accepted patch, and the last 5xx before its binding.
+    let mut accepted: HashMap<(&str, &str), jiff::Timestamp> = HashMap::new();
+    let mut unanswered: HashMap<(&str, &str), jiff::Timestamp> = HashMap::new();
+    for e in events.iter().filter(|e| {
+        e.user == OPERATOR_USER
+            && e.resource == "pods"
+            && e.subresource.is_empty()
+            && e.verb == "patch"
+            && load.contains(e.namespace.as_str())
+    }) {
+        let pod = (e.namespace.as_str(), e.name.as_str());
+        let t = at(e)?;
+        if e.succeeded() {
+            let first = accepted.entry(pod).or_insert(t);
+            *first = (*first).min(t);
+        } else if e.code >= 500 && bound.get(&pod).is_some_and(|b| t < *b) {
+            let last = unanswered.entry(pod).or_insert(t);
+            *last = (*last).max(t);
+        }
+    }
+    unanswered.retain(|pod, _| !accepted.contains_key(pod));
     let mut first: HashMap<String, jiff::Timestamp> = HashMap::new();
-    for e in events {
-        if e.user != OPERATOR_USER
-            || e.resource != "pods"
-            || !e.subresource.is_empty()
-            || e.verb != "patch"
-            || !load.contains(e.namespace.as_str())
-        {
-            continue;
-        }
-        let landed = e.succeeded()
-            || (e.code >= 500 && bound.contains(&(e.namespace.as_str(), e.name.as_str())));
-        if !landed {
-            continue;
-        }
+    for ((ns, pod), t) in accepted.into_iter().chain(unanswered) {
         // Pod `<gpujob>-<attempt>-<suffix>` of the GpuJob `<gpujob>`.
-        let Some(gpujob) = e.name.rsplitn(3, '-').nth(2) else {
+        let Some(gpujob) = pod.rsplitn(3, '-').nth(2) else {
             continue;
         };
-        let at: jiff::Timestamp = e
-            .received
-            .parse()
-            .with_context(|| format!("audit timestamp {}", e.received))?;
-        let entry = first
-            .entry(format!("{}/{gpujob}", e.namespace))
-            .or_insert(at);
-        *entry = (*entry).min(at);
+        let entry = first.entry(format!("{ns}/{gpujob}")).or_insert(t);
+        *entry = (*entry).min(t);
     }
     Ok(first)
 }
@@ -1186,9 +1190,40 @@ mod tests {
 
     #[test]
     fn a_gpujob_starts_at_its_first_pod_patch_that_landed() {
-        let event =
-            |user: &str, verb: &str, sub: &str, ns: &str, name: &str, code: u16, at: &str| {
-                devcluster::audit::AuditEvent {
+        let op = OPERATOR_USER;
+        let sched = "system:kube-scheduler";
+        // (who, verb, subresource, namespace, pod, code, second)
+        let rows = [
+            // a: refused, then accepted: the accepted one counts.
+            (op, "patch", "", "ns-1", "a-1-x", 409, 1),
+            (op, "patch", "", "ns-1", "a-1-x", 200, 2),
+            // b: answered 504 twice, though the gate went (the scheduler bound the pod):
+            // the last before the binding.
+            (op, "patch", "", "ns-1", "b-1-x", 504, 2),
+            (op, "patch", "", "ns-1", "b-1-x", 504, 3),
+            (sched, "create", "binding", "ns-1", "b-1-x", 201, 4),
+            // c: answered 504 and never bound: not started.
+            (op, "patch", "", "ns-1", "c-1-x", 504, 3),
+            // d: another's patch, a status patch, and a namespace not under load.
+            ("someone", "patch", "", "ns-1", "d-1-x", 200, 5),
+            (op, "patch", "status", "ns-1", "d-1-x", 200, 5),
+            (op, "patch", "", "other", "d-1-x", 200, 5),
+            // e: the second attempt's pod let go too: the first time counts.
+            (op, "patch", "", "ns-1", "e-2-y", 200, 9),
+            (op, "patch", "", "ns-1", "e-1-x", 200, 6),
+            // f: answered 504, then accepted, then bound: the accepted one.
+            (op, "patch", "", "ns-1", "f-1-x", 504, 1),
+            (op, "patch", "", "ns-1", "f-1-x", 200, 7),
+            (sched, "create", "binding", "ns-1", "f-1-x", 201, 8),
+            // g: answered 504 after its pod was bound: not what let it go.
+            (sched, "create", "binding", "ns-1", "g-1-x", 201, 1),
+            (op, "patch", "", "ns-1", "g-1-x", 504, 2),
+        ];
+        let at = |second: u32| format!("2026-01-01T00:00:{second:02}Z");
+        let events: Vec<devcluster::audit::AuditEvent> = rows
+            .iter()
+            .map(
+                |&(user, verb, sub, ns, name, code, second)| devcluster::audit::AuditEvent {
                     user: user.to_owned(),
                     user_agent: String::new(),
                     verb: verb.to_owned(),
@@ -1198,119 +1233,22 @@ mod tests {
                     namespace: ns.to_owned(),
                     name: name.to_owned(),
                     code,
-                    timestamp: at.to_owned(),
-                    received: at.to_owned(),
+                    timestamp: at(second),
+                    received: at(second),
                     lease_holder: None,
-                }
-            };
-        let op = OPERATOR_USER;
-        let sched = "system:kube-scheduler";
-        let events = vec![
-            // a: refused, then accepted: the accepted one counts.
-            event(
-                op,
-                "patch",
-                "",
-                "ns-1",
-                "a-1-x",
-                409,
-                "2026-01-01T00:00:01Z",
-            ),
-            event(
-                op,
-                "patch",
-                "",
-                "ns-1",
-                "a-1-x",
-                200,
-                "2026-01-01T00:00:02Z",
-            ),
-            // b: answered 504, though the gate went (the scheduler bound the pod).
-            event(
-                op,
-                "patch",
-                "",
-                "ns-1",
-                "b-1-x",
-                504,
-                "2026-01-01T00:00:03Z",
-            ),
-            event(
-                sched,
-                "create",
-                "binding",
-                "ns-1",
-                "b-1-x",
-                201,
-                "2026-01-01T00:00:04Z",
-            ),
-            // c: answered 504 and never bound: not started.
-            event(
-                op,
-                "patch",
-                "",
-                "ns-1",
-                "c-1-x",
-                504,
-                "2026-01-01T00:00:03Z",
-            ),
-            // d: another's patch, a status patch, and a namespace not under load.
-            event(
-                "someone",
-                "patch",
-                "",
-                "ns-1",
-                "d-1-x",
-                200,
-                "2026-01-01T00:00:05Z",
-            ),
-            event(
-                op,
-                "patch",
-                "status",
-                "ns-1",
-                "d-1-x",
-                200,
-                "2026-01-01T00:00:05Z",
-            ),
-            event(
-                op,
-                "patch",
-                "",
-                "other",
-                "d-1-x",
-                200,
-                "2026-01-01T00:00:05Z",
-            ),
-            // e: the second attempt's pod let go too: the first time counts.
-            event(
-                op,
-                "patch",
-                "",
-                "ns-1",
-                "e-2-y",
-                200,
-                "2026-01-01T00:00:09Z",
-            ),
-            event(
-                op,
-                "patch",
-                "",
-                "ns-1",
-                "e-1-x",
-                200,
-                "2026-01-01T00:00:06Z",
-            ),
-        ];
+                },
+            )
+            .collect();
         let load = std::collections::BTreeSet::from(["ns-1"]);
         let first = let_go_at(&events, &load).unwrap();
-        let at = |s: &str| s.parse::<jiff::Timestamp>().unwrap();
+        let expected = |s: u32| at(s).parse::<jiff::Timestamp>().unwrap();
         assert_eq!(
             first,
             HashMap::from([
-                ("ns-1/a".to_owned(), at("2026-01-01T00:00:02Z")),
-                ("ns-1/b".to_owned(), at("2026-01-01T00:00:03Z")),
-                ("ns-1/e".to_owned(), at("2026-01-01T00:00:06Z")),
+                ("ns-1/a".to_owned(), expected(2)),
+                ("ns-1/b".to_owned(), expected(3)),
+                ("ns-1/e".to_owned(), expected(6)),
+                ("ns-1/f".to_owned(), expected(7)),
             ])
         );
     }
