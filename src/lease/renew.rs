@@ -25,6 +25,9 @@ pub(super) async fn renew(
 ) {
     let lease = format!("{}/{}", elector.namespace(), elector.name());
     let mut failed = false;
+    // Whether the term ended because no renewal went through by the renew deadline (not
+    // because another replica holds the Lease now).
+    let mut timed_out = false;
     // The term's deadline; `None` once it was given up.
     let deadline = || {
         tx.borrow()
@@ -75,6 +78,7 @@ pub(super) async fn renew(
                     "renewing the lease failed past the renew deadline: {}; stepping down from the shard",
                     explain(&e, elector.namespace())
                 );
+                timed_out = true;
                 break;
             }
             Err(_) => {
@@ -82,17 +86,19 @@ pub(super) async fn renew(
                     shard, lease = %lease,
                     "no renewal of the lease within the renew deadline; stepping down from the shard"
                 );
+                timed_out = true;
                 break;
             }
         }
     }
-    // Kept warm until the next look publishes the warm set (which keeps it a lease
-    // duration: `coordinator/warm.rs`): the replica often takes it back once the API
-    // server answers again, and would list it again otherwise.
+    // A shard whose renewals did not go through is kept warm (with sharded watches: one
+    // shard has none) from here, and by the lease loop a lease duration more
+    // (`coordinator/warm.rs`): the replica often takes it back once the API server
+    // answers again, and would list it again otherwise.
     let lost = tx.send_if_modified(|o| {
         let lost =
             o.held.get(&shard).is_some_and(|t| t.epoch == epoch) && o.held.remove(&shard).is_some();
-        if lost {
+        if lost && timed_out && o.map.shards() > 1 {
             o.warm.insert(shard);
         }
         lost

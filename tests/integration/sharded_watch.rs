@@ -322,17 +322,22 @@ async fn where_the_server_cannot_select_shards_replicas_watch_everything_and_sti
     assert_eq!(writers.len(), 2, "{writers:?}");
 }
 
-/// Replica `n` as [`start`] starts it, talking to the API server through `proxy`.
+/// Replica `n` as [`start`] starts it, talking to the API server through `proxy`, with
+/// an 8 s lease duration (the short timings' 2 s renew deadline and 0.5 s retry period).
+/// A shard lost to its renew deadline stays warm a lease duration from the next look,
+/// and is taken back at a look after the proxy lets its Lease through (its Lease still
+/// names this replica): 8 s leave a loaded machine more to spare than 3 s.
 fn start_behind(env: &TestEnv, n: u8, proxy: &FaultProxy) -> Running {
     let address = free_address();
     let shards = SHARDS.to_string();
     let kubeconfig = proxy
         .kubeconfig(&env.cluster, Identity::Replica(n))
         .unwrap();
-    let replica = replicas::start_everywhere(
+    let replica = replicas::start_everywhere_timed(
         &env.cluster,
         &env.ns,
         n,
+        ["8s", "2s", "500ms"],
         &["--shards", &shards, "--listen-address", &address],
         Some(kubeconfig),
     );
@@ -402,7 +407,7 @@ async fn a_shard_lost_for_a_failed_renewal_and_taken_back_is_not_listed_again() 
             .name_contains(&shards::lease_of(lost)),
         ),
     );
-    let unheld = wait_metrics(&r, "the replica to lose the shard", |m| {
+    wait_metrics(&r, "the replica to lose the shard", |m| {
         shards_held(m) == f64::from(SHARDS - 1)
     })
     .await;
@@ -437,11 +442,6 @@ async fn a_shard_lost_for_a_failed_renewal_and_taken_back_is_not_listed_again() 
         received_gpujobs(&m) - received,
         0.0,
         "GpuJobs received since the shard was lost (a relist adds each of its shard's {counts:?})"
-    );
-    assert_eq!(
-        unheld.sum("gpujob_cached_objects", &[("resource", "gpujobs")]),
-        total,
-        "the GpuJobs of the shard lost stayed cached while unheld"
     );
     assert_eq!(foreign(&m), 0.0);
     let log = r.replica.log_text();

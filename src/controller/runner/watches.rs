@@ -18,7 +18,9 @@
 //! version): each shard held, or kept warm for a takeover (`Ownership::warm`), has a
 //! watch of its GpuJobs, one of its Jobs and one of its pods, each with that shard's range
 //! as selector. A shard newly held or kept warm starts its own three (listing that shard
-//! alone); a shard given up stops them and leaves the caches; the other shards' watches
+//! alone); a shard neither held nor kept warm any longer stops them and leaves the
+//! caches (a shard given up or lost lingers warm a while: `coordinator/warm.rs`); the
+//! other shards' watches
 //! go on untouched, so a takeover of a warm shard lists nothing. Otherwise the watches
 //! receive everything, as with one shard.
 

@@ -666,20 +666,19 @@ impl Coordinator {
         // it again right after its watches stopped.
         let mut computed = self.mode.warm(&view);
         computed.extend(decision.release.iter().copied());
-        let held: BTreeSet<u32> = self
-            .tx
-            .borrow()
-            .held
-            .keys()
-            .filter(|s| !decision.release.contains(s))
-            .copied()
-            .collect();
-        let warm = self
-            .warm
-            .publish(&computed, &held, self.group.timing.lease_duration, now);
+        // From the ownership as it is now, in one change: a renew loop may lose a shard
+        // (and show it warm) meanwhile.
+        let (warm, grace) = (&mut self.warm, self.group.timing.lease_duration);
         self.tx.send_if_modified(|o| {
-            let changed = o.warm != warm;
-            o.warm = warm;
+            let held: BTreeSet<u32> = o
+                .held
+                .keys()
+                .filter(|s| !decision.release.contains(s))
+                .copied()
+                .collect();
+            let published = warm.publish(&computed, &o.warm, &held, grace, now);
+            let changed = o.warm != published;
+            o.warm = published;
             changed
         });
         for s in decision.release {

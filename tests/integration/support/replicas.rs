@@ -184,6 +184,29 @@ pub fn start_everywhere(
     )
 }
 
+/// As [`start_everywhere`], with `timing` (lease duration, renew deadline, retry period)
+/// in place of the short timings.
+pub fn start_everywhere_timed(
+    cluster: &ControlPlane,
+    lease_ns: &str,
+    n: u8,
+    timing: [&str; 3],
+    extra: &[&str],
+    kubeconfig: Option<PathBuf>,
+) -> Replica {
+    spawn(
+        cluster,
+        lease_ns,
+        None,
+        n,
+        timing,
+        extra,
+        &[],
+        kubeconfig,
+        false,
+    )
+}
+
 /// Replica `n` working on every namespace (a private control plane), its Leases in
 /// `lease_ns`, short timings, with `extra` flags and the operator's own default for
 /// re-cutting the kept shard map (every other start here stops it: `spawn`).
