@@ -48,9 +48,9 @@ async fn a_look_from_the_caches_sends_nothing_and_stops_where_the_api_server_is_
         env.jobs().get_opt("gj-1").await.unwrap().is_none(),
         "and made no Job"
     );
-    // The look was offered the read of where this term began (the first look in the
-    // namespace), and handed it back: the next reconcile there is offered it at once,
-    // not a read of its own GpuJob until the offer times out.
+    // The look, the first in the namespace, was not offered the read of where this term
+    // began (it makes no request): the next reconcile there is offered it, not a read of
+    // its own GpuJob.
     let key = Key::new(&env.ns, "gj");
     let fence = h.ctx.writer.fence_for(&env.ns).unwrap();
     let mut next = h.ctx.view.snapshot(&key, &fence).unwrap();
@@ -58,7 +58,7 @@ async fn a_look_from_the_caches_sends_nothing_and_stops_where_the_api_server_is_
         next.term_start_due,
         "the look kept the term-start read: the next reconcile is not offered it"
     );
-    // Handed back again, as a reconcile that does not make the read hands it back.
+    // Handed back, as a reconcile that does not make the read hands it back.
     assert!(
         h.ctx
             .view

@@ -7,8 +7,9 @@
 //! and hand-over's changes of scope ([`View::watching`], [`View::listed`],
 //! [`View::drop_part`], [`View::shards_lost`]). What comes out: a reconcile's snapshot
 //! ([`View::snapshot`], `observe.rs`, which alone says whether a version is current in a
-//! term; a snapshot may also offer its reconcile the read of where the term began, one
-//! reconcile of a shard at a time, until an outcome says it was read or declined), and
+//! term; a worker's snapshot may also offer its reconcile the read of where the term
+//! began, one reconcile of a namespace at a time, until an outcome says it was read or
+//! declined: [`View::snapshot_from_caches`] never does), and
 //! what the caches hold for the queue, the metrics and readiness.
 //!
 //! What the GpuJob and Job caches cover (every object, or some shards': `scope.rs`)
@@ -68,7 +69,7 @@ impl ObservedOrNew {
     }
 }
 use scope::{Cached, Coverage, Scope};
-use term_start::TermStarts;
+use term_start::{Offer, TermStarts};
 
 /// What became of a write the executor sent, or what one of its reads found, as the view
 /// must remember it.
@@ -339,14 +340,14 @@ impl View {
     /// What a reconcile of `key` starts from, in the term `fence`; `None` when the
     /// GpuJob is gone.
     pub fn snapshot(&self, key: &Key, fence: &Fence) -> Option<Snapshot> {
-        observe::observe(self, key, fence, true)
+        observe::observe(self, key, fence, Offer::May)
     }
 
     /// As [`View::snapshot`], for a look that makes no request (a first look from the
     /// caches): never offered the read of where the term began (`term_start_due` false),
     /// which a worker's reconcile of the namespace is offered instead.
     pub fn snapshot_from_caches(&self, key: &Key, fence: &Fence) -> Option<Snapshot> {
-        observe::observe(self, key, fence, false)
+        observe::observe(self, key, fence, Offer::Never)
     }
 
     /// Remembers what the executor's writes did and its reads found, in order, and lets
@@ -414,7 +415,7 @@ impl View {
                         // as far behind as the GpuJob was: observe again, from the
                         // current GpuJob (remembered), so that a running attempt whose
                         // Job the cache has not seen is read rather than taken for lost.
-                        match observe::observe(self, key, fence, true) {
+                        match observe::observe(self, key, fence, Offer::May) {
                             Some(again) => *snap = again,
                             None => return false,
                         }
@@ -457,7 +458,7 @@ impl View {
                         fence,
                         rv.as_deref().unwrap_or_default(),
                         now,
-                        true,
+                        Offer::May,
                     );
                     snap.confirmed = covered.past;
                     snap.term_start_due = covered.due;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::View;
-use super::term_start::Covered;
+use super::term_start::{Covered, Offer};
 use crate::api::GpuJob;
 use crate::controller::seen_job::SeenJob;
 use crate::controller::seen_pod::SeenPod;
@@ -29,7 +29,7 @@ pub struct Snapshot {
 }
 
 /// `None` when the GpuJob is gone. `fence`: the term of the GpuJob's shard.
-pub(super) fn observe(view: &View, key: &Key, fence: &Fence, may_read: bool) -> Option<Snapshot> {
+pub(super) fn observe(view: &View, key: &Key, fence: &Fence, offer: Offer) -> Option<Snapshot> {
     let cached = || view.gpujobs.get(key);
     let Some(gpujob) = view.memory.gpujob(key, cached) else {
         view.memory.forget(key);
@@ -43,7 +43,7 @@ pub(super) fn observe(view: &View, key: &Key, fence: &Fence, may_read: bool) -> 
         .resource_version
         .as_deref()
         .unwrap_or_default();
-    let Covered { past, due } = currency(view, key, fence, rv, Instant::now(), may_read);
+    let Covered { past, due } = currency(view, key, fence, rv, Instant::now(), offer);
     Some(Snapshot {
         gpujob,
         jobs,
@@ -57,14 +57,14 @@ pub(super) fn observe(view: &View, key: &Key, fence: &Fence, may_read: bool) -> 
 /// place that says so: read from the API server or written by this replica at that
 /// version in this term (every write carries a resourceVersion precondition), or changed
 /// after the term began (`term_start.rs`). `due`: the term's start is not known, and the
-/// caller is the one to read it (never when it may not read: `may_read` false).
+/// caller is the one to read it (never with [`Offer::Never`]).
 pub(super) fn currency(
     view: &View,
     key: &Key,
     fence: &Fence,
     rv: &str,
     now: Instant,
-    may_read: bool,
+    offer: Offer,
 ) -> Covered {
     if view.memory.is_current(key, fence.epoch, rv) {
         return Covered {
@@ -73,5 +73,5 @@ pub(super) fn currency(
         };
     }
     view.term_starts
-        .covers(fence.shard, &key.namespace, fence.epoch, rv, now, may_read)
+        .covers(fence.shard, &key.namespace, fence.epoch, rv, now, offer)
 }

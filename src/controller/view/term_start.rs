@@ -58,6 +58,17 @@ enum Start {
     Failed(Instant),
 }
 
+/// Whether a caller of [`TermStarts::covers`] may be offered the read of where the term
+/// began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// It can make the read (a worker's reconcile).
+    May,
+    /// It makes no request (a first look from the caches): holding the offer, it would
+    /// make a worker's reconcile of the namespace meanwhile read its GpuJob alone.
+    Never,
+}
+
 /// What [`TermStarts::covers`] says of a GpuJob version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Covered {
@@ -86,9 +97,7 @@ impl TermStarts {
     /// Whether version `rv` of a GpuJob in namespace `ns` is past the start of term
     /// `epoch` of `shard` (never while the start is unknown), and whether the caller
     /// should read the start (`due`: unknown, and not offered to another caller in the
-    /// last [`RETRY_AFTER`]). A caller that makes no request (`may_read` false: a first
-    /// look from the caches) is never offered the read: holding the offer, it would make
-    /// a worker's reconcile of the namespace meanwhile read its GpuJob alone.
+    /// last [`RETRY_AFTER`]); never with [`Offer::Never`].
     pub fn covers(
         &self,
         shard: u32,
@@ -96,7 +105,7 @@ impl TermStarts {
         epoch: u64,
         rv: &str,
         now: Instant,
-        may_read: bool,
+        offer: Offer,
     ) -> Covered {
         let mut by_part = self.lock();
         let part = (shard, ns.to_owned());
@@ -114,7 +123,7 @@ impl TermStarts {
             {
                 false
             }
-            _ => may_read,
+            _ => offer == Offer::May,
         };
         if offer {
             by_part.insert(part, (epoch, Start::Offered(now)));
@@ -162,7 +171,7 @@ pub fn past(rv: &str, start: u64) -> bool {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{Covered, TermStarts, past};
+    use super::{Covered, Offer, TermStarts, past};
 
     #[test]
     fn one_reconcile_at_a_time_is_offered_the_read_and_an_unanswered_offer_comes_back() {
@@ -170,57 +179,93 @@ mod tests {
         let t0 = Instant::now();
         let unknown = |due| Covered { past: false, due };
         // A caller that may not read is not offered it, and takes no turn.
-        assert_eq!(starts.covers(0, "ns", 1, "10", t0, false), unknown(false));
-        assert_eq!(starts.covers(0, "ns", 1, "10", t0, true), unknown(true));
+        assert_eq!(
+            starts.covers(0, "ns", 1, "10", t0, Offer::Never),
+            unknown(false)
+        );
+        assert_eq!(
+            starts.covers(0, "ns", 1, "10", t0, Offer::May),
+            unknown(true)
+        );
         // Offered: the others confirm their GpuJob meanwhile.
         assert_eq!(
-            starts.covers(0, "ns", 1, "10", t0 + Duration::from_secs(1), true),
+            starts.covers(0, "ns", 1, "10", t0 + Duration::from_secs(1), Offer::May),
             unknown(false)
         );
         // Never answered (its reconcile ended first): offered again.
         let later = t0 + Duration::from_secs(6);
-        assert_eq!(starts.covers(0, "ns", 1, "10", later, true), unknown(true));
+        assert_eq!(
+            starts.covers(0, "ns", 1, "10", later, Offer::May),
+            unknown(true)
+        );
         // Declined (its GpuJob needed no confirmed view): offered to the next at once.
         starts.declined(0, "ns", 1);
-        assert_eq!(starts.covers(0, "ns", 1, "10", later, true), unknown(true));
+        assert_eq!(
+            starts.covers(0, "ns", 1, "10", later, Offer::May),
+            unknown(true)
+        );
         // A failed read waits as long before the next.
         starts.learned(0, "ns", 1, None, later);
-        assert_eq!(starts.covers(0, "ns", 1, "10", later, true), unknown(false));
         assert_eq!(
-            starts.covers(0, "ns", 1, "10", later + Duration::from_secs(6), true),
+            starts.covers(0, "ns", 1, "10", later, Offer::May),
+            unknown(false)
+        );
+        assert_eq!(
+            starts.covers(0, "ns", 1, "10", later + Duration::from_secs(6), Offer::May),
             unknown(true)
         );
         starts.learned(0, "ns", 1, Some(10), later);
         assert_eq!(
-            starts.covers(0, "ns", 1, "11", later, true),
+            starts.covers(0, "ns", 1, "11", later, Offer::May),
             Covered {
                 past: true,
                 due: false
             }
         );
-        assert_eq!(starts.covers(0, "ns", 1, "10", later, true), unknown(false));
+        assert_eq!(
+            starts.covers(0, "ns", 1, "10", later, Offer::May),
+            unknown(false)
+        );
         // A new term knows nothing of the last one's start; an answer about the old
         // term does not overwrite the new one's.
-        assert_eq!(starts.covers(0, "ns", 2, "11", later, true), unknown(true));
-        starts.learned(0, "ns", 1, Some(5), later);
-        assert_eq!(starts.covers(0, "ns", 2, "11", later, true), unknown(false));
-        // Nor does a caller of the old term take the new term's offer.
-        starts.declined(0, "ns", 2);
-        assert_eq!(starts.covers(0, "ns", 1, "11", later, true), unknown(false));
-        assert_eq!(starts.covers(0, "ns", 2, "11", later, true), unknown(true));
-        // Each namespace of the shard reads its own: known in one, offered in another.
-        starts.learned(0, "ns", 2, Some(10), later);
-        assert!(starts.covers(0, "ns", 2, "11", later, true).past);
         assert_eq!(
-            starts.covers(0, "other", 2, "11", later, true),
+            starts.covers(0, "ns", 2, "11", later, Offer::May),
             unknown(true)
         );
-        assert_eq!(starts.covers(1, "ns", 2, "11", later, true), unknown(true));
+        starts.learned(0, "ns", 1, Some(5), later);
+        assert_eq!(
+            starts.covers(0, "ns", 2, "11", later, Offer::May),
+            unknown(false)
+        );
+        // Nor does a caller of the old term take the new term's offer.
+        starts.declined(0, "ns", 2);
+        assert_eq!(
+            starts.covers(0, "ns", 1, "11", later, Offer::May),
+            unknown(false)
+        );
+        assert_eq!(
+            starts.covers(0, "ns", 2, "11", later, Offer::May),
+            unknown(true)
+        );
+        // Each namespace of the shard reads its own: known in one, offered in another.
+        starts.learned(0, "ns", 2, Some(10), later);
+        assert!(starts.covers(0, "ns", 2, "11", later, Offer::May).past);
+        assert_eq!(
+            starts.covers(0, "other", 2, "11", later, Offer::May),
+            unknown(true)
+        );
+        assert_eq!(
+            starts.covers(1, "ns", 2, "11", later, Offer::May),
+            unknown(true)
+        );
         // A lost shard's namespaces are forgotten; the others' kept.
         starts.learned(0, "other", 2, Some(10), later);
         starts.forget_where(|ns| ns == "ns");
-        assert_eq!(starts.covers(0, "ns", 2, "11", later, true), unknown(true));
-        assert!(starts.covers(0, "other", 2, "11", later, true).past);
+        assert_eq!(
+            starts.covers(0, "ns", 2, "11", later, Offer::May),
+            unknown(true)
+        );
+        assert!(starts.covers(0, "other", 2, "11", later, Offer::May).past);
     }
 
     #[test]
