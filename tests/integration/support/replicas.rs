@@ -171,17 +171,7 @@ pub fn start_everywhere(
     extra: &[&str],
     kubeconfig: Option<PathBuf>,
 ) -> Replica {
-    spawn(
-        cluster,
-        lease_ns,
-        None,
-        n,
-        SHORT,
-        extra,
-        &[],
-        kubeconfig,
-        false,
-    )
+    start_everywhere_timed(cluster, lease_ns, n, SHORT, extra, kubeconfig)
 }
 
 /// As [`start_everywhere`], with `timing` (lease duration, renew deadline, retry period)
