@@ -109,7 +109,7 @@ impl TermStarts {
     ) -> Covered {
         let mut by_part = self.lock();
         let part = (shard, ns.to_owned());
-        let offer = match by_part.get(&part) {
+        let offered = match by_part.get(&part) {
             // A caller still in an ended term reads nothing for it.
             Some((e, _)) if *e > epoch => false,
             Some((e, Start::Known(start))) if *e == epoch => {
@@ -125,12 +125,12 @@ impl TermStarts {
             }
             _ => offer == Offer::May,
         };
-        if offer {
+        if offered {
             by_part.insert(part, (epoch, Start::Offered(now)));
         }
         Covered {
             past: false,
-            due: offer,
+            due: offered,
         }
     }
 

@@ -987,10 +987,15 @@ impl Coordinator {
         let tenure = Tenure::gained(Some(sent + self.group.timing.renew_deadline), Some(token));
         let epoch = tenure.epoch;
         let token = tenure.token.clone();
+        let warm = &mut self.warm;
         let held = self.tx.send_if_modified(|o| {
             let through = o.heartbeat_valid_at(Instant::now());
             if through {
                 o.held.insert(shard, tenure);
+                // Held, not warm: should its renewals fail later, the renew loop shows
+                // it warm again, and the next look takes that for a loss.
+                o.warm.remove(&shard);
+                warm.taken(shard);
             }
             through
         });

@@ -53,6 +53,15 @@ impl Warm {
         published
     }
 
+    /// `shard` is held now: its grace ends, and it is no longer published (so a later
+    /// loss of it shows as one).
+    pub(super) fn taken(&mut self, shard: u32) {
+        self.last_computed.remove(&shard);
+        if let Some(published) = &mut self.published {
+            published.remove(&shard);
+        }
+    }
+
     /// Forgets every shard (the shard map moved: every shard's watches start again).
     pub(super) fn forget(&mut self) {
         self.last_computed.clear();
@@ -153,11 +162,29 @@ mod tests {
         let just_before = t1 + GRACE - Duration::from_millis(1);
         assert_eq!(l.look(&[3], &[], just_before), set(&[3, 4]));
         assert_eq!(l.look(&[3], &[], t1 + GRACE), set(&[3]));
-        // Taken back within the grace: held, so not warm; lost again later, warm again.
+        // Lost again later, warm again; then taken back within the grace: held, so not
+        // warm, and its grace ends.
         l.shown.insert(4);
         let t2 = t1 + GRACE + Duration::from_secs(1);
         assert_eq!(l.look(&[3], &[], t2), set(&[3, 4]));
         assert_eq!(l.look(&[3], &[4], t2), set(&[3]));
+    }
+
+    #[test]
+    fn a_shard_taken_while_warm_is_lost_anew_when_its_renewals_fail() {
+        let t0 = Instant::now();
+        let mut l = Looks::default();
+        assert_eq!(l.look(&[4], &[], t0), set(&[4]));
+        // Taken after that look published it (the lease loop takes after publishing),
+        // and lost to its renew deadline before the next look publishes.
+        l.warm.taken(4);
+        l.shown.remove(&4);
+        l.shown.insert(4);
+        let t1 = t0 + GRACE - Duration::from_secs(1);
+        assert_eq!(l.look(&[], &[], t1), set(&[4]));
+        // Its grace counts from that look, not from the one before it was taken.
+        assert_eq!(l.look(&[], &[], t0 + GRACE), set(&[4]));
+        assert_eq!(l.look(&[], &[], t1 + GRACE), set(&[]));
     }
 
     #[test]
@@ -166,7 +193,9 @@ mod tests {
         let mut l = Looks::default();
         l.look(&[1, 2], &[5], t0);
         l.warm.forget();
-        // The ownership still shows the old map's warm set when the look comes.
+        // The ownership still shows the old map's warm set when the look comes, and a
+        // shard the renew loop lost meanwhile: none is taken for one lost.
+        l.shown.insert(5);
         assert_eq!(l.look(&[1], &[], t0), set(&[1]));
     }
 }
