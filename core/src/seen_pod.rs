@@ -3,9 +3,22 @@
 //! lag, and only tells the plan that a read is due) or from a read of the API server
 //! (which alone lets a gate go).
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 
 use crate::api::{LABEL_ATTEMPT, LABEL_UID, SCHEDULING_GATE};
+
+/// The pod's `PodScheduled` condition when the scheduler found no node for it (False,
+/// reason `Unschedulable`); `None` when placed, not tried yet, or held at a scheduling
+/// gate. The pod cache's flag and the placement read both take it from here.
+pub fn not_placed(pod: &Pod) -> Option<&PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")
+        .filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+}
 
 /// A pod labelled with a GpuJob's uid (`gpujob.dev/uid`), as every attempt's pod is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,17 +86,7 @@ impl SeenPod {
                 .and_then(|s| s.scheduling_gates.as_ref())
                 .is_some_and(|g| g.iter().any(|g| g.name == SCHEDULING_GATE)),
             bound: spec.and_then(|s| s.node_name.as_ref()).is_some(),
-            unschedulable: pod
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| {
-                    c.iter().any(|c| {
-                        c.type_ == "PodScheduled"
-                            && c.status == "False"
-                            && c.reason.as_deref() == Some("Unschedulable")
-                    })
-                }),
+            unschedulable: not_placed(pod).is_some(),
             node: spec.and_then(|s| s.node_name.clone()),
             terminal: matches!(
                 pod.status.as_ref().and_then(|s| s.phase.as_deref()),

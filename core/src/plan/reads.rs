@@ -21,7 +21,7 @@ use crate::api::{DeviceAllocation, Phase};
 use crate::claims;
 use crate::job::{job_name, name_taken};
 use crate::seen_job::SeenJob;
-use crate::seen_pod::SeenPod;
+use crate::seen_pod::{SeenPod, not_placed};
 use crate::status::READY;
 
 /// A read of the API server a plan asks for before deciding.
@@ -533,18 +533,10 @@ pub fn termination_of(attempt: i32, pods: &[Pod]) -> Option<Termination> {
 /// condition (`None` when placed, not tried yet, or waiting at a scheduling gate).
 pub fn unschedulable_of(attempt: i32, pods: &[Pod]) -> Option<Unschedulable> {
     pods.iter().find_map(|pod| {
-        let c = pod
-            .status
-            .as_ref()?
-            .conditions
-            .as_ref()?
-            .iter()
-            .find(|c| c.type_ == "PodScheduled")?;
-        (c.status == "False" && c.reason.as_deref() == Some("Unschedulable")).then(|| {
-            Unschedulable {
-                attempt,
-                message: c.message.clone().unwrap_or_default(),
-            }
+        let c = not_placed(pod)?;
+        Some(Unschedulable {
+            attempt,
+            message: c.message.clone().unwrap_or_default(),
         })
     })
 }
