@@ -22,7 +22,10 @@
 //! own backlog, the survivor's new work keeps about half the workers' time or more (the
 //! first looks take less when they are quick), and a first look with nothing to write
 //! does not wait a turn behind new work whose writes wait on the API budget. A key added
-//! to either lane while it is processed runs again in that lane.
+//! to either lane while it is processed runs again in that lane (the prompt lane when
+//! both asked), unless the look it was in flight for was its first look
+//! ([`Queue::first_look_over`]): the first-look lane holds first looks only, so the
+//! follow-ups of looks made (a pod at the gate, an echo) do not take its share.
 //!
 //! Time is tokio's, so the behaviour is tested on a paused clock.
 
@@ -131,7 +134,7 @@ struct State<K> {
     /// before, while the other may have had none, is no credit.
     sharing_since: Instant,
     /// Keys added to the prompt or the first-look lane while processed: the lane they run
-    /// again in after `done` (the first such add decides; otherwise the normal lane).
+    /// again in after `done` (the prompt lane if new work asked; otherwise the normal lane).
     again_in: HashMap<K, Lane>,
     /// The normal lane.
     ready: VecDeque<K>,
@@ -239,9 +242,23 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
 
     /// Queues `key` now for a first look after its shard was gained: ahead of the
     /// normal lane, sharing the workers' time with the prompt lane. A key queued already
-    /// keeps its place; one added while it is processed runs again in this lane.
+    /// keeps its place; one added while it is processed runs again in this lane, unless
+    /// [`Queue::first_look_over`] says that look was its first.
     pub fn add_first_look(&self, key: K) {
         self.add_in(key, Lane::FirstLook);
+    }
+
+    /// `key`, with a worker, has had its first look through to an outcome: a first-look
+    /// add made while it was processed no longer runs it again in the first-look lane (it
+    /// runs again in the normal lane, or the prompt lane if new work asked). Otherwise
+    /// every echo of the look's own writes, and the pod it let out to the gate, would
+    /// come back ahead of the backlog as another "first" look, taking that lane's share
+    /// of the workers from new work.
+    pub fn first_look_over(&self, key: &K) {
+        let mut s = self.lock();
+        if s.again_in.get(key) == Some(&Lane::FirstLook) {
+            s.again_in.remove(key);
+        }
     }
 
     fn add_in(&self, key: K, lane: Lane) {
@@ -535,9 +552,12 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
         return false;
     }
     if s.processing.contains(&key) && lane != Lane::Normal {
-        // It runs again after `done` (once marked dirty), in this lane unless new work or
-        // a first look asked for it first.
-        s.again_in.entry(key.clone()).or_insert(lane);
+        // It runs again after `done` (once marked dirty), in this lane; new work's lane
+        // over a first look's, which `first_look_over` may withdraw.
+        let again = s.again_in.entry(key.clone()).or_insert(lane);
+        if lane == Lane::Prompt {
+            *again = Lane::Prompt;
+        }
     }
     if s.dirty.contains(&key) {
         return false;

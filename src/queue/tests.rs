@@ -206,6 +206,43 @@ async fn a_key_added_to_a_lane_while_processed_runs_again_in_that_lane() {
     assert_eq!(next(&q).await, Some("echo-1"));
 }
 
+/// A first look asked for while the key is processed for that look does not bring it
+/// back ahead of the backlog once the look is over; new work asked for meanwhile still
+/// does, whichever came first.
+#[tokio::test(start_paused = true)]
+async fn a_key_whose_first_look_is_over_runs_again_in_the_normal_lane() {
+    let q = queue();
+    q.add_first_look("gained");
+    assert_eq!(next(&q).await, Some("gained"));
+    q.add("echo-1");
+    // An echo of the look's own write, queued for the shard's first look.
+    q.add_first_look("gained");
+    q.first_look_over(&"gained");
+    q.done(&"gained");
+    assert_eq!(next(&q).await, Some("echo-1"), "behind the backlog");
+    q.done(&"echo-1");
+    assert_eq!(next(&q).await, Some("gained"));
+    q.done(&"gained");
+    // Its pod at the gate (new work) after the echo: the prompt lane.
+    q.add_first_look("new-work");
+    assert_eq!(next(&q).await, Some("new-work"));
+    q.add("echo-2");
+    q.add_first_look("new-work");
+    q.add_prompt("new-work");
+    q.first_look_over(&"new-work");
+    q.done(&"new-work");
+    assert_eq!(next(&q).await, Some("new-work"), "ahead of the backlog");
+    q.done(&"new-work");
+    // A look that did not end (its term ended): the first look runs again, ahead.
+    q.add_first_look("cancelled");
+    assert_eq!(next(&q).await, Some("cancelled"));
+    q.add_first_look("cancelled");
+    q.done(&"cancelled");
+    assert_eq!(next(&q).await, Some("cancelled"), "ahead of the backlog");
+    q.done(&"cancelled");
+    assert_eq!(next(&q).await, Some("echo-2"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_prompt_lane_takes_turns_between_tenants() {
     let q = queue().fair_by(|k: &&'static str| k.split('/').next().unwrap_or_default());

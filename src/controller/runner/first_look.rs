@@ -104,6 +104,19 @@ impl FirstLooks {
         self.lock().contains_key(&shard)
     }
 
+    /// Is `key` of `shard` still to have its first look: the shard gained, and the key
+    /// one of its GpuJobs not looked at yet (any not looked at yet, while they are not
+    /// known)? A GpuJob created after the gain is new work, not part of the first look.
+    pub fn awaits(&self, shard: u32, key: &Key) -> bool {
+        match self.lock().get(&shard) {
+            None => false,
+            Some(Pending {
+                left: Some(left), ..
+            }) => left.all.contains(key),
+            Some(Pending { early, .. }) => !early.contains(key),
+        }
+    }
+
     /// Is `shard` waiting for its GpuJobs to be known?
     pub fn unknown(&self, shard: u32) -> bool {
         self.lock().get(&shard).is_some_and(|p| p.left.is_none())
@@ -444,6 +457,31 @@ mod tests {
                 done(2, Which::All, 0, after)
             ]
         );
+    }
+
+    /// A GpuJob awaits its first look from the gain until it is looked at; one created
+    /// after the shard's GpuJobs were known never does (it is new work).
+    #[tokio::test(start_paused = true)]
+    async fn a_gpujob_awaits_its_first_look_until_looked_at() {
+        let looks = FirstLooks::default();
+        let t0 = Instant::now();
+        let (a, b) = (Key::new("ns", "a"), Key::new("ns", "b"));
+        assert!(!looks.awaits(1, &a), "not gained");
+        looks.gained(1, t0);
+        assert!(looks.awaits(1, &a), "not known yet: every one awaits");
+        looks.looked(1, &a, t0);
+        assert!(!looks.awaits(1, &a), "looked at before the shard was known");
+        assert!(looks.awaits(1, &b));
+        looks.known(1, &sorted(&["a"], &["b", "c"]), t0);
+        assert!(!looks.awaits(1, &a));
+        assert!(looks.awaits(1, &b));
+        looks.looked(1, &b, t0);
+        assert!(!looks.awaits(1, &b));
+        assert!(
+            !looks.awaits(1, &Key::new("ns", "later")),
+            "created after the shard was known"
+        );
+        assert!(looks.pending(1), "c is still to be looked at");
     }
 
     #[tokio::test(start_paused = true)]

@@ -37,16 +37,19 @@ struct Intake {
 }
 
 impl Intake {
-    /// A GpuJob to look at again. One of a shard whose first look is not over goes to
-    /// the first-look lane: the list that follows a cold gain names every GpuJob of the
-    /// shard, and a key queued already keeps its place, so queued here in the normal
-    /// lane, the first look would wait behind the backlog after all.
+    /// A GpuJob to look at again. One still to have its first look since its shard was
+    /// gained goes to the first-look lane: the list that follows a cold gain names every
+    /// GpuJob of the shard, and a key queued already keeps its place, so queued here in
+    /// the normal lane, the first look would wait behind the backlog after all. One
+    /// looked at already (an echo of that look's writes) goes to the normal lane: in the
+    /// first-look lane it would take the share of the workers' time that lane has over
+    /// new work, while the shard's GpuJobs never observed wait in the prompt lane.
     fn add(&self, key: Key) {
         let own = self.own.borrow();
         if !own.holds_namespace(&key.namespace) {
             return;
         }
-        if self.looks.pending(own.shard_of(&key.namespace)) {
+        if self.looks.awaits(own.shard_of(&key.namespace), &key) {
             self.queue.add_first_look(key);
         } else {
             self.queue.add(key);
@@ -491,6 +494,35 @@ mod tests {
         intake.add_prompt(Key::new("ns", "new"));
         assert_eq!(queue.get().await, Some(Key::new("ns", "new")));
         assert_eq!(queue.get().await, Some(Key::new("ns", "later")));
+    }
+
+    /// While a gained shard's first look goes on, a GpuJob of it already looked at (an
+    /// echo of its look's writes) queues in the normal lane; one still to be looked at,
+    /// in the first-look lane, ahead of the backlog.
+    #[tokio::test(start_paused = true)]
+    async fn a_gained_gpujob_looked_at_already_queues_behind_the_backlog() {
+        let queue: Queue<Key> = Queue::new(Backoff::default());
+        let (_tx, own) = watch::channel(Ownership::unfenced());
+        let looks = Arc::new(FirstLooks::default());
+        let intake = Intake {
+            queue: queue.clone(),
+            own,
+            looks: looks.clone(),
+        };
+        let at = tokio::time::Instant::now();
+        looks.gained(0, at);
+        let keys = ObservedOrNew {
+            observed: vec![Key::new("ns", "looked"), Key::new("ns", "waiting")],
+            new: vec![Key::new("ns", "new")],
+        };
+        assert!(looks.known(0, &keys, at).is_empty());
+        assert!(looks.looked(0, &Key::new("ns", "looked"), at).is_empty());
+        intake.add(Key::new("ns", "backlog"));
+        intake.add(Key::new("ns", "looked"));
+        intake.add(Key::new("ns", "waiting"));
+        assert_eq!(queue.get().await, Some(Key::new("ns", "waiting")));
+        assert_eq!(queue.get().await, Some(Key::new("ns", "backlog")));
+        assert_eq!(queue.get().await, Some(Key::new("ns", "looked")));
     }
 
     /// A gained shard's GpuJobs never observed are new work: in the prompt lane, where

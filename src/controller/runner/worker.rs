@@ -109,6 +109,8 @@ pub(super) fn ended(
     result: Result<Next, Error>,
 ) {
     follow_up(ctx, queue, key, result);
+    // Looked at: a first look asked for meanwhile was this one.
+    queue.first_look_over(key);
     first_look::report(
         looks.looked(shard, key, tokio::time::Instant::now()),
         &ctx.metrics,
