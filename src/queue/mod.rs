@@ -24,7 +24,7 @@
 //! does not wait a turn behind new work whose writes wait on the API budget. A key added
 //! to either lane while it is processed runs again in that lane (the prompt lane when
 //! both asked), unless the look it was in flight for was its first look
-//! ([`Queue::first_look_over`]): the first-look lane holds first looks only, so the
+//! ([`Queue::first_look_over`]): the first-look lane is for first looks, so the
 //! follow-ups of looks made (a pod at the gate, an echo) do not take its share.
 //!
 //! Time is tokio's, so the behaviour is tested on a paused clock.
@@ -134,7 +134,9 @@ struct State<K> {
     /// before, while the other may have had none, is no credit.
     sharing_since: Instant,
     /// Keys added to the prompt or the first-look lane while processed: the lane they run
-    /// again in after `done` (the prompt lane if new work asked; otherwise the normal lane).
+    /// again in after `done` (the prompt lane if new work asked; the first-look lane if
+    /// only a first look did and the look in flight was not it; otherwise the normal
+    /// lane).
     again_in: HashMap<K, Lane>,
     /// The normal lane.
     ready: VecDeque<K>,
@@ -248,8 +250,8 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.add_in(key, Lane::FirstLook);
     }
 
-    /// `key`, with a worker, has had its first look through to an outcome: a first-look
-    /// add made while it was processed no longer runs it again in the first-look lane (it
+    /// `key` has had its first look through to an outcome: a first-look add made while
+    /// it was processed no longer runs it again in the first-look lane (it
     /// runs again in the normal lane, or the prompt lane if new work asked). Otherwise
     /// every echo of the look's own writes, and the pod it let out to the gate, would
     /// come back ahead of the backlog as another "first" look, taking that lane's share

@@ -106,7 +106,8 @@ impl FirstLooks {
 
     /// Is `key` of `shard` still to have its first look: the shard gained, and the key
     /// one of its GpuJobs not looked at yet (any not looked at yet, while they are not
-    /// known)? A GpuJob created after the gain is new work, not part of the first look.
+    /// known)? One not among them when they became known (created since) is new work,
+    /// not part of the first look.
     pub fn awaits(&self, shard: u32, key: &Key) -> bool {
         match self.lock().get(&shard) {
             None => false,

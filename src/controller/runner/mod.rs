@@ -464,9 +464,8 @@ mod tests {
     use crate::queue::Backoff;
 
     /// The list that follows a cold gain queues the GpuJobs of the shard observed before
-    /// through `add`: until the shard's first look is over they go to the first-look
-    /// lane, ahead of the backlog, and not behind it (a key queued already keeps its
-    /// place).
+    /// through `add`: until each has had its first look they go to the first-look lane,
+    /// ahead of the backlog, and not behind it (a key queued already keeps its place).
     #[tokio::test(start_paused = true)]
     async fn a_gained_shards_gpujobs_queue_for_their_first_look_until_it_is_over() {
         let queue: Queue<Key> = Queue::new(Backoff::default());
@@ -523,6 +522,36 @@ mod tests {
         assert_eq!(queue.get().await, Some(Key::new("ns", "waiting")));
         assert_eq!(queue.get().await, Some(Key::new("ns", "backlog")));
         assert_eq!(queue.get().await, Some(Key::new("ns", "looked")));
+    }
+
+    /// An echo of a first look's own write, queued while the worker still has the key,
+    /// does not bring it back ahead of the backlog once the worker has looked.
+    #[tokio::test(start_paused = true)]
+    async fn an_echo_during_a_first_look_runs_again_behind_the_backlog() {
+        let queue: Queue<Key> = Queue::new(Backoff::default());
+        let (_tx, own) = watch::channel(Ownership::unfenced());
+        let looks = Arc::new(FirstLooks::default());
+        let intake = Intake {
+            queue: queue.clone(),
+            own,
+            looks: looks.clone(),
+        };
+        let at = tokio::time::Instant::now();
+        looks.gained(0, at);
+        let gained = Key::new("ns", "gained");
+        let keys = ObservedOrNew {
+            observed: vec![gained.clone()],
+            new: Vec::new(),
+        };
+        assert!(looks.known(0, &keys, at).is_empty());
+        intake.add(Key::new("ns", "backlog"));
+        intake.add(gained.clone());
+        assert_eq!(queue.get().await, Some(gained.clone()));
+        intake.add(gained.clone());
+        assert!(!worker::looked(&queue, &looks, 0, &gained, at).is_empty());
+        queue.done(&gained);
+        assert_eq!(queue.get().await, Some(Key::new("ns", "backlog")));
+        assert_eq!(queue.get().await, Some(gained));
     }
 
     /// A gained shard's GpuJobs never observed are new work: in the prompt lane, where

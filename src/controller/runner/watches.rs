@@ -521,8 +521,8 @@ async fn worker_pods(worker: WorkerCluster, ctx: Arc<Context>, intake: Intake) {
 /// Both caches cover the shards of `new` for the first time: a shard gained cold learns
 /// which GpuJobs it has to look at, and every GpuJob of them has its first look
 /// (`from_caches::look_from_caches`: planned from the caches, and queued if it needs the
-/// API server: one observed before in the first-look lane while its shard's first look
-/// is not over, one never observed in the prompt lane).
+/// API server: one observed before in the first-look lane while it has not had its
+/// first look, one never observed in the prompt lane).
 fn newly_covered(ctx: &Arc<Context>, intake: &Intake, new: &Scope) {
     let own = intake.own.borrow().clone();
     let at = tokio::time::Instant::now();

@@ -109,12 +109,26 @@ pub(super) fn ended(
     result: Result<Next, Error>,
 ) {
     follow_up(ctx, queue, key, result);
-    // Looked at: a first look asked for meanwhile was this one.
-    queue.first_look_over(key);
     first_look::report(
-        looks.looked(shard, key, tokio::time::Instant::now()),
+        looked(queue, looks, shard, key, tokio::time::Instant::now()),
         &ctx.metrics,
     );
+}
+
+/// `key` of `shard` was looked at through to an outcome (an error is one: its retry
+/// backs off as any GpuJob's), at `now`: a gained shard's first look counts it, and a
+/// first look asked for meanwhile was this one. In that order: an add between the two
+/// finds the key looked at, and queues it as any GpuJob.
+pub(super) fn looked(
+    queue: &Queue<Key>,
+    looks: &FirstLooks,
+    shard: u32,
+    key: &Key,
+    now: tokio::time::Instant,
+) -> Vec<first_look::Done> {
+    let done = looks.looked(shard, key, now);
+    queue.first_look_over(key);
+    done
 }
 
 /// Marks its key done when dropped.
