@@ -463,19 +463,24 @@ mod tests {
     use crate::controller::view::ObservedOrNew;
     use crate::queue::Backoff;
 
+    /// The intake of a replica holding every namespace (unfenced), with an empty queue
+    /// and no shard gained.
+    fn intake() -> Intake {
+        let (_tx, own) = watch::channel(Ownership::unfenced());
+        Intake {
+            queue: Queue::new(Backoff::default()),
+            own,
+            looks: Arc::default(),
+        }
+    }
+
     /// The list that follows a cold gain queues the GpuJobs of the shard observed before
     /// through `add`: until each has had its first look they go to the first-look lane,
     /// ahead of the backlog, and not behind it (a key queued already keeps its place).
     #[tokio::test(start_paused = true)]
     async fn a_gained_shards_gpujobs_queue_for_their_first_look_until_it_is_over() {
-        let queue: Queue<Key> = Queue::new(Backoff::default());
-        let (_tx, own) = watch::channel(Ownership::unfenced());
-        let looks = Arc::new(FirstLooks::default());
-        let intake = Intake {
-            queue: queue.clone(),
-            own,
-            looks: looks.clone(),
-        };
+        let intake = intake();
+        let (queue, looks) = (intake.queue.clone(), intake.looks.clone());
         intake.add(Key::new("ns", "backlog"));
         looks.gained(0, tokio::time::Instant::now());
         intake.add(Key::new("ns", "gained"));
@@ -500,14 +505,8 @@ mod tests {
     /// in the first-look lane, ahead of the backlog.
     #[tokio::test(start_paused = true)]
     async fn a_gained_gpujob_looked_at_already_queues_behind_the_backlog() {
-        let queue: Queue<Key> = Queue::new(Backoff::default());
-        let (_tx, own) = watch::channel(Ownership::unfenced());
-        let looks = Arc::new(FirstLooks::default());
-        let intake = Intake {
-            queue: queue.clone(),
-            own,
-            looks: looks.clone(),
-        };
+        let intake = intake();
+        let (queue, looks) = (intake.queue.clone(), intake.looks.clone());
         let at = tokio::time::Instant::now();
         looks.gained(0, at);
         let keys = ObservedOrNew {
@@ -528,14 +527,8 @@ mod tests {
     /// does not bring it back ahead of the backlog once the worker has looked.
     #[tokio::test(start_paused = true)]
     async fn an_echo_during_a_first_look_runs_again_behind_the_backlog() {
-        let queue: Queue<Key> = Queue::new(Backoff::default());
-        let (_tx, own) = watch::channel(Ownership::unfenced());
-        let looks = Arc::new(FirstLooks::default());
-        let intake = Intake {
-            queue: queue.clone(),
-            own,
-            looks: looks.clone(),
-        };
+        let intake = intake();
+        let (queue, looks) = (intake.queue.clone(), intake.looks.clone());
         let at = tokio::time::Instant::now();
         looks.gained(0, at);
         let gained = Key::new("ns", "gained");
@@ -560,13 +553,8 @@ mod tests {
     /// where every look takes no time).
     #[tokio::test(start_paused = true)]
     async fn a_gained_shards_new_gpujobs_come_before_pods_newly_at_the_gate() {
-        let queue: Queue<Key> = Queue::new(Backoff::default());
-        let (_tx, own) = watch::channel(Ownership::unfenced());
-        let intake = Intake {
-            queue: queue.clone(),
-            own,
-            looks: Arc::default(),
-        };
+        let intake = intake();
+        let queue = intake.queue.clone();
         intake.looks.gained(0, tokio::time::Instant::now());
         for (name, observed) in [("o1", true), ("o2", true), ("n1", false), ("n2", false)] {
             intake.add_found(Key::new("ns", name), observed);
