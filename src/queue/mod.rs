@@ -253,7 +253,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     /// `key` has had its first look through to an outcome: a first-look add made while
     /// it was processed no longer runs it again in the first-look lane (it
     /// runs again in the normal lane, or the prompt lane if new work asked). Otherwise
-    /// every echo of the look's own writes, and the pod it let out to the gate, would
+    /// every echo of the look's own writes, and its pod then waiting at the gate, would
     /// come back ahead of the backlog as another "first" look, taking that lane's share
     /// of the workers from new work.
     pub fn first_look_over(&self, key: &K) {
