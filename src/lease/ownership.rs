@@ -111,6 +111,11 @@ impl Ownership {
         self.held.get(&shard)
     }
 
+    /// Is `shard` still held in the term `epoch` (not lost, nor lost and gained again)?
+    pub fn in_term(&self, shard: u32, epoch: u64) -> bool {
+        self.tenure(shard).is_some_and(|t| t.epoch == epoch)
+    }
+
     /// The tenure covering objects in `namespace`, if that shard is held.
     pub fn tenure_for(&self, namespace: &str) -> Option<&Tenure> {
         self.tenure(self.shard_of(namespace))

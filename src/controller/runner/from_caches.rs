@@ -39,12 +39,13 @@ pub(super) async fn look_from_caches(ctx: Arc<Context>, intake: Intake, keys: Ob
         if i % BATCH == BATCH - 1 {
             tokio::task::yield_now().await;
         }
-        let shard = {
+        let (shard, epoch) = {
             let own = intake.own.borrow();
-            if !own.holds_namespace(&key.namespace) {
-                continue;
+            let shard = own.shard_of(&key.namespace);
+            match own.tenure(shard) {
+                Some(t) => (shard, t.epoch),
+                None => continue,
             }
-            own.shard_of(&key.namespace)
         };
         if !ctx.view.covers(&key.namespace) {
             // Its shard is still being listed: its GpuJobs come back, every one, when
@@ -58,7 +59,12 @@ pub(super) async fn look_from_caches(ctx: Arc<Context>, intake: Intake, keys: Ob
         }
         let span = tracing::info_span!("reconcile", namespace = %key.namespace, name = %key.name,
             shard, attempt = tracing::field::Empty);
-        match reconcile(&ctx, &key, Reach::Caches).instrument(span).await {
+        let looked = reconcile(&ctx, &key, Reach::Caches).instrument(span).await;
+        // Its term over meanwhile: the next term's own look has the key (`worker::of_term`).
+        let Some(looked) = worker::of_term(Some(looked), &intake.own.borrow(), shard, epoch) else {
+            continue;
+        };
+        match looked {
             Ok(Looked::Ended(next)) => {
                 ctx.metrics.first_looks_from_caches.inc();
                 worker::ended(&ctx, &intake.queue, &intake.looks, shard, &key, Ok(next));

@@ -73,12 +73,13 @@ pub(super) async fn run(
         // filled in once known.
         let span = tracing::info_span!("reconcile", namespace = %key.namespace, name = %key.name,
             shard, attempt = tracing::field::Empty);
-        let term_ended = |o: &Ownership| o.tenure(shard).map(|t| t.epoch) != Some(epoch);
+        let term_ended = |o: &Ownership| !o.in_term(shard, epoch);
         let running = ctx.settings.in_flight.enter(shard);
         let outcome = tokio::select! {
             result = tracing::Instrument::instrument(reconcile(&ctx, &key, Reach::Api), span) => Some(result),
             _ = lost.wait_for(term_ended) => None,
         };
+        let outcome = of_term(outcome, &lost.borrow(), shard, epoch);
         // Ended or cancelled: a shard being given up may be released now.
         drop(running);
         ctx.metrics
@@ -96,6 +97,14 @@ pub(super) async fn run(
             Some(Err(e)) => ended(&ctx, &queue, &looks, shard, &key, Err(e)),
         }
     }
+}
+
+/// A reconcile's outcome counts only in the term it ran in. One that ended just as the
+/// term did (both ready at once) is dropped like one cancelled: were the shard lost and
+/// gained again, it would otherwise count as the new term's first look of its key, and
+/// withdraw the look that term asked for.
+pub(super) fn of_term<T>(outcome: Option<T>, own: &Ownership, shard: u32, epoch: u64) -> Option<T> {
+    outcome.filter(|_| own.in_term(shard, epoch))
 }
 
 /// `key` of `shard` was reconciled to `result`: what comes next is queued, and a gained
@@ -194,5 +203,33 @@ fn follow_up(ctx: &Context, queue: &Queue<Key>, key: &Key, result: Result<Next, 
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::Tenure;
+
+    /// An outcome of the term it ran in counts; one that ended as the term did, whether
+    /// the shard was lost or lost and gained again, counts in no term.
+    #[test]
+    fn an_outcome_counts_only_in_the_term_it_ran_in() {
+        let first = Tenure::gained(None, None);
+        let mut own = Ownership::nothing_of(4);
+        own.held.insert(1, first.clone());
+        assert_eq!(
+            of_term(Some("looked"), &own, 1, first.epoch),
+            Some("looked")
+        );
+        assert_eq!(of_term(None::<&str>, &own, 1, first.epoch), None);
+        own.held.remove(&1);
+        assert_eq!(of_term(Some("looked"), &own, 1, first.epoch), None, "lost");
+        own.held.insert(1, Tenure::gained(None, None));
+        assert_eq!(
+            of_term(Some("looked"), &own, 1, first.epoch),
+            None,
+            "lost and gained again: a new term"
+        );
     }
 }
