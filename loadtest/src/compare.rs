@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -321,12 +322,44 @@ async fn phase(
         Running::Operator(replicas) => Some(replicas.sample(start, SAMPLE_EVERY)),
         _ => None,
     };
-    let created_at = create_all(admin, plan).await?;
-    let created = start.elapsed();
+    // A takeover under load is looked for while the GpuJobs are still being created
+    // too: an operator that keeps up with the creates has converged most of them by the
+    // last create, and a kill then finds settled work.
+    let creates_made = AtomicUsize::new(0);
+    let creating = AtomicBool::new(true);
+    let (created_at, early_takeover) = tokio::join!(
+        async {
+            let created_at = create_all(admin, plan, &creates_made).await;
+            creating.store(false, Ordering::Relaxed);
+            created_at.map(|c| (c, start.elapsed()))
+        },
+        async {
+            let (Running::Operator(replicas), Some(at), true) =
+                (&mut running, plan.takeover_at, plan.takeover)
+            else {
+                return Ok(None);
+            };
+            while creating.load(Ordering::Relaxed) {
+                let n = converged_at.lock().unwrap_or_else(|p| p.into_inner()).len();
+                if n >= at {
+                    let made = creates_made.load(Ordering::Relaxed);
+                    eprintln!(
+                        "  takeover: {n} converged, {made} created; killing the busiest replica under load"
+                    );
+                    let mut t = take_over(cluster, admin, replicas, plan, Some(n)).await?;
+                    t.created_at_kill = Some(made);
+                    return anyhow::Ok(Some(t));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(None)
+        }
+    );
+    let (created_at, created) = created_at?;
+    let mut takeover = early_takeover?;
     if who == Contender::Floor {
         floor_writes(cluster, plan).await?;
     }
-    let mut takeover = None;
     loop {
         let n = converged_at.lock().unwrap_or_else(|p| p.into_inner()).len();
         if n >= plan.gpujobs {
@@ -738,7 +771,12 @@ async fn observe(admin: Client, converged_at: Arc<Mutex<HashMap<String, Instant>
 }
 
 /// Creates the N GpuJobs; returns when each create was answered.
-async fn create_all(admin: &Client, plan: &Plan<'_>) -> anyhow::Result<HashMap<String, Instant>> {
+/// Creates every GpuJob of `plan`, counting those created in `made`.
+async fn create_all(
+    admin: &Client,
+    plan: &Plan<'_>,
+    made: &AtomicUsize,
+) -> anyhow::Result<HashMap<String, Instant>> {
     let mut creates = futures::stream::iter(0..plan.gpujobs)
         .map(|i| {
             let ns = plan.namespaces[i % plan.namespaces.len()].clone();
@@ -761,6 +799,7 @@ async fn create_all(admin: &Client, plan: &Plan<'_>) -> anyhow::Result<HashMap<S
     while let Some(r) = creates.next().await {
         let (k, t) = r?;
         at.insert(k, t);
+        made.fetch_add(1, Ordering::Relaxed);
     }
     Ok(at)
 }

@@ -52,6 +52,8 @@ pub struct Takeover {
     pub gpujobs: usize,
     /// Under load: how many GpuJobs had converged at the kill (the rest converging).
     pub under_load: Option<usize>,
+    /// How many GpuJobs had been created at the kill, when the creates were still going.
+    pub created_at_kill: Option<usize>,
     pub killed: String,
     /// Kill → every Lease (shard) held by a survivor.
     pub held_after: Duration,
@@ -208,6 +210,7 @@ pub async fn run(
     Ok(Takeover {
         gpujobs,
         under_load,
+        created_at_kill: None,
         killed,
         held_after,
         looked_after,
@@ -292,10 +295,14 @@ pub fn report(t: &Takeover) -> String {
         Some(n) => writeln!(
             r,
             "\n## Takeover under load\n\n\
-             With {n} of {} GpuJobs converged and the rest converging, `kill -9` of the \
+             With {n} of {} GpuJobs converged{} and the rest converging, `kill -9` of the \
              replica holding the most shards ({}); survivors took its shards over. Their \
              reconciles, writes and Events after the kill include converging the rest.\n",
-            t.gpujobs, t.killed
+            t.gpujobs,
+            t.created_at_kill.map_or(String::new(), |c| format!(
+                " ({c} created: the rest were created after the kill)"
+            )),
+            t.killed
         ),
     };
     let _ = writeln!(r, "| measure | value |\n|---|---|");
