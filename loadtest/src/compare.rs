@@ -16,7 +16,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -324,39 +323,40 @@ async fn phase(
     };
     // A takeover under load is looked for while the GpuJobs are still being created
     // too: an operator that keeps up with the creates has converged most of them by the
-    // last create, and a kill then finds settled work.
-    let creates_made = AtomicUsize::new(0);
-    let creating = AtomicBool::new(true);
-    let (created_at, early_takeover) = tokio::join!(
-        async {
-            let created_at = create_all(admin, plan, &creates_made).await;
-            creating.store(false, Ordering::Relaxed);
-            created_at.map(|c| (c, start.elapsed()))
-        },
-        async {
-            let (Running::Operator(replicas), Some(at), true) =
-                (&mut running, plan.takeover_at, plan.takeover)
-            else {
-                return Ok(None);
-            };
-            while creating.load(Ordering::Relaxed) {
-                let n = converged_at.lock().unwrap_or_else(|p| p.into_inner()).len();
-                if n >= at {
-                    let made = creates_made.load(Ordering::Relaxed);
-                    eprintln!(
-                        "  takeover: {n} converged, {made} created; killing the busiest replica under load"
-                    );
-                    let mut t = take_over(cluster, admin, replicas, plan, Some(n)).await?;
-                    t.created_at_kill = Some(made);
-                    return anyhow::Ok(Some(t));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+    // last create, and a kill then finds settled work. The creates run on a task of
+    // their own, so the takeover's own work (reading the audit log) does not hold them.
+    let creates = tokio::spawn(create_all(
+        admin.clone(),
+        plan.namespaces.to_vec(),
+        plan.spec.clone(),
+        plan.gpujobs,
+        plan.concurrency,
+    ));
+    let mut takeover = None;
+    if let (Running::Operator(replicas), Some(at), true) =
+        (&mut running, plan.takeover_at, plan.takeover)
+    {
+        while !creates.is_finished() {
+            let n = converged_at.lock().unwrap_or_else(|p| p.into_inner()).len();
+            if n >= at {
+                eprintln!(
+                    "  takeover: {n} converged, still creating; killing the busiest replica under load"
+                );
+                takeover = Some(take_over(cluster, admin, replicas, plan, Some(n)).await?);
+                break;
             }
-            Ok(None)
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-    );
-    let (created_at, created) = created_at?;
-    let mut takeover = early_takeover?;
+    }
+    let created_at = creates.await.context("the creates' task")??;
+    let created = created_at
+        .values()
+        .max()
+        .map_or(Duration::ZERO, |t| t.saturating_duration_since(start));
+    if let Some(t) = &mut takeover {
+        let made = created_at.values().filter(|c| **c <= t.killed_at).count();
+        t.created_at_kill = (made < plan.gpujobs).then_some(made);
+    }
     if who == Contender::Floor {
         floor_writes(cluster, plan).await?;
     }
@@ -770,18 +770,20 @@ async fn observe(admin: Client, converged_at: Arc<Mutex<HashMap<String, Instant>
     }
 }
 
-/// Creates the N GpuJobs; returns when each create was answered.
-/// Creates every GpuJob of `plan`, counting those created in `made`.
+/// Creates `gpujobs` GpuJobs of `spec` over `namespaces`, `concurrency` at a time;
+/// returns when each create was answered.
 async fn create_all(
-    admin: &Client,
-    plan: &Plan<'_>,
-    made: &AtomicUsize,
+    admin: Client,
+    namespaces: Vec<String>,
+    spec: serde_json::Value,
+    gpujobs: usize,
+    concurrency: usize,
 ) -> anyhow::Result<HashMap<String, Instant>> {
-    let mut creates = futures::stream::iter(0..plan.gpujobs)
+    let mut creates = futures::stream::iter(0..gpujobs)
         .map(|i| {
-            let ns = plan.namespaces[i % plan.namespaces.len()].clone();
+            let ns = namespaces[i % namespaces.len()].clone();
             let api: Api<GpuJob> = Api::namespaced(admin.clone(), &ns);
-            let spec = plan.spec.clone();
+            let spec = spec.clone();
             async move {
                 let name = format!("load-{i}");
                 let gj: GpuJob = serde_json::from_value(json!({
@@ -794,12 +796,11 @@ async fn create_all(
                 anyhow::Ok((format!("{ns}/{name}"), Instant::now()))
             }
         })
-        .buffer_unordered(plan.concurrency);
+        .buffer_unordered(concurrency);
     let mut at = HashMap::new();
     while let Some(r) = creates.next().await {
         let (k, t) = r?;
         at.insert(k, t);
-        made.fetch_add(1, Ordering::Relaxed);
     }
     Ok(at)
 }

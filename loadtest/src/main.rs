@@ -101,8 +101,8 @@ struct Args {
     #[arg(long, requires = "compare")]
     takeover: bool,
     /// With --takeover: kill once this many GpuJobs have converged, while the rest still
-    /// converge (a takeover under load), instead of after all of them with the queues
-    /// empty.
+    /// converge (a takeover under load; looked for during the creates too), instead of
+    /// after all of them with the queues empty.
     #[arg(long, requires = "takeover")]
     takeover_at: Option<usize>,
     /// With --compare: run every phase on one control plane, cleaning up in between,

@@ -1,7 +1,8 @@
 //! Takeover at scale (`--compare --takeover`): with every GpuJob converged, `kill -9` of
 //! the replica doing the work; survivors take its Lease (or shards), look at every GpuJob
 //! of them, and should write nothing. With `--takeover-at N` the kill comes once N have
-//! converged, under load: the survivors' writes then include converging the rest. Measures how long that takes, shard by shard (each
+//! converged, under load (maybe while the rest are still being created): the survivors'
+//! writes then include converging the rest. Measures how long that takes, shard by shard (each
 //! new holder's `gpujob_shard_first_look_seconds{shard}`: from its gain to every GpuJob
 //! of the shard looked at; and `gpujob_shard_first_look_observed_seconds{shard}`: to
 //! every one observed before the gain, the work under way, apart from the new work that
@@ -54,6 +55,8 @@ pub struct Takeover {
     pub under_load: Option<usize>,
     /// How many GpuJobs had been created at the kill, when the creates were still going.
     pub created_at_kill: Option<usize>,
+    /// When the replica was killed.
+    pub killed_at: Instant,
     pub killed: String,
     /// Kill → every Lease (shard) held by a survivor.
     pub held_after: Duration,
@@ -211,6 +214,7 @@ pub async fn run(
         gpujobs,
         under_load,
         created_at_kill: None,
+        killed_at,
         killed,
         held_after,
         looked_after,
