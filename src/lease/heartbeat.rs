@@ -168,10 +168,16 @@ pub(super) fn through(own: &Ownership, now: Instant) -> bool {
 
 /// Leaves every shard held: their reconciles stop and their writes are fenced; their
 /// Leases run out (other replicas take them a lease duration after their last renewal).
+/// With more than one shard they stay warm, as one whose renewals failed does
+/// (`renew.rs`): their watches go on, so taking them back once the heartbeat goes
+/// through again (after an API server outage, every replica at once) lists nothing.
 fn step_down(tx: &watch::Sender<Ownership>, status: &Status, lease: &str) {
     let held: Vec<u32> = tx.borrow().held.keys().copied().collect();
     let left = tx.send_if_modified(|o| {
         let any = o.holds_any();
+        if o.map.shards() > 1 {
+            o.warm.extend(o.held.keys().copied());
+        }
         o.held.clear();
         any
     });
@@ -182,5 +188,36 @@ fn step_down(tx: &watch::Sender<Ownership>, status: &Status, lease: &str) {
             "member heartbeat not through within the renew deadline: stepping down from every shard (other replicas would soon judge this one gone); taking shards again once it goes through"
         );
         gained_or_lost(&status.metrics, &tx.borrow());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::Tenure;
+    use crate::metrics::Metrics;
+
+    /// Stepping down leaves every shard, and shows each warm: the lease loop's next
+    /// publish keeps them so for a lease duration (`coordinator/warm.rs`), and their
+    /// watches go on meanwhile. With one shard nothing is kept warm.
+    #[test]
+    fn stepping_down_keeps_the_shards_left_warm() {
+        let status = Status::new(Metrics::new());
+        let mut own = Ownership::nothing_of(4);
+        own.held.insert(1, Tenure::gained(None, None));
+        own.held.insert(3, Tenure::gained(None, None));
+        own.warm.insert(2);
+        let (tx, _rx) = watch::channel(own);
+        step_down(&tx, &status, "gpujob-operator-member-a");
+        let own = tx.borrow();
+        assert!(!own.holds_any());
+        assert_eq!(own.warm, [1, 2, 3].into());
+
+        let mut one = Ownership::nothing_of(1);
+        one.held.insert(0, Tenure::gained(None, None));
+        let (tx, _rx) = watch::channel(one);
+        step_down(&tx, &status, "gpujob-operator-member-a");
+        assert!(!tx.borrow().holds_any());
+        assert!(tx.borrow().warm.is_empty());
     }
 }

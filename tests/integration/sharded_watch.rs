@@ -373,7 +373,42 @@ fn shards_held(m: &Metrics) -> f64 {
 /// every one of them again.
 #[tokio::test]
 async fn a_shard_lost_for_a_failed_renewal_and_taken_back_is_not_listed_again() {
-    let env = TestEnv::private("lost-shard-warm").await;
+    lost_and_taken_back(
+        "lost-shard-warm",
+        LostBy::Renewals(1),
+        "stepping down from the shard",
+        "stepping down from every shard",
+    )
+    .await;
+}
+
+/// The same with the member heartbeat failing (its shard Leases' renewals still going
+/// through): the replica steps down from every shard at the renew deadline, and keeps
+/// them warm, so taking them back once the heartbeat goes through lists nothing. Before,
+/// every shard's watches stopped and its objects left the caches, and after an API
+/// server outage each replica listed all its shards again at once.
+#[tokio::test]
+async fn shards_left_for_a_failed_heartbeat_and_taken_back_are_not_listed_again() {
+    lost_and_taken_back(
+        "heartbeat-warm",
+        LostBy::Heartbeat,
+        "stepping down from every shard",
+        "stepping down from the shard",
+    )
+    .await;
+}
+
+/// What fails: one shard's Lease renewals, or the member heartbeat.
+#[derive(Clone, Copy)]
+enum LostBy {
+    Renewals(u32),
+    Heartbeat,
+}
+
+/// One replica holding every shard loses some to `by` (its log says `stepped`, never
+/// `not`), and takes them back once the API server answers again, listing nothing.
+async fn lost_and_taken_back(name: &str, by: LostBy, stepped: &str, not: &str) {
+    let env = TestEnv::private(name).await;
     let namespaces = shards::namespaces(&env, SHARDS, 1).await;
     let proxy = FaultProxy::start(&env.cluster).unwrap();
     let r = start_behind(&env, 1, &proxy);
@@ -390,12 +425,14 @@ async fn a_shard_lost_for_a_failed_renewal_and_taken_back_is_not_listed_again() 
     })
     .await;
     let received = received_gpujobs(&m);
-    let looks_before = first_looks(std::slice::from_ref(&r), &all).await;
+    let (failing, lost) = match by {
+        LostBy::Renewals(shard) => (shards::lease_of(shard), vec![shard]),
+        LostBy::Heartbeat => ("-member-".to_owned(), all.clone()),
+    };
+    let looks_before = first_looks(std::slice::from_ref(&r), &lost).await;
 
-    // Renewals of one shard's Lease are refused (the others', its member Lease, its
-    // heartbeat and the shard map's Lease go through): past the renew deadline the
-    // replica steps down from that shard.
-    let lost = 1;
+    // Writes to the failing Lease are refused (the other Leases' go through): past the
+    // renew deadline the replica steps down.
     proxy.set(
         Faults::new().rule(
             Rule::new(Fault::Status {
@@ -404,50 +441,53 @@ async fn a_shard_lost_for_a_failed_renewal_and_taken_back_is_not_listed_again() 
             })
             .methods([Method::PUT])
             .resources(["leases"])
-            .name_contains(&shards::lease_of(lost)),
+            .name_contains(&failing),
         ),
     );
-    wait_metrics(&r, "the replica to lose the shard", |m| {
-        shards_held(m) == f64::from(SHARDS - 1)
+    let left = SHARDS - lost.len() as u32;
+    wait_metrics(&r, "the replica to step down", |m| {
+        shards_held(m) == f64::from(left)
     })
     .await;
     let log = r.replica.log_text();
     assert!(
         log.lines()
-            .any(|l| l.contains("renew deadline") && l.contains("stepping down from the shard")),
-        "the shard was not lost to its renew deadline:\n{log}"
+            .any(|l| l.contains("renew deadline") && l.contains(stepped)),
+        "the replica did not step down at its renew deadline:\n{log}"
     );
 
-    // The API server answers again: the replica takes the shard back and looks at its
-    // GpuJobs.
+    // The API server answers again: the replica takes the shards back and looks at
+    // their GpuJobs.
     proxy.clear();
     wait_metrics(&r, "the replica to hold every shard again", |m| {
         shards_held(m) == f64::from(SHARDS)
     })
     .await;
     wait::until(
-        "the replica to look at the shard taken back",
+        "the replica to look at the shards taken back",
         Duration::from_secs(60),
         Duration::from_millis(100),
         || async {
-            let now = first_looks(std::slice::from_ref(&r), &[lost]).await;
-            (now.get(&lost) > looks_before.get(&lost)).then_some(())
+            let now = first_looks(std::slice::from_ref(&r), &lost).await;
+            lost.iter()
+                .all(|s| now.get(s) > looks_before.get(s))
+                .then_some(())
         },
     )
     .await
     .unwrap();
     let m = wait_cached(&r, who, total as usize).await;
-    // A relist would have received each GpuJob of the shard again.
+    // A relist would have received each GpuJob of the shards again.
     assert_eq!(
         received_gpujobs(&m) - received,
         0.0,
-        "GpuJobs received since the shard was lost (a relist adds each of its shard's {counts:?})"
+        "GpuJobs received since the shards were lost (a relist adds each of its shard's {counts:?})"
     );
     assert_eq!(foreign(&m), 0.0);
     let log = r.replica.log_text();
     assert!(
-        !log.contains("stepping down from every shard") && !log.contains("held by another"),
-        "the replica lost its shards otherwise too (its heartbeat, or another holder):\n{log}"
+        !log.contains(not) && !log.contains("held by another"),
+        "the replica lost shards otherwise too:\n{log}"
     );
     drop((r, proxy));
 }

@@ -5,10 +5,11 @@
 //! with it. Each drop would stop that shard's watches and drop its caches, and each
 //! return would list it again; a shard kept a lease duration longer rides that out. A
 //! shard this replica gives up is passed as computed too: its next keeper is often this
-//! replica. So is one whose renewals failed past the renew deadline: the renew loop
-//! puts it in the ownership's warm set as it leaves the held set (`renew.rs`), and the
-//! next publish, finding it there unpublished, keeps it as computed then. The replica
-//! often takes such a shard back once the API server answers again.
+//! replica. So is one whose renewals failed past the renew deadline, and every shard
+//! left when the member heartbeat failed: the renew loop (`renew.rs`), or the heartbeat's
+//! step-down (`heartbeat.rs`), puts it in the ownership's warm set as it leaves the held
+//! set, and the next publish, finding it there unpublished, keeps it as computed then.
+//! The replica often takes such a shard back once the API server answers again.
 //!
 //! [`balance::successor_of`]: gpujob_core::balance::successor_of
 
