@@ -53,7 +53,8 @@ pub struct Takeover {
     pub gpujobs: usize,
     /// Under load: how many GpuJobs had converged at the kill (the rest converging).
     pub under_load: Option<usize>,
-    /// How many GpuJobs had been created at the kill, when the creates were still going.
+    /// How many creates had been answered at the kill, when the creates were still going
+    /// (up to `--concurrency` more may have been stored by then).
     pub created_at_kill: Option<usize>,
     /// When the replica was killed.
     pub killed_at: Instant,
@@ -304,7 +305,7 @@ pub fn report(t: &Takeover) -> String {
              reconciles, writes and Events after the kill include converging the rest.\n",
             t.gpujobs,
             t.created_at_kill.map_or(String::new(), |c| format!(
-                " ({c} created: the rest were created after the kill)"
+                " ({c} creates answered: the rest were answered after the kill)"
             )),
             t.killed
         ),

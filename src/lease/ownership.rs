@@ -51,8 +51,8 @@ pub struct Ownership {
     /// How namespaces map to shards (a GpuJob's shard is `map.shard_of(namespace)`).
     pub map: Arc<ShardMap>,
     /// Shards held elsewhere that this replica would take if their holder were gone
-    /// (`balance::successor_of`), and for a while those it gave up or lost to their renew
-    /// deadline (`coordinator/warm.rs`): watched with sharded watches, so a takeover finds them
+    /// (`balance::successor_of`), and for a while those it gave up, lost to their renew
+    /// deadline or left when the heartbeat failed (`coordinator/warm.rs`): watched with sharded watches, so a takeover finds them
     /// cached. Nothing is decided or written for them.
     pub warm: BTreeSet<u32>,
     /// No write starts at or after this instant whatever shard it is for: the renew

@@ -27,6 +27,8 @@ const BATCH: usize = 64;
 /// one whose shard is not listed yet is passed over (it comes back, with every GpuJob of
 /// the shard, when both caches have it: `watches::newly_covered`).
 ///
+/// A GpuJob is looked at in the term its shard is held in when the look reaches it, and
+/// its outcome dropped if that term ended meanwhile (the next term's look has it).
 /// A GpuJob a worker has is left to that look. Otherwise the key is not taken from the
 /// queue: it may be queued already (a resync, a watch event), and a worker may take it
 /// while this look runs. The look here sends nothing, so the worst is a look more.

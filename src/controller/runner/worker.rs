@@ -1,5 +1,6 @@
 //! A worker: takes a key of a held shard, reconciles it in that shard's current term
-//! (cancelled if the term ends), and tells the queue what comes next. It takes a key
+//! (cancelled if the term ends; an outcome that comes as it ends counts in no term), and
+//! tells the queue what comes next. It takes a key
 //! only with a permit of the pool (`sizing.rs`): the workers allowed at once.
 
 use std::sync::Arc;
@@ -87,7 +88,7 @@ pub(super) async fn run(
             .observe(started.elapsed().as_secs_f64());
         match outcome {
             None => {
-                info!(gpujob = %key, shard, "reconcile cancelled: this replica's term for the shard ended")
+                info!(gpujob = %key, shard, "reconcile cancelled, or ended as this replica's term for the shard did: its outcome counts in no term")
             }
             Some(Ok(Looked::NeedsApi)) => {
                 // Not with `Reach::Api`; should it ever be, the key looks again.
@@ -102,7 +103,9 @@ pub(super) async fn run(
 /// A reconcile's outcome counts only in the term it ran in. One that ended just as the
 /// term did (both ready at once) is dropped like one cancelled: were the shard lost and
 /// gained again, it would otherwise count as the new term's first look of its key, and
-/// withdraw the look that term asked for.
+/// withdraw the look that term asked for. A gain comes only from a look of the lease
+/// loop, after the loss is seen and an acquire and a second list are answered; the lines
+/// after this check never await, so none fits between.
 pub(super) fn of_term<T>(outcome: Option<T>, own: &Ownership, shard: u32, epoch: u64) -> Option<T> {
     outcome.filter(|_| own.in_term(shard, epoch))
 }

@@ -31,7 +31,8 @@ impl Warm {
     /// those, and each shard computed within `grace` before `now`, but none `held` by
     /// this replica now (a held shard is watched anyway). `shown`: the warm set the
     /// ownership shows now; a shard in it that the last publish did not return was put
-    /// there by the renew loop as it lost the shard, and counts as computed now.
+    /// there by the renew loop as it lost the shard, or by the heartbeat's step-down, and
+    /// counts as computed now.
     pub(super) fn publish(
         &mut self,
         computed: &BTreeSet<u32>,
