@@ -342,7 +342,14 @@ async fn phase(
                 eprintln!(
                     "  takeover: {n} converged, still creating; killing the busiest replica under load"
                 );
-                takeover = Some(take_over(cluster, admin, replicas, plan, Some(n)).await?);
+                match take_over(cluster, admin, replicas, plan, Some(n)).await {
+                    Ok(t) => takeover = Some(t),
+                    Err(e) => {
+                        // The phase fails: its creates stop with it.
+                        creates.abort();
+                        return Err(e);
+                    }
+                }
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
