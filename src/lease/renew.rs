@@ -96,8 +96,7 @@ pub(super) async fn renew(
     // (`coordinator/warm.rs`): the replica often takes it back once the API server
     // answers again, and would list it again otherwise.
     let lost = tx.send_if_modified(|o| {
-        let lost =
-            o.held.get(&shard).is_some_and(|t| t.epoch == epoch) && o.held.remove(&shard).is_some();
+        let lost = o.in_term(shard, epoch) && o.held.remove(&shard).is_some();
         if lost && timed_out && o.map.shards() > 1 {
             o.warm.insert(shard);
         }

@@ -105,7 +105,7 @@ pub(super) async fn run(
 /// gained again, it would otherwise count as the new term's first look of its key, and
 /// withdraw the look that term asked for. A gain comes only from a look of the lease
 /// loop, after the loss is seen and an acquire and a second list are answered; the lines
-/// after this check never await, so none fits between.
+/// after this check do not await, so none fits between.
 pub(super) fn of_term<T>(outcome: Option<T>, own: &Ownership, shard: u32, epoch: u64) -> Option<T> {
     outcome.filter(|_| own.in_term(shard, epoch))
 }
