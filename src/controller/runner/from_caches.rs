@@ -11,9 +11,11 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{Context, Intake, first_look, worker};
+use super::{Context, Intake, Key, first_look, worker};
+use crate::controller::error::Error;
 use crate::controller::view::ObservedOrNew;
 use crate::controller::{Looked, Reach, reconcile};
+use crate::metrics::Metrics;
 
 /// How many GpuJobs [`look_from_caches`] plans before it lets other tasks run.
 const BATCH: usize = 64;
@@ -62,23 +64,84 @@ pub(super) async fn look_from_caches(ctx: Arc<Context>, intake: Intake, keys: Ob
         let span = tracing::info_span!("reconcile", namespace = %key.namespace, name = %key.name,
             shard, attempt = tracing::field::Empty);
         let looked = reconcile(&ctx, &key, Reach::Caches).instrument(span).await;
-        // Its term over meanwhile: the next term's own look has the key (`worker::of_term`).
-        let Some(looked) = worker::of_term(Some(looked), &intake.own.borrow(), shard, epoch) else {
-            continue;
-        };
-        match looked {
-            Ok(Looked::Ended(next)) => {
-                ctx.metrics.first_looks_from_caches.inc();
-                worker::ended(&ctx, &intake.queue, &intake.looks, shard, &key, Ok(next));
-            }
-            Ok(Looked::NeedsApi) => {
-                let now = Instant::now();
-                first_look::report(intake.looks.planned(shard, &key, now), &ctx.metrics);
-                intake.add_found(key, observed);
-            }
-            // A worker looks through to an outcome; an error here (the term ended, say)
-            // is its to meet and report.
-            Err(_) => intake.add_found(key, observed),
+        count(&ctx.metrics, &intake, shard, epoch, key, observed, looked);
+    }
+}
+
+/// What the look from the caches at `key` (`observed` before its shard's gain, or not),
+/// in `shard`'s term `epoch`, came to. It counts only in that term, checked and counted
+/// under one borrow of the ownership as a worker's outcome is (`worker::count`); one
+/// whose term ended meanwhile is dropped, and the next term's own look has the key. The
+/// ones queued for a worker are queued once the borrow is let go: queueing borrows the
+/// ownership itself.
+fn count(
+    metrics: &Metrics,
+    intake: &Intake,
+    shard: u32,
+    epoch: u64,
+    key: Key,
+    observed: bool,
+    looked: Result<Looked, Error>,
+) {
+    let own = intake.own.borrow();
+    let Some(looked) = worker::of_term(Some(looked), &own, shard, epoch) else {
+        return;
+    };
+    match looked {
+        Ok(Looked::Ended(next)) => {
+            metrics.first_looks_from_caches.inc();
+            worker::ended(metrics, &intake.queue, &intake.looks, shard, &key, Ok(next));
         }
+        Ok(Looked::NeedsApi) => {
+            let now = Instant::now();
+            first_look::report(intake.looks.planned(shard, &key, now), metrics);
+            drop(own);
+            intake.add_found(key, observed);
+        }
+        // A worker looks through to an outcome; an error here (the term ended, say)
+        // is its to meet and report.
+        Err(_) => {
+            drop(own);
+            intake.add_found(key, observed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::plan::Next;
+    use crate::controller::runner::worker::tests::{gained, lost_and_gained_again};
+    use crate::lease::Tenure;
+
+    /// A look from the caches whose shard was lost and gained again meanwhile counts in
+    /// no term: the new term still asks for the key's first look. One in its term ends
+    /// the key's first look there.
+    #[tokio::test(start_paused = true)]
+    async fn a_look_counts_only_in_the_term_it_ran_in() {
+        let key = Key::new("ns", "a");
+        let at = Instant::now();
+        let first = Tenure::gained(None, None);
+        let (intake, own) = gained(&first, &key, at);
+        let metrics = Metrics::new();
+        let second = lost_and_gained_again(&intake, &own, &key, at);
+        let done = || Ok(Looked::Ended(Next::Done));
+        count(&metrics, &intake, 0, first.epoch, key.clone(), true, done());
+        assert!(
+            intake.looks.awaits(0, &key),
+            "the new term's look is still asked for"
+        );
+        assert_eq!(metrics.first_looks_from_caches.get(), 0);
+        count(
+            &metrics,
+            &intake,
+            0,
+            second.epoch,
+            key.clone(),
+            true,
+            done(),
+        );
+        assert!(!intake.looks.awaits(0, &key), "looked at in its term");
+        assert_eq!(metrics.first_looks_from_caches.get(), 1);
     }
 }

@@ -213,7 +213,6 @@ pub async fn run(
         own: ownership.clone(),
         looks: Arc::default(),
     };
-    let looks = intake.looks.clone();
     let watches = watches::spawn(&client, &ctx, &intake, &status);
 
     // Workers start only once both caches hold a full list, so the first reconcile of
@@ -233,7 +232,7 @@ pub async fn run(
     on_scrape(&status, &ctx, &queue, &ownership);
     let background = [
         tokio::spawn(handover::run(ctx.clone(), intake.clone())),
-        tokio::spawn(resync(ctx.clone(), intake)),
+        tokio::spawn(resync(ctx.clone(), intake.clone())),
         tokio::spawn(count_load(ctx.clone(), ownership.clone())),
     ];
     let (stop_workers, stopping) = watch::channel(false);
@@ -242,10 +241,8 @@ pub async fn run(
         .map(|_| {
             tokio::spawn(worker::run(
                 ctx.clone(),
-                queue.clone(),
-                ownership.clone(),
+                intake.clone(),
                 stopping.clone(),
-                looks.clone(),
                 pool.permits(),
             ))
         })

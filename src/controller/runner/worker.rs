@@ -11,22 +11,23 @@ use tracing::{debug, error, info};
 
 use super::first_look::{self, FirstLooks};
 use super::sizing::Permits;
-use super::{Context, Key};
+use super::{Context, Intake, Key};
 use crate::controller::error::Error;
 use crate::controller::plan::Next;
 use crate::controller::{Looked, Reach, reconcile};
 use crate::lease::Ownership;
+use crate::metrics::Metrics;
 use crate::queue::Queue;
 
 pub(super) async fn run(
     ctx: Arc<Context>,
-    queue: Queue<Key>,
-    mut own: watch::Receiver<Ownership>,
+    intake: Intake,
     mut stopping: watch::Receiver<bool>,
-    looks: Arc<FirstLooks>,
     pool: Arc<Permits>,
 ) {
-    let mut lost = own.clone();
+    let queue = &intake.queue;
+    let mut own = intake.own.clone();
+    let mut lost = intake.own.clone();
     loop {
         // A standby waits for a shard, or for shutdown (nothing to drain then).
         tokio::select! {
@@ -50,10 +51,7 @@ pub(super) async fn run(
         };
         // Done however this key's turn ends, a panic included: a key never done would
         // stay in flight, and count against its lane's share of the workers for good.
-        let _done = Done {
-            queue: &queue,
-            key: &key,
-        };
+        let _done = Done { queue, key: &key };
         let (shard, epoch) = {
             let o = own.borrow();
             let shard = o.shard_of(&key.namespace);
@@ -80,32 +78,47 @@ pub(super) async fn run(
             result = tracing::Instrument::instrument(reconcile(&ctx, &key, Reach::Api), span) => Some(result),
             _ = lost.wait_for(term_ended) => None,
         };
-        let outcome = of_term(outcome, &lost.borrow(), shard, epoch);
-        // Ended or cancelled: a shard being given up may be released now.
-        drop(running);
         ctx.metrics
             .reconcile_time
             .observe(started.elapsed().as_secs_f64());
-        match outcome {
-            None => {
-                info!(gpujob = %key, shard, "reconcile cancelled, or ended as this replica's term for the shard did: its outcome counts in no term")
-            }
-            Some(Ok(Looked::NeedsApi)) => {
-                // Not with `Reach::Api`; should it ever be, the key looks again.
-                queue.add(key.clone());
-            }
-            Some(Ok(Looked::Ended(next))) => ended(&ctx, &queue, &looks, shard, &key, Ok(next)),
-            Some(Err(e)) => ended(&ctx, &queue, &looks, shard, &key, Err(e)),
-        }
+        count(&ctx.metrics, &intake, shard, epoch, &key, outcome);
+        // Counted or dropped: a shard being given up may be released now.
+        drop(running);
     }
 }
 
-/// A reconcile's outcome counts only in the term it ran in. One that ended just as the
-/// term did (both ready at once) is dropped like one cancelled: were the shard lost and
-/// gained again, it would otherwise count as the new term's first look of its key, and
-/// withdraw the look that term asked for. A gain comes only from a look of the lease
-/// loop, after the loss is seen and an acquire and a second list are answered; the lines
-/// after this check do not await, so none fits between.
+/// What a worker's reconcile of `key`, run in `shard`'s term `epoch`, came to
+/// (`None`: cancelled as the term ended). It counts only in that term: one that ended
+/// just as the term did (both ready at once) is dropped like one cancelled. Were the
+/// shard lost and gained again, it would otherwise count as the new term's first look
+/// of its key, and withdraw the look that term asked for. The term is checked and the
+/// outcome counted under one borrow of the ownership, so no other term is published
+/// between the two; the hand-over starts a term's first look only once it sees the term
+/// published. Nothing here may borrow the ownership again, or send it.
+pub(super) fn count(
+    metrics: &Metrics,
+    intake: &Intake,
+    shard: u32,
+    epoch: u64,
+    key: &Key,
+    outcome: Option<Result<Looked, Error>>,
+) {
+    let Intake { queue, own, looks } = intake;
+    let own = own.borrow();
+    match of_term(outcome, &own, shard, epoch) {
+        None => {
+            info!(gpujob = %key, shard, "reconcile cancelled, or ended as this replica's term for the shard did: its outcome counts in no term")
+        }
+        Some(Ok(Looked::NeedsApi)) => {
+            // Not with `Reach::Api`; should it ever be, the key looks again.
+            queue.add(key.clone());
+        }
+        Some(Ok(Looked::Ended(next))) => ended(metrics, queue, looks, shard, key, Ok(next)),
+        Some(Err(e)) => ended(metrics, queue, looks, shard, key, Err(e)),
+    }
+}
+
+/// `outcome`, if `own` shows `shard` still in its term `epoch`.
 pub(super) fn of_term<T>(outcome: Option<T>, own: &Ownership, shard: u32, epoch: u64) -> Option<T> {
     outcome.filter(|_| own.in_term(shard, epoch))
 }
@@ -113,17 +126,17 @@ pub(super) fn of_term<T>(outcome: Option<T>, own: &Ownership, shard: u32, epoch:
 /// `key` of `shard` was reconciled to `result`: what comes next is queued, and a gained
 /// shard's first look counts it.
 pub(super) fn ended(
-    ctx: &Context,
+    metrics: &Metrics,
     queue: &Queue<Key>,
     looks: &FirstLooks,
     shard: u32,
     key: &Key,
     result: Result<Next, Error>,
 ) {
-    follow_up(ctx, queue, key, result);
+    follow_up(metrics, queue, key, result);
     first_look::report(
         looked(queue, looks, shard, key, tokio::time::Instant::now()),
-        &ctx.metrics,
+        metrics,
     );
 }
 
@@ -161,8 +174,7 @@ impl Drop for Done<'_> {
 const NOT_LEADER_RECHECK: Duration = Duration::from_secs(1);
 
 /// What the queue does with `key` after its reconcile.
-fn follow_up(ctx: &Context, queue: &Queue<Key>, key: &Key, result: Result<Next, Error>) {
-    let m = &ctx.metrics;
+fn follow_up(m: &Metrics, queue: &Queue<Key>, key: &Key, result: Result<Next, Error>) {
     debug!(gpujob = %key, outcome = ?result.as_ref().map_err(Error::metric_label), "reconciled");
     match result {
         Ok(Next::Done) => {
@@ -210,29 +222,93 @@ fn follow_up(ctx: &Context, queue: &Queue<Key>, key: &Key, result: Result<Next, 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+    use crate::controller::view::ObservedOrNew;
     use crate::lease::Tenure;
+    use crate::queue::Backoff;
 
-    /// An outcome of the term it ran in counts; one that ended as the term did, whether
-    /// the shard was lost or lost and gained again, counts in no term.
-    #[test]
-    fn an_outcome_counts_only_in_the_term_it_ran_in() {
-        let first = Tenure::gained(None, None);
+    /// The intake of a replica holding shard 0 of 4 in `term`, with shard 0 gained at
+    /// `at` and `key` its one GpuJob still to have its first look.
+    pub(in crate::controller::runner) fn gained(
+        term: &Tenure,
+        key: &Key,
+        at: tokio::time::Instant,
+    ) -> (Intake, watch::Sender<Ownership>) {
         let mut own = Ownership::nothing_of(4);
-        own.held.insert(1, first.clone());
-        assert_eq!(
-            of_term(Some("looked"), &own, 1, first.epoch),
-            Some("looked")
+        own.held.insert(0, term.clone());
+        let (tx, rx) = watch::channel(own);
+        let intake = Intake {
+            queue: Queue::new(Backoff::default()),
+            own: rx,
+            looks: Arc::default(),
+        };
+        intake.looks.gained(0, at);
+        let keys = ObservedOrNew {
+            observed: vec![key.clone()],
+            new: Vec::new(),
+        };
+        assert!(intake.looks.known(0, &keys, at).is_empty());
+        (intake, tx)
+    }
+
+    /// The shard of `own` lost and gained again: a new term, whose first look asks for
+    /// `key` again (as the hand-over starts it).
+    pub(in crate::controller::runner) fn lost_and_gained_again(
+        intake: &Intake,
+        own: &watch::Sender<Ownership>,
+        key: &Key,
+        at: tokio::time::Instant,
+    ) -> Tenure {
+        let again = Tenure::gained(None, None);
+        own.send_modify(|o| {
+            o.held.insert(0, again.clone());
+        });
+        intake.looks.gained(0, at);
+        let keys = ObservedOrNew {
+            observed: vec![key.clone()],
+            new: Vec::new(),
+        };
+        assert!(intake.looks.known(0, &keys, at).is_empty());
+        again
+    }
+
+    fn successes(metrics: &Metrics) -> u64 {
+        metrics
+            .reconcile_total
+            .with_label_values(&["success"])
+            .get()
+    }
+
+    /// An outcome of the term it ran in counts: the key's first look is over. One that
+    /// ended as the term did, the shard lost and gained again, counts in no term: the new
+    /// term still asks for the key's first look, and no reconcile is counted.
+    #[tokio::test(start_paused = true)]
+    async fn an_outcome_counts_only_in_the_term_it_ran_in() {
+        let key = Key::new("ns", "a");
+        let at = tokio::time::Instant::now();
+        let first = Tenure::gained(None, None);
+        let (intake, own) = gained(&first, &key, at);
+        let metrics = Metrics::new();
+        let second = lost_and_gained_again(&intake, &own, &key, at);
+        let done = || Some(Ok(Looked::Ended(Next::Done)));
+        count(&metrics, &intake, 0, first.epoch, &key, done());
+        assert!(
+            intake.looks.awaits(0, &key),
+            "the new term's look is still asked for"
         );
-        assert_eq!(of_term(None::<&str>, &own, 1, first.epoch), None);
-        own.held.remove(&1);
-        assert_eq!(of_term(Some("looked"), &own, 1, first.epoch), None, "lost");
-        own.held.insert(1, Tenure::gained(None, None));
-        assert_eq!(
-            of_term(Some("looked"), &own, 1, first.epoch),
-            None,
-            "lost and gained again: a new term"
-        );
+        assert_eq!(successes(&metrics), 0);
+        count(&metrics, &intake, 0, second.epoch, &key, done());
+        assert!(!intake.looks.awaits(0, &key), "looked at in its term");
+        assert_eq!(successes(&metrics), 1);
+        // Cancelled: nothing counts.
+        count(&metrics, &intake, 0, second.epoch, &key, None);
+        assert_eq!(successes(&metrics), 1);
+        // The shard lost: nothing counts.
+        own.send_modify(|o| {
+            o.held.remove(&0);
+        });
+        count(&metrics, &intake, 0, second.epoch, &key, done());
+        assert_eq!(successes(&metrics), 1);
     }
 }
