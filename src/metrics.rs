@@ -359,7 +359,7 @@ impl Metrics {
             waiting: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_waiting",
-                    "GpuJobs waiting on purpose: backing off, quota refused, invalid spec",
+                    "GpuJobs waiting on purpose: backing off, quota refused, invalid spec, suspended, queued by Kueue, waiting for a lost node",
                 ),
                 &["reason"],
             )?,
