@@ -362,7 +362,7 @@ impl Planner<'_, '_> {
             };
             let message = match &self.current.last_failure {
                 Some(f) if Some(f.attempt) == attempt.checked_sub(1) => {
-                    format!("{}; {message}", f.message)
+                    after_failure(&f.message, &message)
                 }
                 _ => message,
             };
@@ -968,4 +968,10 @@ fn failure_record(
         record.rule = i32::try_from(index).ok();
     }
     record
+}
+
+/// Ready's message when an attempt cannot start right after the one before it failed:
+/// that failure first, then why (`Planner::refused_before` takes the failure off again).
+pub(super) fn after_failure(failure: &str, why: &str) -> String {
+    format!("{failure}; {why}")
 }

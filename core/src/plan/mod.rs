@@ -90,6 +90,8 @@ pub const OLD_ATTEMPT_STOPPING: &str = "OldAttemptStopping";
 pub const LOST_NODE_RECHECK: Duration = Duration::from_secs(60);
 /// Why a GpuJob with `spec.queueName` does not run where the operator reserves quota.
 const BOTH_QUEUES: &str = "invalid spec: spec.queueName: this operator reserves GPUs from an external quota service (--quota-provider http); a GpuJob queues through Kueue or through that service, not both: remove spec.queueName, or run it where the operator has no quota service";
+/// How a reason found by checking the spec here begins (the API server's refusals do not).
+const INVALID_LEAD: &str = "invalid spec: ";
 /// Ready reason: a failure rule (`FailGpuJob`) ended the GpuJob.
 pub const FAILURE_RULE: &str = "FailureRuleMatched";
 
@@ -699,18 +701,32 @@ impl<'a, 'o> Planner<'a, 'o> {
         if let Err(e) = validate(&self.gj.spec, &self.settings.limits)
             .and_then(|()| multi_node_name(&self.name, &self.gj.spec))
         {
-            return Some((INVALID_SPEC, format!("invalid spec: {e}")));
+            return Some((INVALID_SPEC, format!("{INVALID_LEAD}{e}")));
         }
         if self.obs.quota_required && self.gj.spec.queue_name().is_some() {
             return Some((INVALID_SPEC, BOTH_QUEUES.to_owned()));
         }
-        let refused_before = self.current.conditions.iter().find(|c| {
+        self.refused_before()
+    }
+
+    /// What Ready recorded of a refusal of this generation's attempt, as it was refused:
+    /// without the failure of the attempt before it, which Ready says first
+    /// (`attempts::after_failure`) and which is added again, or it would be added once
+    /// more on every look (and every look would write). Not a reason found by checking the
+    /// spec here (`INVALID_LEAD`): that is checked afresh, so a change of the operator's
+    /// limits, or of its quota provider, lets an attempt start.
+    fn refused_before(&self) -> Option<(&'static str, String)> {
+        let c = self.current.conditions.iter().find(|c| {
             c.type_ == READY && c.reason == INVALID_SPEC && c.observed_generation == self.generation
-        });
-        if let Some(c) = refused_before {
-            return Some((INVALID_SPEC, c.message.clone()));
-        }
-        None
+        })?;
+        let failure = self.current.last_failure.as_ref();
+        let refusal = failure
+            .and_then(|f| {
+                c.message
+                    .strip_prefix(&attempts::after_failure(&f.message, ""))
+            })
+            .unwrap_or(&c.message);
+        (!refusal.starts_with(INVALID_LEAD)).then(|| (INVALID_SPEC, refusal.to_owned()))
     }
 
     fn ready(&mut self, status: ConditionStatus, reason: &str, message: String) {

@@ -786,6 +786,73 @@ fn an_invalid_job_waits_for_a_spec_change() {
     );
 }
 
+/// A Job refused for the attempt after a failed one: Ready says both, once, and looked at
+/// again it stays as it is (the refusal recorded in Ready is not prefixed again).
+#[test]
+fn a_refused_attempt_after_a_failure_says_both_once_however_often_it_is_looked_at() {
+    let g = gpujob(3);
+    let g = with_status(g.clone(), &run(&g, &[], None, T0));
+    let jobs = [job(
+        &g,
+        1,
+        Some(("Failed", "BackoffLimitExceeded", "2026-11-30T06:00:30Z")),
+    )];
+    let g = with_status(
+        g.clone(),
+        &run(&g, &jobs, exit(1, 3), "2026-11-30T06:00:31Z"),
+    );
+    let mut obs = observed(&g, &[], "2026-11-30T06:00:40Z");
+    let seen = seen(&jobs);
+    obs.jobs = seen.iter().collect();
+    obs.pods = Some(Vec::new());
+    obs.refused = Some(Refusal {
+        attempt: 2,
+        reason: INVALID_SPEC,
+        message: "spec.nodeSelector: Invalid value".into(),
+    });
+    let p = plan(&obs, &settings());
+    assert!(creates(&p).is_empty());
+    let said = "attempt 1 failed: exit code 3 (Error); spec.nodeSelector: Invalid value";
+    assert_eq!(p.status.condition(READY).unwrap().message, said);
+    assert_eq!(
+        p.status.last_error.as_deref(),
+        Some("spec.nodeSelector: Invalid value")
+    );
+
+    let mut g = with_status(g, &p);
+    for _ in 0..3 {
+        let again = run(&g, &jobs, None, "2026-11-30T06:01:00Z");
+        assert!(again.actions.is_empty(), "{:?}", again.actions);
+        assert_eq!(again.next, Next::Done);
+        assert_eq!(Some(&again.status), g.status.as_ref(), "nothing to write");
+        g = with_status(g, &again);
+    }
+}
+
+/// A spec beyond the operator's limits waits; once the operator allows it (its limits
+/// raised, the same generation), the attempt starts: Ready's record of a reason found by
+/// checking the spec is checked afresh, not kept as a refusal would be.
+#[test]
+fn a_spec_over_the_limits_starts_once_the_limits_allow_it() {
+    let mut g = gpujob(3);
+    g.spec.gpus = 16;
+    let p = run(&g, &[], None, T0);
+    assert_eq!(ready(&p), (ConditionStatus::False, INVALID_SPEC.into()));
+    assert!(creates(&p).is_empty());
+    let g = with_status(g, &p);
+    let mut raised = settings();
+    raised.limits.max_gpus = 16;
+    let p = plan(&observed_with_pods(&g, T0), &raised);
+    assert_eq!(creates(&p), vec![1]);
+}
+
+fn observed_with_pods<'a>(g: &'a GpuJob, now: &str) -> Observed<'a> {
+    Observed {
+        pods: Some(Vec::new()),
+        ..observed(g, &[], now)
+    }
+}
+
 mod quota {
     //! The quota protocol, step by step, with the answers fed back as the executor does.
 
