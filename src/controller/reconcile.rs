@@ -45,7 +45,7 @@ impl Heard {
             Answer::Quota(a) => self.quota = Some(a),
             Answer::ReleaseFailed(e) => {
                 self.quota = Some(QuotaAnswer::ReleaseFailed {
-                    message: e.to_string(),
+                    message: e.summary(),
                 });
                 self.release_error = Some(e);
             }

@@ -82,6 +82,26 @@ pub enum QuotaError {
     Config(String),
 }
 
+impl QuotaError {
+    /// What status says of this error: the error without what changes from one call to
+    /// the next (how long a timed-out call had, the service's answer body). A failure
+    /// retried with backoff then writes status once, not on every retry: each status
+    /// write's watch echo queues the GpuJob again at once, which would cut its backoff
+    /// short. The whole error goes to the log and the reconcile's error.
+    pub fn summary(&self) -> String {
+        match self {
+            QuotaError::Transport { .. } | QuotaError::Config(_) => self.to_string(),
+            QuotaError::Status { op, url, code, .. } => {
+                format!("quota service {op} {url} answered {code}")
+            }
+            QuotaError::Timeout { op, url, .. } => format!("quota service {op} {url} timed out"),
+            QuotaError::Fenced { op, url, .. } => format!(
+                "quota service {op} {url} refused the fencing token: it has seen a later call for this GpuJob"
+            ),
+        }
+    }
+}
+
 /// Where GPU quota comes from.
 pub trait QuotaProvider {
     /// Reserves quota for a GpuJob; repeated calls for one UID return the same
@@ -129,5 +149,46 @@ impl QuotaProvider for Provider {
             Provider::None => Ok(()),
             Provider::Http(h) => h.release(uid, call).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Two failures of one kind read the same in status, however long each call had or
+    /// whatever body the service sent.
+    #[test]
+    fn a_summary_leaves_out_what_changes_from_call_to_call() {
+        let timeout = |after, capped| QuotaError::Timeout {
+            op: "release",
+            url: "https://quota/v1/reservations/u".to_owned(),
+            after: Duration::from_millis(after),
+            capped,
+        };
+        assert_ne!(
+            timeout(8_610, true).to_string(),
+            timeout(9_120, true).to_string()
+        );
+        assert_eq!(
+            timeout(8_610, true).summary(),
+            timeout(9_120, false).summary()
+        );
+        assert_eq!(
+            timeout(8_610, true).summary(),
+            "quota service release https://quota/v1/reservations/u timed out"
+        );
+        let status = |body: &str| QuotaError::Status {
+            op: "release",
+            url: "https://quota/v1/reservations/u".to_owned(),
+            code: 503,
+            body: body.to_owned(),
+        };
+        assert_eq!(
+            status("request 1 failed").summary(),
+            status("request 2 failed").summary()
+        );
+        assert!(status("x").summary().ends_with("answered 503"));
     }
 }
