@@ -825,3 +825,66 @@ async fn a_gpus_edit_reserves_again_before_the_next_attempt_runs() {
     assert!(calls.contains(&"release"), "{calls:?}");
     op.stop().await;
 }
+
+/// A change of `gpus` whose release fails: the service still holds the old size, and
+/// would answer a reserve of the new size with it, as it is. So nothing is reserved, and
+/// no attempt of the new size starts, until the release is confirmed; then the next
+/// attempt runs on a reservation of what it asks. Before, the reserve followed the failed
+/// release at once and attempt 2 (2 GPUs) ran on the reservation of 1.
+#[tokio::test]
+async fn a_gpus_edit_whose_release_fails_reserves_again_only_once_it_is_released() {
+    let (env, fake, settings) = setup("quota-resize-fail").await;
+    let op = env.operator("quota-resize-fail", settings).await;
+    let gj = env
+        .create(
+            "train",
+            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
+        )
+        .await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    env.wait_gpujob("train", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    assert_eq!(fake.calls("reserve", &uid).len(), 1);
+    fake.set_release(Mode::Fail);
+    env.gpujobs()
+        .patch(
+            "train",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"gpus": 2}})),
+        )
+        .await
+        .unwrap();
+    // The release failed, and was asked again (after the backoff): no reserve between.
+    wait::until(
+        "the release asked twice",
+        support::WAIT,
+        Duration::from_millis(50),
+        || async { (fake.calls("release", &uid).len() >= 2).then_some(()) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        fake.calls("reserve", &uid).len(),
+        1,
+        "no reserve while the release is not confirmed"
+    );
+    assert_eq!(fake.live_gpus(&uid), Some(1));
+    let waiting = env.gpujobs().get("train").await.unwrap();
+    let status = waiting.status.unwrap();
+    assert_eq!(status.attempts, 1, "{status:?}");
+    assert!(status.release_failing_since.is_some(), "{status:?}");
+
+    fake.set_release(Mode::Ok);
+    let two = env
+        .wait_gpujob("train", "attempt 2 running", |g| {
+            phase(g) == Some(Phase::Running) && g.status.as_ref().is_some_and(|s| s.attempts == 2)
+        })
+        .await;
+    assert_eq!(two.status.unwrap().reservation_gpus, Some(2));
+    assert_eq!(
+        fake.live_gpus(&uid),
+        Some(2),
+        "attempt 2 runs on a reservation of what it asks"
+    );
+    op.stop().await;
+}

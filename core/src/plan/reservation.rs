@@ -15,7 +15,9 @@
 //! older than the last one and refused by the service; and a reserve whose answer was
 //! lost is known to the plan, which releases it when the GpuJob stops needing quota. A
 //! reservation is used only while no call is pending: after a release that did not
-//! confirm, the next attempt reserves again first.
+//! confirm, the next attempt reserves again first; when the release was of another size
+//! than the spec asks now, only once it is confirmed (the service answers a reserve with
+//! the reservation it holds, whatever size is asked).
 //!
 //! Decisions only: the executor makes the calls and feeds the answers back
 //! ([`super::Observed::quota`]).
@@ -43,6 +45,16 @@ impl Planner<'_, '_> {
             // Held already, or nothing could start: an invalid spec or a taken Job name
             // reserves nothing.
             return true;
+        }
+        if releasing_another_size(&self.current, self.gj.spec.total_gpus())
+            && !matches!(self.obs.quota, Some(QuotaAnswer::Released))
+        {
+            // The release may not have landed, and the service would answer a reserve of
+            // the new size with the reservation it holds, unchanged: the release is
+            // confirmed first (asked again, or its failure recorded, with backoff).
+            let asked = !matches!(self.obs.quota, Some(QuotaAnswer::ReleaseFailed { .. }));
+            self.settle_release(false, "GPU quota released".to_owned());
+            return !asked;
         }
         match self.obs.quota.clone() {
             Some(QuotaAnswer::Reserved { id, gpus }) => {
@@ -299,6 +311,16 @@ fn held_words(s: &GpuJobStatus) -> String {
         Some(held) => format!("the GPU quota reservation holds {held} GPUs"),
         None => "the GPU quota reservation was made before the operator recorded its size, and the spec changed since".to_owned(),
     }
+}
+
+/// A release is asked and not confirmed, of a reservation made for another number of
+/// GPUs than `gpus` (or of a size not recorded).
+fn releasing_another_size(s: &GpuJobStatus, gpus: i32) -> bool {
+    s.reservation_id.is_some()
+        && s.reservation_gpus != Some(gpus)
+        && s.quota_call
+            .as_ref()
+            .is_some_and(|c| c.op == QuotaOp::Release && c.pending)
 }
 
 /// A granted reservation no call since may have undone: attempts may run on it. After a

@@ -19,14 +19,16 @@ impl Execution<'_> {
         let answer = match self.ctx.writer.reserve(self.fence, req, sequence).await? {
             Reserve::Granted { id, gpus } => {
                 failpoint::hit("after-reserve");
-                if let Some(held) = gpus.filter(|g| *g != req.gpus) {
-                    // The contract's grant holds what was asked; the request is what is
-                    // recorded (a count taken from a service that disagrees would
-                    // release and reserve again and again).
-                    warn!(reservation = %id, asked = req.gpus, held, "the quota service granted a reservation of another size than asked; recording what was asked");
+                // What the service holds is recorded: a reservation it held already (a
+                // reserve whose answer was lost, a release that did not land) comes back
+                // as it is, whatever size is asked, and must not be taken to cover more.
+                // The plan then releases it and reserves anew once no pod runs.
+                let held = gpus.unwrap_or(req.gpus);
+                if held != req.gpus {
+                    warn!(reservation = %id, asked = req.gpus, held, "the quota service holds a reservation of another size than asked; recording what it holds: it is released and made again before an attempt of the new size starts");
                 }
-                info!(reservation = %id, gpus = req.gpus, "GPU quota reserved");
-                QuotaAnswer::Reserved { id, gpus: req.gpus }
+                info!(reservation = %id, gpus = held, "GPU quota reserved");
+                QuotaAnswer::Reserved { id, gpus: held }
             }
             Reserve::Refused { reason, message } => {
                 self.ctx.metrics.quota_refusals.inc();

@@ -696,6 +696,55 @@ mod quota_at_the_gate {
         assert_eq!(p.status.reservation_gpus, Some(8));
     }
 
+    /// A resize's release that failed (or whose answer was lost) may not have landed:
+    /// the service may still hold the old size, and a PUT of the new one would return it
+    /// unchanged. So nothing is reserved until the release is confirmed: the release is
+    /// asked again, with backoff, and only once it is confirmed comes the reserve.
+    #[test]
+    fn a_gpus_edit_reserves_again_only_once_the_release_is_confirmed() {
+        let g = reserved(&gpujob(3), 1);
+        let jobs = [job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)))];
+        let mut g8 = g.clone();
+        g8.spec.gpus = 8;
+        g8.metadata.generation = Some(2);
+        let later = "2026-11-30T06:10:00Z";
+        let p = Seen::new(&g8, &jobs).with_quota(None).read(&[]).plan(later);
+        assert_eq!(kinds(&p), vec!["RecordStatus", "Release"]);
+        let sequence = p.status.quota_call.as_ref().unwrap().sequence;
+        let g8 = with_status(g8, &p);
+        let reserves = |p: &Plan| {
+            p.actions
+                .iter()
+                .filter(|a| matches!(a, Action::Reserve(..)))
+                .count()
+        };
+        let failed = Some(QuotaAnswer::ReleaseFailed {
+            message: "quota service release answered 503".into(),
+        });
+        let p = Seen::new(&g8, &jobs)
+            .with_quota(failed)
+            .read(&[])
+            .plan(later);
+        assert_eq!(reserves(&p), 0, "{:?}", p.actions);
+        assert!(creates(&p).is_empty());
+        assert_eq!(p.next, Next::Backoff);
+        assert!(p.status.release_failing_since.is_some());
+        // The next look asks the release again, with the same fencing number.
+        let g8 = with_status(g8, &p);
+        let p = Seen::new(&g8, &jobs).with_quota(None).read(&[]).plan(later);
+        assert_eq!(reserves(&p), 0, "{:?}", p.actions);
+        assert_eq!(p.actions.last(), Some(&Action::Release(sequence)));
+        // Confirmed: reserved anew, for 8.
+        let p = Seen::new(&g8, &jobs)
+            .with_quota(Some(QuotaAnswer::Released))
+            .read(&[])
+            .plan(later);
+        let Some(Action::Reserve(req, _)) = p.actions.last() else {
+            panic!("{:?}", p.actions)
+        };
+        assert_eq!(req.gpus, 8);
+    }
+
     #[test]
     fn a_running_attempt_keeps_its_reservation_through_a_gpus_edit() {
         let mut g = gpujob(3);
