@@ -249,7 +249,15 @@ impl Planner<'_, '_> {
         }
         // The reservation covers the attempt's pods: it goes only once they are gone
         // (their Jobs first, then the pods themselves, read).
-        if self.stop_jobs_of_deleted() || self.pods_left() != PodsLeft::None {
+        if self.stop_jobs_of_deleted() {
+            return;
+        }
+        // A pod waiting at the gate that no Job of the GpuJob takes (ownerless, or of a
+        // finished Job) is deleted here: the garbage collector takes it only once the
+        // GpuJob is gone, which waits for this release.
+        let planned = self.actions.len();
+        self.stop_stray_pods(None);
+        if self.actions.len() > planned || self.pods_left() != PodsLeft::None {
             return;
         }
         self.settle_release(true, "GPU quota released".to_owned());

@@ -6,6 +6,7 @@
 use super::*;
 use crate::api::{LABEL_KUEUE_QUEUE, SCHEDULING_GATE, UpdatePolicy};
 use crate::seen_pod::SeenPod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Attempt `attempt`'s Job as created: running, its pods gated.
 pub(super) fn made(g: &GpuJob, attempt: i32) -> Job {
@@ -743,6 +744,46 @@ mod quota_at_the_gate {
             panic!("{:?}", p.actions)
         };
         assert_eq!(req.gpus, 8);
+    }
+
+    /// A GpuJob being deleted with a gated pod no Job will take (of attempt 1's kept,
+    /// failed Job: the Job controller raced its end): the pod is deleted, then the
+    /// reservation released. Left, it would hold the deletion for good: the garbage
+    /// collector takes the kept Job and its pods only once the GpuJob is gone, which
+    /// waits for the release, which waits for the pod.
+    #[test]
+    fn a_deleted_gpujobs_gated_stray_pod_is_deleted_before_the_release() {
+        let mut g = reserved(&gpujob(3), 1);
+        g.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:05:00Z")));
+        let jobs = [job(&g, 1, Some(("Failed", "BackoffLimitExceeded", T0)))];
+        let race = pod(1, 9);
+        let now = "2026-11-30T06:05:01Z";
+        let p = Seen::new(&g, &jobs)
+            .with_quota(None)
+            .cached(std::slice::from_ref(&race))
+            .read(std::slice::from_ref(&race))
+            .plan(now);
+        assert!(
+            p.actions
+                .iter()
+                .any(|a| matches!(a, Action::DeletePod { name, .. } if name == "train-1-9")),
+            "{:?}",
+            p.actions
+        );
+        assert!(
+            !p.actions.iter().any(|a| matches!(a, Action::Release(_))),
+            "{:?}",
+            p.actions
+        );
+        // Deleted (never placed): the release.
+        let mut going = race;
+        going.deleting = true;
+        let p = Seen::new(&g, &jobs)
+            .with_quota(None)
+            .cached(std::slice::from_ref(&going))
+            .read(std::slice::from_ref(&going))
+            .plan(now);
+        assert_eq!(kinds(&p), vec!["RecordStatus", "Release"]);
     }
 
     #[test]
