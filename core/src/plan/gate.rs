@@ -26,8 +26,8 @@
 //! kept, or one no Job owns).
 
 use super::{
-    Action, LOST_NODE_RECHECK, Next, NodeHealth, OLD_ATTEMPT_STOPPING, POD_GROUP_NAME_CONFLICT,
-    Planner, SERVICE_NAME_CONFLICT, WAITING_FOR_LOST_NODE,
+    Action, INVALID_SPEC, LOST_NODE_RECHECK, Next, NodeHealth, OLD_ATTEMPT_STOPPING,
+    POD_GROUP_NAME_CONFLICT, Planner, SERVICE_NAME_CONFLICT, WAITING_FOR_LOST_NODE,
 };
 use crate::api::{ConditionStatus, Phase, UpdatePolicy};
 use crate::events::{Note, stray_pod_deleted};
@@ -117,15 +117,25 @@ impl Planner<'_, '_> {
         if go.is_empty() {
             return;
         }
-        let taken = self.obs.refused.as_ref().filter(|r| {
-            r.attempt == k && [SERVICE_NAME_CONFLICT, POD_GROUP_NAME_CONFLICT].contains(&r.reason)
+        // The attempt's Service or PodGroup could not be made: its name is taken, or the
+        // API server refused it as invalid (an admission policy, a field it does not
+        // take). No pod goes without it.
+        let refused = self.obs.refused.as_ref().filter(|r| {
+            r.attempt == k
+                && [SERVICE_NAME_CONFLICT, POD_GROUP_NAME_CONFLICT, INVALID_SPEC]
+                    .contains(&r.reason)
         });
-        if let Some(r) = taken {
-            // Nothing tells the operator when that object goes: look again in a while.
+        if let Some(r) = refused {
             self.next.phase = Some(Phase::Pending);
             self.next.last_error = Some(r.message.clone());
             self.ready(ConditionStatus::False, r.reason, r.message.clone());
-            self.requeue = Next::After(self.settings.name_conflict_retry);
+            self.requeue = if r.reason == INVALID_SPEC {
+                // As for a refused Job: a spec change, or the next resync, asks again.
+                Next::Done
+            } else {
+                // Nothing tells the operator when that object goes: look again in a while.
+                Next::After(self.settings.name_conflict_retry)
+            };
             return;
         }
         // A multi-node attempt's pods find each other through its Service from their

@@ -496,6 +496,54 @@ fn a_multi_node_attempts_service_exists_before_any_of_its_pods_goes() {
     assert_eq!(p.next, Next::After(Duration::from_secs(30)));
 }
 
+/// The Service of a multi-node attempt refused as invalid (422: an admission policy, a
+/// field this API server does not take): no pod goes, Ready says why, and nothing is
+/// asked again in this look (before, the plan asked the create again until it gave up,
+/// and wrote no status). The next look asks again, and once the Service is made the pods
+/// go.
+#[test]
+fn a_multi_node_attempts_service_refused_as_invalid_keeps_its_pods_gated_and_says_why() {
+    let g = attempt_one(&nodes(gpujob(3), 2));
+    let jobs = [made(&g, 1)];
+    let pods = [pod(1, 0), pod(1, 1)];
+    let message = "Service \"train-1\" is invalid: denied by policy".to_owned();
+    let jobs_seen = seen(&jobs);
+    let p = plan(
+        &Observed {
+            gpujob: &g,
+            jobs: jobs_seen.iter().collect(),
+            termination: None,
+            unschedulable: None,
+            queue_wait: None,
+            refused: Some(Refusal {
+                attempt: 1,
+                reason: INVALID_SPEC,
+                message: message.clone(),
+            }),
+            quota_required: false,
+            quota: None,
+            pods: Some(pods.to_vec()),
+            cached_pods: pods.iter().collect(),
+            confirmed: true,
+            term_start_due: false,
+            reads: Reads::every(),
+            nodes: Vec::new(),
+            now: t(LATER),
+        },
+        &settings(),
+    );
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert_eq!(ready(&p).1, INVALID_SPEC);
+    assert_eq!(p.status.phase, Some(Phase::Pending));
+    assert_eq!(p.status.last_error.as_deref(), Some(message.as_str()));
+    assert_eq!(p.next, Next::Done);
+    // Looked at again (a resync), the Service is made: the pods go.
+    let g = with_status(g, &p);
+    let p = Seen::new(&g, &jobs).cached(&pods).read(&pods).plan(LATER);
+    assert_eq!(kinds(&p), vec!["CreateService", "UngatePod", "UngatePod"]);
+    assert_eq!(ready(&p).1, "JobRunning", "no longer InvalidSpec");
+}
+
 #[test]
 fn a_job_an_earlier_version_created_suspended_gets_the_gate_then_starts() {
     let g = attempt_one(&gpujob(3));
