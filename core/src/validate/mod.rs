@@ -791,6 +791,11 @@ mod tests {
                 "the operator sets Never",
             ),
             (
+                json!({"spec": {"nodeName": "gpu-node-1"}}),
+                "spec.template.spec.nodeName",
+                "kubernetes.io/hostname",
+            ),
+            (
                 json!({"spec": {"containers": [{"name": "side", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}),
                 "spec.template.spec.containers[0].resources.limits[\"nvidia.com/gpu\"]",
                 "spec.resources.gpus",

@@ -187,6 +187,14 @@ fn template_owned_fields(
             format!("{policy:?}: the operator sets Never (retries are attempts)"),
         );
     }
+    if pod.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
+        // Kubernetes refuses a pod with both a node and a scheduling gate, only when the
+        // pod is created: the Job would be accepted and none of its pods made.
+        return err(
+            at("spec.nodeName"),
+            "a pod bound to a node cannot wait at the operator's scheduling gate; choose the node with spec.nodeSelector (kubernetes.io/hostname)",
+        );
+    }
     if pod.service_account_name.is_some() || pod.service_account.is_some() {
         let field = if pod.service_account_name.is_some() {
             "spec.serviceAccountName"
