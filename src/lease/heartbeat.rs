@@ -187,7 +187,7 @@ fn step_down(tx: &watch::Sender<Ownership>, status: &Status, lease: &str) {
             shards = ?held,
             "member heartbeat not through within the renew deadline: stepping down from every shard (other replicas would soon judge this one gone); taking shards again once it goes through"
         );
-        gained_or_lost(&status.metrics, &tx.borrow());
+        gained_or_lost(&status.metrics, &tx.borrow(), held.len());
     }
 }
 
@@ -212,6 +212,9 @@ mod tests {
         let own = tx.borrow();
         assert!(!own.holds_any());
         assert_eq!(own.warm, [1, 2, 3].into());
+        // Each shard left is a transition, as when each is lost on its own.
+        assert_eq!(status.metrics.shard_transitions.get(), 2);
+        assert_eq!(status.metrics.lease_transitions.get(), 2);
 
         let mut one = Ownership::nothing_of(1);
         one.held.insert(0, Tenure::gained(None, None));

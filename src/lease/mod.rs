@@ -73,10 +73,11 @@ fn report(metrics: &Metrics, own: &Ownership) {
     }
 }
 
-/// A shard was gained or lost: counted, and the gauges follow.
-fn gained_or_lost(metrics: &Metrics, own: &Ownership) {
-    metrics.lease_transitions.inc();
-    metrics.shard_transitions.inc();
+/// `shards` shards were gained or lost: each counted, and the gauges follow.
+fn gained_or_lost(metrics: &Metrics, own: &Ownership, shards: usize) {
+    let shards = u64::try_from(shards).unwrap_or(u64::MAX);
+    metrics.lease_transitions.inc_by(shards);
+    metrics.shard_transitions.inc_by(shards);
     report(metrics, own);
 }
 

@@ -107,7 +107,7 @@ pub(super) async fn renew(
             shard,
             epoch, "shard lost: its reconciles stop, its writes are fenced"
         );
-        gained_or_lost(&status.metrics, &tx.borrow());
+        gained_or_lost(&status.metrics, &tx.borrow(), 1);
     }
 }
 

@@ -1010,7 +1010,7 @@ impl Coordinator {
             "shard gained: reconciling its GpuJobs"
         );
         self.free_since.remove(&shard);
-        gained_or_lost(&self.status.metrics, &self.tx.borrow());
+        gained_or_lost(&self.status.metrics, &self.tx.borrow(), 1);
         let renewer = renew(
             elector,
             shard,
@@ -1089,7 +1089,7 @@ impl Coordinator {
             .tx
             .send_if_modified(|o| o.held.remove(&shard).is_some());
         if removed {
-            gained_or_lost(&self.status.metrics, &self.tx.borrow());
+            gained_or_lost(&self.status.metrics, &self.tx.borrow(), 1);
         }
     }
 
