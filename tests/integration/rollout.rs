@@ -374,3 +374,76 @@ async fn a_replica_whose_heartbeat_stalls_steps_down_from_every_shard_until_it_g
     }
     drop((replica, proxy));
 }
+
+/// An upgrade from a release whose Lease carries no group label (before the group
+/// label, every `--shards 1` release): the new replica's list of the group leaves that
+/// Lease out, yet the shard is held and renewed. The standby sees it so (by its own read
+/// of the Lease), and says no shard unheld: before, it reported the shard free for as
+/// long as the old leader worked, and paged `GpuJobOperatorShardUnheld` during a
+/// rolling update.
+#[tokio::test]
+async fn a_standby_beside_a_leader_of_an_older_release_reports_no_shard_unheld() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    let env = TestEnv::new("roll-unlabelled").await;
+    let leases: Api<Lease> = Api::namespaced(env.admin.clone(), &env.ns);
+    let mut old = Lease::default();
+    old.metadata.name = Some(replicas::LEASE.to_owned());
+    old.spec = Some(LeaseSpec {
+        holder_identity: Some("older-release".to_owned()),
+        lease_duration_seconds: Some(3),
+        renew_time: Some(MicroTime(Timestamp::now())),
+        ..LeaseSpec::default()
+    });
+    leases.create(&PostParams::default(), &old).await.unwrap();
+    let renewing = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let patch = json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+                let _ = leases
+                    .patch(
+                        replicas::LEASE,
+                        &Default::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await;
+            }
+        })
+    };
+    let address = support::prometheus::free_address();
+    let standby = replicas::start(&env.cluster, &env.ns, 1, &["--listen-address", &address]);
+    let url = format!("http://{address}/metrics");
+    // Looks of a standby read the Lease (its take, refused): wait for many reads,
+    // several retry periods after the first look.
+    let metrics = devcluster::wait::until(
+        "20 reads",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            let url = url.clone();
+            async move {
+                let text = support::prometheus::get_text(&url).await.ok()?;
+                let m = devcluster::metrics::Metrics::parse(&text).ok()?;
+                (m.sum("rest_client_requests_total", &[("method", "GET")]) >= 20.0).then_some(m)
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        replicas::holder(&leases.get(replicas::LEASE).await.unwrap()).as_deref(),
+        Some("older-release")
+    );
+    assert_eq!(
+        metrics.sum("gpujob_shard_unheld_seconds", &[("shard", "0")]),
+        0.0,
+        "{}",
+        standby.log_text()
+    );
+    assert_eq!(metrics.sum("gpujob_replica_idle_seconds", &[]), 0.0);
+    renewing.abort();
+    drop(standby);
+}
