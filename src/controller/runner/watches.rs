@@ -359,20 +359,10 @@ async fn gpujobs(
     // changed is looked at.
     let mut changed: Vec<Key> = Vec::new();
     while let Some(event) = events.next().await {
-        let mut echo = false;
         if let Ok(event) = &event {
-            let seen = ctx.view.gpujob_event(event, &scope);
-            changed = seen.changed;
-            echo = seen.echo;
+            changed = ctx.view.gpujob_event(event, &scope);
         }
         match event {
-            Ok(watcher::Event::Apply(gj)) if echo => {
-                // The echo of this replica's own last write: the reconcile that wrote it
-                // planned from it, and said when to look again (queued again here, it
-                // would cut a backoff or a wait short: every write of a changing message
-                // would retry at once).
-                debug!(gpujob = %Key::of(&gj), "GpuJob event: the echo of this replica's write, not queued");
-            }
             Ok(watcher::Event::Apply(gj)) if never_observed(&gj) => {
                 intake.add_prompt(Key::of(&gj));
             }

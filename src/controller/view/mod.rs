@@ -159,15 +159,15 @@ impl View {
 
     /// A GpuJob watch event: into the cache; a GpuJob delivered settles what the memory
     /// kept of the status writes it shows. Returns, at the end of a relist, the GpuJobs
-    /// it changed ([`GpuJobCache::apply`]), and whether the event is the echo of this
-    /// operator's own last write ([`WriteMemory::gpujob_seen`]).
-    pub fn gpujob_event(&self, event: &Event<GpuJob>, part: &Scope) -> GpuJobEvent {
+    /// it changed ([`GpuJobCache::apply`]).
+    pub fn gpujob_event(&self, event: &Event<GpuJob>, part: &Scope) -> Vec<Key> {
         let changed = self.gpujobs.apply(event, part);
-        let echo = match event {
-            Event::Apply(gj) if gj.status.is_some() => self.memory.gpujob_seen(&Key::of(gj), gj),
-            _ => false,
-        };
-        GpuJobEvent { changed, echo }
+        if let Event::Apply(gj) = event
+            && gj.status.is_some()
+        {
+            self.memory.gpujob_seen(&Key::of(gj), gj);
+        }
+        changed
     }
 
     /// A Job watch event: into the index; what the memory kept about that Job goes.
@@ -499,17 +499,6 @@ impl View {
         let shown = std::mem::take(&mut snap.jobs);
         snap.jobs = self.memory.jobs(key, &uid, || shown);
     }
-}
-
-/// What a GpuJob event comes to ([`View::gpujob_event`]).
-#[derive(Debug, Default)]
-pub struct GpuJobEvent {
-    /// At the end of a relist: the GpuJobs it changed.
-    pub changed: Vec<Key>,
-    /// The event is the echo of this operator's own last write of the GpuJob (or of its
-    /// read past a lagging cache): nothing in it that the reconcile that wrote it did
-    /// not plan from.
-    pub echo: bool,
 }
 
 /// The GpuJobs a Job event concerns.
