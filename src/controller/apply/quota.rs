@@ -19,16 +19,20 @@ impl Execution<'_> {
         let answer = match self.ctx.writer.reserve(self.fence, req, sequence).await? {
             Reserve::Granted { id, gpus } => {
                 failpoint::hit("after-reserve");
-                // What the service holds is recorded: a reservation it held already (a
-                // reserve whose answer was lost, a release that did not land) comes back
-                // as it is, whatever size is asked, and must not be taken to cover more.
-                // The plan then releases it and reserves anew once no pod runs.
+                // A reservation the service held already (a reserve whose answer was
+                // lost, a release that did not land) comes back as it is, whatever size
+                // is asked: one smaller than asked is recorded as it is, so that it is
+                // never taken to cover more (the plan releases it and reserves anew once
+                // no pod runs). One larger covers what was asked, which is recorded:
+                // taken as held, a service that rounds grants up would be released and
+                // asked again and again.
                 let held = gpus.unwrap_or(req.gpus);
+                let recorded = held.min(req.gpus);
                 if held != req.gpus {
-                    warn!(reservation = %id, asked = req.gpus, held, "the quota service holds a reservation of another size than asked; recording what it holds: it is released and made again before an attempt of the new size starts");
+                    warn!(reservation = %id, asked = req.gpus, held, recorded, "the quota service holds a reservation of another size than asked");
                 }
-                info!(reservation = %id, gpus = held, "GPU quota reserved");
-                QuotaAnswer::Reserved { id, gpus: held }
+                info!(reservation = %id, gpus = recorded, "GPU quota reserved");
+                QuotaAnswer::Reserved { id, gpus: recorded }
             }
             Reserve::Refused { reason, message } => {
                 self.ctx.metrics.quota_refusals.inc();
