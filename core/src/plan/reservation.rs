@@ -257,7 +257,12 @@ impl Planner<'_, '_> {
         // GpuJob is gone, which waits for this release.
         let planned = self.actions.len();
         self.stop_stray_pods(None);
-        if self.actions.len() > planned || self.pods_left() != PodsLeft::None {
+        if self.actions.len() > planned {
+            // Looked at again with backoff: an ownerless pod's end queues no GpuJob.
+            self.requeue = Next::Backoff;
+            return;
+        }
+        if self.pods_left() != PodsLeft::None {
             return;
         }
         self.settle_release(true, "GPU quota released".to_owned());

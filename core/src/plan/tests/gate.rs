@@ -823,6 +823,7 @@ mod quota_at_the_gate {
             "{:?}",
             p.actions
         );
+        assert_eq!(p.next, Next::Backoff, "looked at again");
         // Deleted (never placed): the release.
         let mut going = race;
         going.deleting = true;
