@@ -172,14 +172,16 @@ pub(super) fn through(own: &Ownership, now: Instant) -> bool {
 /// (`renew.rs`): their watches go on, so taking them back once the heartbeat goes
 /// through again (after an API server outage, every replica at once) lists nothing.
 fn step_down(tx: &watch::Sender<Ownership>, status: &Status, lease: &str) {
-    let held: Vec<u32> = tx.borrow().held.keys().copied().collect();
+    // The shards left are read in the same step that leaves them: one lost meanwhile by
+    // its renewal is counted there, not here too.
+    let mut held: Vec<u32> = Vec::new();
     let left = tx.send_if_modified(|o| {
-        let any = o.holds_any();
+        held = o.held.keys().copied().collect();
         if o.map.shards() > 1 {
             o.warm.extend(o.held.keys().copied());
         }
         o.held.clear();
-        any
+        !held.is_empty()
     });
     if left {
         warn!(
