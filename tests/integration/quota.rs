@@ -753,14 +753,8 @@ async fn a_finished_gpujob_releases_its_reservation_only_once_no_pod_of_it_can_r
     op.stop().await;
 }
 
-/// A change of `gpus` (× `nodes`) reserves again before the next attempt: the
-/// reservation is released once the replaced attempt's pods are gone, and made anew for
-/// what the spec asks. Before, the next attempt ran on the old reservation (here 2 GPUs
-/// on a reservation of 1).
-#[tokio::test]
-async fn a_gpus_edit_reserves_again_before_the_next_attempt_runs() {
-    let (env, fake, settings) = setup("quota-resize").await;
-    let op = env.operator("quota-resize", settings).await;
+/// GpuJob "train" (1 GPU, running an hour), once Running: its uid, and it.
+async fn train_running(env: &TestEnv) -> (String, gpujob_operator::api::GpuJob) {
     let gj = env
         .create(
             "train",
@@ -771,8 +765,11 @@ async fn a_gpus_edit_reserves_again_before_the_next_attempt_runs() {
     let running = env
         .wait_gpujob("train", "Running", |g| phase(g) == Some(Phase::Running))
         .await;
-    assert_eq!(fake.live_gpus(&uid), Some(1));
-    assert_eq!(running.status.unwrap().reservation_gpus, Some(1));
+    (uid, running)
+}
+
+/// GpuJob "train" edited to ask for 2 GPUs.
+async fn resize_train(env: &TestEnv) {
     env.gpujobs()
         .patch(
             "train",
@@ -781,11 +778,29 @@ async fn a_gpus_edit_reserves_again_before_the_next_attempt_runs() {
         )
         .await
         .unwrap();
-    let two = env
-        .wait_gpujob("train", "attempt 2 running", |g| {
-            phase(g) == Some(Phase::Running) && g.status.as_ref().is_some_and(|s| s.attempts == 2)
-        })
-        .await;
+}
+
+/// GpuJob "train" once its attempt 2 runs.
+async fn train_attempt_two_running(env: &TestEnv) -> gpujob_operator::api::GpuJob {
+    env.wait_gpujob("train", "attempt 2 running", |g| {
+        phase(g) == Some(Phase::Running) && g.status.as_ref().is_some_and(|s| s.attempts == 2)
+    })
+    .await
+}
+
+/// A change of `gpus` (× `nodes`) reserves again before the next attempt: the
+/// reservation is released once the replaced attempt's pods are gone, and made anew for
+/// what the spec asks. Before, the next attempt ran on the old reservation (here 2 GPUs
+/// on a reservation of 1).
+#[tokio::test]
+async fn a_gpus_edit_reserves_again_before_the_next_attempt_runs() {
+    let (env, fake, settings) = setup("quota-resize").await;
+    let op = env.operator("quota-resize", settings).await;
+    let (uid, running) = train_running(&env).await;
+    assert_eq!(fake.live_gpus(&uid), Some(1));
+    assert_eq!(running.status.unwrap().reservation_gpus, Some(1));
+    resize_train(&env).await;
+    let two = train_attempt_two_running(&env).await;
     let pods = devcluster::wait::until(
         "attempt 2's pod running",
         Duration::from_secs(60),
@@ -835,25 +850,10 @@ async fn a_gpus_edit_reserves_again_before_the_next_attempt_runs() {
 async fn a_gpus_edit_whose_release_fails_reserves_again_only_once_it_is_released() {
     let (env, fake, settings) = setup("quota-resize-fail").await;
     let op = env.operator("quota-resize-fail", settings).await;
-    let gj = env
-        .create(
-            "train",
-            json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_DURATION_SECONDS", "3600")])}),
-        )
-        .await;
-    let uid = gj.metadata.uid.clone().unwrap();
-    env.wait_gpujob("train", "Running", |g| phase(g) == Some(Phase::Running))
-        .await;
+    let (uid, _) = train_running(&env).await;
     assert_eq!(fake.calls("reserve", &uid).len(), 1);
     fake.set_release(Mode::Fail);
-    env.gpujobs()
-        .patch(
-            "train",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"gpus": 2}})),
-        )
-        .await
-        .unwrap();
+    resize_train(&env).await;
     // The release failed, and was asked again (after the backoff): no reserve between.
     wait::until(
         "the release asked twice",
@@ -875,11 +875,7 @@ async fn a_gpus_edit_whose_release_fails_reserves_again_only_once_it_is_released
     assert!(status.release_failing_since.is_some(), "{status:?}");
 
     fake.set_release(Mode::Ok);
-    let two = env
-        .wait_gpujob("train", "attempt 2 running", |g| {
-            phase(g) == Some(Phase::Running) && g.status.as_ref().is_some_and(|s| s.attempts == 2)
-        })
-        .await;
+    let two = train_attempt_two_running(&env).await;
     assert_eq!(two.status.unwrap().reservation_gpus, Some(2));
     assert_eq!(
         fake.live_gpus(&uid),

@@ -53,6 +53,7 @@ pub(super) struct Seen<'a> {
     confirmed: bool,
     quota: bool,
     answer: Option<QuotaAnswer>,
+    refused: Option<Refusal>,
     reads: Reads,
     nodes: Vec<NodeHealth>,
     settings: PlanSettings,
@@ -68,6 +69,7 @@ impl<'a> Seen<'a> {
             confirmed: true,
             quota: false,
             answer: None,
+            refused: None,
             reads: Reads::every(),
             nodes: Vec::new(),
             settings: settings(),
@@ -108,6 +110,16 @@ impl<'a> Seen<'a> {
         self
     }
 
+    /// The API server refused a create of this reconcile so.
+    fn refused(mut self, attempt: i32, reason: &'static str, message: &str) -> Self {
+        self.refused = Some(Refusal {
+            attempt,
+            reason,
+            message: message.to_owned(),
+        });
+        self
+    }
+
     fn unconfirmed(mut self) -> Self {
         self.confirmed = false;
         self
@@ -128,7 +140,7 @@ impl<'a> Seen<'a> {
                 termination: None,
                 unschedulable: None,
                 queue_wait: None,
-                refused: None,
+                refused: self.refused.clone(),
                 quota_required: self.quota,
                 quota: self.answer.clone(),
                 pods: self.read.clone(),
@@ -465,31 +477,11 @@ fn a_multi_node_attempts_service_exists_before_any_of_its_pods_goes() {
     );
     // A foreign Service under its name: no pod goes; said, and looked at again.
     let message = "Service ns/train-1 exists and is not this attempt's".to_owned();
-    let jobs_seen = seen(&jobs);
-    let p = plan(
-        &Observed {
-            gpujob: &g,
-            jobs: jobs_seen.iter().collect(),
-            termination: None,
-            unschedulable: None,
-            queue_wait: None,
-            refused: Some(Refusal {
-                attempt: 1,
-                reason: SERVICE_NAME_CONFLICT,
-                message: message.clone(),
-            }),
-            quota_required: false,
-            quota: None,
-            pods: Some(pods.to_vec()),
-            cached_pods: pods.iter().collect(),
-            confirmed: true,
-            term_start_due: false,
-            reads: Reads::every(),
-            nodes: Vec::new(),
-            now: t(LATER),
-        },
-        &settings(),
-    );
+    let p = Seen::new(&g, &jobs)
+        .cached(&pods)
+        .read(&pods)
+        .refused(1, SERVICE_NAME_CONFLICT, &message)
+        .plan(LATER);
     assert!(ungates(&p).is_empty(), "{:?}", p.actions);
     assert_eq!(ready(&p).1, SERVICE_NAME_CONFLICT);
     assert_eq!(p.status.last_error.as_deref(), Some(message.as_str()));
@@ -507,31 +499,11 @@ fn a_multi_node_attempts_service_refused_as_invalid_keeps_its_pods_gated_and_say
     let jobs = [made(&g, 1)];
     let pods = [pod(1, 0), pod(1, 1)];
     let message = "Service \"train-1\" is invalid: denied by policy".to_owned();
-    let jobs_seen = seen(&jobs);
-    let p = plan(
-        &Observed {
-            gpujob: &g,
-            jobs: jobs_seen.iter().collect(),
-            termination: None,
-            unschedulable: None,
-            queue_wait: None,
-            refused: Some(Refusal {
-                attempt: 1,
-                reason: INVALID_SPEC,
-                message: message.clone(),
-            }),
-            quota_required: false,
-            quota: None,
-            pods: Some(pods.to_vec()),
-            cached_pods: pods.iter().collect(),
-            confirmed: true,
-            term_start_due: false,
-            reads: Reads::every(),
-            nodes: Vec::new(),
-            now: t(LATER),
-        },
-        &settings(),
-    );
+    let p = Seen::new(&g, &jobs)
+        .cached(&pods)
+        .read(&pods)
+        .refused(1, INVALID_SPEC, &message)
+        .plan(LATER);
     assert!(p.actions.is_empty(), "{:?}", p.actions);
     assert_eq!(ready(&p).1, INVALID_SPEC);
     assert_eq!(p.status.phase, Some(Phase::Pending));
