@@ -21,8 +21,8 @@ impl Execution<'_> {
                 failpoint::hit("after-reserve");
                 // A reservation the service held already (a reserve whose answer was
                 // lost, a release that did not land) comes back as it is, whatever size
-                // is asked: one smaller than asked is recorded as it is, so that it is
-                // never taken to cover more (the plan releases it and reserves anew once
+                // is asked: one smaller than asked is recorded as it is, so that it does
+                // not count as covering more (the plan releases it and reserves anew once
                 // no pod runs). One larger covers what was asked, which is recorded:
                 // taken as held, a service that rounds grants up would be released and
                 // asked again and again.

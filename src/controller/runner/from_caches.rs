@@ -84,9 +84,9 @@ fn count(
     looked: Result<Looked, Error>,
 ) {
     let own = intake.own.borrow();
-    let Some(looked) = worker::of_term(Some(looked), &own, shard, epoch) else {
+    if !own.in_term(shard, epoch) {
         return;
-    };
+    }
     match looked {
         Ok(Looked::Ended(next)) => {
             metrics.first_looks_from_caches.inc();

@@ -105,7 +105,7 @@ pub(super) fn count(
 ) {
     let Intake { queue, own, looks } = intake;
     let own = own.borrow();
-    match of_term(outcome, &own, shard, epoch) {
+    match outcome.filter(|_| own.in_term(shard, epoch)) {
         None => {
             info!(gpujob = %key, shard, "reconcile cancelled, or ended as this replica's term for the shard did: its outcome counts in no term")
         }
@@ -116,11 +116,6 @@ pub(super) fn count(
         Some(Ok(Looked::Ended(next))) => ended(metrics, queue, looks, shard, key, Ok(next)),
         Some(Err(e)) => ended(metrics, queue, looks, shard, key, Err(e)),
     }
-}
-
-/// `outcome`, if `own` shows `shard` still in its term `epoch`.
-pub(super) fn of_term<T>(outcome: Option<T>, own: &Ownership, shard: u32, epoch: u64) -> Option<T> {
-    outcome.filter(|_| own.in_term(shard, epoch))
 }
 
 /// `key` of `shard` was reconciled to `result`: what comes next is queued, and a gained
