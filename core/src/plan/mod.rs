@@ -257,6 +257,23 @@ pub enum QuotaAnswer {
     },
 }
 
+impl QuotaAnswer {
+    /// A grant of reservation `id`, holding `held` GPUs by the service's word (`None`:
+    /// it did not say), for a reserve of `asked`, as it is recorded. A reservation the
+    /// service held already (a reserve whose answer was lost, a release that did not
+    /// land) comes back as it is, whatever size is asked: one smaller than asked is
+    /// recorded as it is, so that it does not count as covering more (the plan
+    /// releases it and reserves anew once no pod runs). One larger covers what was
+    /// asked, which is recorded: taken as held, a service that rounds grants up would
+    /// be released and asked again without end.
+    pub fn granted(id: String, held: Option<i32>, asked: i32) -> QuotaAnswer {
+        QuotaAnswer::Reserved {
+            id,
+            gpus: held.unwrap_or(asked).min(asked),
+        }
+    }
+}
+
 /// Why the quota finalizer goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinalizerRemoval {

@@ -33,7 +33,7 @@ use gpujob_core::api::{GpuJobStatus, Phase};
 use stateright::{Checker, HasDiscoveries, Model, Property};
 
 use replica::{Env, Faults, Replica};
-use world::{Api, Status};
+use world::{Api, Outage, Status};
 
 /// How far the checker goes in the test command: stateright counts the first state as
 /// depth 1 and does not check the states at the target depth, so 10 checks every state
@@ -52,6 +52,7 @@ const ONE_JOB_PER_ATTEMPT: &str = "a reconcile never makes a recorded attempt's 
 /// what runs.
 const NO_RELEASE_UNDER_POD: &str = "no reservation released while a pod of its GpuJob can run";
 const QUOTA_COVERS: &str = "quota never below what runs";
+const NO_LEAK: &str = "the quota finalizer goes only once nothing is reserved";
 
 fn depth() -> usize {
     std::env::var("GPUJOB_MODEL_DEPTH")
@@ -73,6 +74,8 @@ struct State {
     failures: u8,
     successes: u8,
     edits: u8,
+    /// Quota service faults begun.
+    outages: u8,
 }
 
 impl State {
@@ -153,6 +156,12 @@ enum Step {
     Edit,
     /// The clock moves past a failed attempt's backoff.
     Tick,
+    /// The quota service begins to fail.
+    QuotaFault {
+        outage: Outage,
+    },
+    /// The quota service answers as it should again.
+    QuotaRecovers,
 }
 
 /// A reconcile's outcomes ([`Protocol::reconciled`]), and what it started from: the
@@ -169,6 +178,8 @@ struct Protocol {
     max_failures: u8,
     max_successes: u8,
     max_edits: u8,
+    /// How many times the quota service may begin to fail.
+    max_outages: u8,
     /// Check [`CONVERGES`] in every state.
     liveness: bool,
 }
@@ -187,6 +198,7 @@ impl Protocol {
             max_failures: 1,
             max_successes: 0,
             max_edits: 1,
+            max_outages: 0,
             // A model with a hole is checked for the safety property it breaks.
             liveness: faults == Faults::default(),
         }
@@ -202,6 +214,7 @@ impl Protocol {
                 s.api.land_late(&write);
             }
         }
+        s.api.quota.outage = Outage::None;
         s.api.settle(&mut s.tick);
         // A live replica takes a shard nobody holds.
         if s.holder.is_none() {
@@ -342,6 +355,7 @@ impl Model for Protocol {
             failures: 0,
             successes: 0,
             edits: 0,
+            outages: 0,
         }]
     }
 
@@ -434,6 +448,14 @@ impl Model for Protocol {
         if failed && s.tick < 1 {
             steps.push(Step::Tick);
         }
+        if s.api.quota.outage != Outage::None {
+            steps.push(Step::QuotaRecovers);
+        } else if self.quota_required && s.outages < self.max_outages {
+            steps.extend(
+                [Outage::Full, Outage::Unavailable, Outage::AnswersLost]
+                    .map(|outage| Step::QuotaFault { outage }),
+            );
+        }
     }
 
     fn next_state(&self, last: &State, step: Step) -> Option<State> {
@@ -486,6 +508,11 @@ impl Model for Protocol {
                 s.edits += 1;
             }
             Step::Tick => s.tick += 1,
+            Step::QuotaFault { outage } => {
+                s.api.quota.outage = outage;
+                s.outages += 1;
+            }
+            Step::QuotaRecovers => s.api.quota.outage = Outage::None,
         }
         Some(s)
     }
@@ -521,6 +548,20 @@ impl Model for Protocol {
             Property::always(QUOTA_COVERS, |m, s: &State| {
                 !m.quota_required || s.api.running_gpus() <= s.api.quota.held.unwrap_or(0)
             }),
+            // The finalizer stays while the service holds a reservation for the GpuJob
+            // (the model has no deletion: it would leak once the GpuJob goes).
+            Property::always(NO_LEAK, |m, s: &State| {
+                !m.quota_required || s.api.gpujob.finalizer || s.api.quota.held.is_none()
+            }),
+            // Not vacuous with faults of the service: a release heard failing is asked
+            // again, and the edited spec's reservation is made once it went through.
+            Property::sometimes(
+                "a failed release is asked again until it goes through",
+                |m, s: &State| {
+                    m.max_outages == 0
+                        || (s.api.quota.release_failed && s.api.quota.held == Some(2))
+                },
+            ),
             // Not vacuous: the spec asks for more GPUs after an edit, and a reservation
             // is released and made again for them once the attempt before has stopped.
             Property::sometimes(
@@ -622,6 +663,61 @@ fn with_quota_no_reservation_is_released_under_a_running_pod() {
         ..Protocol::new(Faults::default())
     };
     check(model, depth()).assert_properties();
+}
+
+/// With a quota service that fails for a while: at its quota (a reserve is refused),
+/// down (a call does nothing), or acting and losing its answers (a timeout). A release
+/// that failed is asked again until it goes through, and no reservation is made for an
+/// edited spec before then; nothing is released under a running pod, and the finalizer
+/// stays while the service holds a reservation.
+#[test]
+fn with_quota_faults_no_reservation_is_released_under_a_pod_or_left_behind() {
+    let model = Protocol {
+        quota_required: true,
+        max_successes: 1,
+        max_outages: 1,
+        ..Protocol::new(Faults::default())
+    };
+    check(model, depth()).assert_properties();
+}
+
+/// A release that failed taken for one that went through: the finalizer goes while the
+/// service still holds the reservation, and the checker must find it.
+#[test]
+fn with_a_failed_release_taken_as_released_the_checker_finds_a_reservation_left_behind() {
+    let model = Protocol {
+        quota_required: true,
+        max_successes: 1,
+        max_failures: 0,
+        max_edits: 0,
+        max_outages: 1,
+        ..Protocol::new(Faults {
+            release_failure_taken_as_released: true,
+            ..Faults::default()
+        })
+    };
+    let path = counterexample(model, &[NO_LEAK], depth());
+    eprintln!("counterexample, {} steps: {path:#?}", path.len());
+}
+
+/// A grant recorded at the size asked, not at what the service holds: a reserve whose
+/// answer was lost, an edit that asks for more GPUs, and the repeated reserve answered
+/// with the old reservation start the new spec's attempt on too few GPUs. The checker
+/// must find it (`a_reserve_repeated_after_an_edit_starts_nothing_on_the_old_size` is
+/// its trace, as a unit test).
+#[test]
+fn with_a_grant_recorded_as_asked_the_checker_finds_a_pod_running_without_quota() {
+    let model = Protocol {
+        quota_required: true,
+        max_failures: 0,
+        max_outages: 1,
+        ..Protocol::new(Faults {
+            records_size_asked: true,
+            ..Faults::default()
+        })
+    };
+    let path = counterexample(model, &[QUOTA_COVERS], depth());
+    eprintln!("counterexample, {} steps: {path:#?}", path.len());
 }
 
 /// A quota service that ignores fencing tokens: a release that lands late frees the

@@ -47,6 +47,10 @@ pub struct Faults {
     /// The node's kubelet is lost: a deleted pod that ran never stops (a world fault that
     /// does not end).
     pub node_lost: bool,
+    /// The executor takes a release that failed for one that went through.
+    pub release_failure_taken_as_released: bool,
+    /// The executor records a grant at the size asked, not at what the service holds.
+    pub records_size_asked: bool,
 }
 
 /// What a reconcile depends on besides the replica and the API server.
@@ -362,7 +366,21 @@ impl Replica {
             }
             // A quota call ends the plan: it is made again with the answer.
             Answer::Quota(answer) => {
-                heard.quota = Some(answer);
+                heard.quota = Some(match (answer, &write) {
+                    (QuotaAnswer::Reserved { id, gpus }, Write::Reserve { gpus: asked, .. }) => {
+                        if env.faults.records_size_asked {
+                            QuotaAnswer::Reserved { id, gpus: *asked }
+                        } else {
+                            QuotaAnswer::granted(id, Some(gpus), *asked)
+                        }
+                    }
+                    (QuotaAnswer::ReleaseFailed { .. }, _)
+                        if env.faults.release_failure_taken_as_released =>
+                    {
+                        QuotaAnswer::Released
+                    }
+                    (answer, _) => answer,
+                });
                 Flow::Replan
             }
             // An error ends the reconcile; it comes back with backoff.

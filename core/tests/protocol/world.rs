@@ -159,7 +159,8 @@ pub enum Answer {
     Done,
     /// The quota service's answer.
     Quota(QuotaAnswer),
-    /// A precondition failed, or the object is gone (409 / 404).
+    /// A precondition failed, the object is gone (409 / 404), or a reserve failed
+    /// (412, 503, a timeout): the executor returns an error, and the reconcile ends.
     Refused,
 }
 
@@ -206,6 +207,25 @@ pub struct QuotaService {
     /// A service that ignores the token (docs/quota-api.md allows it): late calls go
     /// through.
     pub ignores_tokens: bool,
+    /// How it answers now.
+    pub outage: Outage,
+    /// A replica heard a release fail (a 412, a 503, a timeout).
+    pub release_failed: bool,
+}
+
+/// How the quota service answers while a fault lasts (`Step::QuotaFault`).
+#[derive(Clone, Copy, Debug, Default, Hash, PartialEq, Eq)]
+pub enum Outage {
+    /// As docs/quota-api.md says.
+    #[default]
+    None,
+    /// At its quota: a reserve of a GpuJob that holds none is refused (409 with a
+    /// reason); a release goes through.
+    Full,
+    /// Down (a 503): a call does nothing.
+    Unavailable,
+    /// A call takes effect but its answer is lost (a timeout).
+    AnswersLost,
 }
 
 impl Api {
@@ -381,24 +401,53 @@ impl Api {
                 if *sequence < self.quota.fence && !self.quota.ignores_tokens {
                     return Answer::Refused;
                 }
+                match self.quota.outage {
+                    Outage::Unavailable => return Answer::Refused,
+                    Outage::Full if self.quota.held.is_none() => {
+                        self.quota.fence = self.quota.fence.max(*sequence);
+                        return Answer::Quota(QuotaAnswer::Refused {
+                            reason: "InsufficientQuota".into(),
+                            message: format!("no room for {gpus} GPUs"),
+                        });
+                    }
+                    _ => {}
+                }
                 self.quota.fence = self.quota.fence.max(*sequence);
                 // One reservation per uid: a repeated PUT returns it as it is, with the
                 // GPUs it holds (docs/quota-api.md, "Idempotency").
                 let gpus = *self.quota.held.get_or_insert(*gpus);
+                if self.quota.outage == Outage::AnswersLost {
+                    return Answer::Refused;
+                }
                 Answer::Quota(QuotaAnswer::Reserved {
                     id: "rsv-1".into(),
                     gpus,
                 })
             }
+            // The executor hands any failure of a release to the plan as an answer.
             Write::Release { sequence } => {
                 if *sequence < self.quota.fence && !self.quota.ignores_tokens {
-                    return Answer::Refused;
+                    return self.release_failed("412: it has seen a later call");
+                }
+                if self.quota.outage == Outage::Unavailable {
+                    return self.release_failed("503");
                 }
                 self.quota.fence = self.quota.fence.max(*sequence);
                 self.quota.held = None;
+                if self.quota.outage == Outage::AnswersLost {
+                    return self.release_failed("timed out");
+                }
                 Answer::Quota(QuotaAnswer::Released)
             }
         }
+    }
+
+    /// A release answered with a failure; noted when its sender hears it.
+    fn release_failed(&mut self, why: &str) -> Answer {
+        self.quota.release_failed |= !self.landing_late;
+        Answer::Quota(QuotaAnswer::ReleaseFailed {
+            message: why.to_owned(),
+        })
     }
 
     /// The GPUs the pods that can run ask for.

@@ -19,20 +19,14 @@ impl Execution<'_> {
         let answer = match self.ctx.writer.reserve(self.fence, req, sequence).await? {
             Reserve::Granted { id, gpus } => {
                 failpoint::hit("after-reserve");
-                // A reservation the service held already (a reserve whose answer was
-                // lost, a release that did not land) comes back as it is, whatever size
-                // is asked: one smaller than asked is recorded as it is, so that it does
-                // not count as covering more (the plan releases it and reserves anew once
-                // no pod runs). One larger covers what was asked, which is recorded:
-                // taken as held, a service that rounds grants up would be released and
-                // asked again and again.
-                let held = gpus.unwrap_or(req.gpus);
-                let recorded = held.min(req.gpus);
-                if held != req.gpus {
-                    warn!(reservation = %id, asked = req.gpus, held, recorded, "the quota service holds a reservation of another size than asked");
+                let answer = QuotaAnswer::granted(id, gpus, req.gpus);
+                if let QuotaAnswer::Reserved { id, gpus: recorded } = &answer {
+                    if gpus.is_some_and(|held| held != req.gpus) {
+                        warn!(reservation = %id, asked = req.gpus, held = gpus, recorded, "the quota service holds a reservation of another size than asked");
+                    }
+                    info!(reservation = %id, gpus = recorded, "GPU quota reserved");
                 }
-                info!(reservation = %id, gpus = recorded, "GPU quota reserved");
-                QuotaAnswer::Reserved { id, gpus: recorded }
+                answer
             }
             Reserve::Refused { reason, message } => {
                 self.ctx.metrics.quota_refusals.inc();

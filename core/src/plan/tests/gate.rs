@@ -717,6 +717,51 @@ mod quota_at_the_gate {
         assert_eq!(p.status.reservation_gpus, Some(8));
     }
 
+    #[test]
+    fn a_grant_is_recorded_no_larger_than_asked_nor_than_held() {
+        let gpus = |a: QuotaAnswer| match a {
+            QuotaAnswer::Reserved { gpus, .. } => gpus,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(gpus(QuotaAnswer::granted("r".into(), Some(1), 2)), 1);
+        assert_eq!(gpus(QuotaAnswer::granted("r".into(), Some(4), 2)), 2);
+        assert_eq!(gpus(QuotaAnswer::granted("r".into(), None, 2)), 2);
+    }
+
+    /// The protocol model's counterexample with the grant recorded at the size asked:
+    /// a reserve whose answer was lost, then an edit that asks for more GPUs. The
+    /// repeated reserve (the same fencing number) is answered with the reservation the
+    /// service made for the old size. Recorded as held, it covers no attempt of the new
+    /// spec: none starts on it, and it is released to be made anew.
+    #[test]
+    fn a_reserve_repeated_after_an_edit_starts_nothing_on_the_old_size() {
+        let mut g = gpujob(3);
+        g.metadata.finalizers = Some(vec![FINALIZER_QUOTA.to_owned()]);
+        let p = Seen::new(&g, &[]).with_quota(None).plan(T0);
+        let Some(Action::Reserve(req, sequence)) = p.actions.last().cloned() else {
+            panic!("{:?}", p.actions)
+        };
+        assert_eq!(req.gpus, 1);
+        // Its answer is lost; the spec now asks for 2.
+        let mut g2 = with_status(g, &p);
+        g2.spec.gpus = 2;
+        g2.metadata.generation = Some(2);
+        let p = Seen::new(&g2, &[]).with_quota(None).plan(T0);
+        assert_eq!(p.actions.last(), Some(&Action::Reserve(ReserveRequest { gpus: 2, ..req }, sequence)));
+        let held = QuotaAnswer::granted("r-1".into(), Some(1), 2);
+        let p = Seen::new(&g2, &[]).with_quota(Some(held)).plan(T0);
+        assert!(creates(&p).is_empty(), "{:?}", p.actions);
+        assert_eq!(p.status.reservation_gpus, Some(1));
+        let g2 = with_status(g2, &p);
+        let p = Seen::new(&g2, &[]).with_quota(None).read(&[]).plan(T0);
+        assert!(creates(&p).is_empty(), "{:?}", p.actions);
+        assert!(
+            matches!(p.actions.last(), Some(Action::Release(_))),
+            "{:?}",
+            p.actions
+        );
+    }
+
     /// A resize's release that failed (or whose answer was lost) may not have landed:
     /// the service may still hold the old size, and a PUT of the new one would return it
     /// unchanged. So nothing is reserved until the release is confirmed: the release is
