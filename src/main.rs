@@ -100,11 +100,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             let kube_client =
                 client::build(config.clone(), &identity, limits, Some(metrics.clone()), Some(rx.clone()))
                     .context("building the API client")?;
-            // Events have a budget of their own (they never take requests from reconciles),
-            // fenced like every other write.
-            let events_client =
-                client::build(config.clone(), &identity, event_limits, Some(metrics.clone()), Some(rx.clone()))
-                    .context("building the Events client")?;
+            // Events have a budget of their own (they never take requests from reconciles).
+            // They are queued only in the term that recorded what they report, and written
+            // even once the shard has moved: a new Event is safe when late, and the new
+            // holder sends none for a change already recorded.
+            let events_client = client::build(config.clone(), &identity, event_limits, Some(metrics.clone()), None)
+                .context("building the Events client")?;
             // The pods of dispatched attempts are written on the workers under the same Leases.
             let workers = &args.multikueue_workers;
             settings.multikueue =

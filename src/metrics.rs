@@ -279,7 +279,7 @@ impl Metrics {
             leader: IntGaugeVec::new(
                 Opts::new(
                     "leader_election_master_status",
-                    "1 while this replica holds the lease, else 0",
+                    "1 while this replica holds a Lease (with sharding, any shard's), else 0",
                 ),
                 &["name"],
             )?,
@@ -352,7 +352,7 @@ impl Metrics {
             gpujobs: IntGaugeVec::new(
                 Opts::new(
                     "gpujob_gpujobs",
-                    "GpuJobs by phase (reported by the Lease holder only)",
+                    "GpuJobs by phase, of the shards this replica holds (0 on a replica that holds none)",
                 ),
                 &["phase"],
             )?,
@@ -397,7 +397,7 @@ impl Metrics {
             )?,
             events: counters(
                 "gpujob_events_total",
-                "Events on GpuJobs: created, counted into a recent identical one (series), counted into an identical one still queued (aggregated), failed, dropped because the queue for Events other than state changes was full, or fenced (not sent: this replica no longer held the GpuJob's shard when its turn came)",
+                "Events on GpuJobs: created, counted into a recent identical one (series), counted into an identical one still queued (aggregated), failed, or dropped (the queue for Events other than state changes was full, or the writer had stopped at shutdown)",
                 &["result"],
             )?,
             events_queued: IntGaugeVec::new(

@@ -60,7 +60,12 @@ pub struct LeaseLapsed;
 /// Was `e` a write this replica's fence refused before sending it (the object's shard is
 /// no longer held, or the lease lapsed)?
 pub fn fenced(e: &kube::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    refused_by_fence(e)
+}
+
+/// Is `e`, or one of its causes, the fence's refusal?
+fn refused_by_fence(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
     while let Some(cause) = source {
         if cause.downcast_ref::<LeaseLapsed>().is_some() {
             return true;
@@ -169,7 +174,10 @@ where
             let method = req.method().as_str().to_owned();
             let started = Instant::now();
             let result = inner.call(req).await;
-            if let Some(m) = metrics {
+            // A write the fence refused was never sent: it is no request, and no
+            // transport error (`<error>` pages as one).
+            let sent = !matches!(&result, Err(e) if refused_by_fence(e.as_ref()));
+            if let Some(m) = metrics.filter(|_| sent) {
                 m.rate_limiter_wait.observe(waited.as_secs_f64());
                 let code = match &result {
                     Ok(res) => res.status().as_u16().to_string(),

@@ -49,9 +49,15 @@ async fn the_client_refuses_writes_outside_a_held_shards_tenure() {
     };
     let (own, rx) = watch::channel(held_until(Instant::now() + Duration::from_secs(3600)));
     let config = env.cluster.config(Identity::Admin).await.unwrap();
-    let client =
-        gpujob_operator::client::build(config, "fence", Default::default(), None, Some(rx))
-            .unwrap();
+    let metrics = gpujob_operator::metrics::Metrics::new();
+    let client = gpujob_operator::client::build(
+        config,
+        "fence",
+        Default::default(),
+        Some(metrics.clone()),
+        Some(rx),
+    )
+    .unwrap();
     let audit = env.cluster.audit();
     let start = audit.cursor().unwrap();
     let mine: Api<GpuJob> = Api::namespaced(client.clone(), &env.ns);
@@ -90,6 +96,14 @@ async fn the_client_refuses_writes_outside_a_held_shards_tenure() {
         vec![format!("create {}/a", env.ns)],
         "refused writes never reach the API server"
     );
+    // Nor are they counted as requests: `<error>` is a transport error, and pages.
+    let sent = |code: &str| {
+        metrics
+            .rest_requests
+            .with_label_values(&[code, "POST"])
+            .get()
+    };
+    assert_eq!((sent("201"), sent("<error>")), (1, 0));
 }
 
 #[tokio::test]

@@ -258,6 +258,93 @@ async fn a_frozen_holder_writes_nothing_for_its_lost_shards_and_does_not_take_th
     drop(rs);
 }
 
+/// State-change Events still queued when their shards move are written all the same,
+/// once each: replica-1 records 8 attempts started, its Events go out one every 5 s, and
+/// it is frozen past its Leases while most still wait; replica-2 takes every shard and
+/// sends none for changes already recorded; replica-1, resumed, writes the rest.
+#[tokio::test]
+async fn state_change_events_queued_when_their_shards_move_are_still_written() {
+    use k8s_openapi::api::events::v1::Event;
+    let env = TestEnv::private("shards-events").await;
+    let namespaces = shards::namespaces(&env, 4, 2).await;
+    let slow = ["--shards", "4", "--event-qps", "0.2", "--event-burst", "1"];
+    let one = replicas::start_everywhere(&env.cluster, &env.ns, 1, &slow, None);
+    wait_balanced(&env, 4, &["replica-1"], 4, Duration::from_secs(60)).await;
+    let vars = sim_env(&[("SIM_DURATION_SECONDS", "600")]);
+    for (ns, _) in &namespaces {
+        let api: Api<GpuJob> = Api::namespaced(env.admin.clone(), ns);
+        let gj: GpuJob = serde_json::from_value(json!({
+            "apiVersion": "gpujob.dev/v1", "kind": "GpuJob",
+            "metadata": {"name": "ev"},
+            "spec": {"image": "i", "gpus": 1, "env": vars},
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &gj).await.unwrap();
+    }
+    for (ns, _) in &namespaces {
+        let api: Api<GpuJob> = Api::namespaced(env.admin.clone(), ns);
+        devcluster::wait::until(
+            &format!("{ns}/ev: attempt 1 recorded"),
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || {
+                let api = api.clone();
+                async move {
+                    let gj = api.get("ev").await.ok()?;
+                    (gj.status?.attempts == 1).then_some(())
+                }
+            },
+        )
+        .await
+        .unwrap();
+    }
+    one.signal(Signal::SIGSTOP);
+    let events: Api<Event> = Api::all(env.admin.clone());
+    let started = || async {
+        let mut by_ns: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for e in events.list(&ListParams::default()).await.unwrap().items {
+            if e.reason.as_deref() == Some("AttemptStarted") {
+                let ns = e.metadata.namespace.clone().unwrap_or_default();
+                let by = e.reporting_instance.clone().unwrap_or_default();
+                by_ns.entry(ns).or_default().push(by);
+            }
+        }
+        by_ns
+    };
+    let two = replica(&env, 2, 4);
+    wait_balanced(&env, 4, &["replica-2"], 4, Duration::from_secs(60)).await;
+    let written_before = started().await.values().map(Vec::len).sum::<usize>();
+    assert!(
+        written_before < namespaces.len(),
+        "some Events must still wait when the shards move: {written_before} written"
+    );
+    one.signal(Signal::SIGCONT);
+    let all = devcluster::wait::until(
+        "an AttemptStarted Event on every GpuJob",
+        Duration::from_secs(90),
+        Duration::from_millis(250),
+        || async {
+            let all = started().await;
+            (all.len() == namespaces.len()).then_some(all)
+        },
+    )
+    .await
+    .unwrap();
+    // Nothing more comes: another round of the writer's budget, then count again.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let all_after = started().await;
+    assert_eq!(all, all_after);
+    for (ns, by) in &all_after {
+        assert_eq!(
+            by,
+            &["replica-1"],
+            "{ns}: one AttemptStarted Event, by replica-1"
+        );
+    }
+    println!("AttemptStarted Events written before the shards moved: {written_before} of 8");
+    drop((one, two));
+}
+
 #[tokio::test]
 async fn a_replica_with_another_shard_count_waits_while_the_established_one_works() {
     let env = TestEnv::private("shards-mixed").await;

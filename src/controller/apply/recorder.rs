@@ -12,9 +12,10 @@
 //!   it went through (on `--api-qps`; or, for `QuotaReleaseSkipped`, once per deleted
 //!   GpuJob), a handful per attempt. The writer takes one off every time, whether its
 //!   write succeeds or fails, so the lane holds a burst's state changes beyond what
-//!   `--event-qps` has written meanwhile (a few hundred bytes each): late. One is lost
-//!   only when its write fails (counted `failed`) or the process ends before it is
-//!   written (the lane is in memory). A lane longer than [`QUEUE_CAPACITY`] is logged,
+//!   `--event-qps` has written meanwhile (a few hundred bytes each): late, and written
+//!   also after its shard has moved (the new holder sends none for a change already
+//!   recorded). One is lost only when its write fails (counted `failed`) or the process
+//!   ends before it is written (the lane is in memory). A lane longer than [`QUEUE_CAPACITY`] is logged,
 //!   once per episode.
 //! - **Other Events** wait in a lane of [`QUEUE_CAPACITY`]. One identical to an Event
 //!   still waiting there (same GpuJob, type, reason and note) takes no slot: the waiting
@@ -50,8 +51,8 @@ use crate::controller::events::{Kind, Note};
 
 /// How long an Event can still be added to (as client-go and kube do).
 const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
-/// events.k8s.io refuses longer notes.
-const NOTE_LIMIT: usize = 1000;
+/// events.k8s.io refuses longer notes: 1024 bytes (Go's `len`), not characters.
+const NOTE_LIMIT: usize = 1024;
 /// Events other than state changes waiting to be written; beyond this, new ones are
 /// dropped (client-go's broadcaster queues 1000 too).
 pub const QUEUE_CAPACITY: usize = 1000;
@@ -76,7 +77,7 @@ impl Pending {
                 uid: gj.metadata.uid.clone().unwrap_or_default(),
                 kind: n.kind,
                 reason: n.reason,
-                note: n.note.chars().take(NOTE_LIMIT).collect(),
+                note: cut(&n.note, NOTE_LIMIT).to_owned(),
             },
             namespace: gj.metadata.namespace.clone().unwrap_or_default(),
             object: gj.metadata.name.clone().unwrap_or_default(),
@@ -85,6 +86,15 @@ impl Pending {
             count: 1,
         }
     }
+}
+
+/// The longest start of `s` of at most `limit` bytes that ends between characters.
+fn cut(s: &str, limit: usize) -> &str {
+    let mut end = s.len().min(limit);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -355,16 +365,6 @@ impl Sink {
             let (reason, uid) = (p.key.reason, p.key.uid.clone());
             match self.write(p).await {
                 Ok(result) => self.counts.with_label_values(&[result]).inc(),
-                // Its shard moved (a hand-over or a re-cut) or the lease lapsed: the
-                // holder now records what happens next; nothing was sent.
-                Err(e) if crate::client::fenced(&e) => {
-                    self.counts.with_label_values(&["fenced"]).inc();
-                    tracing::debug!(
-                        reason,
-                        gpujob_uid = uid,
-                        "Event not written: this replica no longer holds the GpuJob's shard"
-                    );
-                }
                 Err(e) => {
                     self.counts.with_label_values(&["failed"]).inc();
                     tracing::warn!(
@@ -706,7 +706,17 @@ mod tests {
     fn long_notes_are_cut_to_what_the_api_accepts() {
         let recorder = Recorder::new(1, Metrics::new().events);
         assert!(recorder.publish(&gpujob("a"), &note(&"x".repeat(5000))));
-        assert_eq!(drain(&recorder)[0].0.chars().count(), NOTE_LIMIT);
+        assert_eq!(drain(&recorder)[0].0.len(), NOTE_LIMIT);
+        // The API server counts bytes: a progress bar's "█" is three, and the cut ends
+        // between characters.
+        assert!(recorder.publish(&gpujob("a"), &note(&"█".repeat(1000))));
+        let cut = drain(&recorder)[0].0.clone();
+        assert!(
+            cut.len() <= NOTE_LIMIT && cut.len() > NOTE_LIMIT - 3,
+            "{}",
+            cut.len()
+        );
+        assert!(cut.chars().all(|c| c == '█'));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Every call that changes something: to the API server (Jobs, pods' scheduling gates,
 //! GpuJob status and finalizers, Events) and to the quota service. Each is fenced: it
 //! starts only while the reconcile's shard is still held in the same term and before
-//! that term's deadline.
+//! that term's deadline. Events are queued so, and written by their own client, which
+//! is not fenced: they report what the term recorded, and are written also after the
+//! shard moved.
 //!
 //! Which writes are safe when late (sent after the deadline anyway, by a process paused
 //! between the last fence check and the socket): status and finalizer patches carry the
@@ -214,9 +216,10 @@ impl Writer {
     }
 
     /// Queues Events on the GpuJob while the term holds; they are written in the
-    /// background (the Events client's fence refuses them once the shard is lost). An
-    /// Event that cannot be written is logged and dropped: it must never hold up the
-    /// work it describes.
+    /// background, also after the shard has moved (the Events client is not fenced: a
+    /// new Event is safe when late, and reports what this term recorded). An Event that
+    /// cannot be written is logged and dropped: it must never hold up the work it
+    /// describes.
     pub fn publish(&self, fence: &Fence, gj: &GpuJob, notes: &[Note]) {
         for n in notes {
             if self.check(fence).is_err() {

@@ -747,7 +747,13 @@ mod quota_at_the_gate {
         g2.spec.gpus = 2;
         g2.metadata.generation = Some(2);
         let p = Seen::new(&g2, &[]).with_quota(None).plan(T0);
-        assert_eq!(p.actions.last(), Some(&Action::Reserve(ReserveRequest { gpus: 2, ..req }, sequence)));
+        assert_eq!(
+            p.actions.last(),
+            Some(&Action::Reserve(
+                ReserveRequest { gpus: 2, ..req },
+                sequence
+            ))
+        );
         let held = QuotaAnswer::granted("r-1".into(), Some(1), 2);
         let p = Seen::new(&g2, &[]).with_quota(Some(held)).plan(T0);
         assert!(creates(&p).is_empty(), "{:?}", p.actions);
