@@ -60,6 +60,12 @@ pub struct GpuJobStatus {
     /// this is not a failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replacing_attempt: Option<i32>,
+    /// An attempt's Job was dispatched by MultiKueue: a pod of this GpuJob may run on a
+    /// worker cluster, so every read of its pods (before a gate goes, or quota is
+    /// released) reads the workers too. Recorded before any pod there is let go, and
+    /// kept: a worker may still run an earlier attempt's pod once its Job here is gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub multi_kueue_dispatched: bool,
     /// When the first attempt's Job was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>")]

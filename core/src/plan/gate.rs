@@ -13,9 +13,12 @@
 //!   current one, not replaced, not suspended, not finished;
 //! - the pod's Job is that attempt's Job, not being deleted, built from a generation the
 //!   update policy lets run (`Recreate` replaces an attempt of an older spec instead);
+//!   dispatched by MultiKueue, only once the status records that an attempt was
+//!   (`multiKueueDispatched`);
 //! - with external quota, a reservation is usable and covers the GPUs the Job asks for;
-//! - a read of the API server in this reconcile ([`Action::ReadPods`], a quorum list)
-//!   shows the pod waiting at the gate, and no pod of any other Job of the GpuJob that may
+//! - a read of the API server in this reconcile ([`Action::ReadPods`], a quorum list; on
+//!   the MultiKueue workers too once an attempt was dispatched there) shows the pod
+//!   waiting at the gate, and no pod of any other Job of the GpuJob that may
 //!   still run ([`SeenPod::may_run`]; one still gated counts, since a removal sent by a
 //!   deposed replica may still land on it).
 //!
@@ -67,7 +70,7 @@ impl Planner<'_, '_> {
             return;
         }
         let Some(pods) = self.obs.pods.as_ref() else {
-            self.ask(Action::ReadPods);
+            self.ask_pods();
             return;
         };
         if let Some(other) = pods.iter().find(|p| !p.of_job(job_uid) && p.may_run()) {
@@ -217,7 +220,10 @@ impl Planner<'_, '_> {
         // The attempt must be recorded before any of its pods runs: a crash after the
         // gate went must never find a running attempt the status does not name. The
         // status this plan writes records it; the next look lets the gate go.
+        // Nor may a pod on a MultiKueue worker run before the status says the workers are
+        // read: later reads (the next attempt's gate, a release) must see it there.
         if recorded.attempts != k
+            || (job.dispatched() && !recorded.multi_kueue_dispatched)
             || recorded.phase.is_some_and(Phase::is_final)
             || recorded.replacing_attempt == Some(k)
             || self.gj.spec.suspend
@@ -270,7 +276,7 @@ impl Planner<'_, '_> {
             return;
         }
         let Some(pods) = self.obs.pods.as_ref() else {
-            self.ask(Action::ReadPods);
+            self.ask_pods();
             return;
         };
         let deletes: Vec<(Action, Note)> = pods

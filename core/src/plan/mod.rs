@@ -323,7 +323,9 @@ pub enum Action {
     /// quota is released: the pod cache may lag, and a Job gone (deleted in the
     /// foreground) does not prove its pods are (the Job controller can create a pod for
     /// a Job whose deletion it has not seen yet). Ends the plan: the answer comes back.
-    ReadPods,
+    /// `workers`: on every MultiKueue worker cluster too (`status.multiKueueDispatched`,
+    /// or a dispatched Job or a worker's pod seen now).
+    ReadPods { workers: bool },
     /// Create the Job of `attempt` (stable name: a second create is refused while the
     /// first Job exists). Its pods come out gated. The API server may refuse it; then the
     /// plan is made again with the refusal.
@@ -419,7 +421,7 @@ impl Action {
             Action::Read(Read::ClaimTemplate { .. }) => "ReadClaimTemplate",
             Action::Reserve(..) => "Reserve",
             Action::Release(_) => "Release",
-            Action::ReadPods => "ReadPods",
+            Action::ReadPods { .. } => "ReadPods",
             Action::CreateJob { .. } => "CreateJob",
             Action::CreateService { .. } => "CreateService",
             Action::CreateClaimTemplate { .. } => "CreateClaimTemplate",
@@ -439,7 +441,7 @@ impl Action {
             self,
             Action::Reserve(..)
                 | Action::Release(_)
-                | Action::ReadPods
+                | Action::ReadPods { .. }
                 | Action::ReadTermStart
                 | Action::Read(_)
         )
@@ -459,7 +461,7 @@ impl Action {
             self,
             Action::Reserve(..)
                 | Action::Release(_)
-                | Action::ReadPods
+                | Action::ReadPods { .. }
                 | Action::CreateJob { .. }
                 | Action::CreateService { .. }
                 | Action::CreateClaimTemplate { .. }
@@ -631,6 +633,12 @@ impl<'a, 'o> Planner<'a, 'o> {
     fn new(obs: &'a Observed<'o>, settings: &'a PlanSettings) -> Planner<'a, 'o> {
         let gj = obs.gpujob;
         let current = gj.status.clone().unwrap_or_default();
+        let mut next = current.clone();
+        // Seen once, kept: the workers are read for this GpuJob from now on.
+        let on_worker = |p: &SeenPod| p.cluster.is_some();
+        next.multi_kueue_dispatched |= obs.jobs.iter().any(|j| j.dispatched())
+            || obs.cached_pods.iter().any(|p| on_worker(p))
+            || obs.pods.iter().flatten().any(on_worker);
         Planner {
             gj,
             obs,
@@ -638,7 +646,7 @@ impl<'a, 'o> Planner<'a, 'o> {
             now: seconds(obs.now),
             generation: gj.metadata.generation,
             name: gj.metadata.name.clone().unwrap_or_default(),
-            next: current.clone(),
+            next,
             recorded: current.clone(),
             current,
             actions: Vec::new(),
@@ -780,13 +788,20 @@ impl<'a, 'o> Planner<'a, 'o> {
         };
     }
 
+    /// Asks for the GpuJob's pods, on the MultiKueue workers too when a pod of it may be
+    /// there.
+    fn ask_pods(&mut self) {
+        let workers = self.next.multi_kueue_dispatched;
+        self.ask(Action::ReadPods { workers });
+    }
+
     /// Whether any of the GpuJob's pods may still run ([`SeenPod::may_run`]), from a pod
     /// read of this reconcile; without one, asks for it ([`Action::ReadPods`]). Pods are
     /// watched, but only a read is sure: while some remain, the GpuJob looks again with
     /// backoff (their end is an event too).
     fn pods_left(&mut self) -> PodsLeft {
         let Some(pods) = &self.obs.pods else {
-            self.ask(Action::ReadPods);
+            self.ask_pods();
             return PodsLeft::Asked;
         };
         match pods.iter().find(|p| p.may_run()) {

@@ -599,7 +599,7 @@ impl Action {
     pub fn reads(&self) -> bool {
         matches!(
             self,
-            Action::Read(_) | Action::Confirm | Action::ReadPods | Action::ReadTermStart
+            Action::Read(_) | Action::Confirm | Action::ReadPods { .. } | Action::ReadTermStart
         )
     }
 }

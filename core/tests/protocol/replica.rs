@@ -205,7 +205,7 @@ impl Replica {
                 self.gpujob = read;
                 return Flow::Replan;
             }
-            Action::ReadPods => {
+            Action::ReadPods { .. } => {
                 heard.pods = Some(api.pods.iter().map(seen_pod).collect());
                 return Flow::Replan;
             }

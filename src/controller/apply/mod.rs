@@ -207,8 +207,8 @@ impl Execution<'_> {
                 }
                 Action::Reserve(req, sequence) => return self.reserve(req, *sequence).await,
                 Action::Release(sequence) => return self.release(*sequence).await,
-                Action::ReadPods => {
-                    self.read_pods(key).await?;
+                Action::ReadPods { workers } => {
+                    self.read_pods(key, *workers).await?;
                     return Ok(End::Asked);
                 }
                 Action::CreateJob { attempt, job } => {

@@ -84,8 +84,8 @@ impl Reader {
     /// The pods labelled with GpuJob uid `uid`: a list without a resourceVersion, which
     /// the API server answers with what is current (a quorum read); on this cluster, and
     /// on every MultiKueue worker cluster the operator was given when `on_workers` (the
-    /// GpuJob has a Job dispatched, or the worker pod caches hold a pod of it: an attempt
-    /// dispatched before may still have pods stopping there). A worker's pods as the gate
+    /// plan's `Action::ReadPods`: an attempt of the GpuJob was dispatched, and may still
+    /// have pods stopping there). A worker's pods as the gate
     /// must see them
     /// ([`multikueue::as_managed`]), from the GpuJob's Jobs MultiKueue dispatched
     /// (`dispatched`: name and uid of each) and the worker's copies of them, read after
@@ -476,11 +476,10 @@ impl Execution<'_> {
         Ok(())
     }
 
-    /// The GpuJob's pods, for the next plan: on the worker clusters too when it has a
-    /// Job MultiKueue dispatched, or the worker pod caches hold a pod of it (one of an
-    /// attempt dispatched before, which may still be stopping there while the next
-    /// attempt runs here).
-    pub(super) async fn read_pods(&mut self, key: &Key) -> Result<(), Error> {
+    /// The GpuJob's pods, for the next plan: on the worker clusters too when the plan
+    /// asks (`on_workers`: an attempt was dispatched there, and may still be stopping
+    /// there while the next one runs here).
+    pub(super) async fn read_pods(&mut self, key: &Key, on_workers: bool) -> Result<(), Error> {
         self.ctx.writer.check(self.fence)?;
         let uid = self.gpujob.metadata.uid.as_deref().unwrap_or_default();
         let dispatched: Vec<(String, String)> = self
@@ -490,8 +489,6 @@ impl Execution<'_> {
             .filter(|j| j.dispatched())
             .filter_map(|j| Some((j.name.clone(), j.uid.clone()?)))
             .collect();
-        let on_workers =
-            !dispatched.is_empty() || self.snap.cached_pods.iter().any(|p| p.cluster.is_some());
         let pods = self
             .ctx
             .reader

@@ -242,7 +242,7 @@ fn a_pod_waiting_at_the_gate_is_read_then_let_go_on_the_version_read() {
     let p = Seen::new(&g, &jobs)
         .cached(std::slice::from_ref(&waiting))
         .plan(LATER);
-    assert_eq!(p.actions, vec![Action::ReadPods]);
+    assert_eq!(p.actions, vec![Action::ReadPods { workers: false }]);
     // The read shows it gated: let go, with the version read, and nothing else.
     let mut read = waiting.clone();
     read.resource_version = Some("999".into());

@@ -30,6 +30,21 @@ fn not_started(g: &GpuJob) -> Job {
     j
 }
 
+/// Attempt 1 recorded, then its Job seen dispatched by MultiKueue: the look that saw it
+/// recorded that too (`multiKueueDispatched`), before any pod there may go.
+fn attempt_one_dispatched() -> GpuJob {
+    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    assert!(!g.status.as_ref().unwrap().multi_kueue_dispatched);
+    let jobs = [not_started(&g)];
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .cached(&[on_worker(0)])
+        .plan(LATER);
+    assert!(p.status.multi_kueue_dispatched);
+    assert!(ungated_on(&p).is_empty(), "{:?}", p.actions);
+    with_status(g, &p)
+}
+
 /// Attempt 1's pod on the worker cluster `worker`, at the gate.
 fn on_worker(n: u8) -> SeenPod {
     SeenPod {
@@ -59,7 +74,7 @@ fn ungated_on(p: &Plan) -> Vec<(&str, Option<&str>)> {
 
 #[test]
 fn a_dispatched_attempts_pod_is_let_go_on_its_worker_only_when_the_operator_has_it() {
-    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let g = attempt_one_dispatched();
     let jobs = [dispatched(&g)];
     let waiting = on_worker(0);
     // Given the workers: the cache asks for a read, the read lets the pod go there.
@@ -67,7 +82,7 @@ fn a_dispatched_attempts_pod_is_let_go_on_its_worker_only_when_the_operator_has_
         .multikueue()
         .cached(std::slice::from_ref(&waiting))
         .plan(LATER);
-    assert_eq!(p.actions, vec![Action::ReadPods]);
+    assert_eq!(p.actions, vec![Action::ReadPods { workers: true }]);
     let p = with_worker_pod_read(&g, &jobs, &waiting);
     assert_eq!(ungated_on(&p), vec![("train-1-0", Some("worker"))]);
     assert_eq!(ready(&p).1, crate::status::JOB_RUNNING);
@@ -94,7 +109,7 @@ fn a_dispatched_attempts_pod_is_let_go_on_its_worker_only_when_the_operator_has_
 
 #[test]
 fn a_worker_pod_of_an_older_copy_of_the_job_holds_the_gate_until_it_is_gone() {
-    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let g = attempt_one_dispatched();
     let jobs = [dispatched(&g)];
     // MultiKueue dispatched the Job again (the worker evicted it, say): the first
     // copy's pod still runs there, its Job's uid not the live copy's.
@@ -120,7 +135,7 @@ fn a_worker_pod_of_an_older_copy_of_the_job_holds_the_gate_until_it_is_gone() {
 fn a_dispatched_attempt_that_needs_objects_of_this_cluster_is_not_let_go_there() {
     // Its pods would need its Service (multi-node) or its claim template (DRA): made
     // on this cluster only.
-    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let g = attempt_one_dispatched();
     let mut multi_node = dispatched(&g);
     let spec = multi_node.spec.as_mut().unwrap();
     spec.completion_mode = Some("Indexed".into());
@@ -146,7 +161,7 @@ fn a_dispatched_attempt_that_needs_objects_of_this_cluster_is_not_let_go_there()
 
 #[test]
 fn a_worker_pod_stopping_there_is_waited_for_without_a_node_of_this_cluster() {
-    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let g = attempt_one_dispatched();
     let jobs = [dispatched(&g)];
     // The older copy's pod is being deleted on the worker's node gpu-1; this cluster
     // may have a Node of that name, another machine.
@@ -189,7 +204,7 @@ fn a_worker_pod_stopping_there_is_waited_for_without_a_node_of_this_cluster() {
 fn an_attempt_whose_job_has_live_copies_on_two_workers_lets_no_pod_go() {
     // MultiKueue took worker-a for lost and dispatched the Job to worker-b; the copy on
     // worker-a still runs, and the read counts both copies' pods as the Job's.
-    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let g = attempt_one_dispatched();
     let jobs = [dispatched(&g)];
     let first = SeenPod {
         name: "train-1-a".into(),
@@ -265,7 +280,7 @@ fn a_stray_pod_on_a_worker_is_deleted_there() {
 
 #[test]
 fn a_dispatched_attempt_is_pending_until_its_copy_on_the_worker_has_started() {
-    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let g = attempt_one_dispatched();
     let jobs = [not_started(&g)];
     let p = Seen::new(&g, &jobs).multikueue().plan(LATER);
     assert_eq!(p.status.phase, Some(Phase::Pending));
@@ -307,7 +322,7 @@ fn a_dispatched_attempt_is_pending_until_its_copy_on_the_worker_has_started() {
 fn a_worker_pod_waits_while_the_management_job_is_still_suspended() {
     // MultiKueue made the copy, and its pod, before the manager's Kueue started the
     // Job here: letting it go now could let it end before the manager takes its status.
-    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let g = attempt_one_dispatched();
     let mut suspended = not_started(&g);
     suspended.spec.as_mut().unwrap().suspend = Some(true);
     let jobs = [suspended];
@@ -315,4 +330,63 @@ fn a_worker_pod_waits_while_the_management_job_is_still_suspended() {
     let p = with_worker_pod_read(&g, &jobs, &waiting);
     assert!(ungated_on(&p).is_empty(), "{:?}", p.actions);
     assert_eq!(ready(&p).1, crate::status::QUEUED);
+}
+
+#[test]
+fn a_dispatched_attempts_pod_goes_only_once_the_status_says_the_workers_are_read() {
+    let g = attempt_one(&in_queue(gpujob(3), "team"));
+    let jobs = [dispatched(&g)];
+    let waiting = on_worker(0);
+    // Not recorded yet: this look records it, and lets nothing go.
+    let p = with_worker_pod_read(&g, &jobs, &waiting);
+    assert!(ungated_on(&p).is_empty(), "{:?}", p.actions);
+    assert!(p.status.multi_kueue_dispatched);
+    // The next look, from the status written: the pod goes.
+    let g = with_status(g, &p);
+    let p = with_worker_pod_read(&g, &jobs, &waiting);
+    assert_eq!(ungated_on(&p), vec![("train-1-0", Some("worker"))]);
+}
+
+/// Attempt 1 ran on a worker; the queue now runs attempt 2 on this cluster. Attempt 1's
+/// Job is gone here, and the worker pod cache may not have the copy's pod (its watch
+/// still listing, or cut off): the status alone says the workers must be read, and the
+/// pod still stopping there holds attempt 2's.
+#[test]
+fn a_later_attempt_on_this_cluster_reads_the_workers_an_earlier_one_ran_on() {
+    let mut g = attempt_one_dispatched();
+    if let Some(s) = g.status.as_mut() {
+        s.attempts = 2;
+        s.active_job = Some("train-2".into());
+    }
+    // Admitted by a queue of this cluster.
+    let mut two = made(&g, 2);
+    two.spec.as_mut().unwrap().suspend = Some(false);
+    let jobs = [two];
+    let here = pod(2, 0);
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .cached(std::slice::from_ref(&here))
+        .plan(LATER);
+    assert_eq!(p.actions, vec![Action::ReadPods { workers: true }]);
+    let stopping = SeenPod {
+        gated: false,
+        bound: true,
+        deleting: true,
+        job_uid: Some("worker-copy-1".into()),
+        ..on_worker(9)
+    };
+    let p = Seen::new(&g, &jobs)
+        .multikueue()
+        .cached(std::slice::from_ref(&here))
+        .read(&[here.clone(), stopping])
+        .plan(LATER);
+    assert!(ungated_on(&p).is_empty(), "{:?}", p.actions);
+    assert_eq!(ready(&p).1, crate::plan::OLD_ATTEMPT_STOPPING);
+    // A GpuJob never dispatched reads this cluster only.
+    let local = attempt_one(&gpujob(3));
+    let p = Seen::new(&local, &[made(&local, 1)])
+        .multikueue()
+        .cached(&[pod(1, 0)])
+        .plan(LATER);
+    assert_eq!(p.actions, vec![Action::ReadPods { workers: false }]);
 }
