@@ -304,7 +304,7 @@ impl Planner<'_, '_> {
                         ConditionStatus::True,
                         "ReleaseFailing",
                         format!(
-                            "releasing GPU quota has failed since {since}: {message}; the finalizer stays; set {ANNOTATION_SKIP_RELEASE}=\"true\" to let deletion finish without it"
+                            "releasing GPU quota has failed since {since}: {message}; the finalizer stays; once the GpuJob is deleted, {ANNOTATION_SKIP_RELEASE}=\"true\" lets deletion finish without it"
                         ),
                     );
                 }

@@ -796,6 +796,11 @@ mod tests {
                 "kubernetes.io/hostname",
             ),
             (
+                json!({"spec": {"schedulingGroup": {"podGroupName": "team-gang"}}}),
+                "spec.template.spec.schedulingGroup",
+                "named after its Job",
+            ),
+            (
                 json!({"spec": {"containers": [{"name": "side", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}),
                 "spec.template.spec.containers[0].resources.limits[\"nvidia.com/gpu\"]",
                 "spec.resources.gpus",

@@ -195,6 +195,15 @@ fn template_owned_fields(
             "a pod bound to a node cannot wait at the operator's scheduling gate; choose the node with spec.nodeSelector (kubernetes.io/hostname)",
         );
     }
+    if pod.scheduling_group.is_some() {
+        // A multi-node attempt's PodGroup is the operator's, made for each attempt and
+        // named after its Job: one name for every attempt would be held by the kept Job
+        // of the one before, and the next attempt would never start.
+        return err(
+            at("spec.schedulingGroup"),
+            "the operator sets it: a multi-node attempt's pods form a gang named after its Job (--gang-scheduling)",
+        );
+    }
     if pod.service_account_name.is_some() || pod.service_account.is_some() {
         let field = if pod.service_account_name.is_some() {
             "spec.serviceAccountName"
