@@ -92,17 +92,22 @@ impl Facts {
             .filter(|c| c.status == crate::api::ConditionStatus::True)
             .map(|c| c.last_transition_time);
         let phase = status.and_then(|s| s.phase);
+        let deleting = gj.metadata.deletion_timestamp.is_some();
         let waiting = ready
             .map(|c| c.reason.as_str())
+            // A finished GpuJob waits on nothing; one being deleted may wait for a pod on
+            // a lost node before its quota is released.
+            .filter(|r| {
+                !phase.is_some_and(Phase::is_final) || (deleting && *r == WAITING_FOR_LOST_NODE)
+            })
             .and_then(|r| WAITING_REASONS.iter().position(|w| *w == r))
-            .filter(|_| !phase.is_some_and(Phase::is_final))
             .map_or(0, |i| u8::try_from(i + 1).unwrap_or(0));
         let phase_label = phase.map_or("Unknown", phase_label);
         let mut flags = 0;
         if matches!(phase, None | Some(Phase::Pending)) {
             flags |= PENDING;
         }
-        if gj.metadata.deletion_timestamp.is_some() {
+        if deleting {
             flags |= DELETING;
         }
         if stuck.is_some_and(|c| c.status == crate::api::ConditionStatus::True) {
@@ -188,7 +193,14 @@ pub fn snapshot(
         if gj.flags & CLEANUP != 0 {
             snap.cleanup_stuck += 1;
         }
+        let waiting = usize::from(gj.waiting)
+            .checked_sub(1)
+            .and_then(|i| WAITING_REASONS.get(i).copied());
         if gj.flags & DELETING != 0 {
+            // Its deletion waits for a pod on a lost node (its release does).
+            if let Some(reason @ WAITING_FOR_LOST_NODE) = waiting {
+                *snap.waiting.entry(reason).or_default() += 1;
+            }
             continue;
         }
         let phase = PHASES
@@ -196,9 +208,6 @@ pub fn snapshot(
             .copied()
             .unwrap_or("Unknown");
         *snap.by_phase.entry(phase).or_default() += 1;
-        let waiting = usize::from(gj.waiting)
-            .checked_sub(1)
-            .and_then(|i| WAITING_REASONS.get(i).copied());
         if let Some(reason) = waiting {
             *snap.waiting.entry(reason).or_default() += 1;
         }
@@ -385,6 +394,43 @@ mod tests {
         assert_eq!(snap.by_phase["Running"], 0, "not counted by phase");
         assert_eq!(snap.unconverged, 0);
         assert_eq!(Facts::from_bytes(&[0; Facts::LEN - 1]), None, "cut short");
+    }
+
+    #[test]
+    fn a_gpujob_being_deleted_counts_as_waiting_only_for_a_lost_node() {
+        let at = |phase, reason| {
+            let mut g = gj(
+                "d",
+                1,
+                Some(status(phase, 1, reason, "2026-11-30T06:00:00Z")),
+            );
+            g.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:05:00Z")));
+            g
+        };
+        let snap = snapshot_at(
+            &[
+                at(Phase::Succeeded, WAITING_FOR_LOST_NODE),
+                at(Phase::Running, WAITING_FOR_LOST_NODE),
+                at(Phase::Pending, "BackingOff"),
+            ],
+            "2026-11-30T06:06:00Z",
+        );
+        assert_eq!(snap.waiting[WAITING_FOR_LOST_NODE], 2);
+        assert_eq!(snap.waiting["BackingOff"], 0);
+        assert_eq!(snap.by_phase["Succeeded"] + snap.by_phase["Running"], 0);
+        // Not being deleted, a finished GpuJob waits on nothing.
+        let done = gj(
+            "f",
+            1,
+            Some(status(
+                Phase::Succeeded,
+                1,
+                WAITING_FOR_LOST_NODE,
+                "2026-11-30T06:00:00Z",
+            )),
+        );
+        let snap = snapshot_at(&[done], "2026-11-30T06:06:00Z");
+        assert_eq!(snap.waiting[WAITING_FOR_LOST_NODE], 0);
     }
 
     #[test]

@@ -165,3 +165,89 @@ async fn a_next_attempt_held_by_a_lost_nodes_pod_says_so_and_runs_once_it_is_out
         .unwrap();
     node.remove(&env).await;
 }
+
+/// A GpuJob holding a quota reservation, deleted while its pod is on a lost node: the
+/// release (and with it the finalizer, so the deletion) waits for that pod, and Ready
+/// says which node holds it. Once a person marks the node out of service, the pod goes,
+/// the reservation is released, and the GpuJob is gone.
+#[tokio::test]
+async fn a_deleted_gpujob_held_by_a_lost_nodes_pod_says_so_and_goes_once_it_is_out_of_service() {
+    use crate::support::quota::FakeQuota;
+    let env = TestEnv::new("lost-node-del").await;
+    let fake = FakeQuota::start().await;
+    let token = crate::support::namespace_temp(crate::support::QUOTA_TOKEN, &env.ns);
+    let mut settings = env.settings();
+    settings.quota = fake.provider(&token);
+    let node = OwnNode::create(&env, 1).await;
+    let op = env.operator("lost-node-del", settings).await;
+    let mut spec = node.place(json!({
+        "image": "i", "gpus": 1,
+        "env": sim_env(&[("SIM_DURATION_SECONDS", "3600"), ("SIM_TERMINATION_SECONDS", "3600")]),
+    }));
+    spec["v2"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(3600);
+    let gj = env.create("train", spec).await;
+    let uid = gj.metadata.uid.clone().unwrap();
+    env.wait_gpujob("train", "Running", |g| phase(g) == Some(Phase::Running))
+        .await;
+    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    let selector = format!("{LABEL_UID}={uid}");
+    let (pod, lost) = devcluster::wait::until(
+        "the pod bound",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            let pods = pods.clone();
+            let selector = selector.clone();
+            async move {
+                let list = pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .ok()?;
+                let pod = list.items.into_iter().next()?;
+                let node = pod.spec.as_ref()?.node_name.clone()?;
+                Some((pod.metadata.name.clone()?, node))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(fake.live().contains_key(&uid), "reserved");
+
+    lose(env.admin.clone(), &lost).await.unwrap();
+    env.gpujobs()
+        .delete("train", &DeleteParams::default())
+        .await
+        .unwrap();
+    let waiting = env
+        .wait_gpujob("train", "the deletion waiting for the lost node", |g| {
+            ready(g).is_some_and(|(_, reason, _)| reason == "WaitingForLostNode")
+        })
+        .await;
+    let (_, _, message) = ready(&waiting).unwrap();
+    for words in [
+        "GPU quota released, only once",
+        pod.as_str(),
+        &format!("node {lost}"),
+        "out-of-service",
+    ] {
+        assert!(message.contains(words), "{words}: {message}");
+    }
+    assert!(fake.live().contains_key(&uid), "not released under the pod");
+
+    mark_out_of_service(env.admin.clone(), &lost).await.unwrap();
+    let gpujobs = env.gpujobs();
+    devcluster::wait::until(
+        "the GpuJob gone once the node is out of service",
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        || {
+            let gpujobs = gpujobs.clone();
+            async move { gpujobs.get_opt("train").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!fake.live().contains_key(&uid), "released");
+    op.stop().await;
+    node.remove(&env).await;
+}

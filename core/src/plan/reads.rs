@@ -117,6 +117,12 @@ impl NodeHealth {
     /// What Ready says while attempt `k` waits for `pod`, being deleted on this lost
     /// node: which node, and what a person does about it.
     pub(super) fn waiting_message(&self, k: i32, pod: &SeenPod) -> String {
+        self.stopping_message(&format!("attempt {k} starts"), pod)
+    }
+
+    /// What waits (`waits`, e.g. "attempt 2 starts") for `pod`, being deleted on this
+    /// node, and what to do.
+    pub(super) fn stopping_message(&self, waits: &str, pod: &SeenPod) -> String {
         let of = pod
             .attempt
             .map_or_else(String::new, |a| format!(" (attempt {a})"));
@@ -131,7 +137,7 @@ impl NodeHealth {
         };
         let name = &self.name;
         format!(
-            "attempt {k} starts once pod {}{of} is gone: it is being deleted on node {name}, which {how}, so nothing confirms that it stopped; once the node is known to be down, mark it out of service (kubectl taint nodes {name} node.kubernetes.io/out-of-service=nodeshutdown:NoExecute) and its pods are deleted",
+            "{waits} once pod {}{of} is gone: it is being deleted on node {name}, which {how}, so nothing confirms that it stopped; once the node is known to be down, mark it out of service (kubectl taint nodes {name} node.kubernetes.io/out-of-service=nodeshutdown:NoExecute) and its pods are deleted",
             pod.name
         )
     }
@@ -316,6 +322,12 @@ impl Planner<'_, '_> {
             due.push(Read::ClaimTemplate { attempt, name });
         }
         due.retain(|r| !self.obs.reads.made(r));
+        if deleting && due.is_empty() && self.release_waits_on_deletion() {
+            // Its release waits for its pods: one being deleted on a node that cannot
+            // confirm the stop is said (`settle_deletion`).
+            due.extend(self.nodes_stopping_pods());
+            due.retain(|r| !self.obs.reads.made(r));
+        }
         if !due.is_empty() || deleting {
             return due;
         }
@@ -371,18 +383,27 @@ impl Planner<'_, '_> {
         // that node can still stop it (from the pod cache, so it is read with the reads
         // above, not in a round of its own after the pod read).
         if !self.current.phase.is_some_and(Phase::is_final) {
-            let mut nodes: Vec<&str> = self
-                .obs
-                .cached_pods
-                .iter()
-                .filter_map(|p| p.stopping_on())
-                .collect();
-            nodes.sort_unstable();
-            nodes.dedup();
-            due.extend(nodes.into_iter().map(|n| Read::Node { name: n.to_owned() }));
+            due.extend(self.nodes_stopping_pods());
         }
         due.retain(|r| !self.obs.reads.made(r));
         due
+    }
+
+    /// A read of each Node a cached pod of the GpuJob is being deleted on while it may
+    /// still run there.
+    fn nodes_stopping_pods(&self) -> Vec<Read> {
+        let mut nodes: Vec<&str> = self
+            .obs
+            .cached_pods
+            .iter()
+            .filter_map(|p| p.stopping_on())
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+            .into_iter()
+            .map(|n| Read::Node { name: n.to_owned() })
+            .collect()
     }
 
     /// Whether the ResourceClaims of `attempt` (its Job `job`, uid `job_uid`) are to be

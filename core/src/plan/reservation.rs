@@ -25,8 +25,8 @@
 use jiff::SignedDuration;
 
 use super::{
-    Action, CLAIM_TEMPLATE_NAME_CONFLICT, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT, Next,
-    Planner, PodsLeft, QuotaAnswer,
+    Action, CLAIM_TEMPLATE_NAME_CONFLICT, FinalizerRemoval, INVALID_SPEC, JOB_NAME_CONFLICT,
+    LOST_NODE_RECHECK, Next, Planner, PodsLeft, QuotaAnswer,
 };
 use crate::api::{
     ANNOTATION_SKIP_RELEASE, ConditionStatus, GpuJobStatus, Phase, QuotaCall, QuotaOp,
@@ -34,7 +34,8 @@ use crate::api::{
 use crate::events::{Kind, Note};
 use crate::quota::ReserveRequest;
 use crate::status::{
-    CLEANUP_STUCK, QUOTA_PENDING, QUOTA_REFUSED, QUOTA_RESERVED, remove_condition, set_condition,
+    CLEANUP_STUCK, QUOTA_PENDING, QUOTA_REFUSED, QUOTA_RESERVED, WAITING_FOR_LOST_NODE,
+    remove_condition, set_condition,
 };
 
 impl Planner<'_, '_> {
@@ -222,14 +223,7 @@ impl Planner<'_, '_> {
                 .push(Action::RemoveFinalizer(FinalizerRemoval::QuotaDisabled));
             return;
         }
-        let skip = self
-            .gj
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_SKIP_RELEASE))
-            .is_some_and(|v| v == "true");
-        if skip {
+        if self.release_skip_asked() {
             let uid = self.gj.metadata.uid.as_deref().unwrap_or_default();
             let id = self
                 .current
@@ -250,6 +244,7 @@ impl Planner<'_, '_> {
         // The reservation covers the attempt's pods: it goes only once they are gone
         // (their Jobs first, then the pods themselves, read).
         if self.stop_jobs_of_deleted() {
+            self.deletion_waits_for_lost_node();
             return;
         }
         // A pod waiting at the gate that no Job of the GpuJob takes (ownerless, or of a
@@ -263,9 +258,42 @@ impl Planner<'_, '_> {
             return;
         }
         if self.pods_left() != PodsLeft::None {
+            self.deletion_waits_for_lost_node();
             return;
         }
         self.settle_release(true, "GPU quota released".to_owned());
+    }
+
+    /// Whether a deleted GpuJob's quota release (and so its finalizer) waits for its
+    /// Jobs and pods to go.
+    pub(super) fn release_waits_on_deletion(&self) -> bool {
+        self.obs.quota_required && self.gj.holds_quota_finalizer() && !self.release_skip_asked()
+    }
+
+    /// An administrator asked for deletion without a release ([`ANNOTATION_SKIP_RELEASE`]).
+    fn release_skip_asked(&self) -> bool {
+        self.gj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_SKIP_RELEASE))
+            .is_some_and(|v| v == "true")
+    }
+
+    /// A deleted GpuJob whose release waits for a pod being deleted on a node that cannot
+    /// confirm its stop (not Ready, or gone): Ready says so, as the gate does for the
+    /// next attempt (and `gpujob_waiting{reason="WaitingForLostNode"}` counts it), and it
+    /// is looked at again in a while: nothing watches Nodes.
+    fn deletion_waits_for_lost_node(&mut self) {
+        let Some((pod, node)) = self.lost_pod(|_| true) else {
+            return;
+        };
+        let message = node.stopping_message(
+            "the GpuJob is deleted, and its GPU quota released, only",
+            pod,
+        );
+        self.ready(ConditionStatus::False, WAITING_FOR_LOST_NODE, message);
+        self.requeue = Next::After(LOST_NODE_RECHECK);
     }
 
     /// Releases the reservation, or records what the release answered. A release that

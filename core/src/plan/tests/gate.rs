@@ -125,7 +125,7 @@ impl<'a> Seen<'a> {
         self
     }
 
-    fn with_quota(mut self, answer: Option<QuotaAnswer>) -> Self {
+    pub(super) fn with_quota(mut self, answer: Option<QuotaAnswer>) -> Self {
         self.quota = true;
         self.answer = answer;
         self

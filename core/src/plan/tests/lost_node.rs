@@ -237,3 +237,80 @@ fn an_old_attempts_job_whose_pod_is_on_a_lost_node_says_so() {
     let p = with(vec![other], Some(NodeState::Gone));
     assert_eq!(ready(&p).1, OLD_ATTEMPT_STOPPING);
 }
+
+/// A deleted GpuJob holding a quota reservation: its Job, deleted in the foreground,
+/// waits for a pod being deleted on a node that is not Ready. The release (and with it
+/// the finalizer, so the deletion) waits for that pod; the plan reads the Node and Ready
+/// says which node holds it, as it does for a next attempt.
+#[test]
+fn a_deleted_gpujobs_release_says_which_lost_node_holds_it() {
+    let mut g = running(&gpujob(3), 1, 0);
+    g.metadata.finalizers = Some(vec![crate::api::FINALIZER_QUOTA.into()]);
+    if let Some(s) = g.status.as_mut() {
+        s.reservation_id = Some("r-1".into());
+        s.reservation_gpus = Some(1);
+    }
+    g.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:05:00Z")));
+    let mut going = made(&g, 1);
+    going.metadata.deletion_timestamp = Some(Time(t("2026-11-30T06:05:01Z")));
+    let jobs = [going];
+    let pod = stopping(placed(1));
+    let node_reads = |p: &Plan| {
+        p.actions
+            .iter()
+            .filter(|a| matches!(a, Action::Read(Read::Node { .. })))
+            .count()
+    };
+    let released = |p: &Plan| p.actions.iter().any(|a| matches!(a, Action::Release(_)));
+    // Its Node is read.
+    let p = Seen::new(&g, &jobs)
+        .with_quota(None)
+        .cached(std::slice::from_ref(&pod))
+        .reads(Reads::default())
+        .plan(LATER);
+    assert_eq!(node_reads(&p), 1, "{:?}", p.actions);
+    // Not Ready: said, nothing released, looked at again in a while.
+    let p = Seen::new(&g, &jobs)
+        .with_quota(None)
+        .cached(std::slice::from_ref(&pod))
+        .node(NODE, Some(not_ready("Unknown", "NodeStatusUnknown")))
+        .plan(LATER);
+    assert!(!released(&p), "{:?}", p.actions);
+    let c = p.status.condition(READY).unwrap();
+    assert_eq!(c.reason, WAITING_FOR_LOST_NODE);
+    for words in [
+        "the GpuJob is deleted, and its GPU quota released, only once pod train-1-0 (attempt 1) is gone",
+        "node gpu-7",
+        "out-of-service",
+    ] {
+        assert!(c.message.contains(words), "{words}: {}", c.message);
+    }
+    assert_eq!(p.next, Next::After(LOST_NODE_RECHECK));
+    // The Job gone, the pod read still stopping there: the same.
+    let p = Seen::new(&g, &[])
+        .with_quota(None)
+        .cached(std::slice::from_ref(&pod))
+        .read(std::slice::from_ref(&pod))
+        .node(NODE, Some(NodeState::Gone))
+        .plan(LATER);
+    assert!(!released(&p), "{:?}", p.actions);
+    assert_eq!(ready(&p).1, WAITING_FOR_LOST_NODE);
+    // A Ready node stops the pod itself: nothing said of a node.
+    let p = Seen::new(&g, &jobs)
+        .with_quota(None)
+        .cached(std::slice::from_ref(&pod))
+        .node(NODE, Some(NodeState::Ready))
+        .plan(LATER);
+    let reason = p.status.condition(READY).map(|c| c.reason.clone());
+    assert_ne!(reason.as_deref(), Some(WAITING_FOR_LOST_NODE));
+    // Without the finalizer (no quota to release) the deletion waits on nothing of the
+    // operator's: no Node is read.
+    let mut free = g.clone();
+    free.metadata.finalizers = None;
+    let p = Seen::new(&free, &jobs)
+        .with_quota(None)
+        .cached(std::slice::from_ref(&pod))
+        .reads(Reads::default())
+        .plan(LATER);
+    assert_eq!(node_reads(&p), 0, "{:?}", p.actions);
+}
