@@ -19,14 +19,7 @@ pub const CONTROLLER: &str = "gpujob";
 /// The reconcile results of `controller_runtime_reconcile_total`.
 pub const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
 /// `gpujob_events_total` results.
-pub const EVENT_RESULTS: [&str; 6] = [
-    "created",
-    "series",
-    "aggregated",
-    "failed",
-    "dropped",
-    "fenced",
-];
+pub const EVENT_RESULTS: [&str; 5] = ["created", "series", "aggregated", "failed", "dropped"];
 /// `gpujob_events_queued` lanes.
 pub const EVENT_LANES: [&str; 2] = ["state_change", "other"];
 /// `gpujob_watch_objects_total` resources.

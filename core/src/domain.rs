@@ -17,8 +17,9 @@ use crate::status::{
 
 /// Ready reasons of a GpuJob that waits on purpose: not stuck, with metrics of its own.
 /// `Queued`: Kueue holds the attempt, as its ClusterQueue's quota and policy say.
-/// `WaitingForLostNode`: the next attempt waits for an old pod on a node that is not
-/// Ready; only a person ends it (its own alert, `GpuJobWaitingForLostNode`).
+/// `WaitingForLostNode`: the next attempt (or a deleted GpuJob's quota release, which
+/// alone of a deleted GpuJob's reasons is counted) waits for an old pod on a node that is
+/// not Ready; only a person ends it (its own alert, `GpuJobWaitingForLostNode`).
 pub const WAITING_REASONS: [&str; 6] = [
     BACKING_OFF,
     QUOTA_REFUSED,

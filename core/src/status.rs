@@ -22,10 +22,14 @@ pub const SUSPENDED: &str = "Suspended";
 /// Ready reason: kube-scheduler finds no node for the running attempt's pod (too few
 /// free GPUs, a selector nothing matches); the GpuJob is Pending until one frees up.
 pub const UNSCHEDULABLE: &str = "Unschedulable";
-/// Ready reason: the next attempt waits for a pod being deleted on a node that is not
-/// Ready (or gone), whose kubelet cannot confirm the stop; a person ends the wait
-/// (docs/runbooks.md#gpujobwaitingforlostnode).
+/// Ready reason: the next attempt (or a deleted GpuJob's quota release) waits for a pod
+/// being deleted on a node that is not Ready (or gone), whose kubelet cannot confirm the
+/// stop; a person ends the wait (docs/runbooks.md#gpujobwaitingforlostnode).
 pub const WAITING_FOR_LOST_NODE: &str = "WaitingForLostNode";
+/// Ready reason: a GpuJob being deleted whose quota release waits for its pods, which
+/// their nodes are stopping; said only in place of a [`WAITING_FOR_LOST_NODE`] that no
+/// longer holds (the node came back).
+pub const DELETING: &str = "Deleting";
 /// Ready reason: a Service the operator did not make holds the name of a multi-node
 /// attempt's Service; its Job waits, not started, and the GpuJob looks again in a while.
 pub const SERVICE_NAME_CONFLICT: &str = "ServiceNameConflict";

@@ -93,7 +93,7 @@ async fn writes_echoed_out_of_order_cost_no_second_patch_and_no_conflict() {
 }
 
 /// Waits until `n` Events have left the harness' Event queue (written, counted into a
-/// series, failed, dropped or fenced) or were counted into an identical one that has:
+/// series, failed or dropped) or were counted into an identical one that has:
 /// each published Event counts once under one of these results.
 async fn settled(h: &Harness, n: u64) {
     wait::until(

@@ -297,9 +297,10 @@ impl Planner<'_, '_> {
     /// the Jobs' first, then (with them answered) those about an attempt's pods or
     /// Workload. Empty: decide.
     ///
-    /// A GpuJob being deleted reads only its recorded attempt's Job: a Job taken for gone
-    /// is neither deleted nor waited for, and its pods (which it may still make) would
-    /// hold no reservation once it is released.
+    /// A GpuJob being deleted reads only its recorded attempt's Job (a Job taken for gone
+    /// is neither deleted nor waited for, and its pods, which it may still make, would
+    /// hold no reservation once it is released) and, while its release waits for its
+    /// pods, the Nodes they are being deleted on.
     pub(super) fn reads_due(&self) -> Vec<Read> {
         let status = &self.current;
         let k = status.attempts;

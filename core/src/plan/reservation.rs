@@ -34,7 +34,7 @@ use crate::api::{
 use crate::events::{Kind, Note};
 use crate::quota::ReserveRequest;
 use crate::status::{
-    CLEANUP_STUCK, QUOTA_PENDING, QUOTA_REFUSED, QUOTA_RESERVED, WAITING_FOR_LOST_NODE,
+    CLEANUP_STUCK, DELETING, QUOTA_PENDING, QUOTA_REFUSED, QUOTA_RESERVED, WAITING_FOR_LOST_NODE,
     remove_condition, set_condition,
 };
 
@@ -215,6 +215,36 @@ impl Planner<'_, '_> {
     /// A GpuJob being deleted: the finalizer goes once the release is confirmed (or an
     /// administrator waived it, or quota is switched off).
     pub(super) fn settle_deletion(&mut self) {
+        if !self.release_waits_on_deletion() {
+            self.settle_deletion_without_release();
+            return;
+        }
+        // The reservation covers the attempt's pods: it goes only once they are gone
+        // (their Jobs first, then the pods themselves, read).
+        if self.stop_jobs_of_deleted() {
+            self.deletion_waits_for_pods();
+            return;
+        }
+        // A pod waiting at the gate that no Job of the GpuJob takes (ownerless, or of a
+        // finished Job) is deleted here: the garbage collector takes it only once the
+        // GpuJob is gone, which waits for this release.
+        let planned = self.actions.len();
+        self.stop_stray_pods(None);
+        if self.actions.len() > planned {
+            // Looked at again with backoff: an ownerless pod's end queues no GpuJob.
+            self.requeue = Next::Backoff;
+            return;
+        }
+        if self.pods_left() != PodsLeft::None {
+            self.deletion_waits_for_pods();
+            return;
+        }
+        self.settle_release(true, "GPU quota released".to_owned());
+    }
+
+    /// A GpuJob being deleted with nothing to release: its finalizer, if it holds it,
+    /// goes (quota switched off, or an administrator waived the release).
+    fn settle_deletion_without_release(&mut self) {
         if !self.gj.holds_quota_finalizer() {
             return;
         }
@@ -239,29 +269,7 @@ impl Planner<'_, '_> {
             }));
             self.actions
                 .push(Action::RemoveFinalizer(FinalizerRemoval::ReleaseSkipped));
-            return;
         }
-        // The reservation covers the attempt's pods: it goes only once they are gone
-        // (their Jobs first, then the pods themselves, read).
-        if self.stop_jobs_of_deleted() {
-            self.deletion_waits_for_lost_node();
-            return;
-        }
-        // A pod waiting at the gate that no Job of the GpuJob takes (ownerless, or of a
-        // finished Job) is deleted here: the garbage collector takes it only once the
-        // GpuJob is gone, which waits for this release.
-        let planned = self.actions.len();
-        self.stop_stray_pods(None);
-        if self.actions.len() > planned {
-            // Looked at again with backoff: an ownerless pod's end queues no GpuJob.
-            self.requeue = Next::Backoff;
-            return;
-        }
-        if self.pods_left() != PodsLeft::None {
-            self.deletion_waits_for_lost_node();
-            return;
-        }
-        self.settle_release(true, "GPU quota released".to_owned());
     }
 
     /// Whether a deleted GpuJob's quota release (and so its finalizer) waits for its
@@ -280,20 +288,32 @@ impl Planner<'_, '_> {
             .is_some_and(|v| v == "true")
     }
 
-    /// A deleted GpuJob whose release waits for a pod being deleted on a node that cannot
-    /// confirm its stop (not Ready, or gone): Ready says so, as the gate does for the
-    /// next attempt (and `gpujob_waiting{reason="WaitingForLostNode"}` counts it), and it
-    /// is looked at again in a while: nothing watches Nodes.
-    fn deletion_waits_for_lost_node(&mut self) {
-        let Some((pod, node)) = self.lost_pod(|_| true) else {
-            return;
-        };
-        let message = node.stopping_message(
-            "the GpuJob is deleted, and its GPU quota released, only",
-            pod,
-        );
-        self.ready(ConditionStatus::False, WAITING_FOR_LOST_NODE, message);
-        self.requeue = Next::After(LOST_NODE_RECHECK);
+    /// A deleted GpuJob whose release waits for its pods. One being deleted on a node that
+    /// cannot confirm its stop (not Ready, or gone): Ready says so, as the gate does for
+    /// the next attempt (and `gpujob_waiting{reason="WaitingForLostNode"}` counts it), and
+    /// it is looked at again in a while, since nothing watches Nodes. None such, where
+    /// Ready said so (the node came back): Ready says `Deleting`, so that neither the
+    /// condition nor the alert sends a person to take a healthy node out of service.
+    fn deletion_waits_for_pods(&mut self) {
+        match self.lost_pod(|_| true) {
+            Some((pod, node)) => {
+                let message = node.stopping_message(
+                    "the GpuJob is deleted, and its GPU quota released, only",
+                    pod,
+                );
+                self.ready(ConditionStatus::False, WAITING_FOR_LOST_NODE, message);
+                self.requeue = Next::After(LOST_NODE_RECHECK);
+            }
+            None if self.ready_reason_is(&[WAITING_FOR_LOST_NODE]) => {
+                self.ready(
+                    ConditionStatus::False,
+                    DELETING,
+                    "the GpuJob is deleted, and its GPU quota released, once its pods are gone"
+                        .to_owned(),
+                );
+            }
+            None => {}
+        }
     }
 
     /// Releases the reservation, or records what the release answered. A release that

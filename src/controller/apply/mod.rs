@@ -329,10 +329,10 @@ impl Execution<'_> {
             self.ctx.metrics.attempts_uncounted.inc();
         }
         self.written(written);
-        // Only transitions this term recorded, published while it still holds.
+        // Only transitions this term recorded: the write went through.
         self.ctx
             .writer
-            .publish(self.fence, &self.gpujob, &transitions(&current, status));
+            .publish_recorded(&self.gpujob, &transitions(&current, status));
         Ok(())
     }
 

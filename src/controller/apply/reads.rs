@@ -85,8 +85,7 @@ impl Reader {
     /// the API server answers with what is current (a quorum read); on this cluster, and
     /// on every MultiKueue worker cluster the operator was given when `on_workers` (the
     /// plan's `Action::ReadPods`: an attempt of the GpuJob was dispatched, and may still
-    /// have pods stopping there). A worker's pods as the gate
-    /// must see them
+    /// have pods stopping there). A worker's pods as the gate must see them
     /// ([`multikueue::as_managed`]), from the GpuJob's Jobs MultiKueue dispatched
     /// (`dispatched`: name and uid of each) and the worker's copies of them, read after
     /// the pods (a copy made after the pod list has no pod in it).

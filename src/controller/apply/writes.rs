@@ -22,6 +22,8 @@
 //! (`core/src/plan/gate.rs`) removes it, from the current attempt's pods; the plan
 //! deletes every Job that is not the current attempt's.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -33,6 +35,7 @@ use kube::core::DynamicObject;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::error;
 
 use super::recorder::Recorder;
 use crate::api::{FINALIZER_QUOTA, GpuJob, GpuJobStatus, LABEL_KUEUE_QUEUE, SCHEDULING_GATE};
@@ -221,10 +224,17 @@ impl Writer {
     /// cannot be written is logged and dropped: it must never hold up the work it
     /// describes.
     pub fn publish(&self, fence: &Fence, gj: &GpuJob, notes: &[Note]) {
+        if self.check(fence).is_err() {
+            return;
+        }
+        self.publish_recorded(gj, notes);
+    }
+
+    /// Queues the Events of changes a status write of this term recorded (it went
+    /// through): whether the term still holds or not, they happened, and the next
+    /// holder sends none for them.
+    pub fn publish_recorded(&self, gj: &GpuJob, notes: &[Note]) {
         for n in notes {
-            if self.check(fence).is_err() {
-                return;
-            }
             self.recorder.publish(gj, n);
         }
     }
@@ -263,7 +273,18 @@ impl Writer {
             serde_json::to_value(from.status.clone().unwrap_or_default()).map_err(serialize)?;
         let new = serde_json::to_value(status).map_err(serialize)?;
         let patch = json!({"status": merge_patch(&old, &new)});
-        self.patch_gpujob(fence, from, patch, true).await
+        let written = self.patch_gpujob(fence, from, patch, true).await?;
+        let stored =
+            serde_json::to_value(written.status.clone().unwrap_or_default()).map_err(serialize)?;
+        let pruned = pruned(&new, &stored);
+        if !pruned.is_empty() && !PRUNING_SAID.swap(true, Ordering::Relaxed) {
+            // Said once per process: every status write of such a field is pruned again.
+            error!(
+                fields = %pruned.join(", "),
+                "the API server dropped status fields this operator wrote: the GpuJob CRD is older than the operator; apply this release's CRD (deploy/crd/crd.yaml, or the chart's). Until then what those fields record is lost (with status.multiKueueDispatched, pods of attempts MultiKueue dispatched wait at the gate)"
+            );
+        }
+        Ok(written)
     }
 
     /// One fenced merge patch of GpuJob `gj`, or of its status subresource, always with
@@ -670,6 +691,21 @@ impl Writer {
     }
 }
 
+/// Whether the pruning of status fields was logged (once per process).
+static PRUNING_SAID: AtomicBool = AtomicBool::new(false);
+
+/// The top-level fields of status `sent` that `stored`, the API server's answer to the
+/// write, does not have: pruned by a CRD schema without them.
+fn pruned(sent: &serde_json::Value, stored: &serde_json::Value) -> Vec<String> {
+    let (Some(sent), Some(stored)) = (sent.as_object(), stored.as_object()) else {
+        return Vec::new();
+    };
+    sent.keys()
+        .filter(|k| !stored.contains_key(*k))
+        .cloned()
+        .collect()
+}
+
 /// `patch` with `metadata.resourceVersion` set to `rv`, the version of the GpuJob it was
 /// computed from: the API server applies it only while the GpuJob is still at that
 /// version. `None` without a version (a view that did not come from the API server):
@@ -701,6 +737,17 @@ mod tests {
             finalizers,
             Some(json!({"metadata": {"finalizers": ["f"], "resourceVersion": "43"}}))
         );
+    }
+
+    #[test]
+    fn status_fields_an_older_crd_prunes_are_found() {
+        let sent = json!({"attempts": 1, "multiKueueDispatched": true, "phase": "Running"});
+        let stored = json!({"attempts": 1, "phase": "Running"});
+        assert_eq!(pruned(&sent, &stored), vec!["multiKueueDispatched"]);
+        assert!(pruned(&sent, &sent).is_empty());
+        // Values the API server stores otherwise are not pruning.
+        let other = json!({"attempts": 2, "multiKueueDispatched": true, "phase": "Pending"});
+        assert!(pruned(&sent, &other).is_empty());
     }
 
     #[test]

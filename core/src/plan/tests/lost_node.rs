@@ -303,6 +303,29 @@ fn a_deleted_gpujobs_release_says_which_lost_node_holds_it() {
         .plan(LATER);
     let reason = p.status.condition(READY).map(|c| c.reason.clone());
     assert_ne!(reason.as_deref(), Some(WAITING_FOR_LOST_NODE));
+    // Said before, and the node came back: no longer said (nor counted, nor paged).
+    let said = Seen::new(&g, &jobs)
+        .with_quota(None)
+        .cached(std::slice::from_ref(&pod))
+        .node(NODE, Some(NodeState::Gone))
+        .plan(LATER);
+    let said = with_status(g.clone(), &said);
+    assert_eq!(
+        said.status
+            .as_ref()
+            .unwrap()
+            .condition(READY)
+            .unwrap()
+            .reason,
+        WAITING_FOR_LOST_NODE
+    );
+    let p = Seen::new(&said, &jobs)
+        .with_quota(None)
+        .cached(std::slice::from_ref(&pod))
+        .node(NODE, Some(NodeState::Ready))
+        .plan(LATER);
+    assert_eq!(ready(&p).1, crate::status::DELETING);
+    assert!(!released(&p), "{:?}", p.actions);
     // Without the finalizer (no quota to release) the deletion waits on nothing of the
     // operator's: no Node is read.
     let mut free = g.clone();
