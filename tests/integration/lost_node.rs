@@ -24,6 +24,32 @@ use crate::late_create::{until, watch_attempts};
 use crate::support::nodes::OwnNode;
 use crate::support::{TestEnv, phase, ready, sim_env, with_reasons};
 
+/// The first pod of GpuJob `gj` once it is bound: its name and its node.
+async fn bound_pod(env: &TestEnv, gj: &gpujob_operator::api::GpuJob) -> (String, String) {
+    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    let selector = format!("{LABEL_UID}={}", gj.metadata.uid.as_deref().unwrap());
+    devcluster::wait::until(
+        "the GpuJob's pod bound",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            let pods = pods.clone();
+            let selector = selector.clone();
+            async move {
+                let list = pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .ok()?;
+                let pod = list.items.into_iter().next()?;
+                let node = pod.spec.as_ref()?.node_name.clone()?;
+                Some((pod.metadata.name.clone()?, node))
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn a_next_attempt_held_by_a_lost_nodes_pod_says_so_and_runs_once_it_is_out_of_service() {
     let env = TestEnv::new("lost-node").await;
@@ -48,29 +74,7 @@ async fn a_next_attempt_held_by_a_lost_nodes_pod_says_so_and_runs_once_it_is_out
     )
     .await;
     let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
-    let uid = gj.metadata.uid.clone().unwrap();
-    let selector = format!("{LABEL_UID}={uid}");
-    let first = devcluster::wait::until(
-        "attempt 1's pod bound",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || {
-            let pods = pods.clone();
-            let selector = selector.clone();
-            async move {
-                let list = pods
-                    .list(&ListParams::default().labels(&selector))
-                    .await
-                    .ok()?;
-                let pod = list.items.into_iter().next()?;
-                let node = pod.spec.as_ref()?.node_name.clone()?;
-                Some((pod.metadata.name.clone()?, node))
-            }
-        },
-    )
-    .await
-    .unwrap();
-    let (old_pod, lost) = first;
+    let (old_pod, lost) = bound_pod(&env, &gj).await;
 
     // The node is lost, and the attempt's Job is deleted (as a person would, in the
     // background): the garbage collector deletes the pod, which hangs Terminating.
@@ -189,28 +193,7 @@ async fn a_deleted_gpujob_held_by_a_lost_nodes_pod_says_so_and_goes_once_it_is_o
     let uid = gj.metadata.uid.clone().unwrap();
     env.wait_gpujob("train", "Running", |g| phase(g) == Some(Phase::Running))
         .await;
-    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
-    let selector = format!("{LABEL_UID}={uid}");
-    let (pod, lost) = devcluster::wait::until(
-        "the pod bound",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || {
-            let pods = pods.clone();
-            let selector = selector.clone();
-            async move {
-                let list = pods
-                    .list(&ListParams::default().labels(&selector))
-                    .await
-                    .ok()?;
-                let pod = list.items.into_iter().next()?;
-                let node = pod.spec.as_ref()?.node_name.clone()?;
-                Some((pod.metadata.name.clone()?, node))
-            }
-        },
-    )
-    .await
-    .unwrap();
+    let (pod, lost) = bound_pod(&env, &gj).await;
     assert!(fake.live().contains_key(&uid), "reserved");
 
     lose(env.admin.clone(), &lost).await.unwrap();
