@@ -11,15 +11,15 @@ use jiff::Timestamp;
 use crate::api::{GpuJob, Phase};
 use crate::plan::INVALID_SPEC;
 use crate::status::{
-    ADMITTED, BACKING_OFF, CLEANUP_STUCK, QUEUED, QUOTA_REFUSED, READY, SUSPENDED,
+    ADMITTED, BACKING_OFF, CLEANUP_STUCK, QUEUED, QUOTA_REFUSED, QUOTA_RESERVED, READY, SUSPENDED,
     WAITING_FOR_LOST_NODE,
 };
 
 /// Ready reasons of a GpuJob that waits on purpose: not stuck, with metrics of its own.
 /// `Queued`: Kueue holds the attempt, as its ClusterQueue's quota and policy say.
-/// `WaitingForLostNode`: the next attempt (or a deleted GpuJob's quota release, which
-/// alone of a deleted GpuJob's reasons is counted) waits for an old pod on a node that is
-/// not Ready; only a person ends it (its own alert, `GpuJobWaitingForLostNode`).
+/// `WaitingForLostNode`: the next attempt (or the quota release of a GpuJob finished or
+/// deleted, the one reason counted for those) waits for an old pod on a node that is not
+/// Ready; only a person ends it (its own alert, `GpuJobWaitingForLostNode`).
 pub const WAITING_REASONS: [&str; 6] = [
     BACKING_OFF,
     QUOTA_REFUSED,
@@ -94,13 +94,19 @@ impl Facts {
             .map(|c| c.last_transition_time);
         let phase = status.and_then(|s| s.phase);
         let deleting = gj.metadata.deletion_timestamp.is_some();
+        // A finished GpuJob whose reservation a pod on a lost node keeps.
+        let quota_kept = status
+            .and_then(|s| s.condition(QUOTA_RESERVED))
+            .map(|c| c.reason.as_str())
+            .filter(|r| *r == WAITING_FOR_LOST_NODE);
         let waiting = ready
             .map(|c| c.reason.as_str())
-            // A finished GpuJob waits on nothing; one being deleted may wait for a pod on
-            // a lost node before its quota is released.
+            // A finished GpuJob waits on nothing but a pod on a lost node that keeps its
+            // quota; one being deleted may wait for such a pod before its release.
             .filter(|r| {
                 !phase.is_some_and(Phase::is_final) || (deleting && *r == WAITING_FOR_LOST_NODE)
             })
+            .or(quota_kept)
             .and_then(|r| WAITING_REASONS.iter().position(|w| *w == r))
             .map_or(0, |i| u8::try_from(i + 1).unwrap_or(0));
         let phase_label = phase.map_or("Unknown", phase_label);
@@ -419,7 +425,7 @@ mod tests {
         assert_eq!(snap.waiting[WAITING_FOR_LOST_NODE], 2);
         assert_eq!(snap.waiting["BackingOff"], 0);
         assert_eq!(snap.by_phase["Succeeded"] + snap.by_phase["Running"], 0);
-        // Not being deleted, a finished GpuJob waits on nothing.
+        // Not being deleted, a finished GpuJob waits on nothing by its Ready.
         let done = gj(
             "f",
             1,
@@ -430,8 +436,23 @@ mod tests {
                 "2026-11-30T06:00:00Z",
             )),
         );
-        let snap = snapshot_at(&[done], "2026-11-30T06:06:00Z");
+        let snap = snapshot_at(std::slice::from_ref(&done), "2026-11-30T06:06:00Z");
         assert_eq!(snap.waiting[WAITING_FOR_LOST_NODE], 0);
+        // But a pod on a lost node that keeps its reservation counts.
+        let mut kept = done;
+        if let Some(s) = kept.status.as_mut() {
+            s.conditions.push(Condition {
+                type_: QUOTA_RESERVED.into(),
+                status: ConditionStatus::True,
+                observed_generation: Some(1),
+                last_transition_time: t("2026-11-30T06:00:00Z"),
+                reason: WAITING_FOR_LOST_NODE.into(),
+                message: String::new(),
+            });
+        }
+        let snap = snapshot_at(&[kept], "2026-11-30T06:06:00Z");
+        assert_eq!(snap.waiting[WAITING_FOR_LOST_NODE], 1);
+        assert_eq!(snap.by_phase["Succeeded"], 1);
     }
 
     #[test]

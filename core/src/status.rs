@@ -22,9 +22,10 @@ pub const SUSPENDED: &str = "Suspended";
 /// Ready reason: kube-scheduler finds no node for the running attempt's pod (too few
 /// free GPUs, a selector nothing matches); the GpuJob is Pending until one frees up.
 pub const UNSCHEDULABLE: &str = "Unschedulable";
-/// Ready reason: the next attempt (or a deleted GpuJob's quota release) waits for a pod
-/// being deleted on a node that is not Ready (or gone), whose kubelet cannot confirm the
-/// stop; a person ends the wait (docs/runbooks.md#gpujobwaitingforlostnode).
+/// Ready reason (and, for a finished GpuJob, `QuotaReserved`'s): the next attempt (or a
+/// finished or deleted GpuJob's quota release) waits for a pod being deleted on a node
+/// that is not Ready (or gone), whose kubelet cannot confirm the stop; a person ends the
+/// wait (docs/runbooks.md#gpujobwaitingforlostnode).
 pub const WAITING_FOR_LOST_NODE: &str = "WaitingForLostNode";
 /// Ready reason: a GpuJob being deleted whose quota release waits for its pods, which
 /// their nodes are stopping; said only in place of a [`WAITING_FOR_LOST_NODE`] that no

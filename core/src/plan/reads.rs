@@ -380,10 +380,11 @@ impl Planner<'_, '_> {
                 }
             }
         }
-        // A pod being deleted on a node while the next attempt waits for it: whether
-        // that node can still stop it (from the pod cache, so it is read with the reads
-        // above, not in a round of its own after the pod read).
-        if !self.current.phase.is_some_and(Phase::is_final) {
+        // A pod being deleted on a node while the next attempt (or a finished GpuJob's
+        // quota release) waits for it: whether that node can still stop it (from the pod
+        // cache, so it is read with the reads above, not in a round of its own after the
+        // pod read).
+        if !final_ || self.release_waits_when_done() {
             due.extend(self.nodes_stopping_pods());
         }
         due.retain(|r| !self.obs.reads.made(r));

@@ -176,11 +176,17 @@ impl Planner<'_, '_> {
         if self.next.phase.is_some_and(Phase::is_final) {
             // The reservation covers the pods: it goes only once none may run (a Job
             // deleted as a stray in this plan, its pods read from the API server).
-            if (may_hold(&self.next) || self.gj.holds_quota_finalizer())
-                && !self.holds_gpus()
-                && self.pods_left() == PodsLeft::None
-            {
-                self.settle_release(true, "GPU quota released".to_owned());
+            if !(may_hold(&self.next) || self.gj.holds_quota_finalizer()) {
+                return;
+            }
+            if self.holds_gpus() {
+                self.kept_for_lost_node();
+                return;
+            }
+            match self.pods_left() {
+                PodsLeft::None => self.settle_release(true, "GPU quota released".to_owned()),
+                PodsLeft::Some(_) => self.kept_for_lost_node(),
+                PodsLeft::Asked => {}
             }
             return;
         }
@@ -269,6 +275,48 @@ impl Planner<'_, '_> {
             }));
             self.actions
                 .push(Action::RemoveFinalizer(FinalizerRemoval::ReleaseSkipped));
+        }
+    }
+
+    /// Whether a finished GpuJob's reservation, once its pods are gone, is to be released:
+    /// then what keeps it (a pod on a lost node) is said.
+    pub(super) fn release_waits_when_done(&self) -> bool {
+        self.obs.quota_required && may_hold(&self.current)
+    }
+
+    /// A finished GpuJob whose reservation waits for a pod being deleted on a node that
+    /// cannot confirm its stop: `QuotaReserved` (still True: the reservation is held)
+    /// says so, `gpujob_waiting{reason="WaitingForLostNode"}` counts it, and it is looked
+    /// at again in a while. Its Ready stays the final one. Where it said so and no such
+    /// pod is seen any more (the node came back), it says `Reserved` again.
+    fn kept_for_lost_node(&mut self) {
+        let Some(id) = self.next.reservation_id.clone() else {
+            return;
+        };
+        match self.lost_pod(|_| true) {
+            Some((pod, node)) => {
+                let message =
+                    node.stopping_message(&format!("GPU quota reservation {id} is released"), pod);
+                self.condition(
+                    QUOTA_RESERVED,
+                    ConditionStatus::True,
+                    WAITING_FOR_LOST_NODE,
+                    message,
+                );
+                self.requeue = Next::After(LOST_NODE_RECHECK);
+            }
+            None if self
+                .next
+                .condition(QUOTA_RESERVED)
+                .is_some_and(|c| c.reason == WAITING_FOR_LOST_NODE) =>
+            {
+                let message = match self.next.reservation_gpus {
+                    Some(gpus) => format!("GPU quota reservation {id} ({gpus} GPUs)"),
+                    None => format!("GPU quota reservation {id}"),
+                };
+                self.condition(QUOTA_RESERVED, ConditionStatus::True, "Reserved", message);
+            }
+            None => {}
         }
     }
 

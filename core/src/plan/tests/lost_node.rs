@@ -337,3 +337,75 @@ fn a_deleted_gpujobs_release_says_which_lost_node_holds_it() {
         .plan(LATER);
     assert_eq!(node_reads(&p), 0, "{:?}", p.actions);
 }
+
+/// A finished GpuJob holding a reservation, one of its pods still being deleted on a
+/// node that is not Ready: the reservation is kept until that pod is gone, and
+/// `QuotaReserved` says which node keeps it (Ready stays the final one). The node back,
+/// it says `Reserved` again; the pod gone, the reservation is released.
+#[test]
+fn a_finished_gpujobs_reservation_says_which_lost_node_keeps_it() {
+    let mut g = running(&gpujob(3), 1, 0);
+    g.metadata.finalizers = Some(vec![crate::api::FINALIZER_QUOTA.into()]);
+    if let Some(s) = g.status.as_mut() {
+        s.phase = Some(Phase::Succeeded);
+        s.reservation_id = Some("r-1".into());
+        s.reservation_gpus = Some(1);
+    }
+    let pod = stopping(placed(1));
+    let pods = std::slice::from_ref(&pod);
+    let released = |p: &Plan| p.actions.iter().any(|a| matches!(a, Action::Release(_)));
+    let quota = |p: &Plan| p.status.condition(crate::status::QUOTA_RESERVED).cloned();
+    // Its Node is read.
+    let p = Seen::new(&g, &[])
+        .with_quota(None)
+        .cached(pods)
+        .reads(Reads::default())
+        .plan(LATER);
+    assert!(
+        p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Read(Read::Node { .. }))),
+        "{:?}",
+        p.actions
+    );
+    // Gone: kept, and said.
+    let p = Seen::new(&g, &[])
+        .with_quota(None)
+        .cached(pods)
+        .read(pods)
+        .node(NODE, Some(NodeState::Gone))
+        .plan(LATER);
+    assert!(!released(&p), "{:?}", p.actions);
+    let c = quota(&p).unwrap();
+    assert_eq!(
+        (c.status, c.reason.as_str()),
+        (ConditionStatus::True, WAITING_FOR_LOST_NODE)
+    );
+    assert!(
+        c.message.contains(
+            "GPU quota reservation r-1 is released once pod train-1-0 (attempt 1) is gone"
+        ),
+        "{}",
+        c.message
+    );
+    assert_eq!(p.status.phase, Some(Phase::Succeeded));
+    assert_eq!(
+        p.status.condition(READY),
+        g.status.as_ref().unwrap().condition(READY),
+        "Ready stays the final one"
+    );
+    assert_eq!(p.next, Next::After(LOST_NODE_RECHECK));
+    // The node back, the pod still stopping: Reserved again.
+    let kept = with_status(g.clone(), &p);
+    let p = Seen::new(&kept, &[])
+        .with_quota(None)
+        .cached(pods)
+        .read(pods)
+        .node(NODE, Some(NodeState::Ready))
+        .plan(LATER);
+    assert!(!released(&p), "{:?}", p.actions);
+    assert_eq!(quota(&p).unwrap().reason, "Reserved");
+    // The pod gone: released.
+    let p = Seen::new(&kept, &[]).with_quota(None).read(&[]).plan(LATER);
+    assert!(released(&p), "{:?}", p.actions);
+}
