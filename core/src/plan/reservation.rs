@@ -34,8 +34,8 @@ use crate::api::{
 use crate::events::{Kind, Note};
 use crate::quota::ReserveRequest;
 use crate::status::{
-    CLEANUP_STUCK, DELETING, QUOTA_PENDING, QUOTA_REFUSED, QUOTA_RESERVED, WAITING_FOR_LOST_NODE,
-    remove_condition, set_condition,
+    CLEANUP_STUCK, DELETING, QUOTA_PENDING, QUOTA_REFUSED, QUOTA_RESERVED, READY,
+    WAITING_FOR_LOST_NODE, remove_condition, set_condition,
 };
 
 impl Planner<'_, '_> {
@@ -76,7 +76,7 @@ impl Planner<'_, '_> {
                         QUOTA_RESERVED,
                         ConditionStatus::True,
                         "Reserved",
-                        format!("GPU quota reservation {id} ({gpus} GPUs)"),
+                        reserved_words(&id, Some(gpus)),
                         generation,
                         now,
                     );
@@ -286,35 +286,48 @@ impl Planner<'_, '_> {
 
     /// A finished GpuJob whose reservation waits for a pod being deleted on a node that
     /// cannot confirm its stop: `QuotaReserved` (still True: the reservation is held)
-    /// says so, `gpujob_waiting{reason="WaitingForLostNode"}` counts it, and it is looked
-    /// at again in a while. Its Ready stays the final one. Where it said so and no such
-    /// pod is seen any more (the node came back), it says `Reserved` again.
+    /// says so ([`Planner::say_lost_node_wait`]), and `Reserved` again once the node came
+    /// back. Its Ready stays the final one.
     fn kept_for_lost_node(&mut self) {
         let Some(id) = self.next.reservation_id.clone() else {
             return;
         };
+        let gpus = self.next.reservation_gpus;
+        self.say_lost_node_wait(
+            QUOTA_RESERVED,
+            ConditionStatus::True,
+            &format!("GPU quota reservation {id} is released"),
+            || ("Reserved", reserved_words(&id, gpus)),
+        );
+    }
+
+    /// Says in condition `type_` (`status`) what waits (`waits`, e.g. "attempt 2 starts")
+    /// for a pod being deleted on a node that cannot confirm its stop (not Ready, or
+    /// gone), read in this reconcile; `gpujob_waiting{reason="WaitingForLostNode"}`
+    /// counts it, and it is looked at again in a while, since nothing watches Nodes. None
+    /// such where it said so (the node came back): it says `cleared` instead, so that
+    /// neither the condition nor the alert sends a person to take a healthy node out of
+    /// service.
+    fn say_lost_node_wait(
+        &mut self,
+        type_: &str,
+        status: ConditionStatus,
+        waits: &str,
+        cleared: impl FnOnce() -> (&'static str, String),
+    ) {
         match self.lost_pod(|_| true) {
             Some((pod, node)) => {
-                let message =
-                    node.stopping_message(&format!("GPU quota reservation {id} is released"), pod);
-                self.condition(
-                    QUOTA_RESERVED,
-                    ConditionStatus::True,
-                    WAITING_FOR_LOST_NODE,
-                    message,
-                );
+                let message = node.stopping_message(waits, pod);
+                self.condition(type_, status, WAITING_FOR_LOST_NODE, message);
                 self.requeue = Next::After(LOST_NODE_RECHECK);
             }
             None if self
                 .next
-                .condition(QUOTA_RESERVED)
+                .condition(type_)
                 .is_some_and(|c| c.reason == WAITING_FOR_LOST_NODE) =>
             {
-                let message = match self.next.reservation_gpus {
-                    Some(gpus) => format!("GPU quota reservation {id} ({gpus} GPUs)"),
-                    None => format!("GPU quota reservation {id}"),
-                };
-                self.condition(QUOTA_RESERVED, ConditionStatus::True, "Reserved", message);
+                let (reason, message) = cleared();
+                self.condition(type_, status, reason, message);
             }
             None => {}
         }
@@ -336,32 +349,22 @@ impl Planner<'_, '_> {
             .is_some_and(|v| v == "true")
     }
 
-    /// A deleted GpuJob whose release waits for its pods. One being deleted on a node that
-    /// cannot confirm its stop (not Ready, or gone): Ready says so, as the gate does for
-    /// the next attempt (and `gpujob_waiting{reason="WaitingForLostNode"}` counts it), and
-    /// it is looked at again in a while, since nothing watches Nodes. None such, where
-    /// Ready said so (the node came back): Ready says `Deleting`, so that neither the
-    /// condition nor the alert sends a person to take a healthy node out of service.
+    /// A deleted GpuJob whose release waits for its pods: a pod on a lost node is said in
+    /// Ready, as the gate does for the next attempt ([`Planner::say_lost_node_wait`]), and
+    /// `Deleting` once the node came back.
     fn deletion_waits_for_pods(&mut self) {
-        match self.lost_pod(|_| true) {
-            Some((pod, node)) => {
-                let message = node.stopping_message(
-                    "the GpuJob is deleted, and its GPU quota released, only",
-                    pod,
-                );
-                self.ready(ConditionStatus::False, WAITING_FOR_LOST_NODE, message);
-                self.requeue = Next::After(LOST_NODE_RECHECK);
-            }
-            None if self.ready_reason_is(&[WAITING_FOR_LOST_NODE]) => {
-                self.ready(
-                    ConditionStatus::False,
+        self.say_lost_node_wait(
+            READY,
+            ConditionStatus::False,
+            "the GpuJob is deleted, and its GPU quota released, only",
+            || {
+                (
                     DELETING,
                     "the GpuJob is deleted, and its GPU quota released, once its pods are gone"
                         .to_owned(),
-                );
-            }
-            None => {}
-        }
+                )
+            },
+        );
     }
 
     /// Releases the reservation, or records what the release answered. A release that
@@ -472,6 +475,14 @@ fn reserved_for(s: &GpuJobStatus) -> Option<i64> {
 
 /// Whether the service may hold quota for this GpuJob: a reservation recorded, or a call
 /// whose outcome is unknown (a reserve may have landed, a release may not have).
+/// What `QuotaReserved` says of reservation `id` of `gpus` GPUs.
+fn reserved_words(id: &str, gpus: Option<i32>) -> String {
+    match gpus {
+        Some(gpus) => format!("GPU quota reservation {id} ({gpus} GPUs)"),
+        None => format!("GPU quota reservation {id}"),
+    }
+}
+
 fn may_hold(s: &GpuJobStatus) -> bool {
     s.reservation_id.is_some() || pending(s)
 }

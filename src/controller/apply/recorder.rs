@@ -15,8 +15,8 @@
 //!   `--event-qps` has written meanwhile (a few hundred bytes each): late, and written
 //!   also after its shard has moved (the new holder sends none for a change already
 //!   recorded). One is lost only when its write fails (counted `failed`) or the process
-//!   ends before it is written (the lane is in memory). A lane longer than [`QUEUE_CAPACITY`] is logged,
-//!   once per episode.
+//!   ends before it is written (the lane is in memory). A lane longer than
+//!   [`QUEUE_CAPACITY`] is logged, once per episode.
 //! - **Other Events** wait in a lane of [`QUEUE_CAPACITY`]. One identical to an Event
 //!   still waiting there (same GpuJob, type, reason and note) takes no slot: the waiting
 //!   one's count grows and its last time moves (`gpujob_events_total{result="aggregated"}`),

@@ -274,6 +274,10 @@ impl Writer {
         let new = serde_json::to_value(status).map_err(serialize)?;
         let patch = json!({"status": merge_patch(&old, &new)});
         let written = self.patch_gpujob(fence, from, patch, true).await?;
+        // Serialized again only when the answer differs from what was sent.
+        if written.status.as_ref() == Some(status) || PRUNING_SAID.load(Ordering::Relaxed) {
+            return Ok(written);
+        }
         let stored =
             serde_json::to_value(written.status.clone().unwrap_or_default()).map_err(serialize)?;
         let pruned = pruned(&new, &stored);
