@@ -198,7 +198,7 @@ fn template_owned_fields(
     if pod.scheduling_group.is_some() {
         // A multi-node attempt's PodGroup is the operator's, made for each attempt and
         // named after its Job: one name for every attempt would be held by the kept Job
-        // of the one before, and the next attempt would never start.
+        // of the one before, and the next attempt would wait for as long as it is kept.
         return err(
             at("spec.schedulingGroup"),
             "the operator sets it: a multi-node attempt's pods form a gang named after its Job (--gang-scheduling)",
