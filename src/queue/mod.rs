@@ -67,6 +67,14 @@ impl Backoff {
     pub fn delay(&self, failures: u32) -> Duration {
         crate::backoff::exponential(self.base, self.max, failures)
     }
+
+    /// The same, with no wait longer than `most`.
+    pub fn at_most(self, most: Duration) -> Backoff {
+        Backoff {
+            max: self.max.min(most),
+            ..self
+        }
+    }
 }
 
 /// A lane that takes turns between tenants, first in, first out within each.

@@ -187,10 +187,7 @@ pub async fn run(
     let metrics = status.metrics.clone();
     init_metrics(&metrics);
     metrics.init_shards(ownership.borrow().shards());
-    // New work takes turns by namespace: a burst in some namespaces does not hold back
-    // new GpuJobs in another.
-    let queue: Queue<Key> = Queue::with_metrics(settings.retry, Some(metrics.queue.clone()))
-        .fair_by(|k: &Key| k.namespace.as_str());
+    let queue = work_queue(&settings, Some(metrics.queue.clone()));
     settings.plan.multikueue = !settings.multikueue.is_empty();
     let workers = settings.multikueue.clone();
     let ctx = Arc::new(Context {
@@ -441,8 +438,18 @@ async fn count_load(ctx: Arc<Context>, own: watch::Receiver<Ownership>) {
     }
 }
 
-/// Every GpuJob is looked at at least every `resync`. A GpuJob backing off (a failed
-/// call, refused quota) keeps its backoff: a long quota shortage costs few calls.
+/// The work queue. New work takes turns by namespace: a burst in some namespaces does
+/// not hold back new GpuJobs in another. A GpuJob backing off (a failed call, refused
+/// quota) waits at most `resync` between looks, as every GpuJob is looked at within it:
+/// one refused quota asks again within that of the quota freeing up, and the refusals
+/// go on being counted while it waits.
+fn work_queue(settings: &Settings, metrics: Option<crate::metrics::QueueMetrics>) -> Queue<Key> {
+    Queue::with_metrics(settings.retry.at_most(settings.resync), metrics)
+        .fair_by(|k: &Key| k.namespace.as_str())
+}
+
+/// Every GpuJob is looked at at least every `resync`. A GpuJob backing off keeps its
+/// backoff, which never grows past `resync` (`work_queue`): a resync does not cut it short.
 async fn resync(ctx: Arc<Context>, intake: Intake) {
     let mut tick = tokio::time::interval(ctx.settings.resync);
     tick.tick().await;
@@ -459,6 +466,24 @@ mod tests {
     use super::*;
     use crate::controller::view::ObservedOrNew;
     use crate::queue::Backoff;
+
+    /// A GpuJob that keeps backing off (refused quota, a failing call) is looked at
+    /// again within `--resync`, not after the 1000 s of the default backoff's cap.
+    #[tokio::test(start_paused = true)]
+    async fn a_gpujob_backing_off_waits_no_longer_than_the_resync() {
+        let settings = Settings {
+            resync: std::time::Duration::from_secs(120),
+            ..Settings::default()
+        };
+        let queue = work_queue(&settings, None);
+        let key = Key::new("ns", "refused");
+        let delays: Vec<_> = (0..30)
+            .map(|_| queue.add_rate_limited(key.clone()))
+            .collect();
+        assert_eq!(delays[0], std::time::Duration::from_millis(5));
+        assert_eq!(delays.iter().max(), Some(&settings.resync), "{delays:?}");
+        assert_eq!(delays[29], settings.resync);
+    }
 
     /// The intake of a replica holding every namespace (unfenced), with an empty queue
     /// and no shard gained.
