@@ -146,8 +146,14 @@ struct State<K> {
     /// only a first look did and the look in flight was not it; otherwise the normal
     /// lane).
     again_in: HashMap<K, Lane>,
-    /// The normal lane.
+    /// The normal lane. A key moved ahead from it (`add_locked`) leaves its copy here,
+    /// counted in `stale` and passed over when it comes up.
     ready: VecDeque<K>,
+    /// The keys whose place is in the normal lane.
+    normal: HashSet<K>,
+    /// Copies in `ready` of keys moved ahead, per key. They are older than any copy of
+    /// the key queued since, so the first ones the lane reaches are these.
+    stale: HashMap<K, u32>,
     dirty: HashSet<K>,
     processing: HashSet<K>,
     /// Delayed adds: (due, seq, key), earliest first; `due_of` keeps each key's earliest.
@@ -210,6 +216,8 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 sharing_since: Instant::now(),
                 again_in: HashMap::new(),
                 ready: VecDeque::new(),
+                normal: HashSet::new(),
+                stale: HashMap::new(),
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
                 waiting: BTreeSet::new(),
@@ -244,15 +252,18 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     }
 
     /// Queues `key` now in the prompt lane, ahead of the normal lane and sharing the
-    /// workers' time with the first-look lane, unless it is queued already (then it keeps
-    /// its place). A key added while it is processed runs again in this lane.
+    /// workers' time with the first-look lane. A key queued in the normal lane moves
+    /// here (an echo of its own writes must not hold back its pod at the gate behind
+    /// the backlog); one queued in another lane keeps its place. A key added while it is
+    /// processed runs again in this lane.
     pub fn add_prompt(&self, key: K) {
         self.add_in(key, Lane::Prompt);
     }
 
     /// Queues `key` now for a first look after its shard was gained: ahead of the
-    /// normal lane, sharing the workers' time with the prompt lane. A key queued already
-    /// keeps its place; one added while it is processed runs again in this lane, unless
+    /// normal lane, sharing the workers' time with the prompt lane. A key queued in the
+    /// normal lane moves here; one queued in another lane keeps its place; one added
+    /// while it is processed runs again in this lane, unless
     /// [`Queue::first_look_over`] says that look was its first.
     pub fn add_first_look(&self, key: K) {
         self.add_in(key, Lane::FirstLook);
@@ -462,6 +473,8 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         s.first_look.clear();
         s.again_in.clear();
         s.ready.clear();
+        s.normal.clear();
+        s.stale.clear();
         s.dirty.clear();
         s.waiting.clear();
         s.due_of.clear();
@@ -481,7 +494,7 @@ enum Lane {
 
 impl<K: Eq + Hash> State<K> {
     fn len(&self) -> usize {
-        self.prompt.len + self.first_look.len() + self.ready.len()
+        self.prompt.len + self.first_look.len() + self.normal.len()
     }
 
     /// The next key, and its lane: while the prompt and first-look lanes both have
@@ -509,7 +522,18 @@ impl<K: Eq + Hash> State<K> {
         if let Some(k) = self.prompt.pop() {
             return Some((k, Lane::Prompt));
         }
-        self.ready.pop_front().map(|k| (k, Lane::Normal))
+        while let Some(k) = self.ready.pop_front() {
+            if let Some(n) = self.stale.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.stale.remove(&k);
+                }
+                continue;
+            }
+            self.normal.remove(&k);
+            return Some((k, Lane::Normal));
+        }
+        None
     }
 
     /// The time the prompt and first-look lanes' keys held workers, those in flight up to
@@ -570,6 +594,12 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
         }
     }
     if s.dirty.contains(&key) {
+        // Queued already. In the normal lane and now asked for ahead of it: it moves
+        // (not counted as an add: it was queued already).
+        if lane != Lane::Normal && !s.processing.contains(&key) && s.normal.remove(&key) {
+            *s.stale.entry(key.clone()).or_insert(0) += 1;
+            push_locked(s, key, lane, tenant);
+        }
         return false;
     }
     // Counted as client-go counts: an add that queues the key (or marks it to run again
@@ -610,7 +640,10 @@ fn push_locked<K: Clone + Eq + Hash + Ord>(
     match lane {
         Lane::Prompt => s.prompt.push(key, tenant),
         Lane::FirstLook => s.first_look.push_back(key),
-        Lane::Normal => s.ready.push_back(key),
+        Lane::Normal => {
+            s.normal.insert(key.clone());
+            s.ready.push_back(key);
+        }
     }
 }
 

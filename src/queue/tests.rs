@@ -53,8 +53,7 @@ async fn prompt_keys_go_before_the_backlog() {
     q.add("resync-2");
     q.add_prompt("new-1");
     q.add_prompt("new-2");
-    // Already queued: it keeps its place (and is not queued twice).
-    q.add_prompt("resync-2");
+    // Already in the prompt lane: it keeps its place (and is not queued twice).
     q.add_prompt("new-1");
     assert_eq!(q.len(), 4);
     let mut order = Vec::new();
@@ -63,6 +62,41 @@ async fn prompt_keys_go_before_the_backlog() {
         q.done(&k);
     }
     assert_eq!(order, ["new-1", "new-2", "resync-1", "resync-2"]);
+}
+
+/// A key waiting in the normal lane (an echo of its own writes) that is then asked for
+/// as new work (its pod at the gate) moves ahead of the backlog, once; so does one asked
+/// for as a first look. Neither is handed out twice, and the depth counts each once.
+#[tokio::test(start_paused = true)]
+async fn a_key_in_the_backlog_asked_for_as_new_work_moves_ahead() {
+    let q = queue();
+    for k in ["backlog-1", "echo", "backlog-2", "gained"] {
+        q.add(k);
+    }
+    q.add_prompt("new");
+    q.add_prompt("echo");
+    q.add_first_look("gained");
+    // Asked for again: it stays where it moved to.
+    q.add_prompt("echo");
+    q.add("echo");
+    assert_eq!(q.len(), 5);
+    let mut order = Vec::new();
+    while let Some(k) = next(&q).await {
+        order.push(k);
+        q.done(&k);
+        assert!(q.len() <= 5 - order.len(), "{order:?}: {}", q.len());
+    }
+    assert_eq!(order, ["gained", "new", "echo", "backlog-1", "backlog-2"]);
+    // Queued again in the normal lane, and moved again: still once each.
+    q.add("echo");
+    q.add("backlog-1");
+    q.add_prompt("echo");
+    assert_eq!(next(&q).await, Some("echo"));
+    q.done(&"echo");
+    assert_eq!(next(&q).await, Some("backlog-1"));
+    q.done(&"backlog-1");
+    assert_eq!(next(&q).await, None);
+    assert!(q.is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -77,7 +111,7 @@ async fn a_gained_shards_first_look_goes_before_the_backlog_and_takes_turns_with
     for k in ["gained-1", "gained-2"] {
         q.add_first_look(k);
     }
-    // A key queued already keeps its place.
+    // One in the backlog asked for as a first look moves to that lane.
     q.add_first_look("echo-2");
     assert_eq!(q.len(), 7);
     let mut order = Vec::new();
@@ -87,7 +121,7 @@ async fn a_gained_shards_first_look_goes_before_the_backlog_and_takes_turns_with
     assert_eq!(
         order,
         vec![
-            "gained-1", "new-1", "gained-2", "new-2", "new-3", "echo-1", "echo-2"
+            "gained-1", "new-1", "gained-2", "new-2", "echo-2", "new-3", "echo-1"
         ],
         "first looks and new work take turns (every look here takes no time: a tie each \
          time); the backlog waits for both"
