@@ -50,13 +50,33 @@ impl TokenBucket {
         }
     }
 
-    /// Waits for a token; returns the time waited.
+    /// Waits for a token; returns the time waited. Dropped before its turn (a reconcile
+    /// cancelled as its shard's term ended), it gives the token back: every later caller
+    /// would otherwise wait behind a turn nobody takes.
     pub async fn acquire(&self) -> Duration {
         let wait = self.reserve();
         if !wait.is_zero() {
+            let mut unused = Unused(Some(self));
             tokio::time::sleep(wait).await;
+            unused.0 = None;
         }
         wait
+    }
+
+    fn give_back(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.tokens = (s.tokens + 1.0).min(self.burst);
+    }
+}
+
+/// A token reserved and not used yet: given back if dropped so.
+struct Unused<'a>(Option<&'a TokenBucket>);
+
+impl Drop for Unused<'_> {
+    fn drop(&mut self) {
+        if let Some(bucket) = self.0 {
+            bucket.give_back();
+        }
     }
 }
 
@@ -80,6 +100,17 @@ mod tests {
         // Refilled, but never beyond the burst.
         let waits: Vec<Duration> = (0..4).map(|_| b.reserve()).collect();
         assert_eq!(waits.iter().filter(|w| w.is_zero()).count(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_given_up_before_it_comes_goes_to_the_next_caller() {
+        let b = TokenBucket::new(1.0, 1);
+        assert_eq!(b.acquire().await, Duration::ZERO);
+        // Waits a second for its turn; given up after 100 ms.
+        let gave_up = tokio::time::timeout(Duration::from_millis(100), b.acquire()).await;
+        assert!(gave_up.is_err());
+        // The next caller's turn is the one given up, not the one after it.
+        assert_eq!(b.reserve(), Duration::from_millis(900));
     }
 
     #[tokio::test(start_paused = true)]
