@@ -353,6 +353,12 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.lock().failures.remove(key);
     }
 
+    /// Clears the failure counts of the keys `gone` names (those of shards lost: a
+    /// later term starts afresh, and one deleted meanwhile leaves nothing behind here).
+    pub fn forget_where(&self, gone: impl Fn(&K) -> bool) {
+        self.lock().failures.retain(|k, _| !gone(k));
+    }
+
     /// Failures counted for `key` since its last `forget`.
     pub fn failures(&self, key: &K) -> u32 {
         self.lock().failures.get(key).copied().unwrap_or(0)

@@ -357,6 +357,20 @@ async fn failures_back_off_exponentially_until_forgotten() {
     assert_eq!(q.add_rate_limited("a"), Duration::from_millis(5));
 }
 
+#[tokio::test(start_paused = true)]
+async fn failure_counts_are_forgotten_for_the_keys_named() {
+    let q = queue();
+    for k in ["lost-1", "lost-2", "kept"] {
+        q.add_rate_limited(k);
+        q.add_rate_limited(k);
+    }
+    q.forget_where(|k| k.starts_with("lost"));
+    assert_eq!(
+        ["lost-1", "lost-2", "kept"].map(|k| q.failures(&k)),
+        [0, 0, 2]
+    );
+}
+
 #[test]
 fn backoff_is_capped() {
     let b = Backoff::default();

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::{Context, Intake, first_look, from_caches};
+use super::{Context, Intake, Key, first_look, from_caches};
 use crate::lease::Ownership;
 
 /// The epoch of each shard as last seen.
@@ -50,6 +50,15 @@ impl Terms {
     }
 }
 
+/// The GpuJobs of namespaces this replica no longer holds, under the map now in force:
+/// what it wrote there, and how often they failed here, are forgotten (another replica
+/// writes there now). Not "those of the shards lost" by the map now in force: a re-cut
+/// that comes with a loss moves some of a lost shard's namespaces to shards that other
+/// replicas hold, and that map names none of them as lost.
+fn not_held(now: &Ownership) -> impl Fn(&Key) -> bool + '_ {
+    move |key| !now.holds_namespace(&key.namespace)
+}
+
 pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
     let mut own = intake.own.clone();
     let looks = &intake.looks;
@@ -59,8 +68,8 @@ pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
         let changes = terms.update(&now);
         if !changes.lost.is_empty() {
             info!(shards = ?changes.lost, "shards lost: their reconciles stop, their GpuJobs are another replica's now");
-            ctx.view
-                .shards_lost(|key| changes.lost.contains(&now.shard_of(&key.namespace)));
+            ctx.view.shards_lost(not_held(&now));
+            intake.queue.forget_where(not_held(&now));
             for shard in &changes.lost {
                 looks.lost(*shard);
             }
@@ -122,6 +131,41 @@ mod tests {
         let changes = terms.update(&holding(&[(0, &second)]));
         assert_eq!(changes.lost, BTreeSet::from([0]));
         assert_eq!(changes.gained, BTreeSet::from([0]));
+    }
+
+    /// A re-cut that comes with a loss: a namespace of the lost shard moved to a shard
+    /// another replica holds, which the new map does not name as lost.
+    #[test]
+    fn a_namespace_a_recut_moved_away_with_a_lost_shard_is_forgotten() {
+        use crate::shard::ShardMap;
+        let in_shard = |prefix: &str, shard: u32| {
+            (0..)
+                .map(|i| format!("{prefix}-{i}"))
+                .find(|n| ShardMap::even(3).shard_of(n) == shard)
+                .unwrap_or_default()
+        };
+        let (moved, kept) = (in_shard("team", 0), in_shard("other", 2));
+        let (a, b) = (Tenure::gained(None, None), Tenure::gained(None, None));
+        let mut terms = Terms::default();
+        let mut before = Ownership::nothing_of(3);
+        before.held.insert(0, a);
+        before.held.insert(2, b.clone());
+        terms.update(&before);
+        // The re-cut: shard 0 shrinks to nothing and shard 1 (another replica's) takes
+        // its namespaces; shard 0 is let go, shard 2 kept.
+        let cuts = [1, crate::shard::range_of(2, 3).start];
+        let recut = ShardMap::with_cuts(&cuts).unwrap_or_else(|e| panic!("{e}"));
+        let mut after = Ownership::nothing_in(Arc::new(recut));
+        after.held.insert(2, b);
+        let changes = terms.update(&after);
+        assert_eq!(changes.lost, BTreeSet::from([0]));
+        assert_eq!(
+            after.shard_of(&moved),
+            1,
+            "not a shard the new map says was lost"
+        );
+        assert!(not_held(&after)(&Key::new(&moved, "x")));
+        assert!(!not_held(&after)(&Key::new(&kept, "x")), "still held here");
     }
 
     #[test]
