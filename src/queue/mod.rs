@@ -4,14 +4,18 @@
 //! larger of a per-key exponential backoff (reset by `forget`) and an overall token
 //! bucket (`add_rate_limited`, like client-go's default controller rate limiter).
 //!
-//! Lanes: keys added with [`Queue::add_prompt`] (new work: a GpuJob never looked at,
-//! an attempt that just finished, a pod newly waiting at the gate or newly unschedulable)
-//! are handed out before
+//! Lanes: keys added with [`Queue::add_prompt`] (new work: a GpuJob never looked at) or
+//! [`Queue::add_under_way`] (an attempt that just finished, a pod newly waiting at the
+//! gate or newly unschedulable) are handed out before
 //! the normal lane (resyncs, retries, echoes of the operator's own writes), so new work
 //! does not wait behind a backlog of looks that change nothing. The normal lane is first in, first out. The prompt lane
 //! takes turns between tenants ([`Queue::fair_by`]: for GpuJobs, their namespace), first
 //! in, first out within each: a burst of ten thousand new GpuJobs in some namespaces does
-//! not make one created meanwhile in another wait behind all of them.
+//! not make one created meanwhile in another wait behind all of them. Within a tenant's
+//! turn, work under way ([`Queue::add_under_way`]: a pod at the gate, an attempt that
+//! finished) goes before work not begun (a GpuJob never looked at): under a burst, a
+//! GpuJob whose Job is made has its pod let go before the next GpuJob's Job is made,
+//! rather than every pod waiting at the gate until the burst's Jobs are all made.
 //!
 //! A third lane holds the first look at the GpuJobs of a shard this replica just gained
 //! ([`Queue::add_first_look`]; those never observed are new work, in the prompt lane):
@@ -77,10 +81,11 @@ impl Backoff {
     }
 }
 
-/// A lane that takes turns between tenants, first in, first out within each.
+/// A lane that takes turns between tenants, first in, first out within each, work under
+/// way before work not begun.
 #[derive(Debug)]
 struct FairLane<K> {
-    by_tenant: HashMap<String, VecDeque<K>>,
+    by_tenant: HashMap<String, Turn<K>>,
     /// Tenants with keys waiting, in the order of their next turn.
     turns: VecDeque<String>,
     len: usize,
@@ -95,23 +100,29 @@ impl<K> FairLane<K> {
         }
     }
 
-    fn push(&mut self, key: K, tenant: fn(&K) -> &str) {
+    fn push(&mut self, key: K, tenant: fn(&K) -> &str, under_way: bool) {
         let t = tenant(&key);
-        if let Some(keys) = self.by_tenant.get_mut(t) {
-            keys.push_back(key);
+        let turn = match self.by_tenant.get_mut(t) {
+            Some(turn) => turn,
+            None => {
+                let t = t.to_owned();
+                self.turns.push_back(t.clone());
+                self.by_tenant.entry(t).or_insert_with(Turn::default)
+            }
+        };
+        if under_way {
+            turn.under_way.push_back(key);
         } else {
-            let t = t.to_owned();
-            self.turns.push_back(t.clone());
-            self.by_tenant.insert(t, VecDeque::from([key]));
+            turn.new.push_back(key);
         }
         self.len += 1;
     }
 
     fn pop(&mut self) -> Option<K> {
         let tenant = self.turns.pop_front()?;
-        let keys = self.by_tenant.get_mut(&tenant)?;
-        let key = keys.pop_front();
-        if keys.is_empty() {
+        let turn = self.by_tenant.get_mut(&tenant)?;
+        let key = turn.under_way.pop_front().or_else(|| turn.new.pop_front());
+        if turn.under_way.is_empty() && turn.new.is_empty() {
             self.by_tenant.remove(&tenant);
         } else {
             self.turns.push_back(tenant);
@@ -124,6 +135,22 @@ impl<K> FairLane<K> {
         self.by_tenant.clear();
         self.turns.clear();
         self.len = 0;
+    }
+}
+
+/// A tenant's keys in the prompt lane.
+#[derive(Debug)]
+struct Turn<K> {
+    under_way: VecDeque<K>,
+    new: VecDeque<K>,
+}
+
+impl<K> Default for Turn<K> {
+    fn default() -> Turn<K> {
+        Turn {
+            under_way: VecDeque::new(),
+            new: VecDeque::new(),
+        }
     }
 }
 
@@ -258,6 +285,12 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     /// processed runs again in this lane.
     pub fn add_prompt(&self, key: K) {
         self.add_in(key, Lane::Prompt);
+    }
+
+    /// As [`Queue::add_prompt`], for the next step of work under way (a pod at the gate,
+    /// an attempt that finished): ahead of the work not begun in its tenant's turn.
+    pub fn add_under_way(&self, key: K) {
+        self.add_in(key, Lane::UnderWay);
     }
 
     /// Queues `key` now for a first look after its shard was gained: ahead of the
@@ -493,7 +526,10 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lane {
+    /// The prompt lane, work not begun.
     Prompt,
+    /// The prompt lane, work under way: ahead of `Prompt` in its tenant's turn.
+    UnderWay,
     FirstLook,
     Normal,
 }
@@ -526,6 +562,7 @@ impl<K: Eq + Hash> State<K> {
             return self.first_look.pop_front().map(|k| (k, Lane::FirstLook));
         }
         if let Some(k) = self.prompt.pop() {
+            // Under way or not, its time counts to the prompt lane's share.
             return Some((k, Lane::Prompt));
         }
         while let Some(k) = self.ready.pop_front() {
@@ -569,7 +606,7 @@ struct Served {
 impl Served {
     fn charge(&mut self, lane: Lane, took: Duration) {
         match lane {
-            Lane::Prompt => self.prompt += took,
+            Lane::Prompt | Lane::UnderWay => self.prompt += took,
             Lane::FirstLook => self.first_look += took,
             Lane::Normal => {}
         }
@@ -592,11 +629,12 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
         return false;
     }
     if s.processing.contains(&key) && lane != Lane::Normal {
-        // It runs again after `done` (once marked dirty), in this lane; new work's lane
-        // over a first look's, which `first_look_over` may withdraw.
+        // It runs again after `done` (once marked dirty), in this lane; the prompt lane
+        // over the first look's, which `first_look_over` may withdraw, and work under way
+        // over work not begun.
         let again = s.again_in.entry(key.clone()).or_insert(lane);
-        if lane == Lane::Prompt {
-            *again = Lane::Prompt;
+        if lane == Lane::UnderWay || (lane == Lane::Prompt && *again == Lane::FirstLook) {
+            *again = lane;
         }
     }
     if s.dirty.contains(&key) {
@@ -634,7 +672,7 @@ fn push_locked<K: Clone + Eq + Hash + Ord>(
     tenant: fn(&K) -> &str,
 ) {
     let was_empty = match lane {
-        Lane::Prompt => s.prompt.len == 0,
+        Lane::Prompt | Lane::UnderWay => s.prompt.len == 0,
         Lane::FirstLook => s.first_look.is_empty(),
         Lane::Normal => false,
     };
@@ -644,7 +682,8 @@ fn push_locked<K: Clone + Eq + Hash + Ord>(
         s.sharing_since = Instant::now();
     }
     match lane {
-        Lane::Prompt => s.prompt.push(key, tenant),
+        Lane::Prompt => s.prompt.push(key, tenant, false),
+        Lane::UnderWay => s.prompt.push(key, tenant, true),
         Lane::FirstLook => s.first_look.push_back(key),
         Lane::Normal => {
             s.normal.insert(key.clone());

@@ -99,6 +99,43 @@ async fn a_key_in_the_backlog_asked_for_as_new_work_moves_ahead() {
     assert!(q.is_empty());
 }
 
+/// In a tenant's turn, work under way (a pod at the gate) goes before work not begun (a
+/// new GpuJob), first in, first out within each; the tenants still take turns. A key
+/// in flight asked for as both runs again as work under way.
+#[tokio::test(start_paused = true)]
+async fn work_under_way_goes_before_new_work_in_its_tenants_turn() {
+    let q = Queue::new(Backoff::default()).fair_by(|k: &&'static str| &k[..1]);
+    for k in ["a-new-1", "a-new-2", "b-new-1"] {
+        q.add_prompt(k);
+    }
+    q.add("a-echo");
+    q.add_under_way("a-gate-1");
+    q.add_under_way("a-echo");
+    q.add_under_way("a-gate-2");
+    let mut order = Vec::new();
+    while let Some(k) = next(&q).await {
+        order.push(k);
+        q.done(&k);
+    }
+    assert_eq!(
+        order,
+        [
+            "a-gate-1", "b-new-1", "a-echo", "a-gate-2", "a-new-1", "a-new-2"
+        ]
+    );
+    q.add_prompt("a-new-3");
+    assert_eq!(next(&q).await, Some("a-new-3"));
+    q.add_prompt("a-new-3");
+    q.add_under_way("a-new-3");
+    q.add_prompt("a-new-3");
+    q.add_prompt("a-new-4");
+    q.done(&"a-new-3");
+    q.add_under_way("a-gate-3");
+    assert_eq!(next(&q).await, Some("a-new-3"), "under way, and first in");
+    assert_eq!(next(&q).await, Some("a-gate-3"));
+    assert_eq!(next(&q).await, Some("a-new-4"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_gained_shards_first_look_goes_before_the_backlog_and_takes_turns_with_new_work() {
     let q = queue();
@@ -498,6 +535,7 @@ mod properties {
     enum Op {
         Add(u8),
         AddPrompt(u8),
+        AddUnderWay(u8),
         AddFirstLook(u8),
         AddAfter(u8, u16),
         Get,
@@ -511,6 +549,7 @@ mod properties {
         prop_oneof![
             3 => (0u8..6).prop_map(Op::Add),
             2 => (0u8..6).prop_map(Op::AddPrompt),
+            1 => (0u8..6).prop_map(Op::AddUnderWay),
             1 => (0u8..6).prop_map(Op::AddFirstLook),
             1 => ((0u8..6), (1u16..2000)).prop_map(|(k, ms)| Op::AddAfter(k, ms)),
             4 => Just(Op::Get),
@@ -549,6 +588,7 @@ mod properties {
                     match op {
                         Op::Add(k) => { q.add(k); owed.entry(k).or_insert(now); }
                         Op::AddPrompt(k) => { q.add_prompt(k); owed.entry(k).or_insert(now); }
+                        Op::AddUnderWay(k) => { q.add_under_way(k); owed.entry(k).or_insert(now); }
                         Op::AddFirstLook(k) => { q.add_first_look(k); owed.entry(k).or_insert(now); }
                         Op::AddAfter(k, ms) => {
                             q.add_after(k, Duration::from_millis(u64::from(ms)));

@@ -68,13 +68,20 @@ impl Intake {
         }
     }
 
-    /// New work (a GpuJob never looked at, an attempt that just finished, a pod newly
-    /// waiting at the gate or newly unschedulable): ahead of resyncs, retries and the
-    /// echoes of this replica's
-    /// own writes.
+    /// New work not begun (a GpuJob never looked at): ahead of resyncs, retries and the
+    /// echoes of this replica's own writes.
     fn add_prompt(&self, key: Key) {
         if self.own.borrow().holds_namespace(&key.namespace) {
             self.queue.add_prompt(key);
+        }
+    }
+
+    /// The next step of work under way (an attempt that just finished, a pod newly
+    /// waiting at the gate or newly unschedulable): in the prompt lane too, ahead of the
+    /// work not begun of its namespace.
+    fn add_under_way(&self, key: Key) {
+        if self.own.borrow().holds_namespace(&key.namespace) {
+            self.queue.add_under_way(key);
         }
     }
 

@@ -10,7 +10,8 @@
 //! gone, one the scheduler newly found no node for: `View::pod_event`); a pod's status
 //! otherwise changes nothing the plan reads.
 //! New work goes to the queue's prompt lane: a GpuJob without a status (never looked at),
-//! and a Job that has finished (its GpuJob's next step is due).
+//! and, ahead of those of its namespace as work under way, a Job that has finished (its
+//! GpuJob's next step is due) and a pod event the gate acts on.
 //!
 //! With more than one shard (and every namespace watched), the watches ask only for the
 //! objects of the shards this replica holds, when the API server can select them (the
@@ -441,7 +442,7 @@ async fn jobs(api: Api<Job>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
                         continue;
                     }
                     if finished {
-                        intake.add_prompt(key);
+                        intake.add_under_way(key);
                     } else {
                         intake.add(key);
                     }
@@ -477,12 +478,12 @@ async fn pods(api: Api<Pod>, ctx: Arc<Context>, intake: Intake, scope: Scope) {
     while let Some(event) = events.next().await {
         match event {
             Ok(event) => {
-                // New work: a pod waiting at the gate is an attempt to let go, one that
+                // Work under way: a pod waiting at the gate is an attempt to let go, one that
                 // can no longer run may free the next attempt, and one that finds no node
                 // is a reason to say.
                 for key in ctx.view.pod_event(&event, &scope) {
                     debug!(gpujob = %key, event = event_name(&event), "pod event");
-                    intake.add_prompt(key);
+                    intake.add_under_way(key);
                 }
             }
             Err(e) => warn!(
@@ -506,7 +507,7 @@ async fn worker_pods(worker: WorkerCluster, ctx: Arc<Context>, intake: Intake) {
             Ok(event) => {
                 for key in ctx.view.worker_pod_event(&worker.name, &event) {
                     debug!(gpujob = %key, worker = %worker.name, event = event_name(&event), "pod event on a MultiKueue worker");
-                    intake.add_prompt(key);
+                    intake.add_under_way(key);
                 }
             }
             Err(e) => warn!(
