@@ -131,6 +131,20 @@ impl<K> FairLane<K> {
         key
     }
 
+    fn retain(&mut self, keep: impl Fn(&K) -> bool) {
+        self.by_tenant.retain(|_, turn| {
+            turn.under_way.retain(&keep);
+            turn.new.retain(&keep);
+            !(turn.under_way.is_empty() && turn.new.is_empty())
+        });
+        let by_tenant = &self.by_tenant;
+        self.turns.retain(|t| by_tenant.contains_key(t));
+        self.len = by_tenant
+            .values()
+            .map(|turn| turn.under_way.len() + turn.new.len())
+            .sum();
+    }
+
     fn clear(&mut self) {
         self.by_tenant.clear();
         self.turns.clear();
@@ -386,10 +400,28 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         self.lock().failures.remove(key);
     }
 
-    /// Clears the failure counts of the keys `gone` names (those of shards lost: a
-    /// later term starts afresh, and one deleted meanwhile leaves nothing behind here).
-    pub fn forget_where(&self, gone: impl Fn(&K) -> bool) {
-        self.lock().failures.retain(|k, _| !gone(k));
+    /// Drops the keys `gone` names (those of shards lost: another replica has them now),
+    /// with their delayed adds and failure counts: a replica left holding nothing hands
+    /// out no key, so they would stay, counted in its depth, and a later term of the
+    /// shard would start from them. A key with a worker finishes as it is.
+    pub fn drop_where(&self, gone: impl Fn(&K) -> bool) {
+        let mut guard = self.lock();
+        let s = &mut *guard;
+        let keep = |k: &K| !gone(k);
+        s.prompt.retain(keep);
+        s.first_look.retain(|k| keep(k));
+        s.ready.retain(|k| keep(k));
+        s.normal.retain(|k| keep(k));
+        s.stale.retain(|k, _| keep(k));
+        let processing = &s.processing;
+        s.dirty.retain(|k| processing.contains(k) || keep(k));
+        s.queued_at.retain(|k, _| processing.contains(k) || keep(k));
+        s.waiting.retain(|(_, _, k)| keep(k));
+        s.due_of.retain(|k, _| keep(k));
+        s.failures.retain(|k, _| keep(k));
+        if let Some(m) = &self.metrics {
+            m.depth.set(gauge(s.len()));
+        }
     }
 
     /// Failures counted for `key` since its last `forget`.

@@ -51,8 +51,8 @@ impl Terms {
 }
 
 /// The GpuJobs of namespaces this replica no longer holds, under the map now in force:
-/// what it wrote there, and how often they failed here, are forgotten (another replica
-/// writes there now). Not "those of the shards lost" by the map now in force: a re-cut
+/// what it wrote there is forgotten and they leave its queue (another replica writes
+/// there now). Not "those of the shards lost" by the map now in force: a re-cut
 /// that comes with a loss moves some of a lost shard's namespaces to shards that other
 /// replicas hold, and that map names none of them as lost.
 fn not_held(now: &Ownership) -> impl Fn(&Key) -> bool + '_ {
@@ -69,7 +69,7 @@ pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
         if !changes.lost.is_empty() {
             info!(shards = ?changes.lost, "shards lost: their reconciles stop, their GpuJobs are another replica's now");
             ctx.view.shards_lost(not_held(&now));
-            intake.queue.forget_where(not_held(&now));
+            intake.queue.drop_where(not_held(&now));
             for shard in &changes.lost {
                 looks.lost(*shard);
             }
