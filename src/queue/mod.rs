@@ -107,7 +107,7 @@ impl<K> FairLane<K> {
             None => {
                 let t = t.to_owned();
                 self.turns.push_back(t.clone());
-                self.by_tenant.entry(t).or_insert_with(Turn::default)
+                self.by_tenant.entry(t).or_default()
             }
         };
         if under_way {
