@@ -81,21 +81,34 @@ impl Backoff {
     }
 }
 
+/// In a tenant's turn of the prompt lane, at most this many keys of work under way go
+/// before one of work not begun, when both wait: under way first, without starving a
+/// namespace's new GpuJobs behind a steady stream of pods and finished attempts.
+const UNDER_WAY_PER_NEW: u32 = 4;
+
 /// A lane that takes turns between tenants, first in, first out within each, work under
-/// way before work not begun.
+/// way before work not begun ([`UNDER_WAY_PER_NEW`]).
 #[derive(Debug)]
 struct FairLane<K> {
     by_tenant: HashMap<String, Turn<K>>,
     /// Tenants with keys waiting, in the order of their next turn.
     turns: VecDeque<String>,
+    /// The keys whose place is among the work not begun.
+    new: HashSet<K>,
+    /// Copies among the work not begun of keys moved to the work under way, per key:
+    /// older than any copy queued since, so the first ones reached are these.
+    stale: HashMap<K, u32>,
+    /// Keys waiting (stale copies not counted).
     len: usize,
 }
 
-impl<K> FairLane<K> {
+impl<K: Clone + Eq + Hash> FairLane<K> {
     fn new() -> FairLane<K> {
         FairLane {
             by_tenant: HashMap::new(),
             turns: VecDeque::new(),
+            new: HashSet::new(),
+            stale: HashMap::new(),
             len: 0,
         }
     }
@@ -113,22 +126,42 @@ impl<K> FairLane<K> {
         if under_way {
             turn.under_way.push_back(key);
         } else {
+            self.new.insert(key.clone());
             turn.new.push_back(key);
         }
         self.len += 1;
     }
 
-    fn pop(&mut self) -> Option<K> {
-        let tenant = self.turns.pop_front()?;
-        let turn = self.by_tenant.get_mut(&tenant)?;
-        let key = turn.under_way.pop_front().or_else(|| turn.new.pop_front());
-        if turn.under_way.is_empty() && turn.new.is_empty() {
-            self.by_tenant.remove(&tenant);
-        } else {
-            self.turns.push_back(tenant);
+    /// `key`, waiting among the work not begun, moves to the work under way. False when
+    /// it is not waiting there.
+    fn move_under_way(&mut self, key: &K, tenant: fn(&K) -> &str) -> bool {
+        if !self.new.remove(key) {
+            return false;
         }
-        self.len -= usize::from(key.is_some());
-        key
+        *self.stale.entry(key.clone()).or_insert(0) += 1;
+        if let Some(turn) = self.by_tenant.get_mut(tenant(key)) {
+            turn.under_way.push_back(key.clone());
+        }
+        true
+    }
+
+    fn pop(&mut self) -> Option<K> {
+        while let Some(tenant) = self.turns.pop_front() {
+            let Some(turn) = self.by_tenant.get_mut(&tenant) else {
+                continue;
+            };
+            let key = turn.next(&mut self.new, &mut self.stale);
+            if turn.under_way.is_empty() && turn.new.is_empty() {
+                self.by_tenant.remove(&tenant);
+            } else {
+                self.turns.push_back(tenant);
+            }
+            if key.is_some() {
+                self.len -= 1;
+                return key;
+            }
+        }
+        None
     }
 
     fn retain(&mut self, keep: impl Fn(&K) -> bool) {
@@ -139,15 +172,16 @@ impl<K> FairLane<K> {
         });
         let by_tenant = &self.by_tenant;
         self.turns.retain(|t| by_tenant.contains_key(t));
-        self.len = by_tenant
-            .values()
-            .map(|turn| turn.under_way.len() + turn.new.len())
-            .sum();
+        self.new.retain(&keep);
+        self.stale.retain(|k, _| keep(k));
+        self.len = self.new.len() + by_tenant.values().map(|t| t.under_way.len()).sum::<usize>();
     }
 
     fn clear(&mut self) {
         self.by_tenant.clear();
         self.turns.clear();
+        self.new.clear();
+        self.stale.clear();
         self.len = 0;
     }
 }
@@ -157,6 +191,8 @@ impl<K> FairLane<K> {
 struct Turn<K> {
     under_way: VecDeque<K>,
     new: VecDeque<K>,
+    /// Keys of work under way handed out since the last of work not begun.
+    under_way_run: u32,
 }
 
 impl<K> Default for Turn<K> {
@@ -164,8 +200,44 @@ impl<K> Default for Turn<K> {
         Turn {
             under_way: VecDeque::new(),
             new: VecDeque::new(),
+            under_way_run: 0,
         }
     }
+}
+
+impl<K: Eq + Hash> Turn<K> {
+    /// This tenant's next key: work under way first, but one of work not begun after
+    /// every [`UNDER_WAY_PER_NEW`]; `None` when only stale copies were left.
+    fn next(&mut self, new: &mut HashSet<K>, stale: &mut HashMap<K, u32>) -> Option<K> {
+        if self.under_way_run < UNDER_WAY_PER_NEW || !has_new(&mut self.new, stale) {
+            if let Some(k) = self.under_way.pop_front() {
+                self.under_way_run = self.under_way_run.saturating_add(1);
+                return Some(k);
+            }
+        }
+        has_new(&mut self.new, stale);
+        let k = self.new.pop_front()?;
+        new.remove(&k);
+        self.under_way_run = 0;
+        Some(k)
+    }
+}
+
+/// Whether `keys` has a key that is not a stale copy: those in front are dropped.
+fn has_new<K: Eq + Hash>(keys: &mut VecDeque<K>, stale: &mut HashMap<K, u32>) -> bool {
+    while let Some(k) = keys.front() {
+        match stale.get_mut(k) {
+            Some(n) => {
+                *n -= 1;
+                if *n == 0 {
+                    stale.remove(k);
+                }
+                keys.pop_front();
+            }
+            None => return true,
+        }
+    }
+    false
 }
 
 #[derive(Debug)]
@@ -403,7 +475,8 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     /// Drops the keys `gone` names (those of shards lost: another replica has them now),
     /// with their delayed adds and failure counts: a replica left holding nothing hands
     /// out no key, so they would stay, counted in its depth, and a later term of the
-    /// shard would start from them. A key with a worker finishes as it is.
+    /// shard would start from them. A key with a worker finishes, and is not queued
+    /// again.
     pub fn drop_where(&self, gone: impl Fn(&K) -> bool) {
         let mut guard = self.lock();
         let s = &mut *guard;
@@ -413,9 +486,10 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         s.ready.retain(|k| keep(k));
         s.normal.retain(|k| keep(k));
         s.stale.retain(|k, _| keep(k));
-        let processing = &s.processing;
-        s.dirty.retain(|k| processing.contains(k) || keep(k));
-        s.queued_at.retain(|k, _| processing.contains(k) || keep(k));
+        // One with a worker is not queued again when done.
+        s.dirty.retain(|k| keep(k));
+        s.queued_at.retain(|k, _| keep(k));
+        s.again_in.retain(|k, _| keep(k));
         s.waiting.retain(|(_, _, k)| keep(k));
         s.due_of.retain(|k, _| keep(k));
         s.failures.retain(|k, _| keep(k));
@@ -566,7 +640,7 @@ enum Lane {
     Normal,
 }
 
-impl<K: Eq + Hash> State<K> {
+impl<K: Clone + Eq + Hash> State<K> {
     fn len(&self) -> usize {
         self.prompt.len + self.first_look.len() + self.normal.len()
     }
@@ -670,11 +744,16 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
         }
     }
     if s.dirty.contains(&key) {
-        // Queued already. In the normal lane and now asked for ahead of it: it moves
-        // (not counted as an add: it was queued already).
-        if lane != Lane::Normal && !s.processing.contains(&key) && s.normal.remove(&key) {
-            *s.stale.entry(key.clone()).or_insert(0) += 1;
-            push_locked(s, key, lane, tenant);
+        // Queued already. Asked for ahead of where it waits, it moves (not counted as
+        // an add: it was queued already): out of the normal lane to the lane asked for,
+        // or, as work under way, ahead of its tenant's work not begun.
+        if !s.processing.contains(&key) {
+            if lane != Lane::Normal && s.normal.remove(&key) {
+                *s.stale.entry(key.clone()).or_insert(0) += 1;
+                push_locked(s, key, lane, tenant);
+            } else if lane == Lane::UnderWay {
+                s.prompt.move_under_way(&key, tenant);
+            }
         }
         return false;
     }

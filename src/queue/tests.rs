@@ -123,6 +123,28 @@ async fn work_under_way_goes_before_new_work_in_its_tenants_turn() {
             "a-gate-1", "b-new-1", "a-echo", "a-gate-2", "a-new-1", "a-new-2"
         ]
     );
+    // Queued as work not begun (its own write's echo came while it was new), then asked
+    // for as work under way (its pod at the gate): it moves ahead of its tenant's new work.
+    for k in ["a-new-5", "a-echo-2", "a-new-6"] {
+        q.add_prompt(k);
+    }
+    q.add_under_way("a-echo-2");
+    q.add_under_way("a-echo-2");
+    assert_eq!(q.len(), 3);
+    assert_eq!(next(&q).await, Some("a-echo-2"));
+    q.done(&"a-echo-2");
+    q.add_prompt("a-echo-2");
+    assert_eq!(next(&q).await, Some("a-new-5"));
+    assert_eq!(next(&q).await, Some("a-new-6"));
+    assert_eq!(
+        next(&q).await,
+        Some("a-echo-2"),
+        "queued again behind the stale copy"
+    );
+    assert_eq!(next(&q).await, None);
+    for k in ["a-new-5", "a-new-6", "a-echo-2"] {
+        q.done(&k);
+    }
     q.add_prompt("a-new-3");
     assert_eq!(next(&q).await, Some("a-new-3"));
     q.add_prompt("a-new-3");
@@ -134,6 +156,32 @@ async fn work_under_way_goes_before_new_work_in_its_tenants_turn() {
     assert_eq!(next(&q).await, Some("a-new-3"), "under way, and first in");
     assert_eq!(next(&q).await, Some("a-gate-3"));
     assert_eq!(next(&q).await, Some("a-new-4"));
+}
+
+/// A steady stream of work under way does not starve a tenant's new work: one of it
+/// goes after every `UNDER_WAY_PER_NEW` under way.
+#[tokio::test(start_paused = true)]
+async fn new_work_gets_a_turn_among_a_stream_of_work_under_way() {
+    let q: Queue<String> = Queue::new(Backoff::default());
+    q.add_prompt("new-1".to_owned());
+    q.add_prompt("new-2".to_owned());
+    let mut order = Vec::new();
+    for i in 0..10 {
+        q.add_under_way(format!("gate-{i}"));
+        q.add_under_way(format!("gate-{i}b"));
+        let k = tokio::time::timeout(Duration::from_millis(1), q.get())
+            .await
+            .ok()
+            .flatten();
+        if let Some(k) = k {
+            q.done(&k);
+            order.push(k);
+        }
+    }
+    let at = |k: &str| order.iter().position(|o| o == k);
+    let n = usize::try_from(UNDER_WAY_PER_NEW).unwrap_or(usize::MAX);
+    assert_eq!(at("new-1"), Some(n), "{order:?}");
+    assert_eq!(at("new-2"), Some(2 * n + 1), "{order:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -395,7 +443,8 @@ async fn failures_back_off_exponentially_until_forgotten() {
 }
 
 /// The keys of shards lost leave every lane, the delayed adds and the failure counts;
-/// one with a worker finishes, and the others come out as before.
+/// one with a worker finishes and is not queued again, and the others come out as
+/// before.
 #[tokio::test(start_paused = true)]
 async fn the_keys_named_leave_the_queue() {
     let q = queue();
@@ -423,10 +472,7 @@ async fn the_keys_named_leave_the_queue() {
         order.push(k);
         q.done(&k);
     }
-    assert_eq!(
-        order,
-        ["kept-gate", "kept-normal", "lost-in-flight", "kept-backoff"]
-    );
+    assert_eq!(order, ["kept-gate", "kept-normal", "kept-backoff"]);
 }
 
 #[test]
@@ -563,6 +609,7 @@ mod properties {
         Done(u8),
         Fail(u8),
         Forget(u8),
+        Drop(u8),
         Advance(u16),
     }
 
@@ -577,6 +624,7 @@ mod properties {
             2 => (0u8..6).prop_map(Op::Done),
             1 => (0u8..6).prop_map(Op::Fail),
             1 => (0u8..6).prop_map(Op::Forget),
+            1 => (0u8..6).prop_map(Op::Drop),
             1 => (1u16..3000).prop_map(Op::Advance),
         ]
     }
@@ -600,7 +648,8 @@ mod properties {
                     max: Duration::from_secs(1),
                     qps: 1000.0,
                     burst: 1000,
-                });
+                })
+                .fair_by(|k| if k % 2 == 0 { "even" } else { "odd" });
                 let mut processing: BTreeSet<u8> = BTreeSet::new();
                 // Keys that must be handed out (again), with the earliest time they may be.
                 let mut owed: BTreeMap<u8, tokio::time::Instant> = BTreeMap::new();
@@ -632,6 +681,8 @@ mod properties {
                             }
                         }
                         Op::Forget(k) => q.forget(&k),
+                        // Its shard lost: owed no more.
+                        Op::Drop(k) => { q.drop_where(|d| *d == k); owed.remove(&k); }
                         Op::Advance(ms) => tokio::time::advance(Duration::from_millis(u64::from(ms))).await,
                     }
                     // Never more ready keys than distinct keys.
@@ -647,6 +698,7 @@ mod properties {
                     prop_assert!(delivered.insert(k), "key {k} queued twice");
                     q.done(&k);
                 }
+                prop_assert_eq!(q.len(), 0, "drained, yet counted as queued");
                 let owed: BTreeSet<u8> = owed.keys().copied().collect();
                 prop_assert!(owed.is_subset(&delivered), "lost adds: owed {owed:?}, delivered {delivered:?}");
                 Ok(())

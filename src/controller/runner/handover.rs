@@ -50,13 +50,15 @@ impl Terms {
     }
 }
 
-/// The GpuJobs of namespaces this replica no longer holds, under the map now in force:
-/// what it wrote there is forgotten and they leave its queue (another replica writes
-/// there now). Not "those of the shards lost" by the map now in force: a re-cut
-/// that comes with a loss moves some of a lost shard's namespaces to shards that other
-/// replicas hold, and that map names none of them as lost.
-fn not_held(now: &Ownership) -> impl Fn(&Key) -> bool + '_ {
-    move |key| !now.holds_namespace(&key.namespace)
+/// The GpuJobs whose shard was `lost`, and those of every namespace this replica no
+/// longer holds, under the map now in force: what it wrote there is forgotten and they
+/// leave its queue (another replica writes there now; a shard lost and regained between
+/// two looks starts a new term, with a first look at all of them). Not only those of
+/// the shards lost by the map now in force: a re-cut that comes with a loss moves some
+/// of a lost shard's namespaces to shards that other replicas hold, and that map names
+/// none of them as lost.
+fn forgotten<'a>(now: &'a Ownership, lost: &'a BTreeSet<u32>) -> impl Fn(&Key) -> bool + 'a {
+    move |key| !now.holds_namespace(&key.namespace) || lost.contains(&now.shard_of(&key.namespace))
 }
 
 pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
@@ -68,8 +70,8 @@ pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
         let changes = terms.update(&now);
         if !changes.lost.is_empty() {
             info!(shards = ?changes.lost, "shards lost: their reconciles stop, their GpuJobs are another replica's now");
-            ctx.view.shards_lost(not_held(&now));
-            intake.queue.drop_where(not_held(&now));
+            ctx.view.shards_lost(forgotten(&now, &changes.lost));
+            intake.queue.drop_where(forgotten(&now, &changes.lost));
             for shard in &changes.lost {
                 looks.lost(*shard);
             }
@@ -164,8 +166,15 @@ mod tests {
             1,
             "not a shard the new map says was lost"
         );
-        assert!(not_held(&after)(&Key::new(&moved, "x")));
-        assert!(!not_held(&after)(&Key::new(&kept, "x")), "still held here");
+        let gone = forgotten(&after, &changes.lost);
+        assert!(gone(&Key::new(&moved, "x")));
+        assert!(!gone(&Key::new(&kept, "x")), "still held here");
+        // Shard 2 lost and regained between two looks: held, and forgotten all the same.
+        let mut again = after.clone();
+        again.held.insert(2, Tenure::gained(None, None));
+        let changes = terms.update(&again);
+        assert_eq!(changes.lost, BTreeSet::from([2]));
+        assert!(forgotten(&again, &changes.lost)(&Key::new(&kept, "x")));
     }
 
     #[test]

@@ -38,9 +38,9 @@ struct Intake {
 
 impl Intake {
     /// A GpuJob to look at again. One still to have its first look since its shard was
-    /// gained goes to the first-look lane: the list that follows a cold gain names every
-    /// GpuJob of the shard, and a key queued already keeps its place, so queued here in
-    /// the normal lane, the first look would wait behind the backlog after all. One
+    /// gained goes to the first-look lane (one queued in the normal lane moves there):
+    /// the list that follows a cold gain names every GpuJob of the shard, and queued
+    /// here in the normal lane, the first look would wait behind the backlog. One
     /// looked at already (an echo of that look's writes) goes to the normal lane: in the
     /// first-look lane it would take the share of the workers' time that lane has over
     /// new work, while the shard's GpuJobs never observed wait in the prompt lane.
@@ -447,7 +447,9 @@ async fn count_load(ctx: Arc<Context>, own: watch::Receiver<Ownership>) {
 
 /// The work queue. New work takes turns by namespace: a burst in some namespaces does
 /// not hold back new GpuJobs in another. A GpuJob backing off (a failed call, refused
-/// quota) waits at most `resync` between looks, as every GpuJob is looked at within it:
+/// quota) waits no more than `resync` between looks for its own backoff, as every
+/// GpuJob is looked at within it (the overall retry budget can add to that when more
+/// GpuJobs retry than it lets through in `resync`):
 /// one refused quota asks again within that of the quota freeing up, and the refusals
 /// go on being counted while it waits.
 fn work_queue(settings: &Settings, metrics: Option<crate::metrics::QueueMetrics>) -> Queue<Key> {
@@ -505,7 +507,7 @@ mod tests {
 
     /// The list that follows a cold gain queues the GpuJobs of the shard observed before
     /// through `add`: until each has had its first look they go to the first-look lane,
-    /// ahead of the backlog, and not behind it (a key queued already keeps its place).
+    /// ahead of the backlog, and not behind it.
     #[tokio::test(start_paused = true)]
     async fn a_gained_shards_gpujobs_queue_for_their_first_look_until_it_is_over() {
         let intake = intake();
@@ -576,12 +578,12 @@ mod tests {
         assert_eq!(queue.get().await, Some(gained));
     }
 
-    /// A gained shard's GpuJobs never observed are new work: in the prompt lane, where
-    /// a namespace's new GpuJobs come before a pod that reaches the gate after them. Those
-    /// observed before share the workers with it from the first-look lane (in turns here,
-    /// where every look takes no time).
+    /// A gained shard's GpuJobs never observed are new work: in the prompt lane, where a
+    /// pod that reaches the gate goes before its namespace's new GpuJobs. Those observed
+    /// before share the workers with it from the first-look lane (in turns here, where
+    /// every look takes no time).
     #[tokio::test(start_paused = true)]
-    async fn a_gained_shards_new_gpujobs_come_before_pods_newly_at_the_gate() {
+    async fn a_gained_shards_new_gpujobs_come_after_pods_newly_at_the_gate() {
         let intake = intake();
         let queue = intake.queue.clone();
         intake.looks.gained(0, tokio::time::Instant::now());
@@ -593,11 +595,11 @@ mod tests {
             let Some(key) = queue.get().await else { break };
             queue.done(&key);
             if key.name == "n1" && !order.contains(&key.name) {
-                // The pod of n1's Job, at the gate once n1 was looked at: behind n2.
-                intake.add_prompt(key.clone());
+                // The pod of n1's Job, at the gate once n1 was looked at: ahead of n2.
+                intake.add_under_way(key.clone());
             }
             order.push(key.name);
         }
-        assert_eq!(order, ["o1", "n1", "o2", "n2", "n1"]);
+        assert_eq!(order, ["o1", "n1", "o2", "n1", "n2"]);
     }
 }

@@ -43,8 +43,8 @@ pub use observe::Snapshot;
 /// recorded a status of them (an earlier holder of their shard, or this replica in an
 /// earlier term); in a gained shard, what became of them since is looked at first (the
 /// first-look lane). `new`: never observed, new work like any GpuJob created now (the
-/// prompt lane, where each namespace's new GpuJobs come before the pods that their Jobs
-/// bring to the gate).
+/// prompt lane, where each namespace's work under way, such as the pods its Jobs bring
+/// to the gate, comes before its new GpuJobs).
 #[derive(Debug, Default)]
 pub struct ObservedOrNew {
     pub observed: Vec<Key>,
