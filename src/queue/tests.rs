@@ -17,6 +17,16 @@ async fn next(q: &Queue<&'static str>) -> Option<&'static str> {
         .flatten()
 }
 
+/// Every key handed out, in order, each done at once, until none is ready.
+async fn drain(q: &Queue<&'static str>) -> Vec<&'static str> {
+    let mut order = Vec::new();
+    while let Some(k) = next(q).await {
+        q.done(&k);
+        order.push(k);
+    }
+    order
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_key_is_in_flight_from_its_get_to_its_done() {
     let q = queue();
@@ -56,11 +66,7 @@ async fn prompt_keys_go_before_the_backlog() {
     // Already in the prompt lane: it keeps its place (and is not queued twice).
     q.add_prompt("new-1");
     assert_eq!(q.len(), 4);
-    let mut order = Vec::new();
-    while let Some(k) = next(&q).await {
-        order.push(k);
-        q.done(&k);
-    }
+    let order = drain(&q).await;
     assert_eq!(order, ["new-1", "new-2", "resync-1", "resync-2"]);
 }
 
@@ -112,11 +118,7 @@ async fn work_under_way_goes_before_new_work_in_its_tenants_turn() {
     q.add_under_way("a-gate-1");
     q.add_under_way("a-echo");
     q.add_under_way("a-gate-2");
-    let mut order = Vec::new();
-    while let Some(k) = next(&q).await {
-        order.push(k);
-        q.done(&k);
-    }
+    let order = drain(&q).await;
     assert_eq!(
         order,
         [
@@ -290,11 +292,7 @@ async fn time_served_while_the_other_lane_was_empty_is_no_credit() {
     for k in ["new-2", "new-3"] {
         q.add_prompt(k);
     }
-    let mut order = Vec::new();
-    while let Some(k) = next(&q).await {
-        order.push(k);
-        q.done(&k);
-    }
+    let order = drain(&q).await;
     assert_eq!(order, ["gained-1", "new-2", "gained-2", "new-3"]);
 }
 
@@ -370,11 +368,7 @@ async fn the_prompt_lane_takes_turns_between_tenants() {
     }
     q.add("a/resync");
     assert_eq!(q.len(), 8);
-    let mut order = Vec::new();
-    while let Some(k) = next(&q).await {
-        order.push(k);
-        q.done(&k);
-    }
+    let order = drain(&q).await;
     // One of each tenant in turn (first come, first served within one), then the
     // normal lane: a burst in one namespace does not hold back another's new work.
     assert_eq!(
@@ -467,11 +461,7 @@ async fn the_keys_named_leave_the_queue() {
     assert_eq!(q.failures(&"kept-backoff"), 1);
     q.done(&"lost-in-flight");
     tokio::time::advance(Duration::from_secs(2)).await;
-    let mut order = Vec::new();
-    while let Some(k) = next(&q).await {
-        order.push(k);
-        q.done(&k);
-    }
+    let order = drain(&q).await;
     assert_eq!(order, ["kept-gate", "kept-normal", "kept-backoff"]);
 }
 
