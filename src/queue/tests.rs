@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use super::fair::UNDER_WAY_PER_NEW;
 use super::*;
 
 fn queue() -> Queue<&'static str> {
