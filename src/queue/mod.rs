@@ -44,8 +44,10 @@ use tokio::time::Instant;
 use crate::metrics::QueueMetrics;
 use crate::ratelimit::TokenBucket;
 use fair::FairLane;
+use fifo::Fifo;
 
 mod fair;
+mod fifo;
 
 /// Retry limits: per-key exponential backoff `base * 2^(failures-1)` capped at `max`,
 /// and an overall bucket of `qps`/`burst` retries.
@@ -103,14 +105,8 @@ struct State<K> {
     /// only a first look did and the look in flight was not it; otherwise the normal
     /// lane).
     again_in: HashMap<K, Lane>,
-    /// The normal lane. A key moved ahead from it (`add_locked`) leaves its copy here,
-    /// counted in `stale` and passed over when it comes up.
-    ready: VecDeque<K>,
-    /// The keys whose place is in the normal lane.
-    normal: HashSet<K>,
-    /// Copies in `ready` of keys moved ahead, per key. They are older than any copy of
-    /// the key queued since, so the first ones the lane reaches are these.
-    stale: HashMap<K, u32>,
+    /// The normal lane; a key queued there can move ahead (`add_locked`).
+    ready: Fifo<K>,
     dirty: HashSet<K>,
     processing: HashSet<K>,
     /// Delayed adds: (due, seq, key), earliest first; `due_of` keeps each key's earliest.
@@ -172,9 +168,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
                 served: Served::default(),
                 sharing_since: Instant::now(),
                 again_in: HashMap::new(),
-                ready: VecDeque::new(),
-                normal: HashSet::new(),
-                stale: HashMap::new(),
+                ready: Fifo::default(),
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
                 waiting: BTreeSet::new(),
@@ -327,9 +321,7 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         let keep = |k: &K| !gone(k);
         s.prompt.retain(keep);
         s.first_look.retain(|k| keep(k));
-        s.ready.retain(|k| keep(k));
-        s.normal.retain(|k| keep(k));
-        s.stale.retain(|k, _| keep(k));
+        s.ready.retain(keep);
         // One with a worker is not queued again when done.
         s.dirty.retain(|k| keep(k));
         s.queued_at.retain(|k, _| keep(k));
@@ -462,8 +454,6 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
         s.first_look.clear();
         s.again_in.clear();
         s.ready.clear();
-        s.normal.clear();
-        s.stale.clear();
         s.dirty.clear();
         s.waiting.clear();
         s.due_of.clear();
@@ -486,7 +476,7 @@ enum Lane {
 
 impl<K: Clone + Eq + Hash> State<K> {
     fn len(&self) -> usize {
-        self.prompt.len + self.first_look.len() + self.normal.len()
+        self.prompt.len + self.first_look.len() + self.ready.len()
     }
 
     /// The next key, and its lane: while the prompt and first-look lanes both have
@@ -515,18 +505,7 @@ impl<K: Clone + Eq + Hash> State<K> {
             // Under way or not, its time counts to the prompt lane's share.
             return Some((k, Lane::Prompt));
         }
-        while let Some(k) = self.ready.pop_front() {
-            if let Some(n) = self.stale.get_mut(&k) {
-                *n -= 1;
-                if *n == 0 {
-                    self.stale.remove(&k);
-                }
-                continue;
-            }
-            self.normal.remove(&k);
-            return Some((k, Lane::Normal));
-        }
-        None
+        self.ready.pop().map(|k| (k, Lane::Normal))
     }
 
     /// The time the prompt and first-look lanes' keys held workers, those in flight up to
@@ -592,8 +571,7 @@ fn add_locked<K: Clone + Eq + Hash + Ord>(
         // an add: it was queued already): out of the normal lane to the lane asked for,
         // or, as work under way, ahead of its tenant's work not begun.
         if !s.processing.contains(&key) {
-            if lane != Lane::Normal && s.normal.remove(&key) {
-                *s.stale.entry(key.clone()).or_insert(0) += 1;
+            if lane != Lane::Normal && s.ready.take(&key) {
                 push_locked(s, key, lane, tenant);
             } else if lane == Lane::UnderWay {
                 s.prompt.move_under_way(&key, tenant);
@@ -640,10 +618,7 @@ fn push_locked<K: Clone + Eq + Hash + Ord>(
         Lane::Prompt => s.prompt.push(key, tenant, false),
         Lane::UnderWay => s.prompt.push(key, tenant, true),
         Lane::FirstLook => s.first_look.push_back(key),
-        Lane::Normal => {
-            s.normal.insert(key.clone());
-            s.ready.push_back(key);
-        }
+        Lane::Normal => s.ready.push(key),
     }
 }
 
