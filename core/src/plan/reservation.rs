@@ -473,8 +473,6 @@ fn reserved_for(s: &GpuJobStatus) -> Option<i64> {
         .and_then(|c| c.observed_generation)
 }
 
-/// Whether the service may hold quota for this GpuJob: a reservation recorded, or a call
-/// whose outcome is unknown (a reserve may have landed, a release may not have).
 /// What `QuotaReserved` says of reservation `id` of `gpus` GPUs.
 fn reserved_words(id: &str, gpus: Option<i32>) -> String {
     match gpus {
@@ -483,6 +481,8 @@ fn reserved_words(id: &str, gpus: Option<i32>) -> String {
     }
 }
 
+/// Whether the service may hold quota for this GpuJob: a reservation recorded, or a call
+/// whose outcome is unknown (a reserve may have landed, a release may not have).
 fn may_hold(s: &GpuJobStatus) -> bool {
     s.reservation_id.is_some() || pending(s)
 }

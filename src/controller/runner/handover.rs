@@ -70,8 +70,9 @@ pub(super) async fn run(ctx: Arc<Context>, intake: Intake) {
         let changes = terms.update(&now);
         if !changes.lost.is_empty() {
             info!(shards = ?changes.lost, "shards lost: their reconciles stop, their GpuJobs are another replica's now");
-            ctx.view.shards_lost(forgotten(&now, &changes.lost));
-            intake.queue.drop_where(forgotten(&now, &changes.lost));
+            let gone = forgotten(&now, &changes.lost);
+            ctx.view.shards_lost(&gone);
+            intake.queue.drop_where(&gone);
             for shard in &changes.lost {
                 looks.lost(*shard);
             }

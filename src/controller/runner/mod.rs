@@ -446,12 +446,11 @@ async fn count_load(ctx: Arc<Context>, own: watch::Receiver<Ownership>) {
 }
 
 /// The work queue. New work takes turns by namespace: a burst in some namespaces does
-/// not hold back new GpuJobs in another. A GpuJob backing off (a failed call, refused
-/// quota) waits no more than `resync` between looks for its own backoff, as every
-/// GpuJob is looked at within it (the overall retry budget can add to that when more
-/// GpuJobs retry than it lets through in `resync`):
-/// one refused quota asks again within that of the quota freeing up, and the refusals
-/// go on being counted while it waits.
+/// not hold back new GpuJobs in another. A GpuJob's own backoff (a failed call, refused
+/// quota) is capped at `resync`, within which every GpuJob is looked at: one refused
+/// quota asks again within that of the quota freeing up, and its refusals go on being
+/// counted while it waits. (The overall retry budget can add to the wait when more
+/// GpuJobs retry than it lets through in `resync`.)
 fn work_queue(settings: &Settings, metrics: Option<crate::metrics::QueueMetrics>) -> Queue<Key> {
     Queue::with_metrics(settings.retry.at_most(settings.resync), metrics)
         .fair_by(|k: &Key| k.namespace.as_str())
