@@ -2,20 +2,23 @@
 # Validates the observability artifacts: the alert rules (promtool check rules), their unit
 # tests (promtool test rules), the runbook anchors the rules link to, the PromQL of every
 # dashboard panel, and that deploy/monitoring/ is generated from the current files.
-# Works from any directory. Installs Debian's `prometheus` package (promtool) when missing.
+# Works from any directory. Installs Debian's `prometheus` package (promtool, and the
+# server the tests run) when either is missing.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-if ! command -v promtool >/dev/null 2>&1; then
+# The tests also run the server (tests/integration/support/prometheus.rs): both come
+# with the package.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
   install=(apt-get install -y --no-install-recommends prometheus)
   if [[ "$(id -u)" -ne 0 ]]; then
-    echo "promtool is missing; install it as root with:" >&2
+    echo "promtool or prometheus is missing; install them as root with:" >&2
     echo "  apt-get update && ${install[*]}" >&2
     exit 1
   fi
-  echo "promtool is missing; installing Debian's prometheus package" >&2
+  echo "promtool or prometheus is missing; installing Debian's prometheus package" >&2
   apt-get update
   DEBIAN_FRONTEND=noninteractive "${install[@]}"
 fi

@@ -5,20 +5,27 @@
 # reason for every skip (inline: `checkov.io/skipN: ID=reason` annotations in deploy/,
 # `# checkov:skip=ID: reason` in the Dockerfile).
 #
-# checkov comes from PyPI at a pinned version, installed once into a virtualenv in the
-# cache ($GPUJOB_CACHE_DIR, default ~/.cache/gpujob-operator); CHECKOV overrides it.
+# checkov comes from PyPI at a pinned version, its dependencies at the versions of
+# scripts/checkov-constraints.txt, installed once into a virtualenv in the cache
+# ($GPUJOB_CACHE_DIR, default ~/.cache/gpujob-operator); CHECKOV overrides it. A
+# virtualenv's scripts name its own path, so it is built in place and marked `.complete`
+# last: one without the mark (an install that stopped) is built again. Bump `recipe`
+# when the constraints change.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 cache="${GPUJOB_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpujob-operator}"
 version=3.3.30
-venv="$cache/checkov-$version"
+recipe="checkov-$version-r2"
+venv="$cache/$recipe"
 checkov="${CHECKOV:-$venv/bin/checkov}"
-if [[ ! -x "$checkov" ]]; then
+if [[ -z "${CHECKOV:-}" && ! -e "$venv/.complete" ]]; then
   echo "installing checkov $version from PyPI into $venv" >&2
   rm -rf "$venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "checkov==$version"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check \
+    -c scripts/checkov-constraints.txt "checkov==$version"
+  touch "$venv/.complete"
 fi
 
 out="$(mktemp -d)"

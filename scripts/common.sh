@@ -12,13 +12,21 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
+# Go is at /usr/local/go on the machines this targets, not always on PATH; the scripts
+# that build the control plane, kwok, helm and Kueue from Go modules look for `go`.
+if ! command -v go >/dev/null 2>&1 && [[ -x /usr/local/go/bin/go ]]; then
+  export PATH="/usr/local/go/bin:$PATH"
+fi
+
 # Debian packages, the control-plane binaries and kwok (built once, cached) and the tools.
+# With `cluster`, only what running a local cluster needs (the demo, the load test); the
+# test command also takes the test tools.
 prepare_machine() {
   step "control-plane binaries and tools"
   KUBEBUILDER_ASSETS="$(devcluster/scripts/kube-binaries.sh)"
   export KUBEBUILDER_ASSETS
   echo "using $KUBEBUILDER_ASSETS" >&2
-  devcluster/scripts/tools.sh >&2
+  devcluster/scripts/tools.sh "${1:-test}" >&2
   # kwok plays the kubelet of devcluster's fake nodes; built once from its Go module too.
   DEVCLUSTER_KWOK="$(devcluster/scripts/kwok-binary.sh)/kwok"
   export DEVCLUSTER_KWOK

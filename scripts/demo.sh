@@ -35,10 +35,12 @@ if [[ "${1:-}" == "stop" ]]; then
   exit 0
 fi
 
-prepare_machine
+prepare_machine cluster
 
 step "build"
-cargo build --locked --bins
+# The root package alone is what a bare `cargo build` at the root builds: the demo
+# also runs devcluster's binary.
+cargo build --locked --bins -p gpujob-operator -p devcluster
 # The kubectl plugin (plugin/): `kubectl gpujob` once $bin is on PATH.
 cargo build --locked -p kubectl-gpujob
 

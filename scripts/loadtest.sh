@@ -31,7 +31,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 profile="${LOADTEST_PROFILE:-dev}"
-prepare_machine
+prepare_machine cluster
 
 step "build ($profile profile for the operator, the reference controller and the load generator)"
 # The reference controller --compare measures is built like the operator: a dev build of
