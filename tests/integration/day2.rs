@@ -192,25 +192,41 @@ async fn suspend_stops_the_running_attempt_without_a_failure_and_resume_runs_the
 #[tokio::test]
 async fn a_suspend_during_backoff_holds_the_next_attempt_until_resumed() {
     let env = TestEnv::new("day2-backoff").await;
+    // Long enough that a loaded machine sees the failure, and the suspend lands, while
+    // the backoff still runs (it counts from the Job's Failed time).
     let mut settings = env.settings();
-    settings.plan.backoff_base = Duration::from_secs(4);
+    settings.plan.backoff_base = Duration::from_secs(20);
     let op = env.operator("day2-backoff", settings).await;
     env.create(
         "flaky",
         json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_FAIL_ATTEMPTS", "1"), ("SIM_DURATION_SECONDS", "0.5")])}),
     )
     .await;
-    env.wait_gpujob("flaky", "backing off", |g| {
-        ready(g).is_some_and(|(_, r, _)| r == "BackingOff")
-    })
-    .await;
+    let backing_off = env
+        .wait_gpujob("flaky", "backing off", |g| {
+            ready(g).is_some_and(|(_, r, _)| r == "BackingOff")
+        })
+        .await;
+    let next = backing_off
+        .status
+        .and_then(|s| s.next_attempt_time)
+        .expect("a backoff has its end");
     patch_spec(&env, "flaky", json!({"suspend": true})).await;
     let held = env
         .wait_gpujob("flaky", "Suspended", |g| phase(g) == Some(Phase::Suspended))
         .await;
     assert_eq!(held.status.clone().unwrap().next_attempt_time, None);
-    // Well past the 4 s backoff: still no attempt 2.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Past the backoff's end (and a look after it: a resync, were it not suspended):
+    // still no attempt 2.
+    wait::until(
+        "the backoff to end",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async move { (jiff::Timestamp::now() > next).then_some(()) },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let still = env.gpujobs().get("flaky").await.unwrap();
     assert_eq!(
         still.status.clone().unwrap().attempts,

@@ -7,9 +7,6 @@
 
 use crate::support;
 
-use std::time::Duration;
-
-use devcluster::wait;
 use gpujob_operator::api::GpuJob;
 use gpujob_operator::controller::Next;
 use gpujob_operator::controller::events::transitions;
@@ -63,7 +60,7 @@ async fn writes_echoed_out_of_order_cost_no_second_patch_and_no_conflict() {
             published >= 1,
             "{order}: starting attempt 1 publishes an Event"
         );
-        settled(&h, published as u64).await;
+        support::events_done(&h.ctx.metrics, published as u64).await;
         if order == "job-event-first" {
             h.ctx.view.job_event(&Event::Apply(job), &Scope::All);
         } else {
@@ -90,24 +87,4 @@ async fn writes_echoed_out_of_order_cost_no_second_patch_and_no_conflict() {
             "{order}: a lagging cache cost writes: {writes:#?}"
         );
     }
-}
-
-/// Waits until `n` Events have left the harness' Event queue (written, counted into a
-/// series, failed or dropped) or were counted into an identical one that has:
-/// each published Event counts once under one of these results.
-async fn settled(h: &Harness, n: u64) {
-    wait::until(
-        "the first reconcile's Events to be written",
-        Duration::from_secs(30),
-        Duration::from_millis(20),
-        || async {
-            let done: u64 = gpujob_operator::metrics::EVENT_RESULTS
-                .iter()
-                .map(|r| h.ctx.metrics.events.with_label_values(&[r]).get())
-                .sum();
-            (done >= n).then_some(())
-        },
-    )
-    .await
-    .unwrap();
 }

@@ -10,9 +10,9 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use devcluster::Identity;
 use devcluster::audit::AuditEvent;
 use devcluster::faultproxy::{Fault, FaultProxy, Faults, Partition, Rule};
+use devcluster::{Identity, wait};
 use gpujob_operator::api::Phase;
 use http::Method;
 use nix::sys::signal::Signal;
@@ -266,10 +266,19 @@ async fn a_request_that_is_never_answered_is_abandoned_and_the_work_goes_on() {
         seed: 5,
     });
     create_many(&env, "during", 5, "0.5").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Until the operator has met the fault (a request held), however slow the machine.
+    wait::until(
+        "a request held by the proxy",
+        support::WAIT,
+        support::POLL,
+        || {
+            let held = proxy.counts().get("hang").copied().unwrap_or(0);
+            std::future::ready((held > 0).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
     proxy.clear();
-    let counts = proxy.counts();
-    assert!(counts.get("hang").copied().unwrap_or(0) > 0, "{counts:?}");
     // The held requests are never answered: the operator must give up on them by itself.
     wait_succeeded(&env, 8).await;
     op.stop().await;

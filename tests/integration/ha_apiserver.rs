@@ -32,19 +32,31 @@ async fn the_leader_steps_down_while_the_api_server_is_gone_and_work_resumes_aft
         .await;
     }
 
-    // Down for twice the renew deadline (2 s) and more than the lease duration (3 s).
+    // Down for at least twice the renew deadline (2 s) and more than the lease duration
+    // (3 s), and until the leader says it stepped down (a loaded machine may take
+    // longer to notice).
     env.cluster.stop_apiserver().unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
+    let leader_replica = replicas.iter().find(|r| r.identity() == leader).unwrap();
+    let stepped_down = devcluster::wait::until(
+        "the leader to step down",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            std::future::ready(
+                leader_replica
+                    .log_text()
+                    .contains("stepping down")
+                    .then_some(()),
+            )
+        },
+    )
+    .await;
     env.cluster.start_apiserver().await.unwrap();
-
-    let leader_log = replicas
-        .iter()
-        .find(|r| r.identity() == leader)
-        .unwrap()
-        .log_text();
     assert!(
-        leader_log.contains("stepping down"),
-        "the leader kept leading without the API server:\n{leader_log}"
+        stepped_down.is_ok(),
+        "the leader kept leading without the API server:\n{}",
+        leader_replica.log_text()
     );
     let (new_leader, _) = wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |_| true).await;
     println!("leader before: {leader}, after: {new_leader}");

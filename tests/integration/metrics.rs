@@ -5,6 +5,7 @@
 use crate::support;
 
 use devcluster::metrics::Metrics as Scrape;
+use devcluster::wait;
 use gpujob_operator::api::Phase;
 use serde_json::json;
 use support::{TestEnv, phase, sim_env};
@@ -28,8 +29,10 @@ async fn counters_and_gauges_follow_what_happened() {
     env.wait_gpujob("bad", "Failed", |g| phase(g) == Some(Phase::Failed))
         .await;
 
-    // The last Events follow the last status patch.
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    // The last Events follow the last status patch, written in the background: at
+    // least seven (attempt started ×3, attempt failed ×2, succeeded, failed; backing off
+    // too when a status showed it).
+    support::events_done(&op.status.metrics, 7).await;
     // Parse what /metrics would serve (the scrape hooks run, as on a real scrape).
     let text = op.status.render_metrics();
     let m = Scrape::parse(&text).unwrap();
@@ -52,22 +55,36 @@ async fn counters_and_gauges_follow_what_happened() {
     assert!(value("gpujob_watch_objects_total", &[("resource", "pods")]) >= 3.0);
     // Every write went through the client: three Job creates and the Events (attempt
     // started ×3, attempt failed ×2, retrying, succeeded, failed), all 201s on POST.
-    let events = env
-        .cluster
-        .audit()
-        .all()
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.user_agent == TestEnv::agent("metrics") && e.namespace == env.ns)
-        .filter(|e| e.resource == "events" && e.verb == "create" && e.code == 201)
-        .count();
-    assert_eq!(
-        value(
+    // Counted once the answer is in, so read again until the two agree (an eighth Event
+    // may still be on its way): a write the client did not count never lets them.
+    let events = || {
+        env.cluster
+            .audit()
+            .all()
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.user_agent == TestEnv::agent("metrics") && e.namespace == env.ns)
+            .filter(|e| e.resource == "events" && e.verb == "create" && e.code == 201)
+            .count()
+    };
+    let posts = || {
+        let m = Scrape::parse(&op.status.render_metrics()).unwrap();
+        m.sum(
             "rest_client_requests_total",
-            &[("code", "201"), ("method", "POST")]
-        ),
-        (3 + events) as f64
-    );
+            &[("code", "201"), ("method", "POST")],
+        )
+    };
+    let events = wait::until(
+        "every POST counted by the client (three Job creates and the Events)",
+        support::WAIT,
+        support::POLL,
+        || {
+            let events = events();
+            std::future::ready((posts() == (3 + events) as f64).then_some(events))
+        },
+    )
+    .await
+    .unwrap();
     assert!(events >= 5, "Events were recorded: {events}");
     assert!(
         value(

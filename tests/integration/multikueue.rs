@@ -386,10 +386,12 @@ async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_managemen
                 "runs",
                 &[
                     ("SIM_DURATION_SECONDS", "3600"),
-                    // Its container takes 10 s to stop once deleted, as a real one may.
-                    ("SIM_TERMINATION_SECONDS", "10"),
+                    // Its container takes long to stop once deleted, as a real one
+                    // may: longer than any machine takes to delete the management
+                    // Jobs (the test force-deletes it at the end).
+                    ("SIM_TERMINATION_SECONDS", "300"),
                 ],
-                json!({"spec": {"terminationGracePeriodSeconds": 60}}),
+                json!({"spec": {"terminationGracePeriodSeconds": 600}}),
             ),
         )
         .await
@@ -519,7 +521,7 @@ async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_managemen
     let manager_gone = started.elapsed();
     let pods: Api<Pod> = Api::namespaced(worker.admin.clone(), &worker.ns);
     // The worker's pod of "runs" still runs: whether or not Kueue has asked for its
-    // delete yet, it takes 10 s to stop.
+    // delete yet, it takes 300 s to stop.
     let left = pods.list(&ListParams::default()).await.unwrap().items;
     let still: Vec<_> = left
         .iter()
@@ -552,6 +554,16 @@ async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_managemen
             started.elapsed().as_secs_f64()
         );
     }
+    // Not 300 s more: the pod that takes long to stop is let go now.
+    for p in &left {
+        if let Some(name) = p.metadata.name.as_deref() {
+            let now = DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            };
+            let _ = pods.delete(name, &now).await;
+        }
+    }
     devcluster::wait::until(
         "the worker's pods gone",
         WAIT,
@@ -569,7 +581,7 @@ async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_managemen
     .unwrap();
     eprintln!(
         "every pod gone from the worker {:.2}s after the management Jobs' delete (the \
-         running one takes 10 s to stop)",
+         running one force-deleted)",
         started.elapsed().as_secs_f64()
     );
     // The gated pod never left its gate before it went.

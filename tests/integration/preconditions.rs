@@ -63,10 +63,10 @@ async fn an_old_attempts_job_whose_delete_was_refused_is_deleted_on_a_later_look
     let env = TestEnv::new("precond-old").await;
     let mut settings = env.settings();
     settings.plan.keep_jobs = 1;
-    // Long enough that the backoff is still running at the next look: a Job's Failed
-    // time has whole seconds, so a 1 s backoff can be over already.
-    settings.plan.backoff_base = Duration::from_secs(5);
-    settings.plan.backoff_max = Duration::from_secs(5);
+    // Long enough that the backoff is still running at the next look, on a loaded
+    // machine too: it counts from the Job's Failed time, which has whole seconds.
+    settings.plan.backoff_base = Duration::from_secs(20);
+    settings.plan.backoff_max = Duration::from_secs(20);
     let mut h = Harness::new(&env, "precond-old", settings).await;
     let vars = sim_env(&[("SIM_FAIL_ATTEMPTS", "1"), ("SIM_DURATION_SECONDS", "0.5")]);
     env.create("old", json!({"image": "i", "gpus": 1, "env": vars}))
@@ -88,7 +88,7 @@ async fn an_old_attempts_job_whose_delete_was_refused_is_deleted_on_a_later_look
         .expect("backing off");
     wait::until(
         "the backoff to end",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         Duration::from_millis(50),
         || async move { (jiff::Timestamp::now() > next).then_some(()) },
     )

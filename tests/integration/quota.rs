@@ -195,10 +195,31 @@ async fn refused_quota_backs_off_and_the_gpujob_starts_once_granted() {
     assert!(message.contains("8 GPUs"), "{message}");
     assert_eq!(env.jobs_of(&refused).await.len(), 0, "no Job without quota");
 
-    // A shortage of a few seconds: the backoff grows, so the calls stay few.
+    // A shortage of a few seconds: the backoff grows, so the calls stay few. Counted by
+    // the fake's own clock from the first call, so a slow machine changes nothing: from
+    // 5 ms doubling, about eleven calls fall within 6 s of the first.
+    wait::until(
+        "three refused reserve calls",
+        support::WAIT,
+        Duration::from_millis(100),
+        || {
+            let n = fake.calls("reserve", &uid).len();
+            std::future::ready((n >= 3).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let calls = fake.calls("reserve", &uid).len();
-    assert!((3..=14).contains(&calls), "{calls} reserve calls in ~6 s");
+    let calls = fake.calls("reserve", &uid);
+    let first = calls[0].at;
+    let within = calls
+        .iter()
+        .filter(|c| c.at.duration_since(first).as_secs_f64() <= 6.0)
+        .count();
+    assert!(
+        within <= 14,
+        "{within} reserve calls within 6 s of the first"
+    );
     let warnings: Vec<_> = env
         .events_of("wait", support::with_reasons(&["QuotaRefused"]))
         .await
@@ -210,7 +231,6 @@ async fn refused_quota_backs_off_and_the_gpujob_starts_once_granted() {
         1,
         "one Warning Event per transition: {warnings:?}"
     );
-    assert_eq!(op.status.metrics.quota_refusals.get(), calls as u64);
 
     fake.set_reserve(Mode::Ok);
     let done = env
@@ -218,6 +238,15 @@ async fn refused_quota_backs_off_and_the_gpujob_starts_once_granted() {
         .await;
     assert_eq!(done.status.unwrap().attempts, 1);
     assert_eq!(fake.granted(&uid).len(), 1);
+    // Every refusal answered is counted once; none can come after the grant (counted
+    // only now: the metric moves once an answer is in, the fake's list on arrival).
+    let refused = fake
+        .calls("reserve", &uid)
+        .iter()
+        .filter(|c| c.code == 409)
+        .count();
+    assert!(refused >= 3, "{refused} refusals");
+    assert_eq!(op.status.metrics.quota_refusals.get(), refused as u64);
     op.stop().await;
 }
 

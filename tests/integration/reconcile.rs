@@ -284,7 +284,10 @@ async fn three_writes_per_gpujob_to_running_and_none_when_converged() {
     })
     .await
     .unwrap();
-    // Let late events (the Job controller's status updates, our own echoes) settle.
+    // Each attempt's Event written (in the background, after the status), then a while
+    // for late events (the Job controller's status updates, our own echoes) to cost
+    // writes they should not.
+    support::events_done(&op.status.metrics, N as u64).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let writes = operator_writes(&audit.since(start).unwrap(), &agent, &env.ns);
     let creates = writes
@@ -569,7 +572,22 @@ async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed
         assert_eq!(status.observed_generation, refused.metadata.generation);
     }
 
-    // No hot loop: poke them and wait; no Job was ever tried, one Warning Event each.
+    // No hot loop: poke them and wait until each poke was looked at; no Job was ever
+    // tried, one Warning Event each.
+    support::events_done(&op.status.metrics, cases.len() as u64).await;
+    let looks = || {
+        gpujob_operator::metrics::RESULTS
+            .iter()
+            .map(|r| {
+                op.status
+                    .metrics
+                    .reconcile_total
+                    .with_label_values(&[r])
+                    .get()
+            })
+            .sum::<u64>()
+    };
+    let before = looks();
     let pp = PatchParams::default();
     for (name, _, _, _) in &cases {
         let poke = json!({"metadata": {"annotations": {"poke": "1"}}});
@@ -578,6 +596,11 @@ async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed
             .await
             .unwrap();
     }
+    wait::until("each poke looked at", WAIT, POLL, || {
+        std::future::ready((looks() >= before + cases.len() as u64).then_some(()))
+    })
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let agent = TestEnv::agent(identity);
     let writes = operator_writes(&audit.since(start).unwrap(), &agent, &env.ns);

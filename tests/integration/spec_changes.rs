@@ -153,9 +153,11 @@ async fn on_next_attempt_lets_the_running_attempt_finish_and_applies_the_change_
 #[tokio::test]
 async fn a_change_during_backoff_applies_to_the_next_attempt_after_the_backoff() {
     let env = TestEnv::new("backoff-change").await;
+    // Long enough that a loaded machine sees the failure, and the change lands, while
+    // the backoff still runs (it counts from the Job's Failed time).
     let mut settings = env.settings();
-    settings.plan.backoff_base = Duration::from_secs(4);
-    settings.plan.backoff_max = Duration::from_secs(4);
+    settings.plan.backoff_base = Duration::from_secs(20);
+    settings.plan.backoff_max = Duration::from_secs(20);
     let op = env.operator("backoff-change", settings).await;
     let gj = env
         .create("train", json!({"image": "i", "gpus": 1, "env": sim_env(&[("SIM_FAIL_ATTEMPTS", "1"), ("SIM_DURATION_SECONDS", "0.5")])}))
@@ -186,7 +188,7 @@ async fn a_change_during_backoff_applies_to_the_next_attempt_after_the_backoff()
     let failed_at = env.ended_at(&jobs[0]).await;
     let started = jobs[1].metadata.creation_timestamp.clone().unwrap().0;
     assert!(
-        started.duration_since(failed_at).as_secs() >= 4,
+        started.duration_since(failed_at).as_secs() >= 20,
         "the change did not cut the backoff short"
     );
     op.stop().await;

@@ -67,6 +67,28 @@ pub const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator/rba
 pub const WAIT: Duration = Duration::from_secs(90);
 pub const POLL: Duration = Duration::from_millis(200);
 
+/// Waits until `n` Events have left an operator's Event queue (written, counted into a
+/// series, failed or dropped) or were counted into an identical one that has: each
+/// published Event counts once under one of these results. Events are written in the
+/// background, after the status that caused them, so a test that counts them waits here
+/// for the positive signal rather than for a duration.
+pub async fn events_done(metrics: &Metrics, n: u64) {
+    wait::until(
+        &format!("{n} Events to leave the Event queue"),
+        WAIT,
+        Duration::from_millis(20),
+        || {
+            let done: u64 = gpujob_operator::metrics::EVENT_RESULTS
+                .iter()
+                .map(|r| metrics.events.with_label_values(&[r]).get())
+                .sum();
+            std::future::ready((done >= n).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// An Event as `kubectl describe` shows it: (type, reason, note, count).
 pub type EventSeen = (String, String, String, i32);
 
