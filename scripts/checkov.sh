@@ -20,12 +20,18 @@ recipe="checkov-$version-r2"
 venv="$cache/$recipe"
 checkov="${CHECKOV:-$venv/bin/checkov}"
 if [[ -z "${CHECKOV:-}" && ! -e "$venv/.complete" ]]; then
-  echo "installing checkov $version from PyPI into $venv" >&2
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check \
-    -c scripts/checkov-constraints.txt "checkov==$version"
-  touch "$venv/.complete"
+  # Two test commands on one machine: one builds, the other waits for it.
+  exec 9>"$cache/$recipe.lock"
+  flock 9
+  if [[ ! -e "$venv/.complete" ]]; then
+    echo "installing checkov $version from PyPI into $venv" >&2
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check \
+      -c scripts/checkov-constraints.txt "checkov==$version"
+    touch "$venv/.complete"
+  fi
+  flock -u 9
 fi
 
 out="$(mktemp -d)"
