@@ -428,10 +428,19 @@ async fn partitions_hold_or_refuse_until_healed() {
     // Heal: what was held is closed, not answered late; new requests work.
     let via = s.via_namespaces();
     let ns = s.ns.clone();
+    let hung = s.proxy.count("partition_hang");
     let pending = tokio::spawn(async move { via.get(&ns).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Healed only once the proxy holds it (a GET that came after would just succeed).
+    devcluster::wait::until(
+        "the GET to be held",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || std::future::ready((s.proxy.count("partition_hang") > hung).then_some(())),
+    )
+    .await
+    .unwrap();
     s.proxy.heal();
-    let released = tokio::time::timeout(Duration::from_secs(2), pending)
+    let released = tokio::time::timeout(Duration::from_secs(10), pending)
         .await
         .expect("the held GET to be released")
         .unwrap();
@@ -460,16 +469,11 @@ async fn partitions_hold_or_refuse_until_healed() {
 
     // Refuse: fails fast, also on the connection already open.
     s.proxy.set_partition(Some(Partition::Refuse));
-    let started = Instant::now();
+    // Fast: within a bound no held request meets (a held one is never answered).
     let refused = tokio::time::timeout(Duration::from_secs(5), s.via_namespaces().get(&s.ns))
         .await
         .expect("a refused GET to fail fast");
     assert!(refused.is_err(), "{refused:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
     assert!(
         s.proxy.count("partition_refuse") >= 1,
         "{refused:?} {:?}",

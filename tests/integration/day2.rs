@@ -196,6 +196,7 @@ async fn a_suspend_during_backoff_holds_the_next_attempt_until_resumed() {
     // the backoff still runs (it counts from the Job's Failed time).
     let mut settings = env.settings();
     settings.plan.backoff_base = Duration::from_secs(20);
+    settings.plan.backoff_max = Duration::from_secs(20);
     let op = env.operator("day2-backoff", settings).await;
     env.create(
         "flaky",

@@ -53,10 +53,10 @@ async fn counters_and_gauges_follow_what_happened() {
     assert!(value("gpujob_watch_objects_total", &[("resource", "gpujobs")]) >= 2.0);
     assert!(value("gpujob_watch_objects_total", &[("resource", "jobs")]) >= 3.0);
     assert!(value("gpujob_watch_objects_total", &[("resource", "pods")]) >= 3.0);
-    // Every write went through the client: three Job creates and the Events (attempt
-    // started ×3, attempt failed ×2, retrying, succeeded, failed), all 201s on POST.
-    // Counted once the answer is in, so read again until the two agree (an eighth Event
-    // may still be on its way): a write the client did not count never lets them.
+    // Every write went through the client: three Job creates and the Events (those
+    // above), all 201s on POST. Counted once the answer is in, so read again until the
+    // two agree (a backing-off Event may still be on its way): a write the client did
+    // not count never lets them.
     let events = || {
         env.cluster
             .audit()

@@ -554,16 +554,29 @@ async fn a_gated_job_waits_at_its_gate_on_the_worker_and_goes_with_the_managemen
             started.elapsed().as_secs_f64()
         );
     }
-    // Not 300 s more: the pod that takes long to stop is let go now.
-    for p in &left {
-        if let Some(name) = p.metadata.name.as_deref() {
-            let now = DeleteParams {
-                grace_period_seconds: Some(0),
-                ..DeleteParams::default()
-            };
-            let _ = pods.delete(name, &now).await;
-        }
-    }
+    // The worker's garbage collector deletes both pods: the gated one goes, the running
+    // one is asked to stop; that one is then let go at once, not in 300 s.
+    let runs_pod = devcluster::wait::until(
+        "the gated pod gone and the running one asked to stop",
+        WAIT,
+        Duration::from_millis(100),
+        || async {
+            let left = pods.list(&ListParams::default()).await.ok()?.items;
+            match left.as_slice() {
+                [p] if job_of(p) == Some("runs") && p.metadata.deletion_timestamp.is_some() => {
+                    p.metadata.name.clone()
+                }
+                _ => None,
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    let _ = pods.delete(&runs_pod, &now).await;
     devcluster::wait::until(
         "the worker's pods gone",
         WAIT,
