@@ -219,14 +219,7 @@ async fn a_suspend_during_backoff_holds_the_next_attempt_until_resumed() {
     assert_eq!(held.status.clone().unwrap().next_attempt_time, None);
     // Past the backoff's end (and a look after it: a resync, were it not suspended):
     // still no attempt 2.
-    wait::until(
-        "the backoff to end",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async move { (jiff::Timestamp::now() > next).then_some(()) },
-    )
-    .await
-    .unwrap();
+    support::until_past(next).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let still = env.gpujobs().get("flaky").await.unwrap();
     assert_eq!(
@@ -351,7 +344,9 @@ async fn a_rerun_starts_a_new_run_with_the_next_attempt_number() {
         .await;
     assert!(events(&seen).contains(&"Rerun"));
 
-    // The same request again starts nothing.
+    // The same request again starts nothing, once looked at (another annotation changes
+    // with it, or the unchanged object would bring no watch event and no look).
+    let before = support::looks(&op);
     let out = kubectl(
         &env,
         &[
@@ -359,12 +354,13 @@ async fn a_rerun_starts_a_new_run_with_the_next_attempt_number() {
             "gj",
             "nightly",
             "gpujob.dev/rerun=first-rerun",
+            "test/poke=1",
             "--overwrite",
         ],
     )
     .await;
     assert!(out.status.success());
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    support::looked(&op, before, 1).await;
     let after = env.gpujobs().get("nightly").await.unwrap();
     assert_eq!(after.status.unwrap().attempts, 2);
     op.stop().await;

@@ -212,13 +212,19 @@ async fn cut_and_expired_watches_recover_without_redoing_work() {
     let start = audit.cursor().unwrap();
     create_many(&env, "watch", 10, "2").await;
     wait_succeeded(&env, 10).await;
-    // Settle, then count: relists look at everything again, and must write nothing new.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let counts = proxy.counts();
-    assert!(
-        counts.get("watch_cut").copied().unwrap_or(0) > 0,
-        "{counts:?}"
-    );
+    // Then watches cut again (each at most 1.5 s after it began), and the relists that
+    // follow look at everything again: they must write nothing new.
+    let cuts = || proxy.counts().get("watch_cut").copied().unwrap_or(0);
+    let before = cuts();
+    wait::until(
+        "three more watch cuts",
+        support::WAIT,
+        support::POLL,
+        || std::future::ready((cuts() >= before + 3).then_some(())),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let agent = TestEnv::agent("faults-watch");
     let writes: Vec<AuditEvent> = audit
         .since(start)

@@ -86,14 +86,7 @@ async fn an_old_attempts_job_whose_delete_was_refused_is_deleted_on_a_later_look
         .unwrap()
         .next_attempt_time
         .expect("backing off");
-    wait::until(
-        "the backoff to end",
-        Duration::from_secs(60),
-        Duration::from_millis(50),
-        || async move { (jiff::Timestamp::now() > next).then_some(()) },
-    )
-    .await
-    .unwrap();
+    support::until_past(next).await;
 
     // Attempt 2 starts and attempt 1's Job (beyond keep-jobs 1) is deleted, from a Job
     // cache that has not seen its latest change: the precondition fails.

@@ -370,8 +370,9 @@ async fn gpujobs_that_cannot_run_hold_no_quota() {
     .await;
     assert!(!fake.live().contains_key(&taken_uid), "{:?}", fake.live());
     let reserves = fake.calls("reserve", &taken_uid).len();
-    // It looks again every 2 s (test settings) and still reserves nothing.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // It looks again every 2 s (test settings; the other GpuJob here, its spec invalid,
+    // is not looked at again) and still reserves nothing.
+    support::looked(&op, support::looks(&op), 2).await;
     assert_eq!(fake.calls("reserve", &taken_uid).len(), reserves);
     // The name is freed: the GpuJob reserves and runs.
     env.jobs()

@@ -342,14 +342,7 @@ async fn three_writes_per_gpujob_to_running_and_none_when_converged() {
     let op = env.operator(identity, env.settings()).await;
     // Once the restarted operator has looked at every GpuJob (and a while for what
     // could follow), not after a duration that a slow start could use up.
-    wait::until(
-        "the restarted operator to look at each GpuJob",
-        WAIT,
-        POLL,
-        || std::future::ready((looks(&op) >= N as u64).then_some(())),
-    )
-    .await
-    .unwrap();
+    support::looked(&op, 0, N as u64).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let writes = operator_writes(&audit.since(converged).unwrap(), &agent, &env.ns);
     assert!(
@@ -585,7 +578,7 @@ async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed
     // No hot loop: poke them and wait until each poke was looked at; no Job was ever
     // tried, one Warning Event each.
     support::events_done(&op.status.metrics, cases.len() as u64).await;
-    let before = looks(&op);
+    let before = support::looks(&op);
     let pp = PatchParams::default();
     for (name, _, _, _) in &cases {
         let poke = json!({"metadata": {"annotations": {"poke": "1"}}});
@@ -594,11 +587,7 @@ async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed
             .await
             .unwrap();
     }
-    wait::until("each poke looked at", WAIT, POLL, || {
-        std::future::ready((looks(&op) >= before + cases.len() as u64).then_some(()))
-    })
-    .await
-    .unwrap();
+    support::looked(&op, before, cases.len() as u64).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let agent = TestEnv::agent(identity);
     let writes = operator_writes(&audit.since(start).unwrap(), &agent, &env.ns);
@@ -690,19 +679,4 @@ async fn a_job_an_earlier_release_created_suspended_gets_the_gate_then_runs() {
     let status = g.status.unwrap();
     assert_eq!((status.attempts, status.failures), (1, 0), "{status:?}");
     op.stop().await;
-}
-
-/// How many reconciles `op` has ended, whatever their result (a first look from the
-/// caches counts too).
-fn looks(op: &support::Operator) -> u64 {
-    gpujob_operator::metrics::RESULTS
-        .iter()
-        .map(|r| {
-            op.status
-                .metrics
-                .reconcile_total
-                .with_label_values(&[r])
-                .get()
-        })
-        .sum()
 }

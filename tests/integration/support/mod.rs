@@ -67,6 +67,45 @@ pub const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/operator/rba
 pub const WAIT: Duration = Duration::from_secs(90);
 pub const POLL: Duration = Duration::from_millis(200);
 
+/// Waits until the clock is past `t` (a backoff's end, say), for at most a minute.
+pub async fn until_past(t: jiff::Timestamp) {
+    wait::until(
+        &format!("the clock to pass {t}"),
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || std::future::ready((jiff::Timestamp::now() > t).then_some(())),
+    )
+    .await
+    .unwrap();
+}
+
+/// How many reconciles `op` has ended, whatever their result (a first look from the
+/// caches counts too): the sign that it looked, for a test that checks it did nothing.
+pub fn looks(op: &Operator) -> u64 {
+    gpujob_operator::metrics::RESULTS
+        .iter()
+        .map(|r| {
+            op.status
+                .metrics
+                .reconcile_total
+                .with_label_values(&[r])
+                .get()
+        })
+        .sum()
+}
+
+/// Waits until `op` has ended `n` more reconciles than `before` (`looks`).
+pub async fn looked(op: &Operator, before: u64, n: u64) {
+    wait::until(
+        &format!("{n} more reconciles"),
+        WAIT,
+        Duration::from_millis(20),
+        || std::future::ready((looks(op) >= before + n).then_some(())),
+    )
+    .await
+    .unwrap();
+}
+
 /// Waits until `n` Events have left an operator's Event queue (written, counted into a
 /// series, failed or dropped) or were counted into an identical one that has: each
 /// published Event counts once under one of these results. Events are written in the
