@@ -21,6 +21,7 @@ venv="$cache/$recipe"
 checkov="${CHECKOV:-$venv/bin/checkov}"
 if [[ -z "${CHECKOV:-}" && ! -e "$venv/.complete" ]]; then
   # Two test commands on one machine: one builds, the other waits for it.
+  mkdir -p "$cache"
   exec 9>"$cache/$recipe.lock"
   flock 9
   if [[ ! -e "$venv/.complete" ]]; then

@@ -25,7 +25,7 @@ command -v python3 >/dev/null || need+=(python3)
 # PyPI below, with no root needed.
 debian_python=true
 if command -v python3 >/dev/null \
-  && [[ "$(python3 -c 'import sys; print(sys.executable)')" != /usr/bin/python3* ]]; then
+  && [[ "$(python3 -c 'import sys; print(sys.prefix)')" != /usr ]]; then
   debian_python=false
 fi
 if [[ "$mode" == test ]] && $debian_python; then

@@ -333,6 +333,7 @@ async fn gpujobs_that_cannot_run_hold_no_quota() {
     let (env, fake, mut settings) = setup("quota-cannot-run").await;
     // Long enough a backoff to change the spec in the middle of it.
     settings.plan.backoff_base = Duration::from_secs(20);
+    settings.plan.backoff_max = Duration::from_secs(20);
     let op = env.operator("quota-cannot-run", settings).await;
 
     // An invalid spec reserves nothing (and takes no finalizer).

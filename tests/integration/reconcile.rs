@@ -342,7 +342,7 @@ async fn three_writes_per_gpujob_to_running_and_none_when_converged() {
     let op = env.operator(identity, env.settings()).await;
     // Once the restarted operator has looked at every GpuJob (and a while for what
     // could follow), not after a duration that a slow start could use up.
-    support::looked(&op, 0, N as u64).await;
+    support::first_looks_done(&op, 1).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let writes = operator_writes(&audit.since(converged).unwrap(), &agent, &env.ns);
     assert!(
@@ -578,7 +578,7 @@ async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed
     // No hot loop: poke them and wait until each poke was looked at; no Job was ever
     // tried, one Warning Event each.
     support::events_done(&op.status.metrics, cases.len() as u64).await;
-    let before = support::looks(&op);
+    let seen = support::watched(&op, "gpujobs");
     let pp = PatchParams::default();
     for (name, _, _, _) in &cases {
         let poke = json!({"metadata": {"annotations": {"poke": "1"}}});
@@ -587,7 +587,7 @@ async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed
             .await
             .unwrap();
     }
-    support::looked(&op, before, cases.len() as u64).await;
+    support::quiet_after(&op, "gpujobs", seen + cases.len() as u64).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let agent = TestEnv::agent(identity);
     let writes = operator_writes(&audit.since(start).unwrap(), &agent, &env.ns);

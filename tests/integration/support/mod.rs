@@ -94,6 +94,71 @@ pub fn looks(op: &Operator) -> u64 {
         .sum()
 }
 
+/// How many `resource` objects (`gpujobs`, `jobs`, `pods`) `op`'s watches received.
+pub fn watched(op: &Operator, resource: &str) -> u64 {
+    op.status
+        .metrics
+        .watch_objects
+        .with_label_values(&[resource])
+        .get()
+}
+
+/// Waits until `op`'s watches have received at least `at_least` `resource` objects
+/// (`watched`), then until its work queue is quiet: nothing queued and nothing in
+/// flight, at two looks 100 ms apart. A watch event updates the cache before it queues
+/// its key, and a key it finds in flight runs again; so once quiet, a look that read
+/// what that event brought has ended. For a check that the look did nothing.
+pub async fn quiet_after(op: &Operator, resource: &str, at_least: u64) {
+    wait::until(
+        &format!("{at_least} {resource} received by the watches"),
+        WAIT,
+        Duration::from_millis(20),
+        || std::future::ready((watched(op, resource) >= at_least).then_some(())),
+    )
+    .await
+    .unwrap();
+    let quiet = || {
+        // A render runs the scrape hooks, which set the queue's gauges.
+        let _ = op.status.render_metrics();
+        let q = &op.status.metrics.queue;
+        q.depth.get() == 0 && q.unfinished_work.get() == 0.0
+    };
+    wait::until(
+        "the work queue to be quiet",
+        WAIT,
+        Duration::from_millis(100),
+        || {
+            let was = quiet();
+            async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                (was && quiet()).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// Waits until every shard `op` holds has reported its first look whole
+/// (`gpujob_shard_first_look_seconds`): each GpuJob its shards had when gained was
+/// looked at. `shards`: how many it holds (1 unsharded).
+pub async fn first_looks_done(op: &Operator, shards: u64) {
+    wait::until(
+        &format!("{shards} shards' first looks"),
+        WAIT,
+        Duration::from_millis(50),
+        || {
+            let text = op.status.render_metrics();
+            let done = devcluster::metrics::Metrics::parse(&text)
+                .map(|m| m.sum("gpujob_shard_first_look_seconds_count", &[]))
+                .unwrap_or(0.0);
+            std::future::ready((done >= shards as f64).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// Waits until `op` has ended `n` more reconciles than `before` (`looks`).
 pub async fn looked(op: &Operator, before: u64, n: u64) {
     wait::until(
