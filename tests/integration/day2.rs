@@ -346,7 +346,7 @@ async fn a_rerun_starts_a_new_run_with_the_next_attempt_number() {
 
     // The same request again starts nothing, once looked at (another annotation changes
     // with it, or the unchanged object would bring no watch event and no look).
-    let seen = support::watched(&op, "gpujobs");
+    let seen = support::signals::watched(&op, "gpujobs");
     let out = kubectl(
         &env,
         &[
@@ -360,7 +360,7 @@ async fn a_rerun_starts_a_new_run_with_the_next_attempt_number() {
     )
     .await;
     assert!(out.status.success());
-    support::quiet_after(&op, "gpujobs", seen + 1).await;
+    support::signals::quiet_after(&op, "gpujobs", seen + 1).await;
     let after = env.gpujobs().get("nightly").await.unwrap();
     assert_eq!(after.status.unwrap().attempts, 2);
     op.stop().await;

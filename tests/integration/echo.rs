@@ -60,7 +60,7 @@ async fn writes_echoed_out_of_order_cost_no_second_patch_and_no_conflict() {
             published >= 1,
             "{order}: starting attempt 1 publishes an Event"
         );
-        support::events_done(&h.ctx.metrics, published as u64).await;
+        support::signals::events_done(&h.ctx.metrics, published as u64).await;
         if order == "job-event-first" {
             h.ctx.view.job_event(&Event::Apply(job), &Scope::All);
         } else {

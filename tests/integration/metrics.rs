@@ -32,7 +32,7 @@ async fn counters_and_gauges_follow_what_happened() {
     // The last Events follow the last status patch, written in the background: at
     // least seven (attempt started ×3, attempt failed ×2, succeeded, failed; backing off
     // too when a status showed it).
-    support::events_done(&op.status.metrics, 7).await;
+    support::signals::events_done(&op.status.metrics, 7).await;
     // Parse what /metrics would serve (the scrape hooks run, as on a real scrape).
     let text = op.status.render_metrics();
     let m = Scrape::parse(&text).unwrap();
@@ -57,7 +57,7 @@ async fn counters_and_gauges_follow_what_happened() {
     // above), all 201s on POST. Counted once the answer is in, so read again until the
     // two agree (a backing-off Event may still be on its way): a write the client did
     // not count never lets them.
-    let events = || {
+    let audited_events = || {
         env.cluster
             .audit()
             .all()
@@ -79,7 +79,7 @@ async fn counters_and_gauges_follow_what_happened() {
         support::WAIT,
         support::POLL,
         || {
-            let events = events();
+            let events = audited_events();
             std::future::ready((posts() == (3 + events) as f64).then_some(events))
         },
     )

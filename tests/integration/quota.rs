@@ -373,7 +373,7 @@ async fn gpujobs_that_cannot_run_hold_no_quota() {
     let reserves = fake.calls("reserve", &taken_uid).len();
     // It looks again every 2 s (test settings; the other GpuJob here, its spec invalid,
     // is not looked at again) and still reserves nothing.
-    support::looked(&op, support::looks(&op), 2).await;
+    support::signals::looked(&op, support::signals::looks(&op), 2).await;
     assert_eq!(fake.calls("reserve", &taken_uid).len(), reserves);
     // The name is freed: the GpuJob reserves and runs.
     env.jobs()

@@ -287,7 +287,7 @@ async fn three_writes_per_gpujob_to_running_and_none_when_converged() {
     // Each attempt's Event written (in the background, after the status), then a while
     // for late events (the Job controller's status updates, our own echoes) to cost
     // writes they should not.
-    support::events_done(&op.status.metrics, N as u64).await;
+    support::signals::events_done(&op.status.metrics, N as u64).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let writes = operator_writes(&audit.since(start).unwrap(), &agent, &env.ns);
     let creates = writes
@@ -342,7 +342,7 @@ async fn three_writes_per_gpujob_to_running_and_none_when_converged() {
     let op = env.operator(identity, env.settings()).await;
     // Once the restarted operator has looked at every GpuJob (and a while for what
     // could follow), not after a duration that a slow start could use up.
-    support::first_looks_done(&op, 1).await;
+    support::signals::first_looks_done(&op, 1).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let writes = operator_writes(&audit.since(converged).unwrap(), &agent, &env.ns);
     assert!(
@@ -577,8 +577,8 @@ async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed
 
     // No hot loop: poke them and wait until each poke was looked at; no Job was ever
     // tried, one Warning Event each.
-    support::events_done(&op.status.metrics, cases.len() as u64).await;
-    let seen = support::watched(&op, "gpujobs");
+    support::signals::events_done(&op.status.metrics, cases.len() as u64).await;
+    let seen = support::signals::watched(&op, "gpujobs");
     let pp = PatchParams::default();
     for (name, _, _, _) in &cases {
         let poke = json!({"metadata": {"annotations": {"poke": "1"}}});
@@ -587,7 +587,7 @@ async fn invalid_specs_are_reported_once_naming_the_field_and_recover_when_fixed
             .await
             .unwrap();
     }
-    support::quiet_after(&op, "gpujobs", seen + cases.len() as u64).await;
+    support::signals::quiet_after(&op, "gpujobs", seen + cases.len() as u64).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let agent = TestEnv::agent(identity);
     let writes = operator_writes(&audit.since(start).unwrap(), &agent, &env.ns);
