@@ -11,9 +11,9 @@
 //! [`FaultHandle`]): a list of [`Rule`]s, each a [`Fault`] with a probability and a
 //! [`Matcher`], and an optional [`Partition`]. Every request is checked against the
 //! rules in order; each rule that matches rolls its probability with a PRNG seeded by
-//! [`Faults::seed`]. [`Fault::Latency`] adds its delay and the check goes on; the first
-//! other rule that fires decides what happens to the request. No rule fired: the request
-//! is forwarded as is.
+//! [`Faults::seed`]. [`Fault::Latency`] adds its delay and [`Fault::Hold`] its wait for
+//! [`FaultHandle::release_held`], and the check goes on; the first other rule that fires
+//! decides what happens to the request. No rule fired: the request is forwarded as is.
 //!
 //! [`FaultProxy::counts`] tells what the proxy did, so a test can assert that a fault
 //! really happened before it asserts how the client coped.
@@ -91,6 +91,11 @@ pub enum Fault {
     /// Wait `fixed` plus a uniformly random part of `jitter` before going on. Delays of
     /// several rules that fire add up; the request then meets the next rules.
     Latency { fixed: Duration, jitter: Duration },
+    /// Wait until the test calls [`FaultHandle::release_held`], however long that takes,
+    /// then go on (after any latency; the request then meets the next rules). So a test
+    /// lands a write late at the moment its scenario needs, not after a guessed time.
+    /// Changing the faults does not release a held request.
+    Hold,
     /// Never answer: hold the request until the client gives up (or the proxy is
     /// dropped). Nothing is forwarded.
     Hang,
@@ -298,7 +303,9 @@ impl FaultHandle {
     }
 
     /// What the proxy did so far: `requests` (all), `forwarded` (sent to kube-apiserver,
-    /// including those of `ResetAfter` and `CutWatchAfter`), `latency`, `hang`,
+    /// including those of `ResetAfter` and `CutWatchAfter`), `latency`, `held` (requests
+    /// that began to wait for [`FaultHandle::release_held`]), `held_answered` (held ones
+    /// let go, forwarded and answered by kube-apiserver: a held write has landed), `hang`,
     /// `status_<code>`, `reset_before`, `reset_after`, `watch_cut`, `gone`,
     /// `expired_event`, `partition_hang` (requests held), `partition_refuse`
     /// (connections closed) and `upstream_error` (kube-apiserver could not be reached;
@@ -315,6 +322,13 @@ impl FaultHandle {
     /// Sets every counter back to zero.
     pub fn reset_counts(&self) {
         lock(&self.inner.counts).clear();
+    }
+
+    /// Lets every request held by [`Fault::Hold`] go on. A request that read the faults
+    /// before this call is let go too, even if it reaches its hold after; one that reads
+    /// them after is held by the rules then in force (clear them first to hold no more).
+    pub fn release_held(&self) {
+        self.inner.releases.send_modify(|n| *n += 1);
     }
 }
 
@@ -384,11 +398,7 @@ impl FaultProxy {
             TcpListener::from_std(listener)
                 .map_err(Error::io("setting up the fault proxy's listener"))?
         };
-        let inner = Arc::new(Inner {
-            faults: watch::Sender::new(Arc::new(Faults::default())),
-            rng: Mutex::new(SplitMix64::new(0)),
-            counts: Mutex::new(BTreeMap::new()),
-        });
+        let inner = Arc::new(Inner::new());
         let target = Arc::new(Target { base, client });
         runtime.spawn(accept_loop(listener, acceptor, inner.clone(), target));
         Ok(FaultProxy {
@@ -453,6 +463,11 @@ impl FaultProxy {
         self.handle.reset_counts();
     }
 
+    /// See [`FaultHandle::release_held`].
+    pub fn release_held(&self) {
+        self.handle.release_held();
+    }
+
     /// Writes a kubeconfig for `who` that points at this proxy (same CA, same token as
     /// `cluster.kubeconfig(who)`), as `<state>/kubeconfig/<who>-via-proxy-<port>.kubeconfig`.
     /// It is removed when the proxy is dropped.
@@ -515,9 +530,22 @@ struct Inner {
     faults: watch::Sender<Arc<Faults>>,
     rng: Mutex<SplitMix64>,
     counts: Mutex<BTreeMap<String, u64>>,
+    /// How many times [`FaultHandle::release_held`] was called: a request held
+    /// ([`Fault::Hold`]) goes on once this passes what it read before it read the faults.
+    releases: watch::Sender<u64>,
 }
 
 impl Inner {
+    /// No faults, nothing counted or released yet.
+    fn new() -> Inner {
+        Inner {
+            faults: watch::Sender::new(Arc::new(Faults::default())),
+            rng: Mutex::new(SplitMix64::new(0)),
+            counts: Mutex::new(BTreeMap::new()),
+            releases: watch::Sender::new(0),
+        }
+    }
+
     fn bump(&self, what: &str) {
         *lock(&self.counts).entry(what.to_owned()).or_default() += 1;
     }
@@ -532,6 +560,7 @@ impl Inner {
         let mut decision = Decision {
             delay: Duration::ZERO,
             latency_rules: 0,
+            hold: false,
             action: Action::Forward,
         };
         for rule in &faults.rules {
@@ -548,6 +577,10 @@ impl Inner {
                     let delay = fixed.saturating_add(jitter.mul_f64(rng.unit()));
                     decision.delay = decision.delay.saturating_add(delay);
                     decision.latency_rules += 1;
+                    continue;
+                }
+                Fault::Hold => {
+                    decision.hold = true;
                     continue;
                 }
                 Fault::Hang => Action::Hang,
@@ -569,6 +602,8 @@ impl Inner {
 struct Decision {
     delay: Duration,
     latency_rules: u32,
+    /// Wait for [`FaultHandle::release_held`] ([`Fault::Hold`]).
+    hold: bool,
     action: Action,
 }
 
@@ -866,6 +901,9 @@ async fn handle(
 ) -> Result<Response<ProxyBody>, Infallible> {
     inner.bump("requests");
     obey_partition(&inner, &ctl).await;
+    // Read before the faults: a release after a rule to hold this request was read
+    // lets it go.
+    let releases = *inner.releases.borrow();
     let faults = inner.faults.borrow().clone();
     let info = RequestInfo::parse(req.method(), req.uri());
     let decision = inner.decide(&faults, &info);
@@ -877,7 +915,19 @@ async fn handle(
         tokio::time::sleep(decision.delay).await;
         obey_partition(&inner, &ctl).await;
     }
+    if decision.hold {
+        inner.bump("held");
+        let mut released = inner.releases.subscribe();
+        // The sender lives as long as `inner`, which this request holds.
+        let _ = released.wait_for(|n| *n > releases).await;
+        obey_partition(&inner, &ctl).await;
+    }
     match decision.action {
+        Action::Forward if decision.hold => {
+            let answered = relay(req, &inner, &target, &ctl, None).await;
+            inner.bump("held_answered");
+            answered
+        }
         Action::Forward => relay(req, &inner, &target, &ctl, None).await,
         Action::Cut(after) => relay(req, &inner, &target, &ctl, Some(after)).await,
         Action::Hang => {
@@ -1268,11 +1318,7 @@ mod tests {
 
     #[test]
     fn decisions_follow_the_seed_and_the_probability() {
-        let inner = Inner {
-            faults: watch::Sender::new(Arc::new(Faults::default())),
-            rng: Mutex::new(SplitMix64::new(0)),
-            counts: Mutex::new(BTreeMap::new()),
-        };
+        let inner = Inner::new();
         let faults = Faults::new()
             .seed(42)
             .rule(Rule::new(Fault::Latency {
@@ -1317,6 +1363,19 @@ mod tests {
             }
         }
         assert_eq!(inner.decide(&cut, &get).action, Action::Forward);
+
+        // A hold, like a latency, lets the next rule decide.
+        let held = Faults::new()
+            .rule(Rule::new(Fault::Hold).methods([Method::GET]))
+            .rule(Rule::new(Fault::Status {
+                code: 500,
+                retry_after: None,
+            }));
+        let d = inner.decide(&held, &get);
+        assert!(d.hold);
+        assert!(matches!(d.action, Action::Status { code: 500, .. }));
+        let post = info(Method::POST, "/api/v1/namespaces");
+        assert!(!inner.decide(&held, &post).hold);
     }
 
     #[test]

@@ -405,6 +405,66 @@ async fn latency_delays_and_hang_holds() {
     s.via_cms().list(&ListParams::default()).await.unwrap();
 }
 
+/// A held write lands when the test lets it go, not before; one sent after the rule is
+/// cleared is not held.
+#[tokio::test]
+async fn hold_lands_a_write_when_released() {
+    let s = setup("fp-hold").await;
+    s.proxy.set(
+        Faults::new().rule(
+            Rule::new(Fault::Hold)
+                .methods([Method::POST])
+                .resources(["configmaps"]),
+        ),
+    );
+    let cm = |name: &str| ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let create = {
+        let (api, cm) = (s.via_cms(), cm("held"));
+        tokio::spawn(async move { api.create(&PostParams::default(), &cm).await })
+    };
+    let handle = s.proxy.handle();
+    devcluster::wait::until(
+        "the create to be held",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            let h = handle.clone();
+            async move { (h.count("held") == 1).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    // Reads pass while the write is held, and it has not landed.
+    let missing = s.direct_cms().get_opt("held").await.unwrap();
+    assert!(missing.is_none(), "landed while held: {missing:?}");
+    assert!(!create.is_finished(), "answered while held");
+    assert_eq!(s.proxy.count("held_answered"), 0);
+
+    s.proxy.clear();
+    s.proxy.release_held();
+    let created = tokio::time::timeout(Duration::from_secs(30), create)
+        .await
+        .expect("the held create to be answered once released")
+        .unwrap()
+        .unwrap();
+    assert_eq!(created.metadata.name.as_deref(), Some("held"));
+    assert_eq!(s.proxy.count("held_answered"), 1);
+    assert!(s.direct_cms().get_opt("held").await.unwrap().is_some());
+
+    // Cleared: not held.
+    s.via_cms()
+        .create(&PostParams::default(), &cm("after"))
+        .await
+        .unwrap();
+    assert_eq!(s.proxy.count("held"), 1, "{:?}", s.proxy.counts());
+}
+
 #[tokio::test]
 async fn partitions_hold_or_refuse_until_healed() {
     let s = setup("fp-partition").await;
