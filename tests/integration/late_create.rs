@@ -5,8 +5,8 @@
 //! started k + 1; or bring the next attempt's Job, numbered past what the status
 //! records, after a change that forbids it. And a removal of the scheduling gate, or a
 //! pod the Job controller makes for a Job whose end it has not seen, can land late too.
-//! Here with the real binary: the fault proxy holds the leader's writes longer than a
-//! takeover, then delivers them. A returned Job's pods must never be able to run (they
+//! Here with the real binary: the fault proxy holds the leader's writes until the
+//! successor has taken over (and acted), then delivers them. A returned Job's pods must never be able to run (they
 //! wait at the operator's scheduling gate, which only the holder removes, from the
 //! current attempt's pods), the successor must delete it, and at no moment may two
 //! attempts' Jobs have pods that can run (ungated or bound to a node; seen through
@@ -39,12 +39,12 @@ use support::replicas::{self, wait_holder};
 use support::{TestEnv, phase, ready, sim_env, with_reasons};
 use tokio::sync::watch;
 
-/// How long the deposed leader's Job creates are held in flight: longer than a takeover
-/// (3 s leases) and a replacement take here, with room for a loaded machine. The test
-/// checks that they did take less.
-const HOLD: Duration = Duration::from_secs(30);
-/// How long the successor may take to see the returned Job and have it gone.
+/// How long a held write may take to land once let go, and the successor to see the
+/// returned Job and have it gone.
 const UNDO: Duration = Duration::from_secs(30);
+/// A label the test puts on the GpuJob's Jobs and pods to know when the watches have
+/// seen everything committed before it ([`in_sync`]).
+const MARK: &str = "gpujob.test/mark";
 
 /// What the watches saw of the GpuJob's Jobs and pods.
 #[derive(Debug, Default, Clone)]
@@ -62,6 +62,8 @@ pub(crate) struct Seen {
     had_pods: BTreeSet<String>,
     /// Pods (names) that were ever bound to a node.
     bound_pods: BTreeSet<String>,
+    /// The label [`MARK`] seen, as `job:<value>` on a Job and `pod:<value>` on a pod.
+    marks: BTreeSet<String>,
     /// Each moment at which pods of more than one Job were live: those Jobs' names.
     pub(crate) overlaps: Vec<Vec<String>>,
 }
@@ -92,7 +94,14 @@ impl Seen {
         self.jobs.iter().any(|(u, _, gone)| u == uid && *gone)
     }
 
+    fn mark(&mut self, kind: &str, meta: &kube::api::ObjectMeta) {
+        if let Some(v) = meta.labels.as_ref().and_then(|l| l.get(MARK)) {
+            self.marks.insert(format!("{kind}:{v}"));
+        }
+    }
+
     fn job(&mut self, job: &Job, gone: bool) {
+        self.mark("job", &job.metadata);
         let (Some(uid), Some(name)) = (job.metadata.uid.clone(), job.metadata.name.clone()) else {
             return;
         };
@@ -103,6 +112,7 @@ impl Seen {
     }
 
     fn pod(&mut self, pod: &Pod, gone: bool) {
+        self.mark("pod", &pod.metadata);
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
@@ -242,7 +252,7 @@ async fn a_late_job_create_never_runs_beside_the_next_attempt() {
     // replica 2 takes over and runs attempt 2 itself.
     hold(&proxy, Method::POST, &["jobs"]);
     edit(&env, &node, "2").await;
-    let held = freeze_once_held(
+    freeze_once_held(
         &env,
         &proxy,
         &first,
@@ -256,13 +266,10 @@ async fn a_late_job_create_never_runs_beside_the_next_attempt() {
     // Another spec change: the successor replaces attempt 2 by attempt 3.
     edit(&env, &node, "3").await;
     let s = runs_alone(&mut seen, "train-3").await;
-    assert!(
-        held.elapsed() < HOLD && s.uids_named("train-2").len() == 1,
-        "the takeover and the replacement took longer than the create was held ({}s): raise HOLD; {s:#?}",
-        HOLD.as_secs()
-    );
+    assert_eq!(s.uids_named("train-2").len(), 1, "{s:#?}");
 
     // The held create lands: attempt 2 again, on the spec of generation 2.
+    release(&proxy);
     let (s, late) = lands_then_goes(&mut seen, "train-2", 2).await;
 
     assert!(
@@ -432,7 +439,7 @@ async fn lands_then_goes(
     let s = until(
         seen,
         &format!("the deposed leader's create of {name} to land"),
-        HOLD + Duration::from_secs(30),
+        UNDO,
         |s| s.uids_named(name).len() == nth,
     )
     .await;
@@ -482,58 +489,118 @@ async fn leader_behind_proxy(
     (proxy, first, second)
 }
 
-/// From now on, `method` requests to `resources` wait in the proxy for [`HOLD`].
+/// From now on, `method` requests to `resources` wait in the proxy until [`release`].
 fn hold(proxy: &FaultProxy, method: Method, resources: &[&str]) {
     proxy.set(
         Faults::new().rule(
-            Rule::new(Fault::Latency {
-                fixed: HOLD,
-                jitter: Duration::ZERO,
-            })
-            .methods([method])
-            .resources(resources.iter().copied()),
+            Rule::new(Fault::Hold)
+                .methods([method])
+                .resources(resources.iter().copied()),
         ),
     );
 }
 
+/// Holds nothing more, and lets the held requests go on to the API server.
+fn release(proxy: &FaultProxy) {
+    proxy.clear();
+    proxy.release_held();
+}
+
 /// Waits until the proxy holds a request ([`hold`]), freezes `leader` with it in flight,
-/// and waits for replica 2 to lead; returns when the request was first seen held.
+/// and waits for replica 2 to lead.
 async fn freeze_once_held(
     env: &TestEnv,
     proxy: &FaultProxy,
     leader: &replicas::Replica,
     what: &str,
-) -> tokio::time::Instant {
-    let held = freeze_when_held(proxy, leader, what).await;
+) {
+    freeze_when_held(proxy, leader, what).await;
     wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
         h == "replica-2"
     })
     .await;
-    held
 }
 
 /// Waits until the proxy holds a request ([`hold`]) and freezes `leader` with it in
-/// flight; returns when the request was first seen held.
-async fn freeze_when_held(
-    proxy: &FaultProxy,
-    leader: &replicas::Replica,
-    what: &str,
-) -> tokio::time::Instant {
+/// flight.
+async fn freeze_when_held(proxy: &FaultProxy, leader: &replicas::Replica, what: &str) {
+    wait_for_count(proxy, what, "held", 1).await;
+    leader.signal(Signal::SIGSTOP);
+}
+
+/// Waits until the proxy's counter `what` is at least `n`.
+async fn wait_for_count(proxy: &FaultProxy, until: &str, what: &str, n: u64) {
     let p = proxy.handle();
     wait::until(
-        what,
+        until,
         Duration::from_secs(60),
         Duration::from_millis(20),
         || {
             let p = p.clone();
-            async move { (p.count("latency") >= 1).then_some(()) }
+            async move { (p.count(what) >= n).then_some(()) }
         },
     )
     .await
     .unwrap();
-    let held = tokio::time::Instant::now();
-    leader.signal(Signal::SIGSTOP);
-    held
+}
+
+/// Lets the held requests go ([`release`]), waits until the API server has answered
+/// every one, then until the watches have seen a label put on the pods and Jobs
+/// named after that: what the held writes did is in what they saw.
+async fn land_held(
+    env: &TestEnv,
+    proxy: &FaultProxy,
+    gj: &GpuJob,
+    seen: &mut watch::Receiver<Seen>,
+) -> Seen {
+    release(proxy);
+    let held = proxy.count("held");
+    wait_for_count(proxy, "the held writes to land", "held_answered", held).await;
+    in_sync(env, gj, seen, "landed").await
+}
+
+/// Labels the Jobs and pods of `gj` that exist now with [`MARK`] `value`, then waits
+/// until the watches ([`watch_attempts`]) have seen it on one of each: each watch
+/// delivers events in the order they were committed, so it has seen every change made
+/// before the label.
+async fn in_sync(
+    env: &TestEnv,
+    gj: &GpuJob,
+    seen: &mut watch::Receiver<Seen>,
+    value: &str,
+) -> Seen {
+    let selector = format!("{LABEL_UID}={}", gj.metadata.uid.clone().unwrap());
+    let list = kube::api::ListParams::default().labels(&selector);
+    let patch = Patch::Merge(json!({"metadata": {"labels": {MARK: value}}}));
+    let mut want = BTreeSet::new();
+    for job in env.jobs().list(&list).await.unwrap() {
+        let name = job.metadata.name.unwrap();
+        // One gone meanwhile is not needed: another, or none, carries the label.
+        if env
+            .jobs()
+            .patch(&name, &PatchParams::default(), &patch)
+            .await
+            .is_ok()
+        {
+            want.insert(format!("job:{value}"));
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
+    for pod in pods.list(&list).await.unwrap() {
+        let name = pod.metadata.name.unwrap();
+        if pods
+            .patch(&name, &PatchParams::default(), &patch)
+            .await
+            .is_ok()
+        {
+            want.insert(format!("pod:{value}"));
+        }
+    }
+    assert!(!want.is_empty(), "no Job or pod of the GpuJob to label");
+    until(seen, "the watches to see the label", UNDO, |s| {
+        want.is_subset(&s.marks)
+    })
+    .await
 }
 
 /// The next attempt's Job, created by a leader that lost the shard before its status
@@ -558,7 +625,7 @@ async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbid
     // Attempt 1 fails; the leader's create of attempt 2 is held, and the leader frozen
     // before it could record attempt 2.
     hold(&proxy, Method::POST, &["jobs"]);
-    let held = freeze_when_held(
+    freeze_when_held(
         &proxy,
         &first,
         "the leader's create of attempt 2 to be held",
@@ -583,10 +650,7 @@ async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbid
         ready(g).is_some_and(|(_, reason, _)| reason == "InvalidSpec")
     })
     .await;
-    assert!(
-        held.elapsed() < HOLD,
-        "the takeover took longer than the hold"
-    );
+    release(&proxy);
     let (s, late) = lands_then_goes(&mut seen, "train-2", 1).await;
     assert!(
         !s.ran.contains(&late),
@@ -625,7 +689,7 @@ async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attemp
     // the leader frozen with it in flight, replica 2 takes over.
     hold(&proxy, Method::PATCH, &["jobs", "pods"]);
     edit(&env, &node, "2").await;
-    let held = freeze_once_held(
+    freeze_once_held(
         &env,
         &proxy,
         &first,
@@ -666,19 +730,15 @@ async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attemp
     ]);
     let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
     pods.create(&Default::default(), &race).await.unwrap();
-    // Attempt 2 runs (let go by the successor, or by the held write once it lands).
-    let s = until(
+    // Attempt 2 runs, let go by the successor; then the held write lands.
+    until(
         &mut seen,
         "attempt 2 to run",
-        HOLD + Duration::from_secs(30),
+        Duration::from_secs(60),
         |s| s.live_jobs() == BTreeSet::from(["train-2".to_owned()]),
     )
     .await;
-    let _ = s;
-    // The held write has landed by now, whatever it found.
-    let wait_left = HOLD.saturating_sub(held.elapsed()) + Duration::from_secs(2);
-    tokio::time::sleep(wait_left).await;
-    let s = seen.borrow().clone();
+    let s = land_held(&env, &proxy, &gj, &mut seen).await;
     assert!(
         s.overlaps.is_empty(),
         "two attempts had pods that could run at once: {:?}",
