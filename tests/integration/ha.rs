@@ -186,60 +186,89 @@ async fn kill_9_of_the_leader_under_load_hands_over_without_repeating_anything()
     assert_eq!(succeeded, N);
 }
 
+/// How soon a standby takes a released Lease is the lease logic's (unit tests in
+/// `gpujob-core`, on an injected clock) and a figure (`failover_figures`); here, with
+/// the real binary, the facts of the hand-over: the leader's release is written before
+/// it exits, and the successor's claim is the next write, of that released record.
 #[tokio::test]
-async fn sigterm_releases_the_lease_before_exit_and_a_standby_takes_it_at_once() {
+async fn sigterm_releases_the_lease_before_exit_and_a_standby_takes_the_released_lease() {
     let env = TestEnv::new("ha-term").await;
+    let audit = env.cluster.audit();
     let mut replicas = start_three(&env).await;
     let (leader, _) = wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |_| true).await;
     let i = leader_index(&replicas, &leader);
+    let start = audit.cursor().unwrap();
     let sent = tokio::time::Instant::now();
     replicas[i].signal(Signal::SIGTERM);
     let status = replicas[i].wait_exit(Duration::from_secs(30)).await;
     assert!(status.success(), "{status}");
-    // By the time it exited, the Lease was released: empty, or already taken by a
-    // standby sooner than expiry would have allowed.
+    // By the time it exited, the Lease was released: written empty by the leader (the
+    // API server answered before the process ended), and not held by it now.
+    // In the order the API server committed them: each carries the resourceVersion it
+    // was computed from, so the one received first committed first.
+    let lease_writes = || {
+        let mut writes: Vec<_> = replicas::writes_in(&audit, start, &env.ns)
+            .into_iter()
+            .filter(|e| e.resource == "leases" && e.name == replicas::LEASE)
+            .collect();
+        writes.sort_by(|a, b| a.received.cmp(&b.received));
+        writes
+            .into_iter()
+            .map(|e| (e.user, e.lease_holder.unwrap_or_default()))
+            .collect::<Vec<_>>()
+    };
+    let released = (leader.clone(), String::new());
+    assert!(
+        lease_writes().contains(&released),
+        "no release by the leader before it exited: {:?}",
+        lease_writes()
+    );
     let now = replicas::lease(&env.admin, &env.ns).await.unwrap();
-    match holder(&now) {
-        None => {}
-        Some(h) => {
-            assert_ne!(h, leader, "still held by the exited replica");
-            assert!(
-                sent.elapsed() < LEASE_DURATION,
-                "taken over only after expiry"
-            );
-        }
-    }
+    assert_ne!(
+        holder(&now).as_deref(),
+        Some(leader.as_str()),
+        "still held by the exited replica"
+    );
     let (successor, _) = wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
         h != leader
     })
     .await;
-    let took = sent.elapsed();
-    println!("failover after SIGTERM: {took:?} (lease {LEASE_DURATION:?})");
+    println!(
+        "failover after SIGTERM: {:?} (lease {LEASE_DURATION:?})",
+        sent.elapsed()
+    );
+    assert_ne!(successor, leader);
+    // The writes since: the leader's renewals, its release, then the successor's claim.
+    // A claim made on an expired record instead would follow a renewal; one made over
+    // the leader's record before the release would come before it.
+    let writes = lease_writes();
+    let release_at = writes.iter().position(|w| *w == released).unwrap();
     assert!(
-        took < LEASE_DURATION,
-        "a standby took over after {took:?}, not well before the lease duration"
+        writes[..release_at].iter().all(|(user, _)| *user == leader),
+        "another replica wrote the Lease before the leader released it: {writes:?}"
+    );
+    assert_eq!(
+        writes.get(release_at + 1),
+        Some(&(successor.clone(), successor.clone())),
+        "the successor's claim is not the write after the release: {writes:?}"
     );
     assert!(
         replicas[i].log_text().contains("lease released"),
         "{}",
         replicas[i].log_text()
     );
-    assert_ne!(successor, leader);
 
-    // A standby has nothing to drain: it exits at once (well within the 20 s drain bound).
+    // A standby has nothing to drain: its drain ends on its own, not at the bound.
     let standby = replicas
         .iter()
         .position(|r| r.identity() != leader && r.identity() != successor)
         .unwrap();
-    let sent = tokio::time::Instant::now();
     replicas[standby].signal(Signal::SIGTERM);
     let status = replicas[standby].wait_exit(Duration::from_secs(30)).await;
     assert!(status.success(), "{status}");
-    assert!(
-        sent.elapsed() < Duration::from_secs(5),
-        "a standby took {:?} to stop",
-        sent.elapsed()
-    );
+    let log = replicas[standby].log_text();
+    assert!(log.contains("draining in-flight reconciles"), "{log}");
+    assert!(!log.contains("did not finish within"), "{log}");
 }
 
 #[tokio::test]
