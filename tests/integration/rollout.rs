@@ -35,6 +35,9 @@ const RENEW_DEADLINE: Duration = Duration::from_secs(2);
 /// bound, so a mixed period that stopped work would show.
 const STEP: Duration = Duration::from_secs(10);
 
+/// The GpuJobs each step of the rollout waits to see created before an old replica stops.
+const PER_STEP: usize = 20;
+
 /// Cuts for 6 shards unlike the even map's.
 const CUTS: &str = "0x1000000000000000,0x3000000000000000,0x5000000000000000,0x8000000000000000,0xc000000000000000";
 
@@ -99,6 +102,7 @@ async fn rolling_update(tag: &str, from: &[&str], to: &[&str]) {
     .unwrap();
 
     let start = env.cluster.audit().cursor().unwrap();
+    let (created_tx, mut created) = tokio::sync::watch::channel(0usize);
     let feeder = {
         let admin = env.admin.clone();
         let namespaces = namespaces.clone();
@@ -106,6 +110,7 @@ async fn rolling_update(tag: &str, from: &[&str], to: &[&str]) {
             for i in 0.. {
                 let ns = &namespaces[i % namespaces.len()];
                 create(&admin, ns, &format!("roll-{i}")).await;
+                created_tx.send_replace(i + 1);
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         })
@@ -121,7 +126,17 @@ async fn rolling_update(tag: &str, from: &[&str], to: &[&str]) {
         wait_log(&replica, "its split holds the shards").await;
         mixed_from.get_or_insert_with(Timestamp::now);
         new.push(replica);
+        let before = *created.borrow();
         tokio::time::sleep(STEP).await;
+        // Each mixed period sees new GpuJobs, however slow the machine (one every
+        // 250 ms: about 40 in a step).
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            created.wait_for(|n| *n >= before + PER_STEP),
+        )
+        .await
+        .expect("the feeder to create GpuJobs during the step")
+        .unwrap();
         let mut leaving = old.remove(0);
         last_stop = Timestamp::now();
         leaving.signal(Signal::SIGTERM);
@@ -167,9 +182,12 @@ async fn rolling_update(tag: &str, from: &[&str], to: &[&str]) {
         "{tag}: {} GpuJobs created during the rollout; longest wait for a first write: {worst:?}",
         stalls.len()
     );
-    // One every 250 ms for three steps of STEP: far more than this, unless the feeder
-    // stalled.
-    assert!(stalls.len() >= 60, "only {} GpuJobs created", stalls.len());
+    // At least PER_STEP created in each of the three steps.
+    assert!(
+        stalls.len() >= 3 * PER_STEP,
+        "only {} GpuJobs created",
+        stalls.len()
+    );
     let mut longest: Vec<_> = stalls
         .iter()
         .filter_map(|(k, s)| Some((s.as_ref()?, k)))
