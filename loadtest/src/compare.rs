@@ -623,6 +623,9 @@ async fn take_over(
     plan: &Plan<'_>,
     under_load: Option<usize>,
 ) -> anyhow::Result<Takeover> {
+    // With a kept map the replicas may re-cut it: which shard a namespace is in is then
+    // theirs to say, and the writes are not split by shard.
+    let map = (!plan.kept).then(|| crate::replicas::shard_map(plan.namespaces, plan.shards));
     let t = takeover::run(
         cluster,
         admin,
@@ -630,6 +633,7 @@ async fn take_over(
         plan.gpujobs,
         plan.shards,
         plan.namespaces,
+        map.as_ref(),
         under_load,
         plan.deadline,
     )

@@ -8,7 +8,9 @@
 //! every one observed before the gain, the work under way, apart from the new work that
 //! costs its writes; and `gpujob_shard_first_plan_seconds{shard}`: to every one planned
 //! once from the caches, ended there or queued for a worker), what they wrote, and their
-//! memory.
+//! memory. And what else the machine did meanwhile: each gained shard's look is timed
+//! against every client's writes in the same seconds (the audit log) and the cores
+//! busy, so a look bound by the machine shows as one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -16,8 +18,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use devcluster::ControlPlane;
+use devcluster::audit::AuditEvent;
 use devcluster::identity::OPERATOR_USER;
 use devcluster::metrics::Metrics;
+use gpujob_operator::shard::ShardMap;
 use kube::Client;
 use std::time::Instant;
 
@@ -46,6 +50,22 @@ pub struct ShardLook {
     pub first_plan: Option<f64>,
     /// Did the holder cache the shard before the kill (kept it warm)?
     pub warm: bool,
+    /// The writes of the look's seconds, from the holder's claim of the shard's Lease.
+    pub window: Option<Window>,
+}
+
+/// Every write the audit log recorded in one gained shard's look, from its holder's
+/// claim of the shard's Lease to every GpuJob looked at.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Window {
+    pub seconds: f64,
+    /// By every client: the load generator, kube-controller-manager, every replica.
+    pub all: usize,
+    /// By the holder, in the shard's namespaces (GpuJobs, Jobs, pods, Events; not its
+    /// Leases).
+    pub holder_in_shard: usize,
+    /// GpuJobs created (the load generator's).
+    pub gpujob_creates: usize,
 }
 
 #[derive(Debug)]
@@ -68,6 +88,8 @@ pub struct Takeover {
     pub shards: Vec<ShardLook>,
     /// Reconciles the survivors counted meanwhile.
     pub reconciles: f64,
+    /// The machine's cores busy from every Lease held to every shard looked at whole.
+    pub cores_busy: Option<f64>,
     /// First looks the survivors ended from the caches alone meanwhile (no worker, no
     /// request).
     pub from_caches: f64,
@@ -96,6 +118,7 @@ pub async fn run(
     gpujobs: usize,
     shards: u32,
     namespaces: &[String],
+    map: Option<&ShardMap>,
     under_load: Option<usize>,
     deadline: Instant,
 ) -> anyhow::Result<Takeover> {
@@ -148,7 +171,8 @@ pub async fn run(
             .await?;
     }
     let held_after = killed_at.elapsed();
-    let (looked_after, reconciled, from_caches, looks) = loop {
+    let cpu_at_held = cpu_jiffies();
+    let (looked_after, reconciled, from_caches, mut looks) = loop {
         let scrapes = replicas.scrape().await;
         let done: f64 = scrapes
             .iter()
@@ -177,11 +201,17 @@ pub async fn run(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    let cores_busy = cores_busy(cpu_at_held, cpu_jiffies());
     // Let the last writes, if any, reach the audit log.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let load: BTreeSet<&str> = namespaces.iter().map(String::as_str).collect();
-    let (theirs, ours): (Vec<_>, Vec<_>) = audit
-        .since(cursor)?
+    let since_kill = audit.since(cursor)?;
+    if let Some(map) = map {
+        for look in &mut looks {
+            look.window = window(&since_kill, look, map);
+        }
+    }
+    let (theirs, ours): (Vec<_>, Vec<_>) = since_kill
         .into_iter()
         .filter(|e| e.user == OPERATOR_USER && e.is_write() && load.contains(e.namespace.as_str()))
         .partition(|e| identity_of(&e.user_agent) == killed);
@@ -221,6 +251,7 @@ pub async fn run(
         looked_after,
         shards: looks,
         reconciles: reconciled,
+        cores_busy,
         from_caches,
         writes,
         events,
@@ -266,11 +297,79 @@ fn first_looks(
                 first_look_observed: latest(FIRST_LOOK_OBSERVED),
                 first_plan: latest(FIRST_PLAN),
                 warm: was.is_some_and(|m| caches_shard(m, *shard)),
+                window: None,
             });
         }
     }
     looks.sort_by_key(|l| l.shard);
     looks
+}
+
+/// The writes of `look`'s seconds in `events` (the audit log since the kill): from its
+/// holder's claim of the shard's Lease (the first write after the kill naming it the
+/// holder) to every GpuJob looked at. `None` when the claim is not in the log.
+fn window(events: &[AuditEvent], look: &ShardLook, map: &ShardMap) -> Option<Window> {
+    let at = |e: &AuditEvent| e.received.parse::<jiff::Timestamp>().ok();
+    let lease = format!("-shard-{}", look.shard);
+    let gained = events
+        .iter()
+        .filter(|e| e.succeeded() && e.resource == "leases" && e.name.ends_with(&lease))
+        .filter(|e| e.lease_holder.as_deref() == Some(look.holder.as_str()))
+        .filter_map(at)
+        .min()?;
+    let end = gained
+        .checked_add(jiff::SignedDuration::try_from_secs_f64(look.first_look).ok()?)
+        .ok()?;
+    let inside: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| e.succeeded() && e.is_write())
+        .filter(|e| at(e).is_some_and(|t| t >= gained && t <= end))
+        .collect();
+    Some(Window {
+        seconds: look.first_look,
+        all: inside.len(),
+        holder_in_shard: inside
+            .iter()
+            .filter(|e| e.user == OPERATOR_USER && identity_of(&e.user_agent) == look.holder)
+            // Its Leases live in a namespace of their own, which the map may place anywhere.
+            .filter(|e| e.resource != "leases" && !e.namespace.is_empty())
+            .filter(|e| map.shard_of(&e.namespace) == look.shard)
+            .count(),
+        gpujob_creates: inside
+            .iter()
+            .filter(|e| e.resource == "gpujobs" && e.verb == "create")
+            .count(),
+    })
+}
+
+/// The machine's CPU time so far from `/proc/stat`: (busy, all) in clock ticks, over
+/// every core, and how many cores.
+fn cpu_jiffies() -> Option<(u64, u64, usize)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cores = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+        .count();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is within user).
+    let all: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
+    Some((all - idle, all, cores))
+}
+
+/// Cores busy between two [`cpu_jiffies`] readings.
+fn cores_busy(from: Option<(u64, u64, usize)>, to: Option<(u64, u64, usize)>) -> Option<f64> {
+    let ((b0, a0, cores), (b1, a1, _)) = (from?, to?);
+    let all = a1.checked_sub(a0).filter(|a| *a > 0)?;
+    let busy = b1.saturating_sub(b0);
+    // Ticks are counted over every core: the busy share of all times the cores.
+    Some(busy as f64 / all as f64 * cores as f64)
 }
 
 /// Did a replica whose metrics are `m` have `shard` in both caches?
@@ -352,6 +451,24 @@ pub fn report(t: &Takeover) -> String {
                 l.shard,
             );
         }
+        if let Some(w) = l.window {
+            let rate = |n: usize| n as f64 / w.seconds.max(f64::EPSILON);
+            let _ = writeln!(
+                r,
+                "| shard {}: writes in those {:.1} s (from the claim of its Lease), a second: every client's; its holder's to the shard's namespaces; GpuJob creates | {:.0}; {:.0}; {:.0} |",
+                l.shard,
+                w.seconds,
+                rate(w.all),
+                rate(w.holder_in_shard),
+                rate(w.gpujob_creates),
+            );
+        }
+    }
+    if let Some(busy) = t.cores_busy {
+        let _ = writeln!(
+            r,
+            "| cores busy, every Lease held → every shard looked at whole | {busy:.2} |"
+        );
     }
     let _ = writeln!(
         r,
@@ -386,4 +503,91 @@ pub fn report(t: &Takeover) -> String {
         now / 1024
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(user: &str, agent: &str, verb: &str, res: &str, ns: &str, at: u32) -> AuditEvent {
+        AuditEvent {
+            user: user.to_owned(),
+            user_agent: agent.to_owned(),
+            verb: verb.to_owned(),
+            api_group: String::new(),
+            resource: res.to_owned(),
+            subresource: String::new(),
+            namespace: ns.to_owned(),
+            name: String::new(),
+            code: 200,
+            timestamp: format!("2026-12-07T10:00:{at:02}.500000Z"),
+            received: format!("2026-12-07T10:00:{at:02}.000000Z"),
+            lease_holder: None,
+        }
+    }
+
+    fn claim(holder: &str, shard: u32, at: u32) -> AuditEvent {
+        let mut e = ev(
+            OPERATOR_USER,
+            &format!("gpujob-operator/0.1.0 ({holder})"),
+            "update",
+            "leases",
+            "gpujob-system",
+            at,
+        );
+        e.name = format!("gpujob-operator-shard-{shard}");
+        e.lease_holder = Some(holder.to_owned());
+        e
+    }
+
+    /// The window runs from the holder's first claim for the shard's look seconds; the
+    /// holder's writes count only in the shard's namespaces, every client's all.
+    #[test]
+    fn a_window_counts_the_writes_from_the_claim_for_the_look() {
+        let namespaces: Vec<String> = (0..6).map(|i| format!("load-{i}")).collect();
+        let map = crate::replicas::shard_map(&namespaces, 2);
+        let (mine, other) = namespaces
+            .iter()
+            .partition::<Vec<&String>, _>(|ns| map.shard_of(ns) == 1);
+        let (mine, other) = (mine[0].as_str(), other[0].as_str());
+        let holder = "gpujob-operator/0.1.0 (load-2)";
+        let look = ShardLook {
+            shard: 1,
+            holder: "load-2".into(),
+            gpujobs: 10.0,
+            first_look: 4.0,
+            first_look_observed: None,
+            first_plan: None,
+            warm: true,
+            window: None,
+        };
+        let mut failed = ev(OPERATOR_USER, holder, "patch", "pods", mine, 12);
+        failed.code = 409;
+        let events = vec![
+            ev(OPERATOR_USER, holder, "create", "jobs", mine, 9), // before the claim
+            claim("load-3", 1, 9),                                // another's claim
+            claim("load-2", 1, 10),
+            claim("load-2", 1, 12), // a renewal
+            ev(OPERATOR_USER, holder, "create", "jobs", mine, 11),
+            ev(OPERATOR_USER, holder, "patch", "gpujobs", other, 11), // its own shard
+            ev("admin", "loadtest", "create", "gpujobs", other, 13),
+            failed,
+            ev(OPERATOR_USER, holder, "create", "events", mine, 14),
+            ev(OPERATOR_USER, holder, "create", "jobs", mine, 15), // after the look
+        ];
+        let w = window(&events, &look, &map).unwrap();
+        // Claims at 10 and 12 (and the other's at 9: outside), the writes at 11, 11, 13, 14.
+        assert_eq!((w.all, w.holder_in_shard, w.gpujob_creates), (6, 2, 1));
+        assert!(window(&events[..2], &look, &map).is_none(), "no claim");
+    }
+
+    #[test]
+    fn cores_busy_is_the_busy_share_of_the_ticks_times_the_cores() {
+        assert_eq!(
+            cores_busy(Some((100, 400, 2)), Some((250, 600, 2))),
+            Some(1.5)
+        );
+        assert_eq!(cores_busy(Some((100, 400, 2)), Some((100, 400, 2))), None);
+        assert_eq!(cores_busy(None, Some((1, 2, 2))), None);
+    }
 }
