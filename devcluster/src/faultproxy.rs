@@ -324,9 +324,10 @@ impl FaultHandle {
         lock(&self.inner.counts).clear();
     }
 
-    /// Lets every request held by [`Fault::Hold`] go on. A request that read the faults
-    /// before this call is let go too, even if it reaches its hold after; one that reads
-    /// them after is held by the rules then in force (clear them first to hold no more).
+    /// Lets every request held by [`Fault::Hold`] go on. One that arrived before this call
+    /// is let go too, even if it reaches its hold after (a latency first, say); one that
+    /// arrives after is held by the rules then in force (clear them first to hold no
+    /// more).
     pub fn release_held(&self) {
         self.inner.releases.send_modify(|n| *n += 1);
     }

@@ -458,11 +458,56 @@ async fn hold_lands_a_write_when_released() {
     assert!(s.direct_cms().get_opt("held").await.unwrap().is_some());
 
     // Cleared: not held.
-    s.via_cms()
-        .create(&PostParams::default(), &cm("after"))
-        .await
-        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        s.via_cms().create(&PostParams::default(), &cm("after")),
+    )
+    .await
+    .expect("a create after the rules were cleared to be answered")
+    .unwrap();
     assert_eq!(s.proxy.count("held"), 1, "{:?}", s.proxy.counts());
+
+    // Released while it was still on its way to the hold (a latency first): let go too.
+    s.proxy.set(
+        Faults::new()
+            .rule(
+                Rule::new(Fault::Latency {
+                    fixed: Duration::from_secs(2),
+                    jitter: Duration::ZERO,
+                })
+                .methods([Method::POST]),
+            )
+            .rule(Rule::new(Fault::Hold).methods([Method::POST])),
+    );
+    let create = {
+        let (api, cm) = (s.via_cms(), cm("on-its-way"));
+        tokio::spawn(async move { api.create(&PostParams::default(), &cm).await })
+    };
+    let handle = s.proxy.handle();
+    devcluster::wait::until(
+        "the create to be delayed",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            let h = handle.clone();
+            async move { (h.count("latency") == 1).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    s.proxy.clear();
+    s.proxy.release_held();
+    tokio::time::timeout(Duration::from_secs(30), create)
+        .await
+        .expect("a create released on its way to the hold to be answered")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (s.proxy.count("held"), s.proxy.count("held_answered")),
+        (2, 2),
+        "{:?}",
+        s.proxy.counts()
+    );
 }
 
 #[tokio::test]

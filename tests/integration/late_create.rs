@@ -546,29 +546,25 @@ async fn wait_for_count(proxy: &FaultProxy, until: &str, what: &str, n: u64) {
 
 /// Lets the held requests go ([`release`]), waits until the API server has answered
 /// every one, then until the watches have seen a label put on the pods and Jobs
-/// named after that: what the held writes did is in what they saw.
+/// named after that: what the held writes did to them is in what they saw (not yet
+/// what the scheduler or the Job controller make of it).
 async fn land_held(
     env: &TestEnv,
     proxy: &FaultProxy,
     gj: &GpuJob,
     seen: &mut watch::Receiver<Seen>,
-) -> Seen {
+) {
     release(proxy);
     let held = proxy.count("held");
     wait_for_count(proxy, "the held writes to land", "held_answered", held).await;
-    in_sync(env, gj, seen, "landed").await
+    in_sync(env, gj, seen, "landed").await;
 }
 
 /// Labels the Jobs and pods of `gj` that exist now with [`MARK`] `value`, then waits
 /// until the watches ([`watch_attempts`]) have seen it on one of each: each watch
 /// delivers events in the order they were committed, so it has seen every change made
 /// before the label.
-async fn in_sync(
-    env: &TestEnv,
-    gj: &GpuJob,
-    seen: &mut watch::Receiver<Seen>,
-    value: &str,
-) -> Seen {
+async fn in_sync(env: &TestEnv, gj: &GpuJob, seen: &mut watch::Receiver<Seen>, value: &str) {
     let selector = format!("{LABEL_UID}={}", gj.metadata.uid.clone().unwrap());
     let list = kube::api::ListParams::default().labels(&selector);
     let patch = Patch::Merge(json!({"metadata": {"labels": {MARK: value}}}));
@@ -600,7 +596,7 @@ async fn in_sync(
     until(seen, "the watches to see the label", UNDO, |s| {
         want.is_subset(&s.marks)
     })
-    .await
+    .await;
 }
 
 /// The next attempt's Job, created by a leader that lost the shard before its status
@@ -670,10 +666,10 @@ async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbid
 /// a replaced attempt, made from its Job's template), and the leader's write that lets
 /// the next attempt run can land after the leader lost the shard. Here both at once:
 /// the leader's start of attempt 2 is held in flight and the leader frozen; a pod of
-/// attempt 1 is made from attempt 1's Job as the Job controller makes pods; the
-/// successor waits for it; the held write lands. Before the gate, that pod ran (its
-/// Job's template had no gate; its process is made to stop slowly here, so it still ran
-/// then) and the late start ran attempt 2 beside it. Now the pod waits at the gate,
+/// attempt 1 is made from attempt 1's Job as the Job controller makes pods; the held
+/// write lands while that pod is there, and the successor waits for the pod. Before the
+/// gate, that pod ran (its Job's template had no gate; its process is made to stop
+/// slowly here, so it still ran then) and the late start ran attempt 2 beside it. Now the pod waits at the gate,
 /// never runs, and is deleted; attempt 2 runs alone.
 #[tokio::test]
 async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attempts() {
@@ -730,15 +726,16 @@ async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attemp
     ]);
     let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
     pods.create(&Default::default(), &race).await.unwrap();
-    // Attempt 2 runs, let go by the successor; then the held write lands.
-    until(
+    // The held write lands beside it (replica 2 leads already); attempt 2 then runs,
+    // alone.
+    land_held(&env, &proxy, &gj, &mut seen).await;
+    let s = until(
         &mut seen,
         "attempt 2 to run",
         Duration::from_secs(60),
         |s| s.live_jobs() == BTreeSet::from(["train-2".to_owned()]),
     )
     .await;
-    let s = land_held(&env, &proxy, &gj, &mut seen).await;
     assert!(
         s.overlaps.is_empty(),
         "two attempts had pods that could run at once: {:?}",

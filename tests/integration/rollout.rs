@@ -182,12 +182,6 @@ async fn rolling_update(tag: &str, from: &[&str], to: &[&str]) {
         "{tag}: {} GpuJobs created during the rollout; longest wait for a first write: {worst:?}",
         stalls.len()
     );
-    // At least PER_STEP created in each of the three steps.
-    assert!(
-        stalls.len() >= 3 * PER_STEP,
-        "only {} GpuJobs created",
-        stalls.len()
-    );
     let mut longest: Vec<_> = stalls
         .iter()
         .filter_map(|(k, s)| Some((s.as_ref()?, k)))
