@@ -149,9 +149,12 @@ pub struct Figures {
     pub traces: Vec<(Trace, Option<f64>)>,
     /// The operator with `--takeover`.
     pub takeover: Option<Takeover>,
-    /// Where the machine's CPU went from the first create to all converged: seconds per
+    /// Where the machine's CPU went from the first create over `cpu_span`: seconds per
     /// process (the control plane's components, this load generator, the contender's).
     pub machine_cpu: Vec<(&'static str, f64)>,
+    /// First create → the CPU read: all converged, or with a takeover measured past
+    /// that, its end.
+    pub cpu_span: Duration,
     /// The API server's requests over the same span (`apiserver_request_total`), by verb.
     pub requests: BTreeMap<String, f64>,
     /// The operator: its replicas' requests from the first create to all started.
@@ -415,6 +418,7 @@ async fn phase(
             (t, cpu)
         })
         .collect();
+    let cpu_span = start.elapsed();
     let machine_cpu = machine_cpu(cluster, &running, kcm)
         .into_iter()
         .zip(&cpu_before)
@@ -512,6 +516,7 @@ async fn phase(
         traces,
         takeover,
         machine_cpu,
+        cpu_span,
         requests,
         memory,
         recuts,
@@ -623,9 +628,6 @@ async fn take_over(
     plan: &Plan<'_>,
     under_load: Option<usize>,
 ) -> anyhow::Result<Takeover> {
-    // With a kept map the replicas may re-cut it: which shard a namespace is in is then
-    // theirs to say, and the writes are not split by shard.
-    let map = (!plan.kept).then(|| crate::replicas::shard_map(plan.namespaces, plan.shards));
     let t = takeover::run(
         cluster,
         admin,
@@ -633,7 +635,6 @@ async fn take_over(
         plan.gpujobs,
         plan.shards,
         plan.namespaces,
-        map.as_ref(),
         under_load,
         plan.deadline,
     )
@@ -659,7 +660,7 @@ fn machine_cpu(
     let contender = match running {
         Running::None => 0.0,
         Running::Reference(child) => cpu(Some(child.id())),
-        Running::Operator(replicas) => replicas.pids().into_iter().map(|p| cpu(Some(p))).sum(),
+        Running::Operator(replicas) => replicas.cpu_seconds(),
     };
     vec![
         ("kube-apiserver", cpu(pids.get("kube-apiserver").copied())),
@@ -914,13 +915,7 @@ fn usage(pid: u32) -> Option<(u64, f64)> {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse::<u64>().ok())?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces): utime and stime are the
-    // 14th and 15th of the whole line, in clock ticks (100 per second on Linux).
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some((peak, ticks as f64 / 100.0))
+    Some((peak, crate::replicas::cpu_seconds(pid)?))
 }
 
 /// Draws the plots into `dir` as `<stem>-converged.png` and (if the operator ran)
@@ -1204,15 +1199,16 @@ fn machine_report(all: &[Figures], n: f64) -> String {
     };
     let mut r = String::from(
         "\n## Where the machine's CPU went\n\nCPU seconds of each process from the first \
-         create to all converged; API server requests per GpuJob by verb (reads also by \
-         resource) over the same span (`apiserver_request_total`; a watch counts once, not \
-         per event).\n\n|",
+         create to all converged, or, with a takeover measured past that, to its end (the \
+         span; a replica killed counts up to its kill); API server requests per GpuJob by \
+         verb (reads also by resource) over the same span (`apiserver_request_total`; a \
+         watch counts once, not per event).\n\n|",
     );
     for (who, _) in &first.machine_cpu {
         let _ = write!(r, " | {who}");
     }
-    r.push_str(" | all | cores busy | requests per GpuJob |\n|---|");
-    r.push_str(&"---|".repeat(first.machine_cpu.len() + 3));
+    r.push_str(" | all | span | cores busy | requests per GpuJob |\n|---|");
+    r.push_str(&"---|".repeat(first.machine_cpu.len() + 4));
     r.push('\n');
     for f in all {
         let _ = write!(r, "| {}", f.who.short());
@@ -1226,10 +1222,11 @@ fn machine_report(all: &[Figures], n: f64) -> String {
             .map(|(verb, k)| format!("{verb} {:.2}", k / n))
             .collect::<Vec<_>>()
             .join(", ");
+        let span = f.cpu_span.as_secs_f64();
         let _ = writeln!(
             r,
-            " | {total:.1} s | {:.2} | {requests} |",
-            total / f.converged.as_secs_f64().max(0.001)
+            " | {total:.1} s | {span:.1} s | {:.2} | {requests} |",
+            total / span.max(0.001)
         );
     }
     r

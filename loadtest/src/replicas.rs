@@ -66,8 +66,11 @@ pub struct Replicas {
     bin: PathBuf,
     kubeconfig: PathBuf,
     shards: u32,
-    /// `--shard-cuts`: [`shard_map`]'s; `None`: the replicas keep the map.
-    cuts: Option<String>,
+    /// The map given as `--shard-cuts` ([`shard_map`]'s); `None`: the replicas keep the
+    /// map (and may re-cut it).
+    map: Option<ShardMap>,
+    /// CPU seconds of the replicas killed so far, read right before each kill.
+    killed_cpu: f64,
 }
 
 /// The shard map the replicas run with: `shards` ranges cut so each holds about as many
@@ -81,7 +84,21 @@ pub fn shard_map(namespaces: &[String], shards: u32) -> ShardMap {
     )
 }
 
+/// The name of the Lease of `shard` of `shards` (with one shard, the Lease itself).
+pub fn shard_lease(shard: u32, shards: u32) -> String {
+    if shards == 1 {
+        LEASE.to_owned()
+    } else {
+        format!("{LEASE}-shard-{shard}")
+    }
+}
+
 impl Replicas {
+    /// The shard map they were given; `None` when they keep their own.
+    pub fn shard_map(&self) -> Option<&ShardMap> {
+        self.map.as_ref()
+    }
+
     /// `n` replicas splitting `namespaces` into `shards` ([`shard_map`]; `None`: no
     /// `--shard-cuts`, the replicas keep the map).
     pub fn start(
@@ -98,7 +115,8 @@ impl Replicas {
             bin: bin.to_owned(),
             kubeconfig: cluster.kubeconfig(Identity::Operator),
             shards,
-            cuts: namespaces.map(|ns| shard_map(ns, shards).cuts_text()),
+            map: namespaces.map(|ns| shard_map(ns, shards)),
+            killed_cpu: 0.0,
         };
         for i in 1..=n {
             let replica = replicas.spawn(&format!("load-{i}"))?;
@@ -122,8 +140,8 @@ impl Replicas {
             .args(["--lease-namespace", LEASE_NAMESPACE])
             .args(["--listen-address", &addr.to_string()])
             .args(["--shards", &self.shards.to_string()])
-            .args(match &self.cuts {
-                Some(cuts) => vec!["--shard-cuts", cuts.as_str()],
+            .args(match &self.map {
+                Some(map) => vec!["--shard-cuts".to_owned(), map.cuts_text()],
                 None => vec![],
             })
             .env("KUBECONFIG", &self.kubeconfig)
@@ -194,7 +212,7 @@ impl Replicas {
             .iter_mut()
             .find(|r| r.identity == holder)
             .with_context(|| format!("the Lease names {holder}, not one of ours"))?;
-        replica.kill()?;
+        self.killed_cpu += replica.kill()?;
         eprintln!("killed the leader {holder}");
         Ok(holder)
     }
@@ -275,7 +293,7 @@ impl Replicas {
             })
             .context("no live replica to kill")?;
         let held = by.remove(replica.identity.as_str()).unwrap_or_default();
-        replica.kill()?;
+        self.killed_cpu += replica.kill()?;
         eprintln!(
             "killed {} (held shards {held:?} of {shards})",
             replica.identity
@@ -363,6 +381,13 @@ impl Replicas {
     }
 
     /// Process ids of the live replicas.
+    /// CPU seconds of every replica process this run started: the running ones so far,
+    /// the killed ones up to their kill.
+    pub fn cpu_seconds(&self) -> f64 {
+        let running: f64 = self.pids().into_iter().filter_map(cpu_seconds).sum();
+        running + self.killed_cpu
+    }
+
     pub fn pids(&self) -> Vec<u32> {
         self.all
             .iter()
@@ -393,14 +418,17 @@ impl Replicas {
 
 impl Replica {
     /// `kill -9`, keeping its memory figures.
-    fn kill(&mut self) -> anyhow::Result<()> {
+    /// `kill -9`; returns its CPU seconds, read right before.
+    fn kill(&mut self) -> anyhow::Result<f64> {
+        let mut cpu = 0.0;
         if let Some(child) = self.child.as_mut() {
             self.at_kill = rss(child.id());
+            cpu = cpu_seconds(child.id()).unwrap_or(0.0);
             child.kill()?;
             child.wait()?;
         }
         self.child = None;
-        Ok(())
+        Ok(cpu)
     }
 }
 
@@ -492,6 +520,17 @@ pub fn queue_depth(text: &str) -> anyhow::Result<f64> {
 }
 
 /// Peak (VmHWM) and current (VmRSS) resident memory of a process, KiB.
+/// CPU seconds (user and system) of process `pid` so far, from /proc.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): utime and stime are the
+    // 14th and 15th of the whole line, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 fn rss(pid: u32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kib = |key: &str| {

@@ -26,7 +26,7 @@ use kube::Client;
 use std::time::Instant;
 
 use crate::measure::identity_of;
-use crate::replicas::{Replicas, queue_depth};
+use crate::replicas::{Replicas, queue_depth, shard_lease};
 
 const RECONCILES: &str = "controller_runtime_reconcile_total";
 const FIRST_LOOK: &str = "gpujob_shard_first_look_seconds";
@@ -50,6 +50,9 @@ pub struct ShardLook {
     pub first_plan: Option<f64>,
     /// Did the holder cache the shard before the kill (kept it warm)?
     pub warm: bool,
+    /// Looks the holder reported since the kill: more than one when the shard moved
+    /// again, and `first_look` is then their mean.
+    pub looks: f64,
     /// The writes of the look's seconds, from the holder's claim of the shard's Lease.
     pub window: Option<Window>,
 }
@@ -118,7 +121,6 @@ pub async fn run(
     gpujobs: usize,
     shards: u32,
     namespaces: &[String],
-    map: Option<&ShardMap>,
     under_load: Option<usize>,
     deadline: Instant,
 ) -> anyhow::Result<Takeover> {
@@ -206,9 +208,12 @@ pub async fn run(
     tokio::time::sleep(Duration::from_secs(2)).await;
     let load: BTreeSet<&str> = namespaces.iter().map(String::as_str).collect();
     let since_kill = audit.since(cursor)?;
-    if let Some(map) = map {
+    // With a kept map the replicas may re-cut it: which shard a namespace is in is then
+    // theirs to say, and the writes are not split by shard.
+    if let Some(map) = replicas.shard_map() {
         for look in &mut looks {
-            look.window = window(&since_kill, look, map);
+            let lease = shard_lease(look.shard, shards);
+            look.window = window(&since_kill, look, &lease, map);
         }
     }
     let (theirs, ours): (Vec<_>, Vec<_>) = since_kill
@@ -278,13 +283,15 @@ fn first_looks(
             let label = shard.to_string();
             // The latest look's seconds: the sum's growth over as many looks (one, unless
             // the shard moved again).
+            let of = |m: &Metrics, name: &str, suffix: &str| {
+                m.sum(&format!("{name}_{suffix}"), &[("shard", label.as_str())])
+            };
+            let count =
+                |name: &str| of(&now, name, "count") - was.map_or(0.0, |m| of(m, name, "count"));
             let latest = |name: &str| {
-                let of = |m: &Metrics, suffix: &str| {
-                    m.sum(&format!("{name}_{suffix}"), &[("shard", label.as_str())])
-                };
-                let count = of(&now, "count") - was.map_or(0.0, |m| of(m, "count"));
-                (count >= 1.0)
-                    .then(|| (of(&now, "sum") - was.map_or(0.0, |m| of(m, "sum"))) / count)
+                let n = count(name);
+                (n >= 1.0)
+                    .then(|| (of(&now, name, "sum") - was.map_or(0.0, |m| of(m, name, "sum"))) / n)
             };
             let Some(seconds) = latest(FIRST_LOOK) else {
                 continue;
@@ -297,6 +304,7 @@ fn first_looks(
                 first_look_observed: latest(FIRST_LOOK_OBSERVED),
                 first_plan: latest(FIRST_PLAN),
                 warm: was.is_some_and(|m| caches_shard(m, *shard)),
+                looks: count(FIRST_LOOK),
                 window: None,
             });
         }
@@ -306,14 +314,17 @@ fn first_looks(
 }
 
 /// The writes of `look`'s seconds in `events` (the audit log since the kill): from its
-/// holder's claim of the shard's Lease (the first write after the kill naming it the
-/// holder) to every GpuJob looked at. `None` when the claim is not in the log.
-fn window(events: &[AuditEvent], look: &ShardLook, map: &ShardMap) -> Option<Window> {
+/// holder's claim of the shard's Lease `lease` (the first write after the kill naming it
+/// the holder) to every GpuJob looked at. `None` when the claim is not in the log, or
+/// the shard moved again (its look's seconds are then a mean of several).
+fn window(events: &[AuditEvent], look: &ShardLook, lease: &str, map: &ShardMap) -> Option<Window> {
+    if look.looks > 1.0 {
+        return None;
+    }
     let at = |e: &AuditEvent| e.received.parse::<jiff::Timestamp>().ok();
-    let lease = format!("-shard-{}", look.shard);
     let gained = events
         .iter()
-        .filter(|e| e.succeeded() && e.resource == "leases" && e.name.ends_with(&lease))
+        .filter(|e| e.succeeded() && e.resource == "leases" && e.name == lease)
         .filter(|e| e.lease_holder.as_deref() == Some(look.holder.as_str()))
         .filter_map(at)
         .min()?;
@@ -535,7 +546,7 @@ mod tests {
             "gpujob-system",
             at,
         );
-        e.name = format!("gpujob-operator-shard-{shard}");
+        e.name = shard_lease(shard, 2);
         e.lease_holder = Some(holder.to_owned());
         e
     }
@@ -559,6 +570,7 @@ mod tests {
             first_look_observed: None,
             first_plan: None,
             warm: true,
+            looks: 1.0,
             window: None,
         };
         let mut failed = ev(OPERATOR_USER, holder, "patch", "pods", mine, 12);
@@ -566,19 +578,29 @@ mod tests {
         let events = vec![
             ev(OPERATOR_USER, holder, "create", "jobs", mine, 9), // before the claim
             claim("load-3", 1, 9),                                // another's claim
+            claim("load-2", 0, 9),                                // another shard's
             claim("load-2", 1, 10),
             claim("load-2", 1, 12), // a renewal
             ev(OPERATOR_USER, holder, "create", "jobs", mine, 11),
-            ev(OPERATOR_USER, holder, "patch", "gpujobs", other, 11), // its own shard
+            ev(OPERATOR_USER, holder, "patch", "gpujobs", other, 11), // another shard
             ev("admin", "loadtest", "create", "gpujobs", other, 13),
             failed,
             ev(OPERATOR_USER, holder, "create", "events", mine, 14),
             ev(OPERATOR_USER, holder, "create", "jobs", mine, 15), // after the look
         ];
-        let w = window(&events, &look, &map).unwrap();
-        // Claims at 10 and 12 (and the other's at 9: outside), the writes at 11, 11, 13, 14.
+        let lease = shard_lease(1, 2);
+        let w = window(&events, &look, &lease, &map).unwrap();
+        // Claims at 10 and 12 (the others' at 9: outside), the writes at 11, 11, 13, 14.
         assert_eq!((w.all, w.holder_in_shard, w.gpujob_creates), (6, 2, 1));
-        assert!(window(&events[..2], &look, &map).is_none(), "no claim");
+        assert!(
+            window(&events[..3], &look, &lease, &map).is_none(),
+            "no claim"
+        );
+        let moved = ShardLook { looks: 2.0, ..look };
+        assert!(
+            window(&events, &moved, &lease, &map).is_none(),
+            "a mean of two looks"
+        );
     }
 
     #[test]
