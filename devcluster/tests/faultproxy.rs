@@ -424,22 +424,28 @@ async fn hold_lands_a_write_when_released() {
         },
         ..Default::default()
     };
-    let create = {
-        let (api, cm) = (s.via_cms(), cm("held"));
-        tokio::spawn(async move { api.create(&PostParams::default(), &cm).await })
+    // Sends a create through the proxy, and waits until the proxy's `counter` is 1 more.
+    let create_until = |name: &str, counter: &'static str| {
+        let (api, cm) = (s.via_cms(), cm(name));
+        let handle = s.proxy.handle();
+        let want = handle.count(counter) + 1;
+        let create = tokio::spawn(async move { api.create(&PostParams::default(), &cm).await });
+        async move {
+            devcluster::wait::until(
+                counter,
+                Duration::from_secs(30),
+                Duration::from_millis(20),
+                || {
+                    let h = handle.clone();
+                    async move { (h.count(counter) == want).then_some(()) }
+                },
+            )
+            .await
+            .unwrap();
+            create
+        }
     };
-    let handle = s.proxy.handle();
-    devcluster::wait::until(
-        "the create to be held",
-        Duration::from_secs(30),
-        Duration::from_millis(20),
-        || {
-            let h = handle.clone();
-            async move { (h.count("held") == 1).then_some(()) }
-        },
-    )
-    .await
-    .unwrap();
+    let create = create_until("held", "held").await;
     // Reads pass while the write is held, and it has not landed.
     let missing = s.direct_cms().get_opt("held").await.unwrap();
     assert!(missing.is_none(), "landed while held: {missing:?}");
@@ -479,22 +485,7 @@ async fn hold_lands_a_write_when_released() {
             )
             .rule(Rule::new(Fault::Hold).methods([Method::POST])),
     );
-    let create = {
-        let (api, cm) = (s.via_cms(), cm("on-its-way"));
-        tokio::spawn(async move { api.create(&PostParams::default(), &cm).await })
-    };
-    let handle = s.proxy.handle();
-    devcluster::wait::until(
-        "the create to be delayed",
-        Duration::from_secs(30),
-        Duration::from_millis(20),
-        || {
-            let h = handle.clone();
-            async move { (h.count("latency") == 1).then_some(()) }
-        },
-    )
-    .await
-    .unwrap();
+    let create = create_until("on-its-way", "latency").await;
     s.proxy.clear();
     s.proxy.release_held();
     tokio::time::timeout(Duration::from_secs(30), create)
