@@ -405,6 +405,31 @@ async fn latency_delays_and_hang_holds() {
     s.via_cms().list(&ListParams::default()).await.unwrap();
 }
 
+/// Sends a create of `cm` through the proxy in a task of its own, and waits until the
+/// proxy's `counter` is one more than before; returns the task.
+async fn create_until(
+    s: &Setup,
+    cm: ConfigMap,
+    counter: &'static str,
+) -> tokio::task::JoinHandle<kube::Result<ConfigMap>> {
+    let api = s.via_cms();
+    let handle = s.proxy.handle();
+    let want = handle.count(counter) + 1;
+    let create = tokio::spawn(async move { api.create(&PostParams::default(), &cm).await });
+    devcluster::wait::until(
+        counter,
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            let h = handle.clone();
+            async move { (h.count(counter) == want).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    create
+}
+
 /// A held write lands when the test lets it go, not before; one sent after the rule is
 /// cleared is not held.
 #[tokio::test]
@@ -424,28 +449,7 @@ async fn hold_lands_a_write_when_released() {
         },
         ..Default::default()
     };
-    // Sends a create through the proxy, and waits until the proxy's `counter` is 1 more.
-    let create_until = |name: &str, counter: &'static str| {
-        let (api, cm) = (s.via_cms(), cm(name));
-        let handle = s.proxy.handle();
-        let want = handle.count(counter) + 1;
-        let create = tokio::spawn(async move { api.create(&PostParams::default(), &cm).await });
-        async move {
-            devcluster::wait::until(
-                counter,
-                Duration::from_secs(30),
-                Duration::from_millis(20),
-                || {
-                    let h = handle.clone();
-                    async move { (h.count(counter) == want).then_some(()) }
-                },
-            )
-            .await
-            .unwrap();
-            create
-        }
-    };
-    let create = create_until("held", "held").await;
+    let create = create_until(&s, cm("held"), "held").await;
     // Reads pass while the write is held, and it has not landed.
     let missing = s.direct_cms().get_opt("held").await.unwrap();
     assert!(missing.is_none(), "landed while held: {missing:?}");
@@ -485,7 +489,7 @@ async fn hold_lands_a_write_when_released() {
             )
             .rule(Rule::new(Fault::Hold).methods([Method::POST])),
     );
-    let create = create_until("on-its-way", "latency").await;
+    let create = create_until(&s, cm("on-its-way"), "latency").await;
     s.proxy.clear();
     s.proxy.release_held();
     tokio::time::timeout(Duration::from_secs(30), create)
