@@ -92,9 +92,9 @@ pub enum Fault {
     /// several rules that fire add up; the request then meets the next rules.
     Latency { fixed: Duration, jitter: Duration },
     /// Wait until the test calls [`FaultHandle::release_held`], however long that takes,
-    /// then go on (after any latency; the request then meets the next rules). So a test
-    /// lands a write late at the moment its scenario needs, not after a guessed time.
-    /// Changing the faults does not release a held request.
+    /// then go on (after any latency) to what the next rules decided when the request
+    /// arrived. So a test lands a write late at the moment its scenario needs, not after
+    /// a guessed time. Changing the faults does not release a held request.
     Hold,
     /// Never answer: hold the request until the client gives up (or the proxy is
     /// dropped). Nothing is forwarded.
@@ -305,7 +305,8 @@ impl FaultHandle {
     /// What the proxy did so far: `requests` (all), `forwarded` (sent to kube-apiserver,
     /// including those of `ResetAfter` and `CutWatchAfter`), `latency`, `held` (requests
     /// that began to wait for [`FaultHandle::release_held`]), `held_answered` (held ones
-    /// let go, forwarded and answered by kube-apiserver: a held write has landed), `hang`,
+    /// let go, forwarded and answered by kube-apiserver, whatever the status: a held
+    /// write has landed or been refused), `hang`,
     /// `status_<code>`, `reset_before`, `reset_after`, `watch_cut`, `gone`,
     /// `expired_event`, `partition_hang` (requests held), `partition_refuse`
     /// (connections closed) and `upstream_error` (kube-apiserver could not be reached;

@@ -86,11 +86,7 @@ pub fn shard_map(namespaces: &[String], shards: u32) -> ShardMap {
 
 /// The name of the Lease of `shard` of `shards` (with one shard, the Lease itself).
 pub fn shard_lease(shard: u32, shards: u32) -> String {
-    if shards == 1 {
-        LEASE.to_owned()
-    } else {
-        format!("{LEASE}-shard-{shard}")
-    }
+    shard_names(shards).shard(shard)
 }
 
 impl Replicas {
@@ -380,7 +376,6 @@ impl Replicas {
         Sampler { stop, task }
     }
 
-    /// Process ids of the live replicas.
     /// CPU seconds of every replica process this run started: the running ones so far,
     /// the killed ones up to their kill.
     pub fn cpu_seconds(&self) -> f64 {
@@ -388,6 +383,7 @@ impl Replicas {
         running + self.killed_cpu
     }
 
+    /// Process ids of the live replicas.
     pub fn pids(&self) -> Vec<u32> {
         self.all
             .iter()
@@ -417,8 +413,7 @@ impl Replicas {
 }
 
 impl Replica {
-    /// `kill -9`, keeping its memory figures.
-    /// `kill -9`; returns its CPU seconds, read right before.
+    /// `kill -9`, keeping its memory figures; returns its CPU seconds, read right before.
     fn kill(&mut self) -> anyhow::Result<f64> {
         let mut cpu = 0.0;
         if let Some(child) = self.child.as_mut() {
@@ -519,7 +514,6 @@ pub fn queue_depth(text: &str) -> anyhow::Result<f64> {
     Ok(metrics.sum(QUEUE_DEPTH, &[]))
 }
 
-/// Peak (VmHWM) and current (VmRSS) resident memory of a process, KiB.
 /// CPU seconds (user and system) of process `pid` so far, from /proc.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -531,6 +525,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
+/// Peak (VmHWM) and current (VmRSS) resident memory of a process, KiB.
 fn rss(pid: u32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kib = |key: &str| {

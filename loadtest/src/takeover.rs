@@ -8,9 +8,10 @@
 //! every one observed before the gain, the work under way, apart from the new work that
 //! costs its writes; and `gpujob_shard_first_plan_seconds{shard}`: to every one planned
 //! once from the caches, ended there or queued for a worker), what they wrote, and their
-//! memory. And what else the machine did meanwhile: each gained shard's look is timed
-//! against every client's writes in the same seconds (the audit log) and the cores
-//! busy, so a look bound by the machine shows as one.
+//! memory. And what else the machine did meanwhile: each gained shard's look is set
+//! against every client's writes in the same seconds (the audit log), and the cores busy
+//! from every Lease held to every shard looked at whole are given, so a look bound by
+//! the machine shows as one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;

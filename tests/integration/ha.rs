@@ -202,8 +202,15 @@ async fn sigterm_releases_the_lease_before_exit_and_a_standby_takes_the_released
     replicas[i].signal(Signal::SIGTERM);
     let status = replicas[i].wait_exit(Duration::from_secs(30)).await;
     assert!(status.success(), "{status}");
-    // By the time it exited, the Lease was released: written empty by the leader (the
-    // API server answered before the process ended), and not held by it now.
+    // By the time it exited, the Lease was released: not held by it now, and written
+    // empty by it (in the audit log, which the API server writes after storing a write:
+    // read until it shows the release).
+    let now = replicas::lease(&env.admin, &env.ns).await.unwrap();
+    assert_ne!(
+        holder(&now).as_deref(),
+        Some(leader.as_str()),
+        "still held by the exited replica"
+    );
     // In the order the API server committed them: each carries the resourceVersion it
     // was computed from, so the one received first committed first.
     let lease_writes = || {
@@ -218,17 +225,21 @@ async fn sigterm_releases_the_lease_before_exit_and_a_standby_takes_the_released
             .collect::<Vec<_>>()
     };
     let released = (leader.clone(), String::new());
-    assert!(
-        lease_writes().contains(&released),
-        "no release by the leader before it exited: {:?}",
-        lease_writes()
-    );
-    let now = replicas::lease(&env.admin, &env.ns).await.unwrap();
-    assert_ne!(
-        holder(&now).as_deref(),
-        Some(leader.as_str()),
-        "still held by the exited replica"
-    );
+    let logged = |what: &'static str, write: (String, String)| {
+        devcluster::wait::until(
+            what,
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            move || {
+                let writes = lease_writes();
+                let found = writes.contains(&write);
+                async move { found.then_some(writes) }
+            },
+        )
+    };
+    logged("the leader's release in the audit log", released.clone())
+        .await
+        .unwrap_or_else(|e| panic!("no release by the leader: {e}; {:?}", lease_writes()));
     let (successor, _) = wait_holder(&env.admin, &env.ns, Duration::from_secs(30), |h| {
         h != leader
     })
@@ -243,18 +254,9 @@ async fn sigterm_releases_the_lease_before_exit_and_a_standby_takes_the_released
     // the leader's record before the release would come before it. The API server
     // audits a write after storing it: a reader can see the new holder first.
     let claim = (successor.clone(), successor.clone());
-    let writes = devcluster::wait::until(
-        "the successor's claim in the audit log",
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || {
-            let writes = lease_writes();
-            let claimed = writes.contains(&claim);
-            async move { claimed.then_some(writes) }
-        },
-    )
-    .await
-    .unwrap();
+    let writes = logged("the successor's claim in the audit log", claim.clone())
+        .await
+        .unwrap();
     let release_at = writes.iter().position(|w| *w == released).unwrap();
     assert!(
         writes[..release_at].iter().all(|(user, _)| *user == leader),

@@ -6,11 +6,12 @@
 //! records, after a change that forbids it. And a removal of the scheduling gate, or a
 //! pod the Job controller makes for a Job whose end it has not seen, can land late too.
 //! Here with the real binary: the fault proxy holds the leader's writes until the
-//! successor has taken over (and acted), then delivers them. A returned Job's pods must never be able to run (they
-//! wait at the operator's scheduling gate, which only the holder removes, from the
-//! current attempt's pods), the successor must delete it, and at no moment may two
-//! attempts' Jobs have pods that can run (ungated or bound to a node; seen through
-//! watches of the GpuJob's pods and Jobs, in the order the API server committed them).
+//! successor has taken over (and acted), then delivers them. A returned Job's pods must
+//! never be able to run (they wait at the operator's scheduling gate, which only the
+//! holder removes, from the current attempt's pods), the successor must delete it, and
+//! at no moment may two attempts' Jobs have pods that can run (ungated or bound to a
+//! node; seen through watches of the GpuJob's pods and Jobs, in the order the API server
+//! committed them).
 //!
 //! The GpuJob runs on a node of its own with room for two attempts, so nothing but the
 //! operator keeps the returned Job's pod from running: the Job controller creates it at
@@ -667,10 +668,10 @@ async fn a_late_create_of_the_next_attempt_is_not_run_after_a_change_that_forbid
 /// the next attempt run can land after the leader lost the shard. Here both at once:
 /// the leader's start of attempt 2 is held in flight and the leader frozen; a pod of
 /// attempt 1 is made from attempt 1's Job as the Job controller makes pods; the held
-/// write lands while that pod is there, and the successor waits for the pod. Before the
+/// write lands after that pod was made, and the successor waits for the pod. Before the
 /// gate, that pod ran (its Job's template had no gate; its process is made to stop
-/// slowly here, so it still ran then) and the late start ran attempt 2 beside it. Now the pod waits at the gate,
-/// never runs, and is deleted; attempt 2 runs alone.
+/// slowly here, so it still ran then) and the late start ran attempt 2 beside it. Now
+/// the pod waits at the gate, never runs, and is deleted; attempt 2 runs alone.
 #[tokio::test]
 async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attempts() {
     let env = TestEnv::new("late-start").await;
@@ -726,8 +727,8 @@ async fn a_late_start_and_a_pod_made_for_a_replaced_attempt_never_run_two_attemp
     ]);
     let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &env.ns);
     pods.create(&Default::default(), &race).await.unwrap();
-    // The held write lands beside it (replica 2 leads already); attempt 2 then runs,
-    // alone.
+    // The held write lands after it was made (replica 2 leads already); attempt 2 then
+    // runs, alone.
     land_held(&env, &proxy, &gj, &mut seen).await;
     let s = until(
         &mut seen,
