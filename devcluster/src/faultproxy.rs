@@ -325,6 +325,23 @@ impl FaultHandle {
         lock(&self.inner.counts).clear();
     }
 
+    /// Waits until the counter `what` ([`FaultHandle::counts`]) is at least `at_least`,
+    /// for at most `within`: the sign a test waits for that a fault has happened.
+    pub async fn wait_count(
+        &self,
+        what: &str,
+        at_least: u64,
+        within: Duration,
+    ) -> Result<(), Error> {
+        crate::wait::until(
+            &format!("the fault proxy's {what} to reach {at_least}"),
+            within,
+            Duration::from_millis(20),
+            || std::future::ready((self.count(what) >= at_least).then_some(())),
+        )
+        .await
+    }
+
     /// Lets every request held by [`Fault::Hold`] go on. One that arrived before this call
     /// is let go too, even if it reaches its hold after (a latency first, say); one that
     /// arrives after is held by the rules then in force (clear them first to hold no
@@ -463,6 +480,16 @@ impl FaultProxy {
     /// See [`FaultHandle::reset_counts`].
     pub fn reset_counts(&self) {
         self.handle.reset_counts();
+    }
+
+    /// See [`FaultHandle::wait_count`].
+    pub async fn wait_count(
+        &self,
+        what: &str,
+        at_least: u64,
+        within: Duration,
+    ) -> Result<(), Error> {
+        self.handle.wait_count(what, at_least, within).await
     }
 
     /// See [`FaultHandle::release_held`].

@@ -413,20 +413,12 @@ async fn create_until(
     counter: &'static str,
 ) -> tokio::task::JoinHandle<kube::Result<ConfigMap>> {
     let api = s.via_cms();
-    let handle = s.proxy.handle();
-    let want = handle.count(counter) + 1;
+    let want = s.proxy.count(counter) + 1;
     let create = tokio::spawn(async move { api.create(&PostParams::default(), &cm).await });
-    devcluster::wait::until(
-        counter,
-        Duration::from_secs(30),
-        Duration::from_millis(20),
-        || {
-            let h = handle.clone();
-            async move { (h.count(counter) == want).then_some(()) }
-        },
-    )
-    .await
-    .unwrap();
+    s.proxy
+        .wait_count(counter, want, Duration::from_secs(30))
+        .await
+        .unwrap();
     create
 }
 
@@ -531,14 +523,10 @@ async fn partitions_hold_or_refuse_until_healed() {
     let hung = s.proxy.count("partition_hang");
     let pending = tokio::spawn(async move { via.get(&ns).await });
     // Healed only once the proxy holds it (a GET that came after would just succeed).
-    devcluster::wait::until(
-        "the GET to be held",
-        Duration::from_secs(30),
-        Duration::from_millis(20),
-        || std::future::ready((s.proxy.count("partition_hang") > hung).then_some(())),
-    )
-    .await
-    .unwrap();
+    s.proxy
+        .wait_count("partition_hang", hung + 1, Duration::from_secs(30))
+        .await
+        .unwrap();
     s.proxy.heal();
     let released = tokio::time::timeout(Duration::from_secs(10), pending)
         .await

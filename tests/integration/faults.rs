@@ -214,16 +214,11 @@ async fn cut_and_expired_watches_recover_without_redoing_work() {
     wait_succeeded(&env, 10).await;
     // Then watches cut again (each at most 1.5 s after it began), and the relists that
     // follow look at everything again: they must write nothing new.
-    let cuts = || proxy.counts().get("watch_cut").copied().unwrap_or(0);
-    let before = cuts();
-    wait::until(
-        "three more watch cuts",
-        support::WAIT,
-        support::POLL,
-        || std::future::ready((cuts() >= before + 3).then_some(())),
-    )
-    .await
-    .unwrap();
+    let before = proxy.count("watch_cut");
+    proxy
+        .wait_count("watch_cut", before + 3, support::WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("three more watch cuts: {e}"));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let agent = TestEnv::agent("faults-watch");
     let writes: Vec<AuditEvent> = audit

@@ -24,8 +24,8 @@ use crate::support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use devcluster::Identity;
 use devcluster::faultproxy::{Fault, FaultProxy, Faults, Rule};
-use devcluster::{Identity, wait};
 use futures::StreamExt;
 use gpujob_operator::api::{GpuJob, LABEL_UID, Phase, SCHEDULING_GATE};
 use http::Method;
@@ -525,24 +525,11 @@ async fn freeze_once_held(
 /// Waits until the proxy holds a request ([`hold`]) and freezes `leader` with it in
 /// flight.
 async fn freeze_when_held(proxy: &FaultProxy, leader: &replicas::Replica, what: &str) {
-    wait_for_count(proxy, what, "held", 1).await;
+    proxy
+        .wait_count("held", 1, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
     leader.signal(Signal::SIGSTOP);
-}
-
-/// Waits until the proxy's counter `what` is at least `n`.
-async fn wait_for_count(proxy: &FaultProxy, until: &str, what: &str, n: u64) {
-    let p = proxy.handle();
-    wait::until(
-        until,
-        Duration::from_secs(60),
-        Duration::from_millis(20),
-        || {
-            let p = p.clone();
-            async move { (p.count(what) >= n).then_some(()) }
-        },
-    )
-    .await
-    .unwrap();
 }
 
 /// Lets the held requests go ([`release`]), waits until the API server has answered
@@ -557,7 +544,10 @@ async fn land_held(
 ) {
     release(proxy);
     let held = proxy.count("held");
-    wait_for_count(proxy, "the held writes to land", "held_answered", held).await;
+    proxy
+        .wait_count("held_answered", held, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("the held writes to land: {e}"));
     in_sync(env, gj, seen, "landed").await;
 }
 

@@ -155,18 +155,10 @@ async fn a_successor_with_a_stale_cache_reads_before_it_reserves() {
     let mut flags2 = flags.clone();
     flags2.extend(["--listen-address", &address]);
     let second = replicas::start_in_with_kubeconfig(&env.cluster, &env.ns, 2, &flags2, kubeconfig);
-    let p = proxy.handle();
-    wait::until(
-        "the standby's watches to hang after its lists",
-        Duration::from_secs(30),
-        Duration::from_millis(20),
-        || {
-            let p = p.clone();
-            async move { (p.count("hang") >= 2).then_some(()) }
-        },
-    )
-    .await
-    .unwrap();
+    proxy
+        .wait_count("hang", 2, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("the standby's watches to hang after its lists: {e}"));
 
     // Meanwhile the leader reserves and runs both; one finishes, releases and lets go.
     fake.set_reserve(Mode::Ok);

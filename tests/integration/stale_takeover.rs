@@ -54,18 +54,10 @@ async fn standby_with_a_hung_gpujob_watch(
         &["--listen-address", &address],
         kubeconfig,
     );
-    let p = proxy.handle();
-    wait::until(
-        "the standby's GpuJob watch to hang after its list",
-        Duration::from_secs(30),
-        Duration::from_millis(20),
-        || {
-            let p = p.clone();
-            async move { (p.count("hang") >= 1).then_some(()) }
-        },
-    )
-    .await
-    .unwrap();
+    proxy
+        .wait_count("hang", 1, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("the standby's GpuJob watch to hang after its list: {e}"));
     (proxy, second, address)
 }
 
