@@ -308,7 +308,8 @@ impl Owners {
     }
 }
 
-fn when(e: &AuditEvent) -> Option<Timestamp> {
+/// When the API server received `e` (or, unreadable, answered it).
+pub fn when(e: &AuditEvent) -> Option<Timestamp> {
     e.received.parse().or_else(|_| e.timestamp.parse()).ok()
 }
 

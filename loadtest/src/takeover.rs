@@ -322,7 +322,7 @@ fn window(events: &[AuditEvent], look: &ShardLook, lease: &str, map: &ShardMap) 
     if look.looks > 1.0 {
         return None;
     }
-    let at = |e: &AuditEvent| e.received.parse::<jiff::Timestamp>().ok();
+    let at = crate::running::when;
     let gained = events
         .iter()
         .filter(|e| e.succeeded() && e.resource == "leases" && e.name == lease)
