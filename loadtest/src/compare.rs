@@ -269,6 +269,20 @@ impl Drop for Running {
     }
 }
 
+/// The reference controller's stderr: `reference.log` in the replicas' log folder,
+/// appended to (one line per failed reconcile or broken watch).
+fn reference_log() -> anyhow::Result<std::fs::File> {
+    let dir = crate::replicas::log_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("reference.log");
+    eprintln!("reference controller's log: {}", path.display());
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
 /// `kcm`: the kube-controller-manager the load test started in place of devcluster's.
 async fn phase(
     cluster: &ControlPlane,
@@ -285,7 +299,7 @@ async fn phase(
                 .env("RUST_LOG", "warn")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(reference_log()?)
                 .spawn()
                 .with_context(|| format!("starting {}", plan.reference_bin.display()))?;
             Running::Reference(child)

@@ -5,7 +5,8 @@
 //! first attempt's Job (the same Job the operator builds) only when neither its Job
 //! cache nor the GpuJob's status shows it already (a create that still meets one answers
 //! 409, which is fine), and patches the status only when it differs. Its own process, so
-//! its memory and CPU are its own; it runs until killed, with the KUBECONFIG it is given.
+//! its memory and CPU are its own; it runs until killed, with the KUBECONFIG it is given,
+//! and logs what failed (a reconcile, a watch) to stderr, which the load test keeps.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,6 +87,11 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run() -> anyhow::Result<()> {
+    // RUST_LOG as the load test sets it; the lines go to the load test's log folder.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_ansi(false)
+        .init();
     let client = Client::try_default().await?;
     let gpujobs: Api<GpuJob> = Api::all(client.clone());
     let (jobs, writer) = reflector::store();
@@ -96,7 +102,12 @@ async fn run() -> anyhow::Result<()> {
     Controller::new(gpujobs, watcher::Config::default())
         .owns_stream(job_events)
         .run(reconcile, error_policy, Arc::new(Ctx { client, jobs }))
-        .for_each(|_| async {})
+        .for_each(|result| async move {
+            // What kube-runtime's examples log: a failed reconcile, a watch that broke.
+            if let Err(e) = result {
+                tracing::warn!("{e}");
+            }
+        })
         .await;
     Ok(())
 }
