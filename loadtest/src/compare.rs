@@ -139,6 +139,10 @@ pub struct Figures {
     pub writes: usize,
     pub conflicts: usize,
     pub events: usize,
+    /// How often the load generator's own watch of GpuJobs failed before every one was
+    /// seen converged: each failure is retried after kube's backoff (up to 30 s), and
+    /// the GpuJobs that converged meanwhile are seen, and counted converged, late.
+    pub watch_failures: usize,
     /// The process doing the work (none for the floor): peak RSS (KiB), CPU seconds.
     pub worker: Option<(u64, f64)>,
     /// Standby replicas' peak RSS (KiB).
@@ -323,7 +327,12 @@ async fn phase(
         }
     };
     let converged_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let observer = tokio::spawn(observe(admin.clone(), converged_at.clone()));
+    let watch_failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let observer = tokio::spawn(observe(
+        admin.clone(),
+        converged_at.clone(),
+        watch_failures.clone(),
+    ));
     let audit = cluster.audit();
     let cursor = audit.cursor()?;
     let cpu_before = machine_cpu(cluster, &running, kcm);
@@ -412,6 +421,7 @@ async fn phase(
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     observer.abort();
+    let watch_failures = watch_failures.load(std::sync::atomic::Ordering::Relaxed);
     let traces = match sampler {
         Some(sampler) => sampler.stop().await?,
         None => Vec::new(),
@@ -524,6 +534,7 @@ async fn phase(
         writes: control.len(),
         conflicts: control.iter().filter(|e| e.code == 409).count(),
         events: ours.iter().filter(|e| e.resource == "events").count(),
+        watch_failures,
         worker,
         standbys,
         converged_over_time,
@@ -776,15 +787,31 @@ fn is_converged(gj: &GpuJob) -> bool {
     })
 }
 
-/// Records when each GpuJob is first seen converged.
-async fn observe(admin: Client, converged_at: Arc<Mutex<HashMap<String, Instant>>>) {
+/// Records when each GpuJob is first seen converged, and counts (and says) each failure
+/// of the watch that sees them.
+async fn observe(
+    admin: Client,
+    converged_at: Arc<Mutex<HashMap<String, Instant>>>,
+    failures: Arc<std::sync::atomic::AtomicUsize>,
+) {
     let api: Api<GpuJob> = Api::all(admin);
     let mut events = watcher(api, watcher::Config::default())
         .default_backoff()
         .applied_objects()
         .boxed();
+    let start = Instant::now();
     while let Some(gj) = events.next().await {
-        let Ok(gj) = gj else { continue };
+        let gj = match gj {
+            Ok(gj) => gj,
+            Err(e) => {
+                failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                eprintln!(
+                    "  the load generator's watch of GpuJobs failed {:.1}s in: {e}; retried after kube's backoff, so converged GpuJobs may be seen late",
+                    start.elapsed().as_secs_f64()
+                );
+                continue;
+            }
+        };
         if is_converged(&gj) {
             let key = format!("{}/{}", gj.namespace().unwrap_or_default(), gj.name_any());
             converged_at
@@ -1101,6 +1128,16 @@ pub fn report(plan: &Plan<'_>, all: &[Figures], flags: &str, plots: &[Plot]) -> 
             f.writes as f64 / n,
             f.conflicts,
             f.events as f64 / n,
+        );
+    }
+    for f in all.iter().filter(|f| f.watch_failures > 0) {
+        let _ = writeln!(
+            r,
+            "\n{}: the load generator's own watch of GpuJobs failed {} time(s) during this phase \
+             and was retried after kube's backoff (up to 30 s): GpuJobs that converged \
+             meanwhile were seen late, so its converged figures may be late too.",
+            f.who.name(),
+            f.watch_failures,
         );
     }
     for f in all {
