@@ -601,9 +601,7 @@ fn let_go_at(
     load: &std::collections::BTreeSet<&str>,
 ) -> anyhow::Result<HashMap<String, jiff::Timestamp>> {
     let at = |e: &devcluster::audit::AuditEvent| -> anyhow::Result<jiff::Timestamp> {
-        e.received
-            .parse()
-            .with_context(|| format!("audit timestamp {}", e.received))
+        crate::running::when(e).with_context(|| format!("audit timestamp {}", e.received))
     };
     let mut bound: HashMap<(&str, &str), jiff::Timestamp> = HashMap::new();
     for e in events.iter().filter(|e| {
