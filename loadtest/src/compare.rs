@@ -273,12 +273,13 @@ impl Drop for Running {
     }
 }
 
-/// The reference controller's stderr: `reference.log` in the replicas' log folder,
-/// appended to (one line per failed reconcile or broken watch).
+/// The reference controller's stderr: `reference.stderr` in the replicas' log folder
+/// (not `.log`: the replicas' logs are read for re-cuts), appended to. It holds what the
+/// reference logs at warn and above (failed reconciles, broken watches) and any panic.
 fn reference_log() -> anyhow::Result<std::fs::File> {
     let dir = crate::replicas::log_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join("reference.log");
+    let path = dir.join("reference.stderr");
     eprintln!("reference controller's log: {}", path.display());
     std::fs::OpenOptions::new()
         .create(true)
@@ -594,14 +595,15 @@ async fn started(
 /// `namespace/gpujob` → when its first pod was let go at the gate: the operator's first
 /// accepted patch of the pod (the gate's only pod patch); for a pod with none, the last
 /// of its patches answered 5xx (a timeout whose write may have landed) before the
-/// scheduler bound it, which it does only to a pod with no gate. Pods in namespaces
-/// outside `load` are not counted.
+/// scheduler bound it, which it does only to a pod with no gate (times as
+/// `running::when` reads them). Pods in namespaces outside `load` are not counted.
 fn let_go_at(
     events: &[devcluster::audit::AuditEvent],
     load: &std::collections::BTreeSet<&str>,
 ) -> anyhow::Result<HashMap<String, jiff::Timestamp>> {
     let at = |e: &devcluster::audit::AuditEvent| -> anyhow::Result<jiff::Timestamp> {
-        crate::running::when(e).with_context(|| format!("audit timestamp {}", e.received))
+        crate::running::when(e)
+            .with_context(|| format!("audit timestamps {} / {}", e.received, e.timestamp))
     };
     let mut bound: HashMap<(&str, &str), jiff::Timestamp> = HashMap::new();
     for e in events.iter().filter(|e| {
@@ -797,15 +799,15 @@ async fn observe(
         .default_backoff()
         .applied_objects()
         .boxed();
-    let start = Instant::now();
+    let began = Instant::now();
     while let Some(gj) = events.next().await {
         let gj = match gj {
             Ok(gj) => gj,
             Err(e) => {
                 failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 eprintln!(
-                    "  the load generator's watch of GpuJobs failed {:.1}s in: {e}; retried after kube's backoff, so converged GpuJobs may be seen late",
-                    start.elapsed().as_secs_f64()
+                    "  the load generator's watch of GpuJobs failed {:.1}s after it began: {e}; retrying",
+                    began.elapsed().as_secs_f64()
                 );
                 continue;
             }

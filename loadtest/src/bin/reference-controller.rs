@@ -87,9 +87,11 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run() -> anyhow::Result<()> {
-    // RUST_LOG as the load test sets it; the lines go to the load test's log folder.
+    // RUST_LOG as the load test sets it. On stderr, which the load test keeps (fmt's
+    // default, stdout, it does not).
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
     let client = Client::try_default().await?;
